@@ -1,0 +1,112 @@
+"""Asking the plugins which backends exist, whether they run here and what patterns they bring."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from collage_core.errors import CollageError
+from collage_core.plugins import CollagePluginManager, PluginFailure
+from collage_core.records import Availability, Backend, Pattern
+
+log = logging.getLogger("collage")
+
+
+class BackendError(CollageError):
+    """A backend was asked for that is not installed or cannot run, or a plugin broke its contract."""
+
+
+@attrs.frozen
+class BackendInfo:
+    backend: Backend
+    plugin: str
+    availability: Availability
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+
+def _call_per_plugin(hook, **kwargs):
+    """Call each implementation of ``hook`` on its own, so one plugin's exception spares the rest."""
+    for impl in reversed(hook.get_hookimpls()):
+        try:
+            yield impl.plugin_name, impl.function(**kwargs), None
+        except Exception as error:
+            yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
+
+
+def discover_backends(pm: CollagePluginManager) -> dict[str, BackendInfo]:
+    """All registered backends by name, each with the plugin that registered it and its availability."""
+    registered: dict[str, tuple[Backend, str]] = {}
+    for plugin_name, _, error in _registering(pm, registered):
+        if error:
+            pm.failures.append(PluginFailure(plugin_name, f"collage_register_backends raised {error}"))
+    infos = {}
+    for name, (backend, plugin_name) in sorted(registered.items()):
+        infos[name] = BackendInfo(backend, plugin_name, _availability(pm, backend, plugin_name))
+    return infos
+
+
+def _registering(pm, registered):
+    current = {"plugin": None}
+
+    def register(backend: Backend):
+        if not isinstance(backend, Backend):
+            raise BackendError(f"plugin {current['plugin']} registered {backend!r}, not a Backend")
+        if backend.name in registered:
+            owner = registered[backend.name][1]
+            raise BackendError(f"backend {backend.name!r} of plugin {current['plugin']} is already registered by {owner}")
+        registered[backend.name] = (backend, current["plugin"])
+
+    for impl in reversed(pm.hook.collage_register_backends.get_hookimpls()):
+        current["plugin"] = impl.plugin_name
+        try:
+            impl.function(register=register)
+        except BackendError:
+            raise
+        except Exception as error:
+            yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
+
+
+def _availability(pm, backend: Backend, plugin_name: str) -> Availability:
+    try:
+        availability = pm.hook.collage_check_availability(backend=backend)
+    except Exception as error:
+        return Availability.no(f"plugin {plugin_name}: collage_check_availability raised {type(error).__name__}: {error}")
+    if availability is None:
+        return Availability.no(f"plugin {plugin_name} does not say whether {backend.name} is available")
+    return availability
+
+
+def select_backends(infos: dict[str, BackendInfo], names=None) -> list[BackendInfo]:
+    """The backends to place on: the named ones (each must be available) or every available one."""
+    if names is None:
+        chosen = [info for info in infos.values() if info.availability.available]
+        if not chosen:
+            raise BackendError("no backend is available; run `collage backends` to see why")
+        return chosen
+    chosen = []
+    for name in names:
+        if name not in infos:
+            known = ", ".join(infos) or "none"
+            raise BackendError(f"unknown backend {name!r} (installed: {known})")
+        if not infos[name].availability.available:
+            raise BackendError(f"backend {name} is not available: {infos[name].availability.reason}")
+        chosen.append(infos[name])
+    return chosen
+
+
+def contribute_patterns(pm: CollagePluginManager, backend: Backend, target) -> list[Pattern]:
+    """The patterns every plugin contributes for ``backend``; a plugin that raises is skipped with a warning."""
+    patterns: list[Pattern] = []
+    for plugin_name, result, error in _call_per_plugin(pm.hook.collage_contribute_patterns, backend=backend, target=target):
+        if error:
+            log.warning("plugin %s: collage_contribute_patterns raised %s; its patterns are left out", plugin_name, error)
+            continue
+        for pattern in result or ():
+            if not isinstance(pattern, Pattern) or pattern.backend != backend.name:
+                raise BackendError(f"plugin {plugin_name} contributed {pattern!r} for backend {backend.name}")
+            patterns.append(pattern)
+    return patterns

@@ -1,0 +1,316 @@
+"""The cost database: measured costs kept on disk so that no candidate is measured twice.
+
+One SQLite file, shared by every Collage run of the user. SQLite's transactions make it safe
+for two runs at once and for a run killed in the middle of a write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+import sqlite3
+import time
+from typing import Iterable, Iterator, Optional
+
+import attrs
+
+from collage_core.errors import CollageError
+from collage_core.records import UNKNOWN, Cost
+
+log = logging.getLogger("collage")
+
+SCHEMA_VERSION = 1
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+
+_USE_ANOTHER_FILE = "pass --cost-db or set COLLAGE_COST_DB to use another file"
+
+_COST_COLUMNS = "kind, median_s, spread_s, repeats, reason"
+_KEY_COLUMNS = "backend, backend_version, target, device, candidate"
+_SCHEMA = (
+    "CREATE TABLE collage_cost_db_schema (version INTEGER NOT NULL)",
+    f"INSERT INTO collage_cost_db_schema (version) VALUES ({SCHEMA_VERSION})",
+    f"""CREATE TABLE costs (
+        backend TEXT NOT NULL, backend_version TEXT NOT NULL, target TEXT NOT NULL, device TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        kind TEXT NOT NULL, median_s REAL NOT NULL, spread_s REAL NOT NULL, repeats INTEGER NOT NULL,
+        reason TEXT NOT NULL, measured_at REAL NOT NULL,
+        PRIMARY KEY ({_KEY_COLUMNS})
+    ) WITHOUT ROWID""",
+    """CREATE TABLE end_to_end_costs (
+        key TEXT NOT NULL PRIMARY KEY,
+        kind TEXT NOT NULL, median_s REAL NOT NULL, spread_s REAL NOT NULL, repeats INTEGER NOT NULL,
+        reason TEXT NOT NULL, measured_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+# SQLite versions before 3.32 allow at most 999 parameters per statement; a key takes five.
+_KEYS_PER_QUERY = 999 // 5
+
+
+class CostDatabaseError(CollageError):
+    """The cost database cannot be opened, read or written; the message names the file."""
+
+
+def default_cost_db_path() -> pathlib.Path:
+    """``$COLLAGE_COST_DB`` if set, else ``$XDG_CACHE_HOME/collage/costs.sqlite`` (``~/.cache`` by default)."""
+    explicit = os.environ.get("COLLAGE_COST_DB")
+    if explicit:
+        return pathlib.Path(explicit)
+    # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+    cache_home = os.environ.get("XDG_CACHE_HOME", "")
+    cache_dir = pathlib.Path(cache_home) if os.path.isabs(cache_home) else pathlib.Path.home() / ".cache"
+    return cache_dir / "collage" / "costs.sqlite"
+
+
+@attrs.frozen
+class CostKey:
+    """What a measurement depends on: the same key on the same machine gives the same cost.
+
+    ``target`` is the canonical JSON of the TVM target; ``candidate`` the structural hash (hex)
+    of the candidate's standalone function.
+    """
+
+    backend: str
+    backend_version: str
+    target: str
+    device: str
+    candidate: str
+
+
+@attrs.define
+class CostDatabase:
+    """Costs of candidates (by :class:`CostKey`) and of whole placements (by an opaque string).
+
+    Open with :meth:`open`. Every ``put`` is its own committed transaction, so a crash loses at
+    most the measurement in flight.
+
+    A file the user can read but not write (a shared, read-only cache) is opened read-only:
+    ``get`` reads it, and ``put`` keeps the new costs in memory for the rest of this run,
+    announced by one warning at open. Raising instead would throw away measurements that took
+    minutes, and the run's result does not depend on where its costs are kept.
+    """
+
+    path: pathlib.Path
+    busy_timeout_s: float
+    read_only: bool
+    _connection: sqlite3.Connection = attrs.field(repr=False)
+    _unsaved: dict[CostKey, Cost] = attrs.field(factory=dict, repr=False)
+    _unsaved_end_to_end: dict[str, Cost] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: os.PathLike | str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> "CostDatabase":
+        """Open the database at ``path``, creating it (and its directory) if it does not exist.
+
+        ``busy_timeout_s`` is how long to wait for another process that holds the write lock.
+        Never modifies a file that is not a Collage cost database of this schema version.
+        """
+        path = pathlib.Path(path).absolute()
+        read_only = _read_only_access(path)
+        with _reported_as(path, busy_timeout_s, "open"):
+            connection = _connect(path, read_only, busy_timeout_s)
+        database = cls(path, busy_timeout_s, read_only, connection)
+        try:
+            with database._reported("open"):
+                database._check_or_create_schema()
+                if not read_only:
+                    # FULL makes each commit survive a power cut too; a measurement costs far more than the fsync.
+                    connection.execute("PRAGMA synchronous = FULL")
+        except BaseException:
+            connection.close()
+            raise
+        if read_only:
+            log.warning(
+                "cost database %s is read-only: costs measured in this run are kept in memory only; %s to keep them",
+                path,
+                _USE_ANOTHER_FILE,
+            )
+        return database
+
+    def get(self, key: CostKey) -> Optional[Cost]:
+        """The stored cost of ``key``, or None if it was never measured."""
+        return self.get_many([key]).get(key)
+
+    def get_many(self, keys: Iterable[CostKey]) -> dict[CostKey, Cost]:
+        """The stored costs of those ``keys`` that have one; a few queries for thousands of keys."""
+        wanted = list(dict.fromkeys(keys))
+        found = {key: self._unsaved[key] for key in wanted if key in self._unsaved}
+        found.update(self._stored([key for key in wanted if key not in found]))
+        return found
+
+    def put(self, key: CostKey, cost: Cost, *, measured_at: Optional[float] = None) -> None:
+        """Store ``cost`` for ``key``, replacing any earlier one; ``measured_at`` is epoch seconds (default now)."""
+        if self.read_only:
+            self._unsaved[key] = _checked_storable(cost)
+            return
+        self._write(
+            f"INSERT OR REPLACE INTO costs ({_KEY_COLUMNS}, {_COST_COLUMNS}, measured_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            attrs.astuple(key),
+            cost,
+            measured_at,
+        )
+
+    def get_end_to_end(self, key: str) -> Optional[Cost]:
+        """The stored cost of a whole placement, by the caller's ``key``, or None."""
+        if key in self._unsaved_end_to_end:
+            return self._unsaved_end_to_end[key]
+        with self._reported("read"):
+            row = self._connection.execute(
+                f"SELECT {_COST_COLUMNS} FROM end_to_end_costs WHERE key = ?", (key,)
+            ).fetchone()
+        return None if row is None else _cost_from_row(row)
+
+    def put_end_to_end(self, key: str, cost: Cost, *, measured_at: Optional[float] = None) -> None:
+        """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one."""
+        if self.read_only:
+            self._unsaved_end_to_end[key] = _checked_storable(cost)
+            return
+        self._write(
+            f"INSERT OR REPLACE INTO end_to_end_costs (key, {_COST_COLUMNS}, measured_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (key,),
+            cost,
+            measured_at,
+        )
+
+    def __len__(self) -> int:
+        """How many candidate costs are known (whole-placement costs are not counted)."""
+        with self._reported("read"):
+            (stored,) = self._connection.execute("SELECT COUNT(*) FROM costs").fetchone()
+        return stored + len(self._unsaved) - len(self._stored(list(self._unsaved)))
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> "CostDatabase":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _stored(self, keys: list[CostKey]) -> dict[CostKey, Cost]:
+        stored = {}
+        with self._reported("read"):
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                # A join, not "(...) IN (VALUES ...)": SQLite looks each key up by the primary key
+                # in a join, but scans the whole table for the IN.
+                rows = self._connection.execute(
+                    f"WITH wanted ({_KEY_COLUMNS}) AS (VALUES {', '.join(['(?, ?, ?, ?, ?)'] * len(chunk))}) "
+                    f"SELECT {_KEY_COLUMNS}, {_COST_COLUMNS} FROM wanted JOIN costs USING ({_KEY_COLUMNS})",
+                    [field for key in chunk for field in attrs.astuple(key)],
+                )
+                stored.update((CostKey(*row[:5]), _cost_from_row(row[5:])) for row in rows)
+        return stored
+
+    def _write(self, sql: str, key_fields: tuple, cost: Cost, measured_at: Optional[float]) -> None:
+        cost = _checked_storable(cost)
+        when = time.time() if measured_at is None else measured_at
+        with self._reported("write"):
+            # Autocommit: the statement is one transaction, committed before put returns.
+            self._connection.execute(sql, (*key_fields, *_row_from_cost(cost), when))
+
+    def _check_or_create_schema(self) -> None:
+        if self._has_schema():
+            return
+        if self.read_only:
+            raise CostDatabaseError(f"cost database {self.path} is empty and read-only; {_USE_ANOTHER_FILE}")
+        self._connection.execute("PRAGMA journal_mode = WAL")
+        # Another process may create the schema between our check and our lock: check again under the lock.
+        self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            if not self._has_schema():
+                for statement in _SCHEMA:
+                    self._connection.execute(statement)
+            self._connection.execute("COMMIT")
+        finally:
+            if self._connection.in_transaction:
+                self._connection.execute("ROLLBACK")
+
+    def _has_schema(self) -> bool:
+        """False for an empty database, True for ours; refuses any other without writing to it."""
+        tables = {name for (name,) in self._connection.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+        if not tables:
+            return False
+        if "collage_cost_db_schema" not in tables:
+            raise CostDatabaseError(
+                f"{self.path} is an SQLite database but not a Collage cost database; move it away or {_USE_ANOTHER_FILE}"
+            )
+        (version,) = self._connection.execute("SELECT version FROM collage_cost_db_schema").fetchone()
+        if version != SCHEMA_VERSION:
+            raise CostDatabaseError(
+                f"cost database {self.path} has schema version {version} but this Collage reads version "
+                f"{SCHEMA_VERSION}; move it away (its costs will be measured again) or {_USE_ANOTHER_FILE}"
+            )
+        return True
+
+    def _reported(self, action: str) -> contextlib.AbstractContextManager[None]:
+        return _reported_as(self.path, self.busy_timeout_s, action)
+
+
+@contextlib.contextmanager
+def _reported_as(path: pathlib.Path, busy_timeout_s: float, action: str) -> Iterator[None]:
+    """Turns SQLite's errors into one-line CostDatabaseErrors that name the file and a way out."""
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise CostDatabaseError(_describe(path, busy_timeout_s, action, error)) from error
+
+
+def _describe(path: pathlib.Path, busy_timeout_s: float, action: str, error: sqlite3.Error) -> str:
+    # Errors raised by Python's sqlite3 module itself, not by SQLite, carry no code.
+    primary_code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    if primary_code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return (
+            f"cost database {path} stayed locked by another process for more than {busy_timeout_s:g} s "
+            f"(on {action}); wait for the other Collage run to finish or {_USE_ANOTHER_FILE}"
+        )
+    if primary_code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return f"{path} is not a usable SQLite database ({error}); move it away or {_USE_ANOTHER_FILE}"
+    return f"cannot {action} cost database {path}: {error}; {_USE_ANOTHER_FILE}"
+
+
+def _read_only_access(path: pathlib.Path) -> bool:
+    """Whether ``path`` can only be read; creates its directory, and raises if it cannot be used at all."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CostDatabaseError(
+            f"cannot create the directory of cost database {path}: {error.strerror}; {_USE_ANOTHER_FILE}"
+        ) from error
+    # SQLite's write-ahead log lives in files beside the database, so writing needs the directory too.
+    directory_writable = os.access(path.parent, os.W_OK)
+    if not path.exists():
+        if not directory_writable:
+            raise CostDatabaseError(f"cannot create cost database {path}: directory not writable; {_USE_ANOTHER_FILE}")
+        return False
+    if not os.access(path, os.R_OK):
+        raise CostDatabaseError(f"cannot read cost database {path}: permission denied; {_USE_ANOTHER_FILE}")
+    return not (directory_writable and os.access(path, os.W_OK))
+
+
+def _connect(path: pathlib.Path, read_only: bool, busy_timeout_s: float) -> sqlite3.Connection:
+    # isolation_level=None: we say where transactions begin, so each put commits on its own.
+    if not read_only:
+        return sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+    # mode=ro still needs to create the log's shared-memory file beside the database; where the
+    # directory forbids that, immutable=1 reads without it (and without seeing concurrent writers).
+    mode = "mode=ro" if os.access(path.parent, os.W_OK) else "immutable=1"
+    return sqlite3.connect(f"{path.as_uri()}?{mode}", uri=True, timeout=busy_timeout_s, isolation_level=None)
+
+
+def _checked_storable(cost: Cost) -> Cost:
+    if cost.kind == UNKNOWN:
+        raise ValueError("an unknown cost is not a measurement; there is nothing to store")
+    return cost
+
+
+def _row_from_cost(cost: Cost) -> tuple:
+    return (cost.kind, cost.median_s, cost.spread_s, cost.repeats, cost.reason)
+
+
+def _cost_from_row(row: tuple) -> Cost:
+    kind, median_s, spread_s, repeats, reason = row
+    return Cost(kind, median_s, spread_s, repeats, reason)

@@ -1,0 +1,72 @@
+"""The plugin contract: every hook a backend plugin may implement.
+
+Each spec's docstring is the contract; docs/plugins.md repeats the signatures and a test keeps
+the two in step.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "collage"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def collage_register_backends(register):
+    """Register the backends this plugin provides.
+
+    Call ``register(Backend(name, kind, device_kinds, version))`` once per backend. ``kind`` is
+    ``"op-level"`` (costs of partitions add up) or ``"graph-level"`` (the backend optimises whole
+    regions). Registering a name another plugin already took is an error naming both plugins.
+    Return nothing.
+    """
+
+
+@hookspec(firstresult=True)
+def collage_check_availability(backend):
+    """Say whether ``backend`` can run on this machine.
+
+    Return an ``Availability`` for backends this plugin registered, or None if ``backend`` is not
+    yours. When unavailable, ``reason`` says what is missing and how to install it, in one line.
+    Stops at the first non-None result.
+    """
+
+
+@hookspec
+def collage_contribute_patterns(backend, target):
+    """Contribute the patterns ``backend`` can run on ``target`` (a ``tvm.target.Target``).
+
+    Return a list of ``Pattern`` (name ``"<backend>.<what>"``, a Relax dataflow pattern rooted
+    at the group's last operator, and an optional check on the ``PatternMatch``), or None if
+    ``backend`` is not yours. The results of all plugins are concatenated. Patterns are data: do
+    not register them in TVM's global pattern registry.
+    """
+
+
+@hookspec(firstresult=True)
+def collage_lower_partitions(backend, mod, function_names, target):
+    """Lower the partitions placed on ``backend`` so that TVM's Relax build can run them.
+
+    ``mod`` is an ``IRModule`` whose functions named in ``function_names`` hold the partitions
+    (each carries the attributes ``collage.backend`` and ``collage.pattern``); ``main`` calls
+    them. Return the module with those functions made buildable (left to TVM's own lowering,
+    given a ``Codegen`` attribute for a ``relax.ext.<name>`` codegen, or replaced by calls to
+    registered packed functions), or None if ``backend`` is not yours. Stops at the first
+    non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def collage_measure_candidate(backend, mod, target, settings):
+    """Measure the latency of ``mod["main"]`` (one candidate, standalone) on ``backend``.
+
+    Optional: the core's default measurement lowers the candidate as one partition, builds it
+    with TVM and times it on the device of ``target``. ``settings`` is a
+    ``MeasureSettings`` (warm-up, repeat limits, time bound). Return a ``Cost`` (``measured`` with
+    median and spread in seconds, or ``invalid`` with the reason), or None to leave the
+    measurement to the next implementation. Runs in a measurement worker process. Stops at the
+    first non-None result.
+    """

@@ -1,0 +1,213 @@
+"""Turning ONNX files, PyTorch modules and Relax IRModules into one canonical Relax module."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import attrs
+import numpy as np
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.errors import CollageError
+
+Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
+
+
+class ModelImportError(CollageError):
+    """The model cannot be read, or uses something Collage cannot handle."""
+
+
+@attrs.frozen
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@attrs.frozen
+class ImportedModel:
+    """A model as Relax (``mod["main"]`` holds one dataflow block), with what checks its numerics.
+
+    ``reference`` computes the outputs the original framework gives (ONNX Runtime for ONNX,
+    PyTorch for torch modules), or is None for a Relax module given directly.
+    """
+
+    name: str
+    source: str
+    mod: Any = attrs.field(eq=False, repr=False)
+    inputs: tuple[TensorSpec, ...]
+    fingerprint: str
+    reference: Optional[Reference] = attrs.field(default=None, eq=False, repr=False)
+    reference_name: str = "none"
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs for checks: uniform floats, and small non-negative integers (valid token ids)."""
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for spec in self.inputs:
+            if spec.dtype.startswith(("int", "uint")):
+                arrays.append(rng.integers(0, 2, size=spec.shape).astype(spec.dtype))
+            elif spec.dtype == "bool":
+                arrays.append(np.ones(spec.shape, dtype=bool))
+            else:
+                arrays.append(rng.uniform(-1.0, 1.0, size=spec.shape).astype(spec.dtype))
+        return arrays
+
+
+def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name: Optional[str] = None) -> ImportedModel:
+    """Import an ONNX path, an ``onnx.ModelProto``, a ``torch.nn.Module`` (with example inputs) or a Relax IRModule."""
+    if isinstance(model, (str, os.PathLike)):
+        return _from_onnx_file(Path(model), name)
+    if isinstance(model, tvm.IRModule):
+        return _from_relax(model, name or "relax_module")
+    if type(model).__module__.startswith("onnx"):
+        return _from_onnx_proto(model, name or (model.graph.name or "onnx_model"), model.SerializeToString())
+    if _is_torch_module(model):
+        if example_inputs is None:
+            raise ModelImportError("a PyTorch module needs example_inputs (a tuple of tensors) to be exported")
+        return _from_torch(model, tuple(example_inputs), name or type(model).__name__)
+    raise ModelImportError(f"cannot import a {type(model).__name__}: pass an ONNX file, a torch.nn.Module or a Relax IRModule")
+
+
+def _is_torch_module(model) -> bool:
+    return any(cls.__module__ == "torch.nn.modules.module" and cls.__name__ == "Module" for cls in type(model).__mro__)
+
+
+def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
+    import onnx
+
+    if not path.exists():
+        raise ModelImportError(f"{path}: no such file")
+    data = path.read_bytes()
+    try:
+        proto = onnx.load_from_string(data)
+        onnx.checker.check_model(proto)
+    except Exception as error:
+        raise ModelImportError(f"{path}: not a valid ONNX model ({_first_line(error)})") from None
+    return _from_onnx_proto(proto, name or path.stem, data, origin=str(path))
+
+
+def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") -> ImportedModel:
+    import onnx
+    import onnxruntime
+    from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
+
+    supported = onnx_frontend._get_convert_map()
+    unsupported = sorted({node.op_type for node in proto.graph.node} - set(supported))
+    if unsupported:
+        raise ModelImportError(f"{origin}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+    initializers = {init.name for init in proto.graph.initializer}
+    inputs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if any(not dim.HasField("dim_value") for dim in dims):
+            shown = [dim.dim_param or "?" if not dim.HasField("dim_value") else dim.dim_value for dim in dims]
+            raise ModelImportError(f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+        inputs.append(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype))
+    try:
+        mod = from_onnx(proto, keep_params_in_input=False)
+    except Exception as error:
+        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}") from None
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+
+    def reference(arrays):
+        feeds = {spec.name: array for spec, array in zip(inputs, arrays)}
+        return session.run(None, feeds)
+
+    return ImportedModel(
+        name=name,
+        source="onnx",
+        mod=canonicalize(mod, origin),
+        inputs=tuple(inputs),
+        fingerprint=hashlib.sha256(data).hexdigest(),
+        reference=reference,
+        reference_name=f"onnxruntime {onnxruntime.__version__}",
+    )
+
+
+def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    module = module.eval()
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, example_inputs)
+            mod = from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    except Exception as error:
+        raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}") from None
+    inputs = tuple(
+        TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs)
+    )
+
+    def reference(arrays):
+        with torch.no_grad():
+            outputs = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        return [o.detach().numpy() for o in outputs]
+
+    canonical = canonicalize(mod, f"PyTorch module {name}")
+    return ImportedModel(
+        name=name,
+        source="torch",
+        mod=canonical,
+        inputs=inputs,
+        fingerprint=tvm_compat.structural_key(canonical["main"]),
+        reference=reference,
+        reference_name=f"pytorch {torch.__version__}",
+    )
+
+
+def _from_relax(mod, name: str) -> ImportedModel:
+    canonical = canonicalize(mod, f"Relax module {name}")
+    inputs = []
+    for param in canonical["main"].params:
+        try:
+            shape, dtype = tvm_compat.tensor_shape_dtype(param)
+        except ValueError as error:
+            raise ModelImportError(f"Relax module {name}: parameter {param.name}: {error}") from None
+        inputs.append(TensorSpec(param.name, shape, dtype))
+    return ImportedModel(name, "relax", canonical, tuple(inputs), tvm_compat.structural_key(canonical["main"]))
+
+
+def canonicalize(mod, origin: str):
+    """Inference form: batch norm decomposed, constants folded, one dataflow block in ``main``."""
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ModelImportError(f"{origin}: the module has no 'main' function")
+    passes = tvm.transform.Sequential(
+        [
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.ConvertToDataflow(),
+            relax.transform.FoldConstant(),
+            relax.transform.CanonicalizeBindings(),
+            relax.transform.DeadCodeElimination(["main"]),
+        ]
+    )
+    mod = passes(mod)
+    body = mod["main"].body
+    blocks = [block for block in body.blocks if block.bindings]
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ModelImportError(f"{origin}: main must be a single dataflow block after import (found {len(blocks)} blocks)")
+    for param in mod["main"].params:
+        try:
+            tvm_compat.tensor_shape_dtype(param)
+        except ValueError as error:
+            raise ModelImportError(f"{origin}: input {param.name}: {error}; only static shapes are supported") from None
+    return mod
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[-1] if text else ''}".strip()

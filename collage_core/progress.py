@@ -1,0 +1,53 @@
+"""A progress bar on stderr for long work; quiet lines instead of redraws when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional, TextIO
+
+BAR_WIDTH = 28
+
+
+class ProgressBar:
+    def __init__(self, total: int, label: str, stream: Optional[TextIO] = None, enabled: bool = True):
+        self.total = max(total, 0)
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = enabled and self.total > 0
+        self.done = 0
+        self.started = time.monotonic()
+        self.last_line = 0.0
+        self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def advance(self, detail: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.interactive:
+            self.stream.write("\r" + self._line(detail)[:160].ljust(100))
+            self.stream.flush()
+        elif now - self.last_line >= 10 or self.done == self.total:
+            self.stream.write(self._line(detail) + "\n")
+            self.stream.flush()
+            self.last_line = now
+
+    def _line(self, detail: str) -> str:
+        filled = int(BAR_WIDTH * self.done / self.total)
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        return f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:.0f}s elapsed, ~{eta:.0f}s left  {detail}"
+
+    def close(self) -> None:
+        if self.enabled and self.interactive:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.enabled = False

@@ -1,0 +1,155 @@
+"""The data model: frozen records that flow between plugins, the search and the build."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import attrs
+
+OP_LEVEL = "op-level"
+GRAPH_LEVEL = "graph-level"
+BACKEND_KINDS = (OP_LEVEL, GRAPH_LEVEL)
+
+
+@attrs.frozen
+class Backend:
+    """A backend a plugin registers: who runs the partitions placed on it."""
+
+    name: str
+    kind: str = attrs.field(validator=attrs.validators.in_(BACKEND_KINDS))
+    device_kinds: tuple[str, ...] = attrs.field(converter=tuple)
+    version: str
+    description: str = ""
+
+
+@attrs.frozen
+class Availability:
+    """Whether a backend can run on this machine, and if not, what the user can do about it."""
+
+    available: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> "Availability":
+        return cls(True, "")
+
+    @classmethod
+    def no(cls, reason: str) -> "Availability":
+        return cls(False, reason)
+
+
+@attrs.frozen
+class Pattern:
+    """A subgraph shape a backend can run.
+
+    ``dpl`` is a TVM Relax dataflow pattern rooted at the last operator of the group; ``check``
+    (optional) receives a :class:`PatternMatch` and says whether the backend really supports
+    those shapes, dtypes and attributes. Names are ``"<backend>.<what>"``.
+    """
+
+    name: str
+    dpl: Any = attrs.field(eq=False, repr=False)
+    check: Optional[Callable[["PatternMatch"], bool]] = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def backend(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+@attrs.frozen
+class PatternMatch:
+    """What a pattern's check sees: the matched Relax calls (root last) and the dpl's bindings."""
+
+    pattern: Pattern
+    calls: tuple = attrs.field(eq=False)
+    matched: dict = attrs.field(eq=False, factory=dict)
+
+    @property
+    def root(self):
+        return self.calls[-1]
+
+
+MEASURED = "measured"
+INVALID = "invalid"
+UNKNOWN = "unknown"
+
+
+@attrs.frozen
+class Cost:
+    """A measured latency, or why there is none.
+
+    ``invalid``: the backend cannot run the candidate (build error, crash, timeout); infinite.
+    ``unknown``: not measured yet. Only ``measured`` costs carry numbers (seconds).
+    """
+
+    kind: str = attrs.field(validator=attrs.validators.in_((MEASURED, INVALID, UNKNOWN)))
+    median_s: float = math.inf
+    spread_s: float = math.inf
+    repeats: int = 0
+    reason: str = ""
+
+    @classmethod
+    def measured(cls, median_s: float, spread_s: float, repeats: int) -> "Cost":
+        return cls(MEASURED, float(median_s), float(spread_s), int(repeats))
+
+    @classmethod
+    def invalid(cls, reason: str) -> "Cost":
+        return cls(INVALID, reason=reason)
+
+    @classmethod
+    def unknown(cls) -> "Cost":
+        return cls(UNKNOWN)
+
+    @property
+    def is_measured(self) -> bool:
+        return self.kind == MEASURED
+
+    @property
+    def seconds(self) -> float:
+        """The number the search adds up: the median if measured, infinity otherwise."""
+        return self.median_s if self.is_measured else math.inf
+
+    def to_json(self) -> dict:
+        if self.is_measured:
+            return {"kind": self.kind, "median_s": self.median_s, "spread_s": self.spread_s, "repeats": self.repeats}
+        return {"kind": self.kind, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Cost":
+        if data["kind"] == MEASURED:
+            return cls.measured(data["median_s"], data["spread_s"], data["repeats"])
+        return cls(data["kind"], reason=data.get("reason", ""))
+
+
+@attrs.frozen
+class Candidate:
+    """One match of one backend's pattern over the model graph.
+
+    ``nodes`` are operator indices of the :class:`~collage_core.graph.OpGraph`; ``key`` is the
+    structural hash of the standalone function (same key, same measurement).
+    """
+
+    backend: str
+    pattern: str
+    nodes: frozenset[int] = attrs.field(converter=frozenset)
+    key: str
+
+    @property
+    def sort_key(self) -> tuple:
+        return (min(self.nodes), len(self.nodes), self.backend, self.pattern, tuple(sorted(self.nodes)))
+
+
+@attrs.frozen
+class Partition:
+    """A candidate chosen by the search, with the cost it was chosen for."""
+
+    backend: str
+    pattern: str
+    nodes: tuple[int, ...] = attrs.field(converter=lambda nodes: tuple(sorted(nodes)))
+    key: str
+    cost: Cost
+
+    @classmethod
+    def from_candidate(cls, candidate: Candidate, cost: Cost) -> "Partition":
+        return cls(candidate.backend, candidate.pattern, candidate.nodes, candidate.key, cost)

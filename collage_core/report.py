@@ -1,0 +1,54 @@
+"""The result table a user reads after an optimization."""
+
+from __future__ import annotations
+
+
+def _ms(cost) -> str:
+    return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}" if cost.is_measured else f"invalid: {cost.reason}"
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(header, widths))]
+    lines.append("  ".join("-" * width for width in widths))
+    lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def render_report(optimized) -> str:
+    """Per backend: operators, partitions and share of measured time; then end-to-end latencies."""
+    placement = optimized.placement
+    total = placement.summed_cost_s
+    per_backend: dict = {}
+    for part in placement.partitions:
+        ops, parts, seconds = per_backend.get(part.backend, (0, 0, 0.0))
+        per_backend[part.backend] = (ops + len(part.nodes), parts + 1, seconds + part.cost.seconds)
+    rows = [
+        [name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"]
+        for name, (ops, parts, seconds) in sorted(per_backend.items())
+    ]
+    sections = [
+        f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.device}",
+        format_table(["backend", "operators", "partitions", "summed cost", "share of time"], rows),
+        "",
+    ]
+    best_baseline = min(
+        (e.cost.median_s for e in optimized.end_to_end[1:] if e.cost.is_measured), default=None
+    )
+    e2e_rows = []
+    for entry in optimized.end_to_end:
+        ratio = "-"
+        if best_baseline and entry.cost.is_measured:
+            ratio = f"{entry.cost.median_s / best_baseline:.3f}"
+        mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
+        e2e_rows.append([entry.name, _ms(entry.cost), ratio, mix])
+    sections.append(format_table(["end to end", "median latency", "vs best single", "operators"], e2e_rows))
+    if optimized.measurement is not None:
+        m = optimized.measurement
+        sections.append(
+            f"\ncandidates: {optimized.candidates} ({m.distinct} distinct); measured {m.measured} in {m.seconds:.1f} s, "
+            f"{m.from_database} from the cost database, {m.invalid} invalid; search {optimized.search_s:.2f} s"
+        )
+    if optimized.verification is not None:
+        sections.append(optimized.verification.describe())
+    return "\n".join(sections)

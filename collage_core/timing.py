@@ -1,0 +1,58 @@
+"""Timing a built function on its device: warm-up, then repeats until the spread is small."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import numpy as np
+
+from collage_core.records import Cost
+
+
+@attrs.frozen
+class MeasureSettings:
+    """How hard to measure. ``target_spread`` is the interquartile range relative to the median."""
+
+    warmup: int = 1
+    min_repeats: int = 3
+    max_repeats: int = 15
+    target_spread: float = 0.05
+    min_repeat_ms: float = 20.0
+    time_bound_s: float = 10.0
+    timeout_s: float = 600.0
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "MeasureSettings":
+        return cls(**data)
+
+
+def summarize(samples: list[float]) -> tuple[float, float]:
+    """Median and interquartile range."""
+    q1, median, q3 = np.percentile(samples, [25, 50, 75])
+    return float(median), float(q3 - q1)
+
+
+def time_callable(run, settings: MeasureSettings) -> Cost:
+    """Time ``run(number)`` which runs the function ``number`` times and returns mean seconds per run.
+
+    Each repeat runs the function often enough to last ``min_repeat_ms``; repeats stop when the
+    spread is under ``target_spread``, at ``max_repeats``, or when ``time_bound_s`` is spent.
+    """
+    started = time.perf_counter()
+    for _ in range(settings.warmup):
+        once = run(1)
+    number = max(1, int(settings.min_repeat_ms / 1e3 / max(once, 1e-9)))
+    samples: list[float] = []
+    while True:
+        samples.append(run(number))
+        enough = len(samples) >= settings.min_repeats
+        median, spread = summarize(samples)
+        if enough and (spread <= settings.target_spread * median or len(samples) >= settings.max_repeats):
+            break
+        if enough and time.perf_counter() - started > settings.time_bound_s:
+            break
+    return Cost.measured(median, spread, len(samples))

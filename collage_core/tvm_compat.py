@@ -1,0 +1,110 @@
+"""Every TVM access that moves between TVM releases, kept in one place (pinned: apache-tvm 0.27)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Union
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+TargetSpec = Union[None, str, dict, "tvm.target.Target"]
+
+
+def host_cpu_target() -> tvm.target.Target:
+    """This machine's CPU. ``{"kind": "llvm", "mcpu": "native"}`` would silently become a generic CPU."""
+    return tvm.target.Target.from_device(tvm.cpu())
+
+
+def make_target(spec: TargetSpec) -> tvm.target.Target:
+    """A target from None or ``"cpu"`` (this CPU), a JSON/dict spec, or a ``Target``."""
+    if spec is None or spec in ("cpu", "llvm", "host"):
+        return host_cpu_target()
+    if isinstance(spec, tvm.target.Target):
+        return spec
+    if isinstance(spec, str):
+        spec = json.loads(spec) if spec.lstrip().startswith("{") else {"kind": spec}
+    return tvm.target.Target(spec)
+
+
+def target_to_json(target: tvm.target.Target) -> str:
+    """A canonical string for a target (cost-database keys and placement files)."""
+    return json.dumps(_plain(target.export()), sort_keys=True)
+
+
+def target_to_dict(target: tvm.target.Target) -> dict:
+    return json.loads(target_to_json(target))
+
+
+def _plain(value: Any):
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def device_for(target: tvm.target.Target):
+    kind = target.kind.name
+    return tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+
+
+def device_name(target: tvm.target.Target) -> str:
+    """The device a target runs on, for cost keys: the CPU model or the GPU kind."""
+    spec = target_to_dict(target)
+    return f"{spec.get('kind')}:{spec.get('mcpu') or spec.get('arch') or 'generic'}"
+
+
+def value_type(expr):
+    """The Relax type of a variable or expression (0.27 renamed ``struct_info`` to ``ty``)."""
+    return expr.ty
+
+
+def tensor_shape_dtype(expr) -> tuple[tuple[int, ...], str]:
+    """Static shape and dtype of a tensor-typed expression; raises ValueError for dynamic shapes."""
+    ty = value_type(expr)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise ValueError(f"not a tensor of known shape: {ty}")
+    shape = []
+    for dim in ty.shape.values:
+        if not isinstance(dim, tvm.tirx.IntImm):
+            raise ValueError(f"dynamic dimension {dim} in {ty}")
+        shape.append(int(dim.value))
+    return tuple(shape), str(ty.dtype)
+
+
+def structural_key(func) -> str:
+    """Hex structural hash that ignores weight values but not their shapes (twelve BERT layers, one key)."""
+    return format(tvm_ffi.structural_hash(func, map_free_vars=True, skip_tensor_content=True) & (2**64 - 1), "016x")
+
+
+def op_name(call) -> str:
+    return call.op.name
+
+
+def is_op_call(expr) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+
+
+def to_tensor(array: np.ndarray, device):
+    return tvm.runtime.tensor(np.ascontiguousarray(array), device)
+
+
+def to_numpy(value) -> np.ndarray:
+    return value.numpy()
+
+
+def save_ir_json(mod) -> str:
+    return tvm.ir.save_json(mod)
+
+
+def load_ir_json(text: str):
+    return tvm.ir.load_json(text)
+
+
+def copy_with_new_vars(func):
+    return relax.utils.copy_with_new_vars(func)

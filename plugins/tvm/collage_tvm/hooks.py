@@ -1,0 +1,106 @@
+"""TVM's own Relax code generation as a Collage backend: it covers every operator TVM can legalize."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.relax.dpl import is_op, wildcard
+
+from collage_core.hookspecs import hookimpl
+from collage_core.records import OP_LEVEL, Availability, Backend, Pattern
+
+BACKEND = "tvm"
+
+# Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
+# operators it folds into the anchor's output loop.
+ANCHOR_OPS = (
+    "relax.nn.conv1d",
+    "relax.nn.conv2d",
+    "relax.nn.conv2d_transpose",
+    "relax.matmul",
+)
+ELEMENTWISE_UNARY_OPS = (
+    "relax.nn.relu",
+    "relax.nn.gelu",
+    "relax.nn.gelu_tanh",
+    "relax.nn.silu",
+    "relax.sigmoid",
+    "relax.tanh",
+    "relax.clip",
+    "relax.sqrt",
+    "relax.rsqrt",
+    "relax.exp",
+    "relax.erf",
+)
+ELEMENTWISE_BINARY_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+MAX_FUSED_ELEMENTWISE = 6
+
+
+def _elementwise_after(producer):
+    alternatives = [is_op(op)(producer) for op in ELEMENTWISE_UNARY_OPS]
+    for op in ELEMENTWISE_BINARY_OPS:
+        alternatives += [is_op(op)(producer, wildcard()), is_op(op)(wildcard(), producer)]
+    pattern = alternatives[0]
+    for alternative in alternatives[1:]:
+        pattern = pattern | alternative
+    return pattern
+
+
+def _any_elementwise():
+    alternatives = [is_op(op)(wildcard()) for op in ELEMENTWISE_UNARY_OPS]
+    alternatives += [is_op(op)(wildcard(), wildcard()) for op in ELEMENTWISE_BINARY_OPS]
+    pattern = alternatives[0]
+    for alternative in alternatives[1:]:
+        pattern = pattern | alternative
+    return pattern
+
+
+def _fused_patterns() -> list[Pattern]:
+    patterns = []
+    chain = _any_elementwise()
+    for length in range(1, MAX_FUSED_ELEMENTWISE):
+        chain = _elementwise_after(chain)
+        patterns.append(Pattern(f"{BACKEND}.elementwise{length + 1}", chain))
+    for anchor_name in ANCHOR_OPS:
+        chain = is_op(anchor_name)(wildcard(), wildcard())
+        short = anchor_name.rsplit(".", 1)[1]
+        for length in range(1, MAX_FUSED_ELEMENTWISE + 1):
+            chain = _elementwise_after(chain)
+            patterns.append(Pattern(f"{BACKEND}.{short}_elementwise{length}", chain))
+    return patterns
+
+
+@hookimpl
+def collage_register_backends(register):
+    register(
+        Backend(
+            name=BACKEND,
+            kind=OP_LEVEL,
+            device_kinds=("cpu", "cuda"),
+            version=tvm.__version__,
+            description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
+        )
+    )
+
+
+@hookimpl
+def collage_check_availability(backend):
+    if backend.name != BACKEND:
+        return None
+    return Availability.yes()
+
+
+@hookimpl
+def collage_contribute_patterns(backend, target):
+    if backend.name != BACKEND:
+        return None
+    single_operator = Pattern(f"{BACKEND}.op", wildcard())
+    return [single_operator, *_fused_patterns()]
+
+
+@hookimpl
+def collage_lower_partitions(backend, mod, function_names, target):
+    if backend.name != BACKEND:
+        return None
+    # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
+    # function, so fusion never crosses a partition boundary.
+    return mod
