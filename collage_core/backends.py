@@ -7,7 +7,7 @@ import logging
 import attrs
 
 from collage_core.errors import CollageError
-from collage_core.plugins import CollagePluginManager, PluginFailure
+from collage_core.plugins import CollagePluginManager, PluginFailure, call_each, first_result
 from collage_core.records import Availability, Backend, Pattern
 
 log = logging.getLogger("collage")
@@ -28,21 +28,13 @@ class BackendInfo:
         return self.backend.name
 
 
-def _call_per_plugin(hook, **kwargs):
-    """Call each implementation of ``hook`` on its own, so one plugin's exception spares the rest."""
-    for impl in reversed(hook.get_hookimpls()):
-        try:
-            yield impl.plugin_name, impl.function(**kwargs), None
-        except Exception as error:
-            yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
-
-
 def discover_backends(pm: CollagePluginManager) -> dict[str, BackendInfo]:
     """All registered backends by name, each with the plugin that registered it and its availability."""
     registered: dict[str, tuple[Backend, str]] = {}
     for plugin_name, _, error in _registering(pm, registered):
-        if error:
-            pm.failures.append(PluginFailure(plugin_name, f"collage_register_backends raised {error}"))
+        failure = PluginFailure(plugin_name, f"collage_register_backends raised {error}")
+        if error and failure not in pm.failures:
+            pm.failures.append(failure)
     infos = {}
     for name, (backend, plugin_name) in sorted(registered.items()):
         infos[name] = BackendInfo(backend, plugin_name, _availability(pm, backend, plugin_name))
@@ -71,11 +63,10 @@ def _registering(pm, registered):
 
 
 def _availability(pm, backend: Backend, plugin_name: str) -> Availability:
-    try:
-        availability = pm.hook.collage_check_availability(backend=backend)
-    except Exception as error:
-        return Availability.no(f"plugin {plugin_name}: collage_check_availability raised {type(error).__name__}: {error}")
+    availability, errors = first_result(pm.hook.collage_check_availability, backend=backend)
     if availability is None:
+        if errors:
+            return Availability.no("; ".join(errors))
         return Availability.no(f"plugin {plugin_name} does not say whether {backend.name} is available")
     return availability
 
@@ -101,7 +92,7 @@ def select_backends(infos: dict[str, BackendInfo], names=None) -> list[BackendIn
 def contribute_patterns(pm: CollagePluginManager, backend: Backend, target) -> list[Pattern]:
     """The patterns every plugin contributes for ``backend``; a plugin that raises is skipped with a warning."""
     patterns: list[Pattern] = []
-    for plugin_name, result, error in _call_per_plugin(pm.hook.collage_contribute_patterns, backend=backend, target=target):
+    for plugin_name, result, error in call_each(pm.hook.collage_contribute_patterns, backend=backend, target=target):
         if error:
             log.warning("plugin %s: collage_contribute_patterns raised %s; its patterns are left out", plugin_name, error)
             continue

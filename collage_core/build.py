@@ -7,6 +7,7 @@ from tvm import relax
 
 from collage_core.errors import CollageError
 from collage_core.partition import BACKEND_ATTR
+from collage_core.plugins import first_result
 
 
 class BuildError(CollageError):
@@ -26,14 +27,11 @@ def lower_partitions(pm, mod: tvm.IRModule, backends: dict, target) -> tvm.IRMod
     for backend_name, names in partitions_by_backend(mod).items():
         if backend_name not in backends:
             raise BuildError(f"partitions are placed on backend {backend_name!r}, which is not installed")
-        try:
-            lowered = pm.hook.collage_lower_partitions(
-                backend=backends[backend_name], mod=mod, function_names=names, target=target
-            )
-        except CollageError:
-            raise
-        except Exception as error:
-            raise BuildError(f"backend {backend_name}: lowering failed: {type(error).__name__}: {_last_line(error)}") from None
+        lowered, errors = first_result(
+            pm.hook.collage_lower_partitions, backend=backends[backend_name], mod=mod, function_names=names, target=target
+        )
+        if lowered is None and errors:
+            raise BuildError(f"backend {backend_name}: lowering failed: {'; '.join(_last_line_of(e) for e in errors)}")
         if lowered is None:
             raise BuildError(f"no plugin lowers partitions of backend {backend_name}")
         mod = lowered
@@ -50,5 +48,9 @@ def build(pm, mod: tvm.IRModule, backends: dict, target):
 
 
 def _last_line(error: BaseException) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return _last_line_of(str(error))
+
+
+def _last_line_of(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""

@@ -217,7 +217,7 @@ class CostDatabase:
             return
         if self.read_only:
             raise CostDatabaseError(f"cost database {self.path} is empty and read-only; {_USE_ANOTHER_FILE}")
-        self._connection.execute("PRAGMA journal_mode = WAL")
+        self._switch_to_write_ahead_log()
         # Another process may create the schema between our check and our lock: check again under the lock.
         self._connection.execute("BEGIN IMMEDIATE")
         try:
@@ -228,6 +228,19 @@ class CostDatabase:
         finally:
             if self._connection.in_transaction:
                 self._connection.execute("ROLLBACK")
+
+    def _switch_to_write_ahead_log(self) -> None:
+        # SQLite does not wait out the busy timeout here: the switch fails at once while another
+        # process opening the same new file holds a lock, so we retry until the timeout.
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                self._connection.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
 
     def _has_schema(self) -> bool:
         """False for an empty database, True for ours; refuses any other without writing to it."""

@@ -113,9 +113,9 @@ def optimize(
     imported = load_model(model, example_inputs)
     target = tvm_compat.make_target(target)
     pm = get_plugin_manager()
-    for failure in pm.failures:
-        say(f"warning: plugin {failure.name} not loaded: {failure.reason}")
     infos = discover_backends(pm)
+    for failure in pm.failures:
+        say(f"warning: plugin {failure.name}: {failure.reason}")
     chosen = [info for info in select_backends(infos, backends) if _serves(info, target)]
     if not chosen:
         raise CollageError(f"none of the selected backends runs on target {target.kind.name}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import attrs
 import pluggy
@@ -34,6 +34,29 @@ class CollagePluginManager(pluggy.PluginManager):
     def module_plugin_names(self) -> list[str]:
         """Importable names of the module plugins, so a worker process can load the same set."""
         return [plugin.__name__ for plugin in self.get_plugins() if isinstance(plugin, type(os))]
+
+
+def call_each(hook, **kwargs):
+    """Call each implementation of ``hook`` in pluggy's order, on its own, so one plugin's exception spares the rest.
+
+    Yields ``(plugin_name, result, error)``; ``error`` is ``"Type: message"`` or None.
+    """
+    for impl in reversed(hook.get_hookimpls()):
+        try:
+            yield impl.plugin_name, impl.function(**kwargs), None
+        except Exception as error:
+            yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
+
+
+def first_result(hook, **kwargs) -> tuple[Any, list[str]]:
+    """A firstresult hook called plugin by plugin: the first non-None result, and the errors met before it."""
+    errors = []
+    for plugin_name, result, error in call_each(hook, **kwargs):
+        if error:
+            errors.append(f"plugin {plugin_name}: {hook.name} raised {error}")
+        elif result is not None:
+            return result, errors
+    return None, errors
 
 
 def disabled_plugin_names(environ=os.environ) -> set[str]:

@@ -53,11 +53,16 @@ def _measure_candidate(state, request):
     from collage_core.relax_graph import RelaxGraph
     from collage_core.timing import MeasureSettings
     from collage_core.partition import partition_module
+    from collage_core.plugins import first_result
 
     mod, target = _load(request)
     backend = state["backends"][request["backend"]]
     settings = MeasureSettings.from_json(request["settings"])
-    cost = state["pm"].hook.collage_measure_candidate(backend=backend, mod=mod, target=target, settings=settings)
+    cost, errors = first_result(
+        state["pm"].hook.collage_measure_candidate, backend=backend, mod=mod, target=target, settings=settings
+    )
+    if cost is None and errors:
+        return {"cost": Cost.invalid("; ".join(errors)).to_json()}
     if cost is None:
         graph = RelaxGraph.from_function(mod["main"])
         part = _WholeGraph(backend.name, request["pattern"], tuple(range(len(graph.graph))))

@@ -1,0 +1,90 @@
+"""The ``collage`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from collage_core.errors import CollageError
+
+EXIT_ERROR = 1
+EXIT_NUMERICS = 3
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.command(args)
+    except CollageError as error:
+        print(f"collage: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("collage: interrupted; costs measured so far are kept in the cost database", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="collage", description="Place each part of a model on the fastest backend.")
+    commands = parser.add_subparsers()
+
+    backends = commands.add_parser("backends", help="list installed backends, whether they run here, and why not")
+    backends.set_defaults(command=_backends)
+
+    optimize = commands.add_parser("optimize", help="measure, search, build and verify a placement for a model")
+    optimize.add_argument("model", help="an ONNX file")
+    optimize.add_argument("--target", default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
+    optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one)")
+    optimize.add_argument("--output", default=None, help="directory for placement.json, the library and report.txt")
+    optimize.add_argument("--placement", default=None, help="replay this placement file instead of measuring")
+    optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
+    optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
+    optimize.set_defaults(command=_optimize)
+    return parser
+
+
+def _backends(args) -> int:
+    from collage_core.backends import discover_backends
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.report import format_table
+
+    pm = get_plugin_manager()
+    rows = []
+    for name, info in discover_backends(pm).items():
+        availability = "yes" if info.availability.available else f"no: {info.availability.reason}"
+        backend = info.backend
+        rows.append([name, backend.kind, ",".join(backend.device_kinds), backend.version, info.plugin, availability])
+    print(format_table(["backend", "kind", "devices", "version", "plugin", "available"], rows))
+    for failure in pm.failures:
+        print(f"plugin {failure.name} failed: {failure.reason}")
+    return 0
+
+
+def _optimize(args) -> int:
+    from collage_core.optimizer import optimize
+    from collage_core.report import render_report
+
+    output = Path(args.output) if args.output else Path("collage-out") / Path(args.model).stem
+    result = optimize(
+        args.model,
+        target=args.target,
+        backends=args.backends.split(",") if args.backends else None,
+        placement=args.placement,
+        cost_db=args.cost_db,
+        output_dir=output,
+        compare_backends=not args.no_compare,
+    )
+    print(render_report(result))
+    print(f"\nsaved: {output / 'placement.json'}, {output / (result.model.name + '.so')}, {output / 'report.txt'}")
+    if result.verification is not None and not result.verification.passed:
+        return EXIT_NUMERICS
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Small plugin modules that tests load by module name or through fake entry points."""

@@ -1,0 +1,137 @@
+"""docs/plugins.md against the hook specs and the tests, and its example plugin run for real."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from collage_core import hookspecs, tvm_compat
+from collage_core.backends import contribute_patterns, discover_backends, select_backends
+from collage_core.build import build, partitions_by_backend
+from collage_core.candidates import enumerate_candidates
+from collage_core.partition import partition_module
+from collage_core.plugins import get_plugin_manager
+from collage_core.relax_graph import RelaxGraph
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "plugins.md"
+HOOK_HEADING = re.compile(r"^## (\w+)\((.*)\)\s*$", re.MULTILINE)
+# matmul with an inner dimension of 8 in float32: a handful of roundings per element.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def hook_specs() -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(function)
+        for name, function in inspect.getmembers(hookspecs, inspect.isfunction)
+        if name.startswith(f"{hookspecs.PROJECT}_")
+    }
+
+
+def documented_hooks() -> dict[str, str]:
+    return {name: arguments for name, arguments in HOOK_HEADING.findall(DOCS.read_text())}
+
+
+def example_plugin_source() -> str:
+    blocks = re.findall(r"^```python\n(.*?)^```", DOCS.read_text(), re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 1, "docs/plugins.md should hold exactly one python block: the example plugin"
+    return blocks[0]
+
+
+def test_hook_specs_are_found():
+    assert set(hook_specs()) >= {"collage_register_backends", "collage_lower_partitions"}
+
+
+@pytest.mark.parametrize("hook", sorted(hook_specs()))
+def test_every_hook_has_a_heading_with_its_signature(hook):
+    documented = documented_hooks()
+    assert hook in documented, f"docs/plugins.md has no '## {hook}(...)' heading"
+    assert f"({documented[hook]})" == str(hook_specs()[hook])
+
+
+def test_no_heading_names_a_hook_that_does_not_exist():
+    assert set(documented_hooks()) - set(hook_specs()) == set()
+
+
+@pytest.mark.parametrize("hook", sorted(hook_specs()))
+def test_every_hook_has_a_test(hook):
+    test_names = set()
+    for path in Path(__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                test_names.add(node.name)
+    assert any(hook in name for name in test_names), f"no test function in tests/*.py names {hook}"
+
+
+def matmul_relu_add(dtype: str) -> tvm.IRModule:
+    """``relu(x @ w) + b``: three operators, so a placement can put the middle one elsewhere."""
+    x = relax.Var("x", relax.TensorType((4, 8), dtype))
+    w = relax.Var("w", relax.TensorType((8, 16), dtype))
+    b = relax.Var("b", relax.TensorType((4, 16), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            product = bb.emit(relax.op.matmul(x, w))
+            rectified = bb.emit(relax.op.nn.relu(product))
+            output = bb.emit_output(relax.op.add(rectified, b))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def example_pm():
+    module = types.ModuleType("collage_example.hooks")
+    exec(compile(example_plugin_source(), f"{DOCS}:example", "exec"), module.__dict__)
+    pm = get_plugin_manager(load_entry_points=True)
+    pm.register(module, name="example")
+    pm.check_pending()
+    return pm
+
+
+def test_example_plugin_registers_an_available_backend(example_pm):
+    infos = discover_backends(example_pm)
+    assert infos["example"].plugin == "example"
+    assert infos["example"].availability.available, infos["example"].availability.reason
+    assert [info.name for info in select_backends(infos, ["example", "tvm"])] == ["example", "tvm"]
+
+
+def test_example_plugin_contributes_a_float32_relu_pattern(example_pm):
+    infos = discover_backends(example_pm)
+    patterns = contribute_patterns(example_pm, infos["example"].backend, tvm_compat.host_cpu_target())
+    assert [pattern.name for pattern in patterns] == ["example.relu"]
+    for dtype, expected in (("float32", [frozenset({1})]), ("float16", [])):
+        graph = RelaxGraph.from_function(matmul_relu_add(dtype)["main"])
+        assert [c.nodes for c in enumerate_candidates(graph, patterns)] == expected, dtype
+
+
+def test_example_plugin_builds_and_runs_relu_between_tvm_partitions(example_pm):
+    target = tvm_compat.host_cpu_target()
+    infos = discover_backends(example_pm)
+    mod = matmul_relu_add("float32")
+    graph = RelaxGraph.from_function(mod["main"])
+    patterns = [p for name in ("example", "tvm") for p in contribute_patterns(example_pm, infos[name].backend, target)]
+    candidates = enumerate_candidates(graph, patterns)
+    wanted = {1: ("example", "example.relu"), 0: ("tvm", "tvm.op"), 2: ("tvm", "tvm.op")}
+    parts = [
+        next(c for c in candidates if c.nodes == {node} and (c.backend, c.pattern) == chosen)
+        for node, chosen in sorted(wanted.items())
+    ]
+    placed = partition_module(graph, parts)
+    assert {backend: len(names) for backend, names in partitions_by_backend(placed).items()} == {"example": 1, "tvm": 2}
+
+    executable = build(example_pm, placed, {name: info.backend for name, info in infos.items()}, target)
+    device = tvm_compat.device_for(target)
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-1, 1, size=shape).astype("float32") for shape in ((4, 8), (8, 16), (4, 16))]
+    vm = relax.VirtualMachine(executable, device)
+    result = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs]))
+    x, w, b = inputs
+    np.testing.assert_allclose(result, np.maximum(x @ w, 0) + b, rtol=RTOL, atol=ATOL)

@@ -1,0 +1,168 @@
+"""Importing models: the shipped ONNX files, PyTorch and Relax, what is refused and why, and the numerics of the import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from collage_core import tvm_compat
+from collage_core.model_import import ModelImportError, TensorSpec, load_model
+from collage_core.verify import compare_outputs
+
+MODELS = Path(__file__).parent.parent / "models"
+TINY_RESNET = MODELS / "tiny_resnet.onnx"
+TINY_BERT = MODELS / "tiny_bert.onnx"
+OPSET = 17
+# An ONNX operator that is in the standard opset but that TVM's Relax frontend cannot convert.
+UNSUPPORTED_ONNX_OP = "Det"
+
+
+def assert_canonical(imported) -> None:
+    """One dataflow block in ``main``, and every input a tensor of static shape matching the specs."""
+    body = imported.mod["main"].body
+    blocks = [block for block in body.blocks if block.bindings]
+    assert len(blocks) == 1 and isinstance(blocks[0], relax.DataflowBlock)
+    params = imported.mod["main"].params
+    assert [tvm_compat.tensor_shape_dtype(param) for param in params] == [(s.shape, s.dtype) for s in imported.inputs]
+    assert all(all(isinstance(dim, int) and dim > 0 for dim in spec.shape) for spec in imported.inputs)
+
+
+def run_relax(executable, target, arrays) -> list[np.ndarray]:
+    device = tvm_compat.device_for(target)
+    result = relax.VirtualMachine(executable, device)["main"](*[tvm_compat.to_tensor(a, device) for a in arrays])
+    return [tvm_compat.to_numpy(value) for value in ([result] if hasattr(result, "numpy") else result)]
+
+
+def onnx_model(node, inputs, outputs, name: str = "test") -> onnx.ModelProto:
+    graph = helper.make_graph([node], name, inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_resnet():
+    return load_model(TINY_RESNET)
+
+
+def test_tiny_resnet_imports_and_its_reference_runs(tiny_resnet):
+    assert tiny_resnet.source == "onnx" and tiny_resnet.name == "tiny_resnet"
+    assert tiny_resnet.inputs == (TensorSpec("input", (1, 3, 32, 32), "float32"),)
+    assert_canonical(tiny_resnet)
+    assert tiny_resnet.reference_name.startswith("onnxruntime")
+    (logits,) = tiny_resnet.reference(tiny_resnet.random_inputs())
+    assert logits.shape == (1, 10) and np.all(np.isfinite(logits))
+
+
+def test_tiny_bert_imports_and_its_reference_runs():
+    imported = load_model(TINY_BERT)
+    assert imported.inputs == (TensorSpec("input_ids", (1, 16), "int64"),)
+    assert_canonical(imported)
+    (hidden,) = imported.reference(imported.random_inputs())
+    assert hidden.shape == (1, 16, 64) and np.all(np.isfinite(hidden))
+
+
+def test_imported_tiny_resnet_built_by_tvm_matches_onnx_runtime(tiny_resnet):
+    """The import itself (frontend, batch-norm decomposition, constant folding) keeps the numerics."""
+    target = tvm_compat.host_cpu_target()
+    executable = relax.build(tiny_resnet.mod, target)
+    inputs = tiny_resnet.random_inputs(seed=1)
+    verification = compare_outputs(
+        run_relax(executable, target, inputs), tiny_resnet.reference(inputs), tiny_resnet.reference_name, rtol=1e-4, atol=1e-5
+    )
+    assert verification.passed, verification.describe()
+
+
+def test_truncated_onnx_file_is_refused_naming_the_file(tmp_path):
+    truncated = tmp_path / "truncated.onnx"
+    data = TINY_RESNET.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelImportError, match="truncated.onnx: not a valid ONNX model"):
+        load_model(truncated)
+
+
+def test_random_bytes_are_refused_naming_the_file(tmp_path):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(ModelImportError, match="garbage.onnx: not a valid ONNX model"):
+        load_model(garbage)
+
+
+def test_missing_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(ModelImportError, match="absent.onnx: no such file"):
+        load_model(tmp_path / "absent.onnx")
+
+
+def test_dynamic_input_dimension_is_refused_naming_the_input():
+    model = onnx_model(
+        helper.make_node("Relu", ["features"], ["activated"]),
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("activated", TensorProto.FLOAT, ["batch", 4])],
+    )
+    with pytest.raises(ModelImportError, match=r"input 'features' has a dynamic shape \['batch', 4\]"):
+        load_model(model)
+
+
+def test_operator_the_frontend_lacks_is_refused_naming_it(tmp_path):
+    assert UNSUPPORTED_ONNX_OP not in onnx_frontend._get_convert_map()
+    path = tmp_path / "determinant.onnx"
+    onnx.save(
+        onnx_model(
+            helper.make_node(UNSUPPORTED_ONNX_OP, ["matrix"], ["determinant"]),
+            [helper.make_tensor_value_info("matrix", TensorProto.FLOAT, [3, 3])],
+            [helper.make_tensor_value_info("determinant", TensorProto.FLOAT, [])],
+        ),
+        path,
+    )
+    with pytest.raises(ModelImportError, match=f"determinant.onnx: unsupported ONNX operator\\(s\\): {UNSUPPORTED_ONNX_OP}"):
+        load_model(path)
+
+
+class ConvReluLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.linear = torch.nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x):
+        return self.linear(torch.flatten(torch.relu(self.conv(x)), 1))
+
+
+def test_torch_module_with_example_inputs_imports_with_pytorch_as_reference():
+    torch.manual_seed(0)
+    module = ConvReluLinear()
+    imported = load_model(module, example_inputs=(torch.randn(1, 3, 8, 8),))
+    assert imported.source == "torch" and imported.name == "ConvReluLinear"
+    assert imported.reference_name.startswith("pytorch")
+    assert imported.inputs == (TensorSpec("input0", (1, 3, 8, 8), "float32"),)
+    assert_canonical(imported)
+    inputs = imported.random_inputs()
+    with torch.no_grad():
+        expected = module(torch.from_numpy(inputs[0])).numpy()
+    (output,) = imported.reference(inputs)
+    np.testing.assert_array_equal(output, expected)
+
+
+def test_torch_module_without_example_inputs_is_refused():
+    with pytest.raises(ModelImportError, match="needs example_inputs"):
+        load_model(ConvReluLinear())
+
+
+def test_relax_module_imports_into_one_dataflow_block():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        hidden = bb.emit(relax.op.nn.relu(x))
+        bb.emit_func_output(bb.emit(relax.op.add(hidden, x)))
+    imported = load_model(bb.get(), name="relu_add")
+    assert imported.source == "relax" and imported.name == "relu_add"
+    assert imported.reference is None
+    assert imported.inputs == (TensorSpec("x", (2, 8), "float32"),)
+    assert_canonical(imported)
