@@ -31,6 +31,8 @@ from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, WorkerFailure
 
 PLACEMENT = "placement"
+# TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
+UNPARTITIONED = "unpartitioned relax.build"
 # Forces "this backend wherever it can" when a backend cannot cover the model alone.
 FALLBACK_PENALTY_S = 1e3
 
@@ -163,6 +165,10 @@ def optimize(
         verification = compare_outputs(outputs, imported.reference(inputs), imported.reference_name)
         say(verification.describe())
     results = [EndToEnd(PLACEMENT, placement_cost, _operators_by_backend(parts))]
+    if compare_backends:
+        say(f"building and measuring {UNPARTITIONED}")
+        _, cost = _run_built(imported.mod, target, inputs, settings, plugin_modules, disabled, None, workdir)
+        results.append(EndToEnd(UNPARTITIONED, cost, {"relax.build": len(graph.graph)}))
     if compare_backends and measurement is not None:
         for info in chosen:
             baseline = _baseline_parts(graph, candidates, measurement.costs, info.name)

@@ -11,8 +11,8 @@ an executable placement in execution order, and every executable placement is su
 
 Without pruning, independent operators (weight transforms, parallel branches) can be covered in
 any interleaving, and the number of covered sets grows exponentially with them. The search
-therefore follows one canonical order per placement, the lowest-first order (see
-:func:`_steps_in_lowest_first_order`), which visits few interleavings and loses no placement.
+therefore follows one canonical order per placement, the demand order (see
+:func:`_steps_in_demand_order`), which visits few interleavings and loses no placement.
 """
 
 from __future__ import annotations
@@ -36,40 +36,17 @@ class NoPlacementError(CollageError):
 
 @attrs.frozen
 class _Step:
-    """A usable candidate as bitmasks over operator indices."""
+    """A usable candidate as bitmasks over operator indices; ``rank`` is its canonical position."""
 
     candidate: Candidate
+    rank: int
     seconds: float
     nodes: int
-    lowest: int
     outside_preds: int
-    outside_succs: tuple[int, ...]
+    outside_ancestors: int
 
     def is_ready(self, covered: int) -> bool:
-        return self.nodes & covered == 0 and self.outside_preds & ~covered == 0
-
-
-@attrs.frozen
-class _StepIndex:
-    """The usable steps, found by their lowest operator and by each operator they contain."""
-
-    pred_masks: tuple[int, ...]
-    by_lowest: tuple[tuple[_Step, ...], ...]
-    containing: tuple[tuple[_Step, ...], ...]
-
-    @classmethod
-    def from_steps(cls, graph: OpGraph, steps: Sequence[_Step]) -> "_StepIndex":
-        by_lowest = [[] for _ in graph.ops]
-        containing = [[] for _ in graph.ops]
-        for step in steps:
-            by_lowest[step.lowest].append(step)
-            for node in _bits(step.nodes):
-                containing[node].append(step)
-        return cls(
-            pred_masks=tuple(_mask(preds) for preds in graph.preds),
-            by_lowest=tuple(map(tuple, by_lowest)),
-            containing=tuple(map(tuple, containing)),
-        )
+        return self.outside_preds & ~covered == 0
 
 
 def search_op_level(
@@ -82,24 +59,23 @@ def search_op_level(
 
     Candidates whose cost is missing, invalid or unknown are never chosen. Ties are broken the
     same way whatever the order of ``candidates``. ``on_progress`` receives the number of
-    search states expanded so far, every ``PROGRESS_EVERY`` states and once more at the end. Raises
-    :class:`NoPlacementError` when no such cover exists.
+    search states expanded so far, every ``PROGRESS_EVERY`` states and once more at the end.
+    Raises :class:`NoPlacementError` when no such cover exists.
     """
     steps = _usable_steps(graph, candidates, costs)
     _raise_for_uncovered_operator(graph, steps)
-    index = _StepIndex.from_steps(graph, steps)
+    containing = _steps_by_operator(graph, steps)
     everything = (1 << len(graph)) - 1
-    sources = _mask(node for node, preds in enumerate(index.pred_masks) if preds == 0)
 
     best_seconds = {0: 0.0}
     came_from: dict[int, tuple[int, _Step]] = {}
     # Ties in seconds pop the smaller covered set first; every input to the order is canonical.
-    queue = [(0.0, 0, sources)]
+    queue = [(0.0, 0)]
     expanded = 0
     furthest_uncovered = 0
     placement = None
     while queue:
-        seconds, covered, ready = heapq.heappop(queue)
+        seconds, covered = heapq.heappop(queue)
         if seconds > best_seconds[covered]:
             continue
         if covered == everything:
@@ -108,14 +84,14 @@ def search_op_level(
         expanded += 1
         if on_progress is not None and expanded % PROGRESS_EVERY == 0:
             on_progress(expanded)
-        furthest_uncovered = max(furthest_uncovered, _lowest_bit(ready))
-        for step in _steps_in_lowest_first_order(index, covered, ready):
+        furthest_uncovered = max(furthest_uncovered, _lowest_bit(~covered))
+        for step in _steps_in_demand_order(containing, covered):
             after = covered | step.nodes
             after_seconds = seconds + step.seconds
             if after_seconds < best_seconds.get(after, math.inf):
                 best_seconds[after] = after_seconds
                 came_from[after] = (covered, step)
-                heapq.heappush(queue, (after_seconds, after, _ready_after(index, ready, after, step)))
+                heapq.heappush(queue, (after_seconds, after))
     if on_progress is not None:
         on_progress(expanded)
     if placement is None:
@@ -128,6 +104,7 @@ def search_op_level(
 
 def _usable_steps(graph: OpGraph, candidates: Sequence[Candidate], costs: Mapping[str, Cost]) -> list[_Step]:
     """The candidates that can be chosen, deduplicated and in a canonical order."""
+    ancestors = _ancestor_masks(graph)
     steps = []
     for candidate in sorted(set(candidates), key=lambda c: (c.sort_key, c.key)):
         if not candidate.nodes or min(candidate.nodes) < 0 or max(candidate.nodes) >= len(graph):
@@ -144,59 +121,67 @@ def _usable_steps(graph: OpGraph, candidates: Sequence[Candidate], costs: Mappin
         steps.append(
             _Step(
                 candidate=candidate,
+                rank=len(steps),
                 seconds=cost.seconds,
                 nodes=nodes,
-                lowest=min(candidate.nodes),
                 outside_preds=_mask(p for n in candidate.nodes for p in graph.preds[n]) & ~nodes,
-                outside_succs=tuple(sorted({s for n in candidate.nodes for s in graph.succs[n]} - candidate.nodes)),
+                outside_ancestors=_union(ancestors[n] for n in candidate.nodes) & ~nodes,
             )
         )
     return steps
 
 
 def _raise_for_uncovered_operator(graph: OpGraph, steps: Sequence[_Step]) -> None:
-    coverable = 0
-    for step in steps:
-        coverable |= step.nodes
-    uncovered = ~coverable & ((1 << len(graph)) - 1)
+    uncovered = ~_union(step.nodes for step in steps) & ((1 << len(graph)) - 1)
     if uncovered:
         node = _lowest_bit(uncovered)
         raise NoPlacementError(f"no valid candidate covers operator {node} ({graph.ops[node]})")
 
 
-def _steps_in_lowest_first_order(index: _StepIndex, covered: int, ready: int) -> Iterator[_Step]:
-    """The steps from ``covered`` that keep to the lowest-first order of some placement.
+def _steps_by_operator(graph: OpGraph, steps: Sequence[_Step]) -> tuple[tuple[_Step, ...], ...]:
+    containing = [[] for _ in graph.ops]
+    for step in steps:
+        for node in _bits(step.nodes):
+            containing[node].append(step)
+    return tuple(map(tuple, containing))
 
-    ``ready`` holds the uncovered operators whose predecessors are all covered. Order the parts
-    of a placement lowest-first: each time, place the part with the lowest operator among the
-    parts that are ready. That is an execution order, and a unique one. When it places part C,
-    every ready operator r below min(C) lies in a part that is not ready yet (a ready one would
-    have a lowest operator <= r and go first): a usable candidate that contains r, is disjoint
-    from ``covered`` and C, and still waits on an uncovered operator. A step without such a
-    witness for every lower ready operator is in no placement's lowest-first order, so skipping
-    it keeps the optimum. (Requiring C to contain the lowest ready operator is not enough: that
-    operator's part may wait on a part that must go first.)
+
+def _steps_in_demand_order(containing: Sequence[Sequence[_Step]], covered: int) -> Iterator[_Step]:
+    """The steps from ``covered`` that can be next in the demand order of some placement.
+
+    Demand order places, each time, the part holding the lowest uncovered operator; while that
+    part waits on uncovered operators, it places first the part holding the lowest of them, and
+    so on back. The lowest uncovered ancestor of a convex part is always ready, and a part never
+    demands itself again when the placement is executable, so this is an execution order of
+    every placement. Its next part therefore contains a *demanded* operator: the lowest
+    uncovered one, or the lowest uncovered ancestor of a waiting candidate that contains a
+    demanded operator. Steps that contain none are in no placement's demand order, and skipping
+    them keeps the optimum. (Requiring every step to contain the lowest uncovered operator is
+    not enough: that operator's part may wait on a part that must go first.)
     """
-    witnesses_below: list[list[int]] = []
-    for node in _bits(ready):
-        for step in index.by_lowest[node]:
-            if step.is_ready(covered) and all(
-                any(witness & step.nodes == 0 for witness in witnesses) for witnesses in witnesses_below
-            ):
-                yield step
-        witnesses = [s.nodes for s in index.containing[node] if s.nodes & covered == 0 and not s.is_ready(covered)]
-        if not witnesses:
-            return
-        witnesses_below.append(witnesses)
+    demanded = [_lowest_bit(~covered)]
+    seen_demanded = set(demanded)
+    yielded = set()
+    for node in demanded:
+        for step in containing[node]:
+            if step.nodes & covered:
+                continue
+            if step.is_ready(covered):
+                if step.rank not in yielded:
+                    yielded.add(step.rank)
+                    yield step
+                continue
+            waited_on = _lowest_bit(step.outside_ancestors & ~covered)
+            if waited_on not in seen_demanded:
+                seen_demanded.add(waited_on)
+                demanded.append(waited_on)
 
 
-def _ready_after(index: _StepIndex, ready: int, after: int, step: _Step) -> int:
-    """The ready operators once ``step`` is covered too (``after`` includes it)."""
-    ready &= ~step.nodes
-    for succ in step.outside_succs:
-        if index.pred_masks[succ] & ~after == 0:
-            ready |= 1 << succ
-    return ready
+def _ancestor_masks(graph: OpGraph) -> list[int]:
+    ancestors = []
+    for preds in graph.preds:
+        ancestors.append(_union(ancestors[p] | 1 << p for p in preds))
+    return ancestors
 
 
 def _path_to(covered: int, came_from: Mapping[int, tuple[int, _Step]]) -> tuple[Candidate, ...]:
@@ -208,10 +193,14 @@ def _path_to(covered: int, came_from: Mapping[int, tuple[int, _Step]]) -> tuple[
 
 
 def _mask(nodes) -> int:
-    mask = 0
-    for node in nodes:
-        mask |= 1 << node
-    return mask
+    return _union(1 << node for node in nodes)
+
+
+def _union(masks) -> int:
+    union = 0
+    for mask in masks:
+        union |= mask
+    return union
 
 
 def _bits(mask: int) -> Iterator[int]:

@@ -91,7 +91,9 @@ def is_op_call(expr) -> bool:
 
 
 def to_tensor(array: np.ndarray, device):
-    return tvm.runtime.tensor(np.ascontiguousarray(array), device)
+    array = np.asarray(array)
+    # np.ascontiguousarray would turn a 0-d array into a 1-d one.
+    return tvm.runtime.tensor(array if array.flags.c_contiguous else array.copy(order="C"), device)
 
 
 def to_numpy(value) -> np.ndarray:
@@ -108,3 +110,7 @@ def load_ir_json(text: str):
 
 def copy_with_new_vars(func):
     return relax.utils.copy_with_new_vars(func)
+
+
+def structural_equal(first, second) -> bool:
+    return bool(tvm_ffi.structural_equal(first, second))

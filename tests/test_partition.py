@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm_ffi
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -26,6 +27,8 @@ TINY_RESNET = Path(__file__).parent.parent / "models" / "tiny_resnet.onnx"
 TWIN_PLUGIN = "plugins_for_tests.deterministic_cost_plugin"
 TWIN = "twin"
 PLACEMENT_SEED = 3
+# float32 kernels of TVM and ONNX Runtime differ in summation order only: errors near 1e-7 of the output scale.
+RTOL, ATOL = 1e-4, 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +115,9 @@ def test_structurally_equal_blocks_share_candidate_keys_and_other_shapes_do_not(
     graph = RelaxGraph.from_function(two_equal_blocks_and_a_larger_one()["main"])
     block_size = 5
     assert len(graph.graph) == 3 * block_size
-    first_weight, second_weight = (graph.call(node).args[1].data.numpy() for node in (0, block_size))
-    assert not np.array_equal(first_weight, second_weight)
+    first_block, _ = graph.region_function(range(block_size))
+    second_block, _ = graph.region_function(range(block_size, 2 * block_size))
+    assert not tvm_ffi.structural_equal(first_block, second_block, map_free_vars=True), "the weights should differ"
 
     candidates = enumerate_candidates(graph, patterns_of(plugins, "tvm"))
     by_place = {(c.pattern, c.nodes): c.key for c in candidates}
@@ -145,9 +149,8 @@ def test_random_mixed_placement_builds_and_matches_onnx_runtime(plugins, tiny_re
     device = tvm_compat.device_for(target)
     inputs = tiny_resnet.random_inputs(seed=2)
     result = relax.VirtualMachine(executable, device)["main"](*[tvm_compat.to_tensor(a, device) for a in inputs])
-    verification = compare_outputs(
-        [tvm_compat.to_numpy(result)], tiny_resnet.reference(inputs), tiny_resnet.reference_name, rtol=1e-4, atol=1e-5
-    )
+    outputs = [tvm_compat.to_numpy(result)]
+    verification = compare_outputs(outputs, tiny_resnet.reference(inputs), tiny_resnet.reference_name, RTOL, ATOL)
     assert verification.passed, verification.describe()
 
 
@@ -156,7 +159,8 @@ def singletons(candidates, backend: str = "tvm"):
 
 
 def test_operator_placed_twice_is_refused_naming_it(plugins, resnet_graph, tvm_candidates):
-    twin_relu = next(c for c in singletons(enumerate_candidates(resnet_graph, patterns_of(plugins, TWIN))) if c.nodes == {2})
+    twin_candidates = enumerate_candidates(resnet_graph, patterns_of(plugins, TWIN))
+    twin_relu = next(c for c in singletons(twin_candidates, TWIN) if c.nodes == {2})
     with pytest.raises(PartitionError, match=r"operator 2 \(relax.nn.relu\) is placed twice"):
         partition_module(resnet_graph, [*singletons(tvm_candidates), twin_relu])
 

@@ -1,0 +1,133 @@
+"""The main job on the shipped model, as a user runs it: optimize, verify, save, replay, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from collage_core import tvm_compat
+
+import collage_core
+from collage_core.placement_file import PlacementFileError
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+TINY_RESNET = MODELS / "tiny_resnet.onnx"
+TINY_BERT = MODELS / "tiny_bert.onnx"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("optimize")
+
+
+@pytest.fixture(scope="module")
+def optimized(workspace):
+    return collage_core.optimize(
+        str(TINY_RESNET), cost_db=workspace / "costs.sqlite", output_dir=workspace / "out", show_progress=False
+    )
+
+
+def test_optimize_measures_searches_builds_and_verifies(optimized):
+    assert optimized.verification.passed, optimized.verification.describe()
+    assert optimized.verification.reference.startswith("onnxruntime")
+    placement = optimized.placement
+    covered = sorted(n for p in placement.partitions for n in p.nodes)
+    assert covered == list(range(len(placement.operators)))
+    assert all(p.cost.is_measured for p in placement.partitions)
+    assert optimized.measurement.distinct <= optimized.candidates
+    names = [entry.name for entry in optimized.end_to_end]
+    assert names[0] == "placement" and "tvm alone" in names and "unpartitioned relax.build" in names
+    assert all(entry.cost.is_measured and entry.cost.median_s > 0 for entry in optimized.end_to_end)
+
+
+def test_run_matches_reference(optimized):
+    inputs = optimized.model.random_inputs(seed=3)
+    expected = optimized.model.reference(inputs)
+    np.testing.assert_allclose(optimized.run(*inputs)[0], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_placement_file_replays_the_same_executable(optimized, workspace):
+    saved = workspace / "out" / "placement.json"
+    data = json.loads(saved.read_text())
+    assert data["format"] == "collage-placement" and data["version"] == 1
+    assert data["model"]["name"] == "tiny_resnet"
+    assert all(p["cost"]["kind"] == "measured" for p in data["partitions"])
+    replayed = collage_core.optimize(
+        str(TINY_RESNET), placement=saved, output_dir=workspace / "replay", compare_backends=False, show_progress=False
+    )
+    assert replayed.measurement is None
+    assert tvm_compat.structural_equal(replayed.partitioned_mod, optimized.partitioned_mod)
+    inputs = optimized.model.random_inputs(seed=5)
+    np.testing.assert_array_equal(replayed.run(*inputs)[0], optimized.run(*inputs)[0])
+
+
+def test_placement_for_another_model_is_refused(optimized, workspace):
+    with pytest.raises(PlacementFileError, match=r"operator \d+ is .* in the placement but .* in the model"):
+        collage_core.optimize(str(TINY_BERT), placement=workspace / "out" / "placement.json", show_progress=False)
+
+
+def test_library_runs_in_a_fresh_process(optimized, workspace):
+    inputs = optimized.model.random_inputs(seed=9)
+    np.save(workspace / "input.npy", inputs[0])
+    script = (
+        "import sys, numpy as np, tvm\n"
+        "from tvm import relax\n"
+        "vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())\n"
+        "out = vm['main'](tvm.runtime.tensor(np.load(sys.argv[2])))\n"
+        "np.save(sys.argv[3], out.numpy())\n"
+    )
+    library = workspace / "out" / "tiny_resnet.so"
+    subprocess.run([sys.executable, "-c", script, str(library), str(workspace / "input.npy"), str(workspace / "o.npy")], check=True)
+    np.testing.assert_allclose(np.load(workspace / "o.npy"), optimized.run(*inputs)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_cli_optimize_reuses_measured_costs(optimized, workspace):
+    result = subprocess.run(
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(TINY_RESNET), "--cost-db", str(workspace / "costs.sqlite"),
+         "--output", str(workspace / "cli"), "--no-compare"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "measured 0 in" in result.stdout and "numerics passed" in result.stdout
+    assert "end to end" in result.stdout and "share of time" in result.stdout
+    assert (workspace / "cli" / "placement.json").exists() and (workspace / "cli" / "tiny_resnet.so").exists()
+
+
+def test_cli_backends_lists_tvm():
+    result = subprocess.run([sys.executable, "-m", "collage_core.cli", "backends"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    row = next(line for line in result.stdout.splitlines() if line.startswith("tvm "))
+    assert "op-level" in row and "yes" in row
+
+
+def test_cli_reports_a_missing_model_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(tmp_path / "nope.onnx")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [f"collage: error: {tmp_path / 'nope.onnx'}: no such file"]
+
+
+def test_optimize_torch_module_is_verified_against_pytorch(workspace):
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return self.fc((y + y.mean()).mean(dim=(2, 3)))
+
+    torch.manual_seed(0)
+    result = collage_core.optimize(
+        Block(), example_inputs=(torch.randn(1, 3, 8, 8),), cost_db=workspace / "costs.sqlite", show_progress=False,
+        compare_backends=False,
+    )
+    assert result.verification.passed and result.verification.reference.startswith("pytorch")
