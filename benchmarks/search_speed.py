@@ -3,7 +3,8 @@
 The graphs mimic what TVM Relax imports: every convolution and linear layer has its own weight
 transform (an operator with no operator inputs), batch norm is spelled out elementwise, and
 attention splits into Q/K/V branches. Candidates are singletons on a generic backend, vendor
-singletons for the heavy operators, and fused chains of 2-4 operators on one or two backends.
+singletons for the heavy operators, fused chains of 2-4 operators on one or two backends, and
+heavy operators that share an input batched together.
 Costs come from a synthetic latency model, not from measurements.
 
 Run: python benchmarks/search_speed.py
@@ -102,6 +103,17 @@ def chain_candidates(graph: OpGraph) -> list[Candidate]:
     return candidates
 
 
+def horizontal_candidates(graph: OpGraph) -> list[Candidate]:
+    """Heavy operators that read the same input, batched into one kernel (Q/K/V projections)."""
+    candidates = []
+    for succs in graph.succs:
+        for op in HEAVY_OPS:
+            siblings = frozenset(s for s in succs if graph.ops[s] == op)
+            if len(siblings) > 1 and graph.is_convex(siblings):
+                candidates.append(candidate("cutlass", f"horizontal_{op}", siblings))
+    return candidates
+
+
 def candidate(backend: str, what: str, nodes) -> Candidate:
     return Candidate(backend, f"{backend}.{what}", frozenset(nodes), f"{backend}:{sorted(nodes)}")
 
@@ -121,7 +133,7 @@ def main() -> None:
     models = {"ResNet-50-like": resnet50_like(), "BERT-base-like": bert_like(12), "BERT-large-like": bert_like(24)}
     print(f"{'model':<16} {'nodes':>6} {'candidates':>10} {'states':>8} {'seconds':>8}")
     for name, graph in models.items():
-        candidates = chain_candidates(graph)
+        candidates = chain_candidates(graph) + horizontal_candidates(graph)
         costs = {c.key: synthetic_latency(graph, c) for c in candidates}
         expanded = []
         start = time.perf_counter()

@@ -224,9 +224,9 @@ def test_candidates_without_a_measured_cost_are_never_chosen(not_measured):
 
 def test_operator_without_a_valid_candidate_is_named():
     costs = deterministic_costs(DIAMOND_CANDIDATES, seed=0)
-    for option in DIAMOND_CANDIDATES:
-        if 3 in option.nodes:
-            costs[option.key] = Cost.invalid("unsupported")
+    for group in DIAMOND_CANDIDATES:
+        if 3 in group.nodes:
+            costs[group.key] = Cost.invalid("unsupported")
     with pytest.raises(NoPlacementError, match=r"operator 3 \(add\)") as raised:
         search_op_level(DIAMOND, DIAMOND_CANDIDATES, costs)
     assert isinstance(raised.value, CollageError)
