@@ -107,7 +107,7 @@ class CostDatabase:
         Never modifies a file that is not a Collage cost database of this schema version.
         """
         path = pathlib.Path(path).absolute()
-        read_only = _read_only_access(path)
+        read_only = _is_read_only(path)
         with _reported_as(path, busy_timeout_s, "open"):
             connection = _connect(path, read_only, busy_timeout_s)
         database = cls(path, busy_timeout_s, read_only, connection)
@@ -285,7 +285,7 @@ def _describe(path: pathlib.Path, busy_timeout_s: float, action: str, error: sql
     return f"cannot {action} cost database {path}: {error}; {_USE_ANOTHER_FILE}"
 
 
-def _read_only_access(path: pathlib.Path) -> bool:
+def _is_read_only(path: pathlib.Path) -> bool:
     """Whether ``path`` can only be read; creates its directory, and raises if it cannot be used at all."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

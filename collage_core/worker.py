@@ -49,7 +49,7 @@ def _load(request):
 
 
 def _measure_candidate(state, request):
-    from collage_core.records import Cost
+    from collage_core.records import Candidate, Cost
     from collage_core.relax_graph import RelaxGraph
     from collage_core.timing import MeasureSettings
     from collage_core.partition import partition_module
@@ -65,18 +65,13 @@ def _measure_candidate(state, request):
         return {"cost": Cost.invalid("; ".join(errors)).to_json()}
     if cost is None:
         graph = RelaxGraph.from_function(mod["main"])
-        part = _WholeGraph(backend.name, request["pattern"], tuple(range(len(graph.graph))))
-        placed = partition_module(graph, [part])
+        whole = Candidate(backend.name, request["pattern"], range(len(graph.graph)), key="")
+        placed = partition_module(graph, [whole])
         executable, _ = _build(state, placed, target)
         cost = _time(executable, placed, target, settings)
     if not isinstance(cost, Cost):
         raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
     return {"cost": cost.to_json()}
-
-
-class _WholeGraph:
-    def __init__(self, backend, pattern, nodes):
-        self.backend, self.pattern, self.nodes = backend, pattern, nodes
 
 
 def _build(state, mod, target):
