@@ -1,25 +1,36 @@
-"""Collage: measure every backend on every piece of a model, place each piece where it runs fastest."""
+"""Collage: measure every backend on every piece of a model, place each piece where it runs fastest.
 
-from collage_core.errors import CollageError
-from collage_core.hookspecs import hookimpl
-from collage_core.optimizer import OptimizedModel, optimize
-from collage_core.placement_file import Placement, load_placement
-from collage_core.records import Availability, Backend, Candidate, Cost, Partition, Pattern, PatternMatch
-from collage_core.timing import MeasureSettings
+The public names are loaded on first use, so ``import collage_core.cost_db`` (or a measurement
+worker) does not pay for TVM before it needs it.
+"""
 
-__all__ = [
-    "Availability",
-    "Backend",
-    "Candidate",
-    "CollageError",
-    "Cost",
-    "MeasureSettings",
-    "OptimizedModel",
-    "Partition",
-    "Pattern",
-    "PatternMatch",
-    "Placement",
-    "hookimpl",
-    "load_placement",
-    "optimize",
-]
+import importlib
+
+_PUBLIC = {
+    "Availability": "collage_core.records",
+    "Backend": "collage_core.records",
+    "Candidate": "collage_core.records",
+    "CollageError": "collage_core.errors",
+    "Cost": "collage_core.records",
+    "MeasureSettings": "collage_core.timing",
+    "OptimizedModel": "collage_core.optimizer",
+    "Partition": "collage_core.records",
+    "Pattern": "collage_core.records",
+    "PatternMatch": "collage_core.records",
+    "Placement": "collage_core.placement_file",
+    "hookimpl": "collage_core.hookspecs",
+    "load_placement": "collage_core.placement_file",
+    "optimize": "collage_core.optimizer",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'collage_core' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)
+
+
+def __dir__():
+    return __all__

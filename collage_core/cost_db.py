@@ -238,7 +238,7 @@ class CostDatabase:
                 self._connection.execute("PRAGMA journal_mode = WAL")
                 return
             except sqlite3.OperationalError as error:
-                if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                if _primary_code(error) != _SQLITE_BUSY or time.monotonic() > deadline:
                     raise
             time.sleep(0.01)
 
@@ -273,16 +273,28 @@ def _reported_as(path: pathlib.Path, busy_timeout_s: float, action: str) -> Iter
 
 
 def _describe(path: pathlib.Path, busy_timeout_s: float, action: str, error: sqlite3.Error) -> str:
-    # Errors raised by Python's sqlite3 module itself, not by SQLite, carry no code.
-    primary_code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
-    if primary_code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+    primary_code = _primary_code(error)
+    if primary_code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return (
             f"cost database {path} stayed locked by another process for more than {busy_timeout_s:g} s "
             f"(on {action}); wait for the other Collage run to finish or {_USE_ANOTHER_FILE}"
         )
-    if primary_code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+    if primary_code in (_SQLITE_NOTADB, _SQLITE_CORRUPT):
         return f"{path} is not a usable SQLite database ({error}); move it away or {_USE_ANOTHER_FILE}"
     return f"cannot {action} cost database {path}: {error}; {_USE_ANOTHER_FILE}"
+
+
+# SQLite's primary result codes; Python's sqlite3 names them only from 3.11 on.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+_CODES_BY_MESSAGE = {"database is locked": _SQLITE_BUSY, "file is not a database": _SQLITE_NOTADB}
+
+
+def _primary_code(error: sqlite3.Error) -> int:
+    """SQLite's primary code of ``error``; 0 for errors of Python's sqlite3 module itself, which carry none."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None:  # Python 3.10
+        return next((c for text, c in _CODES_BY_MESSAGE.items() if text in str(error)), 0)
+    return code & 0xFF
 
 
 def _is_read_only(path: pathlib.Path) -> bool:
