@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from collage_core.errors import CollageError
+from collage_core.two_level import TwoLevelSettings
 
+DEFAULT_TWO_LEVEL = TwoLevelSettings()
 EXIT_ERROR = 1
 EXIT_NUMERICS = 3
 
@@ -43,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--output", default=None, help="directory for placement.json, the library and report.txt")
     optimize.add_argument("--placement", default=None, help="replay this placement file instead of measuring")
     optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
+    optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,
+                          help="two-level (default when a graph-level backend is selected) also evolves which op groups "
+                          "go to graph-level backends, scored by end-to-end latency")
+    optimize.add_argument("--budget", type=float, default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search time budget, s")
+    optimize.add_argument("--population", type=int, default=DEFAULT_TWO_LEVEL.population, help="two-level population")
+    optimize.add_argument("--generations", type=int, default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
+    optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
     optimize.set_defaults(command=_optimize)
     return parser
@@ -78,6 +87,10 @@ def _optimize(args) -> int:
         cost_db=args.cost_db,
         output_dir=output,
         compare_backends=not args.no_compare,
+        search=args.search,
+        two_level=TwoLevelSettings(
+            population=args.population, generations=args.generations, budget_s=args.budget, seed=args.seed
+        ),
     )
     print(render_report(result))
     print(f"\nsaved: {output / 'placement.json'}, {output / (result.model.name + '.so')}, {output / 'report.txt'}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -23,14 +24,21 @@ from collage_core.model_import import ImportedModel, load_model
 from collage_core.partition import partition_module
 from collage_core.placement_file import Placement, load_placement
 from collage_core.plugins import disabled_plugin_names, get_plugin_manager
-from collage_core.records import Candidate, Cost, Partition
+from collage_core.progress import ProgressBar
+from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Candidate, Cost, Partition
+from collage_core.regions import OpGroup, decode, genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.search import search_op_level
 from collage_core.timing import MeasureSettings
+from collage_core.two_level import TwoLevelResult, TwoLevelSettings, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, WorkerFailure
 
 PLACEMENT = "placement"
+OP_LEVEL_SEARCH = "op-level"
+TWO_LEVEL = "two-level"
+# Time to build a placement, on top of measuring it.
+BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
 UNPARTITIONED = "unpartitioned relax.build"
 # Forces "this backend wherever it can" when a backend cannot cover the model alone.
@@ -60,6 +68,7 @@ class OptimizedModel:
     candidates: int
     search_s: float
     partitioned_mod: Any = attrs.field(repr=False)
+    two_level: Optional[TwoLevelResult] = attrs.field(default=None, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -98,6 +107,8 @@ def optimize(
     backends: Optional[Sequence[str]] = None,
     example_inputs: Optional[Sequence[Any]] = None,
     placement: Optional[os.PathLike] = None,
+    search: Optional[str] = None,
+    two_level: TwoLevelSettings = TwoLevelSettings(),
     cost_db: Optional[os.PathLike] = None,
     output_dir: Optional[os.PathLike] = None,
     settings: MeasureSettings = MeasureSettings(),
@@ -108,8 +119,10 @@ def optimize(
     """Place ``model`` on the fastest mix of ``backends`` (default: every available one) for ``target``.
 
     ``model`` is an ONNX path or ModelProto, a ``torch.nn.Module`` with ``example_inputs``, or a
-    Relax IRModule. With ``placement`` (a placement file) nothing is measured: the file's
-    placement is rebuilt. Measured costs are kept in ``cost_db`` (default: the user cache).
+    Relax IRModule. ``search`` is ``"op-level"`` or ``"two-level"`` (the default when a
+    graph-level backend is selected). With ``placement`` (a placement file) nothing is measured:
+    the file's placement is rebuilt. Measured costs are kept in ``cost_db`` (default: the user
+    cache); with ``output_dir`` the best placement so far is saved there as the search goes.
     """
     say = _Narrator(show_progress)
     imported = load_model(model, example_inputs)
@@ -121,74 +134,223 @@ def optimize(
     chosen = [info for info in select_backends(infos, backends) if _serves(info, target)]
     if not chosen:
         raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
-    backend_records = {info.name: info.backend for info in chosen}
+    search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)
+    if search not in (OP_LEVEL_SEARCH, TWO_LEVEL):
+        raise CollageError(f"unknown search {search!r} (choose {OP_LEVEL_SEARCH} or {TWO_LEVEL})")
     graph = RelaxGraph.from_function(imported.mod["main"])
-    say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(backend_records)}; target {target}")
+    say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in chosen)}; target {target}")
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    plugin_modules = pm.module_plugin_names()
-    disabled = sorted(disabled_plugin_names())
+    job = _Job(imported, graph, target, pm, chosen, settings, workdir, say, show_progress)
 
-    measurement, candidates, search_s = None, [], 0.0
+    measurement, candidates, search_s, op_level_parts, two_level_result = None, [], 0.0, None, None
     if placement is not None:
-        chosen_placement = load_placement(placement)
-        chosen_placement.check_fits(graph.graph, str(placement))
-        missing = sorted({p.backend for p in chosen_placement.partitions} - set(backend_records))
-        if missing:
-            raise CollageError(f"{placement}: placed on backend(s) not available here: {', '.join(missing)}")
+        chosen_placement = job.replayed(placement)
         parts = list(chosen_placement.partitions)
-        say(f"replaying {placement}: {len(parts)} partitions, nothing measured")
     else:
         candidates = _all_candidates(pm, graph, chosen, target)
         with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
             say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
-            measurement = measure_candidates(
-                graph, candidates, backend_records, target, db, settings, plugin_modules, disabled, show_progress
-            )
-        say(
-            f"measured {measurement.measured} in {measurement.seconds:.1f} s, {measurement.from_database} from the database, "
-            f"{measurement.invalid} invalid"
-        )
-        started = time.perf_counter()
-        parts = _searched_parts(graph, candidates, measurement.costs)
-        search_s = time.perf_counter() - started
-        say(f"op-level search: {len(parts)} partitions in {search_s:.2f} s")
-        chosen_placement = _placement(imported, graph, target, chosen, parts)
+            measurement = job.measure(candidates, db)
+            started = time.perf_counter()
+            parts = op_level_parts = job.op_level_search(candidates, measurement.costs)
+            search_s = time.perf_counter() - started
+            if search == TWO_LEVEL:
+                two_level_result = job.two_level_search(op_level_parts, candidates, db, two_level)
+                parts = list(two_level_result.parts)
+                search_s += two_level_result.seconds
+        chosen_placement = job.placement(parts, search)
 
     partitioned = partition_module(graph, parts)
-    inputs = imported.random_inputs()
     library = workdir / f"{imported.name}.so"
     say("building the placement and measuring it end to end")
-    outputs, placement_cost = _run_built(partitioned, target, inputs, settings, plugin_modules, disabled, library, workdir)
+    outputs, placement_cost = job.run_built(partitioned, library)
     verification = None
     if verify and imported.reference is not None:
-        verification = compare_outputs(outputs, imported.reference(inputs), imported.reference_name)
+        verification = compare_outputs(outputs, imported.reference(job.inputs), imported.reference_name)
         say(verification.describe())
     results = [EndToEnd(PLACEMENT, placement_cost, _operators_by_backend(parts))]
     if compare_backends:
-        say(f"building and measuring {UNPARTITIONED}")
-        _, cost = _run_built(imported.mod, target, inputs, settings, plugin_modules, disabled, None, workdir)
-        results.append(EndToEnd(UNPARTITIONED, cost, {"relax.build": len(graph.graph)}))
-    if compare_backends and measurement is not None:
-        for info in chosen:
-            baseline = _baseline_parts(graph, candidates, measurement.costs, info.name)
-            if baseline is None:
-                continue
-            name, baseline_parts = baseline
-            if _same_parts(baseline_parts, parts):
-                cost = placement_cost
-            else:
-                say(f"building and measuring {name}")
-                _, cost = _run_built(
-                    partition_module(graph, baseline_parts), target, inputs, settings, plugin_modules, disabled, None, workdir
-                )
-            results.append(EndToEnd(name, cost, _operators_by_backend(baseline_parts)))
+        results += job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result)
     optimized = OptimizedModel(
-        imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s, partitioned
+        imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
+        partitioned, two_level_result,
     )
     if output_dir:
         optimized.save(output_dir)
     return optimized
+
+
+@attrs.define
+class _Job:
+    """What one optimization carries from step to step."""
+
+    imported: ImportedModel
+    graph: RelaxGraph
+    target: Any
+    pm: Any
+    chosen: list
+    settings: MeasureSettings
+    workdir: Path
+    say: Any
+    show_progress: bool
+    inputs: list = attrs.field(init=False)
+    plugin_modules: list = attrs.field(init=False)
+    disabled: list = attrs.field(init=False)
+
+    def __attrs_post_init__(self):
+        self.inputs = self.imported.random_inputs()
+        self.plugin_modules = self.pm.module_plugin_names()
+        self.disabled = sorted(disabled_plugin_names())
+
+    @property
+    def backends(self) -> dict:
+        return {info.name: info.backend for info in self.chosen}
+
+    def replayed(self, path) -> Placement:
+        placement = load_placement(path)
+        placement.check_fits(self.graph.graph, str(path))
+        missing = sorted({p.backend for p in placement.partitions} - set(self.backends))
+        if missing:
+            raise CollageError(f"{path}: placed on backend(s) not available here: {', '.join(missing)}")
+        self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
+        return placement
+
+    def measure(self, candidates, db) -> MeasurementReport:
+        op_level = [c for c in candidates if self.backends[c.backend].kind == OP_LEVEL]
+        report = measure_candidates(
+            self.graph, op_level, self.backends, self.target, db, self.settings, self.plugin_modules, self.disabled,
+            self.show_progress,
+        )
+        self.say(
+            f"measured {report.measured} in {report.seconds:.1f} s, {report.from_database} from the database, "
+            f"{report.invalid} invalid"
+        )
+        return report
+
+    def op_level_search(self, candidates, costs) -> list[Partition]:
+        op_level = [c for c in candidates if self.backends[c.backend].kind == OP_LEVEL]
+        if not op_level:
+            raise CollageError("no op-level backend selected: one (such as tvm) must cover what graph-level backends do not")
+        started = time.perf_counter()
+        parts = _searched_parts(self.graph, op_level, costs)
+        self.say(f"op-level search: {len(parts)} partitions in {time.perf_counter() - started:.2f} s")
+        return parts
+
+    def two_level_search(self, op_level_parts, candidates, db, settings: TwoLevelSettings) -> TwoLevelResult:
+        groups = _op_groups(op_level_parts, candidates, self.backends)
+        movable = sum(1 for g in groups if g.choices)
+        self.say(f"two-level search: {len(groups)} op groups, {movable} of them can go to a graph-level backend")
+        with MeasurementWorker(self.plugin_modules, self.disabled) as worker, ProgressBar(
+            settings.generations, "two-level search", enabled=self.show_progress
+        ) as bar:
+
+            def evaluate(parts) -> Cost:
+                key = self._end_to_end_key(parts)
+                known = db.get_end_to_end(key)
+                if known is not None:
+                    return known
+                try:
+                    _, cost = self.run_built(partition_module(self.graph, parts), None, worker)
+                except CollageError as error:
+                    cost = Cost.invalid(str(error))
+                db.put_end_to_end(key, cost)
+                return cost
+
+            def on_best(parts, cost):
+                self.placement(parts, TWO_LEVEL).save(self.workdir / "placement.json")
+
+            def on_generation(generation, best_s, budget_left_s):
+                bar.advance(f"generation {generation}: best {best_s * 1e3:.3f} ms, budget left {max(budget_left_s, 0):.0f} s")
+
+            result = search_two_level(self.graph.graph, groups, evaluate, settings, on_generation, on_best)
+        self.say(
+            f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
+            f"{result.measured} placements measured end to end ({result.evaluated} evaluated) in {result.seconds:.1f} s"
+        )
+        return result
+
+    def _end_to_end_key(self, parts) -> str:
+        versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
+        text = "|".join(
+            [self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, genome_key(parts)]
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def placement(self, parts, search: str) -> Placement:
+        return Placement(
+            model_name=self.imported.name,
+            model_fingerprint=self.imported.fingerprint,
+            operators=self.graph.graph.ops,
+            target=tvm_compat.target_to_dict(self.target),
+            device=tvm_compat.device_name(self.target),
+            backends={i.name: {"version": i.backend.version, "kind": i.backend.kind} for i in self.chosen},
+            search=search,
+            partitions=parts,
+        )
+
+    def run_built(self, mod, library: Optional[Path], worker: Optional[MeasurementWorker] = None):
+        """Build ``mod`` in a worker, run it on the job's inputs and time it; returns (outputs, cost)."""
+        module_path, inputs_path, outputs_path = (self.workdir / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
+        module_path.write_text(tvm_compat.save_ir_json(mod))
+        np.savez(inputs_path, *self.inputs)
+        request = {
+            "op": "run_placement",
+            "module": str(module_path),
+            "target": tvm_compat.target_to_json(self.target),
+            "inputs": str(inputs_path),
+            "outputs": str(outputs_path),
+            "settings": self.settings.to_json(),
+            "library": str(library) if library else None,
+        }
+        try:
+            if worker is not None:
+                response = worker.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S)
+            else:
+                with MeasurementWorker(self.plugin_modules, self.disabled) as fresh:
+                    response = fresh.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S)
+        except WorkerFailure as failure:
+            raise CollageError(f"building or running the placement failed: {failure}") from None
+        finally:
+            module_path.unlink(missing_ok=True)
+        with np.load(outputs_path, allow_pickle=False) as saved:
+            outputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        for path in (inputs_path, outputs_path):
+            path.unlink(missing_ok=True)
+        return outputs, Cost.from_json(response["cost"])
+
+    def baselines(self, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result) -> list[EndToEnd]:
+        """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback)."""
+        built: list[tuple[str, list]] = []
+        if two_level_result is not None:
+            built.append(("op-level placement", op_level_parts))
+            groups = _op_groups(op_level_parts, candidates, self.backends)
+            for genome in seed_genomes(groups)[1:]:
+                backend = next(g.choices[v - 1] for g, v in zip(groups, genome) if v)
+                covers = all(v for g, v in zip(groups, genome))
+                name = f"{backend} alone" if covers else f"{backend} + op-level placement for the rest"
+                built.append((name, decode(self.graph.graph, groups, genome)))
+        if measurement is not None:
+            for info in self.chosen:
+                if info.backend.kind != OP_LEVEL:
+                    continue
+                baseline = _baseline_parts(self.graph, candidates, measurement.costs, info.name, self.backends)
+                if baseline is not None:
+                    built.append(baseline)
+        self.say(f"building and measuring {UNPARTITIONED}")
+        _, cost = self.run_built(self.imported.mod, None)
+        results = [EndToEnd(UNPARTITIONED, cost, {"relax.build": len(self.graph.graph)})]
+        for name, baseline_parts in built:
+            if _same_parts(baseline_parts, parts):
+                cost = placement_cost
+            else:
+                self.say(f"building and measuring {name}")
+                try:
+                    _, cost = self.run_built(partition_module(self.graph, baseline_parts), None)
+                except CollageError as error:
+                    cost = Cost.invalid(str(error))
+            results.append(EndToEnd(name, cost, _operators_by_backend(baseline_parts)))
+        return results
 
 
 class _Narrator:
@@ -205,6 +367,18 @@ def _serves(info: BackendInfo, target) -> bool:
     return kind in info.backend.device_kinds
 
 
+def _op_groups(op_level_parts, candidates, backends) -> list[OpGroup]:
+    """Each op-level partition, with the graph-level backends that support all its operators."""
+    supported: dict[str, set[int]] = {}
+    for candidate in candidates:
+        if backends[candidate.backend].kind == GRAPH_LEVEL and len(candidate.nodes) == 1:
+            supported.setdefault(candidate.backend, set()).update(candidate.nodes)
+    return [
+        OpGroup(part, tuple(sorted(b for b, nodes in supported.items() if set(part.nodes) <= nodes)))
+        for part in op_level_parts
+    ]
+
+
 def _all_candidates(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target) -> list[Candidate]:
     patterns = [pattern for info in chosen for pattern in contribute_patterns(pm, info.backend, target)]
     return enumerate_candidates(graph, patterns)
@@ -215,14 +389,14 @@ def _searched_parts(graph, candidates, costs) -> list[Partition]:
     return [Partition.from_candidate(candidate, costs[candidate.key]) for candidate in chosen]
 
 
-def _baseline_parts(graph, candidates, costs, backend: str):
+def _baseline_parts(graph, candidates, costs, backend: str, backends):
     """The single-backend baseline: ``backend`` alone, or wherever it can with a covering backend for the rest."""
     own = [c for c in candidates if c.backend == backend]
     try:
         return f"{backend} alone", _searched_parts(graph, own, costs)
     except CollageError:
         pass
-    for other in sorted({c.backend for c in candidates} - {backend}):
+    for other in sorted({c.backend for c in candidates if backends[c.backend].kind == OP_LEVEL} - {backend}):
         others = [c for c in candidates if c.backend == other]
         try:
             _searched_parts(graph, others, costs)
@@ -246,44 +420,3 @@ def _operators_by_backend(parts) -> dict:
     for part in parts:
         counts[part.backend] = counts.get(part.backend, 0) + len(part.nodes)
     return counts
-
-
-def _placement(imported, graph, target, chosen, parts) -> Placement:
-    return Placement(
-        model_name=imported.name,
-        model_fingerprint=imported.fingerprint,
-        operators=graph.graph.ops,
-        target=tvm_compat.target_to_dict(target),
-        device=tvm_compat.device_name(target),
-        backends={info.name: {"version": info.backend.version, "kind": info.backend.kind} for info in chosen},
-        search="op-level",
-        partitions=parts,
-    )
-
-
-def _run_built(mod, target, inputs, settings, plugin_modules, disabled, library, workdir: Path):
-    """Build ``mod`` in a fresh worker, run it on ``inputs`` and time it; returns (outputs, cost)."""
-    module_path, inputs_path, outputs_path = workdir / "placed.json", workdir / "inputs.npz", workdir / "outputs.npz"
-    module_path.write_text(tvm_compat.save_ir_json(mod))
-    np.savez(inputs_path, *inputs)
-    request = {
-        "op": "run_placement",
-        "module": str(module_path),
-        "target": tvm_compat.target_to_json(target),
-        "inputs": str(inputs_path),
-        "outputs": str(outputs_path),
-        "settings": settings.to_json(),
-        "library": str(library) if library else None,
-    }
-    try:
-        with MeasurementWorker(plugin_modules, disabled) as worker:
-            response = worker.request(request, settings.timeout_s + 600)
-    except WorkerFailure as failure:
-        raise CollageError(f"building or running the placement failed: {failure}") from None
-    finally:
-        module_path.unlink(missing_ok=True)
-    with np.load(outputs_path, allow_pickle=False) as saved:
-        outputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    for path in (inputs_path, outputs_path):
-        path.unlink(missing_ok=True)
-    return outputs, Cost.from_json(response["cost"])

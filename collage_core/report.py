@@ -18,18 +18,21 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 def render_report(optimized) -> str:
     """Per backend: operators, partitions and share of measured time; then end-to-end latencies."""
     placement = optimized.placement
-    total = placement.summed_cost_s
+    total = sum(p.cost.seconds for p in placement.partitions if p.cost.is_measured)
     per_backend: dict = {}
     for part in placement.partitions:
-        ops, parts, seconds = per_backend.get(part.backend, (0, 0, 0.0))
-        per_backend[part.backend] = (ops + len(part.nodes), parts + 1, seconds + part.cost.seconds)
-    rows = [
-        [name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"]
-        for name, (ops, parts, seconds) in sorted(per_backend.items())
-    ]
+        ops, parts, seconds, regions = per_backend.get(part.backend, (0, 0, 0.0, 0))
+        measured = part.cost.seconds if part.cost.is_measured else 0.0
+        per_backend[part.backend] = (ops + len(part.nodes), parts + 1, seconds + measured, regions + (not part.cost.is_measured))
+    rows = []
+    for name, (ops, parts, seconds, regions) in sorted(per_backend.items()):
+        if regions:  # graph-level regions: only their end-to-end effect is measured
+            rows.append([name, str(ops), str(parts), "whole regions", "-"])
+        else:
+            rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
     sections = [
-        f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.device}",
-        format_table(["backend", "operators", "partitions", "summed cost", "share of time"], rows),
+        f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.device}, {placement.search} search",
+        format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
         "",
     ]
     best_baseline = min(
@@ -42,12 +45,18 @@ def render_report(optimized) -> str:
             ratio = f"{entry.cost.median_s / best_baseline:.3f}"
         mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
         e2e_rows.append([entry.name, _ms(entry.cost), ratio, mix])
-    sections.append(format_table(["end to end", "median latency", "vs best single", "operators"], e2e_rows))
+    sections.append(format_table(["end to end", "median latency", "vs best other", "operators"], e2e_rows))
     if optimized.measurement is not None:
         m = optimized.measurement
         sections.append(
             f"\ncandidates: {optimized.candidates} ({m.distinct} distinct); measured {m.measured} in {m.seconds:.1f} s, "
             f"{m.from_database} from the cost database, {m.invalid} invalid; search {optimized.search_s:.2f} s"
+        )
+    if optimized.two_level is not None:
+        t = optimized.two_level
+        sections.append(
+            f"two-level search: {t.generations} generations, {t.measured} placements measured end to end "
+            f"({t.evaluated} evaluated) in {t.seconds:.1f} s"
         )
     if optimized.verification is not None:
         sections.append(optimized.verification.describe())

@@ -1,0 +1,175 @@
+"""The second level: a genetic search (DEAP) over which op groups go to graph-level backends.
+
+Graph-level backends (ONNX Runtime, TensorRT) optimise whole regions, so a region's cost is not
+the sum of its operators' costs. After the op-level search, each op group gets a gene: 0 keeps
+its op-level backend, ``i`` hands it to the ``i``-th graph-level backend that supports all its
+operators (several graph-level backends in one run). A genome is scored by the measured
+end-to-end latency of its build; each distinct placement is measured once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from typing import Callable, Optional, Sequence
+
+import attrs
+from deap import algorithms, base, creator, tools
+
+from collage_core.graph import OpGraph
+from collage_core.records import Cost, Partition
+from collage_core.regions import KEEP, OpGroup, decode, genome_key
+
+
+@attrs.frozen
+class TwoLevelSettings:
+    """Population and generations bound the search; ``budget_s`` stops it early; ``seed`` fixes it."""
+
+    population: int = 12
+    generations: int = 8
+    budget_s: float = 900.0
+    seed: int = 0
+    crossover_probability: float = 0.6
+    mutation_probability: float = 0.4
+    gene_mutation_probability: float = 0.1
+
+
+@attrs.frozen
+class TwoLevelResult:
+    parts: tuple[Partition, ...]
+    latency: Cost
+    genome: tuple[int, ...]
+    measured: int
+    evaluated: int
+    generations: int
+    seconds: float
+
+
+# The fitness of a placement that could not be measured: worse than any real one.
+UNMEASURABLE_S = 1e30
+
+Evaluate = Callable[[Sequence[Partition]], Cost]
+
+
+def seed_genomes(groups: Sequence[OpGroup]) -> list[tuple[int, ...]]:
+    """The op-level placement, and for each graph-level backend the placement giving it all it supports."""
+    seeds = [tuple(KEEP for _ in groups)]
+    for backend in sorted({b for g in groups for b in g.choices}):
+        seeds.append(tuple(g.choices.index(backend) + 1 if backend in g.choices else KEEP for g in groups))
+    return list(dict.fromkeys(seeds))
+
+
+def search_two_level(
+    graph: OpGraph,
+    groups: Sequence[OpGroup],
+    evaluate: Evaluate,
+    settings: TwoLevelSettings = TwoLevelSettings(),
+    on_generation: Optional[Callable[[int, float, float], None]] = None,
+    on_best: Optional[Callable[[Sequence[Partition], Cost], None]] = None,
+) -> TwoLevelResult:
+    """Evolve genomes (mu + lambda, elitist) from the seeds; return the fastest placement measured.
+
+    ``evaluate`` measures a placement end to end. ``on_generation(generation, best_seconds,
+    budget_left_s)`` reports progress; ``on_best(parts, cost)`` is called whenever a faster
+    placement is found, so a caller can save it before the search ends.
+    """
+    with _seeded_global_random(settings.seed):
+        return _evolve(graph, groups, evaluate, settings, on_generation, on_best)
+
+
+def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLevelResult:
+    started = time.perf_counter()
+    scores: dict[str, Cost] = {}
+    counts = {"measured": 0, "evaluated": 0}
+    best: dict = {"cost": Cost.unknown(), "parts": None, "genome": None}
+
+    def fitness(genome: Sequence[int]) -> float:
+        parts = decode(graph, groups, genome)
+        key = genome_key(parts)
+        counts["evaluated"] += 1
+        if key not in scores:
+            scores[key] = evaluate(parts)
+            counts["measured"] += 1
+        cost = scores[key]
+        if cost.seconds < best["cost"].seconds:
+            best.update(cost=cost, parts=tuple(parts), genome=tuple(genome))
+            if on_best is not None:
+                on_best(parts, cost)
+        return cost.seconds
+
+    toolbox = _toolbox(groups, settings)
+    population = [_individual(genome) for genome in seed_genomes(groups)]
+    while len(population) < settings.population:
+        population.append(toolbox.random_individual())
+    _score(population, fitness)
+    generation = 0
+    for generation in range(1, settings.generations + 1):
+        if time.perf_counter() - started > settings.budget_s:
+            generation -= 1
+            break
+        offspring = algorithms.varOr(
+            population, toolbox, settings.population, settings.crossover_probability, settings.mutation_probability
+        )
+        _score(offspring, fitness)
+        population = sorted(population + offspring, key=lambda ind: (ind.fitness.values[0], tuple(ind)))
+        population = _distinct(population)[: settings.population]
+        if on_generation is not None:
+            on_generation(generation, best["cost"].seconds, settings.budget_s - (time.perf_counter() - started))
+    if best["parts"] is None:
+        parts = decode(graph, groups, seed_genomes(groups)[0])
+        return TwoLevelResult(tuple(parts), Cost.invalid("no placement could be measured"), seed_genomes(groups)[0],
+                              counts["measured"], counts["evaluated"], generation, time.perf_counter() - started)
+    return TwoLevelResult(best["parts"], best["cost"], best["genome"], counts["measured"], counts["evaluated"],
+                          generation, time.perf_counter() - started)
+
+
+def _toolbox(groups: Sequence[OpGroup], settings: TwoLevelSettings) -> base.Toolbox:
+    toolbox = base.Toolbox()
+    toolbox.register("random_individual", lambda: _individual(random.randint(0, len(g.choices)) for g in groups))
+    toolbox.register("mate", tools.cxTwoPoint)
+    toolbox.register("mutate", _mutate, groups=groups, probability=settings.gene_mutation_probability)
+    return toolbox
+
+
+def _individual(genes) -> list:
+    if not hasattr(creator, "CollageFitness"):
+        creator.create("CollageFitness", base.Fitness, weights=(-1.0,))
+        creator.create("CollageGenome", list, fitness=creator.CollageFitness)
+    return creator.CollageGenome(genes)
+
+
+def _score(individuals, fitness) -> None:
+    for individual in individuals:
+        if not individual.fitness.valid:
+            value = fitness(individual)
+            individual.fitness.values = (value if math.isfinite(value) else UNMEASURABLE_S,)
+
+
+def _mutate(genome, groups: Sequence[OpGroup], probability: float):
+    """Each gene, with ``probability``, takes a random value among those its group allows."""
+    for index, group in enumerate(groups):
+        if group.choices and random.random() < probability:
+            genome[index] = random.randint(0, len(group.choices))
+    return (genome,)
+
+
+def _distinct(population) -> list:
+    seen, kept = set(), []
+    for individual in population:
+        if tuple(individual) not in seen:
+            seen.add(tuple(individual))
+            kept.append(individual)
+    return kept
+
+
+@contextlib.contextmanager
+def _seeded_global_random(seed: int):
+    """DEAP's operators draw from the ``random`` module: seed it for the search, then give it back."""
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)

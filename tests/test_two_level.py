@@ -1,0 +1,118 @@
+"""The two-level genetic search and genome decoding, on a deterministic end-to-end cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from collage_core.graph import OpGraph
+from collage_core.records import Cost, Partition
+from collage_core.regions import KEEP, OpGroup, decode, genome_key
+from collage_core.two_level import TwoLevelSettings, search_two_level, seed_genomes
+
+
+def chain_with_branches() -> OpGraph:
+    """0 -> 1 -> {2, 3} -> 4 (joins) -> 5 -> 6; 7 reads 0 and 6 (a long residual)."""
+    return OpGraph(
+        ops=["conv", "relu", "conv", "conv", "add", "softmax", "matmul", "add"],
+        preds=[[], [0], [1], [1], [2, 3], [4], [5], [0, 6]],
+    )
+
+
+def groups_for(graph: OpGraph, supported: dict[str, set[int]]) -> list[OpGroup]:
+    groups = []
+    for node in range(len(graph)):
+        part = Partition("tvm", "tvm.op", [node], f"tvm.op:{node}", Cost.measured(1e-3 * (node + 1), 0.0, 1))
+        choices = tuple(sorted(b for b, nodes in supported.items() if node in nodes))
+        groups.append(OpGroup(part, choices))
+    return groups
+
+
+def deterministic_end_to_end_cost(parts) -> Cost:
+    """A deterministic cost model for testing the search, never a default: op-level parts cost
+    their measured cost; a graph-level region costs a fixed call overhead plus 40% of its operators'
+    op-level costs (or 70% on the second backend), so merging regions pays."""
+    seconds = 0.0
+    for part in parts:
+        if part.cost.is_measured:
+            seconds += part.cost.median_s
+        else:
+            share = 0.4 if part.backend == "graphy" else 0.7
+            seconds += 0.5e-3 + share * sum(1e-3 * (n + 1) for n in part.nodes)
+    return Cost.measured(seconds, 0.0, 1)
+
+
+def assert_valid_placement(graph: OpGraph, parts) -> None:
+    covered = sorted(n for p in parts for n in p.nodes)
+    assert covered == list(range(len(graph)))
+    placed: set[int] = set()
+    waiting = list(parts)
+    while waiting:
+        ready = [p for p in waiting if all(q in placed or q in p.nodes for n in p.nodes for q in graph.preds[n])]
+        assert ready, "partitions depend on each other in a cycle"
+        placed |= set(ready[0].nodes)
+        waiting.remove(ready[0])
+
+
+def test_adjacent_groups_on_one_backend_merge_and_branches_meet():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    parts = decode(graph, groups, [1] * 8)
+    assert [(p.backend, p.nodes) for p in parts] == [("graphy", tuple(range(8)))]
+    assert parts[0].pattern == "graphy.region" and not parts[0].cost.is_measured
+
+
+def test_merging_never_makes_a_region_that_cannot_run():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    genome = [1, 1, KEEP, 1, 1, 1, 1, 1]  # node 2 stays op-level in the middle of a graphy region
+    parts = decode(graph, groups, genome)
+    assert_valid_placement(graph, parts)
+    assert any(p.nodes == (2,) and p.backend == "tvm" for p in parts)
+
+
+def test_unsupported_groups_keep_their_backend_and_seeds_cover_each_backend():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4}, "other": {4, 5, 6}})
+    seeds = seed_genomes(groups)
+    assert seeds[0] == (KEEP,) * 8
+    for seed in seeds:
+        assert_valid_placement(graph, decode(graph, groups, seed))
+    assert len(seeds) == 3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_beats_both_seeds_and_is_reproducible(seed):
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
+    measured: list[str] = []
+
+    def evaluate(parts):
+        measured.append(genome_key(parts))
+        return deterministic_end_to_end_cost(parts)
+
+    settings = TwoLevelSettings(population=8, generations=6, seed=seed)
+    result = search_two_level(graph, groups, evaluate, settings)
+    assert_valid_placement(graph, result.parts)
+    for genome in seed_genomes(groups):
+        assert result.latency.seconds <= deterministic_end_to_end_cost(decode(graph, groups, genome)).seconds
+    assert len(measured) == len(set(measured)) == result.measured
+    again = search_two_level(graph, groups, deterministic_end_to_end_cost, settings)
+    assert again.genome == result.genome and again.latency == result.latency
+
+
+def test_best_placement_is_reported_as_it_improves():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    reported = []
+    result = search_two_level(
+        graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=3),
+        on_best=lambda parts, cost: reported.append(cost.seconds),
+    )
+    assert reported == sorted(reported, reverse=True) and reported[-1] == result.latency.seconds
+
+
+def test_budget_stops_the_search_after_the_seeds():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(budget_s=0.0))
+    assert result.generations == 0 and result.measured <= TwoLevelSettings().population
