@@ -114,3 +114,28 @@ def copy_with_new_vars(func):
 
 def structural_equal(first, second) -> bool:
     return bool(tvm_ffi.structural_equal(first, second))
+
+
+def constant_array(expr):
+    """The value of a tensor constant (``relax.const``) as numpy, or None for anything else.
+
+    0.27 holds it as ``GenericConst.value``; older releases had ``relax.Constant.data``.
+    """
+    if isinstance(expr, tvm.ir.GenericConst) and isinstance(expr.ty, relax.TensorType):
+        return expr.value.numpy()
+    return None
+
+
+def scalar_constant(expr):
+    """The number an ``IntImm``/``FloatImm`` argument holds (``R.clip``'s bounds), or None.
+
+    0.27 passes them bare; older releases wrapped them in ``relax.PrimValue``.
+    """
+    if isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return expr.value
+    return None
+
+
+def return_type(func):
+    """A Relax function's declared return type (``ret_struct_info`` before 0.26)."""
+    return func.ret_ty

@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --upgrade pip
 python3 -m pip install "torch==2.13.0"
-python3 -m pip install -e ".[test]" -e plugins/tvm
+python3 -m pip install -e ".[test]" -e plugins/tvm -e plugins/onnxruntime
 collage backends

@@ -1,0 +1,122 @@
+"""ONNX Runtime's CPU execution provider as a Collage backend.
+
+Each partition is converted to an ONNX model (``relax_to_onnx``) and replaced by a call to the
+packed function ``collage_onnxruntime.run`` that carries the model as a constant, so the built
+executable is self-contained: running it needs only ``import collage_onnxruntime``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
+from collage_core import tvm_compat
+from collage_core.hookspecs import hookimpl
+from collage_core.records import GRAPH_LEVEL, Availability, Backend, Pattern
+from collage_onnxruntime import relax_to_onnx, runtime, support
+
+BACKEND = "onnxruntime"
+INSTALL_HINT = "pip install onnxruntime"
+
+
+# How many arguments each operator's calls have, where not one. (TVM 0.27's matcher fails on
+# ``varg_default_wildcard`` when a call has more arguments than its pattern, so each count is spelt out.)
+ARGUMENT_COUNTS = {
+    **{op: (2,) for op in support.BINARY_NUMERIC + support.BINARY_FLOAT + support.COMPARISONS},
+    **{op: (2,) for op in ("relax.nn.conv2d", "relax.matmul", "relax.reshape", "relax.broadcast_to", "relax.take")},
+    **{op: (3,) for op in ("relax.clip", "relax.nn.layer_norm", "relax.where")},
+    "relax.strided_slice": (4, 5),  # data, axes, begin, end, and strides unless all are 1
+}
+
+
+def operator_pattern(op_name: str):
+    """``op_name`` called on wildcards, for each argument count its calls may have."""
+    alternatives = [is_op(op_name)(*[wildcard() for _ in range(count)]) for count in ARGUMENT_COUNTS.get(op_name, (1,))]
+    pattern = alternatives[0]
+    for alternative in alternatives[1:]:
+        pattern = pattern | alternative
+    return pattern
+
+
+def _supported(match) -> bool:
+    return support.supports(match.root)
+
+
+def pattern_name(op_name: str) -> str:
+    """``relax.nn.conv2d`` -> ``onnxruntime.conv2d``."""
+    return f"{BACKEND}.{op_name.rsplit('.', 1)[1]}"
+
+
+def _import_onnxruntime():
+    """The onnxruntime module, or the error importing it raised (the backend is then unavailable)."""
+    try:
+        return importlib.import_module("onnxruntime")
+    except ImportError as error:
+        return error
+
+
+@hookimpl
+def collage_register_backends(register):
+    onnxruntime = _import_onnxruntime()
+    register(
+        Backend(
+            name=BACKEND,
+            kind=GRAPH_LEVEL,
+            device_kinds=("cpu",),
+            version=getattr(onnxruntime, "__version__", "not installed"),
+            description="ONNX Runtime, CPU execution provider (partitions converted to ONNX opset 17)",
+        )
+    )
+
+
+@hookimpl
+def collage_check_availability(backend):
+    if backend.name != BACKEND:
+        return None
+    onnxruntime = _import_onnxruntime()
+    if isinstance(onnxruntime, ImportError):
+        return Availability.no(f"onnxruntime cannot be imported ({onnxruntime}): {INSTALL_HINT}")
+    if "CPUExecutionProvider" not in onnxruntime.get_available_providers():
+        return Availability.no(f"this onnxruntime has no CPUExecutionProvider: {INSTALL_HINT}")
+    return Availability.yes()
+
+
+@hookimpl
+def collage_contribute_patterns(backend, target):
+    if backend.name != BACKEND:
+        return None
+    if target.kind.name not in ("llvm", "c"):
+        return []
+    return [
+        Pattern(pattern_name(op), operator_pattern(op), check=_supported)
+        for op in support.SUPPORTED_OPS
+    ]
+
+
+def lower_function(func: relax.Function, name: str) -> relax.Function:
+    """``func`` with its body replaced by one ``collage_onnxruntime.run`` call on its ONNX model."""
+    model = relax_to_onnx.convert(func, name)
+    blob = relax.const(runtime.pack_model(model.SerializeToString()), "uint8")
+    return_type = tvm_compat.return_type(func)
+    out_types = list(return_type.fields) if isinstance(return_type, relax.TupleType) else return_type
+    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
+    bb = relax.BlockBuilder()
+    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
+        with bb.dataflow():
+            output = bb.emit_output(relax.call_dps_packed(runtime.RUN_FUNCTION, [blob, *params], out_types))
+        bb.emit_func_output(output)
+    return bb.get()[name]
+
+
+@hookimpl
+def collage_lower_partitions(backend, mod, function_names, target):
+    if backend.name != BACKEND:
+        return None
+    lowered = mod.clone()
+    for name in function_names:
+        gvar = lowered.get_global_var(name)
+        lowered.update_func(gvar, lower_function(lowered[gvar], name))
+    return lowered
+

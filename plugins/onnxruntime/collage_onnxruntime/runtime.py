@@ -1,0 +1,153 @@
+"""The packed function a lowered partition calls: run its ONNX model in ONNX Runtime, in place.
+
+A lowered partition is ``R.call_dps_packed("collage_onnxruntime.run", [model, *inputs], ...)``
+where ``model`` is a uint8 constant holding :func:`pack_model`'s blob: the SHA-256 digest of the
+serialized ONNX model, then the model. The VM hands over the blob, the input tensors and the
+output tensors it allocated; ONNX Runtime reads the inputs and writes the outputs in place,
+through an IOBinding of the tensors' addresses (no copies).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import threading
+
+import numpy as np
+import tvm
+
+RUN_FUNCTION = "collage_onnxruntime.run"
+DIGEST_BYTES = hashlib.sha256().digest_size
+# Sessions kept alive: far more than the ONNX Runtime partitions of one model, so none is rebuilt
+# while a model runs, yet a measurement worker going through thousands of candidates stays bounded.
+MAX_SESSIONS = 1024
+# IOBindings kept per model and thread, by the addresses they bind. Identical partitions (the
+# head reshapes of every BERT layer) share one model, each with its own buffers.
+BINDINGS_PER_THREAD = 64
+CPU = tvm.cpu(0).dlpack_device_type()
+
+
+def pack_model(serialized: bytes) -> np.ndarray:
+    """The blob a lowered partition carries: digest, then model (the digest is the session key)."""
+    return np.frombuffer(hashlib.sha256(serialized).digest() + serialized, dtype=np.uint8)
+
+
+def unpack_model(blob: np.ndarray) -> bytes:
+    data = blob.tobytes()
+    digest, serialized = data[:DIGEST_BYTES], data[DIGEST_BYTES:]
+    if hashlib.sha256(serialized).digest() != digest:
+        raise ValueError("collage_onnxruntime: the model blob does not match its digest")
+    return serialized
+
+
+def session_options():
+    """All graph optimizations, one thread per core this process may use, and no spinning.
+
+    ONNX Runtime's worker threads spin while waiting for work by default. Between two ONNX
+    Runtime partitions, TVM's kernels run in the same process on the same cores, and spinning
+    threads would steal those cores from them; so both pools block instead of spinning.
+    """
+    import onnxruntime  # here, not at import: the plugin loads, and says why it is unavailable, without it
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = len(os.sched_getaffinity(0))
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only: no warnings about unused initializers
+    return options
+
+
+class _Model:
+    """A session, its input and output names, and each thread's IOBindings by the addresses they hold.
+
+    The VM passes the same few buffers call after call (its memory plan is static; a returned
+    output alternates between two pooled blocks), so binding, which costs more than running a
+    small model, happens once per set of addresses. A binding holds only addresses, and is run
+    only while the tensors at those addresses are the ones just passed.
+    """
+
+    def __init__(self, session):
+        self.session = session
+        self.input_names = [value.name for value in session.get_inputs()]
+        self.output_names = [value.name for value in session.get_outputs()]
+        self.arity = len(self.input_names) + len(self.output_names)
+        self._per_thread = threading.local()
+
+    def run(self, tensors) -> None:
+        if len(tensors) != self.arity:
+            raise ValueError(
+                f"{RUN_FUNCTION}: the model takes {len(self.input_names)} inputs and gives {len(self.output_names)} "
+                f"outputs, but {len(tensors)} tensors were passed"
+            )
+        addresses = tuple(tensor.data_ptr() for tensor in tensors)
+        bindings = self._per_thread.__dict__.setdefault("bindings", collections.OrderedDict())
+        binding = bindings.get(addresses)
+        if binding is None:
+            binding = bindings[addresses] = self._bind(tensors, addresses)
+            if len(bindings) > BINDINGS_PER_THREAD:
+                bindings.popitem(last=False)
+        self.session.run_with_iobinding(binding)
+
+    def _bind(self, tensors, addresses):
+        binding = self.session.io_binding()
+        for index, (name, tensor, address) in enumerate(zip(self.input_names + self.output_names, tensors, addresses)):
+            if not tensor.is_contiguous() or tensor.device.dlpack_device_type() != CPU:
+                raise ValueError(f"{RUN_FUNCTION}: tensor {name} is not a contiguous CPU tensor")
+            bind = binding.bind_input if index < len(self.input_names) else binding.bind_output
+            bind(name, "cpu", 0, np.dtype(str(tensor.dtype)), tuple(tensor.shape), address)
+        return binding
+
+
+class _Sessions:
+    """One model (session) per distinct ONNX model, least recently used dropped first."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._models: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, blob: np.ndarray) -> _Model:
+        key = blob[:DIGEST_BYTES].tobytes()
+        with self._lock:
+            model = self._models.get(key)
+            if model is not None:
+                self._models.move_to_end(key)
+                return model
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(unpack_model(blob), session_options(), providers=["CPUExecutionProvider"])
+        model = _Model(session)
+        with self._lock:
+            self._models[key] = model
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
+        return model
+
+    def clear(self) -> None:
+        with self._lock:
+            self._models.clear()
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+
+SESSIONS = _Sessions(MAX_SESSIONS)
+
+
+def session_for(serialized: bytes):
+    """The cached session for a serialized model (what a lowered partition would run)."""
+    return SESSIONS.get(pack_model(serialized)).session
+
+
+def run(blob, *tensors) -> None:
+    """DPS entry point: ``tensors`` are the partition's inputs, then the outputs to fill."""
+    SESSIONS.get(np.from_dlpack(blob)).run(tensors)
+
+
+def register() -> None:
+    """Make :func:`run` the global ``collage_onnxruntime.run`` (again, if already registered)."""
+    tvm.register_global_func(RUN_FUNCTION, run, override=True)

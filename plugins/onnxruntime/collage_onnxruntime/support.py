@@ -1,0 +1,292 @@
+"""Which Relax operator calls the ONNX converter reproduces exactly, and why it refuses the others.
+
+The backend's patterns ask :func:`supports` before a match becomes a candidate, and the
+converter asks :func:`refusal` before it converts, so an operator the converter cannot
+reproduce faithfully is refused, never miscomputed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from tvm import relax
+
+from collage_core import tvm_compat
+
+FLOAT = frozenset({"float32"})
+# Integer arithmetic is exact in both runtimes; integer division and powers are not the same.
+NUMERIC = frozenset({"float32", "int64"})
+# Operators that only move or select values: any dtype both runtimes store the same way.
+MOVABLE = frozenset({"float32", "int32", "int64", "bool"})
+INDEX = frozenset({"int32", "int64"})
+BOOL = frozenset({"bool"})
+
+NCHW_CONV_LAYOUTS = {"data_layout": "NCHW", "kernel_layout": "OIHW", "out_layout": "NCHW"}
+NCHW_POOL_LAYOUTS = {"layout": "NCHW", "out_layout": "NCHW"}
+
+
+def _shape(expr) -> tuple[int, ...]:
+    return tvm_compat.tensor_shape_dtype(expr)[0]
+
+
+def _dtype(expr) -> str:
+    return tvm_compat.tensor_shape_dtype(expr)[1]
+
+
+def _ints(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _layouts(call, wanted: dict) -> Optional[str]:
+    for name, layout in wanted.items():
+        if str(getattr(call.attrs, name)) != layout:
+            return f"{name} {getattr(call.attrs, name)} (only {layout})"
+    return None
+
+
+def _out_dtype(call) -> Optional[str]:
+    out_dtype = call.attrs.out_dtype
+    if out_dtype is not None and str(out_dtype) not in ("", "void", _dtype(call.args[0])):
+        return f"out_dtype {out_dtype} differs from the input's"
+    return None
+
+
+def _check_conv2d(call) -> Optional[str]:
+    if len(_shape(call.args[0])) != 4 or len(_shape(call.args[1])) != 4:
+        return "conv2d on other than 4-d tensors"
+    return _layouts(call, NCHW_CONV_LAYOUTS) or _out_dtype(call)
+
+
+def _check_matmul(call) -> Optional[str]:
+    return _out_dtype(call)
+
+
+def _check_clip(call) -> Optional[str]:
+    low, high = (tvm_compat.scalar_constant(bound) for bound in call.args[1:])
+    if low is None or high is None:
+        return "clip bounds that are not constants"
+    if low > high:
+        # Relax's max(min(x, high), low) gives low; ONNX Clip's min(max(x, low), high) gives high.
+        return f"clip with min {low} above max {high}"
+    return None
+
+
+def _pool_axis_refusal(call, axis: int, pad_begin: int, pad_end: int) -> Optional[str]:
+    attrs, size = call.attrs, _shape(call.args[0])[2 + axis]
+    stride = int(attrs.strides[axis])
+    span = size + pad_begin + pad_end - int(attrs.dilation[axis]) * (int(attrs.pool_size[axis]) - 1) - 1
+    floor_length, ceil_length = span // stride + 1, -(-span // stride) + 1
+    if attrs.ceil_mode and ceil_length != floor_length:
+        if (ceil_length - 1) * stride >= size + pad_begin:
+            # ONNX's shape inference keeps a last window that starts in the end padding; TVM and
+            # newer ONNX Runtime releases drop it.
+            return "pooling in ceil mode whose last window starts in the padding"
+        if call.op.name == "relax.nn.avg_pool2d" and attrs.count_include_pad:
+            # The runtimes divide a window that overhangs the padding by different counts.
+            return "avg_pool2d with ceil_mode and count_include_pad, where ceil mode adds a window"
+    expected = ceil_length if attrs.ceil_mode else floor_length
+    if expected != _shape(call)[2 + axis]:
+        return f"pooling output length {_shape(call)[2 + axis]} where ONNX gives {expected}"
+    return None
+
+
+def _check_pool2d(call) -> Optional[str]:
+    refused = _layouts(call, NCHW_POOL_LAYOUTS)
+    if refused:
+        return refused
+    if len(_shape(call.args[0])) != 4:
+        return "pooling on other than 4-d tensors"
+    if call.op.name == "relax.nn.avg_pool2d" and _ints(call.attrs.dilation) != (1, 1):
+        return "avg_pool2d with dilation (ONNX AveragePool has none before opset 19)"
+    top, left, bottom, right = _ints(call.attrs.padding)
+    return _pool_axis_refusal(call, 0, top, bottom) or _pool_axis_refusal(call, 1, left, right)
+
+
+def _check_adaptive_avg_pool2d(call) -> Optional[str]:
+    refused = _layouts(call, NCHW_POOL_LAYOUTS)
+    if refused:
+        return refused
+    if len(_shape(call.args[0])) != 4 or _shape(call)[2:] != (1, 1):
+        return "adaptive_avg_pool2d to other than a 1x1 output (only GlobalAveragePool)"
+    return None
+
+
+def _check_reduce(call) -> Optional[str]:
+    if call.attrs.axis is not None and len(call.attrs.axis) == 0:
+        return "a reduction over an empty axis list"
+    return None
+
+
+def _check_layer_norm(call) -> Optional[str]:
+    shape = _shape(call.args[0])
+    axes = sorted(axis % len(shape) for axis in _ints(call.attrs.axes))
+    if not axes or axes != list(range(axes[0], len(shape))):
+        return f"layer_norm over axes {axes}, not the trailing ones (ONNX LayerNormalization)"
+    if not (call.attrs.center and call.attrs.scale):
+        # The attributes say to leave out beta or gamma; TVM 0.27's legalization applies both anyway.
+        return "layer_norm with center or scale off (TVM and its attributes disagree on the meaning)"
+    normalized = shape[axes[0]:]
+    for name, index in (("gamma", 1), ("beta", 2)):
+        if _shape(call.args[index]) != normalized:
+            return f"layer_norm {name} of shape {_shape(call.args[index])}, not {normalized}"
+    return None
+
+
+def _check_concat(call) -> Optional[str]:
+    if not isinstance(call.args[0], relax.Tuple):
+        return "concat of a tuple variable (only an inline tuple of tensors)"
+    if call.attrs.axis is None:
+        return "concat without an axis"
+    return None
+
+
+def strided_slice_bounds(call) -> Optional[list[tuple[int, int, int, int]]]:
+    """``(axis, start, stop, step)`` per sliced axis in numpy's clamped form, or None when not static."""
+    shape = _shape(call.args[0])
+    # Arguments: data, axes, begin, end, and strides unless they are all 1.
+    if len(call.args) not in (4, 5) or not all(isinstance(arg, relax.Tuple) for arg in call.args[1:]):
+        return None
+    values = []
+    for arg in call.args[1:]:
+        numbers = [tvm_compat.scalar_constant(field) for field in arg.fields]
+        if any(number is None for number in numbers):
+            return None
+        values.append([int(number) for number in numbers])
+    if len(values) == 3:
+        values.append([1] * len(values[0]))
+    bounds = []
+    for axis, begin, end, step in zip(*values):
+        axis %= len(shape)
+        start, stop, step = slice(begin, end, step).indices(shape[axis])
+        bounds.append((axis, start, stop, step))
+    return bounds
+
+
+def _check_strided_slice(call) -> Optional[str]:
+    bounds = strided_slice_bounds(call)
+    if bounds is None:
+        return "strided_slice with bounds that are not constants"
+    if any(step <= 0 for _, _, _, step in bounds):
+        return "strided_slice with a step that is not positive"
+    expected = list(_shape(call.args[0]))
+    for axis, start, stop, step in bounds:
+        expected[axis] = len(range(start, stop, step))
+    if tuple(expected) != _shape(call):
+        return f"strided_slice gives shape {_shape(call)} where numpy slicing gives {tuple(expected)}"
+    return None
+
+
+def _check_take(call) -> Optional[str]:
+    data_shape = _shape(call.args[0])
+    if call.attrs.axis is None and len(data_shape) != 1:
+        return "take without an axis on more than one dimension"
+    if _dtype(call.args[1]) not in INDEX:
+        return f"take with {_dtype(call.args[1])} indices"
+    if _dtype(call.args[0]) != _dtype(call):
+        return "take whose result dtype differs from its data's"
+    mode = str(call.attrs.mode)
+    if mode == "fast":
+        # Relax leaves out-of-range indices undefined; ONNX Gather defines every in-range one the same.
+        return None
+    indices = tvm_compat.constant_array(call.args[1])
+    extent = data_shape[0 if call.attrs.axis is None else int(call.attrs.axis)]
+    lowest = {"wrap": -extent, "clip": 0}.get(mode)
+    if lowest is None or indices is None or indices.size and (indices.min() < lowest or indices.max() >= extent):
+        return f"take in mode {mode!r} with indices that may be out of range"
+    return None
+
+
+def _check_astype(call) -> Optional[str]:
+    if _dtype(call.args[0]) not in MOVABLE - BOOL:
+        return f"astype from {_dtype(call.args[0])}"
+    return None
+
+
+def _check_where(call) -> Optional[str]:
+    if _dtype(call.args[0]) not in BOOL:
+        return f"where with a {_dtype(call.args[0])} condition"
+    if {_dtype(call.args[1]), _dtype(call.args[2])} != {_dtype(call)}:
+        return "where choosing between different dtypes"
+    return None
+
+
+def _check_comparison(call) -> Optional[str]:
+    dtypes = {_dtype(arg) for arg in call.args}
+    if len(dtypes) != 1 or not dtypes <= NUMERIC:
+        return f"comparison of {' and '.join(sorted(dtypes))}"
+    return None
+
+
+UNARY_FLOAT = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
+               "relax.erf", "relax.sqrt", "relax.rsqrt", "relax.exp", "relax.log", "relax.negative", "relax.abs")
+BINARY_NUMERIC = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum")
+BINARY_FLOAT = ("relax.divide", "relax.power")
+COMPARISONS = ("relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.equal", "relax.not_equal")
+RESHAPES = ("relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims")
+
+Check = Optional[Callable[[relax.Call], Optional[str]]]
+
+# Operator name -> (dtypes its result may have, the check of its attributes and arguments).
+RULES: dict[str, tuple[frozenset, Check]] = {
+    **{op: (FLOAT, None) for op in UNARY_FLOAT + BINARY_FLOAT},
+    **{op: (NUMERIC, None) for op in BINARY_NUMERIC},
+    **{op: (BOOL, _check_comparison) for op in COMPARISONS},
+    **{op: (MOVABLE, None) for op in RESHAPES + ("relax.permute_dims", "relax.broadcast_to")},
+    "relax.nn.conv2d": (FLOAT, _check_conv2d),
+    "relax.matmul": (FLOAT, _check_matmul),
+    "relax.clip": (NUMERIC, _check_clip),
+    "relax.nn.max_pool2d": (FLOAT, _check_pool2d),
+    "relax.nn.avg_pool2d": (FLOAT, _check_pool2d),
+    "relax.nn.adaptive_avg_pool2d": (FLOAT, _check_adaptive_avg_pool2d),
+    "relax.mean": (FLOAT, _check_reduce),
+    "relax.sum": (NUMERIC, _check_reduce),
+    "relax.max": (NUMERIC, _check_reduce),
+    "relax.min": (NUMERIC, _check_reduce),
+    "relax.nn.softmax": (FLOAT, None),
+    "relax.nn.log_softmax": (FLOAT, None),
+    "relax.nn.layer_norm": (FLOAT, _check_layer_norm),
+    "relax.concat": (MOVABLE, _check_concat),
+    "relax.strided_slice": (MOVABLE, _check_strided_slice),
+    "relax.take": (MOVABLE, _check_take),
+    "relax.astype": (MOVABLE - BOOL, _check_astype),
+    "relax.where": (MOVABLE, _check_where),
+}
+
+SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(RULES))
+# Operators whose operands may have another dtype than their result; their checks look at each.
+MIXED_DTYPES = frozenset({"relax.take", "relax.astype", "relax.where", *COMPARISONS})
+
+
+def _tensor_operands(call):
+    """Every tensor the call reads, looking inside inline tuples (concat's argument)."""
+    for arg in call.args:
+        fields = arg.fields if isinstance(arg, relax.Tuple) else (arg,)
+        for field in fields:
+            if isinstance(tvm_compat.value_type(field), relax.TensorType):
+                yield field
+
+
+def refusal(call) -> Optional[str]:
+    """Why ``call`` cannot be converted to ONNX faithfully, or None when it can."""
+    if not tvm_compat.is_op_call(call):
+        return "not an operator call"
+    name = tvm_compat.op_name(call)
+    if name not in RULES:
+        return f"{name} has no ONNX conversion"
+    dtypes, check = RULES[name]
+    try:
+        result_dtype = _dtype(call)
+        if result_dtype not in dtypes:
+            return f"{name} on {result_dtype}"
+        _shape(call)
+        operand_dtypes = {_dtype(operand) for operand in _tensor_operands(call)}  # raises on a dynamic shape
+        if name not in MIXED_DTYPES and operand_dtypes - {result_dtype}:
+            return f"{name} mixes {', '.join(sorted(operand_dtypes | {result_dtype}))}"
+        return check(call) if check is not None else None
+    except ValueError as error:  # a dynamic shape
+        return f"{name}: {error}"
+
+
+def supports(call) -> bool:
+    """Whether the converter reproduces ``call`` exactly as Relax defines it."""
+    return refusal(call) is None

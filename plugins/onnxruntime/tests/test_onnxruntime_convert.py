@@ -1,0 +1,274 @@
+"""Each supported operator: converted to ONNX, run by ONNX Runtime, compared with TVM's own build.
+
+TVM's build of the same one-operator function is the reference: it is what Relax means. Integer,
+boolean and data-movement results must be equal; float32 results agree within RTOL/ATOL (a few
+float32 roundings of values near 1; the transcendental functions are polynomial approximations in
+both runtimes, a few ulp apart).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_onnxruntime import relax_to_onnx, support
+
+R = relax.op
+RTOL, ATOL = 1e-5, 1e-5
+TARGET = tvm_compat.host_cpu_target()
+DEVICE = tvm.cpu(0)
+F = "float32"
+
+
+def function(make, *specs) -> relax.Function:
+    """A one-block function over parameters of ``specs`` (shape, dtype) whose result is ``make(*params)``."""
+    params = [relax.Var(f"p{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            result = make(*params)
+            if isinstance(result, (list, tuple)):
+                outputs = [bb.emit(expr) for expr in result]
+                output = bb.emit_output(relax.Tuple(outputs))
+            else:
+                output = bb.emit_output(result)
+        bb.emit_func_output(output)
+    return bb.get()["main"]
+
+
+def random_input(shape, dtype, rng, kind="any"):
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith("int"):
+        return rng.integers(0, 4, size=shape).astype(dtype)
+    if kind == "positive":
+        return rng.uniform(0.5, 2.0, size=shape).astype(dtype)
+    if kind == "ties":  # comparisons: equal values happen
+        return rng.integers(-2, 3, size=shape).astype(dtype)
+    return rng.uniform(-2.0, 2.0, size=shape).astype(dtype)
+
+
+def run_onnx(func, arrays):
+    model = relax_to_onnx.convert(func)
+    onnx.checker.check_model(model, full_check=True)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {relax_to_onnx.input_name(i): array for i, array in enumerate(arrays)}
+    return session.run(None, feeds)
+
+
+def run_tvm(func, arrays):
+    executable = relax.build(tvm.IRModule({"main": func}), TARGET)
+    result = relax.VirtualMachine(executable, DEVICE)["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in arrays])
+    results = list(result) if isinstance(result, tvm.ir.Array) or type(result).__name__ == "Array" else [result]
+    return [tvm_compat.to_numpy(r) for r in results]
+
+
+def assert_same(actual, expected):
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def const(array):
+    return relax.const(np.asarray(array))
+
+
+RNG = np.random.default_rng(0)
+WEIGHT = RNG.uniform(-1, 1, size=(8, 3, 3, 3)).astype(F)
+GROUPED_WEIGHT = RNG.uniform(-1, 1, size=(8, 2, 3, 3)).astype(F)
+GAMMA, BETA = RNG.uniform(0.5, 1.5, size=(16,)).astype(F), RNG.uniform(-1, 1, size=(16,)).astype(F)
+NCHW = ((2, 3, 9, 9), F)
+NCHW4 = ((1, 4, 9, 10), F)
+ROWS = ((4, 16), F)
+
+# (id, make, input specs, input kind)
+CASES = [
+    ("conv2d", lambda x: R.nn.conv2d(x, const(WEIGHT)), [NCHW], "any"),
+    ("conv2d_strided_padded", lambda x: R.nn.conv2d(x, const(WEIGHT), strides=2, padding=(1, 0, 2, 1)), [NCHW], "any"),
+    ("conv2d_dilated", lambda x: R.nn.conv2d(x, const(WEIGHT), dilation=2, padding=2), [NCHW], "any"),
+    ("conv2d_grouped", lambda x: R.nn.conv2d(x, const(GROUPED_WEIGHT), groups=2, padding=1), [NCHW4], "any"),
+    ("matmul", R.matmul, [((4, 8), F), ((8, 5), F)], "any"),
+    ("matmul_batched_broadcast", R.matmul, [((2, 3, 4, 8), F), ((3, 8, 5), F)], "any"),
+    ("matmul_vector", R.matmul, [((8,), F), ((2, 8, 5), F)], "any"),
+    ("add", R.add, [((2, 3, 4), F), ((3, 1), F)], "any"),
+    ("add_int64", R.add, [((2, 3), "int64"), ((3,), "int64")], "any"),
+    ("subtract", R.subtract, [((2, 3), F), ((2, 3), F)], "any"),
+    ("multiply", R.multiply, [((2, 3), F), ((1, 3), F)], "any"),
+    ("multiply_int64", R.multiply, [((2, 3), "int64"), ((2, 3), "int64")], "any"),
+    ("divide", R.divide, [((2, 3), F), ((2, 3), F)], "positive"),
+    ("power", R.power, [((2, 3), F), ((2, 3), F)], "positive"),
+    ("power_const", lambda x: R.power(x, relax.const(2.0, F)), [((2, 3), F)], "any"),
+    ("maximum", R.maximum, [((2, 3), F), ((3,), F)], "any"),
+    ("minimum", R.minimum, [((2, 3), "int64"), ((2, 3), "int64")], "any"),
+    ("relu", R.nn.relu, [ROWS], "any"),
+    ("gelu", R.nn.gelu, [ROWS], "any"),
+    ("gelu_tanh", R.nn.gelu_tanh, [ROWS], "any"),
+    ("silu", R.nn.silu, [ROWS], "any"),
+    ("sigmoid", R.sigmoid, [ROWS], "any"),
+    ("tanh", R.tanh, [ROWS], "any"),
+    ("erf", R.erf, [ROWS], "any"),
+    ("sqrt", R.sqrt, [ROWS], "positive"),
+    ("rsqrt", R.rsqrt, [ROWS], "positive"),
+    ("exp", R.exp, [ROWS], "any"),
+    ("log", R.log, [ROWS], "positive"),
+    ("negative", R.negative, [ROWS], "any"),
+    ("abs", R.abs, [ROWS], "any"),
+    ("clip", lambda x: R.clip(x, 0.0, 6.0), [ROWS], "any"),
+    ("clip_int64", lambda x: R.clip(x, 1, 2), [((4, 5), "int64")], "any"),
+    ("less", R.less, [((2, 3), F), ((3,), F)], "ties"),
+    ("less_equal", R.less_equal, [((2, 3), F), ((2, 3), F)], "ties"),
+    ("greater", R.greater, [((2, 3), "int64"), ((2, 3), "int64")], "any"),
+    ("greater_equal", R.greater_equal, [((2, 3), F), ((2, 3), F)], "ties"),
+    ("equal", R.equal, [((2, 3), "int64"), ((2, 3), "int64")], "any"),
+    ("not_equal", R.not_equal, [((2, 3), F), ((2, 3), F)], "ties"),
+    ("where", R.where, [((2, 3), "bool"), ((2, 3), F), ((3,), F)], "any"),
+    ("where_int64", R.where, [((2, 3), "bool"), ((2, 3), "int64"), ((2, 3), "int64")], "any"),
+    ("max_pool2d", lambda x: R.nn.max_pool2d(x, 3, strides=2, padding=1), [NCHW], "any"),
+    ("max_pool2d_ceil_dilated", lambda x: R.nn.max_pool2d(x, 2, strides=2, dilation=2, ceil_mode=True), [NCHW4], "any"),
+    ("avg_pool2d", lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=1), [NCHW], "any"),
+    ("avg_pool2d_include_pad", lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=1, count_include_pad=True), [NCHW], "any"),
+    ("avg_pool2d_ceil", lambda x: R.nn.avg_pool2d(x, 2, strides=2, ceil_mode=True), [NCHW4], "any"),
+    ("adaptive_avg_pool2d", lambda x: R.nn.adaptive_avg_pool2d(x, 1), [NCHW], "any"),
+    ("mean", lambda x: R.mean(x, axis=[2, 3], keepdims=True), [NCHW], "any"),
+    ("mean_all", lambda x: R.mean(x), [NCHW], "any"),
+    ("sum", lambda x: R.sum(x, axis=[1], keepdims=False), [NCHW], "any"),
+    ("sum_int64_all", lambda x: R.sum(x), [((3, 4), "int64")], "any"),
+    ("max", lambda x: R.max(x, axis=[-1]), [NCHW], "any"),
+    ("min", lambda x: R.min(x, axis=[0, 2], keepdims=True), [NCHW], "any"),
+    ("softmax", lambda x: R.nn.softmax(x, axis=-1), [ROWS], "any"),
+    ("softmax_axis0", lambda x: R.nn.softmax(x, axis=0), [ROWS], "any"),
+    ("log_softmax", lambda x: R.nn.log_softmax(x, axis=1), [ROWS], "any"),
+    ("layer_norm", lambda x: R.nn.layer_norm(x, const(GAMMA), const(BETA), axes=[-1]), [((2, 4, 16), F)], "any"),
+    ("layer_norm_two_axes", lambda x: R.nn.layer_norm(x, const(np.ones((4, 16), F)), const(np.zeros((4, 16), F)), axes=[1, 2]), [((2, 4, 16), F)], "any"),
+    ("reshape", lambda x: R.reshape(x, (2, 3, -1)), [NCHW], "any"),
+    ("reshape_int64", lambda x: R.reshape(x, (6,)), [((2, 3), "int64")], "any"),
+    ("permute_dims", lambda x: R.permute_dims(x, [0, 2, 3, 1]), [NCHW], "any"),
+    ("permute_dims_reverse", lambda x: R.permute_dims(x), [((2, 3, 4), F)], "any"),
+    ("concat", lambda x, y: R.concat([x, y, x], axis=1), [((2, 3), F), ((2, 5), F)], "any"),
+    ("concat_negative_axis", lambda x, y: R.concat([x, y], axis=-2), [((2, 3), "int64"), ((4, 3), "int64")], "any"),
+    ("strided_slice", lambda x: R.strided_slice(x, axes=[1, 2], begin=[0, 1], end=[2, 100], strides=[1, 2]), [NCHW], "any"),
+    ("strided_slice_negative", lambda x: R.strided_slice(x, axes=[-1], begin=[-4], end=[-1]), [NCHW], "any"),
+    ("squeeze", lambda x: R.squeeze(x, [1]), [((2, 1, 3), F)], "any"),
+    ("squeeze_all", lambda x: R.squeeze(x), [((1, 2, 1, 3), F)], "any"),
+    ("expand_dims", lambda x: R.expand_dims(x, [0, -1]), [((2, 3), F)], "any"),
+    ("flatten", R.flatten, [((2, 3, 4), F)], "any"),
+    ("take", lambda x, i: R.take(x, i, axis=0), [((10, 4), F), ((2, 3), "int64")], "any"),
+    ("take_axis1_int32", lambda x, i: R.take(x, i, axis=1), [((2, 5, 3), F), ((4,), "int32")], "any"),
+    ("take_wrap_const", lambda x: R.take(x, const(np.array([-1, 0, 2], "int64")), axis=0, mode="wrap"), [((3, 2), F)], "any"),
+    ("astype_to_int64", lambda x: R.astype(x, "int64"), [ROWS], "any"),
+    ("astype_to_float32", lambda x: R.astype(x, F), [((2, 3), "int64")], "any"),
+    ("broadcast_to", lambda x: R.broadcast_to(x, (2, 4, 3)), [((4, 1), F)], "any"),
+    ("two_outputs", lambda x: [R.nn.relu(x), R.exp(x)], [ROWS], "any"),
+]
+
+
+@pytest.mark.parametrize("make, specs, kind", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_operator_matches_tvm(make, specs, kind):
+    func = function(make, *specs)
+    rng = np.random.default_rng(1)
+    arrays = [random_input(shape, dtype, rng, kind) for shape, dtype in specs]
+    assert_same(run_onnx(func, arrays), run_tvm(func, arrays))
+
+
+def test_every_supported_operator_is_converted_and_tested():
+    assert set(relax_to_onnx.CONVERTERS) == set(support.SUPPORTED_OPS)
+    tested = {
+        tvm_compat.op_name(binding.value)
+        for _, make, specs, _ in CASES
+        for binding in function(make, *specs).body.blocks[0].bindings
+        if tvm_compat.is_op_call(binding.value)
+    }
+    assert set(support.SUPPORTED_OPS) - tested == set()
+
+
+def test_model_is_opset_17_with_constants_as_initializers():
+    func = function(lambda x: R.nn.conv2d(x, const(WEIGHT)), NCHW)
+    model = relax_to_onnx.convert(func, "conv")
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert [i.name for i in model.graph.input] == ["input_0"]
+    assert [o.name for o in model.graph.output] == ["output_0"]
+    (weight,) = model.graph.initializer
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(weight), WEIGHT)
+
+
+def test_gelu_is_the_erf_formula_without_a_gelu_node():
+    model = relax_to_onnx.convert(function(R.nn.gelu, ROWS))
+    assert {node.op_type for node in model.graph.node} == {"Mul", "Erf", "Add", "Identity"}
+    x = np.linspace(-3, 3, 64, dtype=F).reshape(4, 16)
+    expected = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    np.testing.assert_allclose(run_onnx(function(R.nn.gelu, ROWS), [x])[0], expected, rtol=RTOL, atol=ATOL)
+
+
+def pool_configurations(count: int, seed: int = 11):
+    """Random max/avg pooling attributes over small inputs, ceil mode and padding included."""
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        kernel = int(rng.integers(1, 4))
+        yield dict(
+            op=(relax.op.nn.max_pool2d, relax.op.nn.avg_pool2d)[index % 2],
+            size=tuple(int(v) for v in rng.integers(5, 12, 2)),
+            pool_size=kernel,
+            strides=int(rng.integers(1, 4)),
+            padding=[int(v) for v in rng.integers(0, kernel, 4)],
+            dilation=int(rng.integers(1, 3)) if index % 2 == 0 else 1,
+            ceil_mode=bool(rng.integers(0, 2)),
+            count_include_pad=bool(rng.integers(0, 2)),
+        )
+
+
+def test_pooling_is_refused_or_matches_tvm():
+    accepted = 0
+    for config in pool_configurations(60):
+        op, size = config.pop("op"), config.pop("size")
+        func = function(lambda x: op(x, **config), ((1, 2, *size), F))
+        if not support.supports(func.body.blocks[0].bindings[0].value):
+            continue
+        accepted += 1
+        data = random_input((1, 2, *size), F, np.random.default_rng(accepted))
+        assert_same(run_onnx(func, [data]), run_tvm(func, [data]))
+    assert accepted >= 40
+
+
+REFUSED = [
+    ("conv2d_nhwc", lambda x: R.nn.conv2d(x, const(np.ones((3, 3, 3, 8), F)), data_layout="NHWC", kernel_layout="HWIO"), [((1, 9, 9, 3), F)], "data_layout"),
+    ("conv2d_out_dtype", lambda x: R.nn.conv2d(x, const(WEIGHT), out_dtype="float64"), [NCHW], "on float64"),
+    ("add_float16", R.add, [((2, 3), "float16"), ((2, 3), "float16")], "float16"),
+    ("divide_int64", R.divide, [((2, 3), "int64"), ((2, 3), "int64")], "on int64"),
+    ("dynamic_shape", R.nn.relu, [((tvm.tirx.Var("n", "int64"), 3), F)], "dynamic"),
+    ("avg_pool2d_ceil_include_pad", lambda x: R.nn.avg_pool2d(x, 2, strides=2, ceil_mode=True, count_include_pad=True), [NCHW4], "count_include_pad"),
+    ("max_pool2d_ceil_window_in_padding", lambda x: R.nn.max_pool2d(x, 1, strides=2, ceil_mode=True), [((1, 2, 10, 10), F)], "starts in the padding"),
+    ("avg_pool2d_dilated", lambda x: R.nn.avg_pool2d(x, 2, dilation=2), [NCHW], "dilation"),
+    ("max_pool2d_nhwc", lambda x: R.nn.max_pool2d(x, 2, layout="NHWC"), [NCHW], "layout"),
+    ("adaptive_avg_pool2d_2x2", lambda x: R.nn.adaptive_avg_pool2d(x, 2), [NCHW], "1x1"),
+    ("layer_norm_leading_axis", lambda x: R.nn.layer_norm(x, const(np.ones(2, F)), const(np.zeros(2, F)), axes=[0]), [((2, 4, 16), F)], "trailing"),
+    ("layer_norm_no_center", lambda x: R.nn.layer_norm(x, const(GAMMA), const(BETA), axes=[-1], center=False), [((2, 4, 16), F)], "center or scale"),
+    ("strided_slice_reverse", lambda x: R.strided_slice(x, axes=[0], begin=[3], end=[0], strides=[-1]), [ROWS], "step"),
+    ("take_clip_variable", lambda x, i: R.take(x, i, axis=0, mode="clip"), [((10, 4), F), ((3,), "int64")], "out of range"),
+    ("take_wrap_out_of_range", lambda x: R.take(x, const(np.array([5], "int64")), axis=0, mode="wrap"), [((3, 2), F)], "out of range"),
+    ("clip_min_above_max", lambda x: R.clip(x, 3.0, 1.0), [ROWS], "above max"),
+    ("cumsum", lambda x: R.cumsum(x, axis=0), [ROWS], "no ONNX conversion"),
+    ("conv1d", lambda x: R.nn.conv1d(x, const(np.ones((4, 3, 3), F))), [((1, 3, 9), F)], "no ONNX conversion"),
+]
+
+
+@pytest.mark.parametrize("make, specs, reason", [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED])
+def test_unsupported_call_is_refused_and_not_converted(make, specs, reason):
+    func = function(make, *specs)
+    call = func.body.blocks[0].bindings[-1].value
+    assert not support.supports(call)
+    assert reason in support.refusal(call)
+    with pytest.raises(relax_to_onnx.UnsupportedError, match=reason):
+        relax_to_onnx.convert(func)

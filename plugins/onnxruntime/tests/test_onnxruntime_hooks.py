@@ -1,0 +1,271 @@
+"""The backend's hooks, and partitions lowered to ONNX Runtime inside a mixed TVM executable.
+
+Placements are built the way Collage builds them (``partition_module`` then ``build``), run on
+Relax's VM and compared with numpy: float32 within RTOL/ATOL (sums of up to 32 products of values
+near 1, and normalizations over 32 values).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import onnxruntime
+import pytest
+import tvm
+from tvm import relax
+
+import collage_onnxruntime
+from collage_core import tvm_compat
+from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.build import build, partitions_by_backend
+from collage_core.candidates import enumerate_candidates
+from collage_core.partition import partition_module
+from collage_core.plugins import get_plugin_manager
+from collage_core.records import GRAPH_LEVEL
+from collage_core.relax_graph import RelaxGraph
+from collage_onnxruntime import hooks, relax_to_onnx, runtime, support
+
+R = relax.op
+F = "float32"
+RTOL, ATOL = 1e-5, 1e-5
+TARGET = tvm_compat.host_cpu_target()
+DEVICE = tvm.cpu(0)
+RNG = np.random.default_rng(0)
+
+CONV_WEIGHT = RNG.uniform(-1, 1, size=(8, 3, 3, 3)).astype(F)
+CONV_BIAS = RNG.uniform(-1, 1, size=(1, 8, 1, 1)).astype(F)
+HIDDEN, HEADS, TOKENS = 32, 4, 8
+PROJECTION = RNG.uniform(-0.3, 0.3, size=(HIDDEN, HIDDEN)).astype(F)
+PROJECTION_BIAS = RNG.uniform(-1, 1, size=(HIDDEN,)).astype(F)
+GAMMA = RNG.uniform(0.5, 1.5, size=(HIDDEN,)).astype(F)
+BETA = RNG.uniform(-0.5, 0.5, size=(HIDDEN,)).astype(F)
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return get_plugin_manager()
+
+
+@pytest.fixture(scope="module")
+def backends(pm):
+    return {name: info.backend for name, info in discover_backends(pm).items()}
+
+
+def module(make, *specs) -> tvm.IRModule:
+    params = [relax.Var(f"x{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            output = bb.emit_output(make(bb, *params))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+def conv_bias_relu_scale(bb, x):
+    """relu(conv2d(x, W) + b) * 0.5: ONNX Runtime takes the first three, TVM the last."""
+    conv = bb.emit(R.nn.conv2d(x, relax.const(CONV_WEIGHT), padding=1))
+    biased = bb.emit(R.add(conv, relax.const(CONV_BIAS)))
+    rectified = bb.emit(R.nn.relu(biased))
+    return R.multiply(rectified, relax.const(0.5, F))
+
+
+def attention(bb, x):
+    """Self-attention without value projection: the operators of a transformer layer."""
+    projected = bb.emit(R.add(R.matmul(x, relax.const(PROJECTION)), relax.const(PROJECTION_BIAS)))
+    normalized = bb.emit(R.nn.layer_norm(projected, relax.const(GAMMA), relax.const(BETA), axes=[-1]))
+    heads = bb.emit(R.reshape(normalized, (1, TOKENS, HEADS, HIDDEN // HEADS)))
+    queries = bb.emit(R.permute_dims(heads, [0, 2, 1, 3]))
+    keys = bb.emit(R.permute_dims(heads, [0, 2, 3, 1]))
+    scores = bb.emit(R.multiply(R.matmul(queries, keys), relax.const(0.25, F)))
+    weights = bb.emit(R.nn.softmax(scores, axis=-1))
+    context = bb.emit(R.matmul(weights, queries))
+    merged = bb.emit(R.permute_dims(context, [0, 2, 1, 3]))
+    return R.add(R.reshape(merged, (1, TOKENS, HIDDEN)), normalized)
+
+
+def numpy_conv_bias_relu_scale(x):
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    conv = np.einsum("nchwij,ocij->nohw", windows, CONV_WEIGHT)
+    return np.maximum(conv + CONV_BIAS, 0) * 0.5
+
+
+def numpy_attention(x):
+    projected = x @ PROJECTION + PROJECTION_BIAS
+    mean, var = projected.mean(-1, keepdims=True), projected.var(-1, keepdims=True)
+    normalized = (projected - mean) / np.sqrt(var + 1e-5) * GAMMA + BETA
+    heads = normalized.reshape(1, TOKENS, HEADS, HIDDEN // HEADS)
+    queries, keys = heads.transpose(0, 2, 1, 3), heads.transpose(0, 2, 3, 1)
+    scores = queries @ keys * 0.25
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    context = (weights @ queries).transpose(0, 2, 1, 3)
+    return context.reshape(1, TOKENS, HIDDEN) + normalized
+
+
+def place(mod, onnxruntime_nodes):
+    """``onnxruntime_nodes`` as one ONNX Runtime partition, every other operator on TVM alone."""
+    graph = RelaxGraph.from_function(mod["main"])
+    parts = [SimpleNamespace(backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(onnxruntime_nodes))]
+    parts += [
+        SimpleNamespace(backend="tvm", pattern="tvm.op", nodes=frozenset({node}))
+        for node in range(len(graph.graph))
+        if node not in onnxruntime_nodes
+    ]
+    return graph, partition_module(graph, parts)
+
+
+def run_vm(executable, *arrays):
+    vm = relax.VirtualMachine(executable, DEVICE)
+    return tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in arrays]))
+
+
+def test_collage_register_backends_registers_a_graph_level_cpu_backend(backends):
+    backend = backends["onnxruntime"]
+    assert backend.kind == GRAPH_LEVEL
+    assert backend.device_kinds == ("cpu",)
+    assert backend.version == onnxruntime.__version__
+
+
+def test_collage_check_availability_asks_for_the_cpu_provider(backends, monkeypatch):
+    assert hooks.collage_check_availability(backends["onnxruntime"]).available
+    assert hooks.collage_check_availability(backends["tvm"]) is None
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider"])
+    availability = hooks.collage_check_availability(backends["onnxruntime"])
+    assert not availability.available and "pip install onnxruntime" in availability.reason
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
+    availability = hooks.collage_check_availability(backends["onnxruntime"])
+    assert not availability.available and "cannot be imported" in availability.reason
+    assert availability.reason.endswith(": pip install onnxruntime")
+
+
+def test_collage_contribute_patterns_one_checked_pattern_per_operator(pm, backends):
+    patterns = contribute_patterns(pm, backends["onnxruntime"], TARGET)
+    assert [p.name for p in patterns] == [hooks.pattern_name(op) for op in support.SUPPORTED_OPS]
+    assert len({p.name for p in patterns}) == len(patterns)
+    assert all(p.check is not None for p in patterns)
+    assert hooks.collage_contribute_patterns(backends["tvm"], TARGET) is None
+    assert hooks.collage_contribute_patterns(backends["onnxruntime"], tvm.target.Target({"kind": "cuda"})) == []
+
+
+def test_collage_contribute_patterns_refuses_what_the_converter_cannot_convert(pm, backends):
+    def make(bb, x):
+        nhwc = bb.emit(R.permute_dims(x, [0, 2, 3, 1]))
+        conv = bb.emit(R.nn.conv2d(nhwc, relax.const(np.ones((3, 3, 3, 8), F)), data_layout="NHWC", kernel_layout="HWIO"))
+        return R.cumsum(R.nn.relu(conv), axis=1)
+
+    graph = RelaxGraph.from_function(module(make, ((1, 3, 6, 6), F))["main"])
+    assert list(graph.graph.ops) == ["relax.permute_dims", "relax.nn.conv2d", "relax.nn.relu", "relax.cumsum"]
+    candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["onnxruntime"], TARGET))
+    assert [(sorted(c.nodes), c.pattern) for c in candidates] == [
+        ([0], "onnxruntime.permute_dims"),
+        ([2], "onnxruntime.relu"),
+    ]
+
+
+def test_collage_lower_partitions_conv_bias_relu(pm, backends):
+    graph, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    assert {b: len(names) for b, names in partitions_by_backend(placed).items()} == {"onnxruntime": 1, "tvm": 1}
+    executable = build(pm, placed, backends, TARGET)
+    x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
+    np.testing.assert_allclose(run_vm(executable, x), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
+
+
+def test_collage_lower_partitions_attention_with_two_outputs(pm, backends):
+    mod = module(attention, ((1, TOKENS, HIDDEN), F))
+    graph = RelaxGraph.from_function(mod["main"])
+    ops = graph.graph.ops
+    assert {"relax.matmul", "relax.nn.layer_norm", "relax.nn.softmax", "relax.reshape", "relax.permute_dims"} <= set(ops)
+    # Everything up to the softmax on ONNX Runtime; the layer norm's output also leaves the
+    # partition (the residual add on TVM reads it), so the partition returns a tuple.
+    on_onnxruntime = set(range(ops.index("relax.nn.softmax") + 1))
+    _, placed = place(mod, on_onnxruntime)
+    (name,) = partitions_by_backend(placed)["onnxruntime"]
+    assert isinstance(tvm_compat.return_type(placed[name]), relax.TupleType)
+    executable = build(pm, placed, backends, TARGET)
+    x = RNG.uniform(-1, 1, size=(1, TOKENS, HIDDEN)).astype(F)
+    np.testing.assert_allclose(run_vm(executable, x), numpy_attention(x), rtol=RTOL, atol=ATOL)
+
+
+def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends):
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    (name,) = partitions_by_backend(placed)["onnxruntime"]
+    lowered = hooks.collage_lower_partitions(backends["onnxruntime"], placed, [name], TARGET)
+    assert hooks.collage_lower_partitions(backends["tvm"], placed, [name], TARGET) is None
+    assert lowered is not placed and "R.nn.conv2d" in placed[name].script()
+    bindings = lowered[name].body.blocks[0].bindings
+    assert len(bindings) == 1 and bindings[0].value.op.name == "relax.call_dps_packed"
+    assert str(bindings[0].value.args[0].global_symbol) == runtime.RUN_FUNCTION
+    assert dict(lowered[name].attrs)["collage.backend"] == "onnxruntime"
+    blob = tvm_compat.constant_array(bindings[0].value.args[1].fields[0])
+    model = relax_to_onnx.convert(placed[name], name)
+    assert runtime.unpack_model(blob) == model.SerializeToString()
+
+
+def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    library = tmp_path / "placed.so"
+    build(pm, placed, backends, TARGET).export_library(str(library))
+    x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import sys, numpy as np, tvm\n"
+        "from tvm import relax\n"
+        "import collage_onnxruntime\n"
+        "vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())\n"
+        "np.save(sys.argv[3], vm['main'](tvm.runtime.tensor(np.load(sys.argv[2]))).numpy())\n"
+    )
+    out = tmp_path / "out.npy"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(library), str(tmp_path / "x.npy"), str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(np.load(out), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
+
+
+def test_runtime_keeps_one_session_per_model_and_registers_idempotently(pm, backends):
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    executable = build(pm, placed, backends, TARGET)
+    runtime.SESSIONS.clear()
+    x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
+    first = run_vm(executable, x)
+    runtime.register()
+    second = run_vm(executable, x)
+    assert len(runtime.SESSIONS) == 1
+    np.testing.assert_array_equal(first, second)
+    assert tvm.get_global_func(runtime.RUN_FUNCTION) is not None
+    assert collage_onnxruntime.runtime is runtime
+
+
+def test_runtime_refuses_a_blob_that_does_not_match_its_digest():
+    blob = runtime.pack_model(b"not really a model").copy()
+    blob[-1] ^= 1
+    with pytest.raises(ValueError, match="digest"):
+        runtime.SESSIONS.get(blob)
+
+
+def test_session_options_do_not_spin():
+    options = runtime.session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    assert options.inter_op_num_threads == 1
+    assert options.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def test_runtime_reads_and_writes_the_tensors_in_place():
+    func = relax_to_onnx.convert(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"])
+    blob = tvm_compat.to_tensor(runtime.pack_model(func.SerializeToString()), DEVICE)
+    x = tvm_compat.to_tensor(np.full((2, 3), -1.0, F), DEVICE)
+    out = tvm_compat.to_tensor(np.full((2, 3), 7.0, F), DEVICE)
+    runtime.run(blob, x, out)
+    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.zeros((2, 3), F))
+    # Same addresses, new contents: the cached binding must see them, not a copy taken when bound.
+    x.copyfrom(np.arange(6, dtype=F).reshape(2, 3))
+    runtime.run(blob, x, out)
+    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.arange(6, dtype=F).reshape(2, 3))
+    with pytest.raises(ValueError, match="1 inputs and gives 1 outputs, but 1 tensors"):
+        runtime.run(blob, x)

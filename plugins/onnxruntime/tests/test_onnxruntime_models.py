@@ -1,0 +1,93 @@
+"""Whole models through the backend: the shipped models, and ``optimize`` with ONNX Runtime.
+
+Numerics are compared with the model's own reference (ONNX Runtime on the original ONNX file) or
+numpy, within RTOL/ATOL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import collage_core
+from collage_core import tvm_compat
+from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.build import build
+from collage_core.candidates import enumerate_candidates
+from collage_core.model_import import load_model
+from collage_core.partition import partition_module
+from collage_core.plugins import get_plugin_manager
+from collage_core.relax_graph import RelaxGraph
+from collage_core.timing import MeasureSettings
+from collage_core.two_level import TwoLevelSettings
+
+MODELS = Path(__file__).resolve().parents[3] / "models"
+TARGET = tvm_compat.host_cpu_target()
+DEVICE = tvm.cpu(0)
+RTOL, ATOL = 1e-5, 1e-5
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return get_plugin_manager()
+
+
+@pytest.fixture(scope="module")
+def backends(pm):
+    return {name: info.backend for name, info in discover_backends(pm).items()}
+
+
+@pytest.mark.parametrize("name", ["tiny_resnet", "tiny_bert"])
+def test_shipped_model_runs_whole_on_onnxruntime(pm, backends, name):
+    model = load_model(MODELS / f"{name}.onnx")
+    graph = RelaxGraph.from_function(model.mod["main"])
+    candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["onnxruntime"], TARGET))
+    assert sorted(n for c in candidates for n in c.nodes) == list(range(len(graph.graph)))
+
+    everything = SimpleNamespace(backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(range(len(graph.graph))))
+    executable = build(pm, partition_module(graph, [everything]), backends, TARGET)
+    inputs = model.random_inputs(seed=2)
+    vm = relax.VirtualMachine(executable, DEVICE)
+    result = vm["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in inputs])
+    np.testing.assert_allclose(tvm_compat.to_numpy(result), model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
+
+
+def dense_norm_softmax() -> tvm.IRModule:
+    """softmax(layer_norm(x @ W + b)): four operators ONNX Runtime and TVM both run."""
+    rng = np.random.default_rng(0)
+    weight, bias = rng.uniform(-1, 1, size=(16, 16)).astype("float32"), rng.uniform(-1, 1, size=(16,)).astype("float32")
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            dense = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(weight)), relax.const(bias)))
+            ones, zeros = relax.const(np.ones(16, "float32")), relax.const(np.zeros(16, "float32"))
+            normalized = bb.emit(relax.op.nn.layer_norm(dense, ones, zeros, axes=[-1]))
+            output = bb.emit_output(relax.op.nn.softmax(normalized, axis=-1))
+        bb.emit_func_output(output)
+    return bb.get(), weight, bias
+
+
+def test_optimize_measures_and_places_with_onnxruntime(tmp_path):
+    mod, weight, bias = dense_norm_softmax()
+    result = collage_core.optimize(
+        mod,
+        backends=["onnxruntime", "tvm"],
+        cost_db=tmp_path / "costs.sqlite",
+        two_level=TwoLevelSettings(population=2, generations=1),
+        settings=MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=2.0, time_bound_s=1.0),
+        compare_backends=False,
+        show_progress=False,
+    )
+    assert {p.backend for p in result.placement.partitions} <= {"onnxruntime", "tvm"}
+    assert result.two_level is not None and result.two_level.measured >= 1
+    (x,) = result.model.random_inputs(seed=4)
+    dense = x @ weight + bias
+    normalized = (dense - dense.mean(-1, keepdims=True)) / np.sqrt(dense.var(-1, keepdims=True) + 1e-5)
+    expected = np.exp(normalized) / np.exp(normalized).sum(-1, keepdims=True)
+    np.testing.assert_allclose(result.run(x)[0], expected, rtol=RTOL, atol=ATOL)
