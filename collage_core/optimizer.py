@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -37,6 +38,8 @@ from collage_core.worker_client import MeasurementWorker, WorkerFailure
 PLACEMENT = "placement"
 OP_LEVEL_SEARCH = "op-level"
 TWO_LEVEL = "two-level"
+# A genome whose first run is this much slower than the best so far is not measured further.
+CUTOFF_FACTOR = 1.5
 # Time to build a placement, on top of measuring it.
 BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
@@ -245,13 +248,18 @@ class _Job:
             settings.generations, "two-level search", enabled=self.show_progress
         ) as bar:
 
+            best = {"seconds": math.inf}
+
             def evaluate(parts) -> Cost:
                 key = self._end_to_end_key(parts)
                 known = db.get_end_to_end(key)
                 if known is not None:
+                    best["seconds"] = min(best["seconds"], known.seconds)
                     return known
+                cutoff = CUTOFF_FACTOR * best["seconds"] if math.isfinite(best["seconds"]) else None
                 try:
-                    _, cost = self.run_built(partition_module(self.graph, parts), None, worker)
+                    _, cost = self.run_built(partition_module(self.graph, parts), None, worker, cutoff)
+                    best["seconds"] = min(best["seconds"], cost.seconds)
                 except CollageError as error:
                     cost = Cost.invalid(str(error))
                 db.put_end_to_end(key, cost)
@@ -289,7 +297,7 @@ class _Job:
             partitions=parts,
         )
 
-    def run_built(self, mod, library: Optional[Path], worker: Optional[MeasurementWorker] = None):
+    def run_built(self, mod, library: Optional[Path], worker: Optional[MeasurementWorker] = None, cutoff_s=None):
         """Build ``mod`` in a worker, run it on the job's inputs and time it; returns (outputs, cost)."""
         module_path, inputs_path, outputs_path = (self.workdir / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
         module_path.write_text(tvm_compat.save_ir_json(mod))
@@ -300,7 +308,7 @@ class _Job:
             "target": tvm_compat.target_to_json(self.target),
             "inputs": str(inputs_path),
             "outputs": str(outputs_path),
-            "settings": self.settings.to_json(),
+            "settings": attrs.evolve(self.settings, cutoff_s=cutoff_s).to_json(),
             "library": str(library) if library else None,
         }
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import attrs
 import numpy as np
@@ -12,7 +13,11 @@ from collage_core.records import Cost
 
 @attrs.frozen
 class MeasureSettings:
-    """How hard to measure. ``target_spread`` is the interquartile range relative to the median."""
+    """How hard to measure. ``target_spread`` is the interquartile range relative to the median.
+
+    ``cutoff_s``: a function whose warm-up run already takes longer is not measured further; its
+    cost is that one run (``repeats`` 1). The two-level search uses it to drop slow genomes fast.
+    """
 
     warmup: int = 1
     min_repeats: int = 3
@@ -21,6 +26,7 @@ class MeasureSettings:
     min_repeat_ms: float = 20.0
     time_bound_s: float = 10.0
     timeout_s: float = 600.0
+    cutoff_s: Optional[float] = None
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -45,6 +51,8 @@ def time_callable(run, settings: MeasureSettings) -> Cost:
     started = time.perf_counter()
     for _ in range(settings.warmup):
         once = run(1)
+    if settings.cutoff_s is not None and once > settings.cutoff_s:
+        return Cost.measured(once, 0.0, 1)
     number = max(1, int(settings.min_repeat_ms / 1e3 / max(once, 1e-9)))
     samples: list[float] = []
     while True:
