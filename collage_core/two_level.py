@@ -100,9 +100,12 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
         return cost.seconds
 
     toolbox = _toolbox(groups, settings)
-    population = [_individual(genome) for genome in seed_genomes(groups)]
+    seeds = [_individual(genome) for genome in seed_genomes(groups)]
+    population = list(seeds)
+    # The rest start as variations of the seeds: random genomes of a large model are almost all
+    # far slower than either seed and would spend the budget on builds that teach nothing.
     while len(population) < settings.population:
-        population.append(toolbox.random_individual())
+        population.append(toolbox.mutate(toolbox.clone(seeds[len(population) % len(seeds)]))[0])
     _score(population, fitness)
     generation = 0
     for generation in range(1, settings.generations + 1):
@@ -127,7 +130,6 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
 
 def _toolbox(groups: Sequence[OpGroup], settings: TwoLevelSettings) -> base.Toolbox:
     toolbox = base.Toolbox()
-    toolbox.register("random_individual", lambda: _individual(random.randint(0, len(g.choices)) for g in groups))
     toolbox.register("mate", tools.cxTwoPoint)
     toolbox.register("mutate", _mutate, groups=groups, probability=settings.gene_mutation_probability)
     return toolbox
