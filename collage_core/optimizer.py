@@ -260,6 +260,7 @@ class _Job:
                 try:
                     _, cost = self.run_built(partition_module(self.graph, parts), None, worker, cutoff)
                     best["seconds"] = min(best["seconds"], cost.seconds)
+                    self.say(f"  placement of {len(parts)} partitions: {_describe_cost(cost)}, best {best['seconds'] * 1e3:.3f} ms")
                 except CollageError as error:
                     cost = Cost.invalid(str(error))
                 db.put_end_to_end(key, cost)
@@ -417,6 +418,13 @@ def _baseline_parts(graph, candidates, costs, backend: str, backends):
         chosen = search_op_level(graph.graph, own + others, penalized)
         return f"{backend} + {other} for the rest", [Partition.from_candidate(c, costs[c.key]) for c in chosen]
     return None
+
+
+def _describe_cost(cost: Cost) -> str:
+    if not cost.is_measured:
+        return f"invalid ({cost.reason})"
+    cut = " (cut off after one run)" if cost.repeats == 1 else ""
+    return f"{cost.median_s * 1e3:.3f} ms{cut}"
 
 
 def _same_parts(first, second) -> bool:
