@@ -101,11 +101,14 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
 
     toolbox = _toolbox(groups, settings)
     seeds = [_individual(genome) for genome in seed_genomes(groups)]
+    _score(seeds, fitness)
+    # The rest start as variations of the fastest seed: random genomes of a large model are
+    # almost all far slower than the seeds and would spend the budget on builds that teach nothing.
+    fastest = min(seeds, key=lambda ind: (ind.fitness.values[0], tuple(ind)))
     population = list(seeds)
-    # The rest start as variations of the seeds: random genomes of a large model are almost all
-    # far slower than either seed and would spend the budget on builds that teach nothing.
     while len(population) < settings.population:
-        population.append(toolbox.mutate(toolbox.clone(seeds[len(population) % len(seeds)]))[0])
+        population.append(toolbox.mutate(toolbox.clone(fastest))[0])
+        del population[-1].fitness.values
     _score(population, fitness)
     generation = 0
     for generation in range(1, settings.generations + 1):
