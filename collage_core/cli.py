@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--budget", type=float, default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search time budget, s")
     optimize.add_argument("--population", type=int, default=DEFAULT_TWO_LEVEL.population, help="two-level population")
     optimize.add_argument("--generations", type=int, default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
+    optimize.add_argument("--patience", type=int, default=DEFAULT_TWO_LEVEL.patience,
+                          help="two-level: stop after this many generations without a faster placement")
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
     optimize.set_defaults(command=_optimize)
@@ -89,7 +91,8 @@ def _optimize(args) -> int:
         compare_backends=not args.no_compare,
         search=args.search,
         two_level=TwoLevelSettings(
-            population=args.population, generations=args.generations, budget_s=args.budget, seed=args.seed
+            population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
+            seed=args.seed,
         ),
     )
     print(render_report(result))

@@ -25,10 +25,12 @@ from collage_core.regions import KEEP, OpGroup, decode, genome_key
 
 @attrs.frozen
 class TwoLevelSettings:
-    """Population and generations bound the search; ``budget_s`` stops it early; ``seed`` fixes it."""
+    """Population and generations bound the search; ``budget_s`` stops it early, and so do
+    ``patience`` generations in a row without a faster placement; ``seed`` fixes it."""
 
     population: int = 12
     generations: int = 8
+    patience: int = 3
     budget_s: float = 900.0
     seed: int = 0
     crossover_probability: float = 0.6
@@ -110,7 +112,8 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
         population.append(toolbox.mutate(toolbox.clone(fastest))[0])
         del population[-1].fitness.values
     _score(population, fitness)
-    generation = 0
+    generation = improved_at = 0
+    last_best = best["cost"].seconds
     for generation in range(1, settings.generations + 1):
         if time.perf_counter() - started > settings.budget_s:
             generation -= 1
@@ -123,6 +126,10 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
         population = _distinct(population)[: settings.population]
         if on_generation is not None:
             on_generation(generation, best["cost"].seconds, settings.budget_s - (time.perf_counter() - started))
+        improved_at = generation if best["cost"].seconds < last_best else improved_at
+        last_best = best["cost"].seconds
+        if generation - improved_at >= settings.patience:
+            break
     if best["parts"] is None:
         parts = decode(graph, groups, seed_genomes(groups)[0])
         return TwoLevelResult(tuple(parts), Cost.invalid("no placement could be measured"), seed_genomes(groups)[0],

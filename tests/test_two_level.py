@@ -116,3 +116,12 @@ def test_budget_stops_the_search_after_the_seeds():
     groups = groups_for(graph, {"graphy": set(range(8))})
     result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(budget_s=0.0))
     assert result.generations == 0 and result.measured <= TwoLevelSettings().population
+
+
+def test_search_stops_after_generations_without_improvement():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    result = search_two_level(
+        graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=50, patience=2)
+    )
+    assert result.generations < 50
