@@ -34,10 +34,10 @@ def enumerate_candidates(graph: RelaxGraph, patterns: Sequence[Pattern]) -> list
             if pattern.check is not None and not _check(pattern, PatternMatch(pattern, calls, matched)):
                 continue
             try:
-                func, _ = graph.region_function(nodes)
+                standalone = graph.standalone_module(nodes)
             except RegionError:
                 continue
-            key = tvm_compat.structural_key(func)
+            key = tvm_compat.structural_key(standalone)
             found[(pattern.backend, pattern.name, nodes)] = Candidate(pattern.backend, pattern.name, nodes, f"{pattern.name}:{key}")
     return sorted(found.values(), key=lambda candidate: candidate.sort_key)
 

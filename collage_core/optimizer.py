@@ -142,7 +142,7 @@ def optimize(
     search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)
     if search not in (OP_LEVEL_SEARCH, TWO_LEVEL):
         raise CollageError(f"unknown search {search!r} (choose {OP_LEVEL_SEARCH} or {TWO_LEVEL})")
-    graph = RelaxGraph.from_function(imported.mod["main"])
+    graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
     say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in chosen)}; target {target}")
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
     workdir.mkdir(parents=True, exist_ok=True)

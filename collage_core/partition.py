@@ -49,7 +49,7 @@ def partition_module(graph: RelaxGraph, parts: Sequence) -> tvm.IRModule:
         regions.append(region)
 
     items = _schedule(graph, regions)
-    bb = relax.BlockBuilder()
+    bb = graph.builder()
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in graph.func.params]
     mapping = dict(zip(graph.func.params, params))
     with bb.function("main", params):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import attrs
 import tvm
@@ -37,9 +37,11 @@ class RelaxGraph:
     producers: tuple[frozenset[int], ...] = attrs.field(repr=False)
     users: dict = attrs.field(eq=False, repr=False)
     definer: dict = attrs.field(eq=False, repr=False)
+    others: tvm.IRModule = attrs.field(eq=False, repr=False)
 
     @classmethod
-    def from_function(cls, func: relax.Function) -> "RelaxGraph":
+    def from_function(cls, func: relax.Function, module: Optional[tvm.IRModule] = None) -> "RelaxGraph":
+        """``func`` is ``main``; ``module``, when given, holds the functions it calls (``call_tir`` PrimFuncs)."""
         blocks = [block for block in func.body.blocks if block.bindings]
         if len(blocks) != 1:
             raise RegionError(f"main must hold exactly one dataflow block, found {len(blocks)}")
@@ -63,7 +65,14 @@ class RelaxGraph:
             ops=[tvm_compat.op_name(bindings[i].value) for i in op_bindings],
             preds=[producers[i] for i in op_bindings],
         )
-        return cls(func, bindings, tuple(op_bindings), graph, tuple(producers), users, definer)
+        others = tvm.IRModule(
+            {gvar: f for gvar, f in (module.functions.items() if module is not None else ()) if gvar.name_hint != "main"}
+        )
+        return cls(func, bindings, tuple(op_bindings), graph, tuple(producers), users, definer, others)
+
+    def builder(self) -> relax.BlockBuilder:
+        """A BlockBuilder over the functions ``main`` calls, so cut-out groups keep what they call."""
+        return relax.BlockBuilder(tvm.IRModule(dict(self.others.functions.items())))
 
     def call(self, node: int):
         return self.bindings[self.op_bindings[node]].value
@@ -114,8 +123,11 @@ class RelaxGraph:
         return bb.get()["main"], region
 
     def standalone_module(self, nodes: Iterable[int]) -> tvm.IRModule:
+        """The group as a module's ``main``, with the functions it calls."""
         func, _ = self.region_function(nodes)
-        return tvm.IRModule({"main": func})
+        bb = self.builder()
+        bb.add_func(func, "main")
+        return relax.transform.DeadCodeElimination(["main"])(bb.get())
 
 
 def _defined_free_vars(expr, definer):

@@ -64,7 +64,7 @@ def _measure_candidate(state, request):
     if cost is None and errors:
         return {"cost": Cost.invalid("; ".join(errors)).to_json()}
     if cost is None:
-        graph = RelaxGraph.from_function(mod["main"])
+        graph = RelaxGraph.from_function(mod["main"], mod)
         whole = Candidate(backend.name, request["pattern"], range(len(graph.graph)), key="")
         placed = partition_module(graph, [whole])
         executable, _ = _build(state, placed, target)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -16,7 +17,7 @@ from collage_core.candidates import enumerate_candidates
 from collage_core.model_import import load_model
 from collage_core.partition import PartitionError, partition_module
 from collage_core.plugins import get_plugin_manager
-from collage_core.records import Cost
+from collage_core.records import Candidate, Cost
 from collage_core.relax_graph import RelaxGraph
 from collage_core.search import search_op_level
 from collage_core.verify import compare_outputs
@@ -168,3 +169,29 @@ def test_operator_left_out_is_refused_naming_it(resnet_graph, tvm_candidates):
     parts = [c for c in singletons(tvm_candidates) if c.nodes != {7}]
     with pytest.raises(PartitionError, match=r"operator 7 \(relax.add\) is not placed"):
         partition_module(resnet_graph, parts)
+
+
+def test_groups_keep_the_primfuncs_their_call_tir_calls():
+    """TVM's ONNX importer emits some operators (Clip with inputs) as call_tir of a PrimFunc."""
+    from tvm import topi
+
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            clipped = bb.emit_te(topi.maximum, x, 0.0)
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(clipped, x)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    graph = RelaxGraph.from_function(mod["main"], mod)
+    assert graph.graph.ops[0] == "relax.call_tir"
+    standalone = graph.standalone_module([0])
+    assert sorted(gv.name_hint for gv in standalone.functions.keys()) == ["main", "maximum"]
+
+    pm = get_plugin_manager()
+    backends = {name: info.backend for name, info in discover_backends(pm).items() if name == "tvm"}
+    parts = [Candidate("tvm", "tvm.op", [node], f"k{node}") for node in range(len(graph.graph))]
+    executable = build(pm, partition_module(graph, parts), backends, tvm_compat.host_cpu_target())
+    data = np.random.default_rng(0).uniform(-1, 1, size=(2, 8)).astype("float32")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    np.testing.assert_allclose(got, np.maximum(np.maximum(data, 0) + data, 0), rtol=1e-6, atol=1e-6)
