@@ -23,7 +23,6 @@ from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build import build, partitions_by_backend
 from collage_core.candidates import enumerate_candidates
 from collage_core.partition import partition_module
-from collage_core.plugins import get_plugin_manager
 from collage_core.records import GRAPH_LEVEL
 from collage_core.relax_graph import RelaxGraph
 from collage_onnxruntime import hooks, relax_to_onnx, runtime, support
@@ -42,16 +41,6 @@ PROJECTION = RNG.uniform(-0.3, 0.3, size=(HIDDEN, HIDDEN)).astype(F)
 PROJECTION_BIAS = RNG.uniform(-1, 1, size=(HIDDEN,)).astype(F)
 GAMMA = RNG.uniform(0.5, 1.5, size=(HIDDEN,)).astype(F)
 BETA = RNG.uniform(-0.5, 0.5, size=(HIDDEN,)).astype(F)
-
-
-@pytest.fixture(scope="module")
-def pm():
-    return get_plugin_manager()
-
-
-@pytest.fixture(scope="module")
-def backends(pm):
-    return {name: info.backend for name, info in discover_backends(pm).items()}
 
 
 def module(make, *specs) -> tvm.IRModule:

@@ -21,7 +21,6 @@ from collage_core.build import build
 from collage_core.candidates import enumerate_candidates
 from collage_core.model_import import load_model
 from collage_core.partition import partition_module
-from collage_core.plugins import get_plugin_manager
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings
 from collage_core.two_level import TwoLevelSettings
@@ -30,16 +29,6 @@ MODELS = Path(__file__).resolve().parents[3] / "models"
 TARGET = tvm_compat.host_cpu_target()
 DEVICE = tvm.cpu(0)
 RTOL, ATOL = 1e-5, 1e-5
-
-
-@pytest.fixture(scope="module")
-def pm():
-    return get_plugin_manager()
-
-
-@pytest.fixture(scope="module")
-def backends(pm):
-    return {name: info.backend for name, info in discover_backends(pm).items()}
 
 
 @pytest.mark.parametrize("name", ["tiny_resnet", "tiny_bert"])
