@@ -19,7 +19,7 @@ from tvm import relax
 
 import collage_onnxruntime
 from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.backends import contribute_patterns
 from collage_core.build import build, partitions_by_backend
 from collage_core.candidates import enumerate_candidates
 from collage_core.partition import partition_module

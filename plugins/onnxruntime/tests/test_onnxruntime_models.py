@@ -16,7 +16,7 @@ from tvm import relax
 
 import collage_core
 from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.backends import contribute_patterns
 from collage_core.build import build
 from collage_core.candidates import enumerate_candidates
 from collage_core.model_import import load_model
