@@ -131,9 +131,9 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
         if generation - improved_at >= settings.patience:
             break
     if best["parts"] is None:
-        parts = decode(graph, groups, seed_genomes(groups)[0])
-        return TwoLevelResult(tuple(parts), Cost.invalid("no placement could be measured"), seed_genomes(groups)[0],
-                              counts["measured"], counts["evaluated"], generation, time.perf_counter() - started)
+        op_level = tuple(seeds[0])
+        best.update(cost=Cost.invalid("no placement could be measured"), parts=tuple(decode(graph, groups, op_level)),
+                    genome=op_level)
     return TwoLevelResult(best["parts"], best["cost"], best["genome"], counts["measured"], counts["evaluated"],
                           generation, time.perf_counter() - started)
 

@@ -125,3 +125,11 @@ def test_search_stops_after_generations_without_improvement():
         graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=50, patience=2)
     )
     assert result.generations < 50
+
+
+def test_nothing_measurable_falls_back_to_the_op_level_placement():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    result = search_two_level(graph, groups, lambda parts: Cost.invalid("build failed"), TwoLevelSettings(population=4, generations=1))
+    assert not result.latency.is_measured and result.genome == (KEEP,) * 8
+    assert [p.backend for p in result.parts] == ["tvm"] * 8
