@@ -221,8 +221,12 @@ class _Job:
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
         return placement
 
+    def op_level_candidates(self, candidates) -> list[Candidate]:
+        """Candidates whose costs add up; graph-level ones are judged end to end by the two-level search."""
+        return [c for c in candidates if self.backends[c.backend].kind == OP_LEVEL]
+
     def measure(self, candidates, db) -> MeasurementReport:
-        op_level = [c for c in candidates if self.backends[c.backend].kind == OP_LEVEL]
+        op_level = self.op_level_candidates(candidates)
         report = measure_candidates(
             self.graph, op_level, self.backends, self.target, db, self.settings, self.plugin_modules, self.disabled,
             self.show_progress,
@@ -234,7 +238,7 @@ class _Job:
         return report
 
     def op_level_search(self, candidates, costs) -> list[Partition]:
-        op_level = [c for c in candidates if self.backends[c.backend].kind == OP_LEVEL]
+        op_level = self.op_level_candidates(candidates)
         if not op_level:
             raise CollageError("no op-level backend selected: one (such as tvm) must cover what graph-level backends do not")
         started = time.perf_counter()
