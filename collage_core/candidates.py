@@ -31,8 +31,14 @@ def enumerate_candidates(graph: RelaxGraph, patterns: Sequence[Pattern]) -> list
                 continue
             if not graph.graph.is_convex(nodes):
                 continue
-            if pattern.check is not None and not _check(pattern, PatternMatch(pattern, calls, matched)):
+            try:
+                region = graph.region(nodes)
+            except RegionError:
                 continue
+            if pattern.check is not None:
+                bound_vars = tuple(graph.bindings[graph.op_bindings[node]].var for node in sorted(nodes))
+                if not _check(pattern, PatternMatch(pattern, calls, matched, bound_vars, region.outputs)):
+                    continue
             try:
                 standalone = graph.standalone_module(nodes)
             except RegionError:

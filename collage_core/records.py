@@ -59,11 +59,17 @@ class Pattern:
 
 @attrs.frozen
 class PatternMatch:
-    """What a pattern's check sees: the matched Relax calls (root last) and the dpl's bindings."""
+    """What a pattern's check sees: the matched Relax calls (root last) and the dpl's bindings.
+
+    ``bound_vars[i]`` is the variable ``calls[i]`` is bound to, so a check can tell which call
+    produced an argument; ``outputs`` are the variables of the group read after it.
+    """
 
     pattern: Pattern
     calls: tuple = attrs.field(eq=False)
     matched: dict = attrs.field(eq=False, factory=dict)
+    bound_vars: tuple = attrs.field(eq=False, factory=tuple)
+    outputs: tuple = attrs.field(eq=False, factory=tuple)
 
     @property
     def root(self):

@@ -126,6 +126,10 @@ def constant_array(expr):
     return None
 
 
+def is_constant(expr) -> bool:
+    return constant_array(expr) is not None
+
+
 def scalar_constant(expr):
     """The number an ``IntImm``/``FloatImm`` argument holds (``R.clip``'s bounds), or None.
 

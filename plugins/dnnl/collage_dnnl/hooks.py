@@ -1,0 +1,65 @@
+"""oneDNN (DNNL) as a Collage op-level backend on the CPU.
+
+Each partition becomes one call of ``collage_dnnl.run``, a C++ function compiled against
+oneDNN's API (``runtime/collage_dnnl.cc``) that creates the partition's primitive once and then
+runs it on the VM's tensors in place; no Python runs on that path.
+"""
+
+from __future__ import annotations
+
+from collage_core.hookspecs import hookimpl
+from collage_core.records import OP_LEVEL, Availability, Backend
+from collage_dnnl import library, lowering, patterns
+
+BACKEND = patterns.BACKEND
+
+
+def _onednn_version() -> str:
+    try:
+        return library.find_onednn().version
+    except library.OneDNNUnavailable:
+        return "not installed"
+
+
+@hookimpl
+def collage_register_backends(register):
+    register(
+        Backend(
+            name=BACKEND,
+            kind=OP_LEVEL,
+            device_kinds=("cpu",),
+            version=f"onednn-{_onednn_version()}+kernels-{library.SOURCE_DIGEST}",
+            description="oneDNN primitives (convolution, matmul, pooling, softmax, layer norm) with fused post-ops",
+        )
+    )
+
+
+@hookimpl
+def collage_check_availability(backend):
+    if backend.name != BACKEND:
+        return None
+    try:
+        library.load()
+    except library.OneDNNUnavailable as unavailable:
+        return Availability.no(str(unavailable))
+    return Availability.yes()
+
+
+@hookimpl
+def collage_contribute_patterns(backend, target):
+    if backend.name != BACKEND:
+        return None
+    if target.kind.name not in ("llvm", "c"):
+        return []
+    return patterns.patterns()
+
+
+@hookimpl
+def collage_lower_partitions(backend, mod, function_names, target):
+    if backend.name != BACKEND:
+        return None
+    lowered = mod.clone()
+    for name in function_names:
+        gvar = lowered.get_global_var(name)
+        lowered.update_func(gvar, lowering.lower_function(lowered[gvar], name))
+    return lowered

@@ -1,0 +1,159 @@
+"""Finding oneDNN, building the plugin's kernel library against it once, and loading it.
+
+The kernels (``runtime/collage_dnnl.cc``) are C++ against oneDNN's API. They are compiled on
+first use into ``$COLLAGE_CACHE_DIR/dnnl/<digest>/libcollage_dnnl.so`` (default cache
+``~/.cache/collage``), where the digest covers the source, the compiler flags and the versions
+of oneDNN and TVM FFI, so a changed input builds a new library and never reuses a stale one.
+Loading the library registers ``collage_dnnl.run`` and ``collage_dnnl.pack_weights`` with TVM FFI.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+SOURCE = Path(__file__).parent / "runtime" / "collage_dnnl.cc"
+INSTALL_HINT = "apt-get install libdnnl-dev g++"
+SUPPORTED_MAJOR = 2  # the kernels use oneDNN 2.x's operation-descriptor API (Debian's libdnnl-dev 2.6)
+HEADER = Path("oneapi") / "dnnl" / "dnnl.hpp"
+CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
+# Part of the backend's version, so costs measured with other kernels are never reused.
+SOURCE_DIGEST = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
+class OneDNNUnavailable(RuntimeError):
+    """oneDNN, a C++ compiler or the built library is missing; the message says how to fix it."""
+
+
+@attrs.frozen
+class OneDNN:
+    include_dir: Path
+    library_dir: Path
+    version: str
+    threading: str
+
+
+def _roots() -> list[Path]:
+    roots = [Path(os.environ["COLLAGE_DNNL_ROOT"])] if os.environ.get("COLLAGE_DNNL_ROOT") else []
+    return roots + [Path("/usr"), Path("/usr/local"), Path(sys.prefix)]
+
+
+def _library_dirs(root: Path) -> list[Path]:
+    return [root / "lib" / "x86_64-linux-gnu", root / "lib64", root / "lib"]
+
+
+def _header_define(text: str, name: str) -> Optional[str]:
+    found = re.search(rf"#define\s+{name}\s+(\S+)", text)
+    return found.group(1) if found else None
+
+
+def find_onednn() -> OneDNN:
+    """The first oneDNN 2.x with headers and a shared library, or :class:`OneDNNUnavailable`."""
+    problems = []
+    for root in _roots():
+        include_dir = root / "include"
+        if not (include_dir / HEADER).is_file():
+            continue
+        version_header = (include_dir / "oneapi" / "dnnl" / "dnnl_version.h").read_text()
+        config_header = (include_dir / "oneapi" / "dnnl" / "dnnl_config.h").read_text()
+        major, minor, patch = (_header_define(version_header, f"DNNL_VERSION_{part}") for part in ("MAJOR", "MINOR", "PATCH"))
+        version = f"{major}.{minor}.{patch}"
+        if major != str(SUPPORTED_MAJOR):
+            problems.append(f"oneDNN {version} at {include_dir} (this plugin needs {SUPPORTED_MAJOR}.x)")
+            continue
+        if _header_define(config_header, "DNNL_CPU_RUNTIME") == "DNNL_RUNTIME_SYCL":
+            problems.append(f"oneDNN {version} at {include_dir} runs the CPU through SYCL (this plugin needs OpenMP or TBB)")
+            continue
+        library_dir = next((d for d in _library_dirs(root) if (d / "libdnnl.so").exists()), None)
+        if library_dir is None:
+            problems.append(f"oneDNN headers at {include_dir} but no libdnnl.so beside them")
+            continue
+        threading = (_header_define(config_header, "DNNL_CPU_THREADING_RUNTIME") or "unknown").replace("DNNL_RUNTIME_", "")
+        return OneDNN(include_dir, library_dir, version, threading)
+    found = f" (found {'; '.join(problems)})" if problems else ""
+    raise OneDNNUnavailable(f"oneDNN {SUPPORTED_MAJOR}.x headers and library not found{found}: {INSTALL_HINT}")
+
+
+def _compiler() -> str:
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise OneDNNUnavailable(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) to build the oneDNN kernels: {INSTALL_HINT}")
+    return compiler
+
+
+def _tvm_ffi_paths() -> tuple[Path, Path, str]:
+    import tvm_ffi
+    from tvm_ffi import libinfo
+
+    return Path(libinfo.find_include_path()), Path(libinfo.find_libtvm_ffi()).parent, tvm_ffi.__version__
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("COLLAGE_CACHE_DIR") or Path.home() / ".cache" / "collage") / "dnnl"
+
+
+def build_command(onednn: OneDNN, output: Path) -> list[str]:
+    ffi_include, ffi_lib, _ = _tvm_ffi_paths()
+    return [
+        _compiler(), *CXXFLAGS, str(SOURCE), f"-I{onednn.include_dir}", f"-I{ffi_include}", f"-L{onednn.library_dir}",
+        f"-L{ffi_lib}", "-ldnnl", "-ltvm_ffi", f"-Wl,-rpath,{onednn.library_dir}", f"-Wl,-rpath,{ffi_lib}", "-o", str(output),
+    ]
+
+
+def library_path(onednn: OneDNN) -> Path:
+    """Where the library for this source, oneDNN and TVM FFI lives (built or not)."""
+    _, _, ffi_version = _tvm_ffi_paths()
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CXXFLAGS).encode(), onednn.version.encode(), str(onednn.include_dir).encode(), ffi_version.encode()):
+        digest.update(part)
+    return cache_dir() / digest.hexdigest()[:16] / "libcollage_dnnl.so"
+
+
+def build(onednn: OneDNN) -> Path:
+    """The built kernel library, compiling it unless this exact build exists (one process builds, others wait)."""
+    path = library_path(onednn)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return path
+        with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+            partial = Path(scratch) / path.name
+            result = subprocess.run(build_command(onednn, partial), capture_output=True, text=True)
+            if result.returncode != 0:
+                last = [line for line in result.stderr.splitlines() if "error" in line][:1] or result.stderr.splitlines()[-1:]
+                raise OneDNNUnavailable(f"building {SOURCE.name} against oneDNN {onednn.version} failed: {' '.join(last)}")
+            os.replace(partial, path)
+    return path
+
+
+def configure_threads() -> None:
+    """oneDNN's OpenMP threads sleep when idle instead of spinning (set before libgomp starts).
+
+    TVM's and ONNX Runtime's kernels run on the same cores between oneDNN's; spinning OpenMP
+    workers would take those cores from them. A user's own setting wins.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Path:
+    """Build (if needed) and load the kernel library into this process; its path."""
+    path = build(find_onednn())
+    configure_threads()
+    ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    return path
