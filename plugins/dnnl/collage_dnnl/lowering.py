@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import attrs
 import numpy as np
 import tvm
 from tvm import relax
@@ -11,23 +14,56 @@ from collage_dnnl import library, specs
 
 RUN_FUNCTION = "collage_dnnl.run"
 PACK_FUNCTION = "collage_dnnl.pack_weights"
+LAYOUT_TRIALS = 8  # runs per convolution layout at build time; the first creates the primitive
 
 
 def _with_packed_weights(spec: specs.KernelSpec) -> specs.KernelSpec:
-    """The spec completed with the layout oneDNN prefers here, and the weights reordered into it."""
+    """The spec completed with the layout oneDNN prefers here, and the weights reordered into it.
+
+    The spec's last word is 0 (no stored layout); it becomes 1 followed by the descriptor.
+    """
     weights = spec.operands[spec.packed_operand]
     cpu = tvm.cpu(0)
-    blob = tvm.get_global_func(PACK_FUNCTION)(
-        tvm_compat.to_tensor(spec.array(), cpu), tvm_compat.to_tensor(tvm_compat.constant_array(weights), cpu)
+    blob = bytes(
+        tvm.get_global_func(PACK_FUNCTION)(
+            tvm_compat.to_tensor(spec.array(), cpu), tvm_compat.to_tensor(tvm_compat.constant_array(weights), cpu)
+        )
     )
     descriptor_bytes = int(tvm.get_global_func("collage_dnnl.descriptor_words")()) * 8
-    data = bytes(blob)
-    descriptor = np.frombuffer(data[:descriptor_bytes], dtype=np.int64)
-    packed = np.frombuffer(data[descriptor_bytes:], dtype=np.float32).copy()
-    words = (*spec.words[:-1], 1, *descriptor.tolist())
+    descriptor = np.frombuffer(blob[:descriptor_bytes], dtype=np.int64)
+    packed = np.frombuffer(blob[descriptor_bytes:], dtype=np.float32).copy()
     operands = list(spec.operands)
     operands[spec.packed_operand] = relax.const(packed, "float32")
-    return specs.KernelSpec(words, tuple(operands))
+    return specs.KernelSpec((*spec.words[:-1], 1, *descriptor.tolist()), tuple(operands))
+
+
+def _seconds_per_run(spec: specs.KernelSpec, output_shape) -> float:
+    """The fastest of a few runs of the kernel on random data (constants as they are)."""
+    cpu, rng = tvm.cpu(0), np.random.default_rng(0)
+    tensors = [tvm_compat.to_tensor(spec.array(), cpu)]
+    for operand in spec.operands:
+        value = tvm_compat.constant_array(operand)
+        if value is None:
+            value = rng.uniform(-1, 1, size=tvm_compat.tensor_shape_dtype(operand)[0]).astype(np.float32)
+        tensors.append(tvm_compat.to_tensor(value, cpu))
+    tensors.append(tvm_compat.to_tensor(np.zeros(output_shape, np.float32), cpu))
+    run = tvm.get_global_func(RUN_FUNCTION)
+    best = float("inf")
+    for _ in range(LAYOUT_TRIALS):
+        started = time.perf_counter()
+        run(*tensors)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _with_fastest_layout(spec: specs.KernelSpec, output_shape) -> specs.KernelSpec:
+    """A convolution in whichever activation layout runs faster on this CPU, weights packed for it."""
+    layout_word = len(spec.words) - 2
+    variants = [
+        _with_packed_weights(attrs.evolve(spec, words=(*spec.words[:layout_word], layout, 0)))
+        for layout in (specs.PLAIN_ACTIVATIONS, specs.BLOCKED_ACTIVATIONS)
+    ]
+    return min(variants, key=lambda variant: _seconds_per_run(variant, output_shape))
 
 
 def lower_function(func: relax.Function, name: str) -> relax.Function:
@@ -38,7 +74,7 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
     except specs.Refused as refused:
         raise ValueError(f"DNNL partition {name}: {refused}") from None
     if spec.packed_operand is not None:
-        spec = _with_packed_weights(spec)
+        spec = _with_fastest_layout(spec, tvm_compat.tensor_shape_dtype(func.body.body)[0])
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
     mapping = dict(zip(func.params, params))
     operands = [mapping.get(operand, operand) for operand in spec.operands]

@@ -21,6 +21,7 @@ SPEC_VERSION = 1
 CONV2D, MATMUL, POOL2D, SOFTMAX, LAYER_NORM = 1, 2, 3, 4, 5
 NO_ELTWISE, RELU, GELU_ERF = 0, 1, 2
 MAX, AVG_INCLUDE_PAD, AVG_EXCLUDE_PAD = 0, 1, 2
+PLAIN_ACTIVATIONS, BLOCKED_ACTIVATIONS = 0, 1  # convolution layouts; the build times both and keeps the faster
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.softmax", "relax.nn.layer_norm")
 FLOAT32 = "float32"
 SQRT2 = math.sqrt(2.0)
@@ -267,7 +268,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     words = (
         CONV2D, n, c, h, w, o, kh, kw, groups, oh, ow, *_ints(attrs_.strides), *_ints(attrs_.dilation),
         *_padding(attrs_.padding), int(epilogue.bias is not None), int(epilogue.residual is not None),
-        int(epilogue.eltwise == RELU), 0,
+        int(epilogue.eltwise == RELU), BLOCKED_ACTIVATIONS, 0,
     )
     return KernelSpec(words, tuple(operands), packed_operand=1)
 

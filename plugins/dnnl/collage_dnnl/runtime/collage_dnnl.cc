@@ -20,6 +20,7 @@
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,7 @@ constexpr int64_t kSpecVersion = 1;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2, kPool2d = 3, kSoftmax = 4, kLayerNorm = 5 };
 enum Eltwise : int64_t { kNoEltwise = 0, kRelu = 1, kGeluErf = 2 };
 enum PoolAlgorithm : int64_t { kMax = 0, kAvgIncludePad = 1, kAvgExcludePad = 2 };
+enum ConvLayout : int64_t { kPlainActivations = 0, kBlockedActivations = 1 };
 constexpr size_t kMaxKernels = 4096;
 constexpr int64_t kDescWords = (sizeof(dnnl_memory_desc_t) + sizeof(int64_t) - 1) / sizeof(int64_t);
 
@@ -131,10 +133,46 @@ class Kernel {
   // Operands then outputs, as the VM passes them after the spec.
   virtual size_t Arity() const = 0;
   virtual void Run(DLTensor** tensors) = 0;
+  // oneDNN's name for the implementation it chose (e.g. "jit:avx512_core", "gemm:jit", "ref:any").
+  virtual std::string Implementation() const = 0;
 };
 
+// Scratch memory for activations in oneDNN's blocked layouts, reused call after call by one thread.
+class Scratch {
+ public:
+  void* Get(int slot, size_t bytes) {
+    Buffer& buffer = buffers_[slot];
+    if (buffer.bytes < bytes) {
+      buffer.data.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+      if (!buffer.data) Fail("out of memory for " + std::to_string(bytes) + " bytes of scratch");
+      buffer.bytes = bytes;
+    }
+    return buffer.data.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(char* data) const { std::free(data); }
+  };
+  struct Buffer {
+    std::unique_ptr<char, Free> data;
+    size_t bytes = 0;
+  };
+  Buffer buffers_[2];
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 // conv2d (NCHW data, OIHW weights, any groups) + bias + residual add + ReLU, in that order.
-// Spec: N C H W O KH KW groups OH OW stride(2) dilation(2) padding(t l b r) bias residual relu [weights desc]
+// Two layouts, named in the spec: kPlainActivations runs on NCHW data and output as they are
+// (oneDNN's GEMM convolution, often faster for 1x1 kernels); kBlockedActivations lets oneDNN
+// pick the data and output layouts too (blocked ones on AVX-512) and reorders around the
+// convolution. Either way oneDNN picks the weights' layout, and a residual is added by placing
+// it in the output buffer first (oneDNN's sum post-op), which its fast kernels fuse.
+// Spec: N C H W O KH KW groups OH OW stride(2) dilation(2) padding(t l b r) bias residual relu layout [weights desc]
 class Conv2d : public Kernel {
  public:
   explicit Conv2d(SpecReader& spec) {
@@ -144,30 +182,50 @@ class Conv2d : public Kernel {
     has_bias_ = spec.Int() != 0;
     has_residual_ = spec.Int() != 0;
     bool relu = spec.Int() != 0;
+    int64_t layout = spec.Int();
+    if (layout != kPlainActivations && layout != kBlockedActivations) Fail("unknown convolution layout");
     if (groups < 1 || c % groups != 0 || o % groups != 0) Fail("channels not divisible by groups");
     memory::dims weights = groups == 1 ? memory::dims{o, c, kh, kw} : memory::dims{groups, o / groups, c / groups, kh, kw};
     src_ = Plain({n, c, h, w});
     dst_ = Plain({n, o, oh, ow});
     plain_weights_ = Plain(weights);
     bias_ = has_bias_ ? Plain({o}) : memory::desc();
+    dnnl::post_ops post_ops;
+    if (has_residual_) post_ops.append_sum(1.f);
+    if (relu) post_ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
-    attr.set_post_ops(PostOps(has_residual_, dst_, relu ? kRelu : kNoEltwise, 1.0));
-    dnnl::convolution_forward::desc desc(
-        prop_kind::forward_inference, algorithm::convolution_direct, src_, memory::desc(weights, memory::data_type::f32, memory::format_tag::any), bias_, dst_, strides,
-        {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]}, {padding[2], padding[3]});
+    attr.set_post_ops(post_ops);
+    auto any = [](const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, memory::format_tag::any); };
+    bool blocked = layout == kBlockedActivations;
+    dnnl::convolution_forward::desc desc(prop_kind::forward_inference, algorithm::convolution_direct,
+                                         blocked ? any({n, c, h, w}) : src_, any(weights), bias_,
+                                         blocked ? any({n, o, oh, ow}) : dst_, strides, {dilation[0] - 1, dilation[1] - 1},
+                                         {padding[0], padding[1]}, {padding[2], padding[3]});
     pd_ = dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
     primitive_ = dnnl::convolution_forward(pd_);
     if (!spec.Desc(&given_weights_)) given_weights_ = plain_weights_;
     spec.ExpectEnd();
-    if (given_weights_ != pd_.weights_desc()) repack_ = dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), given_weights_, Engine(), pd_.weights_desc()));
+    if (given_weights_ != pd_.weights_desc()) repack_ = Reorder(given_weights_, pd_.weights_desc());
+    if (pd_.src_desc() != src_) src_in_ = Reorder(src_, pd_.src_desc());
+    if (pd_.dst_desc() != dst_) {
+      dst_out_ = Reorder(pd_.dst_desc(), dst_);
+      if (has_residual_) residual_in_ = Reorder(dst_, pd_.dst_desc());
+    }
   }
 
   size_t Arity() const override { return 3 + has_bias_ + has_residual_; }
+  std::string Implementation() const override { return pd_.impl_info_str(); }
 
   void Run(DLTensor** tensors) override {
     size_t at = 0;
     std::unordered_map<int, memory> args;
-    args[DNNL_ARG_SRC] = Wrap(src_, tensors[at++], "conv2d data");
+    memory src = Wrap(src_, tensors[at++], "conv2d data");
+    if (src_in_) {
+      memory blocked(pd_.src_desc(), Engine(), ThreadScratch().Get(0, pd_.src_desc().get_size()));
+      src_in_.execute(Stream(), src, blocked);
+      src = blocked;
+    }
+    args[DNNL_ARG_SRC] = src;
     memory given = Wrap(given_weights_, tensors[at++], "conv2d weights");
     if (repack_) {
       memory repacked(pd_.weights_desc(), Engine());
@@ -177,9 +235,20 @@ class Conv2d : public Kernel {
       args[DNNL_ARG_WEIGHTS] = given;
     }
     if (has_bias_) args[DNNL_ARG_BIAS] = Wrap(bias_, tensors[at++], "conv2d bias");
-    if (has_residual_) args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] = Wrap(dst_, tensors[at++], "residual");
-    args[DNNL_ARG_DST] = Wrap(dst_, tensors[at++], "conv2d output");
+    DLTensor* residual = has_residual_ ? tensors[at++] : nullptr;
+    memory out = Wrap(dst_, tensors[at++], "conv2d output");
+    memory dst = dst_out_ ? memory(pd_.dst_desc(), Engine(), ThreadScratch().Get(1, pd_.dst_desc().get_size())) : out;
+    if (residual != nullptr) {
+      memory added = Wrap(dst_, residual, "residual");
+      if (residual_in_) {
+        residual_in_.execute(Stream(), added, dst);
+      } else if (added.get_data_handle() != dst.get_data_handle()) {
+        std::memcpy(dst.get_data_handle(), added.get_data_handle(), dst_.get_size());
+      }
+    }
+    args[DNNL_ARG_DST] = dst;
     primitive_.execute(Stream(), args);
+    if (dst_out_) dst_out_.execute(Stream(), dst, out);
     Stream().wait();
   }
 
@@ -197,11 +266,15 @@ class Conv2d : public Kernel {
   }
 
  private:
+  static dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
+    return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
+  }
+
   bool has_bias_, has_residual_;
   memory::desc src_, dst_, bias_, plain_weights_, given_weights_;
   dnnl::convolution_forward::primitive_desc pd_;
   dnnl::primitive primitive_;
-  dnnl::reorder repack_;
+  dnnl::reorder repack_, src_in_, dst_out_, residual_in_;
 };
 
 // matmul with any strides on its operands (transposes absorbed), optional bias, scale, residual, activation.
@@ -225,10 +298,12 @@ class Matmul : public Kernel {
     dnnl::primitive_attr attr;
     attr.set_post_ops(PostOps(has_residual_, dst_, eltwise, scale));
     dnnl::matmul::desc desc(src_, weights_, bias_, dst_);
-    primitive_ = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, Engine()));
+    pd_ = dnnl::matmul::primitive_desc(desc, attr, Engine());
+    primitive_ = dnnl::matmul(pd_);
   }
 
   size_t Arity() const override { return 3 + has_bias_ + has_residual_; }
+  std::string Implementation() const override { return pd_.impl_info_str(); }
 
   void Run(DLTensor** tensors) override {
     size_t at = 0;
@@ -245,6 +320,7 @@ class Matmul : public Kernel {
  private:
   bool has_bias_, has_residual_;
   memory::desc src_, weights_, bias_, dst_;
+  dnnl::matmul::primitive_desc pd_;
   dnnl::primitive primitive_;
 };
 
@@ -264,9 +340,11 @@ class Pool2d : public Kernel {
     dst_ = Plain({src_dims[0], src_dims[1], oh, ow});
     dnnl::pooling_v2_forward::desc desc(prop_kind::forward_inference, alg, src_, dst_, strides, kernel,
                                         {dilation[0] - 1, dilation[1] - 1}, {padding[0], padding[1]}, {padding[2], padding[3]});
-    primitive_ = dnnl::pooling_v2_forward(dnnl::pooling_v2_forward::primitive_desc(desc, Engine()));
+    pd_ = dnnl::pooling_v2_forward::primitive_desc(desc, Engine());
+    primitive_ = dnnl::pooling_v2_forward(pd_);
   }
   size_t Arity() const override { return 2; }
+  std::string Implementation() const override { return pd_.impl_info_str(); }
   void Run(DLTensor** tensors) override {
     primitive_.execute(Stream(), {{DNNL_ARG_SRC, Wrap(src_, tensors[0], "pooling data")},
                                   {DNNL_ARG_DST, Wrap(dst_, tensors[1], "pooling output")}});
@@ -275,6 +353,7 @@ class Pool2d : public Kernel {
 
  private:
   memory::desc src_, dst_;
+  dnnl::pooling_v2_forward::primitive_desc pd_;
   dnnl::primitive primitive_;
 };
 
@@ -287,9 +366,11 @@ class Softmax : public Kernel {
     int axis = static_cast<int>(spec.Int());
     spec.ExpectEnd();
     dnnl::softmax_forward::desc desc(prop_kind::forward_inference, data_, axis);
-    primitive_ = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(desc, Engine()));
+    pd_ = dnnl::softmax_forward::primitive_desc(desc, Engine());
+    primitive_ = dnnl::softmax_forward(pd_);
   }
   size_t Arity() const override { return 2; }
+  std::string Implementation() const override { return pd_.impl_info_str(); }
   void Run(DLTensor** tensors) override {
     primitive_.execute(Stream(), {{DNNL_ARG_SRC, Wrap(data_, tensors[0], "softmax data")},
                                   {DNNL_ARG_DST, Wrap(data_, tensors[1], "softmax output")}});
@@ -298,6 +379,7 @@ class Softmax : public Kernel {
 
  private:
   memory::desc data_;
+  dnnl::softmax_forward::primitive_desc pd_;
   dnnl::primitive primitive_;
 };
 
@@ -317,6 +399,7 @@ class LayerNorm : public Kernel {
     primitive_ = dnnl::layer_normalization_forward(pd_);
   }
   size_t Arity() const override { return 4; }
+  std::string Implementation() const override { return pd_.impl_info_str(); }
   void Run(DLTensor** tensors) override {
     memory mean(pd_.mean_desc(), Engine()), variance(pd_.variance_desc(), Engine());
     primitive_.execute(Stream(), {{DNNL_ARG_SRC, Wrap(data_, tensors[0], "layer_norm data")},
@@ -412,6 +495,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def_packed("collage_dnnl.run", collage_dnnl::RunPacked)
       .def("collage_dnnl.pack_weights", collage_dnnl::PackWeights)
+      .def("collage_dnnl.implementation",
+           [](DLTensor* spec) { return collage_dnnl::CreateKernel(collage_dnnl::SpecKey(spec))->Implementation(); })
       .def("collage_dnnl.kernel_count", []() { return static_cast<int64_t>(collage_dnnl::Kernels().Size()); })
       .def("collage_dnnl.descriptor_words", []() { return collage_dnnl::kDescWords; })
       .def("collage_dnnl.onednn_version", []() {
