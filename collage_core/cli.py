@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from collage_core.calibration import DEFAULT_ROUNDS
 from collage_core.errors import CollageError
 from collage_core.two_level import TwoLevelSettings
 
@@ -55,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="two-level: stop after this many generations without a faster placement")
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
+    optimize.add_argument(
+        "--calibration-rounds", type=int, default=DEFAULT_ROUNDS,
+        help="re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
+    )
     optimize.set_defaults(command=_optimize)
     return parser
 
@@ -89,6 +94,7 @@ def _optimize(args) -> int:
         cost_db=args.cost_db,
         output_dir=output,
         compare_backends=not args.no_compare,
+        calibration_rounds=args.calibration_rounds,
         search=args.search,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,

@@ -17,6 +17,7 @@ import numpy as np
 
 from collage_core import tvm_compat
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends
+from collage_core.calibration import DEFAULT_ROUNDS, calibrate, signature
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase, default_cost_db_path
 from collage_core.errors import CollageError
@@ -118,6 +119,7 @@ def optimize(
     output_dir: Optional[os.PathLike] = None,
     settings: MeasureSettings = MeasureSettings(),
     compare_backends: bool = True,
+    calibration_rounds: int = DEFAULT_ROUNDS,
     verify: bool = True,
     show_progress: bool = True,
 ) -> OptimizedModel:
@@ -128,6 +130,8 @@ def optimize(
     graph-level backend is selected). With ``placement`` (a placement file) nothing is measured:
     the file's placement is rebuilt. Measured costs are kept in ``cost_db`` (default: the user
     cache); with ``output_dir`` the best placement so far is saved there as the search goes.
+    ``calibration_rounds`` re-searches of the op-level placement with per-partition charges
+    measured end to end are tried (0: none; see :mod:`collage_core.calibration`).
     """
     say = _Narrator(show_progress)
     imported = load_model(model, example_inputs)
@@ -160,6 +164,7 @@ def optimize(
             started = time.perf_counter()
             parts = op_level_parts = job.op_level_search(candidates, measurement.costs)
             search_s = time.perf_counter() - started
+            parts = op_level_parts = job.calibrated_op_level(parts, candidates, measurement.costs, db, calibration_rounds)
             if search == TWO_LEVEL:
                 two_level_result = job.two_level_search(op_level_parts, candidates, db, two_level)
                 parts = list(two_level_result.parts)
@@ -253,23 +258,7 @@ class _Job:
         # Each placement is measured in a fresh worker: ONNX Runtime in a process where TVM kernels
         # (or other sessions) ran before measured 124 ms instead of 46 ms on ResNet-50.
         with ProgressBar(settings.generations, "two-level search", enabled=self.show_progress) as bar:
-            best = {"seconds": math.inf}
-
-            def evaluate(parts) -> Cost:
-                key = self._end_to_end_key(parts)
-                known = db.get_end_to_end(key)
-                if known is not None:
-                    best["seconds"] = min(best["seconds"], known.seconds)
-                    return known
-                cutoff = CUTOFF_FACTOR * best["seconds"] if math.isfinite(best["seconds"]) else None
-                try:
-                    _, cost = self.run_built(partition_module(self.graph, parts), None, cutoff_s=cutoff)
-                    best["seconds"] = min(best["seconds"], cost.seconds)
-                    self.say(f"  placement of {len(parts)} partitions: {_describe_cost(cost)}, best {best['seconds'] * 1e3:.3f} ms")
-                except CollageError as error:
-                    cost = Cost.invalid(str(error))
-                db.put_end_to_end(key, cost)
-                return cost
+            evaluate = self.end_to_end_evaluator(db)
 
             def on_best(parts, cost):
                 self.placement(parts, TWO_LEVEL).save(self.workdir / "placement.json")
@@ -283,6 +272,58 @@ class _Job:
             f"{result.measured} placements measured end to end ({result.evaluated} evaluated) in {result.seconds:.1f} s"
         )
         return result
+
+    def end_to_end_evaluator(self, db, cut_off: bool = True):
+        """A function measuring a placement end to end in a fresh worker, once per placement (kept in ``db``).
+
+        With ``cut_off``, a placement whose first run is CUTOFF_FACTOR times slower than the best so
+        far is not timed further.
+        """
+        best = {"seconds": math.inf}
+
+        def evaluate(parts) -> Cost:
+            key = self._end_to_end_key(parts)
+            known = db.get_end_to_end(key)
+            if known is not None:
+                best["seconds"] = min(best["seconds"], known.seconds)
+                return known
+            cutoff = CUTOFF_FACTOR * best["seconds"] if cut_off and math.isfinite(best["seconds"]) else None
+            try:
+                _, cost = self.run_built(partition_module(self.graph, parts), None, cutoff_s=cutoff)
+                best["seconds"] = min(best["seconds"], cost.seconds)
+                self.say(f"  placement of {len(parts)} partitions: {_describe_cost(cost)}, best {best['seconds'] * 1e3:.3f} ms")
+            except CollageError as error:
+                cost = Cost.invalid(str(error))
+            db.put_end_to_end(key, cost)
+            return cost
+
+        return evaluate
+
+    def calibrated_op_level(self, parts, candidates, costs, db, rounds: int) -> list[Partition]:
+        """The op-level placement re-searched with per-partition charges measured end to end (see calibration)."""
+        if rounds <= 0:
+            return parts
+        self.say("calibrating the op-level search end to end")
+        op_level = self.op_level_candidates(candidates)
+        alternatives = [
+            baseline
+            for info in self.chosen
+            if info.backend.kind == OP_LEVEL
+            for baseline in [_baseline_parts(self.graph, op_level, costs, info.name, self.backends)]
+            if baseline is not None
+        ]
+        evaluate = self.end_to_end_evaluator(db, cut_off=False)
+        result = calibrate(self.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives)
+        for number, step in enumerate(result.rounds):
+            self.say(
+                f"  round {number}: {step.partitions} partitions, candidates sum to {step.summed_s * 1e3:.3f} ms, "
+                f"end to end {_describe_cost(step.latency)}: {step.charge_per_partition_s * 1e6:.1f} us per partition unexplained"
+            )
+        if result.alternative:
+            self.say(f"'{result.alternative}' measured fastest end to end ({_describe_cost(result.latency)}): it is the placement")
+        elif signature(result.parts) != signature(parts):
+            self.say(f"calibrated op-level placement: {len(result.parts)} partitions, {_describe_cost(result.latency)}")
+        return list(result.parts)
 
     def _end_to_end_key(self, parts) -> str:
         versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
@@ -351,18 +392,18 @@ class _Job:
         self.say(f"building and measuring {UNPARTITIONED}")
         _, cost = self.run_built(self.imported.mod, None)
         results = [EndToEnd(UNPARTITIONED, cost, {"relax.build": len(self.graph.graph)})]
-        measured = {_parts_signature(parts): placement_cost}
+        measured = {signature(parts): placement_cost}
         for name, baseline_parts in built:
-            signature = _parts_signature(baseline_parts)
-            if signature in measured:
-                cost = measured[signature]
+            baseline_signature = signature(baseline_parts)
+            if baseline_signature in measured:
+                cost = measured[baseline_signature]
             else:
                 self.say(f"building and measuring {name}")
                 try:
                     _, cost = self.run_built(partition_module(self.graph, baseline_parts), None)
                 except CollageError as error:
                     cost = Cost.invalid(str(error))
-                measured[signature] = cost
+                measured[baseline_signature] = cost
             results.append(EndToEnd(name, cost, _operators_by_backend(baseline_parts)))
         return results
 
@@ -430,10 +471,6 @@ def _describe_cost(cost: Cost) -> str:
         return f"invalid ({cost.reason})"
     cut = " (cut off after one run)" if cost.repeats == 1 else ""
     return f"{cost.median_s * 1e3:.3f} ms{cut}"
-
-
-def _parts_signature(parts) -> tuple:
-    return tuple(sorted((p.backend, p.nodes) for p in parts))
 
 
 def _operators_by_backend(parts) -> dict:

@@ -141,19 +141,9 @@ def build(onednn: OneDNN) -> Path:
     return path
 
 
-def configure_threads() -> None:
-    """oneDNN's OpenMP threads sleep when idle instead of spinning (set before libgomp starts).
-
-    TVM's and ONNX Runtime's kernels run on the same cores between oneDNN's; spinning OpenMP
-    workers would take those cores from them. A user's own setting wins.
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 @functools.lru_cache(maxsize=None)
 def load() -> Path:
     """Build (if needed) and load the kernel library into this process; its path."""
     path = build(find_onednn())
-    configure_threads()
     ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     return path

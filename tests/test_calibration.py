@@ -1,0 +1,101 @@
+"""The op-level search calibrated end to end, on a deterministic end-to-end cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from collage_core.calibration import calibrate, charged, signature
+from collage_core.graph import OpGraph
+from collage_core.records import Candidate, Cost, Partition
+from collage_core.search import search_op_level
+
+# conv -> add -> relu, twice: each conv group can run fused (one "fused" candidate of three ops)
+# or as three single operators on "singles", which measure cheaper alone.
+GRAPH = OpGraph(ops=["conv", "add", "relu"] * 2, preds=[[], [0], [1], [2], [3], [4]])
+FUSED = [Candidate("fused", "fused.conv_add_relu", {0, 1, 2}, "f0"), Candidate("fused", "fused.conv_add_relu", {3, 4, 5}, "f1")]
+SINGLES = [Candidate("singles", "singles.op", {n}, f"s{n}") for n in range(6)]
+COSTS = {**{c.key: Cost.measured(3.0e-3, 0.0, 3) for c in FUSED}, **{c.key: Cost.measured(0.9e-3, 0.0, 3) for c in SINGLES}}
+PER_PARTITION_S = 0.5e-3
+
+
+class DeterministicEndToEnd:
+    """A deterministic cost model for testing calibration, never a default: a placement costs its
+    candidates' isolated costs, plus PER_PARTITION_S for every partition, plus ``hidden`` seconds
+    for every partition of the backend it names; it counts how often each placement is measured."""
+
+    def __init__(self, hidden: dict | None = None):
+        self.hidden = hidden or {}
+        self.calls: list[tuple] = []
+
+    def __call__(self, parts) -> Cost:
+        self.calls.append(signature(parts))
+        seconds = sum(p.cost.median_s + PER_PARTITION_S + self.hidden.get(p.backend, 0.0) for p in parts)
+        return Cost.measured(seconds, 0.0, 3)
+
+
+def searched(costs=COSTS):
+    chosen = search_op_level(GRAPH, FUSED + SINGLES, costs)
+    return [Partition.from_candidate(c, COSTS[c.key]) for c in chosen]
+
+
+def test_isolated_costs_prefer_single_operators():
+    assert {p.backend for p in searched()} == {"singles"}
+
+
+def test_per_partition_overhead_found_end_to_end_moves_the_search_to_fused_groups():
+    model = DeterministicEndToEnd()
+    result = calibrate(GRAPH, FUSED + SINGLES, COSTS, searched(), model)
+    assert {p.backend for p in result.parts} == {"fused"}
+    first, second = result.rounds
+    assert first.partitions == 6 and first.charge_per_partition_s == pytest.approx(PER_PARTITION_S)
+    assert second.partitions == 2 and result.latency.median_s == pytest.approx(2 * (3.0e-3 + PER_PARTITION_S))
+    assert len(model.calls) == len(set(model.calls)) == 2
+
+
+def test_a_re_searched_placement_that_measures_slower_is_not_kept():
+    model = DeterministicEndToEnd(hidden={"fused": 2.0e-3})
+    start = searched()
+    result = calibrate(GRAPH, FUSED + SINGLES, COSTS, start, model)
+    assert signature(result.parts) == signature(start)
+    assert len(result.rounds) == 2 and result.rounds[1].latency.median_s > result.latency.median_s
+
+
+def test_nothing_unexplained_means_no_second_measurement():
+    def exact(parts):
+        exact.calls += 1
+        return Cost.measured(sum(p.cost.median_s for p in parts), 0.0, 3)
+
+    exact.calls = 0
+    result = calibrate(GRAPH, FUSED + SINGLES, COSTS, searched(), exact, rounds=3)
+    assert exact.calls == 1 and result.rounds[0].charge_per_partition_s == 0.0
+
+
+def test_a_placement_that_cannot_be_measured_is_returned_as_it_is():
+    start = searched()
+    result = calibrate(GRAPH, FUSED + SINGLES, COSTS, start, lambda parts: Cost.invalid("build failed"))
+    assert signature(result.parts) == signature(start) and result.rounds == ()
+
+
+def test_zero_rounds_measures_once_and_changes_nothing():
+    model = DeterministicEndToEnd()
+    start = searched()
+    assert signature(calibrate(GRAPH, FUSED + SINGLES, COSTS, start, model, rounds=0).parts) == signature(start)
+    assert len(model.calls) == 1
+
+
+def test_charges_leave_invalid_costs_invalid():
+    costs = {"a": Cost.measured(1.0, 0.1, 3), "b": Cost.invalid("crashed")}
+    result = charged(costs, 0.5)
+    assert result["a"].median_s == 1.5 and not result["b"].is_measured
+
+
+def test_a_named_alternative_that_measures_faster_is_returned_with_its_name():
+    model = DeterministicEndToEnd(hidden={"fused": 2.0e-3})
+    only_singles_merged = [Partition("singles", "singles.op", [n], f"s{n}", COSTS[f"s{n}"]) for n in range(6)]
+    fused = [Partition.from_candidate(c, COSTS[c.key]) for c in FUSED]
+    result = calibrate(GRAPH, SINGLES, COSTS, only_singles_merged, model, alternatives=[("fused alone", fused)])
+    assert result.alternative == "" and signature(result.parts) == signature(only_singles_merged)
+    cheap = DeterministicEndToEnd(hidden={"singles": 1.0e-3})
+    result = calibrate(GRAPH, SINGLES, COSTS, only_singles_merged, cheap, rounds=0, alternatives=[("fused alone", fused)])
+    assert result.alternative == "fused alone" and signature(result.parts) == signature(fused)
+    assert len(cheap.calls) == 2
