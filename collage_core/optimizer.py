@@ -207,6 +207,8 @@ class _Job:
     inputs: list = attrs.field(init=False)
     plugin_modules: list = attrs.field(init=False)
     disabled: list = attrs.field(init=False)
+    # Placements measured end to end in full during this job (not cut off), by signature.
+    measured_end_to_end: dict = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self):
         self.inputs = self.imported.random_inputs()
@@ -291,6 +293,8 @@ class _Job:
             try:
                 _, cost = self.run_built(partition_module(self.graph, parts), None, cutoff_s=cutoff)
                 best["seconds"] = min(best["seconds"], cost.seconds)
+                if cost.repeats > 1:
+                    self.measured_end_to_end[signature(parts)] = cost
                 self.say(f"  placement of {len(parts)} partitions: {_describe_cost(cost)}, best {best['seconds'] * 1e3:.3f} ms")
             except CollageError as error:
                 cost = Cost.invalid(str(error))
@@ -312,7 +316,7 @@ class _Job:
             for baseline in [_baseline_parts(self.graph, op_level, costs, info.name, self.backends)]
             if baseline is not None
         ]
-        evaluate = self.end_to_end_evaluator(db, cut_off=False)
+        evaluate = self.end_to_end_evaluator(db)
         result = calibrate(self.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives)
         for number, step in enumerate(result.rounds):
             self.say(
@@ -392,7 +396,7 @@ class _Job:
         self.say(f"building and measuring {UNPARTITIONED}")
         _, cost = self.run_built(self.imported.mod, None)
         results = [EndToEnd(UNPARTITIONED, cost, {"relax.build": len(self.graph.graph)})]
-        measured = {signature(parts): placement_cost}
+        measured = {**self.measured_end_to_end, signature(parts): placement_cost}
         for name, baseline_parts in built:
             baseline_signature = signature(baseline_parts)
             if baseline_signature in measured:

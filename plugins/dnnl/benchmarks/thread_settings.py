@@ -4,9 +4,9 @@
 
 Builds three placements of one model: oneDNN wherever a DNNL pattern matches (TVM for the rest),
 all on TVM, and a mix that gives only every other DNNL-able group to oneDNN. Each is timed in a
-fresh process under three OpenMP wait policies: PASSIVE (idle threads sleep, the plugin's
-default), ACTIVE (they spin) and libgomp's own default (spin a while, then sleep). Prints a
-table; with the plugin's setting the mix should lie between its parts.
+fresh process under three OpenMP wait policies: libgomp's own default (spin a while, then
+sleep; what the plugin leaves in place), PASSIVE (idle threads sleep at once) and ACTIVE (they
+spin). Prints a table; with the plugin's setting the mix should lie between its parts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from collage_core.report import format_table
 
 ROOT = Path(__file__).resolve().parents[3]
-POLICIES = ("PASSIVE", "ACTIVE", "libgomp default")
+POLICIES = ("libgomp default", "PASSIVE", "ACTIVE")
 MEASURE = r"""
 import json, sys
 from collage_core import tvm_compat
@@ -66,8 +66,6 @@ def measure(model: Path, mix: str, policy: str) -> dict:
     env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     if policy != "libgomp default":
         env["OMP_WAIT_POLICY"] = policy
-    else:
-        env["OMP_WAIT_POLICY"] = ""  # set but empty: the plugin leaves it alone, libgomp ignores it
     result = subprocess.run([sys.executable, "-c", MEASURE, str(model), mix], capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{mix} / {policy}: {result.stderr.strip().splitlines()[-1]}")

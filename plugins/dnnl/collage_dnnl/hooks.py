@@ -7,11 +7,19 @@ runs it on the VM's tensors in place; no Python runs on that path.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from collage_core.hookspecs import hookimpl
 from collage_core.records import OP_LEVEL, Availability, Backend
-from collage_dnnl import library, lowering, patterns
+from collage_dnnl import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
+# What decides a measured cost besides oneDNN itself: the kernels, how specs are read, how
+# partitions are lowered. Part of the backend's version, so costs measured with other code are never reused.
+KERNELS_DIGEST = hashlib.sha256(
+    b"".join(path.read_bytes() for path in (library.SOURCE, Path(specs.__file__), Path(lowering.__file__)))
+).hexdigest()[:12]
 
 
 def _onednn_version() -> str:
@@ -28,7 +36,7 @@ def collage_register_backends(register):
             name=BACKEND,
             kind=OP_LEVEL,
             device_kinds=("cpu",),
-            version=f"onednn-{_onednn_version()}+kernels-{library.SOURCE_DIGEST}",
+            version=f"onednn-{_onednn_version()}+kernels-{KERNELS_DIGEST}",
             description="oneDNN primitives (convolution, matmul, pooling, softmax, layer norm) with fused post-ops",
         )
     )

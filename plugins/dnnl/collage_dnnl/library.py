@@ -29,8 +29,6 @@ INSTALL_HINT = "apt-get install libdnnl-dev g++"
 SUPPORTED_MAJOR = 2  # the kernels use oneDNN 2.x's operation-descriptor API (Debian's libdnnl-dev 2.6)
 HEADER = Path("oneapi") / "dnnl" / "dnnl.hpp"
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
-# Part of the backend's version, so costs measured with other kernels are never reused.
-SOURCE_DIGEST = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
 class OneDNNUnavailable(RuntimeError):
