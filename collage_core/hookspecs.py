@@ -70,3 +70,14 @@ def collage_measure_candidate(backend, mod, target, settings):
     measurement to the next implementation. Runs in a measurement worker process. Stops at the
     first non-None result.
     """
+
+
+@hookspec(firstresult=True)
+def collage_prepare_runtime(backend):
+    """Make what ``backend``'s lowered partitions call available in this process.
+
+    Called before a library holding ``backend``'s partitions is loaded in a process that did not
+    build it: register the packed functions the partitions call, load native libraries. Return
+    True when the process is ready, or None if ``backend`` is not yours. Raise with a message
+    saying what to install when it cannot be done. Stops at the first non-None result.
+    """

@@ -20,6 +20,7 @@ from collage_core.backends import BackendInfo, contribute_patterns, discover_bac
 from collage_core.calibration import DEFAULT_ROUNDS, calibrate, signature
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase, default_cost_db_path
+from collage_core.deploy import runtime_file, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.measure import MeasurementReport, measure_candidates
 from collage_core.model_import import ImportedModel, load_model
@@ -102,6 +103,7 @@ class OptimizedModel:
         library = directory / f"{self.model.name}.so"
         if self.library_path.resolve() != library.resolve():
             shutil.copyfile(self.library_path, library)
+            shutil.copyfile(runtime_file(self.library_path), runtime_file(library))
         (directory / "report.txt").write_text(render_report(self) + "\n")
         return directory
 
@@ -169,12 +171,13 @@ def optimize(
                 two_level_result = job.two_level_search(op_level_parts, candidates, db, two_level)
                 parts = list(two_level_result.parts)
                 search_s += two_level_result.seconds
-        chosen_placement = job.placement(parts, search)
+        chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
     partitioned = partition_module(graph, parts)
     library = workdir / f"{imported.name}.so"
     say("building the placement and measuring it end to end")
     outputs, placement_cost = job.run_built(partitioned, library)
+    write_runtime_file(library, job.backends.values(), {p.backend for p in parts})
     verification = None
     if verify and imported.reference is not None:
         verification = compare_outputs(outputs, imported.reference(job.inputs), imported.reference_name)
@@ -226,7 +229,7 @@ class _Job:
         if missing:
             raise CollageError(f"{path}: placed on backend(s) not available here: {', '.join(missing)}")
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
-        return placement
+        return attrs.evolve(placement, inputs_of=[sorted(preds) for preds in self.graph.graph.preds])
 
     def op_level_candidates(self, candidates) -> list[Candidate]:
         """Candidates whose costs add up; graph-level ones are judged end to end by the two-level search."""
@@ -336,7 +339,9 @@ class _Job:
         )
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def placement(self, parts, search: str) -> Placement:
+    def placement(self, parts, search: str, candidates=(), costs=None) -> Placement:
+        """The placement file's record; with ``candidates`` and their ``costs``, it can be explained later."""
+        costs = costs or {}
         return Placement(
             model_name=self.imported.name,
             model_fingerprint=self.imported.fingerprint,
@@ -346,6 +351,8 @@ class _Job:
             backends={i.name: {"version": i.backend.version, "kind": i.backend.kind} for i in self.chosen},
             search=search,
             partitions=parts,
+            inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
+            considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],
         )
 
     def run_built(self, mod, library: Optional[Path], cutoff_s: Optional[float] = None):

@@ -34,6 +34,10 @@ class Placement:
     backends: dict = attrs.field(eq=False)
     search: str
     partitions: tuple[Partition, ...] = attrs.field(converter=tuple)
+    # Optional, for pictures and explanations: each operator's producers among the operators,
+    # and every candidate the search considered, with its measured cost.
+    inputs_of: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=lambda v: tuple(tuple(i) for i in v))
+    considered: tuple[Partition, ...] = attrs.field(default=(), converter=tuple, eq=False, repr=False)
 
     @property
     def summed_cost_s(self) -> float:
@@ -43,23 +47,19 @@ class Placement:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "model": {"name": self.model_name, "fingerprint": self.model_fingerprint, "operators": list(self.operators)},
+            "model": {
+                "name": self.model_name,
+                "fingerprint": self.model_fingerprint,
+                "operators": list(self.operators),
+                "inputs_of": [list(preds) for preds in self.inputs_of],
+            },
+            "candidates": [_partition_json(c, self.operators) for c in self.considered],
             "target": self.target,
             "device": self.device,
             "backends": self.backends,
             "search": self.search,
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
-            "partitions": [
-                {
-                    "backend": p.backend,
-                    "pattern": p.pattern,
-                    "operators": list(p.nodes),
-                    "ops": [self.operators[n] for n in p.nodes],
-                    "key": p.key,
-                    "cost": p.cost.to_json(),
-                }
-                for p in self.partitions
-            ],
+            "partitions": [_partition_json(p, self.operators) for p in self.partitions],
         }
 
     def save(self, path: os.PathLike) -> Path:
@@ -80,6 +80,17 @@ class Placement:
             raise PlacementFileError(
                 f"{origin}: the placement covers {len(self.operators)} operators but the model has {len(graph.ops)}"
             )
+
+
+def _partition_json(part: Partition, operators) -> dict:
+    return {
+        "backend": part.backend,
+        "pattern": part.pattern,
+        "operators": list(part.nodes),
+        "ops": [operators[n] for n in part.nodes],
+        "key": part.key,
+        "cost": part.cost.to_json(),
+    }
 
 
 def _finite_or_none(value: float):
@@ -109,13 +120,22 @@ def placement_from_json(data: Any, origin: str) -> Placement:
     try:
         model = data["model"]
         operators = tuple(str(op) for op in model["operators"])
-        partitions = []
-        for number, item in enumerate(data["partitions"]):
-            nodes = [int(n) for n in item["operators"]]
-            if not nodes or any(not 0 <= n < len(operators) for n in nodes):
-                fail(f"partition {number} names operators outside 0..{len(operators) - 1}")
-            cost = Cost.from_json(item["cost"])
-            partitions.append(Partition(str(item["backend"]), str(item["pattern"]), nodes, str(item["key"]), cost))
+
+        def partitions_of(items, what: str) -> list[Partition]:
+            read = []
+            for number, item in enumerate(items):
+                nodes = [int(n) for n in item["operators"]]
+                if not nodes or any(not 0 <= n < len(operators) for n in nodes):
+                    fail(f"{what} {number} names operators outside 0..{len(operators) - 1}")
+                cost = Cost.from_json(item["cost"])
+                read.append(Partition(str(item["backend"]), str(item["pattern"]), nodes, str(item["key"]), cost))
+            return read
+
+        partitions = partitions_of(data["partitions"], "partition")
+        considered = partitions_of(data.get("candidates", []), "candidate")
+        inputs_of = [[int(n) for n in preds] for preds in model.get("inputs_of", [])]
+        if inputs_of and (len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)):
+            fail("model.inputs_of does not list earlier operators for each operator")
         placement = Placement(
             model_name=str(model["name"]),
             model_fingerprint=str(model["fingerprint"]),
@@ -125,6 +145,8 @@ def placement_from_json(data: Any, origin: str) -> Placement:
             backends=dict(data["backends"]),
             search=str(data["search"]),
             partitions=tuple(partitions),
+            inputs_of=inputs_of,
+            considered=considered,
         )
     except PlacementFileError:
         raise

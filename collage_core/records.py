@@ -21,6 +21,9 @@ class Backend:
     device_kinds: tuple[str, ...] = attrs.field(converter=tuple)
     version: str
     description: str = ""
+    # What running this backend's partitions needs besides TVM's runtime, in words a user can act
+    # on; written beside exported libraries so that loading one says what to install.
+    runtime_needs: str = ""
 
 
 @attrs.frozen

@@ -38,6 +38,7 @@ def collage_register_backends(register):
             device_kinds=("cpu",),
             version=f"onednn-{_onednn_version()}+kernels-{KERNELS_DIGEST}",
             description="oneDNN primitives (convolution, matmul, pooling, softmax, layer norm) with fused post-ops",
+            runtime_needs=f"the collage-dnnl plugin (pip install -e plugins/dnnl) and oneDNN 2.x ({library.INSTALL_HINT})",
         )
     )
 
@@ -71,3 +72,11 @@ def collage_lower_partitions(backend, mod, function_names, target):
         gvar = lowered.get_global_var(name)
         lowered.update_func(gvar, lowering.lower_function(lowered[gvar], name))
     return lowered
+
+
+@hookimpl
+def collage_prepare_runtime(backend):
+    if backend.name != BACKEND:
+        return None
+    library.load()  # registers collage_dnnl.run; raises OneDNNUnavailable saying what to install
+    return True

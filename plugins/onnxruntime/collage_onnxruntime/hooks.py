@@ -67,6 +67,7 @@ def collage_register_backends(register):
             device_kinds=("cpu",),
             version=getattr(onnxruntime, "__version__", "not installed"),
             description="ONNX Runtime, CPU execution provider (partitions converted to ONNX opset 17)",
+            runtime_needs=f"the collage-onnxruntime plugin (pip install -e plugins/onnxruntime) and onnxruntime ({INSTALL_HINT})",
         )
     )
 
@@ -120,3 +121,14 @@ def collage_lower_partitions(backend, mod, function_names, target):
         lowered.update_func(gvar, lower_function(lowered[gvar], name))
     return lowered
 
+
+
+@hookimpl
+def collage_prepare_runtime(backend):
+    if backend.name != BACKEND:
+        return None
+    onnxruntime = _import_onnxruntime()
+    if isinstance(onnxruntime, ImportError):
+        raise RuntimeError(f"onnxruntime cannot be imported ({onnxruntime}): {INSTALL_HINT}")
+    runtime.register()
+    return True

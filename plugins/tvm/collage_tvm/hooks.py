@@ -104,3 +104,10 @@ def collage_lower_partitions(backend, mod, function_names, target):
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
     # function, so fusion never crosses a partition boundary.
     return mod
+
+
+@hookimpl
+def collage_prepare_runtime(backend):
+    if backend.name != BACKEND:
+        return None
+    return True  # TVM's kernels are compiled into the library itself

@@ -1,0 +1,121 @@
+"""Exported libraries loaded in a fresh process by their runtime file, and what loading says when a backend is missing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.backends import discover_backends
+from collage_core.build import build
+from collage_core.deploy import LibraryLoadError, load_vm, prepare_runtime, runtime_file, write_runtime_file
+from collage_core.partition import partition_module
+from collage_core.plugins import first_result, get_plugin_manager
+from collage_core.relax_graph import RelaxGraph
+
+R = relax.op
+F = "float32"
+RNG = np.random.default_rng(0)
+WEIGHTS = RNG.uniform(-1, 1, size=(8, 4, 3, 3)).astype(F)
+
+
+def conv_relu_sigmoid() -> tvm.IRModule:
+    x = relax.Var("x", relax.TensorType((1, 4, 9, 9), F))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, relax.const(WEIGHTS), padding=1))))
+            output = bb.emit_output(R.multiply(bb.emit(R.sigmoid(conv)), conv))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return get_plugin_manager()
+
+
+@pytest.fixture(scope="module")
+def backends(pm):
+    infos = discover_backends(pm)
+    if "dnnl" not in infos or not infos["dnnl"].availability.available:
+        pytest.skip("the DNNL backend is not available here")
+    return {name: info.backend for name, info in infos.items()}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, pm, backends):
+    """conv2d+relu on DNNL, the rest on TVM, exported with its runtime file; and its output in this process."""
+    mod = conv_relu_sigmoid()
+    graph = RelaxGraph.from_function(mod["main"])
+    parts = [SimpleNamespace(backend="dnnl", pattern="dnnl.conv2d_relu", nodes=frozenset({0, 1}))]
+    parts += [SimpleNamespace(backend="tvm", pattern="tvm.op", nodes=frozenset({n})) for n in (2, 3)]
+    executable = build(pm, partition_module(graph, parts), backends, tvm_compat.host_cpu_target())
+    library = tmp_path_factory.mktemp("deploy") / "mixed.so"
+    executable.export_library(str(library))
+    write_runtime_file(library, backends.values(), {"dnnl", "tvm"})
+    x = RNG.uniform(-1, 1, size=(1, 4, 9, 9)).astype(F)
+    vm = relax.VirtualMachine(executable, tvm.cpu(0))
+    return library, x, tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, tvm.cpu(0))))
+
+
+def test_runtime_file_names_each_backend_with_what_it_needs(exported):
+    library, _, _ = exported
+    record = json.loads(runtime_file(library).read_text())
+    assert record["format"] == "collage-runtime" and sorted(record["backends"]) == ["dnnl", "tvm"]
+    assert "libdnnl-dev" in record["backends"]["dnnl"]["needs"] and record["backends"]["tvm"]["needs"] == ""
+
+
+def test_library_runs_in_a_fresh_process_loaded_by_its_runtime_file(exported, tmp_path):
+    library, x, expected = exported
+    np.save(tmp_path / "x.npy", x)
+    code = (
+        "import sys, numpy as np, tvm\n"
+        "from collage_core.deploy import load_vm\n"
+        "vm = load_vm(sys.argv[1])\n"
+        "out = vm['main'](tvm.runtime.tensor(np.load(sys.argv[2])))\n"
+        "np.save(sys.argv[3], out.numpy())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(library), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+def test_a_library_whose_backend_is_not_installed_says_which_and_how(exported):
+    library, _, _ = exported
+    with pytest.raises(LibraryLoadError, match=r"mixed\.so: partitions run on backend dnnl, which is not installed here: .*apt-get install libdnnl-dev"):
+        load_vm(library, pm=get_plugin_manager(disabled=["dnnl"]))
+
+
+def test_a_missing_or_corrupt_runtime_file_is_named(exported, tmp_path):
+    library, _, _ = exported
+    lonely = tmp_path / "lonely.so"
+    lonely.write_bytes(library.read_bytes())
+    with pytest.raises(LibraryLoadError, match=r"lonely\.so: no lonely\.so\.runtime\.json beside it"):
+        prepare_runtime(lonely)
+    runtime_file(lonely).write_text("{not json")
+    with pytest.raises(LibraryLoadError, match=r"lonely\.so\.runtime\.json: not JSON"):
+        prepare_runtime(lonely)
+    runtime_file(lonely).write_text(json.dumps({"format": "collage-runtime", "version": 99, "backends": {}}))
+    with pytest.raises(LibraryLoadError, match="runtime file version 99"):
+        prepare_runtime(lonely)
+
+
+def test_collage_prepare_runtime_registers_what_partitions_call(pm, backends):
+    for name, function in (("dnnl", "collage_dnnl.run"), ("onnxruntime", "collage_onnxruntime.run"), ("tvm", None)):
+        if name not in backends:
+            continue
+        ready, errors = first_result(pm.hook.collage_prepare_runtime, backend=backends[name])
+        assert ready is True and not errors
+        if function:
+            assert tvm.get_global_func(function, allow_missing=True) is not None

@@ -1,0 +1,40 @@
+"""Timing a callable: repeats, and the cut-off the searches use to drop slow placements early."""
+
+from __future__ import annotations
+
+import attrs
+
+from collage_core.timing import MeasureSettings, time_callable
+
+SETTINGS = MeasureSettings(warmup=1, min_repeats=3, max_repeats=5, target_spread=0.05, min_repeat_ms=0.0, time_bound_s=1.0)
+
+
+class FakeRuns:
+    """Seconds per run as given, one value per call (the last repeats); records how often it ran."""
+
+    def __init__(self, *seconds: float):
+        self.seconds = list(seconds)
+        self.calls = 0
+
+    def __call__(self, number: int) -> float:
+        value = self.seconds[min(self.calls, len(self.seconds) - 1)]
+        self.calls += 1
+        return value
+
+
+def test_steady_runs_are_repeated_and_summarized():
+    cost = time_callable(FakeRuns(0.5, 0.01), SETTINGS)
+    assert cost.median_s == 0.01 and cost.repeats >= 3
+
+
+def test_a_slow_first_run_alone_is_not_cut_off():
+    """oneDNN creates and JIT-compiles its primitives in the first run; the steady runs are fast."""
+    runs = FakeRuns(0.5, 0.01)
+    cost = time_callable(runs, attrs.evolve(SETTINGS, cutoff_s=0.1))
+    assert cost.repeats >= 3 and cost.median_s == 0.01
+
+
+def test_steadily_slow_runs_are_cut_off_after_one_timed_run():
+    runs = FakeRuns(0.5, 0.4)
+    cost = time_callable(runs, attrs.evolve(SETTINGS, cutoff_s=0.1))
+    assert cost.repeats == 1 and cost.median_s == 0.4 and runs.calls == 2
