@@ -61,6 +61,21 @@ def _parser() -> argparse.ArgumentParser:
         help="re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
     )
     optimize.set_defaults(command=_optimize)
+
+    export = commands.add_parser("export", help="rebuild a placement (no measuring) and export it for deployment")
+    export.add_argument("model", help="the ONNX file the placement was made for")
+    export.add_argument("--placement", required=True, help="a placement.json written by collage optimize")
+    export.add_argument("--format", choices=["mlf"], default="mlf", help="mlf: Model Library Format tar (default)")
+    export.add_argument("-o", "--output", required=True, help="the tar to write, e.g. model.tar")
+    export.add_argument("--target", default=None, help="a TVM target as JSON (default: this CPU)")
+    export.set_defaults(command=_export)
+
+    show = commands.add_parser("show", help="draw a placement, or explain why each partition was chosen")
+    show.add_argument("placement", help="a placement.json written by collage optimize")
+    show.add_argument("-o", "--output", default=None, help="write the picture here: .svg, .png, .html (picture and "
+                      "explanation) or .dot (without -o: print the explanation)")
+    show.add_argument("--explain", action="store_true", help="with -o, print the explanation as well")
+    show.set_defaults(command=_show)
     return parser
 
 
@@ -105,6 +120,38 @@ def _optimize(args) -> int:
     print(f"\nsaved: {output / 'placement.json'}, {output / (result.model.name + '.so')}, {output / 'report.txt'}")
     if result.verification is not None and not result.verification.passed:
         return EXIT_NUMERICS
+    return 0
+
+
+def _export(args) -> int:
+    from collage_core.mlf import export_mlf
+    from collage_core.optimizer import optimize
+    from collage_core.placement_file import load_placement
+
+    backends = sorted({p.backend for p in load_placement(args.placement).partitions})
+    result = optimize(
+        args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,
+        show_progress=False,
+    )
+    path = export_mlf(result, args.output)
+    print(f"saved: {path} (Model Library Format; load it with collage_core.mlf.load_mlf)")
+    if result.verification is not None and not result.verification.passed:
+        print(result.verification.describe(), file=sys.stderr)
+        return EXIT_NUMERICS
+    return 0
+
+
+def _show(args) -> int:
+    from collage_core.explain import explain
+    from collage_core.placement_file import load_placement
+    from collage_core.show import write_picture
+
+    placement = load_placement(args.placement)
+    if args.output:
+        written = write_picture(placement, args.output, origin=args.placement)
+        print(f"saved: {written}")
+    if args.explain or not args.output:
+        print(explain(placement))
     return 0
 
 

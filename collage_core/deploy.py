@@ -31,19 +31,19 @@ def runtime_file(library: os.PathLike) -> Path:
     return library.with_name(library.name + ".runtime.json")
 
 
-def write_runtime_file(library: os.PathLike, backends: Iterable, placed_on: Iterable[str]) -> Path:
-    """Record beside ``library`` the backends its partitions run on (``backends``: Backend records)."""
+def backend_needs(backends: Iterable, placed_on: Iterable[str]) -> dict:
+    """For each backend (Backend records) a placement uses: its kind, version and what it needs at run time."""
     used = set(placed_on)
-    record = {
-        "format": FORMAT,
-        "version": VERSION,
-        "library": Path(library).name,
-        "backends": {
-            backend.name: {"kind": backend.kind, "version": backend.version, "needs": backend.runtime_needs}
-            for backend in sorted(backends, key=lambda b: b.name)
-            if backend.name in used
-        },
+    return {
+        backend.name: {"kind": backend.kind, "version": backend.version, "needs": backend.runtime_needs}
+        for backend in sorted(backends, key=lambda b: b.name)
+        if backend.name in used
     }
+
+
+def write_runtime_file(library: os.PathLike, needs: dict) -> Path:
+    """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives them)."""
+    record = {"format": FORMAT, "version": VERSION, "library": Path(library).name, "backends": needs}
     path = runtime_file(library)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path

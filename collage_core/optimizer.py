@@ -20,7 +20,7 @@ from collage_core.backends import BackendInfo, contribute_patterns, discover_bac
 from collage_core.calibration import DEFAULT_ROUNDS, calibrate, signature
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase, default_cost_db_path
-from collage_core.deploy import runtime_file, write_runtime_file
+from collage_core.deploy import backend_needs, runtime_file, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.measure import MeasurementReport, measure_candidates
 from collage_core.model_import import ImportedModel, load_model
@@ -177,7 +177,7 @@ def optimize(
     library = workdir / f"{imported.name}.so"
     say("building the placement and measuring it end to end")
     outputs, placement_cost = job.run_built(partitioned, library)
-    write_runtime_file(library, job.backends.values(), {p.backend for p in parts})
+    write_runtime_file(library, backend_needs(job.backends.values(), {p.backend for p in parts}))
     verification = None
     if verify and imported.reference is not None:
         verification = compare_outputs(outputs, imported.reference(job.inputs), imported.reference_name)

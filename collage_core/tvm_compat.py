@@ -66,7 +66,11 @@ def value_type(expr):
 
 def tensor_shape_dtype(expr) -> tuple[tuple[int, ...], str]:
     """Static shape and dtype of a tensor-typed expression; raises ValueError for dynamic shapes."""
-    ty = value_type(expr)
+    return type_shape_dtype(value_type(expr))
+
+
+def type_shape_dtype(ty) -> tuple[tuple[int, ...], str]:
+    """Static shape and dtype of a Relax tensor type; raises ValueError for other types and dynamic shapes."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise ValueError(f"not a tensor of known shape: {ty}")
     shape = []
@@ -143,3 +147,19 @@ def scalar_constant(expr):
 def return_type(func):
     """A Relax function's declared return type (``ret_struct_info`` before 0.26)."""
     return func.ret_ty
+
+
+def link_shared(output: str, objects: list[str]) -> None:
+    """Link object files (as ``export_library`` writes them) into a shared library (``tvm.contrib.cc`` before 0.27)."""
+    from tvm.support import cc
+
+    cc.create_shared(output, objects)
+
+
+def save_params(params: dict) -> bytes:
+    """TVM's parameter serialization of name -> numpy array."""
+    return bytes(tvm.runtime.save_param_dict({name: tvm.runtime.tensor(value) for name, value in params.items()}))
+
+
+def load_params(data: bytes) -> dict:
+    return {name: value.numpy() for name, value in tvm.runtime.load_param_dict(bytearray(data)).items()}

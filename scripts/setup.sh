@@ -2,11 +2,11 @@
 # Installs Collage's core and every backend plugin that can run on this machine, with test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# System libraries the DNNL plugin compiles against: oneDNN 2.x and a C++ compiler.
-if ! [ -f /usr/include/oneapi/dnnl/dnnl.hpp ] || ! command -v g++ >/dev/null; then
+# System packages: oneDNN 2.x and a C++ compiler for the DNNL plugin, Graphviz for `collage show`.
+if ! [ -f /usr/include/oneapi/dnnl/dnnl.hpp ] || ! command -v g++ >/dev/null || ! command -v dot >/dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libdnnl-dev g++ >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libdnnl-dev g++ graphviz >/dev/null
 fi
 python3 -m pip install --upgrade pip
 python3 -m pip install "torch==2.13.0"

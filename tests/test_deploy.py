@@ -15,7 +15,7 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build import build
-from collage_core.deploy import LibraryLoadError, load_vm, prepare_runtime, runtime_file, write_runtime_file
+from collage_core.deploy import LibraryLoadError, backend_needs, load_vm, prepare_runtime, runtime_file, write_runtime_file
 from collage_core.partition import partition_module
 from collage_core.plugins import first_result, get_plugin_manager
 from collage_core.relax_graph import RelaxGraph
@@ -60,7 +60,7 @@ def exported(tmp_path_factory, pm, backends):
     executable = build(pm, partition_module(graph, parts), backends, tvm_compat.host_cpu_target())
     library = tmp_path_factory.mktemp("deploy") / "mixed.so"
     executable.export_library(str(library))
-    write_runtime_file(library, backends.values(), {"dnnl", "tvm"})
+    write_runtime_file(library, backend_needs(backends.values(), {"dnnl", "tvm"}))
     x = RNG.uniform(-1, 1, size=(1, 4, 9, 9)).astype(F)
     vm = relax.VirtualMachine(executable, tvm.cpu(0))
     return library, x, tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, tvm.cpu(0))))

@@ -1,0 +1,331 @@
+"""Model Library Format for placed Relax models: export a tar downstream build automation can read, and load it back.
+
+TVM's Model Library Format (MLF) handed a compiled model to build systems as one tar; it left
+TVM with microTVM. This is its layout adapted to Relax executables:
+
+    metadata.json                  format version, model, export time (UTC), targets, executor,
+                                   memory map, placement summary, every file with its SHA-256
+    codegen/host/lib/lib0.o ...    the compiled host code, one object file per module
+                                   (``devc.o`` holds the VM bytecode and constants)
+    parameters/<model>.params      the weights, in TVM's parameter serialization
+    src/relax.txt                  the partitioned Relax IR (each partition's backend in its attributes)
+    executor-config/relax-vm.json  entry function, inputs and outputs, device, runtime needs
+    placement.json                 the placement, as ``collage optimize`` writes it
+
+The tar is deterministic: sorted members, owner root (uid/gid 0), fixed mode, and every
+timestamp set to ``SOURCE_DATE_EPOCH`` when that is set (the export time too), else to 0 in
+the tar. :func:`load_mlf` checks the format version and every file against the metadata,
+links the objects with the host compiler, prepares the backends' runtimes and returns a model
+that runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+from collage_core.deploy import backend_needs, prepare_runtime, write_runtime_file
+from collage_core.errors import CollageError
+
+FORMAT = "collage-model-library-format"
+VERSION = 1
+EXECUTOR = "relax-vm"
+EXECUTOR_CONFIG = "executor-config/relax-vm.json"
+OBJECTS_DIR = "codegen/host/lib/"
+RELAX_TEXT = "src/relax.txt"
+PLACEMENT = "placement.json"
+
+
+class MLFError(CollageError):
+    """A Model Library Format tar that cannot be written or read; the message names the file and the problem."""
+
+
+def _bytes_of(value_type) -> int:
+    shape, dtype = tvm_compat.tensor_shape_dtype(value_type)
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _tensor_bytes(expr) -> int:
+    try:
+        return _bytes_of(expr)
+    except ValueError:
+        return 0
+
+
+def _constants(func) -> list:
+    from tvm import relax
+
+    found = []
+    relax.analysis.post_order_visit(func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None)
+    return found
+
+
+def _function_memory(name: str, func) -> dict:
+    """Bytes of a function's inputs, outputs, constants and intermediate values (before memory planning)."""
+    bindings = [binding for block in func.body.blocks for binding in block.bindings]
+    outputs = set(_output_vars(func))
+    return {
+        "function": name,
+        "backend": str(func.attrs["collage.backend"]) if func.attrs is not None and "collage.backend" in func.attrs else "",
+        "input_bytes": sum(_tensor_bytes(param) for param in func.params),
+        "output_bytes": sum(_tensor_bytes(var) for var in _output_vars(func)),
+        "constant_bytes": sum(_tensor_bytes(constant) for constant in _constants(func)),
+        "intermediate_bytes_unplanned": sum(
+            _tensor_bytes(binding.var) for binding in bindings if binding.var not in outputs
+        ),
+    }
+
+
+def _output_vars(func) -> list:
+    from tvm import relax
+
+    body = func.body.body
+    return list(body.fields) if isinstance(body, relax.Tuple) else [body]
+
+
+def memory_map(partitioned) -> dict:
+    """Per function of the partitioned module: input, output, constant and intermediate bytes."""
+    from tvm import relax
+
+    functions = [
+        _function_memory(gvar.name_hint, func)
+        for gvar, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint)
+        if isinstance(func, relax.Function)
+    ]
+    return {
+        "functions": functions,
+        "constant_bytes": sum(f["constant_bytes"] for f in functions),
+        "note": "intermediate_bytes_unplanned is the sum of intermediate tensors before Relax plans their storage",
+    }
+
+
+def _io(vars_) -> list[dict]:
+    """Name, shape and dtype of each tensor; a tuple-typed value is described field by field."""
+    from tvm import relax
+
+    described = []
+    for var in vars_:
+        value_type = tvm_compat.value_type(var)
+        fields = list(value_type.fields) if isinstance(value_type, relax.TupleType) else [value_type]
+        for index, field in enumerate(fields):
+            shape, dtype = tvm_compat.type_shape_dtype(field)
+            name = getattr(var, "name", "") + (f"[{index}]" if len(fields) > 1 else "")
+            described.append({"name": name, "shape": list(shape), "dtype": dtype})
+    return described
+
+
+def _parameters(partitioned) -> dict:
+    """Every constant of the partitioned module, named ``p<i>`` in order of appearance, as numpy."""
+    from tvm import relax
+
+    params = {}
+    for _, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint):
+        if isinstance(func, relax.Function):
+            for constant in _constants(func):
+                params[f"p{len(params)}"] = tvm_compat.constant_array(constant)
+    return params
+
+
+def _epoch() -> int:
+    return int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+
+
+def _export_time() -> str:
+    moment = datetime.datetime.fromtimestamp(_epoch(), datetime.timezone.utc) if "SOURCE_DATE_EPOCH" in os.environ else (
+        datetime.datetime.now(datetime.timezone.utc)
+    )
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _json_bytes(value) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _object_files(executable, scratch: Path) -> dict[str, bytes]:
+    """The executable's host code as object files, as ``export_library`` writes them for a tar."""
+    objects_tar = scratch / "objects.tar"
+    executable.export_library(str(objects_tar))
+    with tarfile.open(objects_tar) as archive:
+        return {
+            member.name.rsplit("/", 1)[-1]: archive.extractfile(member).read()
+            for member in archive.getmembers()
+            if member.isfile() and member.name.endswith(".o")
+        }
+
+
+def _write_tar(path: Path, files: dict[str, bytes]) -> None:
+    directories = sorted({name.rsplit("/", 1)[0] + "/" for name in files if "/" in name} | {
+        "/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))
+    })
+    partial = path.with_name(path.name + ".partial")
+    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
+        for name in directories + sorted(files):
+            info = tarfile.TarInfo(name.rstrip("/") if name.endswith("/") else name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = _epoch()
+            if name.endswith("/"):
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                archive.addfile(info)
+            else:
+                info.mode, info.size = 0o644, len(files[name])
+                archive.addfile(info, io.BytesIO(files[name]))
+    partial.replace(path)
+
+
+def export_mlf(optimized, path: os.PathLike, pm=None) -> Path:
+    """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path."""
+    from collage_core.backends import discover_backends
+    from collage_core.build import build
+    from collage_core.plugins import get_plugin_manager
+
+    path = Path(path)
+    pm = pm or get_plugin_manager()
+    placement = optimized.placement
+    used = sorted({p.backend for p in placement.partitions})
+    installed = {name: info.backend for name, info in discover_backends(pm).items()}
+    missing = [name for name in used if name not in installed]
+    if missing:
+        raise MLFError(f"{path}: cannot build the placement here, backend(s) not installed: {', '.join(missing)}")
+    backends = {name: installed[name] for name in used}
+    partitioned = optimized.partitioned_mod
+    with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
+        executable = build(pm, partitioned, backends, optimized.target)
+        objects = _object_files(executable, Path(scratch))
+    name = placement.model_name
+    main = partitioned["main"]
+    files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
+    files[f"parameters/{name}.params"] = tvm_compat.save_params(_parameters(partitioned))
+    files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
+    runtime = backend_needs(backends.values(), used)
+    files[EXECUTOR_CONFIG] = _json_bytes(
+        {
+            "executor": EXECUTOR,
+            "entry": "main",
+            "inputs": _io(main.params),
+            "outputs": _io(_output_vars(main)),
+            "device": placement.device,
+            "runtime_backends": runtime,
+            "parameters_embedded": True,
+        }
+    )
+    files[PLACEMENT] = _json_bytes(placement.to_json())
+    per_backend: dict[str, dict] = {}
+    for part in placement.partitions:
+        entry = per_backend.setdefault(part.backend, {"partitions": 0, "operators": 0})
+        entry["partitions"] += 1
+        entry["operators"] += len(part.nodes)
+    metadata = {
+        "format": FORMAT,
+        "version": VERSION,
+        "layout": "TVM Model Library Format (version 7 layout), adapted to Relax executables",
+        "model_name": name,
+        "export_datetime": _export_time(),
+        "target": {"host": placement.target},
+        "executor": EXECUTOR,
+        "memory": memory_map(partitioned),
+        "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
+        "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
+    }
+    files["metadata.json"] = _json_bytes(metadata)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_tar(path, files)
+    return path
+
+
+@attrs.define
+class LoadedMLF:
+    """A Model Library Format tar linked and loaded: its metadata and a VM ready to run ``main``."""
+
+    metadata: dict
+    executor_config: dict
+    parameters: dict
+    vm: object = attrs.field(repr=False)
+    library: Path
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        import tvm
+
+        device = tvm.cpu(0)
+        result = self.vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs])
+        results = result if not hasattr(result, "numpy") else [result]
+        return [tvm_compat.to_numpy(r) for r in results]
+
+
+def _read_members(path: Path) -> dict[str, bytes]:
+    try:
+        with tarfile.open(path) as archive:
+            return {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
+    except FileNotFoundError:
+        raise MLFError(f"{path}: no such file") from None
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise MLFError(f"{path}: not a readable tar ({error})") from None
+
+
+def _checked_metadata(path: Path, files: dict[str, bytes]) -> dict:
+    if "metadata.json" not in files:
+        raise MLFError(f"{path}: no metadata.json (not a Model Library Format tar)")
+    try:
+        metadata = json.loads(files["metadata.json"])
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise MLFError(f"{path}: metadata.json is not JSON ({error})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (format {metadata.get('format')!r})")
+    if metadata.get("version") != VERSION:
+        raise MLFError(f"{path}: Model Library Format version {metadata.get('version')!r} (this Collage reads version {VERSION})")
+    listed = metadata.get("files")
+    if not isinstance(listed, dict) or not listed:
+        raise MLFError(f"{path}: metadata.json lists no files")
+    for member, digest in sorted(listed.items()):
+        if member not in files:
+            raise MLFError(f"{path}: {member} is listed in metadata.json but missing from the tar")
+        if hashlib.sha256(files[member]).hexdigest() != digest:
+            raise MLFError(f"{path}: {member} does not match its SHA-256 in metadata.json")
+    for required in (EXECUTOR_CONFIG, PLACEMENT, RELAX_TEXT):
+        if required not in listed:
+            raise MLFError(f"{path}: {required} is missing")
+    if not any(member.startswith(OBJECTS_DIR) for member in listed):
+        raise MLFError(f"{path}: no compiled host code under {OBJECTS_DIR}")
+    return metadata
+
+
+def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) -> LoadedMLF:
+    """Check, link and load a Model Library Format tar written by :func:`export_mlf`."""
+    import tvm
+    from tvm import relax
+
+    path = Path(path)
+    files = _read_members(path)
+    metadata = _checked_metadata(path, files)
+    config = json.loads(files[EXECUTOR_CONFIG])
+    if config.get("executor") != EXECUTOR:
+        raise MLFError(f"{path}: executor {config.get('executor')!r} (this Collage runs {EXECUTOR})")
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="collage-mlf-"))
+    objects = []
+    for member, data in sorted(files.items()):
+        if member.startswith(OBJECTS_DIR):
+            target = workdir / member.rsplit("/", 1)[-1]
+            target.write_bytes(data)
+            objects.append(str(target))
+    library = workdir / f"{metadata['model_name']}.so"
+    try:
+        tvm_compat.link_shared(str(library), objects)
+    except Exception as error:  # the host compiler's message, in one line
+        raise MLFError(f"{path}: linking the host code failed ({str(error).strip().splitlines()[-1]})") from None
+    write_runtime_file(library, config["runtime_backends"])
+    prepare_runtime(library, pm)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu(0))
+    parameters_member = f"parameters/{metadata['model_name']}.params"
+    parameters = tvm_compat.load_params(files[parameters_member]) if parameters_member in files else {}
+    return LoadedMLF(metadata, config, parameters, vm, library)
