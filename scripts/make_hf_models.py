@@ -1,6 +1,6 @@
 """Build published architectures with random weights to ONNX, offline, from transformers configs.
 
-Usage: python scripts/make_hf_models.py --model {resnet50,bert,bert-base,mobilenetv2}
+Usage: python scripts/make_hf_models.py --model {resnet50,mobilenetv2,vit-base,convnext-tiny,bert,bert-base,gpt2}
                                         [--batch N] [--seq-len N] [--layers N] [--out models/hf]
 
 No weights or configs are downloaded: the configs are built in code and the weights are seeded random values,
@@ -45,23 +45,75 @@ def make_mobilenetv2() -> nn.Module:
     return Logits(MobileNetV2ForImageClassification(config))
 
 
+def make_vit_base() -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    return Logits(ViTForImageClassification(ViTConfig(num_labels=1000)))  # ViT-B/16 at 224x224
+
+
+def make_convnext_tiny() -> nn.Module:
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    config = ConvNextConfig(num_labels=1000, depths=[3, 3, 9, 3], hidden_sizes=[96, 192, 384, 768])
+    return Logits(ConvNextForImageClassification(config))
+
+
+class TokenLogits(nn.Module):
+    """A causal language model's logits for a batch of token ids (no cache, one output)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        # An all-ones mask of the export's static shape (a constant): without a mask, transformers
+        # looks for packed sequences with torch.diff, which has no ONNX export; a mask computed from
+        # the input leaves mask arithmetic that TVM's importer refuses.
+        mask = torch.ones([int(size) for size in input_ids.shape], dtype=torch.int64)
+        return self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+
+
+def make_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return TokenLogits(GPT2LMHeadModel(GPT2Config()))  # GPT-2 small: 12 layers, 768 wide
+
+
+IMAGE_MODELS = {"resnet50": make_resnet50, "mobilenetv2": make_mobilenetv2, "vit-base": make_vit_base, "convnext-tiny": make_convnext_tiny}
+MODELS = [*IMAGE_MODELS, "bert", "bert-base", "gpt2"]
+
+
+def file_stem(name: str, batch: int, seq_len: int = 128, layers: int | None = None) -> str:
+    """The file name (without .onnx) ``build`` writes for these settings."""
+    if name in IMAGE_MODELS:
+        return f"{name.replace('-', '_')}_b{batch}" if name not in ("resnet50", "mobilenetv2") else f"{name}_b{batch}"
+    if name == "gpt2":
+        return f"gpt2_b{batch}_s{seq_len}"
+    return f"bert_l{layers or (12 if name == 'bert-base' else 4)}_b{batch}_s{seq_len}"
+
+
 def build(name: str, batch: int, seq_len: int, layers: int | None, out: Path) -> dict:
     torch.manual_seed(SEED)
-    if name in ("resnet50", "mobilenetv2"):
-        model = make_resnet50() if name == "resnet50" else make_mobilenetv2()
-        example_input, input_name, file_name = torch.randn(batch, 3, 224, 224), "pixel_values", f"{name}_b{batch}"
+    stem = file_stem(name, batch, seq_len, layers)
+    if name in IMAGE_MODELS:
+        model = IMAGE_MODELS[name]()
+        example_input, input_name, file_name = torch.randn(batch, 3, 224, 224), "pixel_values", stem
+    elif name == "gpt2":
+        model = make_gpt2()
+        example_input = torch.randint(0, model.model.config.vocab_size, (batch, seq_len), dtype=torch.int64)
+        input_name, file_name = "input_ids", stem
     else:
         layers = layers or (12 if name == "bert-base" else 4)
         model = make_bert(hidden=768, heads=12, intermediate=3072, layers=layers)
         example_input = torch.randint(0, model.encoder.config.vocab_size, (batch, seq_len), dtype=torch.int64)
-        input_name, file_name = "input_ids", f"bert_l{layers}_b{batch}_s{seq_len}"
+        input_name, file_name = "input_ids", stem
     randomize_norms_and_biases(model)
     return build_and_check(model, example_input, input_name, out / f"{file_name}.onnx")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, choices=["resnet50", "bert", "bert-base", "mobilenetv2"])
+    parser.add_argument("--model", required=True, choices=MODELS)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=128, help="BERT only")
     parser.add_argument("--layers", type=int, default=None, help="BERT only; default 4 for bert, 12 for bert-base")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -170,3 +171,17 @@ def test_kernel_library_loads_in_a_fresh_process_and_reports_its_onednn():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == library.find_onednn().version
+
+
+def test_a_convolution_builds_the_same_kernel_every_time_on_one_machine(pm, backends, tmp_path, monkeypatch):
+    """The layout chosen by timing at the first build is kept, so replays and exports rebuild the same kernel."""
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    mod = module(lambda bb, x: R.nn.conv2d(x, relax.const(W8), padding=1), (1, 4, 9, 9))
+    graph, candidate = whole_candidate(mod, "conv2d")
+    func = graph.region_function(candidate.nodes)[0]
+    first = lowering.lower_function(func, "collage_dnnl_0").script(show_meta=True)
+    chosen = json.loads((tmp_path / "dnnl" / "layout_choices.json").read_text())
+    assert len(chosen) == 1 and list(chosen.values())[0] in (specs.PLAIN_ACTIVATIONS, specs.BLOCKED_ACTIVATIONS)
+    # Whatever timing would say now, the kept choice decides.
+    monkeypatch.setattr(lowering, "_seconds_per_run", lambda variant, shape: pytest.fail("timed again"))
+    assert lowering.lower_function(func, "collage_dnnl_0").script(show_meta=True) == first
