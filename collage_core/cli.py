@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -22,14 +23,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.command(args)
     except CollageError as error:
         print(f"collage: error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except Terminated:
+        print("collage: terminated; costs measured so far are kept in the cost database", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("collage: interrupted; costs measured so far are kept in the cost database", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it unwinds like an interrupt (workers stopped, files closed)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -105,7 +106,31 @@ class OptimizedModel:
             shutil.copyfile(self.library_path, library)
             shutil.copyfile(runtime_file(self.library_path), runtime_file(library))
         (directory / "report.txt").write_text(render_report(self) + "\n")
+        (directory / "results.json").write_text(json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
         return directory
+
+    def results_json(self) -> dict:
+        """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
+        measurement = self.measurement
+        return {
+            "model": self.model.name,
+            "search": self.placement.search,
+            "end_to_end": [
+                {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}
+                for row in self.end_to_end
+            ],
+            "candidates": self.candidates,
+            "measurement": None if measurement is None else {
+                "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,
+                "invalid": measurement.invalid, "seconds": measurement.seconds,
+            },
+            "two_level": None if self.two_level is None else {
+                "generations": self.two_level.generations, "measured": self.two_level.measured,
+                "evaluated": self.two_level.evaluated, "seconds": self.two_level.seconds,
+            },
+            "search_s": self.search_s,
+            "numerics": None if self.verification is None else attrs.asdict(self.verification),
+        }
 
 
 def optimize(

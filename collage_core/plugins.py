@@ -13,6 +13,7 @@ import pluggy
 from collage_core import hookspecs
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
+ALLOW_ENV = "COLLAGE_PLUGINS"
 DISABLE_ENV = "COLLAGE_DISABLE_PLUGINS"
 
 
@@ -63,13 +64,22 @@ def disabled_plugin_names(environ=os.environ) -> set[str]:
     return {name.strip() for name in environ.get(DISABLE_ENV, "").split(",") if name.strip()}
 
 
+def allowed_plugin_names(environ=os.environ) -> Optional[set[str]]:
+    """The only entry-point plugins to load (``$COLLAGE_PLUGINS``, comma-separated), or None for all."""
+    if ALLOW_ENV not in environ:
+        return None
+    return {name.strip() for name in environ[ALLOW_ENV].split(",") if name.strip()}
+
+
 def get_plugin_manager(
     *, disabled: Optional[Iterable[str]] = None, load_entry_points: bool = True, extra_modules: Iterable[str] = ()
 ) -> CollagePluginManager:
     """Make the plugin manager every part of Collage uses.
 
     ``disabled`` names plugins (entry-point names or module names) not to load; by default they
-    come from ``$COLLAGE_DISABLE_PLUGINS`` (comma-separated). A plugin whose import fails is
+    come from ``$COLLAGE_DISABLE_PLUGINS`` (comma-separated). When ``$COLLAGE_PLUGINS`` is set,
+    only the entry-point plugins it names are imported at all (an allow list: nothing else
+    installed in the environment runs). A plugin whose import fails is
     recorded in ``failures`` and the others still load. ``extra_modules`` are imported and
     registered too (how a measurement worker loads the plugins its parent had).
     """
@@ -79,8 +89,11 @@ def get_plugin_manager(
     for name in blocked:
         pm.set_blocked(name)
     if load_entry_points:
+        allowed = allowed_plugin_names()
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             if entry_point.name in blocked or pm.has_plugin(entry_point.name):
+                continue
+            if allowed is not None and entry_point.name not in allowed:
                 continue
             try:
                 plugin = entry_point.load()

@@ -92,23 +92,26 @@ def file_stem(name: str, batch: int, seq_len: int = 128, layers: int | None = No
     return f"bert_l{layers or (12 if name == 'bert-base' else 4)}_b{batch}_s{seq_len}"
 
 
-def build(name: str, batch: int, seq_len: int, layers: int | None, out: Path) -> dict:
+def module_and_input(name: str, batch: int, seq_len: int = 128, layers: int | None = None):
+    """The seeded PyTorch module (eval mode, random norms and biases), an example input and its name."""
     torch.manual_seed(SEED)
-    stem = file_stem(name, batch, seq_len, layers)
     if name in IMAGE_MODELS:
-        model = IMAGE_MODELS[name]()
-        example_input, input_name, file_name = torch.randn(batch, 3, 224, 224), "pixel_values", stem
+        model, example, input_name = IMAGE_MODELS[name](), torch.randn(batch, 3, 224, 224), "pixel_values"
     elif name == "gpt2":
         model = make_gpt2()
-        example_input = torch.randint(0, model.model.config.vocab_size, (batch, seq_len), dtype=torch.int64)
-        input_name, file_name = "input_ids", stem
+        example = torch.randint(0, model.model.config.vocab_size, (batch, seq_len), dtype=torch.int64)
+        input_name = "input_ids"
     else:
-        layers = layers or (12 if name == "bert-base" else 4)
-        model = make_bert(hidden=768, heads=12, intermediate=3072, layers=layers)
-        example_input = torch.randint(0, model.encoder.config.vocab_size, (batch, seq_len), dtype=torch.int64)
-        input_name, file_name = "input_ids", stem
+        model = make_bert(hidden=768, heads=12, intermediate=3072, layers=layers or (12 if name == "bert-base" else 4))
+        example = torch.randint(0, model.encoder.config.vocab_size, (batch, seq_len), dtype=torch.int64)
+        input_name = "input_ids"
     randomize_norms_and_biases(model)
-    return build_and_check(model, example_input, input_name, out / f"{file_name}.onnx")
+    return model.eval(), example, input_name
+
+
+def build(name: str, batch: int, seq_len: int, layers: int | None, out: Path) -> dict:
+    model, example_input, input_name = module_and_input(name, batch, seq_len, layers)
+    return build_and_check(model, example_input, input_name, out / f"{file_stem(name, batch, seq_len, layers)}.onnx")
 
 
 def main():

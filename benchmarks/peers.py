@@ -1,0 +1,304 @@
+"""Collage against the peers on this CPU, on models from published architectures, in one resumable run.
+
+    python benchmarks/peers.py [--models resnet50,mobilenetv2,bert-base,vit-base,convnext-tiny,gpt2]
+                               [--batches 1,8] [--raw benchmarks/raw] [--only-report]
+
+For each model and batch size, in this order and each in a fresh process:
+  peers            ONNX Runtime (a default session), PyTorch eager, torch.compile (inductor)
+  collage (cold)   `collage optimize` with every installed backend and an empty cost database:
+                   the two-level placement, the op-level placement, each backend alone (TVM; DNNL
+                   with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
+  collage (warm)   the same command again on the now warm cost database
+  collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level)
+
+Every result lands in ``<raw>/<model>/<config>.json`` as soon as it is measured and is not
+measured again, so an interrupted run resumes where it stopped; untuned TVM takes minutes per
+run on the larger models. The models are built by ``scripts/make_hf_models.py`` (HuggingFace
+``transformers`` configs, seeded random weights, offline). Then ``benchmarks/RESULTS.md`` (the
+tables, the machine, the versions, the command) and ``benchmarks/results.png`` are written from
+the raw files; nothing in them is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+MODELS = ["resnet50", "mobilenetv2", "bert-base", "vit-base", "convnext-tiny", "gpt2"]
+PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
+COLLAGE_ROWS = {  # results.json row -> table row
+    "placement": "collage two-level",
+    "op-level placement": "collage op-level",
+    "tvm alone": "tvm alone",
+    "dnnl + tvm for the rest": "dnnl + tvm for the rest",
+    "onnxruntime alone": "onnxruntime alone",
+    "unpartitioned relax.build": "tvm unpartitioned relax.build",
+}
+SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone")
+RUN_TIMEOUT_S = 6 * 3600
+
+PEER_CODE = r"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[4])
+import make_hf_models as models
+name, batch, peer = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+model, example, input_name = models.module_and_input(name, batch)
+
+def timed(function, warmup=3, repeats=15, bound_s=60.0):
+    for _ in range(warmup):
+        function()
+    samples, started = [], time.perf_counter()
+    while len(samples) < repeats and (len(samples) < 5 or time.perf_counter() - started < bound_s):
+        begin = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - begin)
+    q1, median, q3 = np.percentile(samples, [25, 50, 75])
+    return {"median_s": float(median), "spread_s": float(q3 - q1), "repeats": len(samples)}
+
+setup = time.perf_counter()
+if peer == "onnxruntime default session":
+    import onnxruntime
+    session = onnxruntime.InferenceSession(sys.argv[5], providers=["CPUExecutionProvider"])
+    feeds = {input_name: example.numpy()}
+    function = lambda: session.run(None, feeds)
+else:
+    import torch
+    if peer == "torch.compile (inductor)":
+        model = torch.compile(model)
+    def function():
+        with torch.inference_mode():
+            model(example)
+function()
+result = {"setup_s": time.perf_counter() - setup}
+result.update(timed(function))
+print(json.dumps(result))
+"""
+
+TORCH_INPUT_CODE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[3])
+import make_hf_models as models
+import collage_core
+model, example, _ = models.module_and_input(sys.argv[1], int(sys.argv[2]))
+started = time.perf_counter()
+result = collage_core.optimize(model, example_inputs=(example,), search="op-level", cost_db=sys.argv[4],
+                               compare_backends=False, show_progress=False)
+row = result.results_json()
+row["wall_s"] = time.perf_counter() - started
+print(json.dumps(row))
+"""
+
+
+def _stem(name: str, batch: int) -> str:
+    sys.path.insert(0, str(SCRIPTS))
+    import make_hf_models
+
+    return make_hf_models.file_stem(name, batch)
+
+
+def _onnx_file(name: str, batch: int) -> Path:
+    path = ROOT / "models" / "hf" / f"{_stem(name, batch)}.onnx"
+    if not path.exists():
+        subprocess.run([sys.executable, str(SCRIPTS / "make_hf_models.py"), "--model", name, "--batch", str(batch)],
+                       check=True, cwd=ROOT)
+    return path
+
+
+def _json_line(command: list[str], env=None) -> dict:
+    run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT, env=env)
+    if run.returncode != 0:
+        lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit code {run.returncode}"}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+class RawResults:
+    """``<raw>/<model stem>/<config>.json``: one file per measured configuration, never measured twice."""
+
+    def __init__(self, root: Path, stem: str):
+        self.directory = root / stem
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, config: str) -> Path:
+        return self.directory / (config.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "") + ".json")
+
+    def get_or_measure(self, config: str, measure) -> dict:
+        path = self.path(config)
+        if path.exists():
+            return json.loads(path.read_text())
+        print(f"  measuring {config} ...", flush=True)
+        started = time.perf_counter()
+        result = measure()
+        result.setdefault("wall_s", time.perf_counter() - started)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        partial.replace(path)
+        return result
+
+
+def measure_model(name: str, batch: int, raw_root: Path) -> None:
+    stem = _stem(name, batch)
+    print(f"{stem}:", flush=True)
+    raw = RawResults(raw_root, stem)
+    onnx_path = _onnx_file(name, batch)
+    for peer in PEERS:
+        raw.get_or_measure(peer, lambda: _json_line(
+            [sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]))
+    costs = raw.directory / "costs.sqlite"
+    out = raw.directory / "collage-out"
+
+    def collage(extra: list[str]):
+        return lambda: _collage_run(onnx_path, costs, out, extra)
+
+    raw.get_or_measure("collage cold", collage([]))
+    raw.get_or_measure("collage warm", collage(["--no-compare"]))
+    raw.get_or_measure("collage torch input", lambda: _json_line(
+        [sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(raw.directory / "torch-costs.sqlite")]))
+
+
+def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str]) -> dict:
+    started = time.perf_counter()
+    run = subprocess.run(["collage", "optimize", str(onnx_path), "--cost-db", str(costs), "--output", str(out), *extra],
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
+    if run.returncode != 0:
+        lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit code {run.returncode}"}
+    result = json.loads((out / "results.json").read_text())
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+# The report ---------------------------------------------------------------------------------
+
+
+def _rows(directory: Path) -> dict[str, dict]:
+    """Table rows of one model: name -> {median_s, spread_s} (or error), from its raw files."""
+    rows: dict[str, dict] = {}
+    for peer in PEERS:
+        path = RawResults(directory.parent, directory.name).path(peer)
+        if path.exists():
+            rows[peer] = json.loads(path.read_text())
+    cold_path = RawResults(directory.parent, directory.name).path("collage cold")
+    if cold_path.exists():
+        cold = json.loads(cold_path.read_text())
+        for entry in cold.get("end_to_end", []):
+            for prefix, row in COLLAGE_ROWS.items():
+                if entry["name"] == prefix or (prefix == "onnxruntime alone" and entry["name"].startswith("onnxruntime ")):
+                    cost = entry["cost"]
+                    rows[row] = {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
+    return rows
+
+
+def _format_ms(row: dict) -> str:
+    if "error" in row:
+        return f"failed: {row['error'][:80]}"
+    if row.get("median_s") is None:
+        return "not measured"
+    return f"{row['median_s'] * 1e3:.2f} ± {row['spread_s'] * 1e3:.2f}"
+
+
+def _ratio(value: dict, best: float | None) -> str:
+    if best is None or value.get("median_s") is None or "error" in value:
+        return ""
+    return f"{value['median_s'] / best:.2f}"
+
+
+def _machine() -> list[str]:
+    import numpy
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    versions = {"python": platform.python_version(), "numpy": numpy.__version__}
+    for module in ("tvm", "onnxruntime", "torch", "transformers"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            versions[module] = "not installed"
+    return [f"- CPU: {cpu}, {len(os.sched_getaffinity(0))} cores available; memory {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())]
+
+
+def write_report(raw_root: Path, command: str) -> Path:
+    lines = ["# Collage against its peers", "", f"Command: `{command}`", "", *_machine(), ""]
+    chart: list[tuple[str, dict]] = []
+    for directory in sorted(p for p in raw_root.iterdir() if p.is_dir()):
+        rows = _rows(directory)
+        if not rows:
+            continue
+        peers = [rows[p]["median_s"] for p in PEERS if p in rows and rows[p].get("median_s") and "error" not in rows[p]]
+        singles = [rows[s]["median_s"] for s in SINGLE_BACKENDS if s in rows and rows[s].get("median_s")]
+        best_peer, best_single = (min(peers) if peers else None), (min(singles) if singles else None)
+        lines += [f"## {directory.name}", "", "| configuration | median ± IQR (ms) | vs best peer | vs best single backend |",
+                  "|---|---|---|---|"]
+        for name, row in rows.items():
+            lines.append(f"| {name} | {_format_ms(row)} | {_ratio(row, best_peer)} | {_ratio(row, best_single)} |")
+        for config in ("collage cold", "collage warm"):
+            path = RawResults(raw_root, directory.name).path(config)
+            if path.exists():
+                data = json.loads(path.read_text())
+                measurement = data.get("measurement") or {}
+                lines.append(f"\n{config}: whole run {data.get('wall_s', 0):.0f} s; candidates measured "
+                             f"{measurement.get('measured', '?')} ({measurement.get('from_database', '?')} from the database); "
+                             f"search {data.get('search_s', 0):.1f} s" if "error" not in data else f"\n{config}: failed: {data['error']}")
+        lines.append("")
+        chart.append((directory.name, rows))
+    report = ROOT / "benchmarks" / "RESULTS.md"
+    report.write_text("\n".join(lines) + "\n")
+    _chart(chart, ROOT / "benchmarks" / "results.png")
+    return report
+
+
+def _chart(models: list[tuple[str, dict]], path: Path) -> None:
+    """Latency of every configuration per model, log scale (matplotlib: pip install -e '.[bench]')."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no chart: matplotlib is not installed (pip install -e '.[bench]')")
+        return
+    configs = sorted({name for _, rows in models for name in rows})
+    figure, axis = plt.subplots(figsize=(max(6, 1.8 * len(models)), 5))
+    width = 0.8 / max(1, len(configs))
+    for index, config in enumerate(configs):
+        values = [rows.get(config, {}).get("median_s") or 0 for _, rows in models]
+        axis.bar([m + index * width for m in range(len(models))], [v * 1e3 for v in values], width, label=config)
+    axis.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], [name for name, _ in models], rotation=20)
+    axis.set_yscale("log")
+    axis.set_ylabel("median latency, ms (log)")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--raw", type=Path, default=ROOT / "benchmarks" / "raw")
+    parser.add_argument("--only-report", action="store_true", help="write RESULTS.md and the chart from the raw files")
+    args = parser.parse_args()
+    if shutil.which("collage") is None:
+        raise SystemExit("the collage command is not installed: ./scripts/setup.sh")
+    args.raw.mkdir(parents=True, exist_ok=True)
+    if not args.only_report:
+        for name in args.models.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                measure_model(name, batch, args.raw)
+    command = "python benchmarks/peers.py " + " ".join(sys.argv[1:])
+    print(f"wrote {write_report(args.raw, command)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Files Collage reads never crash it or run code; what it writes follows the user's umask; plugins can be allow-listed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collage_core.placement_file import PlacementFileError, placement_from_json
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [ROOT / "collage_core", *sorted((ROOT / "plugins").glob("*/collage_*"))]
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=24,
+)
+VALID = {
+    "format": "collage-placement",
+    "version": 1,
+    "model": {"name": "m", "fingerprint": "f", "operators": ["relax.nn.relu", "relax.add"], "inputs_of": [[], [0]]},
+    "target": {"kind": "llvm"},
+    "device": "llvm:cpu",
+    "backends": {"tvm": {"version": "1", "kind": "op-level"}},
+    "search": "op-level",
+    "partitions": [
+        {"backend": "tvm", "pattern": "tvm.op", "operators": [0], "key": "a", "cost": {"kind": "measured", "median_s": 1e-3, "spread_s": 0.0, "repeats": 3}},
+        {"backend": "tvm", "pattern": "tvm.op", "operators": [1], "key": "b", "cost": {"kind": "measured", "median_s": 1e-3, "spread_s": 0.0, "repeats": 3}},
+    ],
+}
+
+
+def _loads_or_refuses(data) -> None:
+    try:
+        placement_from_json(data, "fuzzed.json")
+    except PlacementFileError as error:
+        assert str(error).startswith("fuzzed.json: ") and "\n" not in str(error)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JSON)
+def test_placement_loader_never_crashes_on_arbitrary_json(data):
+    _loads_or_refuses(data)
+
+
+def _paths(value, prefix=()):
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _paths(child, prefix + (key,))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _paths(child, prefix + (index,))
+    yield prefix
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_placement_loader_never_crashes_on_a_valid_file_with_one_part_replaced(data):
+    document = json.loads(json.dumps(VALID))
+    path = data.draw(st.sampled_from([p for p in _paths(document) if p]))
+    parent = document
+    for step in path[:-1]:
+        parent = parent[step]
+    parent[path[-1]] = data.draw(JSON)
+    _loads_or_refuses(document)
+
+
+def test_no_file_collage_reads_is_unpickled_or_evaluated():
+    forbidden = re.compile(r"\bpickle\b|(?<![.\w])eval\(|(?<![.\w])exec\(|allow_pickle\s*=\s*True|yaml\.load\(|marshal\.loads|torch\.load\(")
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for source in SOURCES
+        for path in sorted(source.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if forbidden.search(line)
+    ]
+    assert not hits
+
+
+def test_files_collage_writes_follow_the_umask(tmp_path):
+    code = (
+        "import os, sys, pathlib\n"
+        "os.umask(0o077)\n"
+        "from collage_core.cost_db import CostDatabase\n"
+        "from collage_core.deploy import write_runtime_file\n"
+        "from collage_core.placement_file import placement_from_json\n"
+        "import json\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "placement_from_json(json.loads(sys.argv[2]), 'x').save(out / 'placement.json')\n"
+        "CostDatabase.open(out / 'costs.sqlite').close()\n"
+        "(out / 'lib.so').write_bytes(b'')\n"
+        "write_runtime_file(out / 'lib.so', {})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), json.dumps(VALID)], check=True, timeout=120)
+    written = [p for p in tmp_path.iterdir() if p.is_file()]
+    assert {"placement.json", "costs.sqlite", "lib.so.runtime.json"} <= {p.name for p in written}
+    assert all(p.stat().st_mode & 0o077 == 0 for p in written), {p.name: oct(p.stat().st_mode) for p in written}
+
+
+def test_allow_list_loads_only_the_named_plugins():
+    env = {**os.environ, "COLLAGE_PLUGINS": "tvm"}
+    run = subprocess.run(["collage", "backends"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    names = [line.split()[0] for line in run.stdout.splitlines()[2:] if line.strip()]
+    assert names == ["tvm"]
+
+
+def test_deny_list_leaves_out_the_named_plugins():
+    env = {**os.environ, "COLLAGE_DISABLE_PLUGINS": "tvm"}
+    run = subprocess.run(["collage", "backends"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "tvm" not in [line.split()[0] for line in run.stdout.splitlines()[2:] if line.strip()]

@@ -1,0 +1,105 @@
+"""SIGINT and SIGTERM while `collage optimize` measures and while it searches, then a rerun that loses nothing."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "models" / "tiny_resnet.onnx"
+MEASURED = re.compile(r"measured (\d+) in [\d.]+ s, (\d+) from the database, (\d+) invalid")
+
+
+def _count(db: Path, table: str) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as connection:
+            return connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+class Optimize:
+    """`collage optimize` in the background, its stderr collected line by line as it comes."""
+
+    def __init__(self, db: Path, out: Path, *extra: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "collage_core.cli", "optimize", str(MODEL), "--cost-db", str(db), "--output", str(out), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_until(self, condition, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.process.poll() is not None:
+                pytest.fail("collage optimize ended before the moment to interrupt it:\n" + "\n".join(self.lines[-20:]))
+            if time.monotonic() > deadline:
+                self.process.kill()
+                pytest.fail("the moment to interrupt never came")
+            time.sleep(0.1)
+
+    def finish(self, timeout_s: float = 900) -> int:
+        code = self.process.wait(timeout=timeout_s)
+        self._reader.join(timeout=10)
+        return code
+
+
+def _rerun(db: Path, out: Path, *extra: str) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(MODEL), "--cost-db", str(db), "--output", str(out), *extra],
+        capture_output=True, text=True, cwd=ROOT, timeout=1200,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stderr
+
+
+@pytest.mark.parametrize(
+    "signum, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"]
+)
+def test_signal_during_measurement_keeps_every_cost_for_the_rerun(tmp_path, signum, code, word):
+    db = tmp_path / "costs.sqlite"
+    run = Optimize(db, tmp_path / "out", "--backends", "tvm", "--no-compare", "--calibration-rounds", "0")
+    run.wait_until(lambda: _count(db, "costs") >= 5)
+    run.process.send_signal(signum)
+    assert run.finish() == code
+    assert any(f"collage: {word}; costs measured so far are kept" in line for line in run.lines)
+    kept = _count(db, "costs")
+    assert kept >= 5
+    found = MEASURED.search(_rerun(db, tmp_path / "again", "--backends", "tvm", "--no-compare", "--calibration-rounds", "0"))
+    measured, from_database = int(found.group(1)), int(found.group(2))
+    assert from_database >= kept and measured + from_database == _count(db, "costs")
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_signal_during_the_evolutionary_search_keeps_measured_placements(tmp_path, signum, code):
+    pytest.importorskip("onnxruntime")
+    db = tmp_path / "costs.sqlite"
+    search = ("--backends", "tvm,onnxruntime", "--search", "two-level", "--no-compare", "--calibration-rounds", "0",
+              "--population", "4", "--generations", "2")
+    run = Optimize(db, tmp_path / "out", *search)
+    run.wait_until(lambda: any(line.startswith("two-level search:") for line in run.lines) and _count(db, "end_to_end_costs") >= 2)
+    run.process.send_signal(signum)
+    assert run.finish() == code
+    candidates, placements = _count(db, "costs"), _count(db, "end_to_end_costs")
+    stderr = _rerun(db, tmp_path / "again", *search)
+    found = MEASURED.search(stderr)
+    assert int(found.group(1)) == 0 and int(found.group(2)) == candidates  # no candidate measured twice
+    # Placements measured before the signal come from the database; only new ones are measured.
+    measured_again = len(re.findall(r"^  placement of \d+ partitions:", stderr, flags=re.M))
+    assert measured_again == _count(db, "end_to_end_costs") - placements
