@@ -43,7 +43,7 @@ COLLAGE_ROWS = {  # results.json row -> table row
     "onnxruntime alone": "onnxruntime alone",
     "unpartitioned relax.build": "tvm unpartitioned relax.build",
 }
-SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone")
+SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
 RUN_TIMEOUT_S = 6 * 3600
 
 PEER_CODE = r"""
@@ -188,14 +188,24 @@ def _rows(directory: Path) -> dict[str, dict]:
         path = RawResults(directory.parent, directory.name).path(peer)
         if path.exists():
             rows[peer] = json.loads(path.read_text())
-    cold_path = RawResults(directory.parent, directory.name).path("collage cold")
-    if cold_path.exists():
-        cold = json.loads(cold_path.read_text())
+    raw = RawResults(directory.parent, directory.name)
+    if raw.path("collage cold").exists():
+        cold = json.loads(raw.path("collage cold").read_text())
+        if "error" in cold:
+            rows["collage two-level"] = cold
         for entry in cold.get("end_to_end", []):
-            for prefix, row in COLLAGE_ROWS.items():
-                if entry["name"] == prefix or (prefix == "onnxruntime alone" and entry["name"].startswith("onnxruntime ")):
-                    cost = entry["cost"]
-                    rows[row] = {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
+            # Where ONNX Runtime cannot take every operator, its row is ONNX Runtime with the op-level placement for the rest.
+            row = COLLAGE_ROWS.get(entry["name"]) or (
+                "onnxruntime + op-level for the rest" if entry["name"].startswith("onnxruntime +") else None
+            )
+            if row:
+                cost = entry["cost"]
+                rows[row] = {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
+    if raw.path("collage torch input").exists():
+        torch_input = json.loads(raw.path("collage torch input").read_text())
+        placement = next((e["cost"] for e in torch_input.get("end_to_end", []) if e["name"] == "placement"), None)
+        rows["collage op-level, PyTorch input"] = torch_input if placement is None else {
+            "median_s": placement["median_s"], "spread_s": placement["spread_s"], "repeats": placement["repeats"]}
     return rows
 
 
