@@ -35,6 +35,9 @@ class Optimize:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "collage_core.cli", "optimize", str(MODEL), "--cost-db", str(db), "--output", str(out), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            # A shell running the tests in the background ignores SIGINT for its children, and
+            # Python then leaves it ignored; a user's terminal delivers it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
