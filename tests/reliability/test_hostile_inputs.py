@@ -117,3 +117,53 @@ def test_deny_list_leaves_out_the_named_plugins():
     run = subprocess.run(["collage", "backends"], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "tvm" not in [line.split()[0] for line in run.stdout.splitlines()[2:] if line.strip()]
+
+
+def _replay(placement: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["collage", "optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+
+
+def _placement_for_tiny_resnet() -> dict:
+    from collage_core.model_import import load_model
+    from collage_core.relax_graph import RelaxGraph
+
+    graph = RelaxGraph.from_function(load_model(str(ROOT / "models" / "tiny_resnet.onnx")).mod["main"])
+    document = json.loads(json.dumps(VALID))
+    document["model"]["operators"] = list(graph.graph.ops)
+    document["model"]["inputs_of"] = []
+    cost = VALID["partitions"][0]["cost"]
+    document["partitions"] = [
+        {"backend": "tvm", "pattern": "tvm.op", "operators": [n], "key": f"k{n}", "cost": cost} for n in range(len(graph.graph))
+    ]
+    return document
+
+
+def _with(document: dict, **changes) -> dict:
+    changed = json.loads(json.dumps(document))
+    for dotted, value in changes.items():
+        target = changed
+        *parents, last = dotted.split("__")
+        for step in parents:
+            target = target[int(step) if step.isdigit() else step]
+        target[int(last) if last.isdigit() else last] = value
+    return changed
+
+
+def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path):
+    document = _placement_for_tiny_resnet()
+    cases = {
+        "other_version.json": (json.dumps(_with(document, version=7)), "placement version 7 is not supported (this Collage reads version 1)"),
+        "malformed.json": ('{"format": "collage-placement", "version": 1,', "not JSON"),
+        "unknown_backend.json": (json.dumps(_with(document, partitions__0__backend="cutlass")), "placed on backend(s) not available here: cutlass"),
+        "other_model.json": (json.dumps(_with(document, model__operators__0="relax.nn.softmax")), "operator 0 is relax.nn.softmax in the placement"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        run = _replay(path)
+        errors = [line for line in run.stderr.splitlines() if line.startswith("collage: error:")]
+        assert run.returncode == 1 and len(errors) == 1, run.stderr[-1000:]
+        assert f"{path}: {message}" in errors[0]

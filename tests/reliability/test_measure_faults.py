@@ -21,7 +21,7 @@ from collage_core.timing import MeasureSettings
 from collage_core.worker_client import MeasurementWorker
 
 PLUGIN = "plugins_for_tests.faulty_backends"
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 # A worker builds and times one of these tiny candidates in well under a second even on a busy
 # machine; the hanging backend's one distinct candidate waits this out once.
 TIMEOUT_S = 3.0
