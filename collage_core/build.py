@@ -38,6 +38,18 @@ def lower_partitions(pm, mod: tvm.IRModule, backends: dict, target) -> tvm.IRMod
     return relax.transform.RunCodegen()(mod)
 
 
+def replace_functions(mod: tvm.IRModule, function_names, lower) -> tvm.IRModule:
+    """A copy of ``mod`` with each named function replaced by ``lower(function, name)``.
+
+    What a plugin whose ``collage_lower_partitions`` rewrites each partition on its own returns.
+    """
+    lowered = mod.clone()
+    for name in function_names:
+        gvar = lowered.get_global_var(name)
+        lowered.update_func(gvar, lower(lowered[gvar], name))
+    return lowered
+
+
 def build(pm, mod: tvm.IRModule, backends: dict, target):
     """Lower, then build with TVM's default pipeline for ``target``; returns a ``relax.Executable``."""
     lowered = lower_partitions(pm, mod, backends, target)

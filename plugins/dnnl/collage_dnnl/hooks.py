@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
 from collage_core.records import OP_LEVEL, Availability, Backend
 from collage_dnnl import library, lowering, patterns, specs
@@ -67,11 +68,7 @@ def collage_contribute_patterns(backend, target):
 def collage_lower_partitions(backend, mod, function_names, target):
     if backend.name != BACKEND:
         return None
-    lowered = mod.clone()
-    for name in function_names:
-        gvar = lowered.get_global_var(name)
-        lowered.update_func(gvar, lowering.lower_function(lowered[gvar], name))
-    return lowered
+    return replace_functions(mod, function_names, lowering.lower_function)
 
 
 @hookimpl

@@ -13,6 +13,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core import tvm_compat
+from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
 from collage_core.records import GRAPH_LEVEL, Availability, Backend, Pattern
 from collage_onnxruntime import relax_to_onnx, runtime, support
@@ -115,11 +116,7 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
 def collage_lower_partitions(backend, mod, function_names, target):
     if backend.name != BACKEND:
         return None
-    lowered = mod.clone()
-    for name in function_names:
-        gvar = lowered.get_global_var(name)
-        lowered.update_func(gvar, lower_function(lowered[gvar], name))
-    return lowered
+    return replace_functions(mod, function_names, lower_function)
 
 
 
