@@ -5,11 +5,11 @@
 
 For each model and batch size, in this order and each in a fresh process:
   peers            ONNX Runtime (a default session), PyTorch eager, torch.compile (inductor)
-  collage (cold)   `collage optimize` with every installed backend and an empty cost database:
+  collage (cold)   `collage optimize --budget 240` with every installed backend and an empty cost database:
                    the two-level placement, the op-level placement, each backend alone (TVM; DNNL
                    with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
   collage (warm)   the same command again on the now warm cost database
-  collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level)
+  collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level, same cost database)
 
 Every result lands in ``<raw>/<model>/<config>.json`` as soon as it is measured and is not
 measured again, so an interrupted run resumes where it stopped; untuned TVM takes minutes per
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-MODELS = ["resnet50", "mobilenetv2", "bert-base", "vit-base", "convnext-tiny", "gpt2"]
+MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
 PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
 COLLAGE_ROWS = {  # results.json row -> table row
     "placement": "collage two-level",
@@ -45,6 +45,7 @@ COLLAGE_ROWS = {  # results.json row -> table row
 }
 SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
 RUN_TIMEOUT_S = 6 * 3600
+TWO_LEVEL_BUDGET_S = 240  # the two-level search's time budget (`collage optimize --budget`)
 
 PEER_CODE = r"""
 import json, sys, time
@@ -163,12 +164,13 @@ def measure_model(name: str, batch: int, raw_root: Path) -> None:
     raw.get_or_measure("collage cold", collage([]))
     raw.get_or_measure("collage warm", collage(["--no-compare"]))
     raw.get_or_measure("collage torch input", lambda: _json_line(
-        [sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(raw.directory / "torch-costs.sqlite")]))
+        [sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)]))
 
 
 def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str]) -> dict:
     started = time.perf_counter()
-    run = subprocess.run(["collage", "optimize", str(onnx_path), "--cost-db", str(costs), "--output", str(out), *extra],
+    run = subprocess.run(["collage", "optimize", str(onnx_path), "--cost-db", str(costs), "--output", str(out),
+                          "--budget", str(TWO_LEVEL_BUDGET_S), *extra],
                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
     if run.returncode != 0:
         lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
@@ -199,18 +201,24 @@ def _rows(directory: Path) -> dict[str, dict]:
                 "onnxruntime + op-level for the rest" if entry["name"].startswith("onnxruntime +") else None
             )
             if row:
-                cost = entry["cost"]
-                rows[row] = {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
+                rows[row] = _cost_row(entry["cost"])
     if raw.path("collage torch input").exists():
         torch_input = json.loads(raw.path("collage torch input").read_text())
         placement = next((e["cost"] for e in torch_input.get("end_to_end", []) if e["name"] == "placement"), None)
-        rows["collage op-level, PyTorch input"] = torch_input if placement is None else {
-            "median_s": placement["median_s"], "spread_s": placement["spread_s"], "repeats": placement["repeats"]}
+        rows["collage op-level, PyTorch input"] = torch_input if placement is None else _cost_row(placement)
     return rows
+
+
+def _cost_row(cost: dict) -> dict:
+    if cost["kind"] != "measured":
+        return {"error": cost.get("reason") or cost["kind"]}
+    return {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
 
 
 def _format_ms(row: dict) -> str:
     if "error" in row:
+        if row["error"].startswith("stopped: one run takes longer than"):
+            return f"> {float(row['error'].rsplit(' ', 2)[-2]) * 1e3:.0f} (stopped)"
         return f"failed: {row['error'][:80]}"
     if row.get("median_s") is None:
         return "not measured"
@@ -303,8 +311,8 @@ def main() -> None:
         raise SystemExit("the collage command is not installed: ./scripts/setup.sh")
     args.raw.mkdir(parents=True, exist_ok=True)
     if not args.only_report:
-        for name in args.models.split(","):
-            for batch in (int(b) for b in args.batches.split(",")):
+        for batch in (int(b) for b in args.batches.split(",")):  # every model at batch 1 before any at batch 8
+            for name in args.models.split(","):
                 measure_model(name, batch, args.raw)
     command = "python benchmarks/peers.py " + " ".join(sys.argv[1:])
     print(f"wrote {write_report(args.raw, command)}")

@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 from collage_core.calibration import DEFAULT_ROUNDS
 from collage_core.errors import CollageError
+from collage_core.timing import DEFAULT_BASELINE_LIMIT_S
 from collage_core.two_level import TwoLevelSettings
 
 DEFAULT_TWO_LEVEL = TwoLevelSettings()
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="two-level: stop after this many generations without a faster placement")
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
+    optimize.add_argument("--baseline-limit", type=float, default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
+                          help="stop a baseline whose one run takes longer than S seconds and report it as "
+                               f"stopped (default {DEFAULT_BASELINE_LIMIT_S:g}; 0: no limit)")
     optimize.add_argument(
         "--calibration-rounds", type=int, default=DEFAULT_ROUNDS,
         help="re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
@@ -122,6 +126,7 @@ def _optimize(args) -> int:
         cost_db=args.cost_db,
         output_dir=output,
         compare_backends=not args.no_compare,
+        baseline_limit_s=args.baseline_limit or None,
         calibration_rounds=args.calibration_rounds,
         search=args.search,
         two_level=TwoLevelSettings(

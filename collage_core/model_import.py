@@ -98,9 +98,7 @@ def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
 def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") -> ImportedModel:
     import onnx
     import onnxruntime
-    from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
-
-    supported = onnx_frontend._get_convert_map()
+    supported = tvm_compat.onnx_convert_map()
     unsupported = sorted({node.op_type for node in proto.graph.node} - set(supported))
     if unsupported:
         raise ModelImportError(f"{origin}: unsupported ONNX operator(s): {', '.join(unsupported)}")
@@ -116,7 +114,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") 
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
         inputs.append(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype))
     try:
-        mod = from_onnx(proto, keep_params_in_input=False)
+        mod = tvm_compat.from_onnx(proto)
     except Exception as error:
         raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}") from None
     session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])

@@ -33,10 +33,10 @@ from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Candidate, Cost, Partiti
 from collage_core.regions import OpGroup, decode, genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.search import search_op_level
-from collage_core.timing import MeasureSettings
+from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.two_level import TwoLevelResult, TwoLevelSettings, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
-from collage_core.worker_client import MeasurementWorker, WorkerFailure
+from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
 
 PLACEMENT = "placement"
 OP_LEVEL_SEARCH = "op-level"
@@ -49,6 +49,7 @@ CUTOFF_FACTOR = 1.5
 BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
 UNPARTITIONED = "unpartitioned relax.build"
+STOPPED_PREFIX = "stopped: one run takes longer than"
 # Forces "this backend wherever it can" when a backend cannot cover the model alone.
 FALLBACK_PENALTY_S = 1e3
 
@@ -146,6 +147,7 @@ def optimize(
     output_dir: Optional[os.PathLike] = None,
     settings: MeasureSettings = MeasureSettings(),
     compare_backends: bool = True,
+    baseline_limit_s: Optional[float] = DEFAULT_BASELINE_LIMIT_S,
     calibration_rounds: int = DEFAULT_ROUNDS,
     verify: bool = True,
     show_progress: bool = True,
@@ -158,7 +160,10 @@ def optimize(
     the file's placement is rebuilt. Measured costs are kept in ``cost_db`` (default: the user
     cache); with ``output_dir`` the best placement so far is saved there as the search goes.
     ``calibration_rounds`` re-searches of the op-level placement with per-partition charges
-    measured end to end are tried (0: none; see :mod:`collage_core.calibration`).
+    measured end to end are tried (0: none; see :mod:`collage_core.calibration`). With
+    ``compare_backends`` each backend alone and TVM's unpartitioned build are measured too; one
+    whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such
+    (None: no limit).
     """
     say = _Narrator(show_progress)
     imported = load_model(model, example_inputs)
@@ -209,7 +214,8 @@ def optimize(
         say(verification.describe())
     results = [EndToEnd(PLACEMENT, placement_cost, _operators_by_backend(parts))]
     if compare_backends:
-        results += job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result)
+        results += job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
+                                 baseline_limit_s)
     optimized = OptimizedModel(
         imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
         partitioned, two_level_result,
@@ -380,8 +386,12 @@ class _Job:
             considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],
         )
 
-    def run_built(self, mod, library: Optional[Path], cutoff_s: Optional[float] = None):
-        """Build ``mod`` in a fresh worker, run it on the job's inputs and time it; returns (outputs, cost)."""
+    def run_built(self, mod, library: Optional[Path], cutoff_s: Optional[float] = None,
+                  run_limit_s: Optional[float] = None):
+        """Build ``mod`` in a fresh worker, run it on the job's inputs and time it; returns (outputs, cost).
+
+        With ``run_limit_s``, a first run taking longer stops the worker: :class:`StageTooSlow`.
+        """
         module_path, inputs_path, outputs_path = (self.workdir / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
         module_path.write_text(tvm_compat.save_ir_json(mod))
         np.savez(inputs_path, *self.inputs)
@@ -396,7 +406,10 @@ class _Job:
         }
         try:
             with MeasurementWorker(self.plugin_modules, self.disabled) as worker:
-                response = worker.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S)
+                response = worker.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S,
+                                          stage_limits=None if run_limit_s is None else {"built": run_limit_s})
+        except StageTooSlow:
+            raise
         except WorkerFailure as failure:
             raise CollageError(f"building or running the placement failed: {failure}") from None
         finally:
@@ -407,8 +420,13 @@ class _Job:
             path.unlink(missing_ok=True)
         return outputs, Cost.from_json(response["cost"])
 
-    def baselines(self, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result) -> list[EndToEnd]:
-        """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback)."""
+    def baselines(self, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
+                  limit_s: Optional[float] = None) -> list[EndToEnd]:
+        """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback).
+
+        A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
+        and says so.
+        """
         built: list[tuple[str, list]] = []
         if two_level_result is not None:
             built.append(("op-level placement", op_level_parts))
@@ -426,8 +444,7 @@ class _Job:
                 if baseline is not None:
                     built.append(baseline)
         self.say(f"building and measuring {UNPARTITIONED}")
-        _, cost = self.run_built(self.imported.mod, None)
-        results = [EndToEnd(UNPARTITIONED, cost, {"relax.build": len(self.graph.graph)})]
+        results = [EndToEnd(UNPARTITIONED, self._baseline_cost(self.imported.mod, limit_s), {"relax.build": len(self.graph.graph)})]
         measured = {**self.measured_end_to_end, signature(parts): placement_cost}
         for name, baseline_parts in built:
             baseline_signature = signature(baseline_parts)
@@ -435,13 +452,20 @@ class _Job:
                 cost = measured[baseline_signature]
             else:
                 self.say(f"building and measuring {name}")
-                try:
-                    _, cost = self.run_built(partition_module(self.graph, baseline_parts), None)
-                except CollageError as error:
-                    cost = Cost.invalid(str(error))
+                cost = self._baseline_cost(partition_module(self.graph, baseline_parts), limit_s)
                 measured[baseline_signature] = cost
             results.append(EndToEnd(name, cost, _operators_by_backend(baseline_parts)))
         return results
+
+
+    def _baseline_cost(self, mod, limit_s: Optional[float]) -> Cost:
+        try:
+            return self.run_built(mod, None, run_limit_s=limit_s)[1]
+        except StageTooSlow as slow:
+            self.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
+            return Cost.invalid(f"{STOPPED_PREFIX} {slow.limit_s:g} s")
+        except CollageError as error:
+            return Cost.invalid(str(error))
 
 
 class _Narrator:

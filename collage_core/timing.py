@@ -10,6 +10,9 @@ import numpy as np
 
 from collage_core.records import Cost
 
+# A single-backend baseline whose one run takes longer is stopped (untuned TVM on BERT at batch 8: minutes).
+DEFAULT_BASELINE_LIMIT_S = 60.0
+
 
 @attrs.frozen
 class MeasureSettings:
@@ -17,6 +20,10 @@ class MeasureSettings:
 
     ``cutoff_s``: a function whose first run after the warm-up already takes longer is not
     measured further; its cost is that one run (``repeats`` 1). The two-level search uses it to drop slow genomes fast.
+
+    ``single_run_s``: a whole placement whose first run takes longer is timed by that run alone
+    (``repeats`` 1): repeating a run of seconds (untuned TVM on a large model) costs minutes and
+    adds no precision anyone reads.
     """
 
     warmup: int = 1
@@ -27,13 +34,15 @@ class MeasureSettings:
     time_bound_s: float = 10.0
     timeout_s: float = 600.0
     cutoff_s: Optional[float] = None
+    single_run_s: float = 5.0
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> "MeasureSettings":
-        return cls(**data)
+        known = {field.name for field in attrs.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 def summarize(samples: list[float]) -> tuple[float, float]:

@@ -163,3 +163,67 @@ def save_params(params: dict) -> bytes:
 
 def load_params(data: bytes) -> dict:
     return {name: value.numpy() for name, value in tvm.runtime.load_param_dict(bytearray(data)).items()}
+
+
+
+def onnx_convert_map() -> dict:
+    """TVM's ONNX converters, with ``Clip`` on constant bounds imported as ``R.clip``.
+
+    0.27 imports every Clip as two ``call_tir`` kernels (maximum, then minimum), which no
+    backend's pattern can read; ``R.clip`` is an operator DNNL fuses as a post-op and ONNX
+    Runtime runs as Clip. Bounds that are not constants keep TVM's converter.
+    """
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return _with_constant_clip(onnx_frontend._get_convert_map())
+
+
+def from_onnx(proto):
+    """TVM's ONNX importer (weights as constants) with the converters of :func:`onnx_convert_map`."""
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
+
+    original = onnx_frontend._get_convert_map
+    onnx_frontend._get_convert_map = lambda: _with_constant_clip(original())
+    try:
+        return tvm_from_onnx(proto, keep_params_in_input=False)
+    finally:
+        onnx_frontend._get_convert_map = original
+
+
+def _with_constant_clip(converters: dict) -> dict:
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    tvm_clip = onnx_frontend.Clip
+
+    def bound(expr, default):
+        if expr is None:
+            return default
+        value = constant_array(expr)
+        if value is None or value.size != 1 or np.isnan(value).any():
+            return None
+        return float(value.reshape(()))
+
+    def clip(bb, x, low, high):
+        if low is None or high is None or low > high:  # ONNX gives high where low > high, R.clip low
+            return None
+        if not isinstance(x.ty, relax.TensorType) or not str(x.ty.dtype).startswith("float"):
+            return None
+        dtype = str(x.ty.dtype)
+        finite = float(np.finfo(dtype).max)
+        return bb.emit(relax.op.clip(x, tvm.tirx.FloatImm(dtype, max(low, -finite)),
+                                     tvm.tirx.FloatImm(dtype, min(high, finite))))
+
+    class ConstantClip(tvm_clip):
+        @classmethod
+        def _impl_v1(cls, bb, inputs, attr, params):
+            result = clip(bb, inputs[0], float(attr.get("min", -np.inf)), float(attr.get("max", np.inf)))
+            return result if result is not None else tvm_clip._impl_v1(bb, inputs, attr, params)
+
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            low = bound(inputs[1] if len(inputs) > 1 else None, -np.inf)
+            high = bound(inputs[2] if len(inputs) > 2 else None, np.inf)
+            result = clip(bb, inputs[0], low, high)
+            return result if result is not None else tvm_clip._impl_v13(bb, inputs, attr, params)
+
+    return {**converters, "Clip": ConstantClip}

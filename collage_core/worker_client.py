@@ -17,6 +17,15 @@ class WorkerFailure(Exception):
     """The worker crashed, hung or answered with an error; the message says which and why."""
 
 
+class StageTooSlow(WorkerFailure):
+    """The step after ``stage`` took longer than its limit; the worker was stopped."""
+
+    def __init__(self, stage: str, limit_s: float):
+        super().__init__(f"the step after {stage!r} took longer than {limit_s:g} s")
+        self.stage = stage
+        self.limit_s = limit_s
+
+
 class MeasurementWorker:
     """A ``python -m collage_core.worker`` process, restarted after any crash or timeout."""
 
@@ -34,11 +43,25 @@ class MeasurementWorker:
     def __exit__(self, *exc):
         self.close()
 
-    def request(self, message: dict, timeout_s: float) -> dict:
-        """Send ``message`` and wait at most ``timeout_s`` for the answer."""
+    def request(self, message: dict, timeout_s: float, stage_limits: Optional[dict] = None) -> dict:
+        """Send ``message`` and wait at most ``timeout_s`` for the answer.
+
+        The worker reports finished stages (``{"progress": "built"}``) on the way; ``stage_limits``
+        maps a stage to the most seconds the step after it may take, and the worker is stopped
+        with :class:`StageTooSlow` when it takes longer.
+        """
         if self.process is None:
             self._start()
         response = self._exchange(message, timeout_s)
+        while "progress" in response:
+            stage = response["progress"]
+            limit = (stage_limits or {}).get(stage)
+            try:
+                response = self._next(timeout_s if limit is None else limit)
+            except WorkerFailure as failure:
+                if limit is not None and "timed out" in str(failure):
+                    raise StageTooSlow(stage, limit) from None
+                raise
         if "error" in response:
             raise WorkerFailure(response["error"])
         return response
@@ -74,6 +97,9 @@ class MeasurementWorker:
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the reader reports the death below, with the exit status
+        return self._next(timeout_s)
+
+    def _next(self, timeout_s: float) -> dict:
         try:
             line = self.lines.get(timeout=timeout_s)
         except queue.Empty:

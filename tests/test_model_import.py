@@ -9,6 +9,7 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
+import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
@@ -168,3 +169,36 @@ def test_relax_module_imports_into_one_dataflow_block():
     assert imported.reference is None
     assert imported.inputs == (TensorSpec("x", (2, 8), "float32"),)
     assert_canonical(imported)
+
+
+def clip_model(low, high) -> onnx.ModelProto:
+    """Clip(x, low, high) with the bounds as initializers (how exporters write ReLU6); None: bound left out."""
+    names = ["x", "low" if low is not None else "", "high" if high is not None else ""]
+    graph = helper.make_graph(
+        [helper.make_node("Clip", names, ["y"])], "clip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor(name, TensorProto.FLOAT, [], [value])
+         for name, value in (("low", low), ("high", high)) if value is not None],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+@pytest.mark.parametrize("low, high", [(0.0, 6.0), (None, 0.5), (-0.25, None), (0.5, -0.5)])
+def test_clip_with_constant_bounds_matches_onnx_runtime(low, high):
+    """Constant bounds become ``R.clip`` (which backends can take); low above high keeps ONNX's answer (high)."""
+    imported = load_model(clip_model(low, high))
+    operators = {call.op.name for call in _calls(imported.mod["main"])}
+    assert ("relax.clip" in operators) == (low is None or high is None or low <= high), operators
+    inputs = [np.linspace(-8, 8, 16, dtype="float32").reshape(2, 8)]
+    target = tvm_compat.host_cpu_target()
+    outputs = run_relax(relax.build(imported.mod, target), target, inputs)
+    verification = compare_outputs(outputs, imported.reference(inputs), imported.reference_name, RTOL, ATOL)
+    assert verification.passed, verification.describe()
+
+
+def _calls(func):
+    found = []
+    relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and
+                                    isinstance(e.op, tvm.ir.Op) else None)
+    return found

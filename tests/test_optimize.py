@@ -132,3 +132,29 @@ def test_optimize_torch_module_is_verified_against_pytorch(workspace):
         compare_backends=False,
     )
     assert result.verification.passed and result.verification.reference.startswith("pytorch")
+
+
+def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, workspace):
+    """A limit no run can meet stops every baseline after its build; the placement itself is still timed
+    (and a baseline that is the placement, here TVM alone, reuses its cost)."""
+    from collage_core.optimizer import STOPPED_PREFIX
+
+    limited = collage_core.optimize(
+        str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "limited",
+        baseline_limit_s=1e-6, calibration_rounds=0, show_progress=False,
+    )
+    placement, *baselines = limited.end_to_end
+    assert placement.cost.is_measured
+    stopped = [b for b in baselines if b.cost != placement.cost]
+    assert [b.name for b in stopped][0] == "unpartitioned relax.build"
+    assert all(not b.cost.is_measured and b.cost.reason.startswith(STOPPED_PREFIX) for b in stopped)
+
+
+def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace):
+    from collage_core.timing import MeasureSettings
+
+    once = collage_core.optimize(
+        str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "once",
+        settings=MeasureSettings(single_run_s=0.0), compare_backends=False, calibration_rounds=0, show_progress=False,
+    )
+    assert once.end_to_end[0].cost.repeats == 1 and once.end_to_end[0].cost.median_s > 0
