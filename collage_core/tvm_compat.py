@@ -167,15 +167,17 @@ def load_params(data: bytes) -> dict:
 
 
 def onnx_convert_map() -> dict:
-    """TVM's ONNX converters, with ``Clip`` on constant bounds imported as ``R.clip``.
+    """TVM's ONNX converters, with two of 0.27's replaced where they fall short.
 
-    0.27 imports every Clip as two ``call_tir`` kernels (maximum, then minimum), which no
-    backend's pattern can read; ``R.clip`` is an operator DNNL fuses as a post-op and ONNX
-    Runtime runs as Clip. Bounds that are not constants keep TVM's converter.
+    - ``Clip`` on constant bounds imports as ``R.clip``. 0.27 imports every Clip as two
+      ``call_tir`` kernels (maximum, then minimum), which no backend's pattern can read; ONNX
+      Runtime runs ``R.clip`` as Clip. Bounds that are not constants keep TVM's converter.
+    - ``ConstantOfShape`` of a constant shape is a constant of that shape. 0.27 broadcasts the
+      one-element value to the shape and fails on a scalar shape (GPT-2's causal mask).
     """
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    return _with_constant_clip(onnx_frontend._get_convert_map())
+    return _with_fixes(onnx_frontend._get_convert_map())
 
 
 def from_onnx(proto):
@@ -183,14 +185,36 @@ def from_onnx(proto):
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
 
     original = onnx_frontend._get_convert_map
-    onnx_frontend._get_convert_map = lambda: _with_constant_clip(original())
+    onnx_frontend._get_convert_map = lambda: _with_fixes(original())
     try:
         return tvm_from_onnx(proto, keep_params_in_input=False)
     finally:
         onnx_frontend._get_convert_map = original
 
 
-def _with_constant_clip(converters: dict) -> dict:
+def _with_fixes(converters: dict) -> dict:
+    return {**converters, "Clip": _constant_clip(), "ConstantOfShape": _constant_of_constant_shape()}
+
+
+def _constant_of_constant_shape():
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    tvm_converter = onnx_frontend.ConstantOfShape
+
+    class ConstantOfConstantShape(tvm_converter):
+        @classmethod
+        def _impl_v9(cls, bb, inputs, attr, params):
+            shape = constant_array(inputs[0])
+            if shape is None:
+                return tvm_converter._impl_v9(bb, inputs, attr, params)
+            value = attr.get("value")
+            value = onnx_frontend.get_numpy(value).reshape(()) if value is not None else np.float32(0)
+            return relax.const(np.full([int(d) for d in shape.reshape(-1)], value, dtype=value.dtype))
+
+    return ConstantOfConstantShape
+
+
+def _constant_clip():
     from tvm.relax.frontend.onnx import onnx_frontend
 
     tvm_clip = onnx_frontend.Clip
@@ -226,4 +250,4 @@ def _with_constant_clip(converters: dict) -> dict:
             result = clip(bb, inputs[0], low, high)
             return result if result is not None else tvm_clip._impl_v13(bb, inputs, attr, params)
 
-    return {**converters, "Clip": ConstantClip}
+    return ConstantClip

@@ -202,3 +202,23 @@ def _calls(func):
     relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and
                                     isinstance(e.op, tvm.ir.Op) else None)
     return found
+
+
+@pytest.mark.parametrize("shape", [[], [4], [2, 4]])
+def test_constant_of_constant_shape_imports_including_a_scalar_shape(shape):
+    """GPT-2's causal mask starts from ConstantOfShape of an empty shape: a scalar."""
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["filled"],
+                          value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.5])),
+         helper.make_node("Add", ["x", "filled"], ["y"])],
+        "constant_of_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor("shape", TensorProto.INT64, [len(shape)], shape)],
+    )
+    imported = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]))
+    inputs = [np.arange(8, dtype="float32").reshape(2, 4)]
+    target = tvm_compat.host_cpu_target()
+    outputs = run_relax(relax.build(imported.mod, target), target, inputs)
+    verification = compare_outputs(outputs, imported.reference(inputs), imported.reference_name, RTOL, ATOL)
+    assert verification.passed, verification.describe()
