@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -33,17 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers_report import PEERS, raw_file, write_report  # noqa: E402
+
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
-PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
-COLLAGE_ROWS = {  # results.json row -> table row
-    "placement": "collage two-level",
-    "op-level placement": "collage op-level",
-    "tvm alone": "tvm alone",
-    "dnnl + tvm for the rest": "dnnl + tvm for the rest",
-    "onnxruntime alone": "onnxruntime alone",
-    "unpartitioned relax.build": "tvm unpartitioned relax.build",
-}
-SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
 RUN_TIMEOUT_S = 6 * 3600
 TWO_LEVEL_BUDGET_S = 240  # the two-level search's time budget (`collage optimize --budget`)
 
@@ -131,7 +122,7 @@ class RawResults:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def path(self, config: str) -> Path:
-        return self.directory / (config.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "") + ".json")
+        return raw_file(self.directory, config)
 
     def get_or_measure(self, config: str, measure) -> dict:
         path = self.path(config)
@@ -180,126 +171,6 @@ def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str]) -> d
     return result
 
 
-# The report ---------------------------------------------------------------------------------
-
-
-def _rows(directory: Path) -> dict[str, dict]:
-    """Table rows of one model: name -> {median_s, spread_s} (or error), from its raw files."""
-    rows: dict[str, dict] = {}
-    for peer in PEERS:
-        path = RawResults(directory.parent, directory.name).path(peer)
-        if path.exists():
-            rows[peer] = json.loads(path.read_text())
-    raw = RawResults(directory.parent, directory.name)
-    if raw.path("collage cold").exists():
-        cold = json.loads(raw.path("collage cold").read_text())
-        if "error" in cold:
-            rows["collage two-level"] = cold
-        for entry in cold.get("end_to_end", []):
-            # Where ONNX Runtime cannot take every operator, its row is ONNX Runtime with the op-level placement for the rest.
-            row = COLLAGE_ROWS.get(entry["name"]) or (
-                "onnxruntime + op-level for the rest" if entry["name"].startswith("onnxruntime +") else None
-            )
-            if row:
-                rows[row] = _cost_row(entry["cost"])
-    if raw.path("collage torch input").exists():
-        torch_input = json.loads(raw.path("collage torch input").read_text())
-        placement = next((e["cost"] for e in torch_input.get("end_to_end", []) if e["name"] == "placement"), None)
-        rows["collage op-level, PyTorch input"] = torch_input if placement is None else _cost_row(placement)
-    return rows
-
-
-def _cost_row(cost: dict) -> dict:
-    if cost["kind"] != "measured":
-        return {"error": cost.get("reason") or cost["kind"]}
-    return {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
-
-
-def _format_ms(row: dict) -> str:
-    if "error" in row:
-        if row["error"].startswith("stopped: one run takes longer than"):
-            return f"> {float(row['error'].rsplit(' ', 2)[-2]) * 1e3:.0f} (stopped)"
-        return f"failed: {row['error'][:80]}"
-    if row.get("median_s") is None:
-        return "not measured"
-    return f"{row['median_s'] * 1e3:.2f} ± {row['spread_s'] * 1e3:.2f}"
-
-
-def _ratio(value: dict, best: float | None) -> str:
-    if best is None or value.get("median_s") is None or "error" in value:
-        return ""
-    return f"{value['median_s'] / best:.2f}"
-
-
-def _machine() -> list[str]:
-    import numpy
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    versions = {"python": platform.python_version(), "numpy": numpy.__version__}
-    for module in ("tvm", "onnxruntime", "torch", "transformers"):
-        try:
-            versions[module] = __import__(module).__version__
-        except ImportError:
-            versions[module] = "not installed"
-    return [f"- CPU: {cpu}, {len(os.sched_getaffinity(0))} cores available; memory {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
-            "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())]
-
-
-def write_report(raw_root: Path, command: str) -> Path:
-    lines = ["# Collage against its peers", "", f"Command: `{command}`", "", *_machine(), ""]
-    chart: list[tuple[str, dict]] = []
-    for directory in sorted(p for p in raw_root.iterdir() if p.is_dir()):
-        rows = _rows(directory)
-        if not rows:
-            continue
-        peers = [rows[p]["median_s"] for p in PEERS if p in rows and rows[p].get("median_s") and "error" not in rows[p]]
-        singles = [rows[s]["median_s"] for s in SINGLE_BACKENDS if s in rows and rows[s].get("median_s")]
-        best_peer, best_single = (min(peers) if peers else None), (min(singles) if singles else None)
-        lines += [f"## {directory.name}", "", "| configuration | median ± IQR (ms) | vs best peer | vs best single backend |",
-                  "|---|---|---|---|"]
-        for name, row in rows.items():
-            lines.append(f"| {name} | {_format_ms(row)} | {_ratio(row, best_peer)} | {_ratio(row, best_single)} |")
-        for config in ("collage cold", "collage warm"):
-            path = RawResults(raw_root, directory.name).path(config)
-            if path.exists():
-                data = json.loads(path.read_text())
-                measurement = data.get("measurement") or {}
-                lines.append(f"\n{config}: whole run {data.get('wall_s', 0):.0f} s; candidates measured "
-                             f"{measurement.get('measured', '?')} ({measurement.get('from_database', '?')} from the database); "
-                             f"search {data.get('search_s', 0):.1f} s" if "error" not in data else f"\n{config}: failed: {data['error']}")
-        lines.append("")
-        chart.append((directory.name, rows))
-    report = ROOT / "benchmarks" / "RESULTS.md"
-    report.write_text("\n".join(lines) + "\n")
-    _chart(chart, ROOT / "benchmarks" / "results.png")
-    return report
-
-
-def _chart(models: list[tuple[str, dict]], path: Path) -> None:
-    """Latency of every configuration per model, log scale (matplotlib: pip install -e '.[bench]')."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no chart: matplotlib is not installed (pip install -e '.[bench]')")
-        return
-    configs = sorted({name for _, rows in models for name in rows})
-    figure, axis = plt.subplots(figsize=(max(6, 1.8 * len(models)), 5))
-    width = 0.8 / max(1, len(configs))
-    for index, config in enumerate(configs):
-        values = [rows.get(config, {}).get("median_s") or 0 for _, rows in models]
-        axis.bar([m + index * width for m in range(len(models))], [v * 1e3 for v in values], width, label=config)
-    axis.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], [name for name, _ in models], rotation=20)
-    axis.set_yscale("log")
-    axis.set_ylabel("median latency, ms (log)")
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -315,7 +186,8 @@ def main() -> None:
             for name in args.models.split(","):
                 measure_model(name, batch, args.raw)
     command = "python benchmarks/peers.py " + " ".join(sys.argv[1:])
-    print(f"wrote {write_report(args.raw, command)}")
+    report = write_report(args.raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
+    print(f"wrote {report} and {report.parent / 'results.png'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,259 @@
+"""``benchmarks/RESULTS.md`` and ``benchmarks/results.png`` from the raw files ``peers.py`` keeps.
+
+Every number comes from ``<raw>/<model>_b<batch>/*.json``; nothing is typed by hand. Run it
+alone with ``python benchmarks/peers.py --only-report``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
+ORT_PEER = "onnxruntime default session"
+COLLAGE = "collage (the placement it returns)"
+COLLAGE_ROWS = {  # results.json end-to-end row -> table row
+    "placement": COLLAGE,
+    "op-level placement": "collage op-level placement",
+    "tvm alone": "tvm alone",
+    "dnnl + tvm for the rest": "dnnl + tvm for the rest",
+    "onnxruntime alone": "onnxruntime alone",
+    "unpartitioned relax.build": "tvm unpartitioned relax.build",
+}
+TORCH_INPUT = "collage op-level, PyTorch module as input"
+SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
+STOPPED = "stopped: one run takes longer than"
+EXPLANATION_LINES = 30
+
+
+def raw_file(directory: Path, config: str) -> Path:
+    """Where ``peers.py`` keeps one configuration's result."""
+    return directory / (config.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "") + ".json")
+
+
+def _load(directory: Path, config: str) -> Optional[dict]:
+    path = raw_file(directory, config)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _cost_row(cost: dict) -> dict:
+    if cost["kind"] != "measured":
+        return {"error": cost.get("reason") or cost["kind"]}
+    return {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
+
+
+def model_rows(directory: Path) -> dict[str, dict]:
+    """One model's table rows: name -> {median_s, spread_s, repeats} or {error}."""
+    rows: dict[str, dict] = {}
+    for peer in PEERS:
+        result = _load(directory, peer)
+        if result is not None:
+            rows[peer] = result
+    cold = _load(directory, "collage cold")
+    if cold is not None and "error" in cold:
+        rows[COLLAGE] = cold
+    for entry in (cold or {}).get("end_to_end", []):
+        # Where ONNX Runtime cannot take every operator, its row is ONNX Runtime with the op-level placement for the rest.
+        name = COLLAGE_ROWS.get(entry["name"]) or (
+            "onnxruntime + op-level for the rest" if entry["name"].startswith("onnxruntime +") else None)
+        if name:
+            rows[name] = _cost_row(entry["cost"])
+    torch_input = _load(directory, "collage torch input")
+    if torch_input is not None:
+        placement = next((e["cost"] for e in torch_input.get("end_to_end", []) if e["name"] == "placement"), None)
+        rows[TORCH_INPUT] = torch_input if placement is None else _cost_row(placement)
+    return rows
+
+
+def _seconds(row: Optional[dict]) -> Optional[float]:
+    if row is None or "error" in row or row.get("median_s") is None:
+        return None
+    return row["median_s"]
+
+
+def _best(rows: dict, names) -> tuple[Optional[str], Optional[float]]:
+    measured = [(_seconds(rows.get(n)), n) for n in names if _seconds(rows.get(n)) is not None]
+    if not measured:
+        return None, None
+    seconds, name = min(measured)
+    return name, seconds
+
+
+def _format_ms(row: dict) -> str:
+    if "error" in row:
+        if row["error"].startswith(STOPPED):
+            return f"> {float(row['error'].rsplit(' ', 2)[-2]) * 1e3:.0f} (stopped)"
+        return f"failed: {row['error'][:80]}"
+    if row.get("median_s") is None:
+        return "not measured"
+    text = f"{row['median_s'] * 1e3:.2f} ± {row['spread_s'] * 1e3:.2f}"
+    return text + (" (1 run)" if row.get("repeats") == 1 else "")
+
+
+def _ratio(seconds: Optional[float], reference: Optional[float]) -> str:
+    return "" if seconds is None or reference is None else f"{seconds / reference:.2f}"
+
+
+def _geomean(values: list[float]) -> Optional[float]:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def machine() -> list[str]:
+    import numpy
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    versions = {"python": platform.python_version(), "numpy": numpy.__version__}
+    for module in ("tvm", "onnxruntime", "torch", "transformers"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            versions[module] = "not installed"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return [f"- CPU: {cpu}, {len(os.sched_getaffinity(0))} cores available; memory {memory:.0f} GiB",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+            "- backends: " + _backends_line()]
+
+
+def _backends_line() -> str:
+    run = subprocess.run(["collage", "backends"], capture_output=True, text=True)
+    rows = [line.split() for line in run.stdout.splitlines()[2:] if line.strip()]
+    return ", ".join(f"{row[0]} {row[3]}" for row in rows if len(row) >= 4) or "unknown"
+
+
+def explanation(directory: Path) -> Optional[str]:
+    """``collage show --explain`` of the model's placement, kept as ``explanation.txt`` beside the raw files."""
+    kept = directory / "explanation.txt"
+    placement = directory / "collage-out" / "placement.json"
+    if not kept.exists() and placement.exists():
+        run = subprocess.run(["collage", "show", str(placement)], capture_output=True, text=True)
+        if run.returncode == 0:
+            kept.write_text(run.stdout)
+    return kept.read_text() if kept.exists() else None
+
+
+def _operators_by_backend(directory: Path) -> str:
+    cold = _load(directory, "collage cold") or {}
+    placement = next((e for e in cold.get("end_to_end", []) if e["name"] == "placement"), None)
+    if placement is None:
+        return ""
+    counts = sorted(placement["operators_by_backend"].items(), key=lambda item: -item[1])
+    return ", ".join(f"{backend} {count}" for backend, count in counts)
+
+
+def _search_line(directory: Path, config: str) -> Optional[str]:
+    data = _load(directory, config)
+    if data is None:
+        return None
+    if "error" in data:
+        return f"- {config}: failed: {data['error']}"
+    measurement = data.get("measurement") or {}
+    two_level = data.get("two_level") or {}
+    line = (f"- {config}: whole `collage optimize` run {data.get('wall_s', 0):.0f} s; candidates "
+            f"{data.get('candidates', '?')}, measured {measurement.get('measured', '?')} "
+            f"({measurement.get('from_database', '?')} from the cost database) in {measurement.get('seconds', 0):.0f} s; "
+            f"search {data.get('search_s', 0):.1f} s")
+    if two_level:
+        line += f" (two-level: {two_level.get('generations')} generations, {two_level.get('measured')} placements measured end to end)"
+    numerics = data.get("numerics") or {}
+    if numerics:
+        line += f"; numerics against {numerics.get('reference')}: {'pass' if numerics.get('passed') else 'FAIL'}"
+    return line
+
+
+def write_report(raw_root: Path, command: str, report: Path, chart: Path, machine_lines: Optional[list[str]] = None) -> Path:
+    """Write the report and the chart from every model directory under ``raw_root``; returns the report's path."""
+    directories = sorted((p for p in raw_root.iterdir() if p.is_dir() and model_rows(p)), key=_model_order)
+    summary, details, ratios = [], [], {"ort": [], "peer": [], "single": []}
+    for directory in directories:
+        rows = model_rows(directory)
+        collage = _seconds(rows.get(COLLAGE))
+        peer_name, best_peer = _best(rows, PEERS)
+        single_name, best_single = _best(rows, SINGLE_BACKENDS)
+        ort = _seconds(rows.get(ORT_PEER))
+        for key, reference in (("ort", ort), ("peer", best_peer), ("single", best_single)):
+            if collage is not None and reference is not None:
+                ratios[key].append(collage / reference)
+        summary.append(f"| {directory.name} | {_format_ms(rows.get(COLLAGE, {'error': 'not measured'}))} | "
+                       f"{_ratio(collage, ort)} | {peer_name or ''} | {_ratio(collage, best_peer)} | "
+                       f"{single_name or ''} | {_ratio(collage, best_single)} | {_operators_by_backend(directory)} |")
+        details += [f"## {directory.name}", "", "| configuration | median ± IQR (ms) | vs best peer | vs best single backend |",
+                    "|---|---|---|---|"]
+        details += [f"| {name} | {_format_ms(row)} | {_ratio(_seconds(row), best_peer)} | {_ratio(_seconds(row), best_single)} |"
+                    for name, row in rows.items()]
+        details.append("")
+        details += [line for config in ("collage cold", "collage warm", "collage torch input")
+                    for line in [_search_line(directory, config)] if line]
+        text = explanation(directory)
+        if text:
+            shown = text.strip().splitlines()[:EXPLANATION_LINES]
+            details += ["", "<details><summary>the placement, explained (<code>collage show placement.json</code>, "
+                        f"first {len(shown)} lines of <a href=\"raw/{directory.name}/explanation.txt\">explanation.txt</a>)"
+                        "</summary>", "", "```", *shown, "```", "</details>"]
+        details.append("")
+    geomeans = {key: _geomean(values) for key, values in ratios.items()}
+    lines = [
+        "# Collage against its peers", "",
+        f"Command: `{command}` (resumable; raw results in `benchmarks/raw/`).", "",
+        *(machine() if machine_lines is None else machine_lines), "",
+        "Median latency ± interquartile range, one input, each configuration in a fresh process. Ratios are",
+        "Collage's latency over the other's: below 1 Collage is faster. \"Best single backend\" is the fastest",
+        "of TVM alone, DNNL with TVM for the rest, and ONNX Runtime (with the op-level placement for what it",
+        "cannot run), each built by Collage. A baseline whose one run takes longer than `--baseline-limit`",
+        "(60 s) was stopped; a run over 5 s is timed once.", "",
+        "| geomean over models | Collage / ONNX Runtime | Collage / best peer | Collage / best single backend |",
+        "|---|---|---|---|",
+        "| {} model-batch pairs | {} | {} | {} |".format(
+            len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))), "",
+        "| model | Collage (ms) | vs ONNX Runtime | best peer | vs best peer | best single backend | vs it | "
+        "operators by backend in Collage's placement |",
+        "|---|---|---|---|---|---|---|---|", *summary, "",
+        f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
+    ]
+    report.write_text("\n".join(lines) + "\n")
+    draw_chart([(d.name, model_rows(d)) for d in directories], chart)
+    return report
+
+
+def _model_order(directory: Path) -> tuple:
+    name, _, batch = directory.name.partition("_b")
+    return (int(batch.split("_")[0]) if batch.split("_")[0].isdigit() else 0, name)
+
+
+def draw_chart(models: list[tuple[str, dict]], path: Path) -> None:
+    """Two panels: latency of every configuration (log), and each one's speed relative to ONNX Runtime."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no chart: matplotlib is not installed (pip install -e '.[bench]')")
+        return
+    configs = [c for c in [COLLAGE, *PEERS, *SINGLE_BACKENDS, TORCH_INPUT, "tvm unpartitioned relax.build"]
+               if any(_seconds(rows.get(c)) for _, rows in models)]
+    figure, (latency, relative) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(models)), 9))
+    width = 0.8 / max(1, len(configs))
+    positions = range(len(models))
+    for index, config in enumerate(configs):
+        seconds = [_seconds(rows.get(config)) for _, rows in models]
+        x = [m + index * width for m in positions]
+        latency.bar(x, [s * 1e3 if s else 0 for s in seconds], width, label=config)
+        speed = [(_seconds(rows.get(ORT_PEER)) / s) if s and _seconds(rows.get(ORT_PEER)) else 0
+                 for s, (_, rows) in zip(seconds, models)]
+        relative.bar(x, speed, width, label=config)
+    for axis in (latency, relative):
+        axis.set_xticks([m + 0.4 - width / 2 for m in positions], [name for name, _ in models], rotation=20, fontsize=8)
+    latency.set_yscale("log")
+    latency.set_ylabel("median latency, ms (log)")
+    latency.legend(fontsize=7, ncol=3)
+    relative.set_yscale("log")
+    relative.axhline(1.0, color="black", linewidth=0.8)
+    relative.set_ylabel("speed relative to ONNX Runtime (log; above 1: faster)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

@@ -1,0 +1,72 @@
+"""The peers benchmark's report: every number from the raw files, ratios and geomeans computed, stopped runs shown."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import peers_report  # noqa: E402
+
+
+def measured(ms: float, spread_ms: float = 0.5, repeats: int = 10) -> dict:
+    return {"kind": "measured", "median_s": ms / 1e3, "spread_s": spread_ms / 1e3, "repeats": repeats}
+
+
+def write_model(raw: Path, stem: str, collage_ms: float, ort_ms: float, eager_ms: float, dnnl_ms: float) -> None:
+    directory = raw / stem
+    directory.mkdir(parents=True)
+    for peer, ms in (("onnxruntime default session", ort_ms), ("pytorch eager", eager_ms)):
+        row = {k: v for k, v in measured(ms).items() if k != "kind"}
+        peers_report.raw_file(directory, peer).write_text(json.dumps(row))
+    cold = {
+        "end_to_end": [
+            {"name": "placement", "cost": measured(collage_ms), "operators_by_backend": {"dnnl": 40, "onnxruntime": 7}},
+            {"name": "dnnl + tvm for the rest", "cost": measured(dnnl_ms), "operators_by_backend": {"dnnl": 40}},
+            {"name": "tvm alone", "cost": {"kind": "invalid", "reason": "stopped: one run takes longer than 60 s"},
+             "operators_by_backend": {"tvm": 47}},
+        ],
+        "candidates": 120, "measurement": {"measured": 90, "from_database": 0, "seconds": 30.0}, "search_s": 2.0,
+        "wall_s": 300.0, "numerics": {"reference": "onnxruntime 1.32.0", "passed": True},
+    }
+    peers_report.raw_file(directory, "collage cold").write_text(json.dumps(cold))
+
+
+@pytest.fixture
+def report(tmp_path):
+    raw = tmp_path / "raw"
+    write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    write_model(raw, "small_b8", collage_ms=30.0, ort_ms=15.0, eager_ms=60.0, dnnl_ms=30.0)
+    path = peers_report.write_report(raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png",
+                                     machine_lines=["- CPU: test"])
+    return path.read_text()
+
+
+def test_geomeans_are_computed_from_the_raw_ratios(report):
+    # Collage / ONNX Runtime: 0.5 and 2.0 -> 1.00; / best single backend (DNNL): 0.8 and 1.0 -> sqrt(0.8).
+    geomean_row = next(line for line in report.splitlines() if line.startswith("| 2 model-batch pairs"))
+    assert geomean_row == f"| 2 model-batch pairs | 1.00 | 1.00 | {math.sqrt(0.8):.2f} |"
+
+
+def test_each_model_names_its_best_peer_and_single_backend(report):
+    row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
+    assert "| 0.50 | onnxruntime default session | 0.50 | dnnl + tvm for the rest | 0.80 | dnnl 40, onnxruntime 7 |" in row
+    assert "10.00 ± 0.50" in row
+
+
+def test_a_stopped_baseline_is_shown_as_a_bound_not_a_number(report):
+    assert "| tvm alone | > 60000 (stopped) |  |  |" in report
+
+
+def test_search_cost_and_numerics_are_reported(report):
+    assert "candidates 120, measured 90 (0 from the cost database) in 30 s" in report
+    assert "numerics against onnxruntime 1.32.0: pass" in report
+
+
+def test_the_chart_is_drawn_when_matplotlib_is_installed(report, tmp_path):
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
