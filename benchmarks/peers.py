@@ -1,15 +1,16 @@
 """Collage against the peers on this CPU, on models from published architectures, in one resumable run.
 
-    python benchmarks/peers.py [--models resnet50,mobilenetv2,bert-base,vit-base,convnext-tiny,gpt2]
-                               [--batches 1,8] [--raw benchmarks/raw] [--only-report]
+    python benchmarks/peers.py [--models mobilenetv2,resnet50,convnext-tiny,bert-base,vit-base,gpt2]
+                               [--batches 1,8] [--torch-batches 1] [--raw benchmarks/raw] [--only-report]
 
-For each model and batch size, in this order and each in a fresh process:
+For each batch size, each model (every model at batch 1 first), in this order and each in a fresh process:
   peers            ONNX Runtime (a default session), PyTorch eager, torch.compile (inductor)
   collage (cold)   `collage optimize --budget 240` with every installed backend and an empty cost database:
                    the two-level placement, the op-level placement, each backend alone (TVM; DNNL
                    with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
   collage (warm)   the same command again on the now warm cost database
-  collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level, same cost database)
+  collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level, same cost
+                   database; at the --torch-batches sizes)
 
 Every result lands in ``<raw>/<model>/<config>.json`` as soon as it is measured and is not
 measured again, so an interrupted run resumes where it stopped; untuned TVM takes minutes per
@@ -138,7 +139,7 @@ class RawResults:
         return result
 
 
-def measure_model(name: str, batch: int, raw_root: Path) -> None:
+def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True) -> None:
     stem = _stem(name, batch)
     print(f"{stem}:", flush=True)
     raw = RawResults(raw_root, stem)
@@ -154,6 +155,8 @@ def measure_model(name: str, batch: int, raw_root: Path) -> None:
 
     raw.get_or_measure("collage cold", collage([]))
     raw.get_or_measure("collage warm", collage(["--no-compare"]))
+    if not torch_input:
+        return
     raw.get_or_measure("collage torch input", lambda: _json_line(
         [sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)]))
 
@@ -175,6 +178,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--torch-batches", default="1",
+                        help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)")
     parser.add_argument("--raw", type=Path, default=ROOT / "benchmarks" / "raw")
     parser.add_argument("--only-report", action="store_true", help="write RESULTS.md and the chart from the raw files")
     args = parser.parse_args()
@@ -184,7 +189,7 @@ def main() -> None:
     if not args.only_report:
         for batch in (int(b) for b in args.batches.split(",")):  # every model at batch 1 before any at batch 8
             for name in args.models.split(","):
-                measure_model(name, batch, args.raw)
+                measure_model(name, batch, args.raw, torch_input=str(batch) in args.torch_batches.split(","))
     command = "python benchmarks/peers.py " + " ".join(sys.argv[1:])
     report = write_report(args.raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
     print(f"wrote {report} and {report.parent / 'results.png'}")

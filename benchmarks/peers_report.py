@@ -179,7 +179,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         for key, reference in (("ort", ort), ("peer", best_peer), ("single", best_single)):
             if collage is not None and reference is not None:
                 ratios[key].append(collage / reference)
-        summary.append(f"| {directory.name} | {_format_ms(rows.get(COLLAGE, {'error': 'not measured'}))} | "
+        summary.append(f"| {directory.name} | {_format_ms(rows.get(COLLAGE, {}))} | "
                        f"{_ratio(collage, ort)} | {peer_name or ''} | {_ratio(collage, best_peer)} | "
                        f"{single_name or ''} | {_ratio(collage, best_single)} | {_operators_by_backend(directory)} |")
         details += [f"## {directory.name}", "", "| configuration | median ± IQR (ms) | vs best peer | vs best single backend |",
