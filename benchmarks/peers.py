@@ -9,6 +9,8 @@ For each batch size, each model (every model at batch 1 first), in this order an
                    the two-level placement, the op-level placement, each backend alone (TVM; DNNL
                    with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
   collage (warm)   the same command again on the now warm cost database
+  interleaved      Collage's library and the peers timed in turns (benchmarks/interleaved.py): the
+                   headline numbers, immune to the machine's speed drifting between configurations
   collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level, same cost
                    database; at the --torch-batches sizes)
 
@@ -155,6 +157,8 @@ def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = Tru
 
     raw.get_or_measure("collage cold", collage([]))
     raw.get_or_measure("collage warm", collage(["--no-compare"]))
+    raw.get_or_measure("interleaved", lambda: _json_line(
+        [sys.executable, str(ROOT / "benchmarks" / "interleaved.py"), name, str(batch), str(out / f"{stem}.so")]))
     if not torch_input:
         return
     raw.get_or_measure("collage torch input", lambda: _json_line(

@@ -70,3 +70,20 @@ def test_search_cost_and_numerics_are_reported(report):
 def test_the_chart_is_drawn_when_matplotlib_is_installed(report, tmp_path):
     pytest.importorskip("matplotlib")
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_contenders_timed_in_turns_are_the_headline(tmp_path):
+    raw = tmp_path / "raw"
+    write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    turns = {"contenders": {"onnxruntime default session": measured(8.0, repeats=100),
+                            "pytorch eager": measured(30.0, repeats=20),
+                            "collage library": measured(9.0, repeats=90)}}
+    for row in turns["contenders"].values():
+        row.pop("kind")
+    peers_report.raw_file(raw / "small_b1", "interleaved").write_text(json.dumps(turns))
+    report = peers_report.write_report(raw, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[]).read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
+    # Collage 9 ms against ONNX Runtime's 8 ms, both timed in turns; against DNNL from the optimizer's run: 10 / 12.5.
+    assert row.startswith("| small_b1 | 9.00 ± 0.50 | 1.12 | onnxruntime default session | 1.12 | dnnl + tvm for the rest | 0.80 |")
+    assert "| collage library | 9.00 ± 0.50 | 90 |" not in report  # shown under Collage's name
+    assert f"| {peers_report.COLLAGE} | 9.00 ± 0.50 | 90 | 1.00 |" in report

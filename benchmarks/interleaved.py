@@ -1,0 +1,136 @@
+"""Collage's library and the peers timed in turns, so a machine whose speed drifts favours none of them.
+
+On a shared 2-core VM the same ONNX Runtime session measures 30 ms one minute and 45 ms the next.
+Configurations timed minutes apart cannot be compared at that resolution, so the headline numbers
+come from here: each contender is set up once in a process of its own (ONNX Runtime's default
+session, PyTorch eager, ``torch.compile``, and Collage's exported library loaded with
+``collage_core.deploy.load_vm``), then the contenders take turns, a short burst each, for several
+rounds. Only the running contender's process works; the others wait on a pipe, so their threads
+sleep. Each contender's median and interquartile range are over all its runs.
+
+    python benchmarks/interleaved.py MODEL BATCH LIBRARY [--rounds 9]   (prints one JSON line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
+COLLAGE = "collage library"
+BURST_S = 0.4  # each turn runs a contender about this long (at least one run)
+ROUNDS = 9
+
+
+def _contender_function(kind: str, name: str, batch: int, library: str):
+    """Set up one contender; returns a function running the model once on a fixed input."""
+    sys.path.insert(0, str(SCRIPTS))
+    import make_hf_models as models
+
+    model, example, input_name = models.module_and_input(name, batch)
+    if kind == "onnxruntime default session":
+        import onnxruntime
+
+        onnx_path = ROOT / "models" / "hf" / f"{models.file_stem(name, batch)}.onnx"
+        session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        feeds = {input_name: example.numpy()}
+        return lambda: session.run(None, feeds)
+    if kind == COLLAGE:
+        from collage_core import tvm_compat
+        from collage_core.deploy import load_vm
+
+        vm = load_vm(library)
+        device = tvm_compat.device_for(tvm_compat.host_cpu_target())
+        argument = tvm_compat.to_tensor(example.numpy(), device)
+        return lambda: vm["main"](argument)
+    import torch
+
+    if kind == "torch.compile (inductor)":
+        model = torch.compile(model)
+
+    def run():
+        with torch.inference_mode():
+            model(example)
+
+    return run
+
+
+def serve(kind: str, name: str, batch: int, library: str) -> None:
+    """The contender's side: set up, warm up, then answer ``n`` with the seconds of ``n`` runs."""
+    protocol = sys.stdout
+    sys.stdout = sys.stderr
+    started = time.perf_counter()
+    function = _contender_function(kind, name, batch, library)
+    for _ in range(3):
+        function()
+    once = time.perf_counter()
+    function()
+    protocol.write(json.dumps({"setup_s": once - started, "once_s": time.perf_counter() - once}) + "\n")
+    protocol.flush()
+    for line in sys.stdin:
+        count = int(line)
+        samples = []
+        for _ in range(count):
+            begin = time.perf_counter()
+            function()
+            samples.append(time.perf_counter() - begin)
+        protocol.write(json.dumps(samples) + "\n")
+        protocol.flush()
+
+
+def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS) -> dict:
+    """Every contender's median and IQR over its runs in ``rounds`` interleaved turns (JSON-ready)."""
+    kinds = PEERS + ([COLLAGE] if library.exists() else [])
+    processes, results = {}, {}
+    for kind in kinds:  # set up one at a time: a compiling contender would slow another's warm-up
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--serve", kind, name, str(batch), str(library)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        line = process.stdout.readline()
+        if not line:
+            process.wait()
+            results[kind] = {"error": f"{kind} could not be set up (exit code {process.returncode})"}
+            continue
+        processes[kind] = process
+        results[kind] = {**json.loads(line), "samples_s": []}
+    for round_index in range(rounds):
+        order = list(processes)
+        order = order[round_index % len(order):] + order[:round_index % len(order)]  # rotate who goes first
+        for kind in order:
+            count = max(1, int(BURST_S / max(results[kind]["once_s"], 1e-6)))
+            processes[kind].stdin.write(f"{count}\n")
+            processes[kind].stdin.flush()
+            results[kind]["samples_s"] += json.loads(processes[kind].stdout.readline())
+    for kind, process in processes.items():
+        process.stdin.close()
+        process.wait()
+        samples = results[kind].pop("samples_s")
+        q1, median, q3 = np.percentile(samples, [25, 50, 75])
+        results[kind].update(median_s=float(median), spread_s=float(q3 - q1), repeats=len(samples))
+    return {"rounds": rounds, "burst_s": BURST_S, "contenders": results}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        kind, name, batch, library = sys.argv[2:6]
+        serve(kind, name, int(batch), library)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("batch", type=int)
+    parser.add_argument("library", type=Path, help="the library `collage optimize` wrote (<output>/<model>.so)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.model, args.batch, args.library, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
