@@ -1,7 +1,8 @@
 """The measurement worker: a process that builds and times what it is sent, and nothing else.
 
 It reads one JSON request per line on stdin and answers one JSON line on its own copy of
-stdout; whatever libraries print goes to stderr. Its parent kills and replaces it when it
+stdout, after ``{"progress": stage}`` lines for the stages a request passes (a placement
+``built``, then ``ran once``) so the parent can bound each; whatever libraries print goes to stderr. Its parent kills and replaces it when it
 crashes or hangs, so a broken backend costs one candidate, not the run.
 """
 
