@@ -143,9 +143,10 @@ def explanation(directory: Path) -> Optional[str]:
     return kept.read_text() if kept.exists() else None
 
 
-def _operators_by_backend(directory: Path) -> str:
-    cold = _load(directory, "collage cold") or {}
-    placement = next((e for e in cold.get("end_to_end", []) if e["name"] == "placement"), None)
+def _operators_by_backend(directory: Path, config: str = "collage cold") -> str:
+    """The placement a ``collage optimize`` run returned, as operators per backend."""
+    run = _load(directory, config) or {}
+    placement = next((e for e in run.get("end_to_end", []) if e["name"] == "placement"), None)
     if placement is None:
         return ""
     counts = sorted(placement["operators_by_backend"].items(), key=lambda item: -item[1])
@@ -190,10 +191,12 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
                 ratios[key].append(value / reference)
         summary.append(f"| {directory.name} | {_format_ms(head.get(COLLAGE, {}))} | "
                        f"{_ratio(collage, ort)} | {peer_name or ''} | {_ratio(collage, best_peer)} | "
-                       f"{single_name or ''} | {_ratio(placement, best_single)} | {_operators_by_backend(directory)} |")
+                       f"{single_name or ''} | {_ratio(placement, best_single)} | "
+                       f"{_operators_by_backend(directory, 'collage warm' if head is turns else 'collage cold')} |")
         details += [f"## {directory.name}", ""]
         if turns:
-            details += ["Timed in turns (`interleaved.py`):", "", "| contender | median ± IQR (ms) | runs | vs Collage |",
+            details += ["Timed in turns (`interleaved.py`); Collage's library is the one the warm `collage optimize` "
+                        f"run wrote ({_operators_by_backend(directory, 'collage warm')}):", "", "| contender | median ± IQR (ms) | runs | vs Collage |",
                         "|---|---|---|---|"]
             details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {_ratio(_seconds(row), collage)} |"
                         for name, row in turns.items()]
@@ -218,8 +221,10 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         f"Command: `{command}` (resumable; raw results in `benchmarks/raw/`).", "",
         *(machine() if machine_lines is None else machine_lines), "",
         "Median latency ± interquartile range for one input. Ratios are Collage's latency over the other's:",
-        "below 1 Collage is faster. Collage and the peers are timed in turns (`benchmarks/interleaved.py`),",
-        "because this machine's speed drifts by a third between minutes. \"Best single backend\" is the",
+        "below 1 Collage is faster. Collage's library (as the warm `collage optimize` run wrote it) and the",
+        "peers are timed in turns (`benchmarks/interleaved.py`), because this machine's speed drifts by a",
+        "third between minutes. Against the single backends, the placement the cold run returned is compared",
+        "with the baselines that run measured beside it. \"Best single backend\" is the",
         "fastest of TVM alone, DNNL with TVM for the rest, and ONNX Runtime (with the op-level placement for",
         "what it cannot run), each built by Collage and measured by `collage optimize` beside its placement.",
         "A baseline whose one run takes longer than `--baseline-limit` (60 s) was stopped; a run over 5 s is",
@@ -229,7 +234,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         "| {} model-batch pairs | {} | {} | {} |".format(
             len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))), "",
         "| model | Collage (ms) | vs ONNX Runtime | best peer | vs best peer | best single backend | vs it | "
-        "operators by backend in Collage's placement |",
+        "operators by backend in Collage's timed library |",
         "|---|---|---|---|---|---|---|---|", *summary, "",
         f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
     ]
