@@ -194,7 +194,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batches.split(",")):  # every model at batch 1 before any at batch 8
             for name in args.models.split(","):
                 measure_model(name, batch, args.raw, torch_input=str(batch) in args.torch_batches.split(","))
-    command = "python benchmarks/peers.py " + " ".join(sys.argv[1:])
+    command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a != "--only-report")])
     report = write_report(args.raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
     print(f"wrote {report} and {report.parent / 'results.png'}")
 

@@ -239,7 +239,9 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
     ]
     report.write_text("\n".join(lines) + "\n")
-    draw_chart([(d.name, model_rows(d)) for d in directories], chart)
+    # Collage and the peers as timed in turns where they were, like the table.
+    draw_chart([(d.name, {**model_rows(d), **{k: v for k, v in interleaved_rows(d).items() if _seconds(v)}})
+                for d in directories], chart)
     return report
 
 
