@@ -22,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers_report import PEERS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
 COLLAGE = "collage library"
 BURST_S = 0.4  # each turn runs a contender about this long (at least one run)
 ROUNDS = 9

@@ -14,6 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
+from collage_core.timing import STOPPED_PREFIX
+
 PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
 ORT_PEER = "onnxruntime default session"
 COLLAGE = "collage (the placement it returns)"
@@ -27,7 +29,6 @@ COLLAGE_ROWS = {  # results.json end-to-end row -> table row
 }
 TORCH_INPUT = "collage op-level, PyTorch module as input"
 SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
-STOPPED = "stopped: one run takes longer than"
 EXPLANATION_LINES = 30
 
 
@@ -92,7 +93,7 @@ def _best(rows: dict, names) -> tuple[Optional[str], Optional[float]]:
 
 def _format_ms(row: dict) -> str:
     if "error" in row:
-        if row["error"].startswith(STOPPED):
+        if row["error"].startswith(STOPPED_PREFIX):
             return f"> {float(row['error'].rsplit(' ', 2)[-2]) * 1e3:.0f} (stopped)"
         return f"failed: {row['error'][:80]}"
     if row.get("median_s") is None:

@@ -33,7 +33,7 @@ from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Candidate, Cost, Partiti
 from collage_core.regions import OpGroup, decode, genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.search import search_op_level
-from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
+from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, STOPPED_PREFIX, MeasureSettings
 from collage_core.two_level import TwoLevelResult, TwoLevelSettings, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
@@ -50,7 +50,6 @@ CUTOFF_FACTOR = 1.5
 BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
 UNPARTITIONED = "unpartitioned relax.build"
-STOPPED_PREFIX = "stopped: one run takes longer than"
 # Forces "this backend wherever it can" when a backend cannot cover the model alone.
 FALLBACK_PENALTY_S = 1e3
 
@@ -204,15 +203,21 @@ def optimize(
                 search_s += two_level_result.seconds
         chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
-    partitioned = partition_module(graph, parts)
     library = workdir / f"{imported.name}.so"
+
+    def build_measure_verify(parts):
+        """Build ``parts`` into the library, measure it end to end and check its numerics."""
+        partitioned = partition_module(graph, parts)
+        outputs, cost = job.run_built(partitioned, library)
+        write_runtime_file(library, backend_needs(job.backends.values(), {p.backend for p in parts}))
+        verification = None
+        if verify and imported.reference is not None:
+            verification = compare_outputs(outputs, imported.reference(job.inputs), imported.reference_name)
+            say(verification.describe())
+        return partitioned, cost, verification
+
     say("building the placement and measuring it end to end")
-    outputs, placement_cost = job.run_built(partitioned, library)
-    write_runtime_file(library, backend_needs(job.backends.values(), {p.backend for p in parts}))
-    verification = None
-    if verify and imported.reference is not None:
-        verification = compare_outputs(outputs, imported.reference(job.inputs), imported.reference_name)
-        say(verification.describe())
+    partitioned, placement_cost, verification = build_measure_verify(parts)
     results = [EndToEnd(PLACEMENT, placement_cost, _operators_by_backend(parts))]
     if compare_backends:
         baselines = job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
@@ -227,12 +232,7 @@ def optimize(
             say(f"{entry.name} measured faster than the searched placement ({_describe_cost(entry.cost)} against "
                 f"{_describe_cost(placement_cost)}): it is the result; building and measuring it again")
             chosen_placement = job.placement(parts, search, candidates, measurement.costs if measurement else None)
-            partitioned = partition_module(graph, parts)
-            outputs, placement_cost = job.run_built(partitioned, library)
-            write_runtime_file(library, backend_needs(job.backends.values(), {p.backend for p in parts}))
-            if verify and imported.reference is not None:
-                verification = compare_outputs(outputs, imported.reference(job.inputs), imported.reference_name)
-                say(verification.describe())
+            partitioned, placement_cost, verification = build_measure_verify(parts)
             results[0] = attrs.evolve(results[0], name=SEARCHED)
             results.insert(0, EndToEnd(PLACEMENT, placement_cost, _operators_by_backend(parts)))
     optimized = OptimizedModel(
@@ -477,7 +477,6 @@ class _Job:
                 measured[baseline_signature] = cost
             results.append((EndToEnd(name, cost, _operators_by_backend(baseline_parts)), baseline_parts))
         return results
-
 
     def _baseline_cost(self, mod, limit_s: Optional[float]) -> Cost:
         try:

@@ -12,6 +12,8 @@ from collage_core.records import Cost
 
 # A single-backend baseline whose one run takes longer is stopped (untuned TVM on BERT at batch 8: minutes).
 DEFAULT_BASELINE_LIMIT_S = 60.0
+# How a stopped baseline's cost reads: this, then the limit ("60 s").
+STOPPED_PREFIX = "stopped: one run takes longer than"
 
 
 @attrs.frozen

@@ -165,7 +165,6 @@ def load_params(data: bytes) -> dict:
     return {name: value.numpy() for name, value in tvm.runtime.load_param_dict(bytearray(data)).items()}
 
 
-
 def onnx_convert_map() -> dict:
     """TVM's ONNX converters, with two of 0.27's replaced where they fall short.
 
