@@ -8,7 +8,8 @@ For each batch size, each model (every model at batch 1 first), in this order an
   collage (cold)   `collage optimize --budget 240` with every installed backend and an empty cost database:
                    the two-level placement, the op-level placement, each backend alone (TVM; DNNL
                    with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
-  collage (warm)   the same command again on the now warm cost database
+  collage (warm)   the same command again on the now warm cost database: it replays the search and
+                   the baselines from the database and measures only its result
   interleaved      Collage's library and the peers timed in turns (benchmarks/interleaved.py): the
                    headline numbers, immune to the machine's speed drifting between configurations
   collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level, same cost
@@ -156,7 +157,7 @@ def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = Tru
         return lambda: _collage_run(onnx_path, costs, out, extra)
 
     raw.get_or_measure("collage cold", collage([]))
-    raw.get_or_measure("collage warm", collage(["--no-compare"]))
+    raw.get_or_measure("collage warm", collage([]))
     raw.get_or_measure("interleaved", lambda: _json_line(
         [sys.executable, str(ROOT / "benchmarks" / "interleaved.py"), name, str(batch), str(out / f"{stem}.so")]))
     if not torch_input:

@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,
                           help="two-level (default when a graph-level backend is selected) also evolves which op groups "
                           "go to graph-level backends, scored by end-to-end latency")
-    optimize.add_argument("--budget", type=float, default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search time budget, s")
+    optimize.add_argument("--budget", type=float, default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search budget: seconds of end-to-end measurement, those read from the cost database counted at what they took")
     optimize.add_argument("--population", type=int, default=DEFAULT_TWO_LEVEL.population, help="two-level population")
     optimize.add_argument("--generations", type=int, default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
     optimize.add_argument("--patience", type=int, default=DEFAULT_TWO_LEVEL.patience,

@@ -41,9 +41,14 @@ _SCHEMA = (
     """CREATE TABLE end_to_end_costs (
         key TEXT NOT NULL PRIMARY KEY,
         kind TEXT NOT NULL, median_s REAL NOT NULL, spread_s REAL NOT NULL, repeats INTEGER NOT NULL,
-        reason TEXT NOT NULL, measured_at REAL NOT NULL
+        reason TEXT NOT NULL, measured_at REAL NOT NULL, effort_s REAL NOT NULL DEFAULT 0
     ) WITHOUT ROWID""",
 )
+# ``effort_s`` (the seconds a whole-placement measurement took, build included) came after
+# version 1 was released. It is added in place to a version-1 file that lacks it; earlier
+# Collage versions read and write such a file as before (they name their columns, and an
+# effort they do not write reads as 0).
+_ADD_EFFORT = "ALTER TABLE end_to_end_costs ADD COLUMN effort_s REAL NOT NULL DEFAULT 0"
 
 # SQLite versions before 3.32 allow at most 999 parameters per statement; a key takes five.
 _KEYS_PER_QUERY = 999 // 5
@@ -97,7 +102,8 @@ class CostDatabase:
     read_only: bool
     _connection: sqlite3.Connection = attrs.field(repr=False)
     _unsaved: dict[CostKey, Cost] = attrs.field(factory=dict, repr=False)
-    _unsaved_end_to_end: dict[str, Cost] = attrs.field(factory=dict, repr=False)
+    _unsaved_end_to_end: dict[str, tuple[Cost, float]] = attrs.field(factory=dict, repr=False)
+    _has_effort: bool = attrs.field(default=True, repr=False)
 
     @classmethod
     def open(cls, path: os.PathLike | str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> "CostDatabase":
@@ -154,26 +160,40 @@ class CostDatabase:
 
     def get_end_to_end(self, key: str) -> Optional[Cost]:
         """The stored cost of a whole placement, by the caller's ``key``, or None."""
+        entry = self.get_end_to_end_entry(key)
+        return None if entry is None else entry[0]
+
+    def get_end_to_end_entry(self, key: str) -> Optional[tuple[Cost, float]]:
+        """The stored cost of a whole placement and the seconds its measurement took (0 if not
+        recorded), or None."""
         if key in self._unsaved_end_to_end:
             return self._unsaved_end_to_end[key]
+        effort = "effort_s" if self._has_effort else "0"
         with self._reported("read"):
             row = self._connection.execute(
-                f"SELECT {_COST_COLUMNS} FROM end_to_end_costs WHERE key = ?", (key,)
+                f"SELECT {_COST_COLUMNS}, {effort} FROM end_to_end_costs WHERE key = ?", (key,)
             ).fetchone()
-        return None if row is None else _cost_from_row(row)
+        return None if row is None else (_cost_from_row(row[:5]), float(row[5]))
 
-    def put_end_to_end(self, key: str, cost: Cost, *, measured_at: Optional[float] = None) -> None:
-        """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one."""
+    def put_end_to_end(
+        self, key: str, cost: Cost, *, effort_s: float = 0.0, measured_at: Optional[float] = None
+    ) -> None:
+        """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one.
+
+        ``effort_s`` is what measuring it took; a search whose budget is charged with it replays
+        the same way from the database as it ran when it measured.
+        """
         if self.read_only:
-            self._unsaved_end_to_end[key] = _checked_storable(cost)
+            self._unsaved_end_to_end[key] = (_checked_storable(cost), float(effort_s))
             return
-        self._write(
-            f"INSERT OR REPLACE INTO end_to_end_costs (key, {_COST_COLUMNS}, measured_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (key,),
-            cost,
-            measured_at,
-        )
+        cost = _checked_storable(cost)
+        when = time.time() if measured_at is None else measured_at
+        with self._reported("write"):
+            self._connection.execute(
+                f"INSERT OR REPLACE INTO end_to_end_costs (key, {_COST_COLUMNS}, measured_at, effort_s) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, *_row_from_cost(cost), when, float(effort_s)),
+            )
 
     def __len__(self) -> int:
         """How many candidate costs are known (whole-placement costs are not counted)."""
@@ -214,6 +234,7 @@ class CostDatabase:
 
     def _check_or_create_schema(self) -> None:
         if self._has_schema():
+            self._add_effort_column()
             return
         if self.read_only:
             raise CostDatabaseError(f"cost database {self.path} is empty and read-only; {_USE_ANOTHER_FILE}")
@@ -228,6 +249,19 @@ class CostDatabase:
         finally:
             if self._connection.in_transaction:
                 self._connection.execute("ROLLBACK")
+
+    def _add_effort_column(self) -> None:
+        columns = {row[1] for row in self._connection.execute("PRAGMA table_info(end_to_end_costs)")}
+        if "effort_s" in columns:
+            return
+        if self.read_only:
+            self._has_effort = False
+            return
+        try:
+            self._connection.execute(_ADD_EFFORT)
+        except sqlite3.OperationalError as error:
+            if "duplicate column" not in str(error):  # another process added it first
+                raise
 
     def _switch_to_write_ahead_log(self) -> None:
         # SQLite does not wait out the busy timeout here: the switch fails at once while another

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -33,7 +34,7 @@ from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Candidate, Cost, Partiti
 from collage_core.regions import OpGroup, decode, genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.search import search_op_level
-from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, STOPPED_PREFIX, MeasureSettings
+from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings, stopped, stopped_limit
 from collage_core.two_level import TwoLevelResult, TwoLevelSettings, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
@@ -52,6 +53,11 @@ BUILD_TIMEOUT_S = 1800.0
 UNPARTITIONED = "unpartitioned relax.build"
 # Forces "this backend wherever it can" when a backend cannot cover the model alone.
 FALLBACK_PENALTY_S = 1e3
+# A baseline replaces the searched placement only when it measured this much faster: measurements
+# of one build in fresh processes drift by several percent between minutes on a shared machine.
+SWITCH_MARGIN = 0.05
+# Part of a baseline's end-to-end database key: baselines are timed in full, never cut off.
+BASELINE_PROTOCOL = "baseline"
 
 
 @attrs.frozen
@@ -220,8 +226,12 @@ def optimize(
     partitioned, placement_cost, verification = build_measure_verify(parts)
     results = [EndToEnd(PLACEMENT, placement_cost, _operators_by_backend(parts))]
     if compare_backends:
-        baselines = job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
-                                  baseline_limit_s)
+        # A replayed placement measures its baselines afresh: replaying reads no cost database.
+        opened = (CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) if placement is None
+                  else contextlib.nullcontext())
+        with opened as db:
+            baselines = job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
+                                      baseline_limit_s, db)
         results += [entry for entry, _ in baselines]
         faster = _faster_baseline(baselines, placement_cost)
         if faster is not None:
@@ -321,40 +331,22 @@ class _Job:
             def on_generation(generation, best_s, budget_left_s):
                 bar.advance(f"generation {generation}: best {best_s * 1e3:.3f} ms, budget left {max(budget_left_s, 0):.0f} s")
 
-            result = search_two_level(self.graph.graph, groups, evaluate, settings, on_generation, on_best)
+            result = search_two_level(self.graph.graph, groups, evaluate, settings, on_generation, on_best,
+                                      spent=lambda: evaluate.spent_s)
         self.say(
             f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
             f"{result.measured} placements measured end to end ({result.evaluated} evaluated) in {result.seconds:.1f} s"
         )
         return result
 
-    def end_to_end_evaluator(self, db, cut_off: bool = True):
+    def end_to_end_evaluator(self, db, cut_off: bool = True) -> "_EndToEndEvaluator":
         """A function measuring a placement end to end in a fresh worker, once per placement (kept in ``db``).
 
         With ``cut_off``, a placement whose first run is CUTOFF_FACTOR times slower than the best so
-        far is not timed further.
+        far is not timed further. Its ``spent_s`` is what the measurements took, counting those read
+        from ``db`` at what they took when measured.
         """
-        best = {"seconds": math.inf}
-
-        def evaluate(parts) -> Cost:
-            key = self._end_to_end_key(parts)
-            known = db.get_end_to_end(key)
-            if known is not None:
-                best["seconds"] = min(best["seconds"], known.seconds)
-                return known
-            cutoff = CUTOFF_FACTOR * best["seconds"] if cut_off and math.isfinite(best["seconds"]) else None
-            try:
-                _, cost = self.run_built(partition_module(self.graph, parts), None, cutoff_s=cutoff)
-                best["seconds"] = min(best["seconds"], cost.seconds)
-                if cost.repeats > 1:
-                    self.measured_end_to_end[signature(parts)] = cost
-                self.say(f"  placement of {len(parts)} partitions: {_describe_cost(cost)}, best {best['seconds'] * 1e3:.3f} ms")
-            except CollageError as error:
-                cost = Cost.invalid(str(error))
-            db.put_end_to_end(key, cost)
-            return cost
-
-        return evaluate
+        return _EndToEndEvaluator(self, db, cut_off)
 
     def calibrated_op_level(self, parts, candidates, costs, db, rounds: int) -> list[Partition]:
         """The op-level placement re-searched with per-partition charges measured end to end (see calibration)."""
@@ -382,10 +374,12 @@ class _Job:
             self.say(f"calibrated op-level placement: {len(result.parts)} partitions, {_describe_cost(result.latency)}")
         return list(result.parts)
 
-    def _end_to_end_key(self, parts) -> str:
+    def _end_to_end_key(self, parts, protocol: str = END_TO_END_PROTOCOL) -> str:
+        """The database key of ``parts`` measured by ``protocol``; None for parts: TVM's unpartitioned build."""
         versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
+        placed = UNPARTITIONED if parts is None else genome_key(parts)
         text = "|".join(
-            [END_TO_END_PROTOCOL, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, genome_key(parts)]
+            [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
         )
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -440,12 +434,12 @@ class _Job:
         return outputs, Cost.from_json(response["cost"])
 
     def baselines(self, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
-                  limit_s: Optional[float] = None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
+                  limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
         """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback),
         each with its partitions (None for the unpartitioned build).
 
         A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
-        and says so.
+        and says so. With ``db``, baselines measured before are read from it, not measured again.
         """
         built: list[tuple[str, list]] = []
         if two_level_result is not None:
@@ -463,29 +457,86 @@ class _Job:
                 baseline = _baseline_parts(self.graph, candidates, measurement.costs, info.name, self.backends)
                 if baseline is not None:
                     built.append(baseline)
-        self.say(f"building and measuring {UNPARTITIONED}")
-        results = [(EndToEnd(UNPARTITIONED, self._baseline_cost(self.imported.mod, limit_s), {"relax.build": len(self.graph.graph)}),
-                    None)]
+        results = [(EndToEnd(UNPARTITIONED, self._baseline_cost(UNPARTITIONED, None, limit_s, db),
+                             {"relax.build": len(self.graph.graph)}), None)]
         measured = {**self.measured_end_to_end, signature(parts): placement_cost}
         for name, baseline_parts in built:
             baseline_signature = signature(baseline_parts)
-            if baseline_signature in measured:
-                cost = measured[baseline_signature]
-            else:
-                self.say(f"building and measuring {name}")
-                cost = self._baseline_cost(partition_module(self.graph, baseline_parts), limit_s)
-                measured[baseline_signature] = cost
-            results.append((EndToEnd(name, cost, _operators_by_backend(baseline_parts)), baseline_parts))
+            if baseline_signature not in measured:
+                measured[baseline_signature] = self._baseline_cost(name, baseline_parts, limit_s, db)
+            results.append((EndToEnd(name, measured[baseline_signature], _operators_by_backend(baseline_parts)),
+                            baseline_parts))
         return results
 
-    def _baseline_cost(self, mod, limit_s: Optional[float]) -> Cost:
+    def _baseline_cost(self, name: str, parts, limit_s: Optional[float], db) -> Cost:
+        """``parts`` (None: TVM's unpartitioned build) measured in full, or as measured before in ``db``.
+
+        A stopped measurement is reused only under a limit no longer than the one it exceeded; one
+        measured before and slower than ``limit_s`` is stopped without building it again.
+        """
+        key = self._end_to_end_key(parts, BASELINE_PROTOCOL)
+        known = None if db is None else db.get_end_to_end(key)
+        if known is not None and limit_s is not None and known.seconds > limit_s and known.is_measured:
+            self.say(f"{name}: stopped, it measured {_describe_cost(known)} before (from the cost database)")
+            return stopped(limit_s)
+        if known is not None:
+            exceeded = stopped_limit(known)
+            if exceeded is None or (limit_s is not None and limit_s <= exceeded):
+                self.say(f"{name}: {_describe_cost(known)} (from the cost database)")
+                return known
+        self.say(f"building and measuring {name}")
+        started = time.perf_counter()
+        mod = self.imported.mod if parts is None else partition_module(self.graph, parts)
         try:
-            return self.run_built(mod, None, run_limit_s=limit_s)[1]
+            cost = self.run_built(mod, None, run_limit_s=limit_s)[1]
         except StageTooSlow as slow:
             self.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
-            return Cost.invalid(f"{STOPPED_PREFIX} {slow.limit_s:g} s")
+            cost = stopped(slow.limit_s)
         except CollageError as error:
-            return Cost.invalid(str(error))
+            return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
+        if db is not None:
+            db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
+        return cost
+
+
+class _EndToEndEvaluator:
+    """Measures a placement end to end in a fresh worker, once per placement (kept in the cost database).
+
+    ``spent_s`` adds up what each measurement took, those read from the database at what they
+    took when measured: a search budgeted by it stops at the same point on a warm database as it
+    did when it measured, and so returns the same placement.
+    """
+
+    def __init__(self, job: "_Job", db, cut_off: bool):
+        self.job, self.db, self.cut_off = job, db, cut_off
+        self.best_s = math.inf
+        self.spent_s = 0.0
+
+    def __call__(self, parts) -> Cost:
+        job = self.job
+        key = job._end_to_end_key(parts)
+        known = self.db.get_end_to_end_entry(key)
+        if known is not None:
+            cost, effort_s = known
+            self.best_s = min(self.best_s, cost.seconds)
+            self.spent_s += effort_s
+            if cost.repeats > 1:
+                job.measured_end_to_end[signature(parts)] = cost
+            return cost
+        cutoff = CUTOFF_FACTOR * self.best_s if self.cut_off and math.isfinite(self.best_s) else None
+        started = time.perf_counter()
+        try:
+            _, cost = job.run_built(partition_module(job.graph, parts), None, cutoff_s=cutoff)
+            self.best_s = min(self.best_s, cost.seconds)
+            if cost.repeats > 1:
+                job.measured_end_to_end[signature(parts)] = cost
+            job.say(f"  placement of {len(parts)} partitions: {_describe_cost(cost)}, best {self.best_s * 1e3:.3f} ms")
+        except CollageError as error:
+            cost = Cost.invalid(str(error))
+        effort_s = time.perf_counter() - started
+        self.spent_s += effort_s
+        self.db.put_end_to_end(key, cost, effort_s=effort_s)
+        return cost
 
 
 class _Narrator:
@@ -525,12 +576,13 @@ def _searched_parts(graph, candidates, costs) -> list[Partition]:
 
 
 def _faster_baseline(baselines, placement_cost: Cost):
-    """The fastest measured baseline that can be rebuilt, if it measured faster than the placement."""
+    """The fastest measured baseline that can be rebuilt, if it measured faster than the placement
+    by more than SWITCH_MARGIN."""
     rebuildable = [(entry, parts) for entry, parts in baselines if parts is not None and entry.cost.is_measured]
     if not rebuildable:
         return None
     entry, parts = min(rebuildable, key=lambda pair: pair[0].cost.seconds)
-    return (entry, parts) if entry.cost.seconds < placement_cost.seconds else None
+    return (entry, parts) if entry.cost.seconds < placement_cost.seconds * (1 - SWITCH_MARGIN) else None
 
 
 def _baseline_parts(graph, candidates, costs, backend: str, backends):

@@ -16,6 +16,21 @@ DEFAULT_BASELINE_LIMIT_S = 60.0
 STOPPED_PREFIX = "stopped: one run takes longer than"
 
 
+def stopped(limit_s: float) -> Cost:
+    """The cost of a baseline stopped because one run took longer than ``limit_s``."""
+    return Cost.invalid(f"{STOPPED_PREFIX} {limit_s:g} s")
+
+
+def stopped_limit(cost: Cost) -> Optional[float]:
+    """The limit a stopped baseline exceeded, or None if ``cost`` is not a stopped one."""
+    if cost.is_measured or not cost.reason.startswith(STOPPED_PREFIX):
+        return None
+    try:
+        return float(cost.reason[len(STOPPED_PREFIX):].strip().removesuffix("s"))
+    except ValueError:
+        return None
+
+
 @attrs.frozen
 class MeasureSettings:
     """How hard to measure. ``target_spread`` is the interquartile range relative to the median.

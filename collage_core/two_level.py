@@ -70,19 +70,25 @@ def search_two_level(
     settings: TwoLevelSettings = TwoLevelSettings(),
     on_generation: Optional[Callable[[int, float, float], None]] = None,
     on_best: Optional[Callable[[Sequence[Partition], Cost], None]] = None,
+    spent: Optional[Callable[[], float]] = None,
 ) -> TwoLevelResult:
     """Evolve genomes (mu + lambda, elitist) from the seeds; return the fastest placement measured.
 
     ``evaluate`` measures a placement end to end. ``on_generation(generation, best_seconds,
     budget_left_s)`` reports progress; ``on_best(parts, cost)`` is called whenever a faster
-    placement is found, so a caller can save it before the search ends.
+    placement is found, so a caller can save it before the search ends. ``spent()`` is what the
+    budget is charged so far (default: the seconds since the search started); an evaluator
+    that charges measurements read from a database at what they once took makes a search on a
+    warm database stop where it stopped when it measured, and return the same placement.
     """
     with _seeded_global_random(settings.seed):
-        return _evolve(graph, groups, evaluate, settings, on_generation, on_best)
+        return _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent)
 
 
-def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLevelResult:
+def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) -> TwoLevelResult:
     started = time.perf_counter()
+    if spent is None:
+        spent = lambda: time.perf_counter() - started  # noqa: E731
     scores: dict[str, Cost] = {}
     counts = {"measured": 0, "evaluated": 0}
     best: dict = {"cost": Cost.unknown(), "parts": None, "genome": None}
@@ -115,7 +121,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
     generation = improved_at = 0
     last_best = best["cost"].seconds
     for generation in range(1, settings.generations + 1):
-        if time.perf_counter() - started > settings.budget_s:
+        if spent() > settings.budget_s:
             generation -= 1
             break
         offspring = algorithms.varOr(
@@ -125,7 +131,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best) -> TwoLev
         population = sorted(population + offspring, key=lambda ind: (ind.fitness.values[0], tuple(ind)))
         population = _distinct(population)[: settings.population]
         if on_generation is not None:
-            on_generation(generation, best["cost"].seconds, settings.budget_s - (time.perf_counter() - started))
+            on_generation(generation, best["cost"].seconds, settings.budget_s - spent())
         improved_at = generation if best["cost"].seconds < last_best else improved_at
         last_best = best["cost"].seconds
         if generation - improved_at >= settings.patience:

@@ -137,7 +137,7 @@ def test_optimize_torch_module_is_verified_against_pytorch(workspace):
 def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, workspace):
     """A limit no run can meet stops every baseline after its build; the placement itself is still timed
     (and a baseline that is the placement, here TVM alone, reuses its cost)."""
-    from collage_core.optimizer import STOPPED_PREFIX
+    from collage_core.timing import STOPPED_PREFIX
 
     limited = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "limited",
@@ -190,3 +190,40 @@ def test_a_baseline_measured_faster_than_the_searched_placement_becomes_the_resu
     assert sorted(p["backend"] for p in saved["partitions"]) == sorted(p.backend for p in result.placement.partitions)
     inputs = result.model.random_inputs(seed=5)
     np.testing.assert_allclose(result.run(*inputs)[0], result.model.reference(inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(tmp_path, monkeypatch):
+    """The second run of the same command reads candidates, searched placements and baselines from the
+    database: its search ends where the first one did, and it builds and measures only its result."""
+    pytest.importorskip("onnxruntime")
+    from collage_core import optimizer
+    from collage_core.two_level import TwoLevelSettings
+
+    def run():
+        return collage_core.optimize(
+            str(TINY_RESNET), backends=["tvm", "onnxruntime"], cost_db=tmp_path / "costs.sqlite",
+            output_dir=tmp_path / "out", search="two-level", calibration_rounds=0, show_progress=False,
+            two_level=TwoLevelSettings(population=4, generations=2),
+        )
+
+    cold = run()
+    run_built = optimizer._Job.run_built
+    builds = []
+
+    def counted(self, mod, library, *args, **kwargs):
+        builds.append(library)
+        return run_built(self, mod, library, *args, **kwargs)
+
+    monkeypatch.setattr(optimizer._Job, "run_built", counted)
+    warm = run()
+    assert builds == [tmp_path / "out" / f"{warm.model.name}.so"]
+    assert warm.measurement.measured == 0
+    assert (warm.two_level.genome, warm.two_level.generations) == (cold.two_level.genome, cold.two_level.generations)
+
+    def baselines(result):
+        """Baselines other than the returned placement itself (that one shares the result's fresh cost)."""
+        returned = result.end_to_end[0].operators_by_backend
+        return [(e.name, e.cost) for e in result.end_to_end
+                if e.name not in (optimizer.PLACEMENT, optimizer.SEARCHED) and e.operators_by_backend != returned]
+
+    assert len(baselines(cold)) >= 3 and baselines(warm) == baselines(cold)

@@ -133,3 +133,33 @@ def test_nothing_measurable_falls_back_to_the_op_level_placement():
     result = search_two_level(graph, groups, lambda parts: Cost.invalid("build failed"), TwoLevelSettings(population=4, generations=1))
     assert not result.latency.is_measured and result.genome == (KEEP,) * 8
     assert [p.backend for p in result.parts] == ["tvm"] * 8
+
+
+def test_a_search_charged_with_recorded_effort_replays_from_a_warm_database():
+    """The budget is charged what each measurement took, a stored one at what it took when measured:
+    the second search reads every placement from the "database", measures none, stops at the same
+    generation and returns the same placement."""
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
+    database: dict[str, tuple[Cost, float]] = {}
+
+    class Evaluator:
+        def __init__(self):
+            self.spent_s, self.measured = 0.0, 0
+
+        def __call__(self, parts):
+            key = genome_key(parts)
+            if key not in database:
+                self.measured += 1
+                database[key] = (deterministic_end_to_end_cost(parts), 1.0)  # each measurement "takes" 1 s
+            cost, effort_s = database[key]
+            self.spent_s += effort_s
+            return cost
+
+    settings = TwoLevelSettings(population=6, generations=20, patience=20, budget_s=14.0)
+    cold, warm = Evaluator(), Evaluator()
+    first = search_two_level(graph, groups, cold, settings, spent=lambda: cold.spent_s)
+    again = search_two_level(graph, groups, warm, settings, spent=lambda: warm.spent_s)
+    assert 0 < first.generations < settings.generations  # the budget stopped it
+    assert cold.measured == first.measured > 0 and warm.measured == 0
+    assert (again.genome, again.generations, again.latency) == (first.genome, first.generations, first.latency)

@@ -112,6 +112,30 @@ def test_end_to_end_costs_round_trip_apart_from_candidate_costs(db_path):
         assert db.get_end_to_end("tvm:0,1,2,3,4") == INVALID
 
 
+def test_end_to_end_costs_keep_what_measuring_them_took(db_path):
+    with CostDatabase.open(db_path) as db:
+        db.put_end_to_end("onnxruntime:0-4", MEASURED, effort_s=12.5)
+        db.put_end_to_end("tvm:0-4", INVALID)
+    with CostDatabase.open(db_path) as db:
+        assert db.get_end_to_end_entry("onnxruntime:0-4") == (MEASURED, 12.5)
+        assert db.get_end_to_end_entry("tvm:0-4") == (INVALID, 0.0)
+        assert db.get_end_to_end_entry("dnnl:0-4") is None
+
+
+def test_a_file_written_before_effort_was_kept_is_upgraded_in_place(db_path):
+    """A version-1 file without the effort column keeps its costs; the column is added, reading 0."""
+    with CostDatabase.open(db_path) as db:
+        db.put(key(1), MEASURED)
+        db.put_end_to_end("tvm:0-4", MEASURED, effort_s=3.0)
+    with sqlite3.connect(db_path) as connection:
+        connection.execute("ALTER TABLE end_to_end_costs DROP COLUMN effort_s")
+    with CostDatabase.open(db_path) as db:
+        assert db.get(key(1)) == MEASURED
+        assert db.get_end_to_end_entry("tvm:0-4") == (MEASURED, 0.0)
+        db.put_end_to_end("dnnl:0-4", MEASURED, effort_s=2.0)
+        assert db.get_end_to_end_entry("dnnl:0-4") == (MEASURED, 2.0)
+
+
 def test_two_processes_writing_at_once_lose_nothing(db_path, spawn):
     start_together = spawn.Barrier(2)
     writers = [spawn.Process(target=put_range, args=(str(db_path), start, 200, start_together)) for start in (0, 200)]
