@@ -110,6 +110,17 @@ def _onnx_file(name: str, batch: int) -> Path:
     return path
 
 
+def _commit() -> str:
+    """The Collage commit measured (with "+changes" when the work tree differs from it)."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return ""
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "collage_core", "plugins", "benchmarks/*.py")
+    return commit + ("+changes" if changed else "")
+
+
 def _json_line(command: list[str], env=None) -> dict:
     run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT, env=env)
     if run.returncode != 0:
@@ -136,6 +147,7 @@ class RawResults:
         started = time.perf_counter()
         result = measure()
         result.setdefault("wall_s", time.perf_counter() - started)
+        result.setdefault("commit", _commit())
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         partial.replace(path)

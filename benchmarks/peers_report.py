@@ -171,6 +171,8 @@ def _search_line(directory: Path, config: str) -> Optional[str]:
     numerics = data.get("numerics") or {}
     if numerics:
         line += f"; numerics against {numerics.get('reference')}: {'pass' if numerics.get('passed') else 'FAIL'}"
+    if data.get("commit"):
+        line += f"; Collage at commit `{data['commit']}`"
     return line
 
 
