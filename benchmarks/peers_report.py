@@ -154,6 +154,12 @@ def _operators_by_backend(directory: Path, config: str = "collage cold") -> str:
     return ", ".join(f"{backend} {count}" for backend, count in counts)
 
 
+def _from_database(two_level: dict) -> str:
+    if "from_database" in two_level:
+        return f", {two_level['from_database']} of them from the cost database"
+    return ""
+
+
 def _search_line(directory: Path, config: str) -> Optional[str]:
     data = _load(directory, config)
     if data is None:
@@ -167,7 +173,8 @@ def _search_line(directory: Path, config: str) -> Optional[str]:
             f"({measurement.get('from_database', '?')} from the cost database) in {measurement.get('seconds', 0):.0f} s; "
             f"search {data.get('search_s', 0):.1f} s")
     if two_level:
-        line += f" (two-level: {two_level.get('generations')} generations, {two_level.get('measured')} placements measured end to end)"
+        line += (f" (two-level: {two_level.get('generations')} generations, {two_level.get('measured')} placements "
+                 f"scored end to end{_from_database(two_level)})")
     numerics = data.get("numerics") or {}
     if numerics:
         line += f"; numerics against {numerics.get('reference')}: {'pass' if numerics.get('passed') else 'FAIL'}"

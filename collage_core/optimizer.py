@@ -133,7 +133,8 @@ class OptimizedModel:
             },
             "two_level": None if self.two_level is None else {
                 "generations": self.two_level.generations, "measured": self.two_level.measured,
-                "evaluated": self.two_level.evaluated, "seconds": self.two_level.seconds,
+                "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
+                "seconds": self.two_level.seconds,
             },
             "search_s": self.search_s,
             "numerics": None if self.verification is None else attrs.asdict(self.verification),
@@ -333,9 +334,11 @@ class _Job:
 
             result = search_two_level(self.graph.graph, groups, evaluate, settings, on_generation, on_best,
                                       spent=lambda: evaluate.spent_s)
+        result = attrs.evolve(result, from_database=evaluate.from_database)
         self.say(
             f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
-            f"{result.measured} placements measured end to end ({result.evaluated} evaluated) in {result.seconds:.1f} s"
+            f"{result.measured} placements scored end to end ({result.from_database} from the cost database, "
+            f"{result.evaluated} evaluated) in {result.seconds:.1f} s"
         )
         return result
 
@@ -511,6 +514,7 @@ class _EndToEndEvaluator:
         self.job, self.db, self.cut_off = job, db, cut_off
         self.best_s = math.inf
         self.spent_s = 0.0
+        self.from_database = 0
 
     def __call__(self, parts) -> Cost:
         job = self.job
@@ -518,6 +522,7 @@ class _EndToEndEvaluator:
         known = self.db.get_end_to_end_entry(key)
         if known is not None:
             cost, effort_s = known
+            self.from_database += 1
             self.best_s = min(self.best_s, cost.seconds)
             self.spent_s += effort_s
             if cost.repeats > 1:

@@ -55,8 +55,8 @@ def render_report(optimized) -> str:
     if optimized.two_level is not None:
         t = optimized.two_level
         sections.append(
-            f"two-level search: {t.generations} generations, {t.measured} placements measured end to end "
-            f"({t.evaluated} evaluated) in {t.seconds:.1f} s"
+            f"two-level search: {t.generations} generations, {t.measured} placements scored end to end "
+            f"({t.from_database} from the cost database, {t.evaluated} evaluated) in {t.seconds:.1f} s"
         )
     if optimized.verification is not None:
         sections.append(optimized.verification.describe())

@@ -47,6 +47,8 @@ class TwoLevelResult:
     evaluated: int
     generations: int
     seconds: float
+    # Of the ``measured`` placements, how many the evaluator read from a cost database (it says).
+    from_database: int = 0
 
 
 # The fitness of a placement that could not be measured: worse than any real one.

@@ -218,6 +218,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     warm = run()
     assert builds == [tmp_path / "out" / f"{warm.model.name}.so"]
     assert warm.measurement.measured == 0
+    assert cold.two_level.from_database == 0 and warm.two_level.from_database == warm.two_level.measured > 0
     assert (warm.two_level.genome, warm.two_level.generations) == (cold.two_level.genome, cold.two_level.generations)
 
     def baselines(result):
