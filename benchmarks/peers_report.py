@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Optional
@@ -256,8 +257,9 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
 
 
 def _model_order(directory: Path) -> tuple:
-    name, _, batch = directory.name.partition("_b")
-    return (int(batch.split("_")[0]) if batch.split("_")[0].isdigit() else 0, name)
+    """Batch, then model: every model at batch 1 first (``vit_base_b1``: batch 1, not "ase_b1")."""
+    batch = re.search(r"_b(\d+)(?:_|$)", directory.name)
+    return (int(batch.group(1)) if batch else 0, directory.name)
 
 
 def draw_chart(models: list[tuple[str, dict]], path: Path) -> None:

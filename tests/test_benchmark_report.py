@@ -87,3 +87,13 @@ def test_contenders_timed_in_turns_are_the_headline(tmp_path):
     assert row.startswith("| small_b1 | 9.00 ± 0.50 | 1.12 | onnxruntime default session | 1.12 | dnnl + tvm for the rest | 0.80 |")
     assert "| collage library | 9.00 ± 0.50 | 90 |" not in report  # shown under Collage's name
     assert f"| {peers_report.COLLAGE} | 9.00 ± 0.50 | 90 | 1.00 |" in report
+
+
+def test_models_are_listed_by_batch_then_name_whatever_their_names(tmp_path):
+    raw = tmp_path / "raw"
+    for stem in ("vit_base_b8", "vit_base_b1", "bert_l12_b1_s128", "bert_l12_b8_s128"):
+        write_model(raw, stem, collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    text = peers_report.write_report(raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png",
+                                     machine_lines=["- CPU: test"]).read_text()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["bert_l12_b1_s128", "vit_base_b1", "bert_l12_b8_s128", "vit_base_b8"]
