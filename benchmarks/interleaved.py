@@ -8,7 +8,11 @@ session, PyTorch eager, ``torch.compile``, and Collage's exported library loaded
 rounds. Only the running contender's process works; the others wait on a pipe, so their threads
 sleep. Each contender's median and interquartile range are over all its runs.
 
-    python benchmarks/interleaved.py MODEL BATCH LIBRARY [--rounds 9]   (prints one JSON line)
+    python benchmarks/interleaved.py MODEL BATCH LIBRARY [--single LIBRARY] [--rounds 9]   (prints one JSON line)
+
+``--single`` adds the best single backend's build (a baseline ``collage optimize`` measured,
+rebuilt from its placement file) as one more contender, so that Collage's ratio to it is timed
+in turns too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -28,6 +33,8 @@ from peers_report import PEERS  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 COLLAGE = "collage library"
+SINGLE = "best single backend library"
+LIBRARIES = (COLLAGE, SINGLE)  # contenders that are libraries `collage optimize` wrote
 BURST_S = 0.4  # each turn runs a contender about this long (at least one run)
 ROUNDS = 9
 
@@ -45,7 +52,7 @@ def _contender_function(kind: str, name: str, batch: int, library: str):
         session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         feeds = {input_name: example.numpy()}
         return lambda: session.run(None, feeds)
-    if kind == COLLAGE:
+    if kind in LIBRARIES:
         from collage_core import tvm_compat
         from collage_core.deploy import load_vm
 
@@ -88,13 +95,15 @@ def serve(kind: str, name: str, batch: int, library: str) -> None:
         protocol.flush()
 
 
-def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS) -> dict:
+def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: Optional[Path] = None) -> dict:
     """Every contender's median and IQR over its runs in ``rounds`` interleaved turns (JSON-ready)."""
-    kinds = PEERS + ([COLLAGE] if library.exists() else [])
+    contenders = [(peer, library) for peer in PEERS] + [(COLLAGE, library)] * library.exists()
+    if single is not None and single.exists():
+        contenders.append((SINGLE, single))
     processes, results = {}, {}
-    for kind in kinds:  # set up one at a time: a compiling contender would slow another's warm-up
+    for kind, path in contenders:  # set up one at a time: a compiling contender would slow another's warm-up
         process = subprocess.Popen(
-            [sys.executable, __file__, "--serve", kind, name, str(batch), str(library)],
+            [sys.executable, __file__, "--serve", kind, name, str(batch), str(path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         line = process.stdout.readline()
         if not line:
@@ -129,9 +138,10 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("batch", type=int)
     parser.add_argument("library", type=Path, help="the library `collage optimize` wrote (<output>/<model>.so)")
+    parser.add_argument("--single", type=Path, help="the best single backend's library, timed in turns too")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
-    print(json.dumps(measure(args.model, args.batch, args.library, args.rounds)))
+    print(json.dumps(measure(args.model, args.batch, args.library, args.rounds, args.single)))
 
 
 if __name__ == "__main__":

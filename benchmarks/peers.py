@@ -10,8 +10,10 @@ For each batch size, each model (every model at batch 1 first), in this order an
                    with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
   collage (warm)   the same command again on the now warm cost database: it replays the search and
                    the baselines from the database and measures only its result
-  interleaved      Collage's library and the peers timed in turns (benchmarks/interleaved.py): the
-                   headline numbers, immune to the machine's speed drifting between configurations
+  interleaved      Collage's library, the peers and the best single backend (rebuilt from the placement
+                   file the warm run kept, unless it is Collage's own placement) timed in turns
+                   (benchmarks/interleaved.py): the headline numbers, immune to the machine's speed
+                   drifting between configurations
   collage (torch)  `optimize` fed the PyTorch module instead of the ONNX file (op-level, same cost
                    database; at the --torch-batches sizes)
 
@@ -36,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_report import PEERS, raw_file, write_report  # noqa: E402
+from peers_report import PEERS, raw_file, single_backend_row, write_report  # noqa: E402
 
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
 RUN_TIMEOUT_S = 6 * 3600
@@ -169,13 +171,41 @@ def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = Tru
         return lambda: _collage_run(onnx_path, costs, out, extra)
 
     raw.get_or_measure("collage cold", collage([]))
-    raw.get_or_measure("collage warm", collage([]))
-    raw.get_or_measure("interleaved", lambda: _json_line(
-        [sys.executable, str(ROOT / "benchmarks" / "interleaved.py"), name, str(batch), str(out / f"{stem}.so")]))
+    warm = raw.get_or_measure("collage warm", collage([]))
+
+    def interleaved():
+        single_name, single = _best_single_library(warm, onnx_path, out, stem)
+        result = _json_line([sys.executable, str(ROOT / "benchmarks" / "interleaved.py"), name, str(batch),
+                             str(out / f"{stem}.so"), *(["--single", str(single)] if single else [])])
+        return {**result, "single": single_name}
+
+    raw.get_or_measure("interleaved", interleaved)
     if not torch_input:
         return
     raw.get_or_measure("collage torch input", lambda: _json_line(
         [sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)]))
+
+
+def _best_single_library(warm: dict, onnx_path: Path, out: Path, stem: str):
+    """(name, library) of the fastest single-backend baseline the warm run measured, rebuilt from its
+    placement file; library None when that baseline is the placement Collage returned (or it failed)."""
+    rows = [e for e in warm.get("end_to_end", []) if single_backend_row(e["name"]) and e["cost"]["kind"] == "measured"]
+    if not rows:
+        return None, None
+    best = min(rows, key=lambda e: e["cost"]["median_s"])
+    returned = next(e for e in warm["end_to_end"] if e["name"] == "placement")
+    if best["operators_by_backend"] == returned["operators_by_backend"]:
+        return best["name"], None
+    from collage_core.optimizer import baseline_file
+
+    built = out / "best-single"
+    run = subprocess.run(["collage", "optimize", str(onnx_path), "--placement", str(baseline_file(out, best["name"])),
+                          "--no-compare", "--output", str(built)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=RUN_TIMEOUT_S)
+    if run.returncode != 0:
+        print(f"  building {best['name']} failed: {run.stderr.strip().splitlines()[-1:]}", flush=True)
+        return best["name"], None
+    return best["name"], built / f"{stem}.so"
 
 
 def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str]) -> dict:

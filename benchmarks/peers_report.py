@@ -29,6 +29,7 @@ COLLAGE_ROWS = {  # results.json end-to-end row -> table row
     "unpartitioned relax.build": "tvm unpartitioned relax.build",
 }
 TORCH_INPUT = "collage op-level, PyTorch module as input"
+SINGLE_IN_TURNS = "best single backend (Collage's build of it)"
 SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
 EXPLANATION_LINES = 30
 
@@ -36,6 +37,14 @@ EXPLANATION_LINES = 30
 def raw_file(directory: Path, config: str) -> Path:
     """Where ``peers.py`` keeps one configuration's result."""
     return directory / (config.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "") + ".json")
+
+
+def single_backend_row(end_to_end_name: str) -> Optional[str]:
+    """The table row of a single-backend baseline (by its results.json name), or None for another row.
+    Where ONNX Runtime cannot take every operator, its row is ONNX Runtime with the op-level placement for the rest."""
+    if end_to_end_name.startswith("onnxruntime +"):
+        return "onnxruntime + op-level for the rest"
+    return end_to_end_name if end_to_end_name in SINGLE_BACKENDS else None
 
 
 def _load(directory: Path, config: str) -> Optional[dict]:
@@ -60,9 +69,7 @@ def model_rows(directory: Path) -> dict[str, dict]:
     if cold is not None and "error" in cold:
         rows[COLLAGE] = cold
     for entry in (cold or {}).get("end_to_end", []):
-        # Where ONNX Runtime cannot take every operator, its row is ONNX Runtime with the op-level placement for the rest.
-        name = COLLAGE_ROWS.get(entry["name"]) or (
-            "onnxruntime + op-level for the rest" if entry["name"].startswith("onnxruntime +") else None)
+        name = COLLAGE_ROWS.get(entry["name"]) or single_backend_row(entry["name"])
         if name:
             rows[name] = _cost_row(entry["cost"])
     torch_input = _load(directory, "collage torch input")
@@ -73,9 +80,25 @@ def model_rows(directory: Path) -> dict[str, dict]:
 
 
 def interleaved_rows(directory: Path) -> dict[str, dict]:
-    """The contenders timed in turns (``interleaved.py``): peer name or COLLAGE -> row."""
+    """The contenders timed in turns (``interleaved.py``): peer name, COLLAGE or SINGLE_IN_TURNS -> row."""
     data = _load(directory, "interleaved") or {}
-    return {(COLLAGE if kind == "collage library" else kind): row for kind, row in data.get("contenders", {}).items()}
+    names = {"collage library": COLLAGE, "best single backend library": SINGLE_IN_TURNS}
+    return {names.get(kind, kind): row for kind, row in data.get("contenders", {}).items()}
+
+
+def best_single_in_turns(directory: Path, collage_s: Optional[float]) -> tuple[Optional[str], Optional[float]]:
+    """The best single backend and Collage's ratio to it, both timed in turns: its library was one
+    of the contenders, or it is Collage's own placement (ratio 1). (None, None) if neither."""
+    data = _load(directory, "interleaved") or {}
+    name = data.get("single")
+    if not name or collage_s is None:
+        return None, None
+    timed = _seconds(data.get("contenders", {}).get("best single backend library"))
+    if timed is not None:
+        return single_backend_row(name), collage_s / timed
+    if "best single backend library" not in data.get("contenders", {}):
+        return f"{single_backend_row(name)} (Collage's own placement)", 1.0
+    return None, None
 
 
 def _seconds(row: Optional[dict]) -> Optional[float]:
@@ -101,6 +124,10 @@ def _format_ms(row: dict) -> str:
         return "not measured"
     text = f"{row['median_s'] * 1e3:.2f} ± {row['spread_s'] * 1e3:.2f}"
     return text + (" (1 run)" if row.get("repeats") == 1 else "")
+
+
+def _div(seconds: Optional[float], reference: Optional[float]) -> Optional[float]:
+    return None if seconds is None or reference is None else seconds / reference
 
 
 def _ratio(seconds: Optional[float], reference: Optional[float]) -> str:
@@ -194,15 +221,21 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         collage = _seconds(head.get(COLLAGE))
         peer_name, best_peer = _best(head, PEERS)
         ort = _seconds(head.get(ORT_PEER))
-        # Against the single backends: the optimizer's own end-to-end measurements, taken seconds apart.
+        # Against the single backends: timed in turns where it was, else the optimizer's own
+        # end-to-end measurements, taken minutes apart.
         single_name, best_single = _best(rows, SINGLE_BACKENDS)
         placement = _seconds(rows.get(COLLAGE))
-        for key, value, reference in (("ort", collage, ort), ("peer", collage, best_peer), ("single", placement, best_single)):
-            if value is not None and reference is not None:
-                ratios[key].append(value / reference)
+        turns_name, single_ratio = best_single_in_turns(directory, collage)
+        if single_ratio is None:
+            single_ratio = None if placement is None or best_single is None else placement / best_single
+        else:
+            single_name = f"{turns_name}, in turns"
+        for key, value in (("ort", _div(collage, ort)), ("peer", _div(collage, best_peer)), ("single", single_ratio)):
+            if value is not None:
+                ratios[key].append(value)
         summary.append(f"| {directory.name} | {_format_ms(head.get(COLLAGE, {}))} | "
                        f"{_ratio(collage, ort)} | {peer_name or ''} | {_ratio(collage, best_peer)} | "
-                       f"{single_name or ''} | {_ratio(placement, best_single)} | "
+                       f"{single_name or ''} | {'' if single_ratio is None else f'{single_ratio:.2f}'} | "
                        f"{_operators_by_backend(directory, 'collage warm' if head is turns else 'collage cold')} |")
         details += [f"## {directory.name}", ""]
         if turns:
@@ -234,8 +267,9 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         "Median latency ± interquartile range for one input. Ratios are Collage's latency over the other's:",
         "below 1 Collage is faster. Collage's library (as the warm `collage optimize` run wrote it) and the",
         "peers are timed in turns (`benchmarks/interleaved.py`), because this machine's speed drifts by a",
-        "third between minutes. Against the single backends, the placement the cold run returned is compared",
-        "with the baselines that run measured beside it. \"Best single backend\" is the",
+        "third between minutes. The best single backend's build is timed in turns with them too (\"in",
+        "turns\"), or is Collage's own placement (ratio 1); where neither, the placement the cold run returned",
+        "is compared with the baselines that run measured beside it. \"Best single backend\" is the",
         "fastest of TVM alone, DNNL with TVM for the rest, and ONNX Runtime (with the op-level placement for",
         "what it cannot run), each built by Collage and measured by `collage optimize` beside its placement.",
         "A baseline whose one run takes longer than `--baseline-limit` (60 s) was stopped; a run over 5 s is",

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -58,6 +59,12 @@ FALLBACK_PENALTY_S = 1e3
 SWITCH_MARGIN = 0.05
 # Part of a baseline's end-to-end database key: baselines are timed in full, never cut off.
 BASELINE_PROTOCOL = "baseline"
+
+
+def baseline_file(output_dir: os.PathLike, name: str) -> Path:
+    """Where ``optimize`` with ``output_dir`` keeps the placement of the baseline called ``name``
+    (``baselines/onnxruntime_alone.json``): replay it with ``placement=`` to build that baseline."""
+    return Path(output_dir) / "baselines" / (re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".json")
 
 
 @attrs.frozen
@@ -170,7 +177,8 @@ def optimize(
     measured end to end are tried (0: none; see :mod:`collage_core.calibration`). With
     ``compare_backends`` each backend alone and TVM's unpartitioned build are measured too; one
     whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such
-    (None: no limit).
+    (None: no limit). With ``output_dir`` too, each baseline's placement is saved there (see
+    :func:`baseline_file`).
     """
     say = _Narrator(show_progress)
     imported = load_model(model, example_inputs)
@@ -234,6 +242,10 @@ def optimize(
             baselines = job.baselines(parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
                                       baseline_limit_s, db)
         results += [entry for entry, _ in baselines]
+        if output_dir:
+            for entry, baseline_parts in baselines:
+                if baseline_parts is not None:
+                    job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
         faster = _faster_baseline(baselines, placement_cost)
         if faster is not None:
             # Measurements drift (mixed placements hand work between thread pools): what measured

@@ -97,3 +97,20 @@ def test_models_are_listed_by_batch_then_name_whatever_their_names(tmp_path):
                                      machine_lines=["- CPU: test"]).read_text()
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert headings == ["bert_l12_b1_s128", "vit_base_b1", "bert_l12_b8_s128", "vit_base_b8"]
+
+
+@pytest.mark.parametrize("single_timed_ms, expected", [(12.0, "dnnl + tvm for the rest, in turns | 0.75 |"),
+                                                       (None, "dnnl + tvm for the rest (Collage's own placement), in turns | 1.00 |")])
+def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tmp_path, single_timed_ms, expected):
+    """Timed in turns beside Collage (9 ms) its ratio is 9/12, not the sequential 10/12.5; when it is
+    Collage's own placement there is no second library and the ratio is 1."""
+    raw = tmp_path / "raw"
+    write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    contenders = {"onnxruntime default session": measured(8.0), "collage library": measured(9.0)}
+    if single_timed_ms is not None:
+        contenders["best single backend library"] = measured(single_timed_ms)
+    turns = {"contenders": contenders, "single": "dnnl + tvm for the rest"}
+    peers_report.raw_file(raw / "small_b1", "interleaved").write_text(json.dumps(turns))
+    report = peers_report.write_report(raw, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[]).read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
+    assert expected in row

@@ -228,3 +228,11 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
                 if e.name not in (optimizer.PLACEMENT, optimizer.SEARCHED) and e.operators_by_backend != returned]
 
     assert len(baselines(cold)) >= 3 and baselines(warm) == baselines(cold)
+    # Each baseline's placement is kept beside the result, and replays into that baseline's build.
+    alone = [e for e in cold.end_to_end if e.name == "onnxruntime alone"][0]
+    replayed = collage_core.optimize(
+        str(TINY_RESNET), backends=["tvm", "onnxruntime"], placement=optimizer.baseline_file(tmp_path / "out", alone.name),
+        compare_backends=False, show_progress=False,
+    )
+    assert replayed.end_to_end[0].operators_by_backend == alone.operators_by_backend == {"onnxruntime": 45}
+    assert replayed.verification.passed
