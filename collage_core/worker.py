@@ -157,11 +157,48 @@ def _run_placement(state, request):
     return {"cost": cost, "build_s": build_s}
 
 
+def _load_library(state, request):
+    """Load an exported library and its inputs and run it once; ``time_turn`` then times it."""
+    from collage_core import tvm_compat
+    from collage_core.deploy import load_vm
+
+    device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
+    function = load_vm(request["library"], device, pm=state["pm"])["main"]
+    with np.load(request["inputs"], allow_pickle=False) as saved:
+        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+
+    def run():
+        function(*args)
+        device.sync()
+
+    run()
+    started = time.perf_counter()
+    run()
+    state["turn"] = run
+    return {"once_s": time.perf_counter() - started}
+
+
+def _time_turn(state, request):
+    """Run the loaded library ``count`` times; the seconds of each run."""
+    run, samples = state["turn"], []
+    for _ in range(int(request["count"])):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    return {"samples_s": samples}
+
+
 def _is_sequence(value) -> bool:
     return not hasattr(value, "numpy") and hasattr(value, "__len__")
 
 
-HANDLERS = {"init": _init, "measure_candidate": _measure_candidate, "run_placement": _run_placement}
+HANDLERS = {
+    "init": _init,
+    "measure_candidate": _measure_candidate,
+    "run_placement": _run_placement,
+    "load_library": _load_library,
+    "time_turn": _time_turn,
+}
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,64 @@
+"""Timing built libraries in turns, so that a machine whose speed drifts favours none of them.
+
+Measured one after another, the same build drifts by tens of percent between minutes on a
+shared machine: on a 2-core VM, MobileNetV2's ONNX Runtime build measured 6.5 ms in one worker
+and 4.3 ms in the next. Two placements within that drift can only be told apart side by side.
+Each library is loaded in a measurement worker of its own and run once; then the workers take
+turns, a burst of runs each (about ``burst_s``), for ``rounds`` rounds, the first of each round
+rotating. Only the running worker works; the others wait for their next request. A library's
+cost is the median and interquartile range of all its runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from collage_core.records import Cost
+from collage_core.worker_client import MeasurementWorker
+
+
+@attrs.frozen
+class TurnSettings:
+    rounds: int = 7
+    burst_s: float = 0.3
+    timeout_s: float = 600.0
+
+
+def time_in_turns(
+    libraries: Mapping[str, Path],
+    inputs: Path,
+    target_json: str,
+    plugin_modules: Sequence[str],
+    disabled: Sequence[str],
+    settings: TurnSettings = TurnSettings(),
+) -> dict[str, Cost]:
+    """Each library's cost, by name, from runs on ``inputs`` (an ``.npz``) timed in turns.
+
+    Raises :class:`~collage_core.worker_client.WorkerFailure` if a library cannot be loaded or run.
+    """
+    with contextlib.ExitStack() as stack:
+        workers, once_s = {}, {}
+        for name, library in libraries.items():
+            worker = stack.enter_context(MeasurementWorker(plugin_modules, disabled))
+            request = {"op": "load_library", "library": str(library), "inputs": str(inputs), "target": target_json}
+            once_s[name] = max(worker.request(request, settings.timeout_s)["once_s"], 1e-6)
+            workers[name] = worker
+        samples: dict[str, list[float]] = {name: [] for name in libraries}
+        names = list(libraries)
+        for round_index in range(settings.rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                count = max(1, int(settings.burst_s / once_s[name]))
+                response = workers[name].request({"op": "time_turn", "count": count}, settings.timeout_s)
+                samples[name] += response["samples_s"]
+    return {name: _cost(values) for name, values in samples.items()}
+
+
+def _cost(samples: list[float]) -> Cost:
+    q1, median, q3 = np.percentile(samples, [25, 50, 75])
+    return Cost.measured(float(median), float(q3 - q1), len(samples))
