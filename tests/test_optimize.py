@@ -232,7 +232,8 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     # that baseline ran faster in turns: nothing else is built.
     library = tmp_path / "out" / f"{warm.model.name}.so"
     swapped = warm.end_to_end[1].name == optimizer.SEARCHED
-    assert builds[0] == library and builds[1].parent.name == "rival" and builds[2:] == [library] * swapped
+    rivals = [build for build in builds if build.parent.name == "rival"]
+    assert builds == [library, *rivals] + [library] * swapped and len(rivals) <= 1
     assert warm.measurement.measured == 0
     assert cold.two_level.from_database == 0 and warm.two_level.from_database == warm.two_level.measured > 0
     assert (warm.two_level.genome, warm.two_level.generations) == (cold.two_level.genome, cold.two_level.generations)
