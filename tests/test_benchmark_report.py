@@ -114,3 +114,9 @@ def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tm
     report = peers_report.write_report(raw, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[]).read_text()
     row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
     assert expected in row
+
+
+def test_the_optimizers_own_rows_timed_in_turns_are_not_baselines():
+    assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest") == "onnxruntime + op-level for the rest"
+    assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest, timed in turns") is None
+    assert peers_report.single_backend_row("placement, timed in turns") is None
