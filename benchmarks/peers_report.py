@@ -287,8 +287,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
     ]
     report.write_text("\n".join(lines) + "\n")
-    # Collage and the peers as timed in turns where they were, like the table.
-    draw_chart([(d.name, {**model_rows(d), **{k: v for k, v in interleaved_rows(d).items() if _seconds(v)}})
+    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if _seconds(v)})
                 for d in directories], chart)
     return report
 
@@ -299,8 +298,21 @@ def _model_order(directory: Path) -> tuple:
     return (int(batch.group(1)) if batch else 0, directory.name)
 
 
-def draw_chart(models: list[tuple[str, dict]], path: Path) -> None:
-    """Two panels: latency of every configuration (log), and each one's speed relative to ONNX Runtime."""
+def relative_speeds(turns_by_model: list[dict]) -> dict[str, list[Optional[float]]]:
+    """Per contender timed in turns, its speed relative to ONNX Runtime timed in the same turns, one
+    value per model (None where either was not timed)."""
+    speeds = {}
+    for config in (COLLAGE, *PEERS, SINGLE_IN_TURNS):
+        values = [_div(_seconds(turns.get(ORT_PEER)), _seconds(turns.get(config))) for turns in turns_by_model]
+        if any(values):
+            speeds[config] = values
+    return speeds
+
+
+def draw_chart(models: list[tuple[str, dict, dict]], path: Path) -> None:
+    """Two panels from (model, rows measured one after another, rows timed in turns): the latency of
+    every configuration (log; hatched where measured one after another), and the speed relative to
+    ONNX Runtime of the contenders timed in turns only, as ratios across minutes would mislead."""
     try:
         import matplotlib
 
@@ -309,25 +321,38 @@ def draw_chart(models: list[tuple[str, dict]], path: Path) -> None:
     except ImportError:
         print("no chart: matplotlib is not installed (pip install -e '.[bench]')")
         return
-    configs = [c for c in [COLLAGE, *PEERS, *SINGLE_BACKENDS, TORCH_INPUT, "tvm unpartitioned relax.build"]
-               if any(_seconds(rows.get(c)) for _, rows in models)]
-    figure, (latency, relative) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(models)), 9))
+    speeds = relative_speeds([turns for _, _, turns in models])
+    merged = [(name, {**rows, **turns}) for name, rows, turns in models]
+    configs = [c for c in [COLLAGE, *PEERS, SINGLE_IN_TURNS, *SINGLE_BACKENDS, TORCH_INPUT, "tvm unpartitioned relax.build"]
+               if any(_seconds(rows.get(c)) for _, rows in merged)]
+    figure, (latency, relative) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(models)) + 4, 9))
     width = 0.8 / max(1, len(configs))
     positions = range(len(models))
     for index, config in enumerate(configs):
-        seconds = [_seconds(rows.get(config)) for _, rows in models]
         x = [m + index * width for m in positions]
-        latency.bar(x, [s * 1e3 if s else 0 for s in seconds], width, label=config)
-        speed = [(_seconds(rows.get(ORT_PEER)) / s) if s and _seconds(rows.get(ORT_PEER)) else 0
-                 for s, (_, rows) in zip(seconds, models)]
-        relative.bar(x, speed, width, label=config)
-    for axis in (latency, relative):
-        axis.set_xticks([m + 0.4 - width / 2 for m in positions], [name for name, _ in models], rotation=20, fontsize=8)
+        timed = [_seconds(turns.get(config)) for _, _, turns in models]
+        sequential = [None if t else _seconds(rows.get(config)) for t, (_, rows, _) in zip(timed, models)]
+        latency.bar(x, [s * 1e3 if s else 0 for s in timed], width, label=config if any(timed) else None,
+                    color=f"C{index}")
+        if any(sequential):
+            latency.bar(x, [s * 1e3 if s else 0 for s in sequential], width, color=f"C{index}", hatch="///",
+                        edgecolor="white", label=None if any(timed) else f"{config} (one after another)")
+    relative_width = 0.8 / max(1, len(speeds))
+    for index, config in enumerate(speeds):
+        x = [m + index * relative_width for m in positions]
+        relative.bar(x, [speed or 0 for speed in speeds[config]], relative_width, label=config,
+                     color=f"C{configs.index(config)}")
+    for axis, bar_width in ((latency, width), (relative, relative_width)):
+        axis.set_xticks([m + 0.4 - bar_width / 2 for m in positions], [name for name, _, _ in models], rotation=20,
+                        fontsize=8)
     latency.set_yscale("log")
     latency.set_ylabel("median latency, ms (log)")
-    latency.legend(fontsize=7, ncol=3)
+    latency.set_title("solid: timed in turns; hatched: measured one after another", fontsize=9)
+    latency.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     relative.set_yscale("log")
     relative.axhline(1.0, color="black", linewidth=0.8)
     relative.set_ylabel("speed relative to ONNX Runtime (log; above 1: faster)")
+    relative.set_title("timed in turns (no bar for the best single backend: it is Collage's own placement)", fontsize=9)
+    relative.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -120,3 +120,18 @@ def test_the_optimizers_own_rows_timed_in_turns_are_not_baselines():
     assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest") == "onnxruntime + op-level for the rest"
     assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest, timed in turns") is None
     assert peers_report.single_backend_row("placement, timed in turns") is None
+
+
+def test_the_charts_relative_speeds_come_only_from_contenders_timed_in_turns():
+    """Ratios across minutes would mislead: only what was timed in the same turns as ONNX Runtime
+    gets a speed relative to it."""
+    turns = [{"onnxruntime default session": measured(8.0), "collage library": measured(10.0)},
+             {"onnxruntime default session": measured(30.0), "collage library": measured(15.0),
+              peers_report.SINGLE_IN_TURNS: measured(20.0)},
+             {}]
+    named = [{peers_report.COLLAGE if k == "collage library" else k: v for k, v in t.items()} for t in turns]
+    speeds = peers_report.relative_speeds(named)
+    assert speeds[peers_report.COLLAGE] == pytest.approx([0.8, 2.0, None]) and speeds[peers_report.COLLAGE][2] is None
+    assert speeds[peers_report.SINGLE_IN_TURNS][1] == pytest.approx(1.5)
+    assert speeds[peers_report.SINGLE_IN_TURNS][0] is None
+    assert set(speeds) == {peers_report.COLLAGE, peers_report.ORT_PEER, peers_report.SINGLE_IN_TURNS}
