@@ -2,13 +2,14 @@
 
 On a shared 2-core VM the same ONNX Runtime session measures 30 ms one minute and 45 ms the next.
 Configurations timed minutes apart cannot be compared at that resolution, so the headline numbers
-come from here: each contender is set up once in a process of its own (ONNX Runtime's default
+come from here: each contender is set up once in each of its processes (ONNX Runtime's default
 session, PyTorch eager, ``torch.compile``, and Collage's exported library loaded with
-``collage_core.deploy.load_vm``), then the contenders take turns, a short burst each, for several
-rounds. Only the running contender's process works; the others wait on a pipe, so their threads
-sleep. Each contender's median and interquartile range are over all its runs.
+``collage_core.deploy.load_vm``), then the processes take turns, a short burst each, for several
+rounds. Only the running process works; the others wait on a pipe, so their threads sleep. Each
+contender's median and interquartile range are over all the runs of all its processes.
 
-    python benchmarks/interleaved.py MODEL BATCH LIBRARY [--single LIBRARY] [--rounds 9]   (prints one JSON line)
+    python benchmarks/interleaved.py MODEL BATCH LIBRARY [--single LIBRARY] [--rounds 9] [--processes 2]
+                                                                        (prints one JSON line)
 
 ``--single`` adds the best single backend's build (a baseline ``collage optimize`` measured,
 rebuilt from its placement file) as one more contender, so that Collage's ratio to it is timed
@@ -37,6 +38,10 @@ SINGLE = "best single backend library"
 LIBRARIES = (COLLAGE, SINGLE)  # contenders that are libraries `collage optimize` wrote
 BURST_S = 0.4  # each turn runs a contender about this long (at least one run)
 ROUNDS = 9
+# Processes per contender. Each process keeps its own luck (where its memory and threads land): the
+# same library timed in two processes side by side differs by up to a tenth. Pooling the runs of
+# several processes averages that out; each one's median is kept too.
+PROCESSES = 2
 
 
 def _contender_function(kind: str, name: str, batch: int, library: str):
@@ -95,38 +100,48 @@ def serve(kind: str, name: str, batch: int, library: str) -> None:
         protocol.flush()
 
 
-def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: Optional[Path] = None) -> dict:
-    """Every contender's median and IQR over its runs in ``rounds`` interleaved turns (JSON-ready)."""
+def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: Optional[Path] = None,
+            processes: int = PROCESSES) -> dict:
+    """Every contender's median and IQR over its runs in ``rounds`` interleaved turns (JSON-ready),
+    each contender served by ``processes`` processes that take their turns like separate contenders."""
     contenders = [(peer, library) for peer in PEERS] + [(COLLAGE, library)] * library.exists()
     if single is not None and single.exists():
         contenders.append((SINGLE, single))
-    processes, results = {}, {}
+    servers, results = {}, {}
     for kind, path in contenders:  # set up one at a time: a compiling contender would slow another's warm-up
-        process = subprocess.Popen(
-            [sys.executable, __file__, "--serve", kind, name, str(batch), str(path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        line = process.stdout.readline()
-        if not line:
-            process.wait()
-            results[kind] = {"error": f"{kind} could not be set up (exit code {process.returncode})"}
-            continue
-        processes[kind] = process
-        results[kind] = {**json.loads(line), "samples_s": []}
+        for copy in range(processes):
+            process = subprocess.Popen(
+                [sys.executable, __file__, "--serve", kind, name, str(batch), str(path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            line = process.stdout.readline()
+            if not line:
+                process.wait()
+                results[kind] = {"error": f"{kind} could not be set up (exit code {process.returncode})"}
+                for started in range(copy):
+                    servers.pop((kind, started))[0].stdin.close()
+                break
+            servers[kind, copy] = process, json.loads(line), []
     for round_index in range(rounds):
-        order = list(processes)
+        order = list(servers)
         order = order[round_index % len(order):] + order[:round_index % len(order)]  # rotate who goes first
-        for kind in order:
-            count = max(1, int(BURST_S / max(results[kind]["once_s"], 1e-6)))
-            processes[kind].stdin.write(f"{count}\n")
-            processes[kind].stdin.flush()
-            results[kind]["samples_s"] += json.loads(processes[kind].stdout.readline())
-    for kind, process in processes.items():
+        for key in order:
+            process, ready, samples = servers[key]
+            process.stdin.write(f"{max(1, int(BURST_S / max(ready['once_s'], 1e-6)))}\n")
+            process.stdin.flush()
+            samples += json.loads(process.stdout.readline())
+    for (kind, copy), (process, ready, samples) in servers.items():
         process.stdin.close()
         process.wait()
-        samples = results[kind].pop("samples_s")
-        q1, median, q3 = np.percentile(samples, [25, 50, 75])
-        results[kind].update(median_s=float(median), spread_s=float(q3 - q1), repeats=len(samples))
-    return {"rounds": rounds, "burst_s": BURST_S, "contenders": results}
+        result = results.setdefault(kind, {"setup_s": ready["setup_s"], "once_s": ready["once_s"], "samples_s": [],
+                                           "process_medians_s": []})
+        result["samples_s"] += samples
+        result["process_medians_s"].append(float(np.median(samples)))
+    for kind, result in results.items():
+        if "samples_s" in result:
+            samples = result.pop("samples_s")
+            q1, median, q3 = np.percentile(samples, [25, 50, 75])
+            result.update(median_s=float(median), spread_s=float(q3 - q1), repeats=len(samples))
+    return {"rounds": rounds, "burst_s": BURST_S, "processes": processes, "contenders": results}
 
 
 def main() -> None:
@@ -140,8 +155,9 @@ def main() -> None:
     parser.add_argument("library", type=Path, help="the library `collage optimize` wrote (<output>/<model>.so)")
     parser.add_argument("--single", type=Path, help="the best single backend's library, timed in turns too")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--processes", type=int, default=PROCESSES, help="processes per contender")
     args = parser.parse_args()
-    print(json.dumps(measure(args.model, args.batch, args.library, args.rounds, args.single)))
+    print(json.dumps(measure(args.model, args.batch, args.library, args.rounds, args.single, args.processes)))
 
 
 if __name__ == "__main__":

@@ -242,10 +242,14 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
                        f"{_operators_by_backend(directory, 'collage warm' if head is turns else 'collage cold')} |")
         details += [f"## {directory.name}", ""]
         if turns:
-            details += ["Timed in turns (`interleaved.py`); Collage's library is the one the warm `collage optimize` "
-                        f"run wrote ({_operators_by_backend(directory, 'collage warm')}):", "", "| contender | median ± IQR (ms) | runs | vs Collage |",
-                        "|---|---|---|---|"]
-            details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {_ratio(_seconds(row), collage)} |"
+            processes = (_load(directory, "interleaved") or {}).get("processes", 1)
+            details += [f"Timed in turns (`interleaved.py`, {processes} process{'es' if processes > 1 else ''} per "
+                        "contender); Collage's library is the one the warm `collage optimize` "
+                        f"run wrote ({_operators_by_backend(directory, 'collage warm')}):", "",
+                        "| contender | median ± IQR (ms) | runs | vs Collage | median of each process (ms) |",
+                        "|---|---|---|---|---|"]
+            details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {_ratio(_seconds(row), collage)} | "
+                        f"{', '.join(f'{s * 1e3:.2f}' for s in row.get('process_medians_s', []))} |"
                         for name, row in turns.items()]
             details += ["", "Each configuration in its own process, one after another:", ""]
         best_sequential_peer = _best(rows, PEERS)[1]
@@ -270,7 +274,8 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         "Median latency ± interquartile range for one input. Ratios are Collage's latency over the other's:",
         "below 1 Collage is faster. Collage's library (as the warm `collage optimize` run wrote it) and the",
         "peers are timed in turns (`benchmarks/interleaved.py`), because this machine's speed drifts by a",
-        "third between minutes. The best single backend's build is timed in turns with them too (\"in",
+        "third between minutes; where the details say so, each contender ran in two processes whose runs are",
+        "pooled, as each process keeps its own luck. The best single backend's build is timed in turns with them too (\"in",
         "turns\"), or is Collage's own placement (ratio 1); where neither, the placement the cold run returned",
         "is compared with the baselines that run measured beside it. \"Best single backend\" is the",
         "fastest of TVM alone, DNNL with TVM for the rest, and ONNX Runtime (with the op-level placement for",
