@@ -146,10 +146,10 @@ class RawResults:
         if path.exists():
             return json.loads(path.read_text())
         print(f"  measuring {config} ...", flush=True)
-        started = time.perf_counter()
+        commit, started = _commit(), time.perf_counter()  # the code as it was when the measurement began
         result = measure()
         result.setdefault("wall_s", time.perf_counter() - started)
-        result.setdefault("commit", _commit())
+        result.setdefault("commit", commit)
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         partial.replace(path)

@@ -3,10 +3,10 @@
 Measured one after another, the same build drifts by tens of percent between minutes on a
 shared machine: on a 2-core VM, MobileNetV2's ONNX Runtime build measured 6.5 ms in one worker
 and 4.3 ms in the next. Two placements within that drift can only be told apart side by side.
-Each library is loaded in a measurement worker of its own and run once; then the workers take
-turns, a burst of runs each (about ``burst_s``), for ``rounds`` rounds, the first of each round
-rotating. Only the running worker works; the others wait for their next request. A library's
-cost is the median and interquartile range of all its runs.
+Each library is loaded in measurement workers of its own (``workers_per_library``) and run once;
+then the workers take turns, a burst of runs each (about ``burst_s``), for ``rounds`` rounds, the
+first of each round rotating. Only the running worker works; the others wait for their next
+request. A library's cost is the median and interquartile range of all its workers' runs.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ class TurnSettings:
     rounds: int = 7
     burst_s: float = 0.3
     timeout_s: float = 600.0
+    # Workers per library. Each process keeps its own luck (where its memory and threads land): the
+    # same pair timed in turns in other processes disagreed by a tenth. Pooling the runs of two
+    # workers per library averages that out.
+    workers_per_library: int = 2
 
 
 def time_in_turns(
@@ -37,25 +41,27 @@ def time_in_turns(
     disabled: Sequence[str],
     settings: TurnSettings = TurnSettings(),
 ) -> dict[str, Cost]:
-    """Each library's cost, by name, from runs on ``inputs`` (an ``.npz``) timed in turns.
+    """Each library's cost, by name, from the pooled runs of its workers on ``inputs`` (an ``.npz``),
+    every worker of every library taking its turns.
 
     Raises :class:`~collage_core.worker_client.WorkerFailure` if a library cannot be loaded or run.
     """
     with contextlib.ExitStack() as stack:
         workers, once_s = {}, {}
         for name, library in libraries.items():
-            worker = stack.enter_context(MeasurementWorker(plugin_modules, disabled))
-            request = {"op": "load_library", "library": str(library), "inputs": str(inputs), "target": target_json}
-            once_s[name] = max(worker.request(request, settings.timeout_s)["once_s"], 1e-6)
-            workers[name] = worker
+            for copy in range(settings.workers_per_library):
+                worker = stack.enter_context(MeasurementWorker(plugin_modules, disabled))
+                request = {"op": "load_library", "library": str(library), "inputs": str(inputs), "target": target_json}
+                once_s[name, copy] = max(worker.request(request, settings.timeout_s)["once_s"], 1e-6)
+                workers[name, copy] = worker
         samples: dict[str, list[float]] = {name: [] for name in libraries}
-        names = list(libraries)
+        keys = list(workers)
         for round_index in range(settings.rounds):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                count = max(1, int(settings.burst_s / once_s[name]))
-                response = workers[name].request({"op": "time_turn", "count": count}, settings.timeout_s)
-                samples[name] += response["samples_s"]
+            shift = round_index % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                count = max(1, int(settings.burst_s / once_s[key]))
+                response = workers[key].request({"op": "time_turn", "count": count}, settings.timeout_s)
+                samples[key[0]] += response["samples_s"]
     return {name: _cost(values) for name, values in samples.items()}
 
 

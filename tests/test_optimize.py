@@ -295,3 +295,21 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines_within_range():
     assert [entry.name for entry, _ in rivals] == ["first", "second", "third"][:optimizer.RIVALS]
     slow = Cost.measured(MeasureSettings().single_run_s * 2, 0.0, 1)
     assert optimizer._rivals(baselines, placed, slow, MeasureSettings()) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_library_is_timed_in_turns_by_its_own_workers(optimized, workspace, workers):
+    """Every worker of every library takes a turn each round (one run each, with no burst time), so
+    each library's runs number rounds x workers; the same library under two names costs about the same."""
+    from collage_core.in_turns import TurnSettings, time_in_turns
+    from collage_core.plugins import get_plugin_manager
+
+    inputs = workspace / f"turn-inputs-{workers}.npz"
+    np.savez(inputs, *optimized.model.random_inputs(seed=3))
+    library = workspace / "out" / "tiny_resnet.so"
+    settings = TurnSettings(rounds=3, burst_s=0.0, workers_per_library=workers)
+    costs = time_in_turns({"a": library, "b": library}, inputs, tvm_compat.target_to_json(optimized.target),
+                          get_plugin_manager().module_plugin_names(), [], settings)
+    assert set(costs) == {"a", "b"}
+    assert all(cost.is_measured and cost.repeats == settings.rounds * workers for cost in costs.values())
+    assert 0.5 < costs["a"].seconds / costs["b"].seconds < 2.0
