@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
@@ -97,10 +98,11 @@ def collage_contribute_patterns(backend, target):
     ]
 
 
-def lower_function(func: relax.Function, name: str) -> relax.Function:
-    """``func`` with its body replaced by one ``collage_onnxruntime.run`` call on its ONNX model."""
+def lower_function(func: relax.Function, name: str, spinning: bool = False) -> relax.Function:
+    """``func`` with its body replaced by one ``collage_onnxruntime.run`` call on its ONNX model
+    (run by a session whose idle threads spin, with ``spinning``)."""
     model = relax_to_onnx.convert(func, name)
-    blob = relax.const(runtime.pack_model(model.SerializeToString()), "uint8")
+    blob = relax.const(runtime.pack_model(model.SerializeToString(), spinning), "uint8")
     return_type = tvm_compat.return_type(func)
     out_types = list(return_type.fields) if isinstance(return_type, relax.TupleType) else return_type
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
@@ -112,11 +114,27 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
     return bb.get()[name]
 
 
+def runs_alone(mod, function_names) -> bool:
+    """Whether ``main`` does nothing but call these partitions (and pass tuples around): then no
+    other backend's kernel runs between them, and their idle threads may spin."""
+    ours = set(function_names)
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call):
+                if not (isinstance(value.op, tvm.ir.GlobalVar) and value.op.name_hint in ours):
+                    return False
+            elif not (isinstance(value, (relax.Tuple, relax.TupleGetItem, relax.Var)) or tvm_compat.is_constant(value)):
+                return False
+    return True
+
+
 @hookimpl
 def collage_lower_partitions(backend, mod, function_names, target):
     if backend.name != BACKEND:
         return None
-    return replace_functions(mod, function_names, lower_function)
+    spinning = runs_alone(mod, function_names)
+    return replace_functions(mod, function_names, lambda func, name: lower_function(func, name, spinning))
 
 
 

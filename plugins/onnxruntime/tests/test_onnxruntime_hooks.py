@@ -237,12 +237,34 @@ def test_runtime_refuses_a_blob_that_does_not_match_its_digest():
         runtime.SESSIONS.get(blob)
 
 
-def test_session_options_do_not_spin():
+def test_session_options_do_not_spin_unless_asked():
     options = runtime.session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
     assert options.inter_op_num_threads == 1
     assert options.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    spinning = runtime.session_options(spinning=True)
+    assert spinning.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def lowered_blob(lowered, name):
+    call = lowered[name].body.blocks[0].bindings[0].value
+    return tvm_compat.constant_array(call.args[1].fields[0])
+
+
+@pytest.mark.parametrize("ort_nodes, spins", [({0, 1, 2, 3}, True), ({0, 1, 2}, False)])
+def test_idle_threads_spin_only_when_onnx_runtime_runs_the_whole_executable(backends, ort_nodes, spins):
+    """Alone, nothing else needs the cores between runs; beside TVM's kernels, spinning threads
+    would take the cores from them. Either way the session computes the same."""
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), ort_nodes)
+    (name,) = partitions_by_backend(placed)["onnxruntime"]
+    assert hooks.runs_alone(placed, [name]) == spins
+    lowered = hooks.collage_lower_partitions(backends["onnxruntime"], placed, [name], TARGET)
+    serialized, spinning = runtime.unpack_blob(lowered_blob(lowered, name))
+    assert spinning == spins and serialized == relax_to_onnx.convert(placed[name], name).SerializeToString()
+    runtime.SESSIONS.clear()
+    session = runtime.SESSIONS.get(lowered_blob(lowered, name)).session
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == str(int(spins))
 
 
 def test_runtime_reads_and_writes_the_tensors_in_place():
