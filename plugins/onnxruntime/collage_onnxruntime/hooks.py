@@ -59,6 +59,11 @@ def _import_onnxruntime():
         return error
 
 
+# How partitions are lowered and run (revision 2: sessions spin when they run the whole
+# executable). Part of the backend's version, so costs measured with other code are never reused.
+LOWERING_REVISION = 2
+
+
 @hookimpl
 def collage_register_backends(register):
     onnxruntime = _import_onnxruntime()
@@ -67,7 +72,7 @@ def collage_register_backends(register):
             name=BACKEND,
             kind=GRAPH_LEVEL,
             device_kinds=("cpu",),
-            version=getattr(onnxruntime, "__version__", "not installed"),
+            version=f"{getattr(onnxruntime, '__version__', 'not installed')}+lowering-{LOWERING_REVISION}",
             description="ONNX Runtime, CPU execution provider (partitions converted to ONNX opset 17)",
             runtime_needs=f"the collage-onnxruntime plugin (pip install -e plugins/onnxruntime) and onnxruntime ({INSTALL_HINT})",
         )

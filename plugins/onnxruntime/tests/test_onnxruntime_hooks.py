@@ -116,7 +116,7 @@ def test_collage_register_backends_registers_a_graph_level_cpu_backend(backends)
     backend = backends["onnxruntime"]
     assert backend.kind == GRAPH_LEVEL
     assert backend.device_kinds == ("cpu",)
-    assert backend.version == onnxruntime.__version__
+    assert backend.version == f"{onnxruntime.__version__}+lowering-{hooks.LOWERING_REVISION}"
 
 
 def test_collage_check_availability_asks_for_the_cpu_provider(backends, monkeypatch):
