@@ -182,6 +182,20 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
     assert not (workspace / "turns" / "rivals").exists()
 
 
+def recorded_builds(monkeypatch) -> list:
+    """The library path (None: not kept) of every build the optimizer makes from now on, in order."""
+    from collage_core import optimizer
+
+    run_built, builds = optimizer._Job.run_built, []
+
+    def recorded(self, mod, library, *args, **kwargs):
+        builds.append(library)
+        return run_built(self, mod, library, *args, **kwargs)
+
+    monkeypatch.setattr(optimizer._Job, "run_built", recorded)
+    return builds
+
+
 def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
@@ -193,14 +207,7 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
                 last: optimizer.Cost.measured(1e-3, 1e-5, 20)}
 
     monkeypatch.setattr(optimizer, "time_in_turns", last_rival_fastest)
-    run_built = optimizer._Job.run_built
-    builds = []
-
-    def counted(self, mod, library, *args, **kwargs):
-        builds.append(library)
-        return run_built(self, mod, library, *args, **kwargs)
-
-    monkeypatch.setattr(optimizer._Job, "run_built", counted)
+    builds = recorded_builds(monkeypatch)
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "drift",
         search="op-level", calibration_rounds=0, show_progress=False,
@@ -236,14 +243,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
         )
 
     cold = run()
-    run_built = optimizer._Job.run_built
-    builds = []
-
-    def counted(self, mod, library, *args, **kwargs):
-        builds.append(library)
-        return run_built(self, mod, library, *args, **kwargs)
-
-    monkeypatch.setattr(optimizer._Job, "run_built", counted)
+    builds = recorded_builds(monkeypatch)
     warm = run()
     # The result's library and the closest baselines', to time them in turns: nothing else is built.
     library = tmp_path / "out" / f"{warm.model.name}.so"
