@@ -2,9 +2,10 @@
 
 A lowered partition is ``R.call_dps_packed("collage_onnxruntime.run", [model, *inputs], ...)``
 where ``model`` is a uint8 constant holding :func:`pack_model`'s blob: the SHA-256 digest of
-what follows, an options byte (whether idle threads spin), then the serialized ONNX model. The VM hands over the blob, the input tensors and the
-output tensors it allocated; ONNX Runtime reads the inputs and writes the outputs in place,
-through an IOBinding of the tensors' addresses (no copies).
+what follows, an options byte (whether idle threads spin), then the serialized ONNX model. The
+VM hands over the blob, the input tensors and the output tensors it allocated; ONNX Runtime reads
+the inputs and writes the outputs in place, through an IOBinding of the tensors' addresses (no
+copies).
 """
 
 from __future__ import annotations
