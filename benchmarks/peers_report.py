@@ -214,6 +214,13 @@ def _search_line(directory: Path, config: str) -> Optional[str]:
     return line
 
 
+def _commit(directory: Path, config: str) -> str:
+    """The commit of the Collage code that ran ``config`` (rows measured at different commits stay
+    told apart), or "" where the raw file does not say."""
+    data = _load(directory, config) or {}
+    return f"`{data['commit']}`" if data.get("commit") else ""
+
+
 def write_report(raw_root: Path, command: str, report: Path, chart: Path, machine_lines: Optional[list[str]] = None) -> Path:
     """Write the report and the chart from every model directory under ``raw_root``; returns the report's path."""
     directories = sorted((p for p in raw_root.iterdir() if p.is_dir() and model_rows(p)), key=_model_order)
@@ -236,10 +243,11 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         for key, value in (("ort", _div(collage, ort)), ("peer", _div(collage, best_peer)), ("single", single_ratio)):
             if value is not None:
                 ratios[key].append(value)
+        collage_run = "collage warm" if head is turns else "collage cold"  # the run whose library is headlined
         summary.append(f"| {directory.name} | {_format_ms(head.get(COLLAGE, {}))} | "
                        f"{_ratio(collage, ort)} | {peer_name or ''} | {_ratio(collage, best_peer)} | "
                        f"{single_name or ''} | {'' if single_ratio is None else f'{single_ratio:.2f}'} | "
-                       f"{_operators_by_backend(directory, 'collage warm' if head is turns else 'collage cold')} |")
+                       f"{_operators_by_backend(directory, collage_run)} | {_commit(directory, collage_run)} |")
         details += [f"## {directory.name}", ""]
         if turns:
             processes = (_load(directory, "interleaved") or {}).get("processes", 1)
@@ -288,8 +296,8 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         "| {} model-batch pairs | {} | {} | {} |".format(
             len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))), "",
         "| model | Collage (ms) | vs ONNX Runtime | best peer | vs best peer | best single backend | vs it | "
-        "operators by backend in Collage's timed library |",
-        "|---|---|---|---|---|---|---|---|", *summary, "",
+        "operators by backend in Collage's timed library | Collage's commit |",
+        "|---|---|---|---|---|---|---|---|---|", *summary, "",
         f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
     ]
     report.write_text("\n".join(lines) + "\n")

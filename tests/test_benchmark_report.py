@@ -91,6 +91,24 @@ def test_contenders_timed_in_turns_are_the_headline(tmp_path):
     assert "Timed in turns (`interleaved.py`, 2 processes per contender)" in report
 
 
+def test_each_row_names_the_commit_of_the_collage_run_it_shows(tmp_path):
+    """Rows measured at different commits are told apart: the cold run's commit where only it ran,
+    the warm run's where its library was timed in turns."""
+    raw = tmp_path / "raw"
+    write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    write_model(raw, "small_b8", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    for stem, commit in (("small_b1", "aaa1111"), ("small_b8", "bbb2222")):
+        cold = json.loads(peers_report.raw_file(raw / stem, "collage cold").read_text())
+        peers_report.raw_file(raw / stem, "collage cold").write_text(json.dumps({**cold, "commit": commit}))
+    peers_report.raw_file(raw / "small_b8", "collage warm").write_text(json.dumps({**cold, "commit": "ccc3333"}))
+    turns = {"contenders": {"onnxruntime default session": measured(8.0), "collage library": measured(9.0)}}
+    peers_report.raw_file(raw / "small_b8", "interleaved").write_text(json.dumps(turns))
+    report = peers_report.write_report(raw, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[]).read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in report.splitlines() if line.startswith("| small_")}
+    assert rows["small_b1"].endswith("| `aaa1111` |")
+    assert rows["small_b8"].endswith("| `ccc3333` |")
+
+
 def test_models_are_listed_by_batch_then_name_whatever_their_names(tmp_path):
     raw = tmp_path / "raw"
     for stem in ("vit_base_b8", "vit_base_b1", "bert_l12_b1_s128", "bert_l12_b8_s128"):
