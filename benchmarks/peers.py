@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py [--models mobilenetv2,resnet50,convnext-tiny,bert-base,vit-base,gpt2]
                                [--batches 1,8] [--torch-batches 1] [--raw benchmarks/raw] [--only-report]
+                               [--collage-again]
 
 For each batch size, each model (every model at batch 1 first), in this order and each in a fresh process:
   peers            ONNX Runtime (a default session), PyTorch eager, torch.compile (inductor)
@@ -19,7 +20,9 @@ For each batch size, each model (every model at batch 1 first), in this order an
 
 Every result lands in ``<raw>/<model>/<config>.json`` as soon as it is measured and is not
 measured again, so an interrupted run resumes where it stopped; untuned TVM takes minutes per
-run on the larger models. The models are built by ``scripts/make_hf_models.py`` (HuggingFace
+run on the larger models. Each row records the commit it was measured at; after a change to
+Collage, ``--collage-again`` measures again Collage's rows that other Collage code measured, and
+keeps the peers'. The models are built by ``scripts/make_hf_models.py`` (HuggingFace
 ``transformers`` configs, seeded random weights, offline). Then ``benchmarks/RESULTS.md`` (the
 tables, the machine, the versions, the command) and ``benchmarks/results.png`` are written from
 the raw files; nothing in them is typed by hand.
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -42,6 +46,9 @@ from peers_report import PEERS, raw_file, single_backend_row, write_report  # no
 
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
 RUN_TIMEOUT_S = 6 * 3600
+# What depends on Collage's code, measured again with --collage-again where that code changed.
+COLLAGE_CONFIGS = ("collage cold", "collage warm", "interleaved", "collage torch input")
+COLLAGE_CODE = ("collage_core", "plugins/*/collage_*", "pyproject.toml", "plugins/*/pyproject.toml")  # its packages
 TWO_LEVEL_BUDGET_S = 240  # the two-level search's time budget (`collage optimize --budget`)
 
 PEER_CODE = r"""
@@ -123,6 +130,17 @@ def _commit() -> str:
     return commit + ("+changes" if changed else "")
 
 
+def same_collage_code(commit: Optional[str]) -> bool:
+    """Whether Collage's code (``COLLAGE_CODE``) at ``commit``, as a raw row records it, is what
+    runs now: no commit, a commit with uncommitted changes, or an unknown one count as different."""
+    if not commit or commit.endswith("+changes"):
+        return False
+    for diff in (["diff", "--quiet", commit, "HEAD", "--", *COLLAGE_CODE], ["diff", "--quiet", "HEAD", "--", *COLLAGE_CODE]):
+        if subprocess.run(["git", *diff], cwd=ROOT, capture_output=True).returncode != 0:
+            return False
+    return True
+
+
 def _json_line(command: list[str], env=None) -> dict:
     run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT, env=env)
     if run.returncode != 0:
@@ -141,6 +159,28 @@ class RawResults:
     def path(self, config: str) -> Path:
         return raw_file(self.directory, config)
 
+    def forget_stale_collage(self, is_current) -> list[str]:
+        """Remove what Collage measured here with other code (``is_current(commit)`` is False for
+        the commit a row records), so that it is measured again; returns the configurations
+        removed. The peers' rows stay. A stale cold run takes everything of Collage's with it (its
+        cost database, library and explanation), as the later runs reuse them. Rows measured with
+        the current code stay, so an interrupted re-measurement resumes."""
+        def current(config):
+            return is_current(json.loads(self.path(config).read_text()).get("commit"))
+
+        cold_current = self.path("collage cold").exists() and current("collage cold")
+        stale = [config for config in COLLAGE_CONFIGS
+                 if self.path(config).exists() and not (cold_current and current(config))]
+        for config in stale:
+            self.path(config).unlink()
+        if stale:
+            (self.directory / "explanation.txt").unlink(missing_ok=True)
+        if not cold_current:
+            for path in self.directory.glob("costs.sqlite*"):
+                path.unlink()
+            shutil.rmtree(self.directory / "collage-out", ignore_errors=True)
+        return stale
+
     def get_or_measure(self, config: str, measure) -> dict:
         path = self.path(config)
         if path.exists():
@@ -156,10 +196,14 @@ class RawResults:
         return result
 
 
-def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True) -> None:
+def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True, collage_again: bool = False) -> None:
     stem = _stem(name, batch)
     print(f"{stem}:", flush=True)
     raw = RawResults(raw_root, stem)
+    if collage_again:
+        forgotten = raw.forget_stale_collage(same_collage_code)
+        if forgotten:
+            print(f"  measuring again (measured with other Collage code): {', '.join(forgotten)}", flush=True)
     onnx_path = _onnx_file(name, batch)
     for peer in PEERS:
         raw.get_or_measure(peer, lambda: _json_line(
@@ -229,6 +273,9 @@ def main() -> None:
                         help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)")
     parser.add_argument("--raw", type=Path, default=ROOT / "benchmarks" / "raw")
     parser.add_argument("--only-report", action="store_true", help="write RESULTS.md and the chart from the raw files")
+    parser.add_argument("--collage-again", action="store_true",
+                        help="measure Collage's rows again where Collage's code changed since (its cold and warm "
+                             "runs, the turns, the PyTorch-input run); the peers' rows are kept; resumable")
     args = parser.parse_args()
     if shutil.which("collage") is None:
         raise SystemExit("the collage command is not installed: ./scripts/setup.sh")
@@ -236,8 +283,9 @@ def main() -> None:
     if not args.only_report:
         for batch in (int(b) for b in args.batches.split(",")):  # every model at batch 1 before any at batch 8
             for name in args.models.split(","):
-                measure_model(name, batch, args.raw, torch_input=str(batch) in args.torch_batches.split(","))
-    command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a != "--only-report")])
+                measure_model(name, batch, args.raw, torch_input=str(batch) in args.torch_batches.split(","),
+                              collage_again=args.collage_again)
+    command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again"))])
     report = write_report(args.raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
     print(f"wrote {report} and {report.parent / 'results.png'}")
 
