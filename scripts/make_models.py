@@ -20,7 +20,6 @@ import onnx
 import onnxruntime as ort
 import torch
 from torch import nn
-from tvm.relax.frontend import onnx as relax_onnx
 
 OPSET = 17
 SEED = 0
@@ -61,9 +60,12 @@ def ort_latency_ms(path: Path, feeds: dict[str, np.ndarray], runs: int = 10) -> 
 
 
 def tvm_import_error(onnx_model: onnx.ModelProto) -> str | None:
-    """Import into Relax; return None on success, otherwise the reason it failed."""
+    """Import into Relax as Collage does (TVM's importer with Collage's fixes to its converters);
+    return None on success, otherwise the reason it failed."""
+    from collage_core import tvm_compat
+
     try:
-        relax_onnx.from_onnx(onnx_model, keep_params_in_input=False)
+        tvm_compat.from_onnx(onnx_model)
     except Exception as error:  # the frontend raises several types; report whichever it was
         return f"{type(error).__name__}: {error}".splitlines()[0]
     return None
