@@ -4,7 +4,7 @@ Usage: python scripts/make_hf_models.py --model {resnet50,mobilenetv2,vit-base,c
                                         [--batch N] [--seq-len N] [--layers N] [--out models/hf]
 
 No weights or configs are downloaded: the configs are built in code and the weights are seeded random values,
-which is all a latency measurement needs. Each file is checked with onnx.checker, ONNX Runtime and TVM's importer.
+which is all a latency measurement needs. Each file is checked with onnx.checker, ONNX Runtime and Collage's ONNX importer.
 """
 
 import argparse
@@ -118,7 +118,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, choices=MODELS)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=128, help="BERT only")
+    parser.add_argument("--seq-len", type=int, default=128, help="BERT and GPT-2")
     parser.add_argument("--layers", type=int, default=None, help="BERT only; default 4 for bert, 12 for bert-base")
     parser.add_argument("--out", type=Path, default=Path("models/hf"))
     args = parser.parse_args()
