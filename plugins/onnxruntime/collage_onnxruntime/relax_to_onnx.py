@@ -248,6 +248,14 @@ def _adaptive_avg_pool2d(g: _Graph, call) -> str:
     return g.node("GlobalAveragePool", [g.value(call.args[0])])
 
 
+def _split(g: _Graph, call) -> list[str]:
+    # The pieces' sizes come from the call's static result type, however its attributes spell them.
+    axis, sizes = support.split_axis_and_sizes(call)
+    outputs = [g.fresh("split") for _ in sizes]
+    g.nodes.append(helper.make_node("Split", [g.value(call.args[0]), g.int64s(sizes)], outputs, name=g.fresh("node"), axis=axis))
+    return outputs
+
+
 CONVERTERS: dict[str, Callable] = {
     "relax.add": _simple("Add"),
     "relax.subtract": _simple("Sub"),
@@ -299,13 +307,19 @@ CONVERTERS: dict[str, Callable] = {
     "relax.take": _take,
     "relax.astype": _astype,
     "relax.broadcast_to": _broadcast_to,
+    "relax.split": _split,
+    "relax.isnan": _simple("IsNaN"),
 }
 
 
 def _value_info(name: str, expr) -> onnx.ValueInfoProto:
     """A graph input or output: a tensor of static shape, as ``expr`` (a parameter or result) has."""
+    return _value_info_of_type(name, tvm_compat.value_type(expr))
+
+
+def _value_info_of_type(name: str, ty) -> onnx.ValueInfoProto:
     try:
-        shape, dtype = tvm_compat.tensor_shape_dtype(expr)
+        shape, dtype = tvm_compat.type_shape_dtype(ty)
     except ValueError as error:
         raise UnsupportedError(f"{name}: {error}") from None
     return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
@@ -350,14 +364,21 @@ def convert(func: relax.Function, name: str = "collage_partition") -> onnx.Model
         returned = list(result.fields)
     else:
         returned = g.tuple_fields.get(result, [result])
-    outputs = []
-    for index, expr in enumerate(returned):
+    sources = []  # (ONNX name, its Relax tensor type)
+    for expr in returned:
         source = g.names.get(expr) if isinstance(expr, relax.Var) else None
         source = source if source is not None else g.value(expr)
-        if isinstance(source, list):
+        ty = tvm_compat.value_type(expr)
+        if isinstance(source, list) and isinstance(ty, relax.TupleType) and expr not in g.tuple_fields and len(returned) == 1:
+            sources.extend(zip(source, ty.fields))  # the result of a tuple-valued operator (split)
+        elif isinstance(source, list):
             raise UnsupportedError("a nested tuple among the outputs")
+        else:
+            sources.append((source, ty))
+    outputs = []
+    for index, (source, ty) in enumerate(sources):
         g.node("Identity", [source], output=output_name(index))
-        outputs.append(_value_info(output_name(index), expr))
+        outputs.append(_value_info_of_type(output_name(index), ty))
 
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-onnxruntime")

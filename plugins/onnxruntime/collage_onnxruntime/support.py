@@ -210,6 +210,26 @@ def _check_where(call) -> Optional[str]:
     return None
 
 
+def _check_isnan(call) -> Optional[str]:
+    if _dtype(call.args[0]) not in FLOAT:
+        return f"isnan of {_dtype(call.args[0])} (ONNX IsNaN takes floats)"
+    return None
+
+
+def split_axis_and_sizes(call) -> tuple[int, list[int]]:
+    """The axis ``split`` cuts, counted from 0, and its pieces' lengths along it, from the call's result type."""
+    axis = int(call.attrs.axis) % len(_shape(call.args[0]))
+    return axis, [tvm_compat.type_shape_dtype(piece)[0][axis] for piece in _result_types(call)]
+
+
+def _check_split(call) -> Optional[str]:
+    shape = _shape(call.args[0])
+    axis, sizes = split_axis_and_sizes(call)
+    if sum(sizes) != shape[axis] or 0 in sizes:
+        return f"split into pieces of {sizes} along an axis of length {shape[axis]}"
+    return None
+
+
 def _check_comparison(call) -> Optional[str]:
     dtypes = {_dtype(arg) for arg in call.args}
     if len(dtypes) != 1 or not dtypes <= NUMERIC:
@@ -250,11 +270,19 @@ RULES: dict[str, tuple[frozenset, Check]] = {
     "relax.take": (MOVABLE, _check_take),
     "relax.astype": (MOVABLE - BOOL, _check_astype),
     "relax.where": (MOVABLE, _check_where),
+    "relax.split": (MOVABLE, _check_split),
+    "relax.isnan": (BOOL, _check_isnan),
 }
 
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(RULES))
 # Operators whose operands may have another dtype than their result; their checks look at each.
-MIXED_DTYPES = frozenset({"relax.take", "relax.astype", "relax.where", *COMPARISONS})
+MIXED_DTYPES = frozenset({"relax.take", "relax.astype", "relax.where", "relax.isnan", *COMPARISONS})
+
+
+def _result_types(call) -> list:
+    """The tensor types ``call`` returns: one, or each field of its tuple (split)."""
+    ty = tvm_compat.value_type(call)
+    return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
 
 
 def _tensor_operands(call):
@@ -275,13 +303,12 @@ def refusal(call) -> Optional[str]:
         return f"{name} has no ONNX conversion"
     dtypes, check = RULES[name]
     try:
-        result_dtype = _dtype(call)
-        if result_dtype not in dtypes:
-            return f"{name} on {result_dtype}"
-        _shape(call)
-        operand_dtypes = {_dtype(operand) for operand in _tensor_operands(call)}  # raises on a dynamic shape
-        if name not in MIXED_DTYPES and operand_dtypes - {result_dtype}:
-            return f"{name} mixes {', '.join(sorted(operand_dtypes | {result_dtype}))}"
+        result_dtypes = {tvm_compat.type_shape_dtype(ty)[1] for ty in _result_types(call)}  # raises on a dynamic shape
+        if result_dtypes - dtypes:
+            return f"{name} on {', '.join(sorted(result_dtypes - dtypes))}"
+        operand_dtypes = {_dtype(operand) for operand in _tensor_operands(call)}
+        if name not in MIXED_DTYPES and operand_dtypes - result_dtypes:
+            return f"{name} mixes {', '.join(sorted(operand_dtypes | result_dtypes))}"
         return check(call) if check is not None else None
     except ValueError as error:  # a dynamic shape
         return f"{name}: {error}"

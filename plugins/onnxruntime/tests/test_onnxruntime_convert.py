@@ -52,6 +52,9 @@ def random_input(shape, dtype, rng, kind="any"):
         return rng.uniform(0.5, 2.0, size=shape).astype(dtype)
     if kind == "ties":  # comparisons: equal values happen
         return rng.integers(-2, 3, size=shape).astype(dtype)
+    if kind == "nan":  # isnan: about a third of the values are NaN
+        values = rng.uniform(-2.0, 2.0, size=shape).astype(dtype)
+        return np.where(rng.uniform(size=shape) < 0.3, np.nan, values).astype(dtype)
     return rng.uniform(-2.0, 2.0, size=shape).astype(dtype)
 
 
@@ -172,6 +175,10 @@ CASES = [
     ("astype_to_float32", lambda x: R.astype(x, F), [((2, 3), "int64")], "any"),
     ("broadcast_to", lambda x: R.broadcast_to(x, (2, 4, 3)), [((4, 1), F)], "any"),
     ("two_outputs", lambda x: [R.nn.relu(x), R.exp(x)], [ROWS], "any"),
+    ("split_sections", lambda x: R.split(x, 2, axis=1), [((2, 6, 3), F)], "any"),
+    ("split_indices_negative_axis", lambda x: R.split(x, [1, 3], axis=-1), [((2, 3, 5), "int64")], "any"),
+    ("split_pieces_used", lambda x: [R.add(x[0], x[1]) for x in [R.split(x, 2, axis=0)]][0], [ROWS], "any"),
+    ("isnan", R.isnan, [ROWS], "nan"),
 ]
 
 
@@ -259,6 +266,8 @@ REFUSED = [
     ("take_clip_variable", lambda x, i: R.take(x, i, axis=0, mode="clip"), [((10, 4), F), ((3,), "int64")], "out of range"),
     ("take_wrap_out_of_range", lambda x: R.take(x, const(np.array([5], "int64")), axis=0, mode="wrap"), [((3, 2), F)], "out of range"),
     ("clip_min_above_max", lambda x: R.clip(x, 3.0, 1.0), [ROWS], "above max"),
+    ("split_empty_piece", lambda x: R.split(x, [0, 2], axis=1), [((2, 6), F)], "split into pieces of [0, 2, 4]"),
+    ("isnan_int64", R.isnan, [((2, 3), "int64")], "isnan of int64"),
     ("cumsum", lambda x: R.cumsum(x, axis=0), [ROWS], "no ONNX conversion"),
     ("conv1d", lambda x: R.nn.conv1d(x, const(np.ones((4, 3, 3), F))), [((1, 3, 9), F)], "no ONNX conversion"),
 ]
