@@ -314,3 +314,41 @@ def test_each_library_is_timed_in_turns_by_its_own_workers(optimized, workspace,
     assert set(costs) == {"a", "b"}
     assert all(cost.is_measured and cost.repeats == settings.rounds * workers for cost in costs.values())
     assert 0.5 < costs["a"].seconds / costs["b"].seconds < 2.0
+
+
+def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace, monkeypatch):
+    """A placement whose first run pays one-time setup (ONNX Runtime creates its sessions then) is
+    judged and timed by the runs after it: neither timed by the slow first run alone nor stopped
+    by a run limit the first run exceeds."""
+    import os
+
+    from tvm import relax
+
+    from collage_core import optimizer
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.timing import MeasureSettings
+
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.syspath_prepend(tests)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    from plugins_for_tests import lazy_setup_backend
+
+    module = "plugins_for_tests.lazy_setup_backend"
+    monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=[module]))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            output = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(output)
+    limit_s = lazy_setup_backend.SETUP_S / 2
+    result = collage_core.optimize(
+        bb.get(), backends=[lazy_setup_backend.BACKEND], cost_db=workspace / "lazy.sqlite",
+        output_dir=workspace / "lazy", settings=MeasureSettings(single_run_s=limit_s), baseline_limit_s=limit_s,
+        calibration_rounds=0, show_progress=False,
+    )
+    placement = result.end_to_end[0]
+    assert placement.operators_by_backend == {lazy_setup_backend.BACKEND: 1}
+    assert placement.cost.repeats > 1 and placement.cost.median_s < limit_s
+    alone = next(e for e in result.end_to_end if e.name == f"{lazy_setup_backend.BACKEND} alone")
+    assert alone.cost.is_measured and alone.cost.median_s < limit_s
