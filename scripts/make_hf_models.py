@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from torch import nn
 
-from make_models import SEED, build_and_check, make_bert, randomize_norms_and_biases
+from make_models import SEED, build_and_check, make_bert, make_gpt2, randomize_norms_and_biases
 
 
 class Logits(nn.Module):
@@ -58,27 +58,6 @@ def make_convnext_tiny() -> nn.Module:
     return Logits(ConvNextForImageClassification(config))
 
 
-class TokenLogits(nn.Module):
-    """A causal language model's logits for a batch of token ids (no cache, one output)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        # An all-ones mask of the export's static shape (a constant): without a mask, transformers
-        # looks for packed sequences with torch.diff, which has no ONNX export; a mask computed from
-        # the input leaves mask arithmetic that TVM's importer refuses.
-        mask = torch.ones([int(size) for size in input_ids.shape], dtype=torch.int64)
-        return self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-
-
-def make_gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    return TokenLogits(GPT2LMHeadModel(GPT2Config()))  # GPT-2 small: 12 layers, 768 wide
-
-
 IMAGE_MODELS = {"resnet50": make_resnet50, "mobilenetv2": make_mobilenetv2, "vit-base": make_vit_base, "convnext-tiny": make_convnext_tiny}
 MODELS = [*IMAGE_MODELS, "bert", "bert-base", "gpt2"]
 
@@ -98,7 +77,7 @@ def module_and_input(name: str, batch: int, seq_len: int = 128, layers: int | No
     if name in IMAGE_MODELS:
         model, example, input_name = IMAGE_MODELS[name](), torch.randn(batch, 3, 224, 224), "pixel_values"
     elif name == "gpt2":
-        model = make_gpt2()
+        model = make_gpt2()  # GPT-2 small: 12 layers, 768 wide
         example = torch.randint(0, model.model.config.vocab_size, (batch, seq_len), dtype=torch.int64)
         input_name = "input_ids"
     else:

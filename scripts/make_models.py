@@ -184,6 +184,30 @@ def make_bert(hidden: int, heads: int, intermediate: int, layers: int, vocab: in
     return LastHiddenState(BertModel(config, add_pooling_layer=False))
 
 
+class TokenLogits(nn.Module):
+    """A causal language model's logits for a batch of token ids (no cache, one output)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        # An all-ones mask of the export's static shape (a constant): without a mask, transformers
+        # looks for packed sequences with torch.diff, which has no ONNX export; a mask computed from
+        # the input leaves mask arithmetic that TVM's importer refuses.
+        mask = torch.ones([int(size) for size in input_ids.shape], dtype=torch.int64)
+        return self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+
+
+def make_gpt2(embedding: int = 768, heads: int = 12, layers: int = 12, vocab: int = 50257, positions: int = 1024) -> nn.Module:
+    """``GPT2LMHeadModel``'s logits; the defaults are GPT-2 small's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=embedding, n_head=heads, n_layer=layers, vocab_size=vocab, n_positions=positions,
+                        bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    return TokenLogits(GPT2LMHeadModel(config))
+
+
 def build_and_check(model: nn.Module, example_input: torch.Tensor, input_name: str, path: Path) -> dict:
     with torch.no_grad():
         reference = model.eval()(example_input).numpy()
@@ -206,6 +230,12 @@ def main():
     randomize_norms_and_biases(bert)
     input_ids = torch.randint(0, 1000, (1, 16), dtype=torch.int64)
     build_and_check(bert, input_ids, "input_ids", args.out / "tiny_bert.onnx")
+
+    torch.manual_seed(SEED)
+    gpt2 = make_gpt2(embedding=64, heads=2, layers=1, vocab=1000, positions=16)
+    randomize_norms_and_biases(gpt2)
+    input_ids = torch.randint(0, 1000, (1, 16), dtype=torch.int64)
+    build_and_check(gpt2, input_ids, "input_ids", args.out / "tiny_gpt2.onnx")
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ REFUSED = [
     ("take_clip_variable", lambda x, i: R.take(x, i, axis=0, mode="clip"), [((10, 4), F), ((3,), "int64")], "out of range"),
     ("take_wrap_out_of_range", lambda x: R.take(x, const(np.array([5], "int64")), axis=0, mode="wrap"), [((3, 2), F)], "out of range"),
     ("clip_min_above_max", lambda x: R.clip(x, 3.0, 1.0), [ROWS], "above max"),
-    ("split_empty_piece", lambda x: R.split(x, [0, 2], axis=1), [((2, 6), F)], "split into pieces of [0, 2, 4]"),
+    ("split_empty_piece", lambda x: R.split(x, [0, 2], axis=1), [((2, 6), F)], "split into pieces of"),
     ("isnan_int64", R.isnan, [((2, 3), "int64")], "isnan of int64"),
     ("cumsum", lambda x: R.cumsum(x, axis=0), [ROWS], "no ONNX conversion"),
     ("conv1d", lambda x: R.nn.conv1d(x, const(np.ones((4, 3, 3), F))), [((1, 3, 9), F)], "no ONNX conversion"),

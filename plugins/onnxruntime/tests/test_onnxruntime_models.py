@@ -31,7 +31,7 @@ DEVICE = tvm.cpu(0)
 RTOL, ATOL = 1e-5, 1e-5
 
 
-@pytest.mark.parametrize("name", ["tiny_resnet", "tiny_bert"])
+@pytest.mark.parametrize("name", ["tiny_resnet", "tiny_bert", "tiny_gpt2"])
 def test_shipped_model_runs_whole_on_onnxruntime(pm, backends, name):
     model = load_model(MODELS / f"{name}.onnx")
     graph = RelaxGraph.from_function(model.mod["main"])
