@@ -89,7 +89,10 @@ def test_signal_during_measurement_keeps_every_cost_for_the_rerun(tmp_path, sign
     assert from_database >= kept and measured + from_database == _count(db, "costs")
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+# SIGINT's own path (exit 130, "interrupted") is covered by the measurement test above; here it
+# repeats a minute of search, so it runs with --run-slow.
+@pytest.mark.parametrize("signum, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow, id="SIGINT"),
+                                          pytest.param(signal.SIGTERM, 143, id="SIGTERM")])
 def test_signal_during_the_evolutionary_search_keeps_measured_placements(tmp_path, signum, code):
     pytest.importorskip("onnxruntime")
     db = tmp_path / "costs.sqlite"
