@@ -54,9 +54,11 @@ class _Graph:
         return f"{stem}_{self._count}"
 
     def node(self, op_type: str, inputs: list[str], output: str | None = None, **attributes) -> str:
-        output = output or self.fresh(op_type.lower())
-        self.nodes.append(helper.make_node(op_type, inputs, [output], name=self.fresh("node"), **attributes))
-        return output
+        return self.multi_output_node(op_type, inputs, [output or self.fresh(op_type.lower())], **attributes)[0]
+
+    def multi_output_node(self, op_type: str, inputs: list[str], outputs: list[str], **attributes) -> list[str]:
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.fresh("node"), **attributes))
+        return outputs
 
     def constant(self, array: np.ndarray) -> str:
         name = self.fresh("const")
@@ -252,8 +254,7 @@ def _split(g: _Graph, call) -> list[str]:
     # The pieces' sizes come from the call's static result type, however its attributes spell them.
     axis, sizes = support.split_axis_and_sizes(call)
     outputs = [g.fresh("split") for _ in sizes]
-    g.nodes.append(helper.make_node("Split", [g.value(call.args[0]), g.int64s(sizes)], outputs, name=g.fresh("node"), axis=axis))
-    return outputs
+    return g.multi_output_node("Split", [g.value(call.args[0]), g.int64s(sizes)], outputs, axis=axis)
 
 
 CONVERTERS: dict[str, Callable] = {
@@ -369,7 +370,7 @@ def convert(func: relax.Function, name: str = "collage_partition") -> onnx.Model
         source = g.names.get(expr) if isinstance(expr, relax.Var) else None
         source = source if source is not None else g.value(expr)
         ty = tvm_compat.value_type(expr)
-        if isinstance(source, list) and isinstance(ty, relax.TupleType) and expr not in g.tuple_fields and len(returned) == 1:
+        if isinstance(source, list) and expr not in g.tuple_fields and len(returned) == 1:
             sources.extend(zip(source, ty.fields))  # the result of a tuple-valued operator (split)
         elif isinstance(source, list):
             raise UnsupportedError("a nested tuple among the outputs")
