@@ -10,25 +10,21 @@ Loading the library registers ``collage_dnnl.run`` and ``collage_dnnl.pack_weigh
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import attrs
 
+from collage_core.native import NativeBuildError, NativeLibrary, cache_root, find_compiler
+
 SOURCE = Path(__file__).parent / "runtime" / "collage_dnnl.cc"
 INSTALL_HINT = "apt-get install libdnnl-dev g++"
 SUPPORTED_MAJOR = 2  # the kernels use oneDNN 2.x's operation-descriptor API (Debian's libdnnl-dev 2.6)
 HEADER = Path("oneapi") / "dnnl" / "dnnl.hpp"
-CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
 
 
 class OneDNNUnavailable(RuntimeError):
@@ -84,59 +80,31 @@ def find_onednn() -> OneDNN:
     raise OneDNNUnavailable(f"oneDNN {SUPPORTED_MAJOR}.x headers and library not found{found}: {INSTALL_HINT}")
 
 
-def _compiler() -> str:
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise OneDNNUnavailable(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) to build the oneDNN kernels: {INSTALL_HINT}")
-    return compiler
-
-
-def _tvm_ffi_paths() -> tuple[Path, Path, str]:
-    import tvm_ffi
-    from tvm_ffi import libinfo
-
-    return Path(libinfo.find_include_path()), Path(libinfo.find_libtvm_ffi()).parent, tvm_ffi.__version__
+def native_library(onednn: OneDNN) -> NativeLibrary:
+    """The kernel library's build against ``onednn`` (where it is cached, how it is compiled)."""
+    try:
+        compiler = find_compiler(INSTALL_HINT)
+    except NativeBuildError as missing:
+        raise OneDNNUnavailable(str(missing)) from None
+    flags = (f"-I{onednn.include_dir}", f"-L{onednn.library_dir}", "-ldnnl", f"-Wl,-rpath,{onednn.library_dir}")
+    return NativeLibrary("dnnl", SOURCE, compiler, flags, versions=(onednn.version,))
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("COLLAGE_CACHE_DIR") or Path.home() / ".cache" / "collage") / "dnnl"
-
-
-def build_command(onednn: OneDNN, output: Path) -> list[str]:
-    ffi_include, ffi_lib, _ = _tvm_ffi_paths()
-    return [
-        _compiler(), *CXXFLAGS, str(SOURCE), f"-I{onednn.include_dir}", f"-I{ffi_include}", f"-L{onednn.library_dir}",
-        f"-L{ffi_lib}", "-ldnnl", "-ltvm_ffi", f"-Wl,-rpath,{onednn.library_dir}", f"-Wl,-rpath,{ffi_lib}", "-o", str(output),
-    ]
+    return cache_root() / "dnnl"
 
 
 def library_path(onednn: OneDNN) -> Path:
     """Where the library for this source, oneDNN and TVM FFI lives (built or not)."""
-    _, _, ffi_version = _tvm_ffi_paths()
-    digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CXXFLAGS).encode(), onednn.version.encode(), str(onednn.include_dir).encode(), ffi_version.encode()):
-        digest.update(part)
-    return cache_dir() / digest.hexdigest()[:16] / "libcollage_dnnl.so"
+    return native_library(onednn).path()
 
 
 def build(onednn: OneDNN) -> Path:
     """The built kernel library, compiling it unless this exact build exists (one process builds, others wait)."""
-    path = library_path(onednn)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return path
-        with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
-            partial = Path(scratch) / path.name
-            result = subprocess.run(build_command(onednn, partial), capture_output=True, text=True)
-            if result.returncode != 0:
-                last = [line for line in result.stderr.splitlines() if "error" in line][:1] or result.stderr.splitlines()[-1:]
-                raise OneDNNUnavailable(f"building {SOURCE.name} against oneDNN {onednn.version} failed: {' '.join(last)}")
-            os.replace(partial, path)
-    return path
+    try:
+        return native_library(onednn).build()
+    except NativeBuildError as failed:
+        raise OneDNNUnavailable(f"{failed} (oneDNN {onednn.version})") from None
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import json
-import os
 import time
-from pathlib import Path
 
 import attrs
 import numpy as np
@@ -15,11 +11,13 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
+from collage_core.choices import ChoiceStore
 from collage_dnnl import library, specs
 
 RUN_FUNCTION = "collage_dnnl.run"
 PACK_FUNCTION = "collage_dnnl.pack_weights"
 LAYOUT_TRIALS = 8  # runs per convolution layout at build time; the first creates the primitive
+LAYOUTS = (specs.PLAIN_ACTIVATIONS, specs.BLOCKED_ACTIVATIONS)
 
 
 def _with_packed_weights(spec: specs.KernelSpec) -> specs.KernelSpec:
@@ -73,43 +71,15 @@ def _with_fastest_layout(spec: specs.KernelSpec, output_shape) -> specs.KernelSp
     cache (by the spec's words, which hold shapes and attributes, not weights), so every later
     build of it on this machine, a replay or an export, makes the same kernel.
     """
-    choices = LayoutChoices(library.cache_dir() / "layout_choices.json")
+    choices = ChoiceStore(library.cache_dir() / "layout_choices.json", lambda layout: layout in LAYOUTS)
     key = hashlib.sha256(np.array(spec.words, dtype=np.int64).tobytes()).hexdigest()
     layout = choices.get(key)
     if layout is not None:
         return _with_layout(spec, layout)
-    variants = {layout: _with_layout(spec, layout) for layout in (specs.PLAIN_ACTIVATIONS, specs.BLOCKED_ACTIVATIONS)}
+    variants = {layout: _with_layout(spec, layout) for layout in LAYOUTS}
     layout = min(variants, key=lambda layout: _seconds_per_run(variants[layout], output_shape))
     choices.put(key, layout)
     return variants[layout]
-
-
-class LayoutChoices:
-    """Layouts chosen by timing, by spec digest, in a JSON file shared by processes (last writer merges)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-            return {}  # none yet, or damaged: timing again is always correct
-        return data if isinstance(data, dict) else {}
-
-    def get(self, key: str):
-        layout = self._read().get(key)
-        return layout if layout in (specs.PLAIN_ACTIVATIONS, specs.BLOCKED_ACTIVATIONS) else None
-
-    def put(self, key: str, layout: int) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            data = self._read()
-            data[key] = layout
-            partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.partial")
-            partial.write_text(json.dumps(data, sort_keys=True))
-            os.replace(partial, self.path)
 
 
 def lower_function(func: relax.Function, name: str) -> relax.Function:

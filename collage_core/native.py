@@ -1,0 +1,103 @@
+"""Building a plugin's C++ kernels into a shared library once per machine, and loading it.
+
+Backends whose partitions call native kernels (DNNL, cuBLAS, cuDNN) compile their source on
+first use into ``$COLLAGE_CACHE_DIR/<name>/<digest>/lib<name>.so`` (default cache
+``~/.cache/collage``). The digest covers the source, the compiler and its flags, and the
+versions the plugin names (its library's, TVM FFI's), so a changed input builds a new library
+and never reuses a stale one. One process builds; others wait on a lock and reuse the result.
+Loading the library runs its ``TVM_FFI_STATIC_INIT_BLOCK``, which registers its functions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import attrs
+
+CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
+
+
+class NativeBuildError(RuntimeError):
+    """A compiler is missing or the source did not compile; the message says which and why."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("COLLAGE_CACHE_DIR") or Path.home() / ".cache" / "collage")
+
+
+def find_compiler(install_hint: str) -> str:
+    """The C++ compiler (``$CXX``, else ``g++``), or :class:`NativeBuildError` saying how to get one."""
+    wanted = os.environ.get("CXX", "g++")
+    compiler = shutil.which(wanted)
+    if compiler is None:
+        raise NativeBuildError(f"no C++ compiler ({wanted}) to build the kernels: {install_hint}")
+    return compiler
+
+
+def tvm_ffi_flags() -> tuple[tuple[str, ...], str]:
+    """Compiler flags to build against TVM FFI, and its version (part of every digest)."""
+    import tvm_ffi
+    from tvm_ffi import libinfo
+
+    include, library_dir = Path(libinfo.find_include_path()), Path(libinfo.find_libtvm_ffi()).parent
+    return (f"-I{include}", f"-L{library_dir}", "-ltvm_ffi", f"-Wl,-rpath,{library_dir}"), tvm_ffi.__version__
+
+
+@attrs.frozen
+class NativeLibrary:
+    """One plugin's kernel library: what to compile, with what, and what else decides the result.
+
+    ``flags`` are include, library and link flags after the source; ``versions`` are strings
+    that change the binary without changing the command (library versions), all in the digest.
+    """
+
+    name: str
+    source: Path
+    compiler: str
+    flags: tuple[str, ...]
+    versions: tuple[str, ...] = ()
+
+    def command(self, output: Path) -> list[str]:
+        ffi_flags, _ = tvm_ffi_flags()
+        return [self.compiler, *CXXFLAGS, str(self.source), *self.flags, *ffi_flags, "-o", str(output)]
+
+    def path(self) -> Path:
+        """Where the library for this exact source, command and versions lives (built or not)."""
+        _, ffi_version = tvm_ffi_flags()
+        digest = hashlib.sha256(self.source.read_bytes())
+        for part in (*self.command(Path("out")), *self.versions, ffi_version):
+            digest.update(part.encode() + b"\0")
+        return cache_root() / self.name / digest.hexdigest()[:16] / f"libcollage_{self.name}.so"
+
+    def build(self) -> Path:
+        """The built library, compiling it unless this exact build exists (one process builds, others wait)."""
+        path = self.path()
+        if path.exists():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / "build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                return path
+            with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+                partial = Path(scratch) / path.name
+                result = subprocess.run(self.command(partial), capture_output=True, text=True)
+                if result.returncode != 0:
+                    lines = result.stderr.splitlines()
+                    first_error = [line for line in lines if "error" in line][:1] or lines[-1:]
+                    raise NativeBuildError(f"building {self.source.name} failed: {' '.join(first_error)}")
+                os.replace(partial, path)
+        return path
+
+    def load(self) -> Path:
+        """Build (if needed) and load the library into this process, registering its functions."""
+        path = self.build()
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        return path
