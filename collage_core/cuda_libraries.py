@@ -1,0 +1,125 @@
+"""Finding an NVIDIA GPU and NVIDIA's libraries (headers and shared objects) for native GPU backends.
+
+The libraries come from NVIDIA's pip wheels (``nvidia-cublas``, ``nvidia-cudnn-cu13``,
+``nvidia-cudnn-frontend``: what PyTorch's CUDA builds install) or from a system CUDA toolkit;
+wheels come first, so the kernels are built against the same libraries PyTorch loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+
+class CudaUnavailable(RuntimeError):
+    """No usable GPU, or a library's headers or shared object are missing; the message says which."""
+
+
+def _wheel_roots() -> list[Path]:
+    roots = []
+    for entry in sys.path:
+        nvidia = Path(entry or ".") / "nvidia"
+        if nvidia.is_dir():
+            roots += sorted(p for p in nvidia.iterdir() if p.is_dir())
+        if (Path(entry or ".") / "include").is_dir():
+            roots.append(Path(entry or "."))
+    return roots
+
+
+def _system_roots() -> list[Path]:
+    toolkits = [Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
+    toolkits += [Path(p) for p in sorted(glob.glob("/usr/local/cuda*"), reverse=True)]
+    roots = []
+    for toolkit in toolkits:
+        roots += [toolkit / "targets" / "x86_64-linux", toolkit]
+    return roots + [Path("/usr")]
+
+
+def search_roots() -> list[Path]:
+    """Where headers (``<root>/include``) and libraries (``<root>/lib*``) are looked for, in order."""
+    return _wheel_roots() + _system_roots()
+
+
+def find_header(name: str) -> Optional[Path]:
+    """The include directory holding ``name`` (``"cublasLt.h"``), or None."""
+    for root in search_roots():
+        for include in (root / "include", root / "include" / "x86_64-linux-gnu"):
+            if (include / name).is_file():
+                return include
+    return None
+
+
+def find_library(stem: str) -> Optional[Path]:
+    """The shared object ``lib<stem>.so`` or ``lib<stem>.so.<major>`` (wheels ship only the latter), or None."""
+    for root in search_roots():
+        for directory in (root / "lib", root / "lib64", root / "lib" / "x86_64-linux-gnu"):
+            for candidate in [directory / f"lib{stem}.so", *sorted(directory.glob(f"lib{stem}.so.[0-9]*"))]:
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+@attrs.frozen
+class Requirement:
+    """A library a kernel source needs: a header to compile against and a shared object to link."""
+
+    header: str
+    library: str
+    install_hint: str
+
+
+def compile_flags(requirements) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Include and link flags for ``requirements``, and the shared objects' paths (for the build digest).
+
+    Raises :class:`CudaUnavailable` naming the first missing header or library and how to install it.
+    """
+    includes, links, found = [], [], []
+    for requirement in requirements:
+        include = find_header(requirement.header)
+        if include is None:
+            raise CudaUnavailable(f"{requirement.header} not found: {requirement.install_hint}")
+        library = find_library(requirement.library)
+        if library is None:
+            raise CudaUnavailable(f"lib{requirement.library}.so not found: {requirement.install_hint}")
+        if f"-I{include}" not in includes:
+            includes.append(f"-I{include}")
+        links += [f"-L{library.parent}", f"-l:{library.name}", f"-Wl,-rpath,{library.parent}"]
+        found.append(str(library.resolve()))
+    return (*includes, *links), tuple(found)
+
+
+@attrs.frozen
+class Gpu:
+    index: int
+    name: str
+    compute_capability: str
+    driver_version: int
+
+
+@functools.lru_cache(maxsize=None)
+def first_gpu() -> Gpu:
+    """GPU 0 through the driver API, or :class:`CudaUnavailable` saying why there is none."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise CudaUnavailable("no NVIDIA GPU here: the NVIDIA driver (libcuda.so.1) is not installed") from None
+    status = driver.cuInit(0)
+    if status != 0:
+        raise CudaUnavailable(f"no usable NVIDIA GPU here: cuInit failed with CUDA error {status}")
+    count = ctypes.c_int(0)
+    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        raise CudaUnavailable("no NVIDIA GPU here: the driver sees no CUDA device")
+    device, name, major, minor, version = ctypes.c_int(), ctypes.create_string_buffer(256), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    driver.cuDeviceGet(ctypes.byref(device), 0)
+    driver.cuDeviceGetName(name, 256, device)
+    driver.cuDeviceGetAttribute(ctypes.byref(major), 75, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+    driver.cuDriverGetVersion(ctypes.byref(version))
+    return Gpu(0, name.value.decode(), f"{major.value}.{minor.value}", version.value)

@@ -1,0 +1,292 @@
+"""Reading an operator group as one anchor (a convolution, a matrix product) and the epilogue a kernel fuses.
+
+Native backends recognise the same things after an anchor: a scale, a per-channel bias, a
+residual add, an activation (ReLU, erf or tanh GELU spelt out the way exporters write them,
+SiLU), reshapes that leave memory as it is. A plugin's recognizer calls :func:`read_epilogue`
+and refuses what its kernel does not compute exactly; one recognizer serves both its pattern
+checks (on the matched calls of ``main``) and its lowering (on a partition function's bindings).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import attrs
+import numpy as np
+from tvm import relax
+
+from collage_core import tvm_compat
+
+FLOAT32 = "float32"
+SQRT2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh", "silu")
+
+
+class Refused(Exception):
+    """The group is outside what a kernel computes exactly; the message says what."""
+
+
+class Group:
+    """Calls in order (anchor's operands first, root last), the variables they are bound to, and the outputs."""
+
+    def __init__(self, calls: Sequence, bound_vars: Sequence, outputs: Sequence):
+        self.calls = list(calls)
+        self.bound_vars = list(bound_vars)
+        self.outputs = list(outputs)
+        self._producer = {var: call for var, call in zip(bound_vars, calls)}
+
+    @classmethod
+    def from_match(cls, match) -> "Group":
+        return cls(match.calls, match.bound_vars, match.outputs)
+
+    @classmethod
+    def from_function(cls, func: relax.Function) -> "Group":
+        """A partition function's bindings: its one output is what it returns."""
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        calls = [b.value for b in bindings if tvm_compat.is_op_call(b.value)]
+        bound = [b.var for b in bindings if tvm_compat.is_op_call(b.value)]
+        aliases = {b.var: b.value for b in bindings if isinstance(b.value, relax.Var)}
+        if len(calls) + len(aliases) != len(bindings):
+            raise Refused("the partition binds values other than operator calls")
+        body = func.body.body
+        outputs = list(body.fields) if isinstance(body, relax.Tuple) else [body]
+        while len(outputs) == 1 and outputs[0] in aliases:
+            outputs = [aliases[outputs[0]]]
+        if any(alias in aliases for call in calls for alias in call.args):
+            raise Refused("the partition reads a renamed intermediate result")
+        return cls(calls, bound, outputs)
+
+    def producer(self, expr):
+        return self._producer.get(expr) if isinstance(expr, relax.Var) else None
+
+    def var_of(self, call):
+        return self.bound_vars[self.calls.index(call)]
+
+    def single_anchor(self, anchor_ops: Sequence[str]):
+        """The group's one anchor call; the group must have one output and float32 calls throughout."""
+        if len(self.outputs) != 1:
+            raise Refused("an intermediate result of the group is used outside it")
+        anchors = [call for call in self.calls if tvm_compat.op_name(call) in anchor_ops]
+        if len(anchors) != 1:
+            raise Refused("the group does not have exactly one anchor operator")
+        for call in self.calls:
+            expect_float32(call)
+        return anchors[0]
+
+
+def shape_of(expr) -> tuple[int, ...]:
+    return tvm_compat.tensor_shape_dtype(expr)[0]
+
+
+def expect_float32(expr) -> None:
+    try:
+        dtype = tvm_compat.tensor_shape_dtype(expr)[1]
+    except ValueError as error:
+        raise Refused(str(error)) from None
+    if dtype != FLOAT32:
+        raise Refused(f"dtype {dtype} (only float32)")
+
+
+def external(group: Group, expr) -> None:
+    """Operands a kernel reads must come from outside the group (or be constants)."""
+    if group.producer(expr) is not None:
+        raise Refused("an operand is computed inside the group by an operator the kernel does not fuse")
+    expect_float32(expr)
+
+
+def expect_plain_out_dtype(call) -> None:
+    out_dtype = call.attrs.out_dtype
+    if out_dtype is not None and str(out_dtype) not in ("", "void", FLOAT32):
+        raise Refused(f"out_dtype {out_dtype}")
+
+
+def ints(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def scalar(expr) -> Optional[float]:
+    value = tvm_compat.constant_array(expr)
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
+def other_operand(call, value):
+    """The argument of a binary call that is not ``value`` (None when neither or both are)."""
+    first, second = call.args
+    if first.same_as(value) and not second.same_as(value):
+        return second
+    if second.same_as(value) and not first.same_as(value):
+        return first
+    return None
+
+
+def plain_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.insert(0, step)
+        step *= size
+    return strides
+
+
+def _close(value: Optional[float], wanted: float, tolerance: float = 1e-6) -> bool:
+    return value is not None and abs(value - wanted) <= tolerance * max(1.0, abs(wanted))
+
+
+def _names(calls) -> list[str]:
+    return [tvm_compat.op_name(call) for call in calls]
+
+
+def _gelu_erf(group: Group, rest: list, value) -> int:
+    """How many calls of ``rest`` spell out erf GELU on ``value``: x * (erf(x / sqrt2) + 1) * 0.5."""
+    if len(rest) < 5 or _names(rest[:5]) != ["relax.divide", "relax.erf", "relax.add", "relax.multiply", "relax.multiply"]:
+        return 0
+    divide, erf, add, multiply, half = rest[:5]
+    ok = (
+        divide.args[0].same_as(value)
+        and _close(scalar(divide.args[1]), SQRT2)
+        and erf.args[0].same_as(group.var_of(divide))
+        and scalar(other_operand(add, group.var_of(erf))) == 1.0
+        and other_operand(multiply, value) is not None
+        and other_operand(multiply, value).same_as(group.var_of(add))
+        and scalar(other_operand(half, group.var_of(multiply))) == 0.5
+    )
+    return 5 if ok else 0
+
+
+def _gelu_tanh(group: Group, rest: list, value) -> int:
+    """How many calls of ``rest`` spell out tanh GELU on ``value`` as GPT-2's exporters write it:
+    (x * 0.5) * (tanh((x + x**3 * 0.044715) * sqrt(2/pi)) + 1)."""
+    wanted = ["relax.power", "relax.multiply", "relax.add", "relax.multiply", "relax.tanh", "relax.multiply", "relax.add", "relax.multiply"]
+    if len(rest) < 8 or _names(rest[:8]) != wanted:
+        return 0
+    power, cubic, inner, scaled, tanh, half, one, product = rest[:8]
+    var = group.var_of
+    ok = (
+        power.args[0].same_as(value)
+        and scalar(power.args[1]) == 3.0
+        and _close(scalar(other_operand(cubic, var(power))), 0.044715)
+        and other_operand(inner, value) is not None
+        and other_operand(inner, value).same_as(var(cubic))
+        and _close(scalar(other_operand(scaled, var(inner))), SQRT_2_OVER_PI)
+        and tanh.args[0].same_as(var(scaled))
+        and scalar(other_operand(half, value)) == 0.5
+        and scalar(other_operand(one, var(tanh))) == 1.0
+        and other_operand(product, var(half)) is not None
+        and other_operand(product, var(half)).same_as(var(one))
+    )
+    return 8 if ok else 0
+
+
+def _silu(group: Group, rest: list, value) -> int:
+    """How many calls of ``rest`` spell out SiLU on ``value``: x * sigmoid(x)."""
+    if len(rest) < 2 or _names(rest[:2]) != ["relax.sigmoid", "relax.multiply"]:
+        return 0
+    sigmoid, multiply = rest[:2]
+    other = other_operand(multiply, value)
+    ok = sigmoid.args[0].same_as(value) and other is not None and other.same_as(group.var_of(sigmoid))
+    return 2 if ok else 0
+
+
+ACTIVATION_OPS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu_erf", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.silu": "silu"}
+SPELT_OUT = {"gelu_erf": _gelu_erf, "gelu_tanh": _gelu_tanh, "silu": _silu}
+
+
+def _activation(group: Group, rest: list, value, allowed: Sequence[str]) -> tuple[Optional[str], int]:
+    """The activation the first calls of ``rest`` apply to ``value``, and how many calls it takes."""
+    call = rest[0]
+    single = ACTIVATION_OPS.get(tvm_compat.op_name(call))
+    if single in allowed and call.args[0].same_as(value):
+        return single, 1
+    for name, spelt_out in SPELT_OUT.items():
+        if name in allowed:
+            taken = spelt_out(group, rest, value)
+            if taken:
+                return name, taken
+    return None, 0
+
+
+@attrs.define
+class Epilogue:
+    """Operations after the anchor a kernel fuses, in the order kernels apply them: scale, bias, residual, activation."""
+
+    scale: float = 1.0
+    bias: Optional[np.ndarray] = None
+    residual: object = None
+    activation: Optional[str] = None
+    output_shape: tuple = ()
+
+
+def _as_bias(value: np.ndarray, channels: int, axis_from_end: int) -> Optional[np.ndarray]:
+    """``value`` as a per-channel bias, when it adds one number per channel along that axis."""
+    shape = value.shape
+    if value.size != channels or len(shape) < axis_from_end or shape[-axis_from_end] != channels:
+        return None
+    return value.reshape(channels).astype(np.float32)
+
+
+def read_epilogue(
+    group: Group, anchor, channels: int, channel_axis_from_end: int, allowed: Sequence[str], reshapes: bool = False
+) -> Epilogue:
+    """The calls after ``anchor``, read as scale, bias, residual add and activation (each optional, in that order).
+
+    ``allowed`` names what the kernel fuses: ``"scale"``, ``"bias"``, ``"residual"`` and
+    activations from :data:`ACTIVATIONS`. With ``reshapes``, reshapes between them are taken
+    (memory stays as it is); a bias after a reshape must still run along the last axis.
+    """
+    rest = group.calls[group.calls.index(anchor) + 1 :]
+    value, epilogue, stage = group.var_of(anchor), Epilogue(), 0
+    axis_from_end = channel_axis_from_end
+    while rest:
+        call, name = rest[0], tvm_compat.op_name(rest[0])
+        activation, taken = _activation(group, rest, value, allowed) if stage < 4 else (None, 0)
+        other = other_operand(call, value) if name in ("relax.add", "relax.multiply") else None
+        if activation is not None:
+            epilogue.activation, stage = activation, 4
+        elif name == "relax.reshape" and reshapes and call.args[0].same_as(value):
+            taken = 1
+            if shape_of(call)[-1] != channels:
+                axis_from_end = 0  # the channel axis is gone: no bias may follow
+        elif name == "relax.multiply" and other is not None and "scale" in allowed and stage < 1 and scalar(other) is not None:
+            epilogue.scale, stage, taken = scalar(other), 1, 1
+        elif name == "relax.add" and other is not None and tvm_compat.constant_array(other) is not None:
+            constant = tvm_compat.constant_array(other)
+            bias = _as_bias(constant, channels, axis_from_end) if axis_from_end else None
+            if "bias" not in allowed or stage >= 2 or bias is None or epilogue.scale != 1.0:
+                raise Refused(f"an added constant of shape {constant.shape} that the kernel cannot fuse as a bias")
+            epilogue.bias, stage, taken = bias, 2, 1
+        elif name == "relax.add" and other is not None and "residual" in allowed and stage < 3:
+            external(group, other)
+            if shape_of(other) != shape_of(call):
+                raise Refused("a residual add that broadcasts")
+            epilogue.residual, stage, taken = other, 3, 1
+        else:
+            raise Refused(f"{name} after the anchor is not a post-operation the kernel fuses there")
+        value = group.var_of(rest[taken - 1])
+        rest = rest[taken:]
+    epilogue.output_shape = shape_of(value)
+    return epilogue
+
+
+@attrs.frozen
+class StridedOperand:
+    """A tensor a kernel reads, and the dims and strides (in elements) it sees it through, transposes absorbed."""
+
+    source: object = attrs.field(eq=False)
+    dims: tuple
+    strides: tuple
+
+
+def strided_operand(group: Group, expr) -> StridedOperand:
+    """``expr`` read in place: through the group's ``permute_dims`` of an outside tensor, or as it is."""
+    producer = group.producer(expr)
+    if producer is not None and tvm_compat.op_name(producer) == "relax.permute_dims":
+        source = producer.args[0]
+        external(group, source)
+        source_shape = shape_of(source)
+        axes = ints(producer.attrs.axes) if producer.attrs.axes is not None else tuple(reversed(range(len(source_shape))))
+        plain = plain_strides(source_shape)
+        return StridedOperand(source, tuple(source_shape[a] for a in axes), tuple(plain[a] for a in axes))
+    external(group, expr)
+    dims = shape_of(expr)
+    return StridedOperand(expr, tuple(dims), tuple(plain_strides(dims)))

@@ -1,0 +1,1 @@
+"""cuBLAS (cuBLASLt) as a Collage op-level backend on NVIDIA GPUs."""

@@ -1,0 +1,64 @@
+"""A cuBLAS partition function becomes one ``collage_cublas.run`` call on its spec and operands.
+
+The build times cuBLASLt's candidate algorithms for each problem on the GPU and keeps the
+fastest in the spec; the choice is stored by spec, GPU and cuBLAS version
+(``$COLLAGE_CACHE_DIR/cublas/algorithms.json``), so later builds on this machine make the same
+kernel without timing again. Built where there is no GPU, the runtime takes cuBLASLt's first
+heuristic choice instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from collage_core import cuda_libraries, tvm_compat
+from collage_core.choices import ChoiceStore
+from collage_core.fused_groups import Group, Refused
+from collage_cublas import library, specs
+
+RUN_FUNCTION = "collage_cublas.run"
+TUNE_FUNCTION = "collage_cublas.tune"
+
+
+def _algorithm(spec: specs.KernelSpec) -> tuple[int, ...]:
+    """The fastest algorithm's words for ``spec`` on this GPU (timed once, then remembered), or () without a GPU."""
+    try:
+        gpu = cuda_libraries.first_gpu()
+    except cuda_libraries.CudaUnavailable:
+        return ()
+    words = int(tvm.get_global_func("collage_cublas.algo_words")())
+    choices = ChoiceStore(library.cache_dir() / "algorithms.json", lambda value: isinstance(value, list) and len(value) == words)
+    key = hashlib.sha256(
+        np.array(spec.words, dtype=np.int64).tobytes() + f"{gpu.name}|{gpu.compute_capability}|{library.cublas_version()}".encode()
+    ).hexdigest()
+    chosen = choices.get(key)
+    if chosen is None:
+        blob = bytes(tvm.get_global_func(TUNE_FUNCTION)(tvm_compat.to_tensor(spec.array(), tvm.cpu(0))))
+        chosen = np.frombuffer(blob, dtype=np.int64).tolist()
+        choices.put(key, chosen)
+    return tuple(chosen)
+
+
+def lower_function(func: relax.Function, name: str) -> relax.Function:
+    """``func`` with its body replaced by the cuBLASLt call (the fastest algorithm chosen on this GPU)."""
+    library.load()
+    try:
+        spec = specs.recognize(Group.from_function(func))
+    except Refused as refused:
+        raise ValueError(f"cuBLAS partition {name}: {refused}") from None
+    spec_array = spec.array(_algorithm(spec))
+    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
+    mapping = dict(zip(func.params, params))
+    operands = [mapping.get(operand, operand) for operand in spec.operands]
+    out_type = tvm_compat.return_type(func)
+    bb = relax.BlockBuilder()
+    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
+        with bb.dataflow():
+            call = relax.call_dps_packed(RUN_FUNCTION, [relax.const(spec_array, "int64"), *operands], out_type)
+            output = bb.emit_output(call)
+        bb.emit_func_output(output)
+    return bb.get()[name]

@@ -1,0 +1,110 @@
+"""The cuBLAS backend's patterns: matrix products and the epilogues cuBLASLt fuses, named ``cublas.<what>``.
+
+The dataflow patterns only shape the search; every match is then read by
+:func:`collage_cublas.specs.recognize`, which refuses what cuBLASLt would compute differently.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import is_const, is_op, wildcard
+
+from collage_core.fused_groups import Group, Refused
+from collage_core.records import Pattern
+from collage_core import tvm_compat
+from collage_cublas import specs
+
+BACKEND = "cublas"
+
+
+def _either(op: str, value, other):
+    return is_op(op)(value, other) | is_op(op)(other, value)
+
+
+def _bias(value):
+    return _either("relax.add", value, is_const())
+
+
+def _residual(value):
+    return _either("relax.add", value, wildcard())
+
+
+def _relu(value):
+    return is_op("relax.nn.relu")(value)
+
+
+def _gelu_tanh(value):
+    """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1)."""
+    cube = _either("relax.multiply", is_op("relax.power")(value, is_const()), is_const())
+    tanh = is_op("relax.tanh")(_either("relax.multiply", _either("relax.add", value, cube), is_const()))
+    spelt_out = _either("relax.multiply", _either("relax.multiply", value, is_const()), _either("relax.add", tanh, is_const()))
+    return is_op("relax.nn.gelu_tanh")(value) | spelt_out
+
+
+def _reshaped(value):
+    return is_op("relax.reshape")(value, wildcard())
+
+
+def _scale(value):
+    return _either("relax.multiply", value, is_const())
+
+
+def _transposed(_):
+    return is_op("relax.permute_dims")(wildcard())
+
+
+def _plain(_):
+    return wildcard()
+
+
+OPERAND_FORMS = {"n": _plain, "t": _transposed}  # operand read as it is, or through a permute_dims
+ACTIVATIONS = {"": None, "_relu": _relu, "_gelu": _gelu_tanh}
+
+
+def _dense_epilogues() -> dict:
+    """Bias, then residual, then an activation (each optional); a reshape may stand before the activation."""
+    epilogues = {}
+    for bias_name, bias in (("", lambda v: v), ("_bias", _bias)):
+        for residual_name, residual in (("", lambda v: v), ("_add", _residual)):
+            for activation_name, activation in ACTIVATIONS.items():
+                def chain(v, bias=bias, residual=residual, activation=activation):
+                    v = residual(bias(v))
+                    return activation(v) if activation else v
+                epilogues[f"{bias_name}{residual_name}{activation_name}"] = chain
+                if activation is not None:
+                    epilogues[f"{bias_name}{residual_name}_reshape{activation_name}"] = (
+                        lambda v, bias=bias, residual=residual, activation=activation: activation(_reshaped(residual(bias(v))))
+                    )
+    return epilogues
+
+
+DENSE_EPILOGUES = _dense_epilogues()
+BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": _scale}
+
+
+def _check(match) -> bool:
+    matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
+    if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
+        return False  # a constant right operand is the dense patterns' match
+    try:
+        specs.recognize(Group.from_match(match))
+    except Refused:
+        return False
+    return True
+
+
+def patterns() -> list[Pattern]:
+    found = []
+
+    def add(name, dpl):
+        found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
+
+    for lhs_form, lhs in OPERAND_FORMS.items():
+        dense = is_op("relax.matmul")(lhs(None), is_const())
+        for suffix, epilogue in DENSE_EPILOGUES.items():
+            add(f"dense{'_t' if lhs_form == 't' else ''}{suffix}", epilogue(dense))
+        for rhs_form, rhs in OPERAND_FORMS.items():
+            batch = is_op("relax.matmul")(lhs(None), rhs(None))
+            forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"
+            for suffix, epilogue in BATCH_MATMUL_EPILOGUES.items():
+                add(f"batch_matmul{forms}{suffix}", epilogue(batch))
+    return found

@@ -1,0 +1,396 @@
+// cuBLASLt matrix products for Collage's cuBLAS backend, registered as TVM FFI global functions.
+//
+// A lowered cuBLAS partition is one call
+//     R.call_dps_packed("collage_cublas.run", [spec, first, second, (bias), (residual)], out)
+// where `spec` is an int64 constant holding one cublasLtMatmul problem in cuBLAS's column-major
+// terms (the Python side, specs.py, turns the row-major Relax product into it: operands swapped,
+// transposes and head splits absorbed as leading dimensions and batch strides), its epilogue,
+// and the algorithm chosen by timing at build time. The first call with a given spec creates
+// the descriptors; later calls look them up and launch on TVM's CUDA stream. The workspace is
+// allocated once per device. No Python runs on this path.
+//
+// `collage_cublas.tune(spec)` times cuBLASLt's heuristic candidates for a spec on scratch
+// buffers and returns the fastest algorithm's words (the build stores them in the spec).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace collage_cublas {
+namespace {
+
+constexpr int64_t kSpecVersion = 1;
+constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
+constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
+constexpr int kHeuristicCandidates = 8;
+enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
+
+[[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cublas: " << message; }
+
+void Check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) Fail(std::string(what) + " failed: " + cublasGetStatusString(status));
+}
+
+void Check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) Fail(std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+// One operand's matrix in cuBLAS's column-major terms.
+struct Matrix {
+  int64_t op, rows, cols, ld, batch_stride, outer_stride;
+};
+
+struct Spec {
+  int64_t m, n, k;
+  Matrix a, b;
+  int64_t ld_d, batch, outer, d_batch_stride, d_outer_stride;
+  int64_t epilogue, has_bias, has_residual;
+  double alpha;
+  int64_t has_algo;
+  cublasLtMatmulAlgo_t algo;
+  int64_t Arity() const { return 3 + has_bias + has_residual; }
+};
+
+class Reader {
+ public:
+  Reader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
+  int64_t Next() {
+    if (at_ >= end_) Fail("the spec ends early");
+    return *at_++;
+  }
+  double NextFloat() {
+    int64_t word = Next();
+    double value;
+    std::memcpy(&value, &word, sizeof(value));
+    return value;
+  }
+  Matrix NextMatrix() {
+    Matrix matrix;
+    matrix.op = Next();
+    matrix.rows = Next();
+    matrix.cols = Next();
+    matrix.ld = Next();
+    matrix.batch_stride = Next();
+    matrix.outer_stride = Next();
+    return matrix;
+  }
+  bool Done() const { return at_ == end_; }
+
+ private:
+  const int64_t* at_;
+  const int64_t* end_;
+};
+
+std::string SpecKey(const DLTensor* spec) {
+  if (spec->device.device_type != kDLCPU || spec->dtype.code != kDLInt || spec->dtype.bits != 64 || spec->ndim != 1) {
+    Fail("the spec must be a 1-d int64 tensor on the host");
+  }
+  const char* data = static_cast<const char*>(spec->data) + spec->byte_offset;
+  return std::string(data, data + spec->shape[0] * sizeof(int64_t));
+}
+
+Spec ParseSpec(const std::string& key) {
+  const int64_t* words = reinterpret_cast<const int64_t*>(key.data());
+  Reader reader(words, words + key.size() / sizeof(int64_t));
+  if (reader.Next() != kSpecVersion) Fail("the spec was written for another version of the kernels");
+  Spec spec;
+  spec.m = reader.Next();
+  spec.n = reader.Next();
+  spec.k = reader.Next();
+  spec.a = reader.NextMatrix();
+  spec.b = reader.NextMatrix();
+  spec.ld_d = reader.Next();
+  spec.batch = reader.Next();
+  spec.outer = reader.Next();
+  spec.d_batch_stride = reader.Next();
+  spec.d_outer_stride = reader.Next();
+  spec.epilogue = reader.Next();
+  spec.has_bias = reader.Next();
+  spec.has_residual = reader.Next();
+  spec.alpha = reader.NextFloat();
+  spec.has_algo = reader.Next();
+  std::memset(&spec.algo, 0, sizeof(spec.algo));
+  if (spec.has_algo) {
+    int64_t words_of_algo[kAlgoWords];
+    for (int64_t i = 0; i < kAlgoWords; ++i) words_of_algo[i] = reader.Next();
+    std::memcpy(&spec.algo, words_of_algo, sizeof(spec.algo));
+  }
+  if (!reader.Done()) Fail("the spec has trailing words");
+  return spec;
+}
+
+cublasLtHandle_t Handle(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, cublasLtHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = handles.find(device);
+  if (found != handles.end()) return found->second;
+  cublasLtHandle_t handle;
+  Check(cublasLtCreate(&handle), "cublasLtCreate");
+  handles[device] = handle;
+  return handle;
+}
+
+void* Workspace(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, void*> workspaces;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = workspaces.find(device);
+  if (found != workspaces.end()) return found->second;
+  void* workspace = nullptr;
+  Check(cudaMalloc(&workspace, kWorkspaceBytes), "allocating the cuBLASLt workspace");
+  workspaces[device] = workspace;
+  return workspace;
+}
+
+cublasLtMatrixLayout_t Layout(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout;
+  Check(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+  int32_t count = static_cast<int32_t>(batch);
+  Check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "batch count");
+  Check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+        "batch stride");
+  return layout;
+}
+
+cublasLtEpilogue_t EpilogueOf(const Spec& spec) {
+  switch (spec.epilogue) {
+    case kNone:
+      return spec.has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    case kRelu:
+      return spec.has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    case kGeluTanh:
+      return spec.has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  }
+  Fail("unknown epilogue " + std::to_string(spec.epilogue));
+}
+
+// The descriptors of one problem, created once, and the algorithm it runs.
+class Kernel {
+ public:
+  Kernel(const Spec& spec, int device) : spec_(spec), device_(device), handle_(Handle(device)) {
+    Check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasOperation_t op_a = spec.a.op ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = spec.b.op ? CUBLAS_OP_T : CUBLAS_OP_N;
+    Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
+    Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
+    cublasLtEpilogue_t epilogue = EpilogueOf(spec);
+    Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue");
+    if (spec.has_bias) {
+      int64_t no_stride = 0;  // one bias vector for every batch
+      Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &no_stride, sizeof(no_stride)),
+            "bias batch stride");
+    }
+    a_ = Layout(spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
+    b_ = Layout(spec.b.rows, spec.b.cols, spec.b.ld, spec.batch, spec.b.batch_stride);
+    d_ = Layout(spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
+    if (spec.has_algo && AlgoFits(spec.algo)) {
+      algo_ = spec.algo;
+    } else {
+      std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(1);
+      if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
+      algo_ = candidates[0].algo;
+    }
+  }
+  ~Kernel() {
+    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatrixLayoutDestroy(b_);
+    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
+
+  int64_t Arity() const { return spec_.Arity(); }
+  const Spec& spec() const { return spec_; }
+
+  std::vector<cublasLtMatmulHeuristicResult_t> Candidates(int wanted) {
+    cublasLtMatmulPreference_t preference;
+    Check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
+    size_t bytes = kWorkspaceBytes;
+    Check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
+          "workspace preference");
+    std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
+    int returned = 0;
+    cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_, d_, preference, wanted, results.data(), &returned);
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (status != CUBLAS_STATUS_SUCCESS) returned = 0;
+    results.resize(returned);
+    return results;
+  }
+
+  // pointers: first, second, bias (or null), residual (or null), out
+  void Launch(const void* first, const void* second, const void* bias, const void* residual, void* out,
+              const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+    float alpha = static_cast<float>(spec_.alpha), beta = residual ? 1.0f : 0.0f;
+    const char* a = static_cast<const char*>(first);
+    const char* b = static_cast<const char*>(second);
+    const char* c = static_cast<const char*>(residual ? residual : out);
+    char* d = static_cast<char*>(out);
+    if (bias) {
+      Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer");
+    }
+    for (int64_t outer = 0; outer < spec_.outer; ++outer) {
+      Check(cublasLtMatmul(handle_, desc_, &alpha, a + 4 * outer * spec_.a.outer_stride, a_,
+                           b + 4 * outer * spec_.b.outer_stride, b_, &beta, c + 4 * outer * spec_.d_outer_stride, d_,
+                           d + 4 * outer * spec_.d_outer_stride, d_, &algo, Workspace(device_), kWorkspaceBytes, stream),
+            "cublasLtMatmul");
+    }
+  }
+
+  void Run(const void* first, const void* second, const void* bias, const void* residual, void* out, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);  // the bias pointer lives in the shared descriptor
+    Launch(first, second, bias, residual, out, algo_, stream);
+  }
+
+  // The fastest of cuBLASLt's heuristic candidates on scratch buffers, as spec words.
+  std::vector<int64_t> Tune() {
+    std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(kHeuristicCandidates);
+    if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
+    void* buffers[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    size_t sizes[5] = {Extent(spec_.a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
+    for (int i = 0; i < 5; ++i) {
+      Check(cudaMalloc(&buffers[i], 4 * sizes[i]), "allocating tuning buffers");
+      Check(cudaMemset(buffers[i], 0, 4 * sizes[i]), "clearing tuning buffers");
+    }
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+    Check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    Check(cudaEventCreate(&start), "cudaEventCreate");
+    Check(cudaEventCreate(&stop), "cudaEventCreate");
+    float best = std::numeric_limits<float>::infinity();
+    const cublasLtMatmulAlgo_t* fastest = &candidates[0].algo;
+    for (const auto& candidate : candidates) {
+      auto run = [&] {
+        Launch(buffers[0], buffers[1], spec_.has_bias ? buffers[2] : nullptr, spec_.has_residual ? buffers[3] : nullptr,
+               buffers[4], candidate.algo, stream);
+      };
+      run();
+      Check(cudaEventRecord(start, stream), "cudaEventRecord");
+      for (int i = 0; i < 10; ++i) run();
+      Check(cudaEventRecord(stop, stream), "cudaEventRecord");
+      Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      if (ms < best) {
+        best = ms;
+        fastest = &candidate.algo;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+    for (void* buffer : buffers) cudaFree(buffer);
+    std::vector<int64_t> words(kAlgoWords);
+    std::memcpy(words.data(), fastest, sizeof(*fastest));
+    return words;
+  }
+
+ private:
+  bool AlgoFits(const cublasLtMatmulAlgo_t& algo) {
+    cublasLtMatmulHeuristicResult_t result;
+    return cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, d_, d_, &algo, &result) == CUBLAS_STATUS_SUCCESS &&
+           result.workspaceSize <= kWorkspaceBytes;
+  }
+  size_t Extent(const Matrix& m) const {
+    return static_cast<size_t>((spec_.outer - 1) * m.outer_stride + (spec_.batch - 1) * m.batch_stride +
+                               (m.cols - 1) * m.ld + m.rows);
+  }
+  size_t DExtent() const {
+    return static_cast<size_t>((spec_.outer - 1) * spec_.d_outer_stride + (spec_.batch - 1) * spec_.d_batch_stride +
+                               (spec_.n - 1) * spec_.ld_d + spec_.m);
+  }
+
+  Spec spec_;
+  int device_;
+  cublasLtHandle_t handle_;
+  cublasLtMatmulDesc_t desc_;
+  cublasLtMatrixLayout_t a_, b_, d_;
+  cublasLtMatmulAlgo_t algo_;
+  std::mutex mutex_;
+};
+
+class KernelCache {
+ public:
+  Kernel* Get(const std::string& key, int device) {
+    std::string full = key + std::string(reinterpret_cast<const char*>(&device), sizeof(device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = kernels_.find(full);
+    if (found != kernels_.end()) return found->second.get();
+    return kernels_.emplace(full, std::make_unique<Kernel>(ParseSpec(key), device)).first->second.get();
+  }
+  size_t Size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return kernels_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::unique_ptr<Kernel>> kernels_;
+};
+
+KernelCache& Kernels() {
+  static KernelCache* cache = new KernelCache();  // never destroyed: handles outlive static teardown order
+  return *cache;
+}
+
+const void* DataOf(const DLTensor* tensor, int device) {
+  if (tensor->device.device_type != kDLCUDA || tensor->device.device_id != device) {
+    Fail("every operand must be on the same CUDA device as the output");
+  }
+  if (tensor->dtype.code != kDLFloat || tensor->dtype.bits != 32) Fail("operands must be float32");
+  return static_cast<const char*>(tensor->data) + tensor->byte_offset;
+}
+
+void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
+  if (args.size() < 1) Fail("collage_cublas.run needs a spec");
+  std::vector<DLTensor*> tensors;
+  for (int i = 0; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
+  DLTensor* out = tensors.back();
+  if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
+  int device = out->device.device_id;
+  Kernel* kernel = Kernels().Get(SpecKey(tensors[0]), device);
+  if (static_cast<int64_t>(tensors.size()) - 1 != kernel->Arity()) {
+    Fail("the kernel takes " + std::to_string(kernel->Arity()) + " tensors but was passed " +
+         std::to_string(tensors.size() - 1));
+  }
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  const Spec& spec = kernel->spec();
+  size_t at = 3;
+  const void* bias = spec.has_bias ? DataOf(tensors[at++], device) : nullptr;
+  const void* residual = spec.has_residual ? DataOf(tensors[at++], device) : nullptr;
+  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
+  kernel->Run(DataOf(tensors[1], device), DataOf(tensors[2], device), bias, residual,
+              const_cast<void*>(DataOf(out, device)), stream);
+}
+
+tvm::ffi::Bytes Tune(DLTensor* spec) {
+  Check(cudaSetDevice(0), "cudaSetDevice");
+  Kernel kernel(ParseSpec(SpecKey(spec)), 0);
+  std::vector<int64_t> words = kernel.Tune();
+  return tvm::ffi::Bytes(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+}
+
+}  // namespace
+}  // namespace collage_cublas
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def_packed("collage_cublas.run", collage_cublas::RunPacked)
+      .def("collage_cublas.tune", collage_cublas::Tune)
+      .def("collage_cublas.kernel_count", []() { return static_cast<int64_t>(collage_cublas::Kernels().Size()); })
+      .def("collage_cublas.algo_words", []() { return collage_cublas::kAlgoWords; })
+      .def("collage_cublas.cublaslt_version", []() { return static_cast<int64_t>(cublasLtGetVersion()); });
+}

@@ -1,0 +1,158 @@
+"""What a cuBLAS operator group computes, as one cuBLASLt problem in column-major terms, or why it cannot.
+
+Relax's ``matmul`` is row-major: ``out[b, i, j] = sum_k lhs[b, i, k] * rhs[b, k, j]``. cuBLASLt is
+column-major, so the problem is handed over transposed: ``D (N x M) = op(a) (N x K) . op(b) (K x M)``
+with ``a`` the right operand and ``b`` the left, and ``D`` is then the row-major output as it
+lies in memory. Each operand is read in place through strides: a ``permute_dims`` in the group
+(attention's Kᵀ, the head split of Q, K and V) becomes a transpose flag, a leading dimension and
+batch strides. Batch dimensions that cannot be merged into one strided batch are looped over
+(at most one such outer loop). The epilogue (scale as alpha, bias, residual as C with beta 1,
+ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form).
+
+One recognizer serves the pattern checks and the lowering; ``runtime/collage_cublas.cc``
+reads the words; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import attrs
+import numpy as np
+from tvm import relax
+
+from collage_core.fused_groups import (
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, read_epilogue, shape_of, strided_operand,
+)
+
+SPEC_VERSION = 1
+NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
+ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
+FUSED = ("scale", "bias", "residual", "relu", "gelu_tanh")
+MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided batch
+
+
+@attrs.frozen
+class KernelSpec:
+    """The spec words (version first, no algorithm yet) and the operands in kernel order."""
+
+    words: tuple[int, ...]
+    operands: tuple = attrs.field(eq=False)
+
+    def array(self, algorithm: tuple[int, ...] = ()) -> np.ndarray:
+        """The spec as the runtime reads it, with the chosen algorithm's words if there is one."""
+        tail = (1, *algorithm) if algorithm else (0,)
+        return np.array((*self.words, *tail), dtype=np.int64)
+
+
+def float_word(value: float) -> int:
+    """A float64 as the int64 word with the same bits (how the spec carries floats)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+@attrs.frozen
+class _Axis:
+    """One loop of the product: its size and each tensor's stride along it (lhs, rhs, out)."""
+
+    size: int
+    strides: tuple[int, int, int]
+
+
+def _mergeable(outer: _Axis, inner: _Axis) -> bool:
+    return all(o == i * inner.size for o, i in zip(outer.strides, inner.strides))
+
+
+def _merged(outer: _Axis, inner: _Axis) -> _Axis:
+    return _Axis(outer.size * inner.size, inner.strides)
+
+
+def _batch_axes(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[list[_Axis], _Axis]:
+    """The batch loops (outermost first, size-1 loops dropped) and the rows loop M, merged where strides allow."""
+    rank = len(out_shape)
+    out_strides = [int(np.prod(out_shape[axis + 1 :])) for axis in range(rank)]
+
+    def padded(operand: StridedOperand):
+        missing = rank - len(operand.dims)
+        return [1] * missing + list(operand.dims), [0] * missing + list(operand.strides)
+
+    (lhs_dims, lhs_strides), (rhs_dims, rhs_strides) = padded(lhs), padded(rhs)
+    axes = []
+    for axis in range(rank - 2):
+        size = out_shape[axis]
+        strides = []
+        for dims, operand_strides in ((lhs_dims, lhs_strides), (rhs_dims, rhs_strides)):
+            if dims[axis] == size:
+                strides.append(operand_strides[axis] if size > 1 else 0)
+            elif dims[axis] == 1:
+                strides.append(0)  # broadcast along this batch axis
+            else:
+                raise Refused("matmul batch dimensions that do not broadcast")
+        axes.append(_Axis(size, (strides[0], strides[1], out_strides[axis] if size > 1 else 0)))
+    rows = _Axis(out_shape[-2], (lhs_strides[-2], 0, out_strides[-2]))
+    axes = [axis for axis in axes if axis.size > 1]
+    while axes and _mergeable(axes[-1], rows):  # the right operand is shared by every row: fold batches into M
+        rows = _merged(axes.pop(), rows)
+    merged: list[_Axis] = []
+    for axis in axes:
+        if merged and _mergeable(merged[-1], axis):
+            merged[-1] = _merged(merged[-1], axis)
+        else:
+            merged.append(axis)
+    return merged, rows
+
+
+def _column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[int, int, int, int]:
+    """cuBLAS's (op, stored rows, stored cols, ld) for a matrix whose element (i, j) lies at i*row_stride + j*col_stride."""
+    if row_stride == 1 or rows == 1:
+        return 0, rows, cols, max(col_stride, rows)
+    if col_stride == 1 or cols == 1:
+        return 1, cols, rows, max(row_stride, cols)
+    raise Refused("an operand that is contiguous along neither matrix axis")
+
+
+def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[int, ...]:
+    if len(lhs.dims) < 2 or len(rhs.dims) < 2:
+        raise Refused("matmul of a vector")
+    batches, rows = _batch_axes(lhs, rhs, out_shape)
+    if len(batches) > 2:
+        raise Refused("more batch dimensions than one strided batch and one loop can cover")
+    inner = batches[-1] if batches else _Axis(1, (0, 0, 0))
+    outer = batches[0] if len(batches) == 2 else _Axis(1, (0, 0, 0))
+    if outer.size > MAX_OUTER_BATCH:
+        raise Refused(f"an outer batch of {outer.size} looped launches")
+    m, k = rows.size, lhs.dims[-1]
+    n = rhs.dims[-1]
+    # a = rhs: op(a) is N x K with (j, k) at k*rhs_k + j*rhs_n; b = lhs: op(b) is K x M with (k, i) at i*lhs_m + k*lhs_k.
+    a = _column_major(n, k, rhs.strides[-1], rhs.strides[-2])
+    b = _column_major(k, m, lhs.strides[-1], rows.strides[0])
+    return (
+        n, m, k,
+        *a, inner.strides[1], outer.strides[1],
+        *b, inner.strides[0], outer.strides[0],
+        n, inner.size, outer.size, inner.strides[2], outer.strides[2],
+    )
+
+
+def recognize(group: Group) -> KernelSpec:
+    """The cuBLASLt problem computing ``group``, or :class:`Refused` saying why there is none."""
+    matmul = group.single_anchor(("relax.matmul",))
+    expect_plain_out_dtype(matmul)
+    consumed = {group.producer(arg) for arg in matmul.args} - {None}
+    if set(group.calls[: group.calls.index(matmul)]) != consumed:
+        raise Refused("the group holds operators before the matmul that the kernel does not absorb")
+    lhs, rhs = strided_operand(group, matmul.args[0]), strided_operand(group, matmul.args[1])
+    out_shape = shape_of(matmul)
+    epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
+    if math.prod(epilogue.output_shape) != math.prod(out_shape):
+        raise Refused("the group's output is not the product's elements")
+    operands = [rhs.source, lhs.source]
+    if epilogue.bias is not None:
+        operands.append(relax.const(epilogue.bias, FLOAT32))
+    if epilogue.residual is not None:
+        operands.append(epilogue.residual)
+    words = (
+        SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), ACTIVATION_CODES[epilogue.activation],
+        int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale),
+    )
+    return KernelSpec(words, tuple(operands))
