@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from collage_core import tvm_compat
 from collage_core.errors import CollageError
 from collage_core.partition import BACKEND_ATTR
 from collage_core.plugins import first_result
@@ -66,3 +67,21 @@ def _last_line(error: BaseException) -> str:
 def _last_line_of(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def packed_call_function(func: relax.Function, name: str, packed_function: str, spec, operands) -> relax.Function:
+    """``func`` (a partition) with its body replaced by ``R.call_dps_packed(packed_function, [spec, *operands])``.
+
+    What a native backend's lowering returns: ``spec`` is an int64 numpy array the kernel reads
+    (passed as a constant), ``operands`` are ``func``'s parameters or constants in the order the
+    kernel takes them; the output is allocated by the VM with ``func``'s return type.
+    """
+    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
+    mapping = dict(zip(func.params, params))
+    arguments = [relax.const(spec, "int64"), *(mapping.get(operand, operand) for operand in operands)]
+    bb = relax.BlockBuilder()
+    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
+        with bb.dataflow():
+            output = bb.emit_output(relax.call_dps_packed(packed_function, arguments, tvm_compat.return_type(func)))
+        bb.emit_func_output(output)
+    return bb.get()[name]

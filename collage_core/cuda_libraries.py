@@ -68,10 +68,10 @@ def find_library(stem: str) -> Optional[Path]:
 
 @attrs.frozen
 class Requirement:
-    """A library a kernel source needs: a header to compile against and a shared object to link."""
+    """A library a kernel source needs: a header to compile against and a shared object to link (None: header-only)."""
 
     header: str
-    library: str
+    library: Optional[str]
     install_hint: str
 
 
@@ -85,11 +85,13 @@ def compile_flags(requirements) -> tuple[tuple[str, ...], tuple[str, ...]]:
         include = find_header(requirement.header)
         if include is None:
             raise CudaUnavailable(f"{requirement.header} not found: {requirement.install_hint}")
+        if f"-I{include}" not in includes:
+            includes.append(f"-I{include}")
+        if requirement.library is None:
+            continue
         library = find_library(requirement.library)
         if library is None:
             raise CudaUnavailable(f"lib{requirement.library}.so not found: {requirement.install_hint}")
-        if f"-I{include}" not in includes:
-            includes.append(f"-I{include}")
         links += [f"-L{library.parent}", f"-l:{library.name}", f"-Wl,-rpath,{library.parent}"]
         found.append(str(library.resolve()))
     return (*includes, *links), tuple(found)

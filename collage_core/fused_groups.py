@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import attrs
 import numpy as np
 from tvm import relax
+from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core import tvm_compat
 
@@ -290,3 +291,65 @@ def strided_operand(group: Group, expr) -> StridedOperand:
     external(group, expr)
     dims = shape_of(expr)
     return StridedOperand(expr, tuple(dims), tuple(plain_strides(dims)))
+
+
+# Dataflow patterns for the same epilogues, so that every backend matches them alike. Each takes
+# the pattern of the value the epilogue applies to and returns the pattern of its result.
+
+
+def either(op: str, value, other):
+    """``op(value, other)`` or ``op(other, value)``: exporters write commutative operands either way."""
+    return is_op(op)(value, other) | is_op(op)(other, value)
+
+
+def bias_pattern(value):
+    return either("relax.add", value, is_const())
+
+
+def residual_pattern(value):
+    return either("relax.add", value, wildcard())
+
+
+def scale_pattern(value):
+    return either("relax.multiply", value, is_const())
+
+
+def reshape_pattern(value):
+    return is_op("relax.reshape")(value, wildcard())
+
+
+def _gelu_erf_pattern(value):
+    """TVM's gelu, or erf GELU as ONNX exporters spell it: x * (erf(x / sqrt2) + 1) * 0.5."""
+    erf = is_op("relax.erf")(is_op("relax.divide")(value, is_const()))
+    product = either("relax.multiply", value, either("relax.add", erf, is_const()))
+    return is_op("relax.nn.gelu")(value) | either("relax.multiply", product, is_const())
+
+
+def _gelu_tanh_pattern(value):
+    """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1)."""
+    cube = either("relax.multiply", is_op("relax.power")(value, is_const()), is_const())
+    tanh = is_op("relax.tanh")(either("relax.multiply", either("relax.add", value, cube), is_const()))
+    spelt_out = either("relax.multiply", either("relax.multiply", value, is_const()), either("relax.add", tanh, is_const()))
+    return is_op("relax.nn.gelu_tanh")(value) | spelt_out
+
+
+def _silu_pattern(value):
+    """TVM's silu, or x * sigmoid(x)."""
+    return is_op("relax.nn.silu")(value) | either("relax.multiply", value, is_op("relax.sigmoid")(value))
+
+
+ACTIVATION_PATTERNS = {
+    "relu": lambda value: is_op("relax.nn.relu")(value),
+    "gelu_erf": _gelu_erf_pattern,
+    "gelu_tanh": _gelu_tanh_pattern,
+    "silu": _silu_pattern,
+}
+
+
+def activation_pattern(value, names: Sequence[str]):
+    """Any of the activations ``names`` applied to ``value``."""
+    alternatives = [ACTIVATION_PATTERNS[name](value) for name in names]
+    pattern = alternatives[0]
+    for alternative in alternatives[1:]:
+        pattern = pattern | alternative
+    return pattern

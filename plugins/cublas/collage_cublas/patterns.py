@@ -8,44 +8,25 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.fused_groups import Group, Refused
-from collage_core.records import Pattern
+from collage_core.fused_groups import (
+    Group, Refused, activation_pattern, bias_pattern, reshape_pattern, residual_pattern, scale_pattern,
+)
 from collage_core import tvm_compat
+from collage_core.records import Pattern
 from collage_cublas import specs
 
 BACKEND = "cublas"
 
 
-def _either(op: str, value, other):
-    return is_op(op)(value, other) | is_op(op)(other, value)
-
-
-def _bias(value):
-    return _either("relax.add", value, is_const())
-
-
-def _residual(value):
-    return _either("relax.add", value, wildcard())
-
-
 def _relu(value):
-    return is_op("relax.nn.relu")(value)
+    return activation_pattern(value, ["relu"])
 
 
 def _gelu_tanh(value):
-    """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1)."""
-    cube = _either("relax.multiply", is_op("relax.power")(value, is_const()), is_const())
-    tanh = is_op("relax.tanh")(_either("relax.multiply", _either("relax.add", value, cube), is_const()))
-    spelt_out = _either("relax.multiply", _either("relax.multiply", value, is_const()), _either("relax.add", tanh, is_const()))
-    return is_op("relax.nn.gelu_tanh")(value) | spelt_out
+    return activation_pattern(value, ["gelu_tanh"])
 
 
-def _reshaped(value):
-    return is_op("relax.reshape")(value, wildcard())
-
-
-def _scale(value):
-    return _either("relax.multiply", value, is_const())
+_bias, _residual, _reshaped, _scale = bias_pattern, residual_pattern, reshape_pattern, scale_pattern
 
 
 def _transposed(_):

@@ -1,0 +1,76 @@
+"""cuDNN (its graph API) as a Collage op-level backend on NVIDIA GPUs.
+
+Each partition becomes one call of ``collage_cudnn.run``, a C++ function compiled against cuDNN
+and its C++ frontend (``runtime/collage_cudnn.cc``) that executes the partition's operation
+graph (a convolution or a matrix product with fused bias, residual add and activation) with
+the execution plan chosen by timing at build time, on TVM's CUDA stream; no Python runs on that path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from collage_core import fused_groups
+from collage_core.build import replace_functions
+from collage_core.hookspecs import hookimpl
+from collage_core.records import OP_LEVEL, Availability, Backend
+from collage_cudnn import library, lowering, patterns, specs
+
+BACKEND = patterns.BACKEND
+# What decides a measured cost besides cuDNN itself: the kernels, how groups are read, how partitions are lowered.
+KERNELS_DIGEST = hashlib.sha256(
+    b"".join(
+        path.read_bytes()
+        for path in (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
+    )
+).hexdigest()[:12]
+
+
+@hookimpl
+def collage_register_backends(register):
+    register(
+        Backend(
+            name=BACKEND,
+            kind=OP_LEVEL,
+            device_kinds=("cuda",),
+            version=f"cudnn-{library.cudnn_version()}+kernels-{KERNELS_DIGEST}",
+            description="cuDNN graphs: conv2d and matrix products with fused bias, residual, ReLU, GELU (erf, tanh), SiLU",
+            runtime_needs=f"the collage-cudnn plugin (pip install -e plugins/cudnn), an NVIDIA GPU and {library.INSTALL_HINT}",
+        )
+    )
+
+
+@hookimpl
+def collage_check_availability(backend):
+    if backend.name != BACKEND:
+        return None
+    try:
+        library.load()
+    except library.CudnnUnavailable as unavailable:
+        return Availability.no(str(unavailable))
+    return Availability.yes()
+
+
+@hookimpl
+def collage_contribute_patterns(backend, target):
+    if backend.name != BACKEND:
+        return None
+    if target.kind.name != "cuda":
+        return []
+    return patterns.patterns()
+
+
+@hookimpl
+def collage_lower_partitions(backend, mod, function_names, target):
+    if backend.name != BACKEND:
+        return None
+    return replace_functions(mod, function_names, lowering.lower_function)
+
+
+@hookimpl
+def collage_prepare_runtime(backend):
+    if backend.name != BACKEND:
+        return None
+    library.load()  # registers collage_cudnn.run; raises CudnnUnavailable saying what is missing
+    return True

@@ -1,0 +1,76 @@
+"""Building the plugin's cuDNN kernels against the installed NVIDIA libraries once, and loading them.
+
+``runtime/collage_cudnn.cc`` uses cuDNN's graph API through NVIDIA's header-only C++ frontend
+(``nvidia-cudnn-frontend``). It is compiled on first use (see :mod:`collage_core.native`)
+against cuDNN, NVRTC (which the frontend's runtime-compiled engines use) and the CUDA runtime
+from NVIDIA's wheels or a CUDA toolkit; their paths and versions are part of the build digest.
+Loading it registers ``collage_cudnn.run`` and ``collage_cudnn.tune`` with TVM FFI.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+from pathlib import Path
+
+from collage_core import cuda_libraries
+from collage_core.cuda_libraries import CudaUnavailable, Requirement
+from collage_core.native import NativeBuildError, NativeLibrary, cache_root, find_compiler
+
+SOURCE = Path(__file__).parent / "runtime" / "collage_cudnn.cc"
+INSTALL_HINT = "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend nvidia-cuda-nvrtc nvidia-cuda-runtime, and g++"
+REQUIREMENTS = (
+    Requirement("cudnn.h", "cudnn", "pip install nvidia-cudnn-cu13"),
+    Requirement("cudnn_frontend.h", None, "pip install nvidia-cudnn-frontend"),
+    Requirement("nvrtc.h", "nvrtc", "pip install nvidia-cuda-nvrtc"),
+    Requirement("cuda_runtime.h", "cudart", "pip install nvidia-cuda-runtime"),
+)
+
+
+class CudnnUnavailable(RuntimeError):
+    """No GPU, cuDNN, its frontend, NVRTC, the CUDA runtime or a compiler; the message says which and how to get it."""
+
+
+def _installed(*distributions: str) -> str:
+    for distribution in distributions:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def cudnn_version() -> str:
+    """cuDNN's and its frontend's versions as installed (wheels), else the shared object's file name."""
+    backend = _installed("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
+    if not backend:
+        found = cuda_libraries.find_library("cudnn")
+        backend = found.resolve().name if found else "not installed"
+    frontend = _installed("nvidia-cudnn-frontend") or "unknown"
+    return f"{backend}+frontend-{frontend}"
+
+
+def cache_dir() -> Path:
+    return cache_root() / "cudnn"
+
+
+def native_library() -> NativeLibrary:
+    try:
+        flags, libraries = cuda_libraries.compile_flags(REQUIREMENTS)
+        compiler = find_compiler(INSTALL_HINT)
+    except (CudaUnavailable, NativeBuildError) as missing:
+        raise CudnnUnavailable(str(missing)) from None
+    return NativeLibrary("cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries))
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Path:
+    """Check for a GPU, build (if needed; about a minute: the frontend is large) and load the kernels."""
+    try:
+        cuda_libraries.first_gpu()
+    except CudaUnavailable as missing:
+        raise CudnnUnavailable(str(missing)) from None
+    try:
+        return native_library().load()
+    except NativeBuildError as failed:
+        raise CudnnUnavailable(f"{failed} (cuDNN {cudnn_version()})") from None

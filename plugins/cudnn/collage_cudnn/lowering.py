@@ -1,0 +1,57 @@
+"""A cuDNN partition function becomes one ``collage_cudnn.run`` call on its spec and operands.
+
+The build builds every execution plan cuDNN's heuristics offer for the partition's graph,
+times them on the GPU and keeps the fastest plan's engine and knobs in the spec; the choice is
+stored by graph (shapes included), GPU and cuDNN version (``$COLLAGE_CACHE_DIR/cudnn/plans.json``),
+so later builds on this machine make the same kernel without timing again. Built where there
+is no GPU, the runtime takes cuDNN's first heuristic choice instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from collage_core import cuda_libraries, tvm_compat
+from collage_core.build import packed_call_function
+from collage_core.choices import ChoiceStore
+from collage_core.fused_groups import Group, Refused
+from collage_cudnn import library, specs
+
+RUN_FUNCTION = "collage_cudnn.run"
+TUNE_FUNCTION = "collage_cudnn.tune"
+
+
+def _is_plan(value) -> bool:
+    return isinstance(value, list) and len(value) >= 2 and all(isinstance(word, int) for word in value) and len(value) == 2 + 2 * value[1]
+
+
+def _plan(spec: specs.KernelSpec) -> tuple[int, ...]:
+    """The fastest plan's engine and knobs for ``spec`` on this GPU (timed once, then remembered), or () without a GPU."""
+    try:
+        gpu = cuda_libraries.first_gpu()
+    except cuda_libraries.CudaUnavailable:
+        return ()
+    choices = ChoiceStore(library.cache_dir() / "plans.json", _is_plan)
+    key = hashlib.sha256(
+        np.array(spec.words, dtype=np.int64).tobytes() + f"{gpu.name}|{gpu.compute_capability}|{library.cudnn_version()}".encode()
+    ).hexdigest()
+    chosen = choices.get(key)
+    if chosen is None:
+        blob = bytes(tvm.get_global_func(TUNE_FUNCTION)(tvm_compat.to_tensor(spec.array(), tvm.cpu(0))))
+        chosen = np.frombuffer(blob, dtype=np.int64).tolist()
+        choices.put(key, chosen)
+    return tuple(chosen)
+
+
+def lower_function(func: relax.Function, name: str) -> relax.Function:
+    """``func`` with its body replaced by the cuDNN call (the fastest execution plan chosen on this GPU)."""
+    library.load()
+    try:
+        spec = specs.recognize(Group.from_function(func))
+    except Refused as refused:
+        raise ValueError(f"cuDNN partition {name}: {refused}") from None
+    return packed_call_function(func, name, RUN_FUNCTION, spec.array(_plan(spec)), spec.operands)

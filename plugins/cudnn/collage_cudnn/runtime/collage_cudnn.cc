@@ -1,0 +1,401 @@
+// cuDNN graph-API kernels for Collage's cuDNN backend, registered as TVM FFI global functions.
+//
+// A lowered cuDNN partition is one call
+//     R.call_dps_packed("collage_cudnn.run", [spec, x, w, (bias), (residual)], out)
+// where `spec` is an int64 constant describing one cuDNN operation graph: a convolution or a
+// matrix product (each tensor with its dims and strides, so transposes are read in place),
+// then bias, residual add and activation as pointwise nodes, and the engine and knobs chosen
+// by timing every execution plan at build time. The first call with a given spec builds that
+// plan (or, on a GPU where it does not exist, cuDNN's heuristic choice); later calls look it
+// up and execute it on TVM's CUDA stream. Tensor cores are deselected: for float32 data they
+// would round inputs to TF32, which is not what the Relax program computes. No Python runs on
+// this path.
+//
+// `collage_cudnn.tune(spec)` builds every plan cuDNN's heuristics offer for a spec, times them
+// on scratch buffers and returns the fastest plan's engine and knobs as spec words.
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace collage_cudnn {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+constexpr int64_t kSpecVersion = 1;
+enum Kind : int64_t { kConv2d = 1, kMatmul = 2 };
+enum Activation : int64_t { kNone = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4 };
+enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
+
+[[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cudnn: " << message; }
+
+void Check(fe::error_t status, const char* what) {
+  if (status.is_bad()) Fail(std::string(what) + ": " + status.get_message());
+}
+
+void Check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) Fail(std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+void Check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) Fail(std::string(what) + " failed: " + cudnnGetErrorString(status));
+}
+
+struct Tensor {
+  std::vector<int64_t> dims, strides;
+  size_t Extent() const {
+    size_t extent = 1;
+    for (size_t i = 0; i < dims.size(); ++i) extent += (dims[i] - 1) * strides[i];
+    return extent;
+  }
+};
+
+struct Spec {
+  int64_t kind = 0;
+  Tensor x, w, y, bias;
+  std::vector<int64_t> pre_padding, post_padding, stride, dilation;
+  int64_t has_bias = 0, has_residual = 0, activation = kNone;
+  int64_t has_choice = 0, engine = 0;
+  std::unordered_map<fe::KnobType_t, int64_t> knobs;
+  int64_t Arity() const { return 3 + has_bias + has_residual; }
+};
+
+class Reader {
+ public:
+  Reader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
+  int64_t Next() {
+    if (at_ >= end_) Fail("the spec ends early");
+    return *at_++;
+  }
+  std::vector<int64_t> Next(int64_t count) {
+    std::vector<int64_t> values;
+    for (int64_t i = 0; i < count; ++i) values.push_back(Next());
+    return values;
+  }
+  bool Done() const { return at_ == end_; }
+
+ private:
+  const int64_t* at_;
+  const int64_t* end_;
+};
+
+std::vector<int64_t> PlainStrides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (int64_t i = static_cast<int64_t>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+  return strides;
+}
+
+std::string SpecKey(const DLTensor* spec) {
+  if (spec->device.device_type != kDLCPU || spec->dtype.code != kDLInt || spec->dtype.bits != 64 || spec->ndim != 1) {
+    Fail("the spec must be a 1-d int64 tensor on the host");
+  }
+  const char* data = static_cast<const char*>(spec->data) + spec->byte_offset;
+  return std::string(data, data + spec->shape[0] * sizeof(int64_t));
+}
+
+// Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, [conv: pre, post,
+// stride, dilation (2 each)], has_bias, has_residual, activation, has_choice, [engine, knob count, knob type/value...]
+Spec ParseSpec(const std::string& key) {
+  const int64_t* words = reinterpret_cast<const int64_t*>(key.data());
+  Reader reader(words, words + key.size() / sizeof(int64_t));
+  if (reader.Next() != kSpecVersion) Fail("the spec was written for another version of the kernels");
+  Spec spec;
+  spec.kind = reader.Next();
+  if (spec.kind != kConv2d && spec.kind != kMatmul) Fail("unknown kernel kind " + std::to_string(spec.kind));
+  int64_t rank = reader.Next();
+  spec.x = {reader.Next(rank), reader.Next(rank)};
+  spec.w = {reader.Next(rank), reader.Next(rank)};
+  spec.y.dims = reader.Next(rank);
+  spec.y.strides = PlainStrides(spec.y.dims);
+  if (spec.kind == kConv2d) {
+    spec.pre_padding = reader.Next(2);
+    spec.post_padding = reader.Next(2);
+    spec.stride = reader.Next(2);
+    spec.dilation = reader.Next(2);
+  }
+  spec.has_bias = reader.Next();
+  spec.has_residual = reader.Next();
+  spec.activation = reader.Next();
+  std::vector<int64_t> bias_dims(rank, 1);
+  int64_t channel_axis = spec.kind == kConv2d ? 1 : rank - 1;
+  bias_dims[channel_axis] = spec.y.dims[channel_axis];
+  spec.bias = {bias_dims, PlainStrides(bias_dims)};
+  spec.has_choice = reader.Next();
+  if (spec.has_choice) {
+    spec.engine = reader.Next();
+    int64_t knob_count = reader.Next();
+    for (int64_t i = 0; i < knob_count; ++i) {
+      auto type = static_cast<fe::KnobType_t>(reader.Next());
+      spec.knobs[type] = reader.Next();
+    }
+  }
+  if (!reader.Done()) Fail("the spec has trailing words");
+  return spec;
+}
+
+cudnnHandle_t Handle(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, cudnnHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = handles.find(device);
+  if (found != handles.end()) return found->second;
+  cudnnHandle_t handle;
+  Check(cudnnCreate(&handle), "cudnnCreate");
+  handles[device] = handle;
+  return handle;
+}
+
+// One workspace per device, grown when a kernel is created that needs more (never per call).
+void* Workspace(int device, int64_t bytes) {
+  static std::mutex mutex;
+  static std::unordered_map<int, std::pair<void*, int64_t>> workspaces;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& [pointer, size] = workspaces[device];
+  if (bytes > size) {
+    if (pointer != nullptr) Check(cudaFree(pointer), "freeing the cuDNN workspace");
+    Check(cudaMalloc(&pointer, bytes), "allocating the cuDNN workspace");
+    size = bytes;
+  }
+  return pointer;
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& graph, const char* name, Uid uid, const Tensor& tensor) {
+  return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(tensor.dims).set_stride(tensor.strides).set_data_type(
+      fe::DataType_t::FLOAT));
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> Pointwise(fe::graph::Graph& graph, std::shared_ptr<fe::graph::Tensor_attributes> in,
+                                                        fe::PointwiseMode_t mode) {
+  auto attributes = fe::graph::Pointwise_attributes().set_mode(mode).set_compute_data_type(fe::DataType_t::FLOAT);
+  if (mode == fe::PointwiseMode_t::SWISH_FWD) attributes.set_swish_beta(1.0f);
+  return graph.pointwise(in, attributes);
+}
+
+std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(fe::DataType_t::FLOAT)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto x = Input(*graph, "x", kX, spec.x);
+  auto w = Input(*graph, "w", kW, spec.w);
+  std::shared_ptr<fe::graph::Tensor_attributes> y;
+  if (spec.kind == kConv2d) {
+    auto attributes = fe::graph::Conv_fprop_attributes()
+                          .set_pre_padding(spec.pre_padding)
+                          .set_post_padding(spec.post_padding)
+                          .set_stride(spec.stride)
+                          .set_dilation(spec.dilation)
+                          .set_convolution_mode(fe::ConvolutionMode_t::CROSS_CORRELATION)
+                          .set_compute_data_type(fe::DataType_t::FLOAT);
+    y = graph->conv_fprop(x, w, attributes);
+  } else {
+    y = graph->matmul(x, w, fe::graph::Matmul_attributes().set_compute_data_type(fe::DataType_t::FLOAT));
+  }
+  y->set_data_type(fe::DataType_t::FLOAT);
+  if (spec.has_bias) {
+    y = graph->pointwise(y, Input(*graph, "bias", kBias, spec.bias),
+                         fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD).set_compute_data_type(fe::DataType_t::FLOAT));
+  }
+  if (spec.has_residual) {
+    y = graph->pointwise(y, Input(*graph, "residual", kResidual, spec.y),
+                         fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD).set_compute_data_type(fe::DataType_t::FLOAT));
+  }
+  switch (spec.activation) {
+    case kNone:
+      break;
+    case kRelu:
+      y = Pointwise(*graph, y, fe::PointwiseMode_t::RELU_FWD);
+      break;
+    case kGeluErf:
+      y = Pointwise(*graph, y, fe::PointwiseMode_t::GELU_FWD);
+      break;
+    case kGeluTanh:
+      y = Pointwise(*graph, y, fe::PointwiseMode_t::GELU_APPROX_TANH_FWD);
+      break;
+    case kSilu:
+      y = Pointwise(*graph, y, fe::PointwiseMode_t::SWISH_FWD);
+      break;
+    default:
+      Fail("unknown activation " + std::to_string(spec.activation));
+  }
+  y->set_output(true).set_uid(kY).set_dim(spec.y.dims).set_stride(spec.y.strides).set_data_type(fe::DataType_t::FLOAT);
+  graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  Check(graph->validate(), "cuDNN refused the operation graph");
+  return graph;
+}
+
+// Every plan cuDNN's heuristics offer for the graph, built.
+void BuildAllPlans(fe::graph::Graph& graph, cudnnHandle_t handle) {
+  Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
+  Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
+  Check(graph.check_support(handle), "cuDNN has no engine for this graph in float32 without tensor cores");
+  Check(graph.build_plans(handle, fe::BuildPlanPolicy_t::ALL), "cuDNN could not build any execution plan");
+}
+
+// The plan chosen at build time, or cuDNN's first choice when that engine is not there (another GPU).
+void BuildChosenPlan(fe::graph::Graph& graph, const Spec& spec, cudnnHandle_t handle) {
+  Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
+  if (spec.has_choice && graph.create_execution_plan(spec.engine, spec.knobs).is_good() && graph.check_support(handle).is_good() &&
+      graph.build_plans(handle, fe::BuildPlanPolicy_t::ALL).is_good()) {
+    return;
+  }
+  auto fresh = MakeGraph(spec);
+  graph = std::move(*fresh);
+  Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
+  Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
+  Check(graph.check_support(handle), "cuDNN has no engine for this graph in float32 without tensor cores");
+  Check(graph.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "cuDNN could not build an execution plan");
+}
+
+class Kernel {
+ public:
+  Kernel(const Spec& spec, int device) : spec_(spec), device_(device), handle_(Handle(device)), graph_(MakeGraph(spec)) {
+    BuildChosenPlan(*graph_, spec_, handle_);
+    int64_t bytes = 0;
+    Check(graph_->get_workspace_size(bytes), "cuDNN workspace size");
+    workspace_bytes_ = bytes;
+    Workspace(device_, workspace_bytes_);
+  }
+
+  const Spec& spec() const { return spec_; }
+
+  void Run(std::unordered_map<int64_t, void*>& pointers, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Check(cudnnSetStream(handle_, stream), "cudnnSetStream");
+    Check(graph_->execute(handle_, pointers, Workspace(device_, workspace_bytes_)), "cuDNN execution failed");
+  }
+
+ private:
+  Spec spec_;
+  int device_;
+  cudnnHandle_t handle_;
+  std::shared_ptr<fe::graph::Graph> graph_;
+  int64_t workspace_bytes_ = 0;
+  std::mutex mutex_;
+};
+
+class KernelCache {
+ public:
+  Kernel* Get(const std::string& key, int device) {
+    std::string full = key + std::string(reinterpret_cast<const char*>(&device), sizeof(device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = kernels_.find(full);
+    if (found != kernels_.end()) return found->second.get();
+    return kernels_.emplace(full, std::make_unique<Kernel>(ParseSpec(key), device)).first->second.get();
+  }
+  size_t Size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return kernels_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::unique_ptr<Kernel>> kernels_;
+};
+
+KernelCache& Kernels() {
+  static KernelCache* cache = new KernelCache();  // never destroyed: handles outlive static teardown order
+  return *cache;
+}
+
+void* DataOf(const DLTensor* tensor, int device) {
+  if (tensor->device.device_type != kDLCUDA || tensor->device.device_id != device) {
+    Fail("every operand must be on the same CUDA device as the output");
+  }
+  if (tensor->dtype.code != kDLFloat || tensor->dtype.bits != 32) Fail("operands must be float32");
+  return static_cast<char*>(tensor->data) + tensor->byte_offset;
+}
+
+void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
+  if (args.size() < 1) Fail("collage_cudnn.run needs a spec");
+  std::vector<DLTensor*> tensors;
+  for (int i = 0; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
+  DLTensor* out = tensors.back();
+  if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
+  int device = out->device.device_id;
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  Kernel* kernel = Kernels().Get(SpecKey(tensors[0]), device);
+  const Spec& spec = kernel->spec();
+  if (static_cast<int64_t>(tensors.size()) - 1 != spec.Arity()) {
+    Fail("the kernel takes " + std::to_string(spec.Arity()) + " tensors but was passed " + std::to_string(tensors.size() - 1));
+  }
+  std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[1], device)}, {kW, DataOf(tensors[2], device)}, {kY, DataOf(out, device)}};
+  size_t at = 3;
+  if (spec.has_bias) pointers[kBias] = DataOf(tensors[at++], device);
+  if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device);
+  kernel->Run(pointers, static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device)));
+}
+
+tvm::ffi::Bytes Tune(DLTensor* spec_tensor) {
+  Check(cudaSetDevice(0), "cudaSetDevice");
+  Spec spec = ParseSpec(SpecKey(spec_tensor));
+  spec.has_choice = 0;
+  cudnnHandle_t handle = Handle(0);
+  auto graph = MakeGraph(spec);
+  BuildAllPlans(*graph, handle);
+  std::vector<std::pair<int64_t, size_t>> buffers{{kX, spec.x.Extent()}, {kW, spec.w.Extent()}, {kY, spec.y.Extent()}};
+  if (spec.has_bias) buffers.push_back({kBias, spec.bias.Extent()});
+  if (spec.has_residual) buffers.push_back({kResidual, spec.y.Extent()});
+  std::unordered_map<int64_t, void*> pointers;
+  for (auto [uid, extent] : buffers) {
+    void* buffer = nullptr;
+    Check(cudaMalloc(&buffer, extent * sizeof(float)), "allocating tuning buffers");
+    Check(cudaMemset(buffer, 0, extent * sizeof(float)), "clearing tuning buffers");
+    pointers[uid] = buffer;
+  }
+  int64_t workspace_bytes = graph->get_autotune_workspace_size();
+  void* workspace = nullptr;
+  if (workspace_bytes > 0) Check(cudaMalloc(&workspace, workspace_bytes), "allocating the tuning workspace");
+  cudaStream_t stream;
+  Check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  Check(cudnnSetStream(handle, stream), "cudnnSetStream");
+  fe::error_t tuned = graph->autotune(handle, pointers, workspace);
+  int64_t engine = 0;
+  std::unordered_map<fe::KnobType_t, int64_t> knobs;
+  fe::error_t chosen = tuned.is_good() ? graph->get_engine_and_knobs_at_index(0, engine, knobs) : tuned;
+  cudnnSetStream(handle, nullptr);
+  cudaStreamDestroy(stream);
+  if (workspace != nullptr) cudaFree(workspace);
+  for (auto& [uid, buffer] : pointers) cudaFree(buffer);
+  Check(chosen, "timing cuDNN's execution plans failed");
+  std::vector<int64_t> words{engine, static_cast<int64_t>(knobs.size())};
+  for (auto [type, value] : knobs) {
+    words.push_back(static_cast<int64_t>(type));
+    words.push_back(value);
+  }
+  return tvm::ffi::Bytes(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+}
+
+int64_t PlanCount(DLTensor* spec_tensor) {
+  Check(cudaSetDevice(0), "cudaSetDevice");
+  Spec spec = ParseSpec(SpecKey(spec_tensor));
+  auto graph = MakeGraph(spec);
+  BuildAllPlans(*graph, Handle(0));
+  return graph->get_execution_plan_count();
+}
+
+}  // namespace
+}  // namespace collage_cudnn
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def_packed("collage_cudnn.run", collage_cudnn::RunPacked)
+      .def("collage_cudnn.tune", collage_cudnn::Tune)
+      .def("collage_cudnn.plan_count", collage_cudnn::PlanCount)
+      .def("collage_cudnn.kernel_count", []() { return static_cast<int64_t>(collage_cudnn::Kernels().Size()); })
+      .def("collage_cudnn.cudnn_version", []() { return static_cast<int64_t>(cudnnGetVersion()); });
+}

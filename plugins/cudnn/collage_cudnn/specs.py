@@ -1,0 +1,145 @@
+"""What a cuDNN operator group computes, as the words of one cuDNN operation graph, or why cuDNN cannot.
+
+Two anchors: a 2-d convolution (NCHW, OIHW weights, any padding, stride, dilation and groups)
+and a matrix product (each operand read in place through its strides, so ``permute_dims``
+transposes and head splits cost nothing; batch dimensions merged into one). After the anchor,
+cuDNN's pointwise nodes fuse a per-channel bias, a residual add and one activation: ReLU,
+erf GELU (``GELU_FWD``), tanh GELU (``GELU_APPROX_TANH_FWD``) or SiLU (``SWISH_FWD``), each the
+function the Relax program spells out. One recognizer serves the pattern checks and the
+lowering; ``runtime/collage_cudnn.cc`` reads the words; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.fused_groups import (
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, read_epilogue, shape_of,
+    strided_operand,
+)
+
+SPEC_VERSION = 1
+CONV2D, MATMUL = 1, 2
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
+FUSED = ("bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
+ANCHORS = ("relax.nn.conv2d", "relax.matmul")
+
+
+@attrs.frozen
+class KernelSpec:
+    """The spec words (version first, no plan choice yet) and the operands in kernel order."""
+
+    words: tuple[int, ...]
+    operands: tuple = attrs.field(eq=False)
+
+    def array(self, plan: tuple[int, ...] = ()) -> np.ndarray:
+        """The spec as the runtime reads it, with the chosen plan's engine and knobs if there is one."""
+        tail = (1, *plan) if plan else (0,)
+        return np.array((*self.words, *tail), dtype=np.int64)
+
+
+def _plain_strides(dims) -> list[int]:
+    return [int(np.prod(dims[axis + 1 :])) for axis in range(len(dims))]
+
+
+def _padding(values) -> tuple[int, int, int, int]:
+    values = ints(values)
+    if len(values) == 1:
+        return values * 4
+    if len(values) == 2:
+        return values * 2
+    return values
+
+
+def _conv2d(group: Group, conv) -> KernelSpec:
+    attributes = conv.attrs
+    for name, wanted in (("data_layout", "NCHW"), ("kernel_layout", "OIHW"), ("out_layout", "NCHW")):
+        if str(getattr(attributes, name)) != wanted:
+            raise Refused(f"conv2d {name} {getattr(attributes, name)} (only {wanted})")
+    expect_plain_out_dtype(conv)
+    if group.calls[0] is not conv:
+        raise Refused("the group holds operators before the convolution")
+    data, weights = conv.args
+    external(group, data)
+    if not tvm_compat.is_constant(weights):
+        raise Refused("conv2d weights that are not constants")
+    x_dims, w_dims, y_dims = shape_of(data), shape_of(weights), shape_of(conv)
+    groups = int(attributes.groups)
+    if x_dims[1] % groups or w_dims[0] % groups or w_dims[1] * groups != x_dims[1]:
+        raise Refused(f"conv2d with {groups} groups over {x_dims[1]} input channels")
+    epilogue = read_epilogue(group, conv, w_dims[0], 3, FUSED)
+    top, left, bottom, right = _padding(attributes.padding)
+    words = (
+        SPEC_VERSION, CONV2D, 4, *x_dims, *_plain_strides(x_dims), *w_dims, *_plain_strides(w_dims), *y_dims,
+        top, left, bottom, right, *ints(attributes.strides), *ints(attributes.dilation),
+    )
+    return _with_epilogue(words, [data, weights], epilogue)
+
+
+def _mergeable(dims, strides, outer: int, inner: int) -> bool:
+    return strides[outer] == strides[inner] * dims[inner]
+
+
+def _as_rank3(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[tuple, tuple, tuple, tuple, tuple]:
+    """x dims and strides, w dims and strides, y dims: one batch dimension, as cuDNN's matmul takes it."""
+    if len(lhs.dims) < 2 or len(rhs.dims) < 2:
+        raise Refused("matmul of a vector")
+    m, k, n = lhs.dims[-2], lhs.dims[-1], rhs.dims[-1]
+    if len(rhs.dims) == 2:  # a dense layer: the weights are shared by every row, so batches fold into M
+        rows, row_stride = m, lhs.strides[-2]
+        for axis in reversed(range(len(lhs.dims) - 2)):
+            if lhs.dims[axis] == 1:
+                continue
+            if lhs.strides[axis] != row_stride * rows:
+                raise Refused("a dense layer whose input rows are not evenly spaced")
+            rows *= lhs.dims[axis]
+        x = ((1, rows, k), (rows * row_stride, row_stride, lhs.strides[-1]))
+        w = ((1, k, n), (k * n, rhs.strides[-2], rhs.strides[-1]))
+        return (*x, *w, (1, rows, n))
+    if len(lhs.dims) != len(rhs.dims) or lhs.dims[:-2] != rhs.dims[:-2]:
+        raise Refused("matmul batch dimensions that broadcast")
+    axes = [axis for axis in range(len(lhs.dims) - 2) if lhs.dims[axis] > 1]
+    batch = math.prod(lhs.dims[axis] for axis in axes)
+    for outer, inner in zip(axes, axes[1:]):
+        if not (_mergeable(lhs.dims, lhs.strides, outer, inner) and _mergeable(rhs.dims, rhs.strides, outer, inner)):
+            raise Refused("batch dimensions that do not merge into one (cuDNN's matmul takes one)")
+    lhs_batch = lhs.strides[axes[-1]] if axes else m * k
+    rhs_batch = rhs.strides[axes[-1]] if axes else k * n
+    x = ((batch, m, k), (lhs_batch, lhs.strides[-2], lhs.strides[-1]))
+    w = ((batch, k, n), (rhs_batch, rhs.strides[-2], rhs.strides[-1]))
+    return (*x, *w, (batch, m, n))
+
+
+def _matmul(group: Group, matmul) -> KernelSpec:
+    expect_plain_out_dtype(matmul)
+    consumed = {group.producer(arg) for arg in matmul.args} - {None}
+    if set(group.calls[: group.calls.index(matmul)]) != consumed:
+        raise Refused("the group holds operators before the matmul that the kernel does not absorb")
+    lhs, rhs = strided_operand(group, matmul.args[0]), strided_operand(group, matmul.args[1])
+    out_shape = shape_of(matmul)
+    x_dims, x_strides, w_dims, w_strides, y_dims = _as_rank3(lhs, rhs, out_shape)
+    epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED)
+    words = (SPEC_VERSION, MATMUL, 3, *x_dims, *x_strides, *w_dims, *w_strides, *y_dims)
+    return _with_epilogue(words, [lhs.source, rhs.source], epilogue)
+
+
+def _with_epilogue(words: tuple, operands: list, epilogue) -> KernelSpec:
+    if epilogue.bias is not None:
+        operands.append(relax.const(epilogue.bias, FLOAT32))
+    if epilogue.residual is not None:
+        operands.append(epilogue.residual)
+    tail = (int(epilogue.bias is not None), int(epilogue.residual is not None), ACTIVATION_CODES[epilogue.activation])
+    return KernelSpec((*words, *tail), tuple(operands))
+
+
+def recognize(group: Group) -> KernelSpec:
+    """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none."""
+    anchor = group.single_anchor(ANCHORS)
+    if tvm_compat.op_name(anchor) == "relax.nn.conv2d":
+        return _conv2d(group, anchor)
+    return _matmul(group, anchor)
