@@ -72,13 +72,16 @@ def _last_line_of(text: str) -> str:
 def packed_call_function(func: relax.Function, name: str, packed_function: str, spec, operands) -> relax.Function:
     """``func`` (a partition) with its body replaced by ``R.call_dps_packed(packed_function, [spec, *operands])``.
 
-    What a native backend's lowering returns: ``spec`` is an int64 numpy array the kernel reads
-    (passed as a constant), ``operands`` are ``func``'s parameters or constants in the order the
-    kernel takes them; the output is allocated by the VM with ``func``'s return type.
+    What a native backend's lowering returns: ``spec`` is what the kernel reads to know what to
+    compute: an int64 numpy array (a constant tensor; the VM copies constants to the target's
+    device, so this suits CPU kernels) or a string (stays on the host on every device: GPU
+    kernels take their spec so). ``operands`` are ``func``'s parameters or constants in the
+    order the kernel takes them; the output is allocated by the VM with ``func``'s return type.
     """
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
     mapping = dict(zip(func.params, params))
-    arguments = [relax.const(spec, "int64"), *(mapping.get(operand, operand) for operand in operands)]
+    spec_expr = tvm_compat.string_expr(spec) if isinstance(spec, str) else relax.const(spec, "int64")
+    arguments = [spec_expr, *(mapping.get(operand, operand) for operand in operands)]
     bb = relax.BlockBuilder()
     with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
         with bb.dataflow():

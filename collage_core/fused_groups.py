@@ -138,55 +138,65 @@ def _names(calls) -> list[str]:
     return [tvm_compat.op_name(call) for call in calls]
 
 
-def _gelu_erf(group: Group, rest: list, value) -> int:
-    """How many calls of ``rest`` spell out erf GELU on ``value``: x * (erf(x / sqrt2) + 1) * 0.5."""
-    if len(rest) < 5 or _names(rest[:5]) != ["relax.divide", "relax.erf", "relax.add", "relax.multiply", "relax.multiply"]:
-        return 0
-    divide, erf, add, multiply, half = rest[:5]
-    ok = (
-        divide.args[0].same_as(value)
-        and _close(scalar(divide.args[1]), SQRT2)
-        and erf.args[0].same_as(group.var_of(divide))
-        and scalar(other_operand(add, group.var_of(erf))) == 1.0
-        and other_operand(multiply, value) is not None
-        and other_operand(multiply, value).same_as(group.var_of(add))
-        and scalar(other_operand(half, group.var_of(multiply))) == 0.5
-    )
-    return 5 if ok else 0
+def _spelt_out(group: Group, calls: list, value, steps) -> bool:
+    """Whether ``calls`` (in any order the exporter wrote them) are ``steps`` applied to ``value``.
+
+    Each step is ``(op, operands)``: operands are ``"x"`` (``value``), an int (the result of that
+    earlier step) or a float (a scalar constant of that value, to float32 precision). Additions
+    and multiplications may take their operands either way round.
+    """
+    if sorted(tvm_compat.op_name(call) for call in calls) != sorted(op for op, _ in steps):
+        return False
+    found: list = []
+    for op, operands in steps:
+        wanted = [value if o == "x" else group.var_of(found[o]) if isinstance(o, int) else o for o in operands]
+        match = next((call for call in calls if call not in found and tvm_compat.op_name(call) == op and _operands_are(call, wanted)), None)
+        if match is None:
+            return False
+        found.append(match)
+    return found[-1] is calls[-1]  # the last step is the result the chain goes on from
 
 
-def _gelu_tanh(group: Group, rest: list, value) -> int:
-    """How many calls of ``rest`` spell out tanh GELU on ``value`` as GPT-2's exporters write it:
-    (x * 0.5) * (tanh((x + x**3 * 0.044715) * sqrt(2/pi)) + 1)."""
-    wanted = ["relax.power", "relax.multiply", "relax.add", "relax.multiply", "relax.tanh", "relax.multiply", "relax.add", "relax.multiply"]
-    if len(rest) < 8 or _names(rest[:8]) != wanted:
-        return 0
-    power, cubic, inner, scaled, tanh, half, one, product = rest[:8]
-    var = group.var_of
-    ok = (
-        power.args[0].same_as(value)
-        and scalar(power.args[1]) == 3.0
-        and _close(scalar(other_operand(cubic, var(power))), 0.044715)
-        and other_operand(inner, value) is not None
-        and other_operand(inner, value).same_as(var(cubic))
-        and _close(scalar(other_operand(scaled, var(inner))), SQRT_2_OVER_PI)
-        and tanh.args[0].same_as(var(scaled))
-        and scalar(other_operand(half, value)) == 0.5
-        and scalar(other_operand(one, var(tanh))) == 1.0
-        and other_operand(product, var(half)) is not None
-        and other_operand(product, var(half)).same_as(var(one))
-    )
-    return 8 if ok else 0
+def _operands_are(call, wanted) -> bool:
+    def same(arg, expected):
+        if isinstance(expected, float):
+            return _close(scalar(arg), expected)
+        return arg.same_as(expected)
+
+    args = list(call.args)
+    if len(args) != len(wanted):
+        return False
+    if all(same(a, w) for a, w in zip(args, wanted)):
+        return True
+    commutative = tvm_compat.op_name(call) in ("relax.add", "relax.multiply")
+    return commutative and same(args[0], wanted[1]) and same(args[1], wanted[0])
 
 
-def _silu(group: Group, rest: list, value) -> int:
-    """How many calls of ``rest`` spell out SiLU on ``value``: x * sigmoid(x)."""
-    if len(rest) < 2 or _names(rest[:2]) != ["relax.sigmoid", "relax.multiply"]:
-        return 0
-    sigmoid, multiply = rest[:2]
-    other = other_operand(multiply, value)
-    ok = sigmoid.args[0].same_as(value) and other is not None and other.same_as(group.var_of(sigmoid))
-    return 2 if ok else 0
+# x * (erf(x / sqrt2) + 1) * 0.5, as ONNX exporters write erf GELU
+_GELU_ERF_STEPS = (
+    ("relax.divide", ("x", SQRT2)), ("relax.erf", (0,)), ("relax.add", (1, 1.0)), ("relax.multiply", ("x", 2)),
+    ("relax.multiply", (3, 0.5)),
+)
+# (x * 0.5) * (tanh((x + x**3 * 0.044715) * sqrt(2/pi)) + 1), as GPT-2's exporters write tanh GELU
+_GELU_TANH_STEPS = (
+    ("relax.power", ("x", 3.0)), ("relax.multiply", (0, 0.044715)), ("relax.add", ("x", 1)),
+    ("relax.multiply", (2, SQRT_2_OVER_PI)), ("relax.tanh", (3,)), ("relax.add", (4, 1.0)), ("relax.multiply", ("x", 0.5)),
+    ("relax.multiply", (6, 5)),
+)
+_SILU_STEPS = (("relax.sigmoid", ("x",)), ("relax.multiply", ("x", 0)))  # x * sigmoid(x)
+
+
+def _spelt_out_activation(steps):
+    def taken(group: Group, rest: list, value) -> int:
+        count = len(steps)
+        return count if len(rest) >= count and _spelt_out(group, rest[:count], value, steps) else 0
+
+    return taken
+
+
+_gelu_erf = _spelt_out_activation(_GELU_ERF_STEPS)
+_gelu_tanh = _spelt_out_activation(_GELU_TANH_STEPS)
+_silu = _spelt_out_activation(_SILU_STEPS)
 
 
 ACTIVATION_OPS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu_erf", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.silu": "silu"}

@@ -86,6 +86,11 @@ def structural_key(func) -> str:
     return format(tvm_ffi.structural_hash(func, map_free_vars=True, skip_tensor_content=True) & (2**64 - 1), "016x")
 
 
+def string_expr(text: str):
+    """A Relax string literal (``R.str``), passed to packed functions as a host string on every device."""
+    return relax.expr.String(text)
+
+
 def op_name(call) -> str:
     return call.op.name
 

@@ -33,6 +33,11 @@ FUSED = ("scale", "bias", "residual", "relu", "gelu_tanh")
 MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided batch
 
 
+def as_text(words: np.ndarray) -> str:
+    """The spec words as the runtime takes them: a host string (hex of the little-endian int64 words)."""
+    return np.asarray(words, dtype="<i8").tobytes().hex()
+
+
 @attrs.frozen
 class KernelSpec:
     """The spec words (version first, no algorithm yet) and the operands in kernel order."""

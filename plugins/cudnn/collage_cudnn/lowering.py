@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import cuda_libraries, tvm_compat
+from collage_core import cuda_libraries
 from collage_core.build import packed_call_function
 from collage_core.choices import ChoiceStore
 from collage_core.fused_groups import Group, Refused
@@ -41,7 +41,7 @@ def _plan(spec: specs.KernelSpec) -> tuple[int, ...]:
     ).hexdigest()
     chosen = choices.get(key)
     if chosen is None:
-        blob = bytes(tvm.get_global_func(TUNE_FUNCTION)(tvm_compat.to_tensor(spec.array(), tvm.cpu(0))))
+        blob = bytes(tvm.get_global_func(TUNE_FUNCTION)(specs.as_text(spec.array())))
         chosen = np.frombuffer(blob, dtype=np.int64).tolist()
         choices.put(key, chosen)
     return tuple(chosen)
@@ -54,4 +54,4 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
         spec = specs.recognize(Group.from_function(func))
     except Refused as refused:
         raise ValueError(f"cuDNN partition {name}: {refused}") from None
-    return packed_call_function(func, name, RUN_FUNCTION, spec.array(_plan(spec)), spec.operands)
+    return packed_call_function(func, name, RUN_FUNCTION, specs.as_text(spec.array(_plan(spec))), spec.operands)

@@ -30,6 +30,11 @@ FUSED = ("bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
 
 
+def as_text(words: np.ndarray) -> str:
+    """The spec words as the runtime takes them: a host string (hex of the little-endian int64 words)."""
+    return np.asarray(words, dtype="<i8").tobytes().hex()
+
+
 @attrs.frozen
 class KernelSpec:
     """The spec words (version first, no plan choice yet) and the operands in kernel order."""

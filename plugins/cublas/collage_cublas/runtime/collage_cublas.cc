@@ -19,6 +19,7 @@
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
+#include <tvm/ffi/string.h>
 
 #include <algorithm>
 #include <cstring>
@@ -41,7 +42,7 @@ enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cublas: " << message; }
 
 void Check(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) Fail(std::string(what) + " failed: " + cublasGetStatusString(status));
+  if (status != CUBLAS_STATUS_SUCCESS) Fail(std::string(what) + " failed: " + cublasLtGetStatusString(status));
 }
 
 void Check(cudaError_t status, const char* what) {
@@ -94,15 +95,24 @@ class Reader {
   const int64_t* end_;
 };
 
-std::string SpecKey(const DLTensor* spec) {
-  if (spec->device.device_type != kDLCPU || spec->dtype.code != kDLInt || spec->dtype.bits != 64 || spec->ndim != 1) {
-    Fail("the spec must be a 1-d int64 tensor on the host");
+// The spec arrives as a host string (hex of its int64 words), so it stays on the host whatever
+// the device: the VM would copy a constant tensor to the GPU. The hex text is the cache key.
+std::string Decode(const std::string& hex) {
+  if (hex.size() % (2 * sizeof(int64_t)) != 0) Fail("the spec is not a whole number of words");
+  std::string bytes(hex.size() / 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   }
-  const char* data = static_cast<const char*>(spec->data) + spec->byte_offset;
-  return std::string(data, data + spec->shape[0] * sizeof(int64_t));
+  return bytes;
 }
 
-Spec ParseSpec(const std::string& key) {
+std::string SpecText(const tvm::ffi::AnyView& spec) {
+  auto text = spec.cast<tvm::ffi::String>();
+  return std::string(text.data(), text.size());
+}
+
+Spec ParseSpec(const std::string& hex) {
+  const std::string key = Decode(hex);
   const int64_t* words = reinterpret_cast<const int64_t*>(key.data());
   Reader reader(words, words + key.size() / sizeof(int64_t));
   if (reader.Next() != kSpecVersion) Fail("the spec was written for another version of the kernels");
@@ -354,30 +364,29 @@ const void* DataOf(const DLTensor* tensor, int device) {
 }
 
 void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
-  if (args.size() < 1) Fail("collage_cublas.run needs a spec");
+  if (args.size() < 2) Fail("collage_cublas.run needs a spec and tensors");
   std::vector<DLTensor*> tensors;
-  for (int i = 0; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
+  for (int i = 1; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
   DLTensor* out = tensors.back();
   if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
   int device = out->device.device_id;
-  Kernel* kernel = Kernels().Get(SpecKey(tensors[0]), device);
-  if (static_cast<int64_t>(tensors.size()) - 1 != kernel->Arity()) {
-    Fail("the kernel takes " + std::to_string(kernel->Arity()) + " tensors but was passed " +
-         std::to_string(tensors.size() - 1));
-  }
   Check(cudaSetDevice(device), "cudaSetDevice");
+  Kernel* kernel = Kernels().Get(SpecText(args[0]), device);
+  if (static_cast<int64_t>(tensors.size()) != kernel->Arity()) {
+    Fail("the kernel takes " + std::to_string(kernel->Arity()) + " tensors but was passed " + std::to_string(tensors.size()));
+  }
   const Spec& spec = kernel->spec();
-  size_t at = 3;
+  size_t at = 2;
   const void* bias = spec.has_bias ? DataOf(tensors[at++], device) : nullptr;
   const void* residual = spec.has_residual ? DataOf(tensors[at++], device) : nullptr;
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
-  kernel->Run(DataOf(tensors[1], device), DataOf(tensors[2], device), bias, residual,
-              const_cast<void*>(DataOf(out, device)), stream);
+  kernel->Run(DataOf(tensors[0], device), DataOf(tensors[1], device), bias, residual, const_cast<void*>(DataOf(out, device)),
+              stream);
 }
 
-tvm::ffi::Bytes Tune(DLTensor* spec) {
+tvm::ffi::Bytes Tune(tvm::ffi::String spec) {
   Check(cudaSetDevice(0), "cudaSetDevice");
-  Kernel kernel(ParseSpec(SpecKey(spec)), 0);
+  Kernel kernel(ParseSpec(std::string(spec.data(), spec.size())), 0);
   std::vector<int64_t> words = kernel.Tune();
   return tvm::ffi::Bytes(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
 }

@@ -22,6 +22,7 @@
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
+#include <tvm/ffi/string.h>
 
 #include <cstring>
 #include <memory>
@@ -98,17 +99,26 @@ std::vector<int64_t> PlainStrides(const std::vector<int64_t>& dims) {
   return strides;
 }
 
-std::string SpecKey(const DLTensor* spec) {
-  if (spec->device.device_type != kDLCPU || spec->dtype.code != kDLInt || spec->dtype.bits != 64 || spec->ndim != 1) {
-    Fail("the spec must be a 1-d int64 tensor on the host");
+// The spec arrives as a host string (hex of its int64 words), so it stays on the host whatever
+// the device: the VM would copy a constant tensor to the GPU. The hex text is the cache key.
+std::string Decode(const std::string& hex) {
+  if (hex.size() % (2 * sizeof(int64_t)) != 0) Fail("the spec is not a whole number of words");
+  std::string bytes(hex.size() / 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   }
-  const char* data = static_cast<const char*>(spec->data) + spec->byte_offset;
-  return std::string(data, data + spec->shape[0] * sizeof(int64_t));
+  return bytes;
+}
+
+std::string SpecText(const tvm::ffi::AnyView& spec) {
+  auto text = spec.cast<tvm::ffi::String>();
+  return std::string(text.data(), text.size());
 }
 
 // Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, [conv: pre, post,
 // stride, dilation (2 each)], has_bias, has_residual, activation, has_choice, [engine, knob count, knob type/value...]
-Spec ParseSpec(const std::string& key) {
+Spec ParseSpec(const std::string& hex) {
+  const std::string key = Decode(hex);
   const int64_t* words = reinterpret_cast<const int64_t*>(key.data());
   Reader reader(words, words + key.size() / sizeof(int64_t));
   if (reader.Next() != kSpecVersion) Fail("the spec was written for another version of the kernels");
@@ -320,28 +330,28 @@ void* DataOf(const DLTensor* tensor, int device) {
 }
 
 void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
-  if (args.size() < 1) Fail("collage_cudnn.run needs a spec");
+  if (args.size() < 2) Fail("collage_cudnn.run needs a spec and tensors");
   std::vector<DLTensor*> tensors;
-  for (int i = 0; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
+  for (int i = 1; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
   DLTensor* out = tensors.back();
   if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
   int device = out->device.device_id;
   Check(cudaSetDevice(device), "cudaSetDevice");
-  Kernel* kernel = Kernels().Get(SpecKey(tensors[0]), device);
+  Kernel* kernel = Kernels().Get(SpecText(args[0]), device);
   const Spec& spec = kernel->spec();
-  if (static_cast<int64_t>(tensors.size()) - 1 != spec.Arity()) {
-    Fail("the kernel takes " + std::to_string(spec.Arity()) + " tensors but was passed " + std::to_string(tensors.size() - 1));
+  if (static_cast<int64_t>(tensors.size()) != spec.Arity()) {
+    Fail("the kernel takes " + std::to_string(spec.Arity()) + " tensors but was passed " + std::to_string(tensors.size()));
   }
-  std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[1], device)}, {kW, DataOf(tensors[2], device)}, {kY, DataOf(out, device)}};
-  size_t at = 3;
+  std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[0], device)}, {kW, DataOf(tensors[1], device)}, {kY, DataOf(out, device)}};
+  size_t at = 2;
   if (spec.has_bias) pointers[kBias] = DataOf(tensors[at++], device);
   if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device);
   kernel->Run(pointers, static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device)));
 }
 
-tvm::ffi::Bytes Tune(DLTensor* spec_tensor) {
+tvm::ffi::Bytes Tune(tvm::ffi::String spec_text) {
   Check(cudaSetDevice(0), "cudaSetDevice");
-  Spec spec = ParseSpec(SpecKey(spec_tensor));
+  Spec spec = ParseSpec(std::string(spec_text.data(), spec_text.size()));
   spec.has_choice = 0;
   cudnnHandle_t handle = Handle(0);
   auto graph = MakeGraph(spec);
@@ -379,9 +389,9 @@ tvm::ffi::Bytes Tune(DLTensor* spec_tensor) {
   return tvm::ffi::Bytes(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
 }
 
-int64_t PlanCount(DLTensor* spec_tensor) {
+int64_t PlanCount(tvm::ffi::String spec_text) {
   Check(cudaSetDevice(0), "cudaSetDevice");
-  Spec spec = ParseSpec(SpecKey(spec_tensor));
+  Spec spec = ParseSpec(std::string(spec_text.data(), spec_text.size()));
   auto graph = MakeGraph(spec);
   BuildAllPlans(*graph, Handle(0));
   return graph->get_execution_plan_count();

@@ -1,0 +1,70 @@
+"""Each cuBLAS pattern, lowered to cuBLASLt, built into a TVM executable for CUDA and run on the GPU, against PyTorch on CUDA.
+
+Marked ``gpu`` (run with ``--run-gpu`` on a machine with an NVIDIA GPU; scripts/gpu-tests.sh).
+Every pattern's case (``cublas_cases.case``) is placed whole on cuBLAS, built the way Collage
+builds placements and run on Relax's VM; PyTorch computes the same problem on CUDA in float32
+with TF32 off (``cublas_cases.reference``). Tolerances: float32 sums of at most a few hundred
+products, summed in different orders (RTOL, ATOL).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.build import build, lower_partitions
+from collage_core.candidates import enumerate_candidates
+from collage_core.fused_groups import Group
+from collage_core.partition import partition_module
+from collage_core.relax_graph import RelaxGraph
+from collage_cublas import lowering, patterns, specs
+from cublas_cases import case, reference
+
+pytestmark = pytest.mark.gpu
+RTOL, ATOL = 1e-4, 1e-4
+F = "float32"
+PATTERN_NAMES = sorted(p.name.split(".", 1)[1] for p in patterns.patterns())
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return tvm_compat.make_target({"kind": "cuda"}), tvm.cuda(0)
+
+
+def module(make, *shapes) -> tvm.IRModule:
+    params = [relax.Var(f"x{i}", relax.TensorType(shape, F)) for i, shape in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            output = bb.emit_output(make(bb, *params))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+@pytest.mark.parametrize("pattern_name", PATTERN_NAMES)
+def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name):
+    target, device = cuda
+    make, shapes = case(pattern_name)
+    mod = module(make, *shapes)
+    graph = RelaxGraph.from_function(mod["main"])
+    everything = frozenset(range(len(graph.graph)))
+    candidate = next(c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == f"cublas.{pattern_name}" and frozenset(c.nodes) == everything)
+    placed = partition_module(graph, [candidate])
+    lowered_text = str(lower_partitions(pm, placed, backends, target))
+    assert lowering.RUN_FUNCTION in lowered_text  # the partition really runs on cuBLASLt
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    rng = np.random.default_rng(1)
+    inputs = [rng.uniform(-1, 1, size=shape).astype(F) for shape in shapes]
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
+    standalone = graph.standalone_module(candidate.nodes)["main"]
+    spec = specs.recognize(Group.from_function(standalone))
+    by_param = dict(zip(standalone.params, inputs))
+    operands = [by_param[o] if o in by_param else tvm_compat.constant_array(o) for o in spec.operands]
+    expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)

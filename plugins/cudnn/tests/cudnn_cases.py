@@ -1,0 +1,147 @@
+"""A Relax function for every cuDNN pattern, and what cuDNN's operation graph computes for a spec, in PyTorch.
+
+``case(pattern_name, activation)`` builds a small function that the named pattern covers whole,
+from the name's parts (anchor, operand forms, bias, residual, activation). ``reference`` builds
+the graph a spec describes (tensors read through the spec's dims and strides, a cross-correlation
+or a batched product, then bias, residual and activation as cuDNN's pointwise modes define them)
+with PyTorch: on the CPU in float64 for the spec tests, on CUDA in float32 with TF32 off for the
+kernel tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from tvm import relax
+
+from collage_cudnn import specs
+
+R = relax.op
+F = "float32"
+ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh", "silu")
+
+
+class _Words:
+    def __init__(self, words):
+        self.words, self.at = [int(w) for w in words], 0
+
+    def take(self, count=1):
+        values = self.words[self.at : self.at + count]
+        self.at += count
+        return values if count > 1 else values[0]
+
+
+def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torch.float64) -> np.ndarray:
+    """What the cuDNN graph of a spec (without plan words) computes on the operands."""
+
+    def tensor(array):
+        return torch.from_numpy(np.ascontiguousarray(array).ravel()).to(device=device, dtype=dtype)
+
+    w = _Words(words)
+    assert w.take() == specs.SPEC_VERSION
+    kind, rank = w.take(), w.take()
+    x_dims, x_strides, w_dims, w_strides, y_dims = (w.take(rank) for _ in range(5))
+    x = torch.as_strided(tensor(operands[0]), x_dims, x_strides)
+    weights = torch.as_strided(tensor(operands[1]), w_dims, w_strides)
+    if kind == specs.CONV2D:
+        top, left, bottom, right = w.take(4)
+        stride, dilation = w.take(2), w.take(2)
+        padded = torch.nn.functional.pad(x, (left, right, top, bottom))
+        y = torch.nn.functional.conv2d(padded, weights, stride=stride, dilation=dilation, groups=x_dims[1] // w_dims[1])
+        channel_shape = [1, y_dims[1], 1, 1]
+    else:
+        y = torch.matmul(x, weights)
+        channel_shape = [1] * (rank - 1) + [y_dims[-1]]
+    assert list(y.shape) == list(y_dims)
+    has_bias, has_residual, activation = w.take(), w.take(), w.take()
+    assert w.at == len(w.words)
+    at = 2
+    if has_bias:
+        y = y + tensor(operands[at]).reshape(channel_shape)
+        at += 1
+    if has_residual:
+        y = y + tensor(operands[at]).reshape(y_dims)
+    functions = {
+        0: lambda t: t,
+        1: torch.relu,
+        2: lambda t: torch.nn.functional.gelu(t),
+        3: lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+        4: torch.nn.functional.silu,
+    }
+    return functions[activation](y).cpu().numpy()
+
+
+def _const(rng, *shape):
+    return relax.const(rng.uniform(-1, 1, size=shape).astype(F))
+
+
+def _activation(bb, x, name: str):
+    """``name`` applied to ``x`` the way models spell it: ONNX's erf GELU and x * sigmoid(x) written out."""
+    if name == "relu":
+        return R.nn.relu(x)
+    if name == "gelu_tanh":
+        return R.nn.gelu_tanh(x)
+    if name == "silu":
+        return R.multiply(x, bb.emit(R.sigmoid(x)))
+    erf = bb.emit(R.erf(bb.emit(R.divide(x, relax.const(math.sqrt(2.0), F)))))
+    return R.multiply(bb.emit(R.multiply(x, bb.emit(R.add(erf, relax.const(1.0, F))))), relax.const(0.5, F))
+
+
+def case(pattern_name: str, activation: str = "relu", seed: int = 0):
+    """``(make(bb, *params), param shapes)`` for a function the pattern ``cudnn.<pattern_name>`` covers whole."""
+    rng = np.random.default_rng(seed)
+    parts = pattern_name.split("_")
+
+    def epilogue(bb, v, channels, bias_shape, residual):
+        if "bias" in parts:
+            v = bb.emit(R.add(v, _const(rng, *bias_shape)))
+        if "add" in parts:
+            v = bb.emit(R.add(v, residual[0]))
+        if "act" in parts:
+            v = bb.emit(_activation(bb, v, activation))
+        return v
+
+    if parts[0] == "conv2d":
+        x_shape, out_shape = (2, 8, 10, 10), (2, 16, 5, 5)
+        shapes = [x_shape] + ([out_shape] if "add" in parts else [])
+
+        def make(bb, x, *residual):
+            v = bb.emit(R.nn.conv2d(x, _const(rng, 16, 4, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1), groups=2))
+            return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
+
+        return make, shapes
+    if parts[0] == "dense":
+        transposed = "t" in parts
+        k, n = 24, 40
+        shapes = [(k, 16)] if transposed else [(2, 8, k)]
+        out_shape = (16, n) if transposed else (2, 8, n)
+        if "add" in parts:
+            shapes.append(out_shape)
+
+        def make(bb, x, *residual):
+            if transposed:
+                x = bb.emit(R.permute_dims(x, [1, 0]))
+            v = bb.emit(R.matmul(x, _const(rng, k, n)))
+            return epilogue(bb, v, n, (n,), residual)
+
+        return make, shapes
+    forms = next((p for p in parts[2:] if p in ("nn", "nt", "tn", "tt")), "nn")
+    batch, heads, m, k, n = 1, 3, 16, 8, 12
+    lhs_shape = (batch, m, heads, k) if forms[0] == "t" else (batch, heads, m, k)
+    rhs_shape = (batch, n, heads, k) if forms[1] == "t" else (batch, heads, k, n)
+
+    def make(bb, lhs, rhs):
+        if forms[0] == "t":
+            lhs = bb.emit(R.permute_dims(lhs, [0, 2, 1, 3]))
+        if forms[1] == "t":
+            rhs = bb.emit(R.permute_dims(rhs, [0, 2, 3, 1]))
+        return R.matmul(lhs, rhs)
+
+    return make, [lhs_shape, rhs_shape]
+
+
+def case_ids(pattern_names) -> list[tuple[str, str]]:
+    """(pattern, activation) pairs: each pattern once, and each activation once per pattern that fuses one."""
+    return [(name, activation) for name in pattern_names for activation in (ACTIVATIONS if name.endswith("_act") else ("relu",))]

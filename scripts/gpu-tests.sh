@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every GPU test (marked `gpu`) from a clean checkout on a machine with an NVIDIA GPU:
+# the cuBLAS and cuDNN kernels against PyTorch on CUDA, and the shipped models placed over TVM,
+# cuBLAS and cuDNN. Needs what ./scripts/setup.sh installs plus NVIDIA's libraries (PyTorch's CUDA
+# wheels bring cuBLAS, cuDNN, NVRTC and the CUDA runtime; add nvidia-cudnn-frontend) and g++.
+#
+#   ./scripts/gpu-tests.sh [pytest options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/tvm -e plugins/cublas -e plugins/cudnn
+python3 -m pip install -q --no-deps --no-build-isolation -e plugins/onnxruntime -e plugins/dnnl 2>/dev/null || true
+collage backends
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider plugins/cublas/tests plugins/cudnn/tests tests/test_gpu_placements.py "$@"
