@@ -13,7 +13,7 @@ import glob
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import attrs
 
@@ -47,11 +47,15 @@ def search_roots() -> list[Path]:
     return _wheel_roots() + _system_roots()
 
 
-def find_header(name: str) -> Optional[Path]:
-    """The include directory holding ``name`` (``"cublasLt.h"``), or None."""
+def find_header(name: str, companions: Sequence[str] = ()) -> Optional[Path]:
+    """The include directory holding ``name`` (``"cublasLt.h"``) and the ``companions`` it includes, or None.
+
+    NVIDIA's wheels carry partial header sets (``nvidia/cu13/include`` has ``cuda_runtime.h``
+    without the ``crt/`` headers it includes); companions make such a directory be passed over.
+    """
     for root in search_roots():
         for include in (root / "include", root / "include" / "x86_64-linux-gnu"):
-            if (include / name).is_file():
+            if all((include / header).is_file() for header in (name, *companions)):
                 return include
     return None
 
@@ -73,6 +77,7 @@ class Requirement:
     header: str
     library: Optional[str]
     install_hint: str
+    companions: tuple[str, ...] = ()
 
 
 def compile_flags(requirements) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -82,7 +87,7 @@ def compile_flags(requirements) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """
     includes, links, found = [], [], []
     for requirement in requirements:
-        include = find_header(requirement.header)
+        include = find_header(requirement.header, requirement.companions)
         if include is None:
             raise CudaUnavailable(f"{requirement.header} not found: {requirement.install_hint}")
         if f"-I{include}" not in includes:

@@ -20,7 +20,7 @@ SOURCE = Path(__file__).parent / "runtime" / "collage_cublas.cc"
 INSTALL_HINT = "pip install nvidia-cublas nvidia-cuda-runtime (what PyTorch's CUDA wheels bring), and g++"
 REQUIREMENTS = (
     Requirement("cublasLt.h", "cublasLt", "pip install nvidia-cublas"),
-    Requirement("cuda_runtime.h", "cudart", "pip install nvidia-cuda-runtime"),
+    Requirement("cuda_runtime.h", "cudart", "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)", ("crt/host_defines.h",)),
 )
 
 

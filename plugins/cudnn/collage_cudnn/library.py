@@ -23,7 +23,7 @@ REQUIREMENTS = (
     Requirement("cudnn.h", "cudnn", "pip install nvidia-cudnn-cu13"),
     Requirement("cudnn_frontend.h", None, "pip install nvidia-cudnn-frontend"),
     Requirement("nvrtc.h", "nvrtc", "pip install nvidia-cuda-nvrtc"),
-    Requirement("cuda_runtime.h", "cudart", "pip install nvidia-cuda-runtime"),
+    Requirement("cuda_runtime.h", "cudart", "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)", ("crt/host_defines.h",)),
 )
 
 

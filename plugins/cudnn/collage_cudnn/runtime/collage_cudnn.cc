@@ -242,15 +242,21 @@ std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
       Fail("unknown activation " + std::to_string(spec.activation));
   }
   y->set_output(true).set_uid(kY).set_dim(spec.y.dims).set_stride(spec.y.strides).set_data_type(fe::DataType_t::FLOAT);
-  graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
   Check(graph->validate(), "cuDNN refused the operation graph");
   return graph;
+}
+
+// The engines cuDNN's heuristics offer, less those that would round float32 inputs to TF32 (the
+// Relax program computes in float32). Deselection filters the engine configs already listed.
+void CreateFloat32Plans(fe::graph::Graph& graph) {
+  Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
+  graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
 }
 
 // Every plan cuDNN's heuristics offer for the graph, built.
 void BuildAllPlans(fe::graph::Graph& graph, cudnnHandle_t handle) {
   Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
-  Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
+  CreateFloat32Plans(graph);
   Check(graph.check_support(handle), "cuDNN has no engine for this graph in float32 without tensor cores");
   Check(graph.build_plans(handle, fe::BuildPlanPolicy_t::ALL), "cuDNN could not build any execution plan");
 }
@@ -265,7 +271,7 @@ void BuildChosenPlan(fe::graph::Graph& graph, const Spec& spec, cudnnHandle_t ha
   auto fresh = MakeGraph(spec);
   graph = std::move(*fresh);
   Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
-  Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
+  CreateFloat32Plans(graph);
   Check(graph.check_support(handle), "cuDNN has no engine for this graph in float32 without tensor cores");
   Check(graph.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "cuDNN could not build an execution plan");
 }
