@@ -1,8 +1,14 @@
-"""Collage against the peers on this CPU, on models from published architectures, in one resumable run.
+"""Collage against the peers on this CPU or an NVIDIA GPU, on models from published architectures, in one resumable run.
 
     python benchmarks/peers.py [--models mobilenetv2,resnet50,convnext-tiny,bert-base,vit-base,gpt2]
                                [--batches 1,8] [--torch-batches 1] [--raw benchmarks/raw] [--only-report]
-                               [--collage-again]
+                               [--collage-again] [--device cpu|cuda]
+
+With ``--device cuda`` (on a machine with an NVIDIA GPU; results in ``benchmarks/raw-cuda``): PyTorch
+eager and torch.compile on CUDA (float32, TF32 off) and Collage's cold run with
+``--target cuda --backends tvm,cublas,cudnn``, which measures beside its placement each backend alone
+(cuBLAS and cuDNN with TVM for the rest) and TVM's unpartitioned build. RESULTS.md gets a section of
+its own for the GPU rows, with the GPU and the library versions the run recorded.
 
 For each batch size, each model (every model at batch 1 first), in this order and each in a fresh process:
   peers            ONNX Runtime (a default session), PyTorch eager, torch.compile (inductor)
@@ -42,6 +48,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_report import append_gpu_section  # noqa: E402
 from peers_report import PEERS, raw_file, single_backend_row, write_report  # noqa: E402
 
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
@@ -50,6 +57,10 @@ RUN_TIMEOUT_S = 6 * 3600
 COLLAGE_CONFIGS = ("collage cold", "collage warm", "interleaved", "collage torch input")
 COLLAGE_CODE = ("collage_core", "plugins/*/collage_*", "pyproject.toml", "plugins/*/pyproject.toml")  # its packages
 TWO_LEVEL_BUDGET_S = 240  # the two-level search's time budget (`collage optimize --budget`)
+# On an NVIDIA GPU: the peers there, and Collage over the GPU backends, measured once (cold): GPU
+# latencies do not drift between minutes as this 2-core machine's do, so nothing is timed in turns.
+GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)")
+GPU_BACKENDS = "tvm,cublas,cudnn"
 
 PEER_CODE = r"""
 import json, sys, time
@@ -71,6 +82,12 @@ def timed(function, warmup=3, repeats=15, bound_s=60.0):
     return {"median_s": float(median), "spread_s": float(q3 - q1), "repeats": len(samples)}
 
 setup = time.perf_counter()
+on_gpu = peer.endswith("(cuda)")
+if on_gpu:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 as Collage computes it
+    torch.backends.cudnn.allow_tf32 = False
+    model, example = model.cuda(), example.cuda()
 if peer == "onnxruntime default session":
     import onnxruntime
     session = onnxruntime.InferenceSession(sys.argv[5], providers=["CPUExecutionProvider"])
@@ -78,11 +95,13 @@ if peer == "onnxruntime default session":
     function = lambda: session.run(None, feeds)
 else:
     import torch
-    if peer == "torch.compile (inductor)":
+    if peer.startswith("torch.compile"):
         model = torch.compile(model)
     def function():
         with torch.inference_mode():
             model(example)
+        if on_gpu:
+            torch.cuda.synchronize()
 function()
 result = {"setup_s": time.perf_counter() - setup}
 result.update(timed(function))
@@ -196,6 +215,37 @@ class RawResults:
         return result
 
 
+MACHINE_CODE = r"""
+import json, subprocess, torch
+from collage_core.backends import discover_backends
+from collage_core.plugins import get_plugin_manager
+props = torch.cuda.get_device_properties(0)
+driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+versions = {name: info.backend.version for name, info in discover_backends(get_plugin_manager()).items() if "cuda" in info.backend.device_kinds}
+print(json.dumps({"gpu": f"{props.name} (sm_{props.major}{props.minor})", "driver": driver, "torch": torch.__version__,
+                  "torch_cudnn": torch.backends.cudnn.version(), "backends": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))}))
+"""
+
+
+def record_gpu_machine(raw_root: Path) -> None:
+    """The GPU, driver and library versions of this run, beside its results (``machine.json``)."""
+    (raw_root / "machine.json").write_text(json.dumps(_json_line([sys.executable, "-c", MACHINE_CODE]), indent=1) + "\n")
+
+
+def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
+    """The GPU peers and Collage's cold run over TVM, cuBLAS and cuDNN (it measures each backend alone beside its placement)."""
+    stem = _stem(name, batch)
+    print(f"{stem} (cuda):", flush=True)
+    raw = RawResults(raw_root, stem)
+    onnx_path = _onnx_file(name, batch)
+    for peer in GPU_PEERS:
+        raw.get_or_measure(peer, lambda: _json_line(
+            [sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]))
+    raw.get_or_measure("collage cold", lambda: _collage_run(
+        onnx_path, raw.directory / "costs.sqlite", raw.directory / "collage-out", ["--target", "cuda", "--backends", GPU_BACKENDS],
+        budget=False))
+
+
 def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True, collage_again: bool = False) -> None:
     stem = _stem(name, batch)
     print(f"{stem}:", flush=True)
@@ -252,11 +302,13 @@ def _best_single_library(warm: dict, onnx_path: Path, out: Path, stem: str):
     return best["name"], built / f"{stem}.so"
 
 
-def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str]) -> dict:
+def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budget: bool = True) -> dict:
     started = time.perf_counter()
-    run = subprocess.run(["collage", "optimize", str(onnx_path), "--cost-db", str(costs), "--output", str(out),
-                          "--budget", str(TWO_LEVEL_BUDGET_S), *extra],
+    budget_args = ["--budget", str(TWO_LEVEL_BUDGET_S)] if budget else []
+    run = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(onnx_path), "--cost-db", str(costs),
+                          "--output", str(out), *budget_args, *extra],
                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
+    (out.parent / "collage-log.txt").write_text(run.stderr)
     if run.returncode != 0:
         lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit code {run.returncode}"}
@@ -271,23 +323,36 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--torch-batches", default="1",
                         help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)")
-    parser.add_argument("--raw", type=Path, default=ROOT / "benchmarks" / "raw")
+    parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw (benchmarks/raw-cuda with --device cuda)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: on an NVIDIA GPU, PyTorch eager and torch.compile against Collage over TVM, cuBLAS and cuDNN")
     parser.add_argument("--only-report", action="store_true", help="write RESULTS.md and the chart from the raw files")
     parser.add_argument("--collage-again", action="store_true",
                         help="measure Collage's rows again where Collage's code changed since (its cold and warm "
                              "runs, the turns, the PyTorch-input run); the peers' rows are kept; resumable")
     args = parser.parse_args()
-    if shutil.which("collage") is None:
+    if args.device == "cpu" and shutil.which("collage") is None:
         raise SystemExit("the collage command is not installed: ./scripts/setup.sh")
-    args.raw.mkdir(parents=True, exist_ok=True)
+    cpu_raw, gpu_raw = ROOT / "benchmarks" / "raw", ROOT / "benchmarks" / "raw-cuda"
+    raw = args.raw or (gpu_raw if args.device == "cuda" else cpu_raw)
+    raw.mkdir(parents=True, exist_ok=True)
     if not args.only_report:
+        if args.device == "cuda":
+            record_gpu_machine(raw)
         for batch in (int(b) for b in args.batches.split(",")):  # every model at batch 1 before any at batch 8
             for name in args.models.split(","):
-                measure_model(name, batch, args.raw, torch_input=str(batch) in args.torch_batches.split(","),
-                              collage_again=args.collage_again)
-    command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again"))])
-    report = write_report(args.raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
-    print(f"wrote {report} and {report.parent / 'results.png'}")
+                if args.device == "cuda":
+                    measure_model_on_gpu(name, batch, raw)
+                else:
+                    measure_model(name, batch, raw, torch_input=str(batch) in args.torch_batches.split(","),
+                                  collage_again=args.collage_again)
+    if args.raw is not None:
+        return  # measured somewhere else: the report is written from the project's raw folders
+    command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
+    report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
+    if gpu_raw.is_dir():
+        append_gpu_section(gpu_raw, report, ROOT / "benchmarks" / "results-cuda.png")
+    print(f"wrote {report} and its charts")
 
 
 if __name__ == "__main__":

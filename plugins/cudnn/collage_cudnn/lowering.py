@@ -1,7 +1,7 @@
 """A cuDNN partition function becomes one ``collage_cudnn.run`` call on its spec and operands.
 
-The build builds every execution plan cuDNN's heuristics offer for the partition's graph,
-times them on the GPU and keeps the fastest plan's engine and knobs in the spec; the choice is
+The build builds the first execution plans cuDNN's heuristics rank for the partition's graph
+(six at most), times them on the GPU and keeps the fastest plan's engine and knobs in the spec; the choice is
 stored by graph (shapes included), GPU and cuDNN version (``$COLLAGE_CACHE_DIR/cudnn/plans.json``),
 so later builds on this machine make the same kernel without timing again. Built where there
 is no GPU, the runtime takes cuDNN's first heuristic choice instead.

@@ -1,0 +1,136 @@
+"""The GPU section of RESULTS.md and its chart, from ``benchmarks/raw-cuda`` (written by ``peers.py --device cuda``).
+
+Per model: Collage's placement over TVM, cuBLAS and cuDNN, each backend alone as Collage's cold run
+measured it beside the placement (cuBLAS or cuDNN with TVM for the rest, TVM alone, TVM's
+unpartitioned build), and PyTorch eager and torch.compile on CUDA, all in float32 with TF32 off.
+Nothing in it is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)")
+SINGLE_PREFIXES = ("tvm alone", "cublas", "cudnn", "unpartitioned relax.build")
+MACHINE_FILE = "machine.json"
+
+
+def _load(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _seconds(row: Optional[dict]) -> Optional[float]:
+    if not row or "error" in row:
+        return None
+    cost = row.get("cost", row)
+    return cost.get("median_s") if cost.get("kind", "measured") == "measured" else None
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def _ratio(numerator: Optional[float], denominator: Optional[float]) -> str:
+    return "" if numerator is None or not denominator else f"{numerator / denominator:.2f}"
+
+
+def _operators(row: dict) -> str:
+    counts = row.get("operators_by_backend") or {}
+    return ", ".join(f"{backend} {count}" for backend, count in sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def model_rows(directory: Path) -> Optional[dict]:
+    """Latencies (seconds) of every contender measured for one model, with Collage's rows as its cold run wrote them."""
+    cold = _load(directory / "collage cold.json")
+    peers = {peer: _seconds(_load(directory / f"{peer}.json")) for peer in GPU_PEERS}
+    if cold is None and not any(peers.values()):
+        return None
+    end_to_end = {row["name"]: row for row in (cold or {}).get("end_to_end", [])}
+    singles = {name: _seconds(row) for name, row in end_to_end.items() if name.startswith(SINGLE_PREFIXES)}
+    return {
+        "collage": _seconds(end_to_end.get("placement")),
+        "operators": _operators(end_to_end.get("placement", {})),
+        "singles": singles,
+        "peers": peers,
+        "error": (cold or {}).get("error"),
+        "wall_s": (cold or {}).get("wall_s"),
+        "numerics": ((cold or {}).get("numerics") or {}).get("passed"),
+        "commit": (cold or {}).get("commit", ""),
+    }
+
+
+def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
+    directories = sorted(p for p in raw_root.iterdir() if p.is_dir())
+    models = [(d.name, rows) for d in directories for rows in [model_rows(d)] if rows]
+    if not models:
+        return
+    machine = _load(raw_root / MACHINE_FILE) or {}
+    lines = [
+        "", "# On an NVIDIA GPU", "",
+        f"Command: `python benchmarks/peers.py --device cuda` (raw results in `benchmarks/raw-cuda/`). "
+        f"GPU: {machine.get('gpu', 'not recorded')}; driver {machine.get('driver', '?')}; PyTorch {machine.get('torch', '?')} "
+        f"(cuDNN {machine.get('torch_cudnn', '?')}); Collage's backends: {machine.get('backends', 'not recorded')}.", "",
+        "Float32 everywhere, TF32 off (PyTorch's matmul and cuDNN flags; cuDNN's tensor-core engines deselected in",
+        "Collage). Collage's rows are its cold `collage optimize --target cuda --backends tvm,cublas,cudnn` run:",
+        "the placement it returns and, measured beside it, each backend alone (cuBLAS or cuDNN with TVM for the",
+        "rest) and TVM's unpartitioned build. Median ms of one input; ratios are Collage's latency over the other's.", "",
+        "| model | Collage (ms) | operators by backend | best single backend | Collage / it | eager (ms) | "
+        "torch.compile (ms) | Collage / eager | Collage / torch.compile | numerics | search (s) | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in models:
+        measured = {k: v for k, v in rows["singles"].items() if v is not None}
+        best_name = min(measured, key=measured.get) if measured else None
+        eager, compiled = (rows["peers"][peer] for peer in GPU_PEERS)
+        collage = rows["collage"]
+        search = "" if rows["wall_s"] is None else f"{rows['wall_s']:.0f}"
+        best = "" if best_name is None else f"{best_name} ({_ms(measured[best_name])})"
+        numerics = "" if rows["numerics"] is None else ("passed" if rows["numerics"] else "FAILED")
+        lines.append(
+            f"| {name} | {_ms(collage) or rows['error'] or ''} | {rows['operators']} | "
+            f"{best} | "
+            f"{_ratio(collage, measured.get(best_name))} | {_ms(eager)} | {_ms(compiled)} | {_ratio(collage, eager)} | "
+            f"{_ratio(collage, compiled)} | {numerics} | {search} | {rows['commit']} |"
+        )
+    lines += ["", "Each backend alone, as Collage's cold run measured it (ms):", "",
+              "| model | " + " | ".join(SINGLE_PREFIXES) + " |", "|---|" + "---|" * len(SINGLE_PREFIXES)]
+    for name, rows in models:
+        cells = [next((_ms(v) for k, v in rows["singles"].items() if k.startswith(prefix)), "") for prefix in SINGLE_PREFIXES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if _draw(models, chart):
+        lines += ["", f"![GPU latency of every contender]({chart.name})"]
+    report.write_text(report.read_text() + "\n".join(lines) + "\n")
+
+
+def _draw(models, chart: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    contenders = ["collage", *SINGLE_PREFIXES, *GPU_PEERS]
+    figure, axis = plt.subplots(figsize=(max(6, 2.2 * len(models)), 4))
+    width = 0.8 / len(contenders)
+    for index, contender in enumerate(contenders):
+        values = []
+        for _, rows in models:
+            if contender == "collage":
+                value = rows["collage"]
+            elif contender in GPU_PEERS:
+                value = rows["peers"][contender]
+            else:
+                value = next((v for k, v in rows["singles"].items() if k.startswith(contender)), None)
+            values.append(math.nan if value is None else value * 1e3)
+        axis.bar([m + index * width for m in range(len(models))], values, width, label=contender)
+    axis.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], [name for name, _ in models], rotation=15)
+    axis.set_ylabel("median latency (ms), lower is better")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(chart, dpi=120)
+    plt.close(figure)
+    return True
