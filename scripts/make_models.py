@@ -165,7 +165,7 @@ class LastHiddenState(nn.Module):
         self.encoder = encoder
 
     def forward(self, input_ids):
-        positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         outputs = self.encoder(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids), position_ids=positions)
         return outputs.last_hidden_state
 
@@ -195,7 +195,7 @@ class TokenLogits(nn.Module):
         # An all-ones mask of the export's static shape (a constant): without a mask, transformers
         # looks for packed sequences with torch.diff, which has no ONNX export; a mask computed from
         # the input leaves mask arithmetic that TVM's importer refuses.
-        mask = torch.ones([int(size) for size in input_ids.shape], dtype=torch.int64)
+        mask = torch.ones([int(size) for size in input_ids.shape], dtype=torch.int64, device=input_ids.device)
         return self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
 
 
