@@ -99,8 +99,8 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0):
             v = bb.emit(R.add(v, _const(rng, *bias_shape)))
         if "add" in parts:
             v = bb.emit(R.add(v, residual[0]))
-        if "act" in parts:
-            v = bb.emit(_activation(bb, v, activation))
+        if "act" in parts or "relu" in parts:
+            v = bb.emit(_activation(bb, v, "relu" if "relu" in parts else activation))
         return v
 
     if parts[0] == "conv2d":
