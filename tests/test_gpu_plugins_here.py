@@ -1,0 +1,111 @@
+"""The cuBLAS and cuDNN plugins on a machine as it is: registered, patterns only for CUDA targets, one-line reasons when they cannot run.
+
+These run everywhere (CI has no GPU); what needs a GPU is in the plugins' tests marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from collage_core import cuda_libraries, tvm_compat
+from collage_core.backends import discover_backends
+from collage_core.cuda_libraries import CudaUnavailable, Requirement
+from collage_core.plugins import get_plugin_manager
+
+PLUGINS = ["cublas", "cudnn"]
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return {name: info for name, info in discover_backends(get_plugin_manager()).items()}
+
+
+def _has_gpu() -> bool:
+    try:
+        cuda_libraries.first_gpu()
+    except CudaUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", PLUGINS)
+def test_collage_register_backends_registers_an_op_level_cuda_backend_with_its_library_version(backends, name):
+    backend = backends[name].backend
+    library = importlib.import_module(f"collage_{name}.library")
+    version = library.cublas_version() if name == "cublas" else library.cudnn_version()
+    assert backend.kind == "op-level" and backend.device_kinds == ("cuda",)
+    assert backend.version.startswith(f"{name}-{version}+kernels-")
+    assert f"plugins/{name}" in backend.runtime_needs
+
+
+@pytest.mark.skipif(_has_gpu(), reason="this machine has an NVIDIA GPU")
+@pytest.mark.parametrize("name", PLUGINS)
+def test_collage_check_availability_says_there_is_no_gpu_in_one_line(backends, name):
+    availability = backends[name].availability
+    assert not availability.available
+    assert availability.reason.startswith("no NVIDIA GPU here") and "\n" not in availability.reason
+
+
+@pytest.mark.parametrize("name", PLUGINS)
+def test_collage_contribute_patterns_only_for_cuda_targets(name):
+    hooks = importlib.import_module(f"collage_{name}.hooks")
+    backend = discover_backends(get_plugin_manager())[name].backend
+    assert hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.host_cpu_target()) == []
+    patterns = hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.make_target({"kind": "cuda"}))
+    assert patterns and all(p.name.startswith(f"{name}.") for p in patterns)
+
+
+def test_a_missing_header_or_library_is_named_with_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(cuda_libraries, "find_header", lambda name, companions=(): None)
+    with pytest.raises(CudaUnavailable, match=r"^cublasLt\.h not found: pip install nvidia-cublas$"):
+        cuda_libraries.compile_flags([Requirement("cublasLt.h", "cublasLt", "pip install nvidia-cublas")])
+    monkeypatch.setattr(cuda_libraries, "find_header", lambda name, companions=(): cuda_libraries.Path("/usr/include"))
+    monkeypatch.setattr(cuda_libraries, "find_library", lambda stem: None)
+    with pytest.raises(CudaUnavailable, match=r"^libcudnn\.so not found: pip install nvidia-cudnn-cu13$"):
+        cuda_libraries.compile_flags([Requirement("cudnn.h", "cudnn", "pip install nvidia-cudnn-cu13")])
+
+
+def test_a_header_directory_without_the_headers_it_includes_is_passed_over(tmp_path, monkeypatch):
+    partial, full = tmp_path / "wheel", tmp_path / "toolkit"
+    (partial / "include").mkdir(parents=True)
+    (partial / "include" / "cuda_runtime.h").write_text("")
+    (full / "include" / "crt").mkdir(parents=True)
+    (full / "include" / "cuda_runtime.h").write_text("")
+    (full / "include" / "crt" / "host_defines.h").write_text("")
+    monkeypatch.setattr(cuda_libraries, "search_roots", lambda: [partial, full])
+    assert cuda_libraries.find_header("cuda_runtime.h") == partial / "include"
+    assert cuda_libraries.find_header("cuda_runtime.h", ["crt/host_defines.h"]) == full / "include"
+
+
+@pytest.mark.parametrize("name", PLUGINS)
+def test_collage_prepare_runtime_raises_saying_what_is_missing_without_a_gpu(name, monkeypatch):
+    hooks = importlib.import_module(f"collage_{name}.hooks")
+    library = importlib.import_module(f"collage_{name}.library")
+    library.load.cache_clear()
+    monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(CudaUnavailable("no NVIDIA GPU here: test")))
+    try:
+        backend = discover_backends(get_plugin_manager())[name].backend
+        with pytest.raises(RuntimeError, match="no NVIDIA GPU here: test"):
+            hooks.collage_prepare_runtime(backend=backend)
+    finally:
+        library.load.cache_clear()
+
+
+@pytest.mark.parametrize("name", PLUGINS)
+def test_collage_lower_partitions_says_which_partition_a_kernel_cannot_compute(name, monkeypatch):
+    import numpy as np
+    from tvm import relax
+
+    lowering = importlib.import_module(f"collage_{name}.lowering")
+    monkeypatch.setattr(lowering.library, "load", lambda: None)
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("part", [x]):
+        with bb.dataflow():
+            product = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 8), "float32"))))
+            output = bb.emit_output(relax.op.nn.softmax(product))
+        bb.emit_func_output(output)
+    with pytest.raises(ValueError, match=r"partition part: .*softmax"):
+        lowering.lower_function(bb.get()["part"], "part")
