@@ -10,12 +10,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import hashlib
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
+import numpy as np
 
 
 class CudaUnavailable(RuntimeError):
@@ -130,3 +132,25 @@ def first_gpu() -> Gpu:
     driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
     driver.cuDriverGetVersion(ctypes.byref(version))
     return Gpu(0, name.value.decode(), f"{major.value}.{minor.value}", version.value)
+
+
+def tuned_on_gpu(store, spec_words, library_version: str, tune: Callable[[], bytes]) -> tuple[int, ...]:
+    """What a kernel's build-time tuning chose for ``spec_words`` on this GPU, as int64 words.
+
+    ``tune()`` runs the kernel's own timing and returns its choice as little-endian int64 bytes;
+    the choice is kept in ``store`` (a :class:`~collage_core.choices.ChoiceStore`) by spec, GPU and
+    library version, so later builds on this machine choose the same without timing. Without a
+    GPU there is nothing to time: ``()``, and the runtime takes the library's heuristic choice.
+    """
+    try:
+        gpu = first_gpu()
+    except CudaUnavailable:
+        return ()
+    key = hashlib.sha256(
+        np.asarray(spec_words, dtype="<i8").tobytes() + f"{gpu.name}|{gpu.compute_capability}|{library_version}".encode()
+    ).hexdigest()
+    chosen = store.get(key)
+    if chosen is None:
+        chosen = np.frombuffer(bytes(tune()), dtype="<i8").tolist()
+        store.put(key, chosen)
+    return tuple(chosen)

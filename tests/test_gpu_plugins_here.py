@@ -109,3 +109,23 @@ def test_collage_lower_partitions_says_which_partition_a_kernel_cannot_compute(n
         bb.emit_func_output(output)
     with pytest.raises(ValueError, match=r"partition part: .*softmax"):
         lowering.lower_function(bb.get()["part"], "part")
+
+
+def test_a_build_time_choice_is_timed_once_per_spec_gpu_and_library_version(tmp_path, monkeypatch):
+    import numpy as np
+
+    from collage_core.choices import ChoiceStore
+
+    monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    store, timed = ChoiceStore(tmp_path / "choices.json"), []
+
+    def tune():
+        timed.append(1)
+        return np.array([7, len(timed)], dtype="<i8").tobytes()
+
+    first = cuda_libraries.tuned_on_gpu(store, (1, 2, 3), "9.19", tune)
+    assert first == (7, 1) and cuda_libraries.tuned_on_gpu(store, (1, 2, 3), "9.19", tune) == first and len(timed) == 1
+    assert cuda_libraries.tuned_on_gpu(store, (1, 2, 3), "9.20", tune) == (7, 2)  # another library version: timed again
+    assert cuda_libraries.tuned_on_gpu(store, (1, 2, 4), "9.19", tune) == (7, 3)  # another spec
+    monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: cuda_libraries.Gpu(0, "NVIDIA A100", "8.0", 13000))
+    assert cuda_libraries.tuned_on_gpu(store, (1, 2, 3), "9.19", tune) == (7, 4)  # another GPU

@@ -9,9 +9,6 @@ heuristic choice instead.
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -27,21 +24,10 @@ TUNE_FUNCTION = "collage_cublas.tune"
 
 def _algorithm(spec: specs.KernelSpec) -> tuple[int, ...]:
     """The fastest algorithm's words for ``spec`` on this GPU (timed once, then remembered), or () without a GPU."""
-    try:
-        gpu = cuda_libraries.first_gpu()
-    except cuda_libraries.CudaUnavailable:
-        return ()
     words = int(tvm.get_global_func("collage_cublas.algo_words")())
-    choices = ChoiceStore(library.cache_dir() / "algorithms.json", lambda value: isinstance(value, list) and len(value) == words)
-    key = hashlib.sha256(
-        np.array(spec.words, dtype=np.int64).tobytes() + f"{gpu.name}|{gpu.compute_capability}|{library.cublas_version()}".encode()
-    ).hexdigest()
-    chosen = choices.get(key)
-    if chosen is None:
-        blob = bytes(tvm.get_global_func(TUNE_FUNCTION)(specs.as_text(spec.array())))
-        chosen = np.frombuffer(blob, dtype=np.int64).tolist()
-        choices.put(key, chosen)
-    return tuple(chosen)
+    store = ChoiceStore(library.cache_dir() / "algorithms.json", lambda value: isinstance(value, list) and len(value) == words)
+    tune = tvm.get_global_func(TUNE_FUNCTION)
+    return cuda_libraries.tuned_on_gpu(store, spec.words, library.cublas_version(), lambda: tune(specs.as_text(spec.array())))
 
 
 def lower_function(func: relax.Function, name: str) -> relax.Function:

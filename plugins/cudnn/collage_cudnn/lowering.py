@@ -9,9 +9,6 @@ is no GPU, the runtime takes cuDNN's first heuristic choice instead.
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -31,20 +28,9 @@ def _is_plan(value) -> bool:
 
 def _plan(spec: specs.KernelSpec) -> tuple[int, ...]:
     """The fastest plan's engine and knobs for ``spec`` on this GPU (timed once, then remembered), or () without a GPU."""
-    try:
-        gpu = cuda_libraries.first_gpu()
-    except cuda_libraries.CudaUnavailable:
-        return ()
-    choices = ChoiceStore(library.cache_dir() / "plans.json", _is_plan)
-    key = hashlib.sha256(
-        np.array(spec.words, dtype=np.int64).tobytes() + f"{gpu.name}|{gpu.compute_capability}|{library.cudnn_version()}".encode()
-    ).hexdigest()
-    chosen = choices.get(key)
-    if chosen is None:
-        blob = bytes(tvm.get_global_func(TUNE_FUNCTION)(specs.as_text(spec.array())))
-        chosen = np.frombuffer(blob, dtype=np.int64).tolist()
-        choices.put(key, chosen)
-    return tuple(chosen)
+    store = ChoiceStore(library.cache_dir() / "plans.json", _is_plan)
+    tune = tvm.get_global_func(TUNE_FUNCTION)
+    return cuda_libraries.tuned_on_gpu(store, spec.words, library.cudnn_version(), lambda: tune(specs.as_text(spec.array())))
 
 
 def lower_function(func: relax.Function, name: str) -> relax.Function:
