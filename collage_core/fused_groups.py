@@ -107,6 +107,16 @@ def ints(values) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
+def padding4(values) -> tuple[int, int, int, int]:
+    """A 2-d operator's padding as (top, left, bottom, right) from Relax's 1, 2 or 4 numbers."""
+    values = ints(values)
+    if len(values) == 1:
+        return values * 4
+    if len(values) == 2:
+        return values * 2
+    return values
+
+
 def scalar(expr) -> Optional[float]:
     value = tvm_compat.constant_array(expr)
     return float(value.reshape(())) if value is not None and value.size == 1 else None

@@ -19,7 +19,7 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.fused_groups import (
-    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, read_epilogue, shape_of,
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, read_epilogue, shape_of,
     strided_operand,
 )
 
@@ -52,15 +52,6 @@ def _plain_strides(dims) -> list[int]:
     return [int(np.prod(dims[axis + 1 :])) for axis in range(len(dims))]
 
 
-def _padding(values) -> tuple[int, int, int, int]:
-    values = ints(values)
-    if len(values) == 1:
-        return values * 4
-    if len(values) == 2:
-        return values * 2
-    return values
-
-
 def _conv2d(group: Group, conv) -> KernelSpec:
     attributes = conv.attrs
     for name, wanted in (("data_layout", "NCHW"), ("kernel_layout", "OIHW"), ("out_layout", "NCHW")):
@@ -78,7 +69,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     if x_dims[1] % groups or w_dims[0] % groups or w_dims[1] * groups != x_dims[1]:
         raise Refused(f"conv2d with {groups} groups over {x_dims[1]} input channels")
     epilogue = read_epilogue(group, conv, w_dims[0], 3, FUSED)
-    top, left, bottom, right = _padding(attributes.padding)
+    top, left, bottom, right = padding4(attributes.padding)
     words = (
         SPEC_VERSION, CONV2D, 4, *x_dims, *_plain_strides(x_dims), *w_dims, *_plain_strides(w_dims), *y_dims,
         top, left, bottom, right, *ints(attributes.strides), *ints(attributes.dilation),
