@@ -17,10 +17,9 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
-from collage_core.candidates import enumerate_candidates
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.relax_graph import RelaxGraph
+from collage_core.testing import function_module, operand_arrays, whole_candidate
 from collage_cudnn import lowering, patterns, specs
 from cudnn_cases import case, case_ids, reference
 
@@ -37,24 +36,12 @@ def cuda():
     return tvm_compat.make_target({"kind": "cuda"}), tvm.cuda(0)
 
 
-def module(make, *shapes) -> tvm.IRModule:
-    params = [relax.Var(f"x{i}", relax.TensorType(shape, F)) for i, shape in enumerate(shapes)]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            output = bb.emit_output(make(bb, *params))
-        bb.emit_func_output(output)
-    return bb.get()
-
-
 @pytest.mark.parametrize("pattern_name, activation", case_ids(PATTERN_NAMES))
 def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name, activation):
     target, device = cuda
     make, shapes = case(pattern_name, activation)
-    mod = module(make, *shapes)
-    graph = RelaxGraph.from_function(mod["main"])
-    everything = frozenset(range(len(graph.graph)))
-    candidate = next(c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == f"cudnn.{pattern_name}" and frozenset(c.nodes) == everything)
+    mod = function_module(make, *shapes)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cudnn.{pattern_name}")
     placed = partition_module(graph, [candidate])
     lowered_text = str(lower_partitions(pm, placed, backends, target))
     assert lowering.RUN_FUNCTION in lowered_text  # the partition really runs on cuDNN
@@ -64,7 +51,6 @@ def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name, activa
     got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
     standalone = graph.standalone_module(candidate.nodes)["main"]
     spec = specs.recognize(Group.from_function(standalone))
-    by_name = {param.name: x for param, x in zip(mod["main"].params, inputs)}  # the cut-out function orders its own
-    operands = [tvm_compat.constant_array(o) if tvm_compat.is_constant(o) else by_name[o.name] for o in spec.operands]
+    operands = operand_arrays(spec.operands, mod["main"].params, inputs)  # the cut-out function orders its own
     expected = reference(spec.words, operands, device="cuda", dtype=torch.float32).reshape(got.shape)
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)

@@ -20,6 +20,7 @@ from collage_core.candidates import enumerate_candidates
 from collage_core.fused_groups import Group, Refused
 from collage_core.model_import import load_model
 from collage_core.relax_graph import RelaxGraph
+from collage_core.testing import function_module, operand_arrays, run_on_cpu, whole_candidate
 from collage_cudnn import patterns, specs
 from cudnn_cases import case, case_ids, reference
 
@@ -30,45 +31,30 @@ MODELS = Path(__file__).resolve().parents[3] / "models"
 RNG = np.random.default_rng(0)
 
 
-def _run_tvm(mod: tvm.IRModule, inputs):
-    executable = relax.build(mod, tvm_compat.host_cpu_target())
-    vm = relax.VirtualMachine(executable, tvm.cpu(0))
-    return tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, tvm.cpu(0)) for x in inputs]))
-
-
 def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
-    """The candidate's spec, emulated, equals TVM's CPU build of the same operators."""
+    """The candidate's spec, read back as cuDNN computes it, equals TVM's CPU build of the same operators."""
     standalone = graph.standalone_module(nodes)
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func))
     inputs = [RNG.uniform(-1, 1, size=tvm_compat.tensor_shape_dtype(p)[0]).astype(F) for p in func.params]
-    by_param = dict(zip(func.params, inputs))
-    operands = [by_param[o] if o in by_param else tvm_compat.constant_array(o) for o in spec.operands]
-    expected = _run_tvm(standalone, inputs)
-    got = reference(spec.words, operands).reshape(expected.shape)
+    expected = run_on_cpu(standalone, inputs)
+    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs)).reshape(expected.shape)
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
     return spec
 
 
 def module(make, *shapes) -> tvm.IRModule:
-    params = [relax.Var(f"x{i}", relax.TensorType(shape, F)) for i, shape in enumerate(shapes)]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            output = bb.emit_output(make(bb, *params))
-        bb.emit_func_output(output)
-    return bb.get()
+    return function_module(make, *shapes)
+
+
+def whole(mod, pattern_name):
+    return whole_candidate(mod, patterns.patterns(), f"cudnn.{pattern_name}")
 
 
 def const(*shape):
     return relax.const(RNG.uniform(-1, 1, size=shape).astype(F))
 
 
-def whole(mod, pattern_name):
-    graph = RelaxGraph.from_function(mod["main"])
-    everything = frozenset(range(len(graph.graph)))
-    found = [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == f"cudnn.{pattern_name}" and frozenset(c.nodes) == everything]
-    return graph, (found[0] if found else None)
 
 
 PATTERN_NAMES = sorted(p.name.split(".", 1)[1] for p in patterns.patterns())
