@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -19,6 +20,17 @@ TINY_RESNET = MODELS / "tiny_resnet.onnx"
 TINY_BERT = MODELS / "tiny_bert.onnx"
 
 
+def quick_turns(monkeypatch) -> None:
+    """The optimizer times the placement and its rivals in turns with one worker each for two short
+    rounds, not seven rounds of two workers each (about 20 s for two libraries, most of it starting
+    workers). For tests that check what the contest decides, not how long it times:
+    test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the defaults."""
+    from collage_core import in_turns, optimizer
+
+    quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1)
+    monkeypatch.setattr(optimizer, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     return tmp_path_factory.mktemp("optimize")
@@ -26,10 +38,12 @@ def workspace(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def optimized(workspace):
-    return collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "out",
-        show_progress=False,
-    )
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        quick_turns(monkeypatch)
+        return collage_core.optimize(
+            str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "out",
+            show_progress=False,
+        )
 
 
 def test_optimize_measures_searches_builds_and_verifies(optimized):
@@ -239,6 +253,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
             two_level=TwoLevelSettings(population=4, generations=2),
         )
 
+    quick_turns(monkeypatch)
     cold = run()
     builds = recorded_builds(monkeypatch)
     warm = run()
