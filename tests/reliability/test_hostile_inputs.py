@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from collage_core.cli import main
 from collage_core.placement_file import PlacementFileError, placement_from_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +154,20 @@ def _with(document: dict, **changes) -> dict:
     return changed
 
 
-def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path):
+def _replay_here(placement: Path, capfd) -> tuple[int, str]:
+    """What ``collage optimize --placement`` returns and writes to stderr, run by ``cli.main`` in this process."""
+    previous = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
+    try:
+        code = main(["optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return code, capfd.readouterr().err
+
+
+def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path, monkeypatch, capfd):
+    """Each file is refused by ``cli.main`` in this process (a new ``collage`` process takes about 3 s to
+    start); the last also by the ``collage`` command itself, for its exit status and whole stderr."""
+    monkeypatch.chdir(tmp_path)  # main() makes its default output directory here
     document = _placement_for_tiny_resnet()
     cases = {
         "other_version.json": (json.dumps(_with(document, version=7)), "placement version 7 is not supported (this Collage reads version 1)"),
@@ -163,7 +178,11 @@ def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path):
     for name, (text, message) in cases.items():
         path = tmp_path / name
         path.write_text(text)
-        run = _replay(path)
-        errors = [line for line in run.stderr.splitlines() if line.startswith("collage: error:")]
-        assert run.returncode == 1 and len(errors) == 1, run.stderr[-1000:]
-        assert f"{path}: {message}" in errors[0]
+        runs = [_replay_here(path, capfd)]
+        if name == "other_model.json":
+            run = _replay(path)
+            runs.append((run.returncode, run.stderr))
+        for code, stderr in runs:
+            errors = [line for line in stderr.splitlines() if line.startswith("collage: error:")]
+            assert code == 1 and len(errors) == 1, stderr[-1000:]
+            assert f"{path}: {message}" in errors[0]
