@@ -28,10 +28,9 @@ def _backends() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def optimized(tmp_path_factory):
-    work = tmp_path_factory.mktemp("mlf")
+def optimized(shared_cost_db):
     return collage_core.optimize(
-        str(MODEL), backends=_backends(), search="op-level", cost_db=work / "costs.sqlite", compare_backends=False,
+        str(MODEL), backends=_backends(), search="op-level", cost_db=shared_cost_db, compare_backends=False,
         calibration_rounds=0, show_progress=False,
     )
 

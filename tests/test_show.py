@@ -66,11 +66,11 @@ def small() -> Placement:
 
 
 @pytest.fixture(scope="module")
-def optimized(tmp_path_factory) -> Path:
+def optimized(tmp_path_factory, shared_cost_db) -> Path:
     """A real placement of the shipped ResNet on TVM, saved as ``collage optimize`` saves it."""
     workspace = tmp_path_factory.mktemp("show")
     collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "out",
+        str(TINY_RESNET), backends=["tvm"], cost_db=shared_cost_db, output_dir=workspace / "out",
         compare_backends=False, calibration_rounds=0, verify=False, show_progress=False,
     )
     return workspace / "out" / "placement.json"
