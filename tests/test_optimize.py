@@ -39,11 +39,19 @@ def workspace(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def optimized(workspace):
+def costs(shared_cost_db):
+    """The cost database this module's optimizations share: the session's (tests/conftest.py), so TVM's
+    and DNNL's candidates test_mlf measured in the same run are read, not measured again; run alone,
+    the module measures them itself. Tests of a cold database make their own."""
+    return shared_cost_db
+
+
+@pytest.fixture(scope="module")
+def optimized(workspace, costs):
     with pytest.MonkeyPatch.context() as monkeypatch:
         quick_turns(monkeypatch)
         return collage_core.optimize(
-            str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "out",
+            str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "out",
             show_progress=False,
         )
 
@@ -102,9 +110,9 @@ def test_library_runs_in_a_fresh_process(optimized, workspace):
     np.testing.assert_allclose(np.load(workspace / "o.npy"), optimized.run(*inputs)[0], rtol=1e-6, atol=1e-6)
 
 
-def test_cli_optimize_reuses_measured_costs(optimized, workspace):
+def test_cli_optimize_reuses_measured_costs(optimized, workspace, costs):
     result = subprocess.run(
-        [sys.executable, "-m", "collage_core.cli", "optimize", str(TINY_RESNET), "--cost-db", str(workspace / "costs.sqlite"),
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(TINY_RESNET), "--cost-db", str(costs),
          "--output", str(workspace / "cli"), "--no-compare", "--backends", "tvm"],
         capture_output=True, text=True, timeout=600,
     )
@@ -129,7 +137,7 @@ def test_cli_reports_a_missing_model_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [f"collage: error: {tmp_path / 'nope.onnx'}: no such file"]
 
 
-def test_optimize_torch_module_is_verified_against_pytorch(workspace):
+def test_optimize_torch_module_is_verified_against_pytorch(costs):
     torch = pytest.importorskip("torch")
 
     class Block(torch.nn.Module):
@@ -144,19 +152,19 @@ def test_optimize_torch_module_is_verified_against_pytorch(workspace):
 
     torch.manual_seed(0)
     result = collage_core.optimize(
-        Block(), example_inputs=(torch.randn(1, 3, 8, 8),), backends=["tvm"], cost_db=workspace / "costs.sqlite", show_progress=False,
+        Block(), example_inputs=(torch.randn(1, 3, 8, 8),), backends=["tvm"], cost_db=costs, show_progress=False,
         compare_backends=False,
     )
     assert result.verification.passed and result.verification.reference.startswith("pytorch")
 
 
-def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, workspace):
+def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, workspace, costs):
     """A limit no run can meet stops every baseline after its build; the placement itself is still timed
     (and a baseline that is the placement, here TVM alone, reuses its cost)."""
     from collage_core.timing import STOPPED_PREFIX
 
     limited = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "limited",
+        str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "limited",
         baseline_limit_s=1e-6, calibration_rounds=0, show_progress=False,
     )
     placement, *baselines = limited.end_to_end
@@ -166,23 +174,23 @@ def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, works
     assert all(not b.cost.is_measured and b.cost.reason.startswith(STOPPED_PREFIX) for b in stopped)
 
 
-def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace):
+def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, costs):
     from collage_core.timing import MeasureSettings
 
     once = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "once",
+        str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "once",
         settings=MeasureSettings(single_run_s=0.0), compare_backends=False, calibration_rounds=0, show_progress=False,
     )
     assert once.end_to_end[0].cost.repeats == 1 and once.end_to_end[0].cost.median_s > 0
 
 
-def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace):
+def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, costs):
     """Timed in turns, each in workers of its own; the result is the fastest of them, or the searched
     placement when none beat it by the margin."""
     from collage_core import optimizer
 
     result = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "turns",
+        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "turns",
         search="op-level", calibration_rounds=0, show_progress=False,
     )
     turns = {e.name: e for e in result.end_to_end if e.name.endswith(optimizer.IN_TURNS)}
@@ -209,7 +217,7 @@ def recorded_builds(monkeypatch) -> list:
     return builds
 
 
-def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, monkeypatch):
+def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, costs, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
     from collage_core import optimizer
@@ -222,7 +230,7 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
     monkeypatch.setattr(optimizer, "time_in_turns", last_rival_fastest)
     builds = recorded_builds(monkeypatch)
     result = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=workspace / "costs.sqlite", output_dir=workspace / "drift",
+        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "drift",
         search="op-level", calibration_rounds=0, show_progress=False,
     )
     names = [entry.name for entry in result.end_to_end]
@@ -248,19 +256,19 @@ def candidate_costs_only(source: Path, path: Path) -> None:
         copy.commit()
 
 
-def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(optimized, workspace, tmp_path, monkeypatch):
+def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(optimized, costs, tmp_path, monkeypatch):
     """The second run of the same command reads candidates, searched placements and baselines from the
     database: its search ends where the first one did, and it builds only its result (and the closest
     baselines, to time them in turns).
 
-    The first run starts with the TVM candidates' costs the module's first optimization measured (so
-    they are not measured again here: test_cli_optimize_reuses_measured_costs reads them back), and no
-    searched placements or baselines."""
+    The first run starts with the candidate costs of the module's database, where the optimized fixture
+    read or measured TVM's (so they are not measured again here: test_cli_optimize_reuses_measured_costs
+    reads them back), and no searched placements or baselines."""
     pytest.importorskip("onnxruntime")
     from collage_core import optimizer
     from collage_core.two_level import TwoLevelSettings
 
-    candidate_costs_only(workspace / "costs.sqlite", tmp_path / "costs.sqlite")
+    candidate_costs_only(costs, tmp_path / "costs.sqlite")
 
     def run():
         return collage_core.optimize(
