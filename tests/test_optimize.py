@@ -26,7 +26,7 @@ def quick_turns(monkeypatch) -> None:
     """The optimizer times the placement and its rivals in turns with one worker each for two short
     rounds, not seven rounds of two workers each (about 20 s for two libraries, most of it starting
     workers). For tests that check what the contest decides, not how long it times:
-    test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the defaults."""
+    test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the default rounds and bursts."""
     from collage_core import in_turns, optimizer
 
     quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1)
@@ -184,11 +184,15 @@ def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, cost
     assert once.end_to_end[0].cost.repeats == 1 and once.end_to_end[0].cost.median_s > 0
 
 
-def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, costs):
+def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, costs, monkeypatch):
     """Timed in turns, each in workers of its own; the result is the fastest of them, or the searched
     placement when none beat it by the margin."""
-    from collage_core import optimizer
+    from collage_core import in_turns, optimizer
 
+    # Default rounds and bursts, one worker per library, not two (two workers' runs are pooled in
+    # test_each_library_is_timed_in_turns_by_its_own_workers[2]): half the workers to start and turns to take.
+    one_worker = in_turns.TurnSettings(workers_per_library=1)
+    monkeypatch.setattr(optimizer, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=one_worker))
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "turns",
         search="op-level", calibration_rounds=0, show_progress=False,
