@@ -18,8 +18,8 @@ BACKEND = "cudnn"
 # a convolution alone, with a bias, or with a bias and ReLU (its fused conv-bias-activation
 # engine), and batched products. cuDNN has no float32 engine for a convolution with a residual
 # add, GELU or SiLU, nor for a product with a constant right operand and a bias, and such
-# products alone differed from PyTorch's by up to 1.7e-3 (TF32-like), so dense layers are left to cuBLAS. The recognizer reads
-# more (specs.py); these patterns offer only what runs exactly.
+# products alone differed from PyTorch's by up to 1.7e-3 (TF32-like), so dense layers are left
+# to cuBLAS. The recognizer reads more (specs.py); these patterns offer only what runs exactly.
 CONV2D_EPILOGUES = {
     "": lambda v: v,
     "_bias": bias_pattern,
