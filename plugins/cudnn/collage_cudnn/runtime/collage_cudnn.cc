@@ -39,6 +39,7 @@ namespace fe = cudnn_frontend;
 
 constexpr int64_t kSpecVersion = 1;
 constexpr int64_t kTunedPlans = 6;  // plans built and timed per graph at build time
+constexpr size_t kMessageChars = 240;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2 };
 enum Activation : int64_t { kNone = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4 };
 enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
@@ -47,8 +48,10 @@ enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
 
 void Check(fe::error_t status, const char* what) {
   if (!status.is_bad()) return;
-  std::string message = status.get_message();  // the frontend's messages span lines; a user reads one
+  // The frontend's messages span lines and list every engine it tried (kilobytes); a user reads one line.
+  std::string message = status.get_message();
   std::replace(message.begin(), message.end(), '\n', ' ');
+  if (message.size() > kMessageChars) message = message.substr(0, kMessageChars) + "...";
   Fail(std::string(what) + ": " + message);
 }
 
