@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from collage_core.optimizer import IN_TURNS
+from collage_core.baselines import IN_TURNS
 from collage_core.timing import STOPPED_PREFIX
 
 PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -20,6 +18,10 @@ import numpy as np
 
 from collage_core import tvm_compat
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends
+from collage_core.baselines import (
+    IN_TURNS, TURNS_MARGIN, baseline_file, closest_rivals, faster_baseline, op_groups, operators_by_backend,
+    searched_parts, single_backend_parts,
+)
 from collage_core.calibration import DEFAULT_ROUNDS, calibrate, signature
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase, default_cost_db_path
@@ -33,16 +35,15 @@ from collage_core.placement_file import Placement, load_placement
 from collage_core.plugins import disabled_plugin_names, get_plugin_manager
 from collage_core.progress import ProgressBar
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Candidate, Cost, Partition
-from collage_core.regions import OpGroup, decode, genome_key
+from collage_core.regions import decode, genome_key
 from collage_core.relax_graph import RelaxGraph
-from collage_core.search import search_op_level
+from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings, stopped, stopped_limit
 from collage_core.two_level import TwoLevelResult, TwoLevelSettings, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
 
 SEARCHED = "searched placement (measured slower, not returned)"
-PLACEMENT = "placement"
 OP_LEVEL_SEARCH = "op-level"
 TWO_LEVEL = "two-level"
 # How an end-to-end cost was measured; part of its database key, so a change of method re-measures.
@@ -58,112 +59,8 @@ CUTOFF_FACTOR = 1.5
 BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
 UNPARTITIONED = "unpartitioned relax.build"
-# Forces "this backend wherever it can" when a backend cannot cover the model alone.
-FALLBACK_PENALTY_S = 1e3
-# A baseline replaces the searched placement only when it measured this much faster: measurements
-# of one build in fresh processes drift by several percent between minutes on a shared machine.
-SWITCH_MARGIN = 0.05
-# The closest rivals among the baselines (the RIVALS fastest, by their costs measured one after
-# the other) are timed in turns with the searched placement; the fastest of them, by TURNS_MARGIN,
-# is the result. Measured one after the other, MobileNetV2's searched placement looked 1.5x faster
-# than ONNX Runtime alone; in turns the two were within 13% of each other. One rival is not enough:
-# ViT's closest by sequential numbers was DNNL with TVM (228 ms) while ONNX Runtime alone (289 ms)
-# was, in turns, the faster library. Nor may how far the sequential numbers lie apart rule a rival
-# out: at batch 8, on a loaded machine, MobileNetV2 on ONNX Runtime alone measured 153 ms one after
-# the other and 42 ms in turns, against the searched mix's 80 and 59 ms. The rivals depend on the
-# baselines' costs alone, not on the placement's, so a warm run times the same ones.
-RIVALS = 2
-TURNS_MARGIN = 0.02
-IN_TURNS = "timed in turns"
 # Part of a baseline's end-to-end database key: baselines are timed in full, never cut off.
 BASELINE_PROTOCOL = "baseline-2"
-
-
-def baseline_file(output_dir: os.PathLike, name: str) -> Path:
-    """Where ``optimize`` with ``output_dir`` keeps the placement of the baseline called ``name``
-    (``baselines/onnxruntime_alone.json``): replay it with ``placement=`` to build that baseline."""
-    return Path(output_dir) / "baselines" / (re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".json")
-
-
-@attrs.frozen
-class EndToEnd:
-    """The measured latency of one whole build: the chosen placement or a single-backend baseline."""
-
-    name: str
-    cost: Cost
-    operators_by_backend: dict = attrs.field(eq=False)
-
-
-@attrs.define
-class OptimizedModel:
-    """What ``optimize`` returns: the placement, a runnable build, and the measurements behind them."""
-
-    model: ImportedModel
-    placement: Placement
-    library_path: Path
-    target: Any = attrs.field(repr=False)
-    end_to_end: list[EndToEnd]
-    verification: Optional[Verification]
-    measurement: Optional[MeasurementReport]
-    candidates: int
-    search_s: float
-    partitioned_mod: Any = attrs.field(repr=False)
-    two_level: Optional[TwoLevelResult] = attrs.field(default=None, repr=False)
-    _vm: Any = attrs.field(default=None, repr=False)
-
-    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """Run the built placement in this process."""
-        import tvm
-        from tvm import relax
-
-        if self._vm is None:
-            device = tvm_compat.device_for(self.target)
-            self._vm = (relax.VirtualMachine(tvm.runtime.load_module(str(self.library_path)), device), device)
-        vm, device = self._vm
-        result = vm["main"](*[tvm_compat.to_tensor(np.asarray(a), device) for a in inputs])
-        return [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
-
-    def latency(self, name: str = PLACEMENT) -> Cost:
-        return next(e.cost for e in self.end_to_end if e.name == name)
-
-    def save(self, directory: os.PathLike) -> Path:
-        """Write ``placement.json``, the compiled library and the report table into ``directory``."""
-        from collage_core.report import render_report
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.placement.save(directory / "placement.json")
-        library = directory / f"{self.model.name}.so"
-        if self.library_path.resolve() != library.resolve():
-            shutil.copyfile(self.library_path, library)
-            shutil.copyfile(runtime_file(self.library_path), runtime_file(library))
-        (directory / "report.txt").write_text(render_report(self) + "\n")
-        (directory / "results.json").write_text(json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
-        return directory
-
-    def results_json(self) -> dict:
-        """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
-        measurement = self.measurement
-        return {
-            "model": self.model.name,
-            "search": self.placement.search,
-            "end_to_end": [
-                {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}
-                for row in self.end_to_end
-            ],
-            "candidates": self.candidates,
-            "measurement": None if measurement is None else {
-                "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,
-                "invalid": measurement.invalid, "seconds": measurement.seconds,
-            },
-            "two_level": None if self.two_level is None else {
-                "generations": self.two_level.generations, "measured": self.two_level.measured,
-                "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
-                "seconds": self.two_level.seconds,
-            },
-            "search_s": self.search_s,
-            "numerics": None if self.verification is None else attrs.asdict(self.verification),
-        }
 
 
 def optimize(
@@ -248,7 +145,7 @@ def optimize(
     say("building the placement and measuring it end to end")
     built = job.build(parts, library)
     verification = verified(built)
-    results = [EndToEnd(PLACEMENT, built.cost, _operators_by_backend(parts))]
+    results = [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))]
     if compare_backends:
         # A replayed placement measures its baselines afresh: replaying reads no cost database.
         opened = (CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) if placement is None
@@ -261,16 +158,16 @@ def optimize(
             for entry, baseline_parts in baselines:
                 if baseline_parts is not None:
                     job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
-        faster, rivals = None, _rivals(baselines, parts, built.cost, settings)
+        faster, rivals = None, closest_rivals(baselines, parts, built.cost, settings)
         contest = job.contest(library, rivals) if rivals else None
         if contest is not None:
-            results.append(EndToEnd(f"{PLACEMENT}, {IN_TURNS}", contest.turns[PLACEMENT], _operators_by_backend(parts)))
-            results += [EndToEnd(f"{entry.name}, {IN_TURNS}", contest.turns[entry.name], _operators_by_backend(rival_parts))
+            results.append(EndToEnd(f"{PLACEMENT}, {IN_TURNS}", contest.turns[PLACEMENT], operators_by_backend(parts)))
+            results += [EndToEnd(f"{entry.name}, {IN_TURNS}", contest.turns[entry.name], operators_by_backend(rival_parts))
                         for entry, rival_parts in rivals]
             if contest.winner is not None:
                 faster, built = rivals[contest.winner], contest.winner_build
         else:
-            faster = _faster_baseline(baselines, built.cost)
+            faster = faster_baseline(baselines, built.cost)
             if faster is not None:
                 built = job.build(faster[1], library)
         if faster is not None:
@@ -280,7 +177,7 @@ def optimize(
             chosen_placement = job.placement(parts, search, candidates, measurement.costs if measurement else None)
             verification = verified(built)
             results[0] = attrs.evolve(results[0], name=SEARCHED)
-            results.insert(0, EndToEnd(PLACEMENT, built.cost, _operators_by_backend(parts)))
+            results.insert(0, EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts)))
     optimized = OptimizedModel(
         imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
         built.partitioned, two_level_result,
@@ -348,12 +245,12 @@ class _Job:
         if not op_level:
             raise CollageError("no op-level backend selected: one (such as tvm) must cover what graph-level backends do not")
         started = time.perf_counter()
-        parts = _searched_parts(self.graph, op_level, costs)
+        parts = searched_parts(self.graph, op_level, costs)
         self.say(f"op-level search: {len(parts)} partitions in {time.perf_counter() - started:.2f} s")
         return parts
 
     def two_level_search(self, op_level_parts, candidates, db, settings: TwoLevelSettings) -> TwoLevelResult:
-        groups = _op_groups(op_level_parts, candidates, self.backends)
+        groups = op_groups(op_level_parts, candidates, self.backends)
         movable = sum(1 for g in groups if g.choices)
         self.say(f"two-level search: {len(groups)} op groups, {movable} of them can go to a graph-level backend")
         # Each placement is measured in a fresh worker: ONNX Runtime in a process where TVM kernels
@@ -396,7 +293,7 @@ class _Job:
             baseline
             for info in self.chosen
             if info.backend.kind == OP_LEVEL
-            for baseline in [_baseline_parts(self.graph, op_level, costs, info.name, self.backends)]
+            for baseline in [single_backend_parts(self.graph, op_level, costs, info.name, self.backends)]
             if baseline is not None
         ]
         evaluate = self.end_to_end_evaluator(db)
@@ -483,7 +380,7 @@ class _Job:
         built: list[tuple[str, list]] = []
         if two_level_result is not None:
             built.append(("op-level placement", op_level_parts))
-            groups = _op_groups(op_level_parts, candidates, self.backends)
+            groups = op_groups(op_level_parts, candidates, self.backends)
             for genome in seed_genomes(groups)[1:]:
                 backend = next(g.choices[v - 1] for g, v in zip(groups, genome) if v)
                 covers = all(v for g, v in zip(groups, genome))
@@ -493,7 +390,7 @@ class _Job:
             for info in self.chosen:
                 if info.backend.kind != OP_LEVEL:
                     continue
-                baseline = _baseline_parts(self.graph, candidates, measurement.costs, info.name, self.backends)
+                baseline = single_backend_parts(self.graph, candidates, measurement.costs, info.name, self.backends)
                 if baseline is not None:
                     built.append(baseline)
         results = [(EndToEnd(UNPARTITIONED, self._baseline_cost(UNPARTITIONED, None, limit_s, db),
@@ -503,7 +400,7 @@ class _Job:
             baseline_signature = signature(baseline_parts)
             if baseline_signature not in measured:
                 measured[baseline_signature] = self._baseline_cost(name, baseline_parts, limit_s, db)
-            results.append((EndToEnd(name, measured[baseline_signature], _operators_by_backend(baseline_parts)),
+            results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
                             baseline_parts))
         return results
 
@@ -651,81 +548,15 @@ def _serves(info: BackendInfo, target) -> bool:
     return kind in info.backend.device_kinds
 
 
-def _op_groups(op_level_parts, candidates, backends) -> list[OpGroup]:
-    """Each op-level partition, with the graph-level backends that support all its operators."""
-    supported: dict[str, set[int]] = {}
-    for candidate in candidates:
-        if backends[candidate.backend].kind == GRAPH_LEVEL and len(candidate.nodes) == 1:
-            supported.setdefault(candidate.backend, set()).update(candidate.nodes)
-    return [
-        OpGroup(part, tuple(sorted(b for b, nodes in supported.items() if set(part.nodes) <= nodes)))
-        for part in op_level_parts
-    ]
-
-
 def _all_candidates(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target) -> list[Candidate]:
     patterns = [pattern for info in chosen for pattern in contribute_patterns(pm, info.backend, target)]
     return enumerate_candidates(graph, patterns)
-
-
-def _searched_parts(graph, candidates, costs) -> list[Partition]:
-    chosen = search_op_level(graph.graph, candidates, costs)
-    return [Partition.from_candidate(candidate, costs[candidate.key]) for candidate in chosen]
 
 
 def _run_limits(run_limit_s: float) -> dict:
     """The worker's stage limits for runs judged by ``run_limit_s``: the first run after the build
     pays one-time setup, so it may take SETUP_GRACE_S longer; the run after it gets ``run_limit_s``."""
     return {"built": run_limit_s + SETUP_GRACE_S, "set up": run_limit_s}
-
-
-def _rivals(baselines, parts, placement_cost: Cost, settings: MeasureSettings) -> list:
-    """The RIVALS fastest measured baselines that can be rebuilt and are not the placement itself,
-    one per distinct placement, leaving out any whose one run takes longer than
-    ``settings.single_run_s`` (too slow to repeat); none if the placement's run is that slow."""
-    if not placement_cost.is_measured or placement_cost.seconds > settings.single_run_s:
-        return []
-    seen = {signature(parts)}
-    rivals = []
-    for entry, rival_parts in sorted(baselines, key=lambda pair: pair[0].cost.seconds if pair[0].cost.is_measured else math.inf):
-        if rival_parts is None or not entry.cost.is_measured or entry.cost.seconds > settings.single_run_s:
-            continue
-        if signature(rival_parts) not in seen:
-            seen.add(signature(rival_parts))
-            rivals.append((entry, rival_parts))
-    return rivals[:RIVALS]
-
-
-def _faster_baseline(baselines, placement_cost: Cost):
-    """The fastest measured baseline that can be rebuilt, if it measured faster than the placement
-    by more than SWITCH_MARGIN."""
-    rebuildable = [(entry, parts) for entry, parts in baselines if parts is not None and entry.cost.is_measured]
-    if not rebuildable:
-        return None
-    entry, parts = min(rebuildable, key=lambda pair: pair[0].cost.seconds)
-    return (entry, parts) if entry.cost.seconds < placement_cost.seconds * (1 - SWITCH_MARGIN) else None
-
-
-def _baseline_parts(graph, candidates, costs, backend: str, backends):
-    """The single-backend baseline: ``backend`` alone, or wherever it can with a covering backend for the rest."""
-    own = [c for c in candidates if c.backend == backend]
-    try:
-        return f"{backend} alone", _searched_parts(graph, own, costs)
-    except CollageError:
-        pass
-    for other in sorted({c.backend for c in candidates if backends[c.backend].kind == OP_LEVEL} - {backend}):
-        others = [c for c in candidates if c.backend == other]
-        try:
-            _searched_parts(graph, others, costs)
-        except CollageError:
-            continue
-        penalized = dict(costs)
-        for c in others:
-            if costs[c.key].is_measured:
-                penalized[c.key] = Cost.measured(costs[c.key].median_s + FALLBACK_PENALTY_S * len(c.nodes), 0.0, 1)
-        chosen = search_op_level(graph.graph, own + others, penalized)
-        return f"{backend} + {other} for the rest", [Partition.from_candidate(c, costs[c.key]) for c in chosen]
-    return None
 
 
 def _describe_cost(cost: Cost) -> str:
@@ -735,8 +566,3 @@ def _describe_cost(cost: Cost) -> str:
     return f"{cost.median_s * 1e3:.3f} ms{cut}"
 
 
-def _operators_by_backend(parts) -> dict:
-    counts: dict = {}
-    for part in parts:
-        counts[part.backend] = counts.get(part.backend, 0) + len(part.nodes)
-    return counts

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from collage_core import tvm_compat
+from collage_core.baselines import RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
+from collage_core.result import EndToEnd
 
 import collage_core
 from collage_core.placement_file import PlacementFileError
@@ -198,11 +200,11 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
         search="op-level", calibration_rounds=0, show_progress=False,
     )
     turns = {e.name: e for e in result.end_to_end if e.name.endswith(optimizer.IN_TURNS)}
-    assert 2 <= len(turns) <= 1 + optimizer.RIVALS and all(e.cost.repeats >= 7 for e in turns.values())
+    assert 2 <= len(turns) <= 1 + RIVALS and all(e.cost.repeats >= 7 for e in turns.values())
     placement = turns.pop(f"{optimizer.PLACEMENT}, {optimizer.IN_TURNS}")
     fastest = min(turns.values(), key=lambda e: e.cost.seconds)
     swapped = result.end_to_end[1].name == optimizer.SEARCHED
-    assert swapped == (fastest.cost.seconds < placement.cost.seconds * (1 - optimizer.TURNS_MARGIN))
+    assert swapped == (fastest.cost.seconds < placement.cost.seconds * (1 - TURNS_MARGIN))
     assert result.end_to_end[0].operators_by_backend == (fastest if swapped else placement).operators_by_backend
     assert not (workspace / "turns" / "rivals").exists()
 
@@ -288,7 +290,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     # The result's library and the closest baselines', to time them in turns: nothing else is built.
     library = tmp_path / "out" / f"{warm.model.name}.so"
     rivals = [build for build in builds if build is not None and build.parent.parent.name == "rivals"]
-    assert builds == [library, *rivals] and len(rivals) <= optimizer.RIVALS
+    assert builds == [library, *rivals] and len(rivals) <= RIVALS
     assert warm.measurement.measured == 0
     assert cold.two_level.from_database == 0 and warm.two_level.from_database == warm.two_level.measured > 0
     assert (warm.two_level.genome, warm.two_level.generations) == (cold.two_level.genome, cold.two_level.generations)
@@ -306,7 +308,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     # Each baseline's placement is kept beside the result, and replays into that baseline's build.
     alone = [e for e in cold.end_to_end if e.name == "onnxruntime alone"][0]
     replayed = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "onnxruntime"], placement=optimizer.baseline_file(tmp_path / "out", alone.name),
+        str(TINY_RESNET), backends=["tvm", "onnxruntime"], placement=baseline_file(tmp_path / "out", alone.name),
         compare_backends=False, show_progress=False,
     )
     assert replayed.end_to_end[0].operators_by_backend == alone.operators_by_backend == {"onnxruntime": 45}
@@ -317,7 +319,6 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
     """One rival per distinct placement, never the placement itself or TVM's unpartitioned build, none
     unmeasured or too slow to repeat, at most RIVALS of them, fastest first; however much slower
     than the placement they measured one after the other, and whatever the placement measured."""
-    from collage_core import optimizer
     from collage_core.records import Cost, Partition
     from collage_core.timing import MeasureSettings
 
@@ -326,19 +327,19 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
 
     def row(name, seconds, backend):
         cost = Cost.measured(seconds, 0.0, 5) if seconds else Cost.invalid("failed")
-        return optimizer.EndToEnd(name, cost, {}), None if backend is None else parts(backend)
+        return EndToEnd(name, cost, {}), None if backend is None else parts(backend)
 
     settings = MeasureSettings()
     placed = parts("a")
     baselines = [row("unpartitioned", 1e-3, None), row("same as placed", 5e-3, "a"),
                  row("too slow to repeat", settings.single_run_s * 1.5, "f"), row("second", 0.12, "c"),
                  row("first", 0.11, "b"), row("first again", 0.115, "b"), row("broken", None, "e"), row("third", 0.13, "d")]
-    expected = ["first", "second", "third"][:optimizer.RIVALS]
+    expected = ["first", "second", "third"][:RIVALS]
     for placement_s in (0.01, 0.2):
-        rivals = optimizer._rivals(baselines, placed, Cost.measured(placement_s, 0.0, 5), settings)
+        rivals = closest_rivals(baselines, placed, Cost.measured(placement_s, 0.0, 5), settings)
         assert [entry.name for entry, _ in rivals] == expected
     slow = Cost.measured(settings.single_run_s * 2, 0.0, 1)
-    assert optimizer._rivals(baselines, placed, slow, settings) == []
+    assert closest_rivals(baselines, placed, slow, settings) == []
 
 
 @pytest.mark.parametrize("workers", [1, 2])

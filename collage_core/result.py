@@ -1,0 +1,104 @@
+"""What ``optimize`` returns: the placement, a runnable build, and the measurements behind them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+from collage_core.deploy import runtime_file
+from collage_core.measure import MeasurementReport
+from collage_core.model_import import ImportedModel
+from collage_core.placement_file import Placement
+from collage_core.records import Cost
+from collage_core.two_level import TwoLevelResult
+from collage_core.verify import Verification
+
+PLACEMENT = "placement"
+
+
+@attrs.frozen
+class EndToEnd:
+    """The measured latency of one whole build: the chosen placement or a single-backend baseline."""
+
+    name: str
+    cost: Cost
+    operators_by_backend: dict = attrs.field(eq=False)
+
+
+@attrs.define
+class OptimizedModel:
+    """What ``optimize`` returns: the placement, a runnable build, and the measurements behind them."""
+
+    model: ImportedModel
+    placement: Placement
+    library_path: Path
+    target: Any = attrs.field(repr=False)
+    end_to_end: list[EndToEnd]
+    verification: Optional[Verification]
+    measurement: Optional[MeasurementReport]
+    candidates: int
+    search_s: float
+    partitioned_mod: Any = attrs.field(repr=False)
+    two_level: Optional[TwoLevelResult] = attrs.field(default=None, repr=False)
+    _vm: Any = attrs.field(default=None, repr=False)
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Run the built placement in this process."""
+        import tvm
+        from tvm import relax
+
+        if self._vm is None:
+            device = tvm_compat.device_for(self.target)
+            self._vm = (relax.VirtualMachine(tvm.runtime.load_module(str(self.library_path)), device), device)
+        vm, device = self._vm
+        result = vm["main"](*[tvm_compat.to_tensor(np.asarray(a), device) for a in inputs])
+        return [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
+
+    def latency(self, name: str = PLACEMENT) -> Cost:
+        return next(e.cost for e in self.end_to_end if e.name == name)
+
+    def save(self, directory: os.PathLike) -> Path:
+        """Write ``placement.json``, the compiled library and the report table into ``directory``."""
+        from collage_core.report import render_report
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.placement.save(directory / "placement.json")
+        library = directory / f"{self.model.name}.so"
+        if self.library_path.resolve() != library.resolve():
+            shutil.copyfile(self.library_path, library)
+            shutil.copyfile(runtime_file(self.library_path), runtime_file(library))
+        (directory / "report.txt").write_text(render_report(self) + "\n")
+        (directory / "results.json").write_text(json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        return directory
+
+    def results_json(self) -> dict:
+        """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
+        measurement = self.measurement
+        return {
+            "model": self.model.name,
+            "search": self.placement.search,
+            "end_to_end": [
+                {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}
+                for row in self.end_to_end
+            ],
+            "candidates": self.candidates,
+            "measurement": None if measurement is None else {
+                "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,
+                "invalid": measurement.invalid, "seconds": measurement.seconds,
+            },
+            "two_level": None if self.two_level is None else {
+                "generations": self.two_level.generations, "measured": self.two_level.measured,
+                "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
+                "seconds": self.two_level.seconds,
+            },
+            "search_s": self.search_s,
+            "numerics": None if self.verification is None else attrs.asdict(self.verification),
+        }
