@@ -13,7 +13,7 @@ _PUBLIC = {
     "CollageError": "collage_core.errors",
     "Cost": "collage_core.records",
     "MeasureSettings": "collage_core.timing",
-    "OptimizedModel": "collage_core.optimizer",
+    "OptimizedModel": "collage_core.result",
     "Partition": "collage_core.records",
     "Pattern": "collage_core.records",
     "PatternMatch": "collage_core.records",
