@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collage_core.baselines import IN_TURNS
+
 
 def _ms(cost) -> str:
     return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}" if cost.is_measured else f"invalid: {cost.reason}"
@@ -13,6 +15,18 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     lines.append("  ".join("-" * width for width in widths))
     lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in rows]
     return "\n".join(lines)
+
+
+def _best_other_build(entry, entries):
+    """The fastest measured latency of a different build (another mix of backends) timed the same way
+    as ``entry`` (in turns, or one after the other), or None: a library is not compared with itself."""
+    in_turns = entry.name.endswith(IN_TURNS)
+    return min(
+        (other.cost.median_s for other in entries
+         if other.cost.is_measured and other.name.endswith(IN_TURNS) == in_turns
+         and other.operators_by_backend != entry.operators_by_backend),
+        default=None,
+    )
 
 
 def render_report(optimized) -> str:
@@ -35,17 +49,13 @@ def render_report(optimized) -> str:
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
         "",
     ]
-    best_baseline = min(
-        (e.cost.median_s for e in optimized.end_to_end[1:] if e.cost.is_measured), default=None
-    )
     e2e_rows = []
     for entry in optimized.end_to_end:
-        ratio = "-"
-        if best_baseline and entry.cost.is_measured:
-            ratio = f"{entry.cost.median_s / best_baseline:.3f}"
+        best_other = _best_other_build(entry, optimized.end_to_end)
+        ratio = f"{entry.cost.median_s / best_other:.3f}" if best_other and entry.cost.is_measured else "-"
         mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
         e2e_rows.append([entry.name, _ms(entry.cost), ratio, mix])
-    sections.append(format_table(["end to end", "median latency", "vs best other", "operators"], e2e_rows))
+    sections.append(format_table(["end to end", "median latency", "vs best other build", "operators"], e2e_rows))
     if optimized.measurement is not None:
         m = optimized.measurement
         sections.append(

@@ -1,0 +1,31 @@
+"""The result table: each end-to-end row against the fastest other build timed the same way."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from collage_core.records import Cost
+from collage_core.report import render_report
+from collage_core.result import EndToEnd
+
+
+def _row(text: str, name: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(name + "  "))
+    return line[len(name):].split()
+
+
+def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_itself():
+    mix, alone = {"cublas": 240, "tvm": 175}, {"tvm": 415}
+    entries = [
+        EndToEnd("placement", Cost.measured(1.8e-3, 1e-6, 5), mix),
+        EndToEnd("tvm alone", Cost.measured(5.4e-3, 1e-6, 5), alone),
+        EndToEnd("cublas + tvm for the rest", Cost.measured(1.7e-3, 1e-6, 5), mix),  # the same library as the placement
+        EndToEnd("placement, timed in turns", Cost.measured(2.0e-3, 1e-4, 99), mix),
+        EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-4, 99), alone),
+    ]
+    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level")
+    text = render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None, verification=None))
+    assert "vs best other build" in text
+    assert _row(text, "placement")[3] == "0.333"  # 1.8 against tvm alone's 5.4, not against its own 1.7
+    assert _row(text, "tvm alone")[3] == "3.176"  # 5.4 against the mix's fastest, 1.7
+    assert _row(text, "placement, timed in turns")[3] == "0.500"  # in turns against in turns: 2.0 / 4.0
