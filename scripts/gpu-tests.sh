@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/tvm -e plugins/cublas -e plugins/cudnn
 python3 -m pip install -q --no-deps --no-build-isolation -e plugins/onnxruntime -e plugins/dnnl 2>/dev/null || true
-collage backends
+python3 -m collage_core backends
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider plugins/cublas/tests plugins/cudnn/tests tests/test_gpu_placements.py "$@"
