@@ -13,54 +13,39 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from peers_report import raw_file
+from collage_core.baselines import IN_TURNS
+from peers_report import cost_row, load_raw, operators_text, ratio_text, seconds_of
 
 GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)")
 SINGLE_PREFIXES = ("tvm alone", "cublas", "cudnn", "unpartitioned relax.build")
 MACHINE_FILE = "machine.json"
-IN_TURNS_SUFFIX = ", timed in turns"
-
-
-def _load(path: Path) -> Optional[dict]:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _seconds(row: Optional[dict]) -> Optional[float]:
-    if not row or "error" in row:
-        return None
-    cost = row.get("cost", row)
-    return cost.get("median_s") if cost.get("kind", "measured") == "measured" else None
 
 
 def _ms(seconds: Optional[float]) -> str:
     return "" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
-def _ratio(numerator: Optional[float], denominator: Optional[float]) -> str:
-    return "" if numerator is None or not denominator else f"{numerator / denominator:.2f}"
-
-
-def _operators(row: dict) -> str:
-    counts = row.get("operators_by_backend") or {}
-    return ", ".join(f"{backend} {count}" for backend, count in sorted(counts.items(), key=lambda item: -item[1]))
+def _cost_seconds(row: Optional[dict]) -> Optional[float]:
+    """The latency of a results.json end-to-end row, or None when it was not measured."""
+    return None if row is None else seconds_of(cost_row(row["cost"]))
 
 
 def model_rows(directory: Path) -> Optional[dict]:
     """Latencies (seconds) of every contender measured for one model, with Collage's rows as its cold run wrote them."""
-    cold = _load(raw_file(directory, "collage cold"))
-    peers = {peer: _seconds(_load(raw_file(directory, peer))) for peer in GPU_PEERS}
+    cold = load_raw(directory, "collage cold")
+    peers = {peer: seconds_of(load_raw(directory, peer)) for peer in GPU_PEERS}
     if cold is None and not any(peers.values()):
         return None
     end_to_end = {row["name"]: row for row in (cold or {}).get("end_to_end", [])}
-    singles = {name: _seconds(row) for name, row in end_to_end.items()
-               if name.startswith(SINGLE_PREFIXES) and not name.endswith(IN_TURNS_SUFFIX)}
-    returned = end_to_end.get("placement", {})
-    per_call = next((_seconds(row) for name, row in end_to_end.items() if name.endswith(IN_TURNS_SUFFIX)
-                     and row.get("operators_by_backend") == returned.get("operators_by_backend")), None)
+    singles = {name: _cost_seconds(row) for name, row in end_to_end.items()
+               if name.startswith(SINGLE_PREFIXES) and not name.endswith(IN_TURNS)}
+    returned = end_to_end.get("placement")
+    per_call = next((_cost_seconds(row) for name, row in end_to_end.items() if name.endswith(IN_TURNS)
+                     and row.get("operators_by_backend") == (returned or {}).get("operators_by_backend")), None)
     return {
-        "collage": _seconds(returned),
+        "collage": _cost_seconds(returned),
         "per_call": per_call,
-        "operators": _operators(end_to_end.get("placement", {})),
+        "operators": operators_text((returned or {}).get("operators_by_backend") or {}),
         "singles": singles,
         "peers": peers,
         "error": (cold or {}).get("error"),
@@ -77,7 +62,8 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
     models = [(d.name, rows) for d in directories for rows in [model_rows(d)] if rows]
     if not models:
         return
-    machine = _load(raw_root / MACHINE_FILE) or {}
+    machine_file = raw_root / MACHINE_FILE
+    machine = json.loads(machine_file.read_text()) if machine_file.exists() else {}
     lines = [
         "", "# On an NVIDIA GPU", "",
         f"Command: `python benchmarks/peers.py --device cuda` (raw results in `benchmarks/raw-cuda/`). "
@@ -106,8 +92,8 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
         lines.append(
             f"| {name} | {_ms(collage) or rows['error'] or ''} | {_ms(rows['per_call'])} | {rows['operators']} | "
             f"{best} | "
-            f"{_ratio(collage, measured.get(best_name))} | {_ms(eager)} | {_ms(compiled)} | {_ratio(against_peers, eager)} | "
-            f"{_ratio(against_peers, compiled)} | {numerics} | {search} | {rows['commit']} |"
+            f"{ratio_text(collage, measured.get(best_name))} | {_ms(eager)} | {_ms(compiled)} | {ratio_text(against_peers, eager)} | "
+            f"{ratio_text(against_peers, compiled)} | {numerics} | {search} | {rows['commit']} |"
         )
     notes = [f"- {name}: {rows['note_detail']}." for name, rows in models if rows["note_detail"]]
     if notes:

@@ -50,12 +50,12 @@ def single_backend_row(end_to_end_name: str) -> Optional[str]:
     return end_to_end_name if end_to_end_name in SINGLE_BACKENDS else None
 
 
-def _load(directory: Path, config: str) -> Optional[dict]:
+def load_raw(directory: Path, config: str) -> Optional[dict]:
     path = raw_file(directory, config)
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _cost_row(cost: dict) -> dict:
+def cost_row(cost: dict) -> dict:
     if cost["kind"] != "measured":
         return {"error": cost.get("reason") or cost["kind"]}
     return {"median_s": cost["median_s"], "spread_s": cost["spread_s"], "repeats": cost["repeats"]}
@@ -65,26 +65,26 @@ def model_rows(directory: Path) -> dict[str, dict]:
     """One model's table rows: name -> {median_s, spread_s, repeats} or {error}."""
     rows: dict[str, dict] = {}
     for peer in PEERS:
-        result = _load(directory, peer)
+        result = load_raw(directory, peer)
         if result is not None:
             rows[peer] = result
-    cold = _load(directory, "collage cold")
+    cold = load_raw(directory, "collage cold")
     if cold is not None and "error" in cold:
         rows[COLLAGE] = cold
     for entry in (cold or {}).get("end_to_end", []):
         name = COLLAGE_ROWS.get(entry["name"]) or single_backend_row(entry["name"])
         if name:
-            rows[name] = _cost_row(entry["cost"])
-    torch_input = _load(directory, "collage torch input")
+            rows[name] = cost_row(entry["cost"])
+    torch_input = load_raw(directory, "collage torch input")
     if torch_input is not None:
         placement = next((e["cost"] for e in torch_input.get("end_to_end", []) if e["name"] == "placement"), None)
-        rows[TORCH_INPUT] = torch_input if placement is None else _cost_row(placement)
+        rows[TORCH_INPUT] = torch_input if placement is None else cost_row(placement)
     return rows
 
 
 def interleaved_rows(directory: Path) -> dict[str, dict]:
     """The contenders timed in turns (``interleaved.py``): peer name, COLLAGE or SINGLE_IN_TURNS -> row."""
-    data = _load(directory, "interleaved") or {}
+    data = load_raw(directory, "interleaved") or {}
     names = {"collage library": COLLAGE, "best single backend library": SINGLE_IN_TURNS}
     return {names.get(kind, kind): row for kind, row in data.get("contenders", {}).items()}
 
@@ -92,11 +92,11 @@ def interleaved_rows(directory: Path) -> dict[str, dict]:
 def best_single_in_turns(directory: Path, collage_s: Optional[float]) -> tuple[Optional[str], Optional[float]]:
     """The best single backend and Collage's ratio to it, both timed in turns: its library was one
     of the contenders, or it is Collage's own placement (ratio 1). (None, None) if neither."""
-    data = _load(directory, "interleaved") or {}
+    data = load_raw(directory, "interleaved") or {}
     name = data.get("single")
     if not name or collage_s is None:
         return None, None
-    timed = _seconds(data.get("contenders", {}).get("best single backend library"))
+    timed = seconds_of(data.get("contenders", {}).get("best single backend library"))
     if timed is not None:
         return single_backend_row(name), collage_s / timed
     if "best single backend library" not in data.get("contenders", {}):
@@ -104,14 +104,14 @@ def best_single_in_turns(directory: Path, collage_s: Optional[float]) -> tuple[O
     return None, None
 
 
-def _seconds(row: Optional[dict]) -> Optional[float]:
+def seconds_of(row: Optional[dict]) -> Optional[float]:
     if row is None or "error" in row or row.get("median_s") is None:
         return None
     return row["median_s"]
 
 
 def _best(rows: dict, names) -> tuple[Optional[str], Optional[float]]:
-    measured = [(_seconds(rows.get(n)), n) for n in names if _seconds(rows.get(n)) is not None]
+    measured = [(seconds_of(rows.get(n)), n) for n in names if seconds_of(rows.get(n)) is not None]
     if not measured:
         return None, None
     seconds, name = min(measured)
@@ -133,7 +133,7 @@ def _div(seconds: Optional[float], reference: Optional[float]) -> Optional[float
     return None if seconds is None or reference is None else seconds / reference
 
 
-def _ratio(seconds: Optional[float], reference: Optional[float]) -> str:
+def ratio_text(seconds: Optional[float], reference: Optional[float]) -> str:
     return "" if seconds is None or reference is None else f"{seconds / reference:.2f}"
 
 
@@ -177,12 +177,16 @@ def explanation(directory: Path) -> Optional[str]:
 
 def _operators_by_backend(directory: Path, config: str = "collage cold") -> str:
     """The placement a ``collage optimize`` run returned, as operators per backend."""
-    run = _load(directory, config) or {}
+    run = load_raw(directory, config) or {}
     placement = next((e for e in run.get("end_to_end", []) if e["name"] == "placement"), None)
     if placement is None:
         return ""
-    counts = sorted(placement["operators_by_backend"].items(), key=lambda item: -item[1])
-    return ", ".join(f"{backend} {count}" for backend, count in counts)
+    return operators_text(placement["operators_by_backend"])
+
+
+def operators_text(counts: dict) -> str:
+    """Operators by backend, most first: ``cublas 240, tvm 175``."""
+    return ", ".join(f"{backend} {count}" for backend, count in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def _from_database(two_level: dict) -> str:
@@ -192,7 +196,7 @@ def _from_database(two_level: dict) -> str:
 
 
 def _search_line(directory: Path, config: str) -> Optional[str]:
-    data = _load(directory, config)
+    data = load_raw(directory, config)
     if data is None:
         return None
     if "error" in data:
@@ -217,7 +221,7 @@ def _search_line(directory: Path, config: str) -> Optional[str]:
 def _commit(directory: Path, config: str) -> str:
     """The commit of the Collage code that ran ``config`` (rows measured at different commits stay
     told apart), or "" where the raw file does not say."""
-    data = _load(directory, config) or {}
+    data = load_raw(directory, config) or {}
     return f"`{data['commit']}`" if data.get("commit") else ""
 
 
@@ -227,14 +231,14 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
     summary, details, ratios = [], [], {"ort": [], "peer": [], "single": []}
     for directory in directories:
         rows, turns = model_rows(directory), interleaved_rows(directory)
-        head = turns if _seconds(turns.get(COLLAGE)) is not None else rows  # timed in turns where measured
-        collage = _seconds(head.get(COLLAGE))
+        head = turns if seconds_of(turns.get(COLLAGE)) is not None else rows  # timed in turns where measured
+        collage = seconds_of(head.get(COLLAGE))
         peer_name, best_peer = _best(head, PEERS)
-        ort = _seconds(head.get(ORT_PEER))
+        ort = seconds_of(head.get(ORT_PEER))
         # Against the single backends: timed in turns where it was, else the optimizer's own
         # end-to-end measurements, taken minutes apart.
         single_name, best_single = _best(rows, SINGLE_BACKENDS)
-        placement = _seconds(rows.get(COLLAGE))
+        placement = seconds_of(rows.get(COLLAGE))
         turns_name, single_ratio = best_single_in_turns(directory, collage)
         if single_ratio is None:
             single_ratio = None if placement is None or best_single is None else placement / best_single
@@ -245,25 +249,25 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
                 ratios[key].append(value)
         collage_run = "collage warm" if head is turns else "collage cold"  # the run whose library is headlined
         summary.append(f"| {directory.name} | {_format_ms(head.get(COLLAGE, {}))} | "
-                       f"{_ratio(collage, ort)} | {peer_name or ''} | {_ratio(collage, best_peer)} | "
+                       f"{ratio_text(collage, ort)} | {peer_name or ''} | {ratio_text(collage, best_peer)} | "
                        f"{single_name or ''} | {'' if single_ratio is None else f'{single_ratio:.2f}'} | "
                        f"{_operators_by_backend(directory, collage_run)} | {_commit(directory, collage_run)} |")
         details += [f"## {directory.name}", ""]
         if turns:
-            processes = (_load(directory, "interleaved") or {}).get("processes", 1)
+            processes = (load_raw(directory, "interleaved") or {}).get("processes", 1)
             details += [f"Timed in turns (`interleaved.py`, {processes} process{'es' if processes > 1 else ''} per "
                         "contender); Collage's library is the one the warm `collage optimize` "
                         f"run wrote ({_operators_by_backend(directory, 'collage warm')}):", "",
                         "| contender | median ± IQR (ms) | runs | vs Collage | median of each process (ms) |",
                         "|---|---|---|---|---|"]
-            details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {_ratio(_seconds(row), collage)} | "
+            details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {ratio_text(seconds_of(row), collage)} | "
                         f"{', '.join(f'{s * 1e3:.2f}' for s in row.get('process_medians_s', []))} |"
                         for name, row in turns.items()]
             details += ["", "Each configuration in its own process, one after another:", ""]
         best_sequential_peer = _best(rows, PEERS)[1]
         details += ["| configuration | median ± IQR (ms) | vs best peer | vs best single backend |", "|---|---|---|---|"]
-        details += [f"| {name} | {_format_ms(row)} | {_ratio(_seconds(row), best_sequential_peer)} | "
-                    f"{_ratio(_seconds(row), best_single)} |" for name, row in rows.items()]
+        details += [f"| {name} | {_format_ms(row)} | {ratio_text(seconds_of(row), best_sequential_peer)} | "
+                    f"{ratio_text(seconds_of(row), best_single)} |" for name, row in rows.items()]
         details.append("")
         details += [line for config in ("collage cold", "collage warm", "collage torch input")
                     for line in [_search_line(directory, config)] if line]
@@ -301,7 +305,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
     ]
     report.write_text("\n".join(lines) + "\n")
-    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if _seconds(v)})
+    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)})
                 for d in directories], chart)
     return report
 
@@ -317,7 +321,7 @@ def relative_speeds(turns_by_model: list[dict]) -> dict[str, list[Optional[float
     value per model (None where either was not timed)."""
     speeds = {}
     for config in (COLLAGE, *PEERS, SINGLE_IN_TURNS):
-        values = [_div(_seconds(turns.get(ORT_PEER)), _seconds(turns.get(config))) for turns in turns_by_model]
+        values = [_div(seconds_of(turns.get(ORT_PEER)), seconds_of(turns.get(config))) for turns in turns_by_model]
         if any(values):
             speeds[config] = values
     return speeds
@@ -338,14 +342,14 @@ def draw_chart(models: list[tuple[str, dict, dict]], path: Path) -> None:
     speeds = relative_speeds([turns for _, _, turns in models])
     merged = [(name, {**rows, **turns}) for name, rows, turns in models]
     configs = [c for c in [COLLAGE, *PEERS, SINGLE_IN_TURNS, *SINGLE_BACKENDS, TORCH_INPUT, "tvm unpartitioned relax.build"]
-               if any(_seconds(rows.get(c)) for _, rows in merged)]
+               if any(seconds_of(rows.get(c)) for _, rows in merged)]
     figure, (latency, relative) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(models)) + 4, 9))
     width = 0.8 / max(1, len(configs))
     positions = range(len(models))
     for index, config in enumerate(configs):
         x = [m + index * width for m in positions]
-        timed = [_seconds(turns.get(config)) for _, _, turns in models]
-        sequential = [None if t else _seconds(rows.get(config)) for t, (_, rows, _) in zip(timed, models)]
+        timed = [seconds_of(turns.get(config)) for _, _, turns in models]
+        sequential = [None if t else seconds_of(rows.get(config)) for t, (_, rows, _) in zip(timed, models)]
         latency.bar(x, [s * 1e3 if s else 0 for s in timed], width, label=config if any(timed) else None,
                     color=f"C{index}")
         if any(sequential):

@@ -144,10 +144,6 @@ def _close(value: Optional[float], wanted: float, tolerance: float = 1e-6) -> bo
     return value is not None and abs(value - wanted) <= tolerance * max(1.0, abs(wanted))
 
 
-def _names(calls) -> list[str]:
-    return [tvm_compat.op_name(call) for call in calls]
-
-
 def _spelt_out(group: Group, calls: list, value, steps) -> bool:
     """Whether ``calls`` (in any order the exporter wrote them) are ``steps`` applied to ``value``.
 

@@ -23,7 +23,8 @@ import numpy as np
 from tvm import relax
 
 from collage_core.fused_groups import (
-    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, read_epilogue, shape_of, strided_operand,
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, plain_strides, read_epilogue, shape_of,
+    strided_operand,
 )
 
 SPEC_VERSION = 1
@@ -75,7 +76,7 @@ def _merged(outer: _Axis, inner: _Axis) -> _Axis:
 def _batch_axes(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[list[_Axis], _Axis]:
     """The batch loops (outermost first, size-1 loops dropped) and the rows loop M, merged where strides allow."""
     rank = len(out_shape)
-    out_strides = [int(np.prod(out_shape[axis + 1 :])) for axis in range(rank)]
+    out_strides = plain_strides(out_shape)
 
     def padded(operand: StridedOperand):
         missing = rank - len(operand.dims)

@@ -19,8 +19,8 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.fused_groups import (
-    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, read_epilogue, shape_of,
-    strided_operand,
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, plain_strides, read_epilogue,
+    shape_of, strided_operand,
 )
 
 SPEC_VERSION = 1
@@ -48,10 +48,6 @@ class KernelSpec:
         return np.array((*self.words, *tail), dtype=np.int64)
 
 
-def _plain_strides(dims) -> list[int]:
-    return [int(np.prod(dims[axis + 1 :])) for axis in range(len(dims))]
-
-
 def _conv2d(group: Group, conv) -> KernelSpec:
     attributes = conv.attrs
     for name, wanted in (("data_layout", "NCHW"), ("kernel_layout", "OIHW"), ("out_layout", "NCHW")):
@@ -71,7 +67,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     epilogue = read_epilogue(group, conv, w_dims[0], 3, FUSED)
     top, left, bottom, right = padding4(attributes.padding)
     words = (
-        SPEC_VERSION, CONV2D, 4, *x_dims, *_plain_strides(x_dims), *w_dims, *_plain_strides(w_dims), *y_dims,
+        SPEC_VERSION, CONV2D, 4, *x_dims, *plain_strides(x_dims), *w_dims, *plain_strides(w_dims), *y_dims,
         top, left, bottom, right, *ints(attributes.strides), *ints(attributes.dilation),
     )
     return _with_epilogue(words, [data, weights], epilogue)

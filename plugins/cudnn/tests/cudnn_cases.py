@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from tvm import relax
 
+from collage_core.fused_groups import ACTIVATIONS
 from collage_cudnn import specs
 
 R = relax.op
 F = "float32"
-ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh", "silu")
 
 
 class _Words:

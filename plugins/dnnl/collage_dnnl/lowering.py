@@ -11,6 +11,7 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
+from collage_core.build import packed_call_function
 from collage_core.choices import ChoiceStore
 from collage_dnnl import library, specs
 
@@ -91,14 +92,4 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
         raise ValueError(f"DNNL partition {name}: {refused}") from None
     if spec.packed_operand is not None:
         spec = _with_fastest_layout(spec, tvm_compat.tensor_shape_dtype(func.body.body)[0])
-    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
-    mapping = dict(zip(func.params, params))
-    operands = [mapping.get(operand, operand) for operand in spec.operands]
-    out_type = tvm_compat.return_type(func)
-    bb = relax.BlockBuilder()
-    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
-        with bb.dataflow():
-            call = relax.call_dps_packed(RUN_FUNCTION, [relax.const(spec.array(), "int64"), *operands], out_type)
-            output = bb.emit_output(call)
-        bb.emit_func_output(output)
-    return bb.get()[name]
+    return packed_call_function(func, name, RUN_FUNCTION, spec.array(), spec.operands)
