@@ -535,12 +535,16 @@ class _EndToEndEvaluator:
 
 
 class _Narrator:
+    """Says what the job is doing on stderr, each line after the minutes and seconds since it started."""
+
     def __init__(self, enabled: bool):
         self.enabled = enabled
+        self.started = time.perf_counter()
 
     def __call__(self, message: str) -> None:
         if self.enabled:
-            print(message, file=sys.stderr, flush=True)
+            minutes, seconds = divmod(int(time.perf_counter() - self.started), 60)
+            print(f"[{minutes:02d}:{seconds:02d}] {message}", file=sys.stderr, flush=True)
 
 
 def _serves(info: BackendInfo, target) -> bool:
