@@ -305,12 +305,13 @@ def _best_single_library(warm: dict, onnx_path: Path, out: Path, stem: str):
 def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budget: bool = True) -> dict:
     started = time.perf_counter()
     budget_args = ["--budget", str(TWO_LEVEL_BUDGET_S)] if budget else []
-    run = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(onnx_path), "--cost-db", str(costs),
-                          "--output", str(out), *budget_args, *extra],
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
-    (out.parent / "collage-log.txt").write_text(run.stderr)
+    log = out.parent / "collage-log.txt"  # written as the run goes: an interrupted run leaves how far it got
+    with log.open("w") as stderr:
+        run = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(onnx_path), "--cost-db", str(costs),
+                              "--output", str(out), *budget_args, *extra],
+                             stdout=subprocess.DEVNULL, stderr=stderr, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
     if run.returncode != 0:
-        lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+        lines = [line for line in log.read_text().strip().splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit code {run.returncode}"}
     result = json.loads((out / "results.json").read_text())
     result["wall_s"] = time.perf_counter() - started
