@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 from collage_core.calibration import DEFAULT_ROUNDS
 from collage_core.errors import CollageError
-from collage_core.timing import DEFAULT_BASELINE_LIMIT_S
+from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
 from collage_core.two_level import TwoLevelSettings
 
 DEFAULT_TWO_LEVEL = TwoLevelSettings()
@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         "--calibration-rounds", type=int, default=DEFAULT_ROUNDS,
         help="re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
     )
+    optimize.add_argument("--jobs", type=int, default=0, metavar="N",
+                          help="build N candidates at once (default 0: half the cores, at most "
+                               f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
     optimize.set_defaults(command=_optimize)
 
     export = commands.add_parser("export", help="rebuild a placement (no measuring) and export it for deployment")
@@ -128,6 +131,7 @@ def _optimize(args) -> int:
         compare_backends=not args.no_compare,
         baseline_limit_s=args.baseline_limit or None,
         calibration_rounds=args.calibration_rounds,
+        settings=MeasureSettings(build_workers=args.jobs),
         search=args.search,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import attrs
 
@@ -57,7 +58,9 @@ def measure_candidates(
     """Cost of every distinct candidate: from ``db`` when known, else measured and stored at once.
 
     Each backend's candidates are measured in a worker process of their own; a candidate whose
-    build fails, crashes or hangs gets an invalid cost with the reason.
+    build fails, crashes or hangs gets an invalid cost with the reason. Candidates of backends whose
+    lowering runs nothing on the device are built ``settings.parallel_builds()`` at a time first
+    (when that is more than one), then timed one by one like the rest.
     """
     started = time.perf_counter()
     representatives: dict[str, Candidate] = {}
@@ -70,15 +73,27 @@ def measure_candidates(
     by_backend: dict[str, list[Candidate]] = {}
     for candidate in sorted(missing, key=lambda c: (c.backend, c.sort_key)):
         by_backend.setdefault(candidate.backend, []).append(candidate)
-    with ProgressBar(len(missing), "measuring", enabled=show_progress) as bar, tempfile.TemporaryDirectory() as tmp:
-        for backend_name, todo in by_backend.items():
-            with MeasurementWorker(plugin_modules, disabled) as worker:
-                for candidate in todo:
-                    cost = _measure_one(worker, graph, candidate, target, settings, Path(tmp))
-                    db.put(keys[candidate.key], cost)
-                    costs[candidate.key] = cost
-                    shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
-                    bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
+    workers = settings.parallel_builds()
+    parallel = [c for c in missing if not backends[c.backend].lowering_uses_device] if workers > 1 else []
+    with tempfile.TemporaryDirectory() as tmp:
+        libraries, failed = _build_in_parallel(parallel, graph, target, settings, plugin_modules, disabled, Path(tmp),
+                                               workers, show_progress)
+        with ProgressBar(len(missing), "measuring", enabled=show_progress) as bar:
+            for backend_name, todo in by_backend.items():
+                with MeasurementWorker(plugin_modules, disabled) as worker:
+                    for candidate in todo:
+                        if candidate.key in failed:
+                            cost = failed[candidate.key]
+                        elif candidate.key in libraries:
+                            module, library = libraries[candidate.key]
+                            cost = _send(worker, candidate, module, target, settings,
+                                         {"op": "time_candidate", "library": str(library)})
+                        else:
+                            cost = _measure_one(worker, graph, candidate, target, settings, Path(tmp))
+                        db.put(keys[candidate.key], cost)
+                        costs[candidate.key] = cost
+                        shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
+                        bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
     return MeasurementReport(
         costs=costs,
         distinct=len(representatives),
@@ -89,24 +104,78 @@ def measure_candidates(
     )
 
 
+def _build_in_parallel(todo, graph, target, settings, plugin_modules, disabled, tmp: Path, workers: int,
+                       show_progress: bool) -> tuple[dict, dict]:
+    """Build ``todo`` into libraries in ``workers`` worker processes at once, to be timed afterwards
+    one by one, so that no build runs while a candidate is timed. Returns (module and library by
+    candidate key, invalid cost by key of those that could not be cut out or built)."""
+    modules, failed = {}, {}
+    for index, candidate in enumerate(todo):  # here: cutting out is not safe in several threads at once
+        path = tmp / f"candidate-{index}.json"
+        cost = _cut_out(graph, candidate, path)
+        if cost is None:
+            modules[candidate.key] = path
+        else:
+            failed[candidate.key] = cost
+    pending = [c for c in todo if c.key in modules]
+    libraries, lock = {}, threading.Lock()
+    bar = ProgressBar(len(pending), f"building candidates, {workers} at once", enabled=show_progress)
+
+    def build_some() -> None:
+        with MeasurementWorker(plugin_modules, disabled) as worker:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    candidate = pending.pop(0)
+                library = modules[candidate.key].with_suffix(".so")
+                cost = _send(worker, candidate, modules[candidate.key], target, settings,
+                             {"op": "build_candidate", "library": str(library)})
+                with lock:
+                    if cost is None:
+                        libraries[candidate.key] = (modules[candidate.key], library)
+                    else:
+                        failed[candidate.key] = cost
+                    bar.advance(candidate.pattern)
+
+    threads = [threading.Thread(target=build_some, daemon=True) for _ in range(min(workers, len(pending)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    bar.close()
+    return libraries, failed
+
+
 def _measure_one(worker, graph, candidate, target, settings, tmp: Path) -> Cost:
     module_path = tmp / "candidate.json"
+    failed = _cut_out(graph, candidate, module_path)
+    return failed or _send(worker, candidate, module_path, target, settings, {"op": "measure_candidate"})
+
+
+def _cut_out(graph, candidate, module_path: Path) -> Optional[Cost]:
+    """Write ``candidate`` cut out of ``graph`` as a module to ``module_path``; an invalid cost if it cannot be."""
     try:
         module_path.write_text(tvm_compat.save_ir_json(graph.standalone_module(candidate.nodes)))
     except Exception as error:
         return Cost.invalid(f"cannot cut out the candidate: {type(error).__name__}: {error}")
+    return None
+
+
+def _send(worker, candidate, module_path: Path, target, settings, extra: dict) -> Optional[Cost]:
+    """Send ``candidate``'s module to ``worker`` with ``extra``; the cost it answers, an invalid cost
+    when it failed, or None when it answered without one (a build)."""
     request = {
-        "op": "measure_candidate",
         "backend": candidate.backend,
         "pattern": candidate.pattern,
         "module": str(module_path),
         "target": tvm_compat.target_to_json(target),
         "settings": settings.to_json(),
+        **extra,
     }
     try:
         response = worker.request(request, settings.timeout_s)
     except WorkerFailure as failure:
         log.warning("%s candidate %s: %s", candidate.backend, candidate.key, failure)
         return Cost.invalid(str(failure))
-    return Cost.from_json(response["cost"])
-
+    return Cost.from_json(response["cost"]) if "cost" in response else None

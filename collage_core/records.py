@@ -24,6 +24,10 @@ class Backend:
     # What running this backend's partitions needs besides TVM's runtime, in words a user can act
     # on; written beside exported libraries so that loading one says what to install.
     runtime_needs: str = ""
+    # Whether lowering this backend's partitions runs anything on the device (tuning kernels there, as
+    # cuBLAS and cuDNN do). When it does not, the core builds its candidates several at once and
+    # times them one by one afterwards; when it does, each is built and timed alone.
+    lowering_uses_device: bool = True
 
 
 @attrs.frozen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
@@ -12,6 +13,8 @@ from collage_core.records import Cost
 
 # A single-backend baseline whose one run takes longer is stopped (untuned TVM on BERT at batch 8: minutes).
 DEFAULT_BASELINE_LIMIT_S = 60.0
+# Candidate builds at once when the machine has the cores (each worker holds TVM: about 0.5 GB).
+MAX_BUILD_WORKERS = 8
 # How a stopped baseline's cost reads: this, then the limit ("60 s").
 STOPPED_PREFIX = "stopped: one run takes longer than"
 
@@ -41,6 +44,9 @@ class MeasureSettings:
     ``single_run_s``: a whole placement whose first run takes longer is timed by that run alone
     (``repeats`` 1): repeating a run of seconds (untuned TVM on a large model) costs minutes and
     adds no precision anyone reads.
+
+    ``build_workers``: how many worker processes build candidates at once (0: half the cores, at
+    most MAX_BUILD_WORKERS); timing stays one candidate at a time, after the builds.
     """
 
     warmup: int = 1
@@ -52,6 +58,12 @@ class MeasureSettings:
     timeout_s: float = 600.0
     cutoff_s: Optional[float] = None
     single_run_s: float = 5.0
+    build_workers: int = 0
+
+    def parallel_builds(self) -> int:
+        """How many candidates are built at once: ``build_workers``, or with 0 half the cores up to MAX_BUILD_WORKERS
+        (on 2 cores, building one while exporting another gained nothing over building and timing in turn)."""
+        return self.build_workers if self.build_workers > 0 else max(1, min((os.cpu_count() or 1) // 2, MAX_BUILD_WORKERS))
 
     def to_json(self) -> dict:
         return attrs.asdict(self)

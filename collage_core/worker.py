@@ -56,28 +56,74 @@ def _load(request):
 
 
 def _measure_candidate(state, request):
-    from collage_core.records import Candidate, Cost
-    from collage_core.relax_graph import RelaxGraph
+    """Build a candidate placed whole on its backend and time it (the backend may measure it itself)."""
     from collage_core.timing import MeasureSettings
-    from collage_core.partition import partition_module
+
+    mod, target = _load(request)
+    settings = MeasureSettings.from_json(request["settings"])
+    cost = _own_measurement(state, request["backend"], mod, target, settings)
+    if cost is None:
+        placed = _placed_candidate(mod, state["backends"][request["backend"]], request["pattern"])
+        executable, _ = _build(state, placed, target)
+        cost = _time(executable, placed, target, settings)
+    return {"cost": cost.to_json()}
+
+
+def _own_measurement(state, backend_name: str, mod, target, settings):
+    """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None."""
     from collage_core.plugins import first_result
+    from collage_core.records import Cost
+
+    cost, errors = first_result(
+        state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target,
+        settings=settings,
+    )
+    if cost is None and errors:
+        return Cost.invalid("; ".join(errors))
+    if cost is not None and not isinstance(cost, Cost):
+        raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
+    return cost
+
+
+def _placed_candidate(mod, backend, pattern: str):
+    """The candidate module ``mod`` placed whole on ``backend`` as one partition."""
+    from collage_core.partition import partition_module
+    from collage_core.records import Candidate
+    from collage_core.relax_graph import RelaxGraph
+
+    graph = RelaxGraph.from_function(mod["main"], mod)
+    return partition_module(graph, [Candidate(backend.name, pattern, range(len(graph.graph)), key="")])
+
+
+def _build_candidate(state, request):
+    """Build a candidate placed whole on its backend and export it to ``library``; nothing runs.
+
+    Candidates built this way, several workers at once, are timed one by one afterwards
+    (``time_candidate``), so that no build disturbs a timing.
+    """
+    from collage_core.deploy import backend_needs, write_runtime_file
 
     mod, target = _load(request)
     backend = state["backends"][request["backend"]]
+    executable, build_s = _build(state, _placed_candidate(mod, backend, request["pattern"]), target)
+    executable.export_library(request["library"])
+    write_runtime_file(request["library"], backend_needs([backend], [backend.name]))
+    return {"build_s": build_s}
+
+
+def _time_candidate(state, request):
+    """Time a candidate's library built by ``build_candidate``; a backend that measures its own
+    candidates (``collage_measure_candidate``) is asked first, as in ``measure_candidate``."""
+    from collage_core import tvm_compat
+    from collage_core.deploy import load_vm
+    from collage_core.timing import MeasureSettings
+
+    mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
-    cost, errors = first_result(
-        state["pm"].hook.collage_measure_candidate, backend=backend, mod=mod, target=target, settings=settings
-    )
-    if cost is None and errors:
-        return {"cost": Cost.invalid("; ".join(errors)).to_json()}
+    cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
-        graph = RelaxGraph.from_function(mod["main"], mod)
-        whole = Candidate(backend.name, request["pattern"], range(len(graph.graph)), key="")
-        placed = partition_module(graph, [whole])
-        executable, _ = _build(state, placed, target)
-        cost = _time(executable, placed, target, settings)
-    if not isinstance(cost, Cost):
-        raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
+        device = tvm_compat.device_for(target)
+        cost = _time_vm(load_vm(request["library"], device, pm=state["pm"]), device, mod, settings)
     return {"cost": cost.to_json()}
 
 
@@ -99,10 +145,15 @@ def _vm(executable, target):
 
 
 def _time(executable, mod, target, settings, args=None):
+    vm, device = _vm(executable, target)
+    return _time_vm(vm, device, mod, settings, args)
+
+
+def _time_vm(vm, device, mod, settings, args=None):
+    """``vm``'s main timed on ``args`` (default: seeded random arguments of ``mod``'s main)."""
     from collage_core import tvm_compat
     from collage_core.timing import time_callable
 
-    vm, device = _vm(executable, target)
     if args is None:
         args = [tvm_compat.to_tensor(a, device) for a in _random_arguments(mod["main"])]
 
@@ -199,6 +250,8 @@ def _is_sequence(value) -> bool:
 HANDLERS = {
     "init": _init,
     "measure_candidate": _measure_candidate,
+    "build_candidate": _build_candidate,
+    "time_candidate": _time_candidate,
     "run_placement": _run_placement,
     "load_library": _load_library,
     "time_turn": _time_turn,

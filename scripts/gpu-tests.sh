@@ -10,4 +10,10 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/tvm -e plugins/cublas -e plugins/cudnn
 python3 -m pip install -q --no-deps --no-build-isolation -e plugins/onnxruntime -e plugins/dnnl 2>/dev/null || true
 python3 -m collage_core backends
-python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider plugins/cublas/tests plugins/cudnn/tests tests/test_gpu_placements.py "$@"
+# The kernel tests check numerics only, so with pytest-xdist installed they run eight at once.
+parallel=()
+python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
+status=0
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugins/cublas/tests plugins/cudnn/tests "$@" || status=$?
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_gpu_placements.py "$@" || status=$?
+exit $status

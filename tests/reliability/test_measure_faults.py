@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import attrs
 import pytest
 import tvm
 from plugins_for_tests.faulty_backends import CRASHING, FAULTS, HANGING, RAISED_MESSAGE, RAISING
@@ -63,18 +64,22 @@ def candidates_of(plugins, graph, backend_names):
     return enumerate_candidates(graph, patterns)
 
 
-def measure(graph, candidates, backends, db):
+def measure(graph, candidates, backends, db, settings=QUICK):
     target = tvm_compat.host_cpu_target()
     return measure_candidates(
-        graph, candidates, backends, target, db, QUICK, plugin_modules=[PLUGIN], disabled=(), show_progress=False
+        graph, candidates, backends, target, db, settings, plugin_modules=[PLUGIN], disabled=(), show_progress=False
     )
 
 
-def test_faulty_backends_get_invalid_costs_and_the_rest_is_measured_and_stored(plugins, graph, tmp_path):
+@pytest.mark.parametrize("build_workers", [1, 2], ids=["built and timed in turn", "built two at once, then timed"])
+def test_faulty_backends_get_invalid_costs_and_the_rest_is_measured_and_stored(plugins, graph, tmp_path, build_workers):
     _, backends = plugins
+    if build_workers > 1:  # every backend's candidates go through the parallel builds
+        backends = {name: attrs.evolve(b, lowering_uses_device=False) for name, b in backends.items()}
+    settings = attrs.evolve(QUICK, build_workers=build_workers)
     candidates = candidates_of(plugins, graph, ["tvm", *FAULTS])
     with CostDatabase.open(tmp_path / "c.sqlite") as db:
-        report = measure(graph, candidates, backends, db)
+        report = measure(graph, candidates, backends, db, settings)
 
         cost_of = {c.backend: report.costs[c.key] for c in candidates if c.backend in FAULTS}
         assert not any(cost.is_measured for cost in cost_of.values())

@@ -44,6 +44,7 @@ def collage_register_backends(register):
             version=f"onednn-{_onednn_version()}+kernels-{KERNELS_DIGEST}",
             description="oneDNN primitives (convolution, matmul, pooling, softmax, layer norm) with fused post-ops",
             runtime_needs=f"the collage-dnnl plugin (pip install -e plugins/dnnl) and oneDNN 2.x ({library.INSTALL_HINT})",
+            lowering_uses_device=False,  # compiles only: candidates are built several at once
         )
     )
 

@@ -75,6 +75,7 @@ def collage_register_backends(register):
             version=f"{getattr(onnxruntime, '__version__', 'not installed')}+lowering-{LOWERING_REVISION}",
             description="ONNX Runtime, CPU execution provider (partitions converted to ONNX opset 17)",
             runtime_needs=f"the collage-onnxruntime plugin (pip install -e plugins/onnxruntime) and onnxruntime ({INSTALL_HINT})",
+            lowering_uses_device=False,  # compiles only: candidates are built several at once
         )
     )
 

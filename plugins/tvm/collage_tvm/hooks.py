@@ -78,6 +78,7 @@ def collage_register_backends(register):
             device_kinds=("cpu", "cuda"),
             version=tvm.__version__,
             description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
+            lowering_uses_device=False,  # compiles only: candidates are built several at once
         )
     )
 
