@@ -27,6 +27,7 @@ from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase, default_cost_db_path
 from collage_core.deploy import backend_needs, runtime_file, write_runtime_file
 from collage_core.errors import CollageError
+from collage_core.finished_build import FinishedBuild, finish_key, load_finished, save_finished
 from collage_core.in_turns import time_in_turns
 from collage_core.measure import MeasurementReport, measure_candidates
 from collage_core.model_import import ImportedModel, load_model
@@ -61,6 +62,8 @@ BUILD_TIMEOUT_S = 1800.0
 UNPARTITIONED = "unpartitioned relax.build"
 # Part of a baseline's end-to-end database key: baselines are timed in full, never cut off.
 BASELINE_PROTOCOL = "baseline-2"
+# Part of the key under which a run's end (build, verification, baselines, contest) is kept beside its library.
+FINISHED_PROTOCOL = "finished-1"
 
 
 def optimize(
@@ -134,6 +137,24 @@ def optimize(
         chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
     library = workdir / f"{imported.name}.so"
+    finish = None
+    if output_dir and placement is None:
+        finish = finish_key(
+            job._end_to_end_key(parts, FINISHED_PROTOCOL),
+            {"compare_backends": compare_backends, "baseline_limit_s": baseline_limit_s, "verify": verify,
+             "reference": imported.reference_name, "settings": attrs.evolve(settings, build_workers=0).to_json()},
+            job.plugin_modules,
+        )
+        previous = load_finished(workdir, library, finish)
+        if previous is not None:
+            say(f"the run before in {workdir} ended from this same searched placement (same model, target, backends, "
+                f"settings and code): its library, verification and end-to-end measurements are reused")
+            optimized = OptimizedModel(
+                imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
+                len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
+            )
+            optimized.save(workdir)
+            return optimized
 
     def verified(built: _Built) -> Optional[Verification]:
         if not verify or imported.reference is None:
@@ -184,6 +205,8 @@ def optimize(
     )
     if output_dir:
         optimized.save(output_dir)
+        if finish is not None:
+            save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification))
     return optimized
 
 

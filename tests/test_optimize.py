@@ -264,8 +264,9 @@ def candidate_costs_only(source: Path, path: Path) -> None:
 
 def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(optimized, costs, tmp_path, monkeypatch):
     """The second run of the same command reads candidates, searched placements and baselines from the
-    database: its search ends where the first one did, and it builds only its result (and the closest
-    baselines, to time them in turns).
+    database: its search ends where the first one did, and the end of the first run kept in the output
+    directory (library, verification, end-to-end rows) is reused: nothing is built. Without that
+    record, a run builds only its result (and the closest baselines, to time them in turns).
 
     The first run starts with the candidate costs of the module's database, where the optimized fixture
     read or measured TVM's (so they are not measured again here: test_cli_optimize_reuses_measured_costs
@@ -286,9 +287,18 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     quick_turns(monkeypatch)
     cold = run()
     builds = recorded_builds(monkeypatch)
+    library = tmp_path / "out" / f"{cold.model.name}.so"
+    built_at = library.stat().st_mtime_ns
+    warm = run()
+    assert builds == [] and library.stat().st_mtime_ns == built_at
+    assert warm.end_to_end == cold.end_to_end and warm.verification == cold.verification
+    assert warm.placement.partitions == cold.placement.partitions
+    assert json.loads((tmp_path / "out" / "placement.json").read_text())["partitions"] == \
+        json.loads(cold.placement.save(tmp_path / "cold-placement.json").read_text())["partitions"]
+
+    (tmp_path / "out" / "finished.json").unlink()
     warm = run()
     # The result's library and the closest baselines', to time them in turns: nothing else is built.
-    library = tmp_path / "out" / f"{warm.model.name}.so"
     rivals = [build for build in builds if build is not None and build.parent.parent.name == "rivals"]
     assert builds == [library, *rivals] and len(rivals) <= RIVALS
     assert warm.measurement.measured == 0
