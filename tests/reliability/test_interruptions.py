@@ -21,6 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED = re.compile(r"measured (\d+) in [\d.]+ s, (\d+) from the database, (\d+) invalid")
+# Each line optimize says starts with the minutes and seconds since the run started.
+STEP = r"\[\d+:\d\d\] "
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,8 @@ def test_signal_during_the_evolutionary_search_keeps_measured_placements(model, 
     search = ("--backends", "tvm,onnxruntime", "--search", "two-level", "--no-compare", "--calibration-rounds", "0",
               "--population", "4", "--generations", "2")
     run = Optimize(model, db, tmp_path / "out", *search)
-    run.wait_until(lambda: any(line.startswith("two-level search:") for line in run.lines) and _count(db, "end_to_end_costs") >= 2)
+    run.wait_until(lambda: any(re.match(rf"{STEP}two-level search:", line) for line in run.lines)
+                   and _count(db, "end_to_end_costs") >= 2)
     run.process.send_signal(signum)
     assert run.finish() == code
     candidates, placements = _count(db, "costs"), _count(db, "end_to_end_costs")
@@ -152,5 +155,5 @@ def test_signal_during_the_evolutionary_search_keeps_measured_placements(model, 
     found = MEASURED.search(stderr)
     assert int(found.group(1)) == 0 and int(found.group(2)) == candidates  # no candidate measured twice
     # Placements measured before the signal come from the database; only new ones are measured.
-    measured_again = len(re.findall(r"^  placement of \d+ partitions:", stderr, flags=re.M))
+    measured_again = len(re.findall(rf"^{STEP}  placement of \d+ partitions:", stderr, flags=re.M))
     assert measured_again == _count(db, "end_to_end_costs") - placements
