@@ -99,6 +99,7 @@ def optimize(
     :func:`baseline_file`).
     """
     say = _Narrator(show_progress)
+    clock = PhaseClock()
     imported = load_model(model, example_inputs)
     target = tvm_compat.make_target(target)
     pm = get_plugin_manager()
@@ -121,11 +122,14 @@ def optimize(
     if placement is not None:
         chosen_placement = job.replayed(placement)
         parts = list(chosen_placement.partitions)
+        clock.lap("import and placement file")
     else:
         candidates = _all_candidates(pm, graph, chosen, target)
         with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
             say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
+            clock.lap("import and candidates")
             measurement = job.measure(candidates, db)
+            clock.lap("measuring candidates")
             started = time.perf_counter()
             parts = op_level_parts = job.op_level_search(candidates, measurement.costs)
             search_s = time.perf_counter() - started
@@ -134,6 +138,7 @@ def optimize(
                 two_level_result = job.two_level_search(op_level_parts, candidates, db, two_level)
                 parts = list(two_level_result.parts)
                 search_s += two_level_result.seconds
+            clock.lap("search and calibration")
         chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
     library = workdir / f"{imported.name}.so"
@@ -149,9 +154,11 @@ def optimize(
         if previous is not None:
             say(f"the run before in {workdir} ended from this same searched placement (same model, target, backends, "
                 f"settings and code): its library, verification and end-to-end measurements are reused")
+            clock.lap("reusing the run before")
             optimized = OptimizedModel(
                 imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
                 len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
+                phases_s=clock.phases_s,
             )
             optimized.save(workdir)
             return optimized
@@ -166,6 +173,7 @@ def optimize(
     say("building the placement and measuring it end to end")
     built = job.build(parts, library)
     verification = verified(built)
+    clock.lap("building and verifying")
     results = [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))]
     if compare_backends:
         # A replayed placement measures its baselines afresh: replaying reads no cost database.
@@ -175,12 +183,14 @@ def optimize(
             baselines = job.baselines(parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
                                       baseline_limit_s, db)
         results += [entry for entry, _ in baselines]
+        clock.lap("baselines")
         if output_dir:
             for entry, baseline_parts in baselines:
                 if baseline_parts is not None:
                     job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
         faster, rivals = None, closest_rivals(baselines, parts, built.cost, settings)
         contest = job.contest(library, rivals) if rivals else None
+        clock.lap("contest in turns")
         if contest is not None:
             results.append(EndToEnd(f"{PLACEMENT}, {IN_TURNS}", contest.turns[PLACEMENT], operators_by_backend(parts)))
             results += [EndToEnd(f"{entry.name}, {IN_TURNS}", contest.turns[entry.name], operators_by_backend(rival_parts))
@@ -197,11 +207,12 @@ def optimize(
             say(f"{entry.name} measured faster than the searched placement: it is the result")
             chosen_placement = job.placement(parts, search, candidates, measurement.costs if measurement else None)
             verification = verified(built)
+            clock.lap("building and verifying")
             results[0] = attrs.evolve(results[0], name=SEARCHED)
             results.insert(0, EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts)))
     optimized = OptimizedModel(
         imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
-        built.partitioned, two_level_result,
+        built.partitioned, two_level_result, phases_s=clock.phases_s,
     )
     if output_dir:
         optimized.save(output_dir)
@@ -555,6 +566,19 @@ class _EndToEndEvaluator:
         self.spent_s += effort_s
         self.db.put_end_to_end(key, cost, effort_s=effort_s)
         return cost
+
+
+class PhaseClock:
+    """Seconds spent in each phase of a run, in order (a phase lapped twice adds up)."""
+
+    def __init__(self):
+        self.phases_s: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases_s[phase] = self.phases_s.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 class _Narrator:

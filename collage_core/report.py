@@ -70,4 +70,7 @@ def render_report(optimized) -> str:
         )
     if optimized.verification is not None:
         sections.append(optimized.verification.describe())
+    if optimized.phases_s:
+        spent = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in optimized.phases_s.items())
+        sections.append(f"time: {spent}; {sum(optimized.phases_s.values()):.1f} s in all")
     return "\n".join(sections)

@@ -47,6 +47,8 @@ class OptimizedModel:
     search_s: float
     partitioned_mod: Any = attrs.field(repr=False)
     two_level: Optional[TwoLevelResult] = attrs.field(default=None, repr=False)
+    # Seconds the run spent in each phase (importing, measuring, searching, building, baselines, contest), in order.
+    phases_s: dict = attrs.field(factory=dict, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -100,5 +102,6 @@ class OptimizedModel:
                 "seconds": self.two_level.seconds,
             },
             "search_s": self.search_s,
+            "phases_s": self.phases_s,
             "numerics": None if self.verification is None else attrs.asdict(self.verification),
         }

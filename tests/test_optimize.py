@@ -71,6 +71,17 @@ def test_optimize_measures_searches_builds_and_verifies(optimized):
     assert all(entry.cost.is_measured and entry.cost.median_s > 0 for entry in optimized.end_to_end)
 
 
+def test_the_report_says_where_the_time_went(optimized, workspace):
+    phases = optimized.phases_s
+    assert list(phases)[:5] == ["import and candidates", "measuring candidates", "search and calibration",
+                                "building and verifying", "baselines"]
+    assert all(seconds >= 0 for seconds in phases.values()) and phases["building and verifying"] > 0
+    saved = json.loads((workspace / "out" / "results.json").read_text())["phases_s"]
+    assert saved == phases
+    line = next(line for line in (workspace / "out" / "report.txt").read_text().splitlines() if line.startswith("time: "))
+    assert line.endswith(f"{sum(phases.values()):.1f} s in all") and "baselines" in line
+
+
 def test_run_matches_reference(optimized):
     inputs = optimized.model.random_inputs(seed=3)
     expected = optimized.model.reference(inputs)
