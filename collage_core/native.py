@@ -24,6 +24,12 @@ import attrs
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
 
 
+def sources_digest(paths) -> str:
+    """A short digest of the bytes of ``paths`` (a plugin's kernels and the Python that reads and
+    lowers its groups): part of the backend's version, so costs measured with other code are never reused."""
+    return hashlib.sha256(b"".join(Path(path).read_bytes() for path in paths)).hexdigest()[:12]
+
+
 class NativeBuildError(RuntimeError):
     """A compiler is missing or the source did not compile; the message says which and why."""
 

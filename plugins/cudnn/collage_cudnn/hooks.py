@@ -8,23 +8,20 @@ the execution plan chosen by timing at build time, on TVM's CUDA stream; no Pyth
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from collage_core import fused_groups
 from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
+from collage_core.native import sources_digest
 from collage_core.records import OP_LEVEL, Availability, Backend
 from collage_cudnn import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides cuDNN itself: the kernels, how groups are read, how partitions are lowered.
-KERNELS_DIGEST = hashlib.sha256(
-    b"".join(
-        path.read_bytes()
-        for path in (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
-    )
-).hexdigest()[:12]
+KERNELS_DIGEST = sources_digest(
+    (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
+)
 
 
 @hookimpl

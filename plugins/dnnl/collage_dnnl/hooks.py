@@ -7,24 +7,21 @@ runs it on the VM's tensors in place; no Python runs on that path.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from collage_core import fused_groups
 from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
+from collage_core.native import sources_digest
 from collage_core.records import OP_LEVEL, Availability, Backend
 from collage_dnnl import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides oneDNN itself: the kernels, how specs are read, how
 # partitions are lowered. Part of the backend's version, so costs measured with other code are never reused.
-KERNELS_DIGEST = hashlib.sha256(
-    b"".join(
-        path.read_bytes()
-        for path in (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
-    )
-).hexdigest()[:12]
+KERNELS_DIGEST = sources_digest(
+    (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
+)
 
 
 def _onednn_version() -> str:
