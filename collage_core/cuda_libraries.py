@@ -13,6 +13,7 @@ import glob
 import hashlib
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -70,6 +71,18 @@ def find_library(stem: str) -> Optional[Path]:
                 if candidate.is_file():
                     return candidate
     return None
+
+
+def installed_version(distributions: Sequence[str], library_stem: Optional[str] = None) -> str:
+    """The version of the first of ``distributions`` installed (NVIDIA's wheels), else the file name of
+    the shared object ``library_stem`` where one is found (a CUDA toolkit's), else ""."""
+    for distribution in distributions:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    found = find_library(library_stem) if library_stem else None
+    return found.resolve().name if found else ""
 
 
 @attrs.frozen

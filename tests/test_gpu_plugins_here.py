@@ -79,6 +79,17 @@ def test_a_header_directory_without_the_headers_it_includes_is_passed_over(tmp_p
     assert cuda_libraries.find_header("cuda_runtime.h", ["crt/host_defines.h"]) == full / "include"
 
 
+def test_a_library_version_is_the_first_installed_wheel_else_the_shared_object_found(tmp_path, monkeypatch):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libcudnn.so.9.19.0").write_text("")
+    (tmp_path / "lib" / "libcudnn.so.9").symlink_to("libcudnn.so.9.19.0")
+    monkeypatch.setattr(cuda_libraries, "search_roots", lambda: [tmp_path])
+    assert cuda_libraries.installed_version(("no-such-wheel", "pytest"), "cudnn") == pytest.__version__
+    assert cuda_libraries.installed_version(("no-such-wheel",), "cudnn") == "libcudnn.so.9.19.0"
+    assert cuda_libraries.installed_version(("no-such-wheel",), "cublasLt") == ""
+    assert cuda_libraries.installed_version(("no-such-wheel",)) == ""
+
+
 @pytest.mark.parametrize("name", PLUGINS)
 def test_collage_prepare_runtime_raises_saying_what_is_missing_without_a_gpu(name, monkeypatch):
     hooks = importlib.import_module(f"collage_{name}.hooks")

@@ -9,7 +9,6 @@ registers ``collage_cublas.run`` and ``collage_cublas.tune`` with TVM FFI.
 from __future__ import annotations
 
 import functools
-from importlib import metadata
 from pathlib import Path
 
 from collage_core import cuda_libraries
@@ -30,13 +29,9 @@ class CublasUnavailable(RuntimeError):
 
 def cublas_version() -> str:
     """The installed cuBLAS wheel's version, else the shared object's file name."""
-    for distribution in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    found = cuda_libraries.find_library("cublasLt")
-    return found.resolve().name if found else "not installed"
+    return cuda_libraries.installed_version(
+        ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"), "cublasLt"
+    ) or "not installed"
 
 
 def cache_dir() -> Path:

@@ -10,7 +10,6 @@ Loading it registers ``collage_cudnn.run`` and ``collage_cudnn.tune`` with TVM F
 from __future__ import annotations
 
 import functools
-from importlib import metadata
 from pathlib import Path
 
 from collage_core import cuda_libraries
@@ -31,22 +30,10 @@ class CudnnUnavailable(RuntimeError):
     """No GPU, cuDNN, its frontend, NVRTC, the CUDA runtime or a compiler; the message says which and how to get it."""
 
 
-def _installed(*distributions: str) -> str:
-    for distribution in distributions:
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return ""
-
-
 def cudnn_version() -> str:
     """cuDNN's and its frontend's versions as installed (wheels), else the shared object's file name."""
-    backend = _installed("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
-    if not backend:
-        found = cuda_libraries.find_library("cudnn")
-        backend = found.resolve().name if found else "not installed"
-    frontend = _installed("nvidia-cudnn-frontend") or "unknown"
+    backend = cuda_libraries.installed_version(("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"), "cudnn") or "not installed"
+    frontend = cuda_libraries.installed_version(("nvidia-cudnn-frontend",)) or "unknown"
     return f"{backend}+frontend-{frontend}"
 
 
