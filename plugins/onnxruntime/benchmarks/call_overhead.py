@@ -29,7 +29,8 @@ from collage_core.partition import partition_module
 from collage_core.plugins import get_plugin_manager
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings, time_callable
-from collage_onnxruntime import relax_to_onnx, runtime
+from collage_core.relax_onnx import converter as relax_to_onnx
+from collage_onnxruntime import runtime
 
 SETTINGS = MeasureSettings(warmup=20, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=50.0, time_bound_s=10.0)
 

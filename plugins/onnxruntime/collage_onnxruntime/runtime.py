@@ -11,15 +11,15 @@ copies).
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
 import threading
 
 import numpy as np
 import tvm
 
+from collage_core.relax_onnx import lowering
+
 RUN_FUNCTION = "collage_onnxruntime.run"
-DIGEST_BYTES = hashlib.sha256().digest_size
 # Sessions kept alive: far more than the ONNX Runtime partitions of one model, so none is rebuilt
 # while a model runs, yet a measurement worker going through thousands of candidates stays bounded.
 MAX_SESSIONS = 1024
@@ -31,19 +31,15 @@ SPINNING = 1  # the options byte's flag: the session's idle threads spin
 
 
 def pack_model(serialized: bytes, spinning: bool = False) -> np.ndarray:
-    """The blob a lowered partition carries: digest, then the options byte, then the model. The
-    digest covers both and is the session key; the options byte says whether idle threads spin."""
-    payload = bytes([SPINNING if spinning else 0]) + serialized
-    return np.frombuffer(hashlib.sha256(payload).digest() + payload, dtype=np.uint8)
+    """The blob a lowered partition carries (``collage_core.relax_onnx.lowering.pack_blob``); its
+    options byte says whether the session's idle threads spin."""
+    return lowering.pack_blob(serialized, SPINNING if spinning else 0)
 
 
 def unpack_blob(blob: np.ndarray) -> tuple[bytes, bool]:
     """The serialized model and whether its session's idle threads spin."""
-    data = blob.tobytes()
-    digest, payload = data[:DIGEST_BYTES], data[DIGEST_BYTES:]
-    if hashlib.sha256(payload).digest() != digest:
-        raise ValueError("collage_onnxruntime: the model blob does not match its digest")
-    return payload[1:], bool(payload[0] & SPINNING)
+    serialized, options = lowering.unpack_blob(blob, "collage_onnxruntime")
+    return serialized, bool(options & SPINNING)
 
 
 def unpack_model(blob: np.ndarray) -> bytes:
@@ -123,7 +119,7 @@ class _Sessions:
         self._lock = threading.Lock()
 
     def get(self, blob: np.ndarray) -> _Model:
-        key = blob[:DIGEST_BYTES].tobytes()
+        key = lowering.blob_key(blob)
         with self._lock:
             model = self._models.get(key)
             if model is not None:

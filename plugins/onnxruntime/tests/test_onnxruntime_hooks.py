@@ -25,7 +25,8 @@ from collage_core.candidates import enumerate_candidates
 from collage_core.partition import partition_module
 from collage_core.records import GRAPH_LEVEL
 from collage_core.relax_graph import RelaxGraph
-from collage_onnxruntime import hooks, relax_to_onnx, runtime, support
+from collage_core.relax_onnx import converter as relax_to_onnx, lowering, support
+from collage_onnxruntime import hooks, runtime
 
 R = relax.op
 F = "float32"
@@ -133,7 +134,7 @@ def test_collage_check_availability_asks_for_the_cpu_provider(backends, monkeypa
 
 def test_collage_contribute_patterns_one_checked_pattern_per_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["onnxruntime"], TARGET)
-    assert [p.name for p in patterns] == [hooks.pattern_name(op) for op in support.SUPPORTED_OPS]
+    assert [p.name for p in patterns] == [f"onnxruntime.{op.rsplit('.', 1)[1]}" for op in support.SUPPORTED_OPS]
     assert len({p.name for p in patterns}) == len(patterns)
     assert all(p.check is not None for p in patterns)
     assert hooks.collage_contribute_patterns(backends["tvm"], TARGET) is None
@@ -258,7 +259,7 @@ def test_idle_threads_spin_only_when_onnx_runtime_runs_the_whole_executable(back
     would take the cores from them. Either way the session computes the same."""
     _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), ort_nodes)
     (name,) = partitions_by_backend(placed)["onnxruntime"]
-    assert hooks.runs_alone(placed, [name]) == spins
+    assert lowering.runs_alone(placed, [name]) == spins
     lowered = hooks.collage_lower_partitions(backends["onnxruntime"], placed, [name], TARGET)
     serialized, spinning = runtime.unpack_blob(lowered_blob(lowered, name))
     assert spinning == spins and serialized == relax_to_onnx.convert(placed[name], name).SerializeToString()

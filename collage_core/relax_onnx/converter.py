@@ -2,7 +2,7 @@
 
 Parameters become the graph inputs ``input_<i>``, Relax constants become initializers, and the
 returned tensor or tuple of tensors becomes the outputs ``output_<i>``, in order. Each operator
-is converted only after :func:`collage_onnxruntime.support.refusal` has accepted it.
+is converted only after :func:`collage_core.relax_onnx.support.refusal` has accepted it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_onnxruntime import support
+from collage_core.relax_onnx import support
 
 OPSET = 17
 # The IR version that came with opset 17; newer ONNX packages stamp versions older runtimes refuse.
@@ -382,6 +382,6 @@ def convert(func: relax.Function, name: str = "collage_partition") -> onnx.Model
         outputs.append(_value_info_of_type(output_name(index), ty))
 
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage-onnxruntime")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="collage")
     model.ir_version = IR_VERSION
     return model

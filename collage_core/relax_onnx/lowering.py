@@ -1,0 +1,71 @@
+"""A partition replaced by one packed call that runs its ONNX model, and the model's blob.
+
+A lowered partition is ``R.call_dps_packed(run_function, [blob, *inputs], ...)``: the VM hands
+the backend's run function the blob, the input tensors and the output tensors it allocated. The
+blob (:func:`pack_blob`) is a uint8 constant: the SHA-256 digest of what follows, one options byte
+the backend defines, then the serialized model. The digest is the key a runtime caches its
+compiled model by, and a blob that does not match it is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+
+DIGEST_BYTES = hashlib.sha256().digest_size
+
+
+def pack_blob(serialized: bytes, options: int = 0) -> np.ndarray:
+    """Digest, options byte, model: what a lowered partition carries."""
+    payload = bytes([options]) + serialized
+    return np.frombuffer(hashlib.sha256(payload).digest() + payload, dtype=np.uint8)
+
+
+def blob_key(blob: np.ndarray) -> bytes:
+    """The blob's digest: the same model with the same options has the same key."""
+    return blob[:DIGEST_BYTES].tobytes()
+
+
+def unpack_blob(blob: np.ndarray, owner: str = "collage") -> tuple[bytes, int]:
+    """The serialized model and the options byte; ``owner`` names the run function in the error
+    raised when the blob does not match its digest."""
+    data = blob.tobytes()
+    digest, payload = data[:DIGEST_BYTES], data[DIGEST_BYTES:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError(f"{owner}: the model blob does not match its digest")
+    return payload[1:], payload[0]
+
+
+def packed_call_function(func: relax.Function, name: str, run_function: str, blob: np.ndarray) -> relax.Function:
+    """``func`` with its body replaced by ``run_function(blob, *params)`` in destination-passing
+    style, returning what ``func`` returns."""
+    constant = relax.const(blob, "uint8")
+    return_type = tvm_compat.return_type(func)
+    out_types = list(return_type.fields) if isinstance(return_type, relax.TupleType) else return_type
+    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
+    bb = relax.BlockBuilder()
+    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
+        with bb.dataflow():
+            output = bb.emit_output(relax.call_dps_packed(run_function, [constant, *params], out_types))
+        bb.emit_func_output(output)
+    return bb.get()[name]
+
+
+def runs_alone(mod, function_names) -> bool:
+    """Whether ``main`` does nothing but call these partitions (and pass tuples around): then no
+    other backend's kernel runs between them, and their thread pools may keep the cores."""
+    ours = set(function_names)
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call):
+                if not (isinstance(value.op, tvm.ir.GlobalVar) and value.op.name_hint in ours):
+                    return False
+            elif not (isinstance(value, (relax.Tuple, relax.TupleGetItem, relax.Var)) or tvm_compat.is_constant(value)):
+                return False
+    return True
