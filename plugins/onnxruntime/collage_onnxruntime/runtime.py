@@ -10,14 +10,12 @@ copies).
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
 
 import numpy as np
 import tvm
 
-from collage_core.relax_onnx import lowering
+from collage_core.relax_onnx import lowering, runtime_caches
 
 RUN_FUNCTION = "collage_onnxruntime.run"
 # Sessions kept alive: far more than the ONNX Runtime partitions of one model, so none is rebuilt
@@ -70,20 +68,16 @@ def session_options(spinning: bool = False):
 
 
 class _Model:
-    """A session, its input and output names, and each thread's IOBindings by the addresses they hold.
-
-    The VM passes the same few buffers call after call (its memory plan is static; a returned
-    output alternates between two pooled blocks), so binding, which costs more than running a
-    small model, happens once per set of addresses. A binding holds only addresses, and is run
-    only while the tensors at those addresses are the ones just passed.
-    """
+    """A session, its input and output names, and each thread's IOBindings by the addresses they
+    hold. A binding holds only addresses, and is run only while the tensors at those addresses are
+    the ones just passed."""
 
     def __init__(self, session):
         self.session = session
         self.input_names = [value.name for value in session.get_inputs()]
         self.output_names = [value.name for value in session.get_outputs()]
         self.arity = len(self.input_names) + len(self.output_names)
-        self._per_thread = threading.local()
+        self._bindings = runtime_caches.BindingsByAddress(BINDINGS_PER_THREAD, self._bind)
 
     def run(self, tensors) -> None:
         if len(tensors) != self.arity:
@@ -91,60 +85,26 @@ class _Model:
                 f"{RUN_FUNCTION}: the model takes {len(self.input_names)} inputs and gives {len(self.output_names)} "
                 f"outputs, but {len(tensors)} tensors were passed"
             )
-        addresses = tuple(tensor.data_ptr() for tensor in tensors)
-        bindings = self._per_thread.__dict__.setdefault("bindings", collections.OrderedDict())
-        binding = bindings.get(addresses)
-        if binding is None:
-            binding = bindings[addresses] = self._bind(tensors, addresses)
-            if len(bindings) > BINDINGS_PER_THREAD:
-                bindings.popitem(last=False)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(self._bindings.get(tensors))
 
-    def _bind(self, tensors, addresses):
+    def _bind(self, tensors, _dropped):
         binding = self.session.io_binding()
-        for index, (name, tensor, address) in enumerate(zip(self.input_names + self.output_names, tensors, addresses)):
+        for index, (name, tensor) in enumerate(zip(self.input_names + self.output_names, tensors)):
             if not tensor.is_contiguous() or tensor.device.dlpack_device_type() != CPU:
                 raise ValueError(f"{RUN_FUNCTION}: tensor {name} is not a contiguous CPU tensor")
             bind = binding.bind_input if index < len(self.input_names) else binding.bind_output
-            bind(name, "cpu", 0, np.dtype(str(tensor.dtype)), tuple(tensor.shape), address)
+            bind(name, "cpu", 0, np.dtype(str(tensor.dtype)), tuple(tensor.shape), tensor.data_ptr())
         return binding
 
 
-class _Sessions:
-    """One model (session) per distinct ONNX model, least recently used dropped first."""
+def _compile(serialized: bytes, options: int) -> _Model:
+    import onnxruntime  # here, not at import: the plugin loads, and says why it is unavailable, without it
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._models: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, blob: np.ndarray) -> _Model:
-        key = lowering.blob_key(blob)
-        with self._lock:
-            model = self._models.get(key)
-            if model is not None:
-                self._models.move_to_end(key)
-                return model
-        import onnxruntime
-
-        serialized, spinning = unpack_blob(blob)
-        session = onnxruntime.InferenceSession(serialized, session_options(spinning), providers=["CPUExecutionProvider"])
-        model = _Model(session)
-        with self._lock:
-            self._models[key] = model
-            while len(self._models) > self.capacity:
-                self._models.popitem(last=False)
-        return model
-
-    def clear(self) -> None:
-        with self._lock:
-            self._models.clear()
-
-    def __len__(self) -> int:
-        return len(self._models)
+    spinning = bool(options & SPINNING)
+    return _Model(onnxruntime.InferenceSession(serialized, session_options(spinning), providers=["CPUExecutionProvider"]))
 
 
-SESSIONS = _Sessions(MAX_SESSIONS)
+SESSIONS = runtime_caches.CompiledModels(MAX_SESSIONS, _compile, "collage_onnxruntime")
 
 
 def session_for(serialized: bytes, spinning: bool = False):

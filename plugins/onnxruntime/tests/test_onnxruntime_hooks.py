@@ -1,15 +1,13 @@
 """The backend's hooks, and partitions lowered to ONNX Runtime inside a mixed TVM executable.
 
 Placements are built the way Collage builds them (``partition_module`` then ``build``), run on
-Relax's VM and compared with numpy: float32 within RTOL/ATOL (sums of up to 32 products of values
-near 1, and normalizations over 32 values).
+Relax's VM and compared with numpy, as ``collage_core.relax_onnx.placement_cases`` says.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime
@@ -22,95 +20,16 @@ from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns
 from collage_core.build import build, partitions_by_backend
 from collage_core.candidates import enumerate_candidates
-from collage_core.partition import partition_module
 from collage_core.records import GRAPH_LEVEL
 from collage_core.relax_graph import RelaxGraph
 from collage_core.relax_onnx import converter as relax_to_onnx, lowering, support
+from collage_core.relax_onnx.placement_cases import (
+    ATOL, DEVICE, RNG, RTOL, TOKENS, HIDDEN, F, R, attention, conv_bias_relu_scale, module, numpy_attention,
+    numpy_conv_bias_relu_scale, place, run_vm,
+)
 from collage_onnxruntime import hooks, runtime
 
-R = relax.op
-F = "float32"
-RTOL, ATOL = 1e-5, 1e-5
 TARGET = tvm_compat.host_cpu_target()
-DEVICE = tvm.cpu(0)
-RNG = np.random.default_rng(0)
-
-CONV_WEIGHT = RNG.uniform(-1, 1, size=(8, 3, 3, 3)).astype(F)
-CONV_BIAS = RNG.uniform(-1, 1, size=(1, 8, 1, 1)).astype(F)
-HIDDEN, HEADS, TOKENS = 32, 4, 8
-PROJECTION = RNG.uniform(-0.3, 0.3, size=(HIDDEN, HIDDEN)).astype(F)
-PROJECTION_BIAS = RNG.uniform(-1, 1, size=(HIDDEN,)).astype(F)
-GAMMA = RNG.uniform(0.5, 1.5, size=(HIDDEN,)).astype(F)
-BETA = RNG.uniform(-0.5, 0.5, size=(HIDDEN,)).astype(F)
-
-
-def module(make, *specs) -> tvm.IRModule:
-    params = [relax.Var(f"x{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            output = bb.emit_output(make(bb, *params))
-        bb.emit_func_output(output)
-    return bb.get()
-
-
-def conv_bias_relu_scale(bb, x):
-    """relu(conv2d(x, W) + b) * 0.5: ONNX Runtime takes the first three, TVM the last."""
-    conv = bb.emit(R.nn.conv2d(x, relax.const(CONV_WEIGHT), padding=1))
-    biased = bb.emit(R.add(conv, relax.const(CONV_BIAS)))
-    rectified = bb.emit(R.nn.relu(biased))
-    return R.multiply(rectified, relax.const(0.5, F))
-
-
-def attention(bb, x):
-    """Self-attention without value projection: the operators of a transformer layer."""
-    projected = bb.emit(R.add(R.matmul(x, relax.const(PROJECTION)), relax.const(PROJECTION_BIAS)))
-    normalized = bb.emit(R.nn.layer_norm(projected, relax.const(GAMMA), relax.const(BETA), axes=[-1]))
-    heads = bb.emit(R.reshape(normalized, (1, TOKENS, HEADS, HIDDEN // HEADS)))
-    queries = bb.emit(R.permute_dims(heads, [0, 2, 1, 3]))
-    keys = bb.emit(R.permute_dims(heads, [0, 2, 3, 1]))
-    scores = bb.emit(R.multiply(R.matmul(queries, keys), relax.const(0.25, F)))
-    weights = bb.emit(R.nn.softmax(scores, axis=-1))
-    context = bb.emit(R.matmul(weights, queries))
-    merged = bb.emit(R.permute_dims(context, [0, 2, 1, 3]))
-    return R.add(R.reshape(merged, (1, TOKENS, HIDDEN)), normalized)
-
-
-def numpy_conv_bias_relu_scale(x):
-    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
-    conv = np.einsum("nchwij,ocij->nohw", windows, CONV_WEIGHT)
-    return np.maximum(conv + CONV_BIAS, 0) * 0.5
-
-
-def numpy_attention(x):
-    projected = x @ PROJECTION + PROJECTION_BIAS
-    mean, var = projected.mean(-1, keepdims=True), projected.var(-1, keepdims=True)
-    normalized = (projected - mean) / np.sqrt(var + 1e-5) * GAMMA + BETA
-    heads = normalized.reshape(1, TOKENS, HEADS, HIDDEN // HEADS)
-    queries, keys = heads.transpose(0, 2, 1, 3), heads.transpose(0, 2, 3, 1)
-    scores = queries @ keys * 0.25
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    context = (weights @ queries).transpose(0, 2, 1, 3)
-    return context.reshape(1, TOKENS, HIDDEN) + normalized
-
-
-def place(mod, onnxruntime_nodes):
-    """``onnxruntime_nodes`` as one ONNX Runtime partition, every other operator on TVM alone."""
-    graph = RelaxGraph.from_function(mod["main"])
-    parts = [SimpleNamespace(backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(onnxruntime_nodes))]
-    parts += [
-        SimpleNamespace(backend="tvm", pattern="tvm.op", nodes=frozenset({node}))
-        for node in range(len(graph.graph))
-        if node not in onnxruntime_nodes
-    ]
-    return graph, partition_module(graph, parts)
-
-
-def run_vm(executable, *arrays):
-    vm = relax.VirtualMachine(executable, DEVICE)
-    return tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in arrays]))
 
 
 def test_collage_register_backends_registers_a_graph_level_cpu_backend(backends):
@@ -157,7 +76,7 @@ def test_collage_contribute_patterns_refuses_what_the_converter_cannot_convert(p
 
 
 def test_collage_lower_partitions_conv_bias_relu(pm, backends):
-    graph, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    graph, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", {0, 1, 2})
     assert {b: len(names) for b, names in partitions_by_backend(placed).items()} == {"onnxruntime": 1, "tvm": 1}
     executable = build(pm, placed, backends, TARGET)
     x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
@@ -172,7 +91,7 @@ def test_collage_lower_partitions_attention_with_two_outputs(pm, backends):
     # Everything up to the softmax on ONNX Runtime; the layer norm's output also leaves the
     # partition (the residual add on TVM reads it), so the partition returns a tuple.
     on_onnxruntime = set(range(ops.index("relax.nn.softmax") + 1))
-    _, placed = place(mod, on_onnxruntime)
+    _, placed = place(mod, "onnxruntime", on_onnxruntime)
     (name,) = partitions_by_backend(placed)["onnxruntime"]
     assert isinstance(tvm_compat.return_type(placed[name]), relax.TupleType)
     executable = build(pm, placed, backends, TARGET)
@@ -181,7 +100,7 @@ def test_collage_lower_partitions_attention_with_two_outputs(pm, backends):
 
 
 def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends):
-    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", {0, 1, 2})
     (name,) = partitions_by_backend(placed)["onnxruntime"]
     lowered = hooks.collage_lower_partitions(backends["onnxruntime"], placed, [name], TARGET)
     assert hooks.collage_lower_partitions(backends["tvm"], placed, [name], TARGET) is None
@@ -196,7 +115,7 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
 
 
 def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
-    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", {0, 1, 2})
     library = tmp_path / "placed.so"
     build(pm, placed, backends, TARGET).export_library(str(library))
     x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
@@ -218,7 +137,7 @@ def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
 
 
 def test_runtime_keeps_one_session_per_model_and_registers_idempotently(pm, backends):
-    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), {0, 1, 2})
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", {0, 1, 2})
     executable = build(pm, placed, backends, TARGET)
     runtime.SESSIONS.clear()
     x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
@@ -257,7 +176,7 @@ def lowered_blob(lowered, name):
 def test_idle_threads_spin_only_when_onnx_runtime_runs_the_whole_executable(backends, ort_nodes, spins):
     """Alone, nothing else needs the cores between runs; beside TVM's kernels, spinning threads
     would take the cores from them. Either way the session computes the same."""
-    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), ort_nodes)
+    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", ort_nodes)
     (name,) = partitions_by_backend(placed)["onnxruntime"]
     assert lowering.runs_alone(placed, [name]) == spins
     lowered = hooks.collage_lower_partitions(backends["onnxruntime"], placed, [name], TARGET)
