@@ -63,7 +63,10 @@ class ImportedModel:
 
 
 def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name: Optional[str] = None) -> ImportedModel:
-    """Import an ONNX path, an ``onnx.ModelProto``, a ``torch.nn.Module`` (with example inputs) or a Relax IRModule."""
+    """Import an ONNX path, an ``onnx.ModelProto``, a ``torch.nn.Module`` (with example inputs) or a Relax
+    IRModule; a model already imported is returned as it is."""
+    if isinstance(model, ImportedModel):
+        return model
     if isinstance(model, (str, os.PathLike)):
         return _from_onnx_file(Path(model), name)
     if isinstance(model, tvm.IRModule):

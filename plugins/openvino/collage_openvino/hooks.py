@@ -1,0 +1,97 @@
+"""OpenVINO's CPU plugin as a Collage backend (graph level, fp32).
+
+Each partition is converted to an ONNX model (``collage_core.relax_onnx``), which OpenVINO reads
+and compiles, and replaced by a call to the packed function ``collage_openvino.run`` that carries
+the model as a constant, so the built executable is self-contained: running it needs only
+``import collage_openvino``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from collage_core.build import replace_functions
+from collage_core.hookspecs import hookimpl
+from collage_core.records import GRAPH_LEVEL, Availability, Backend
+from collage_core.relax_onnx import converter, lowering, patterns
+from collage_openvino import runtime
+
+BACKEND = "openvino"
+INSTALL_HINT = "pip install openvino"
+# How partitions are lowered and run. Part of the backend's version, so costs measured with other
+# code are never reused.
+LOWERING_REVISION = 1
+
+
+def _import_openvino():
+    """The openvino module, or the error importing it raised (the backend is then unavailable)."""
+    try:
+        return importlib.import_module("openvino")
+    except ImportError as error:
+        return error
+
+
+@hookimpl
+def collage_register_backends(register):
+    openvino = _import_openvino()
+    version = getattr(openvino, "__version__", "not installed").split("-")[0]
+    register(
+        Backend(
+            name=BACKEND,
+            kind=GRAPH_LEVEL,
+            device_kinds=("cpu",),
+            version=f"{version}+lowering-{LOWERING_REVISION}",
+            description="OpenVINO, CPU plugin in fp32 (partitions converted to ONNX opset 17)",
+            runtime_needs=f"the collage-openvino plugin (pip install -e plugins/openvino) and openvino ({INSTALL_HINT})",
+            lowering_uses_device=False,  # converts only; OpenVINO compiles when the partition first runs
+        )
+    )
+
+
+@hookimpl
+def collage_check_availability(backend):
+    if backend.name != BACKEND:
+        return None
+    openvino = _import_openvino()
+    if isinstance(openvino, ImportError):
+        return Availability.no(f"openvino cannot be imported ({openvino}): {INSTALL_HINT}")
+    try:
+        devices = runtime.core().available_devices
+    except Exception as error:  # noqa: BLE001 - OpenVINO raises its own RuntimeError subclasses
+        return Availability.no(f"openvino cannot start ({error}): {INSTALL_HINT}")
+    if "CPU" not in devices:
+        return Availability.no(f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}")
+    return Availability.yes()
+
+
+@hookimpl
+def collage_contribute_patterns(backend, target):
+    if backend.name != BACKEND:
+        return None
+    if target.kind.name not in ("llvm", "c"):
+        return []
+    return patterns.onnx_patterns(BACKEND)
+
+
+def lower_function(func, name: str):
+    """``func`` with its body replaced by one ``collage_openvino.run`` call on its ONNX model."""
+    model = converter.convert(func, name)
+    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, lowering.pack_blob(model.SerializeToString()))
+
+
+@hookimpl
+def collage_lower_partitions(backend, mod, function_names, target):
+    if backend.name != BACKEND:
+        return None
+    return replace_functions(mod, function_names, lower_function)
+
+
+@hookimpl
+def collage_prepare_runtime(backend):
+    if backend.name != BACKEND:
+        return None
+    openvino = _import_openvino()
+    if isinstance(openvino, ImportError):
+        raise RuntimeError(f"openvino cannot be imported ({openvino}): {INSTALL_HINT}")
+    runtime.register()
+    return True
