@@ -57,6 +57,13 @@ def _contender_function(kind: str, name: str, batch: int, library: str):
         session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         feeds = {input_name: example.numpy()}
         return lambda: session.run(None, feeds)
+    if kind == "openvino default session (fp32)":
+        import openvino
+
+        onnx_path = ROOT / "models" / "hf" / f"{models.file_stem(name, batch)}.onnx"
+        compiled = openvino.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        request, feeds = compiled.create_infer_request(), {input_name: example.numpy()}
+        return lambda: request.infer(feeds)
     if kind in LIBRARIES:
         from collage_core import tvm_compat
         from collage_core.deploy import load_vm

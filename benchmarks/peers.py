@@ -11,7 +11,7 @@ eager and torch.compile on CUDA (float32, TF32 off) and Collage's cold run with
 its own for the GPU rows, with the GPU and the library versions the run recorded.
 
 For each batch size, each model (every model at batch 1 first), in this order and each in a fresh process:
-  peers            ONNX Runtime (a default session), PyTorch eager, torch.compile (inductor)
+  peers            ONNX Runtime and OpenVINO (default sessions; OpenVINO in fp32), PyTorch eager, torch.compile (inductor)
   collage (cold)   `collage optimize --budget 240` with every installed backend and an empty cost database:
                    the two-level placement, the op-level placement, each backend alone (TVM; DNNL
                    with TVM for the rest; ONNX Runtime) and TVM's unpartitioned build
@@ -93,6 +93,11 @@ if peer == "onnxruntime default session":
     session = onnxruntime.InferenceSession(sys.argv[5], providers=["CPUExecutionProvider"])
     feeds = {input_name: example.numpy()}
     function = lambda: session.run(None, feeds)
+elif peer == "openvino default session (fp32)":
+    import openvino
+    compiled = openvino.Core().compile_model(sys.argv[5], "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    request, feeds = compiled.create_infer_request(), {input_name: example.numpy()}
+    function = lambda: request.infer(feeds)
 else:
     import torch
     if peer.startswith("torch.compile"):

@@ -18,7 +18,8 @@ from typing import Optional
 from collage_core.baselines import IN_TURNS
 from collage_core.timing import STOPPED_PREFIX
 
-PEERS = ["onnxruntime default session", "pytorch eager", "torch.compile (inductor)"]
+OPENVINO_PEER = "openvino default session (fp32)"
+PEERS = ["onnxruntime default session", OPENVINO_PEER, "pytorch eager", "torch.compile (inductor)"]
 ORT_PEER = "onnxruntime default session"
 COLLAGE = "collage (the placement it returns)"
 COLLAGE_ROWS = {  # results.json end-to-end row -> table row
@@ -27,11 +28,13 @@ COLLAGE_ROWS = {  # results.json end-to-end row -> table row
     "tvm alone": "tvm alone",
     "dnnl + tvm for the rest": "dnnl + tvm for the rest",
     "onnxruntime alone": "onnxruntime alone",
+    "openvino alone": "openvino alone",
     "unpartitioned relax.build": "tvm unpartitioned relax.build",
 }
 TORCH_INPUT = "collage op-level, PyTorch module as input"
 SINGLE_IN_TURNS = "best single backend (Collage's build of it)"
-SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest")
+SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest",
+                   "openvino alone", "openvino + op-level for the rest")
 EXPLANATION_LINES = 30
 
 
@@ -45,8 +48,9 @@ def single_backend_row(end_to_end_name: str) -> Optional[str]:
     Where ONNX Runtime cannot take every operator, its row is ONNX Runtime with the op-level placement for the rest."""
     if end_to_end_name.endswith(IN_TURNS):  # the optimizer's own check in turns, not a baseline row
         return None
-    if end_to_end_name.startswith("onnxruntime +"):
-        return "onnxruntime + op-level for the rest"
+    for graph_level in ("onnxruntime", "openvino"):
+        if end_to_end_name.startswith(f"{graph_level} +"):
+            return f"{graph_level} + op-level for the rest"
     return end_to_end_name if end_to_end_name in SINGLE_BACKENDS else None
 
 
@@ -147,7 +151,7 @@ def machine() -> list[str]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
-    for module in ("tvm", "onnxruntime", "torch", "transformers"):
+    for module in ("tvm", "onnxruntime", "openvino", "torch", "transformers"):
         try:
             versions[module] = __import__(module).__version__
         except ImportError:

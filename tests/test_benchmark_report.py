@@ -190,3 +190,16 @@ def test_gpu_section_shows_collage_each_backend_alone_and_the_gpu_peers(tmp_path
     assert cells[4] == "cudnn + tvm for the rest (2.600)" and cells[5] == "0.96"  # 2.5 / 2.6
     assert cells[8:10] == ["0.90", "1.35"]  # per call 2.7 against eager 3.0 and torch.compile 2.0
     assert cells[10] == "passed"
+
+
+def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):
+    raw = tmp_path / "raw"
+    write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    row = {k: v for k, v in measured(16.0).items() if k != "kind"}
+    peers_report.raw_file(raw / "small_b1", peers_report.OPENVINO_PEER).write_text(json.dumps(row))
+    path = peers_report.write_report(raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png",
+                                     machine_lines=["- CPU: test"])
+    line = next(line for line in path.read_text().splitlines() if line.startswith("| small_b1 |"))
+    assert "| openvino default session (fp32) | 0.62 |" in line  # 10 ms against OpenVINO's 16, the best peer
+    assert peers_report.single_backend_row("openvino + tvm for the rest") == "openvino + op-level for the rest"
+    assert peers_report.single_backend_row("openvino alone") == "openvino alone"
