@@ -40,7 +40,7 @@ from collage_core.regions import decode, genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings, stopped, stopped_limit
-from collage_core.two_level import TwoLevelResult, TwoLevelSettings, search_two_level, seed_genomes
+from collage_core.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
 
@@ -295,8 +295,12 @@ class _Job:
             def on_best(parts, cost):
                 self.placement(parts, TWO_LEVEL).save(self.workdir / "placement.json")
 
-            def on_generation(generation, best_s, budget_left_s):
-                bar.advance(f"generation {generation}: best {best_s * 1e3:.3f} ms, budget left {max(budget_left_s, 0):.0f} s")
+            def on_generation(record):
+                line = (f"generation {record.generation}: best {record.best_s * 1e3:.3f} ms "
+                        f"({record.gains_text() if record.generation else 'from the seeds'}), "
+                        f"budget left {max(record.budget_left_s, 0):.0f} s")
+                if record.generation:
+                    bar.advance(line)
 
             result = search_two_level(self.graph.graph, groups, evaluate, settings, on_generation, on_best,
                                       spent=lambda: evaluate.spent_s)
@@ -306,6 +310,8 @@ class _Job:
             f"{result.measured} placements scored end to end ({result.from_database} from the cost database, "
             f"{result.evaluated} evaluated) in {result.seconds:.1f} s"
         )
+        if result.history:
+            self.say(f"two-level search, operators by backend: {history_text(result.history)}")
         return result
 
     def end_to_end_evaluator(self, db, cut_off: bool = True) -> "_EndToEndEvaluator":

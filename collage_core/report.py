@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collage_core.baselines import IN_TURNS
+from collage_core.two_level import history_text
 
 
 def _ms(cost) -> str:
@@ -68,6 +69,8 @@ def render_report(optimized) -> str:
             f"two-level search: {t.generations} generations, {t.measured} placements scored end to end "
             f"({t.from_database} from the cost database, {t.evaluated} evaluated) in {t.seconds:.1f} s"
         )
+        if t.history:
+            sections.append(f"  operators by backend, generation by generation: {history_text(t.history)}")
     if optimized.verification is not None:
         sections.append(optimized.verification.describe())
     if optimized.phases_s:

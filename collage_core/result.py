@@ -100,6 +100,7 @@ class OptimizedModel:
                 "generations": self.two_level.generations, "measured": self.two_level.measured,
                 "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
                 "seconds": self.two_level.seconds,
+                "history": [attrs.asdict(record) for record in self.two_level.history],
             },
             "search_s": self.search_s,
             "phases_s": self.phases_s,

@@ -39,6 +39,42 @@ class TwoLevelSettings:
 
 
 @attrs.frozen
+class GenerationRecord:
+    """Where the search stood after a generation (0: the seeds and the first population): the
+    fastest placement's latency and operators per backend, and how many operators each backend
+    gained (or lost, when negative) against the generation before; nothing changed is left out."""
+
+    generation: int
+    best_s: float
+    budget_left_s: float
+    operators_by_backend: dict = attrs.field(converter=dict)
+    gained: dict = attrs.field(converter=dict)
+
+    def gains_text(self) -> str:
+        """``openvino +12 ops, onnxruntime -12 ops``, or ``no change``."""
+        if not self.gained:
+            return "no change"
+        return ", ".join(f"{backend} {count:+d} ops" for backend, count in sorted(self.gained.items(), key=lambda kv: -kv[1]))
+
+
+def history_text(history: Sequence[GenerationRecord]) -> str:
+    """``0: tvm 40, onnxruntime 7 (1.234 ms); 1: openvino +7 ops, onnxruntime -7 ops (1.100 ms); ...``"""
+    pieces = []
+    for record in history:
+        what = ", ".join(f"{b} {n}" for b, n in record.operators_by_backend.items()) if record.generation == 0 else record.gains_text()
+        best = f"{record.best_s * 1e3:.3f} ms" if math.isfinite(record.best_s) else "nothing measured"
+        pieces.append(f"{record.generation}: {what} ({best})")
+    return "; ".join(pieces)
+
+
+def operators_by_backend(parts: Sequence[Partition]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for part in parts:
+        counts[part.backend] = counts.get(part.backend, 0) + len(part.nodes)
+    return dict(sorted(counts.items()))
+
+
+@attrs.frozen
 class TwoLevelResult:
     parts: tuple[Partition, ...]
     latency: Cost
@@ -49,6 +85,8 @@ class TwoLevelResult:
     seconds: float
     # Of the ``measured`` placements, how many the evaluator read from a cost database (it says).
     from_database: int = 0
+    # One record per generation, from 0; which backends gained ground as the search went.
+    history: tuple[GenerationRecord, ...] = ()
 
 
 # The fitness of a placement that could not be measured: worse than any real one.
@@ -70,14 +108,14 @@ def search_two_level(
     groups: Sequence[OpGroup],
     evaluate: Evaluate,
     settings: TwoLevelSettings = TwoLevelSettings(),
-    on_generation: Optional[Callable[[int, float, float], None]] = None,
+    on_generation: Optional[Callable[[GenerationRecord], None]] = None,
     on_best: Optional[Callable[[Sequence[Partition], Cost], None]] = None,
     spent: Optional[Callable[[], float]] = None,
 ) -> TwoLevelResult:
     """Evolve genomes (mu + lambda, elitist) from the seeds; return the fastest placement measured.
 
-    ``evaluate`` measures a placement end to end. ``on_generation(generation, best_seconds,
-    budget_left_s)`` reports progress; ``on_best(parts, cost)`` is called whenever a faster
+    ``evaluate`` measures a placement end to end. ``on_generation(record)`` reports each
+    generation's :class:`GenerationRecord` (generation 0 included); ``on_best(parts, cost)`` is called whenever a faster
     placement is found, so a caller can save it before the search ends. ``spent()`` is what the
     budget is charged so far (default: the seconds since the search started); an evaluator
     that charges measurements read from a database at what they once took makes a search on a
@@ -120,6 +158,18 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         population.append(toolbox.mutate(toolbox.clone(fastest))[0])
         del population[-1].fitness.values
     _score(population, fitness)
+    history: list[GenerationRecord] = []
+
+    def record(generation: int) -> None:
+        counts_now = operators_by_backend(best["parts"] or decode(graph, groups, tuple(seeds[0])))
+        before = history[-1].operators_by_backend if history else counts_now
+        gained = {b: counts_now.get(b, 0) - before.get(b, 0) for b in set(counts_now) | set(before)}
+        history.append(GenerationRecord(generation, best["cost"].seconds, settings.budget_s - spent(), counts_now,
+                                        {b: n for b, n in gained.items() if n}))
+        if on_generation is not None:
+            on_generation(history[-1])
+
+    record(0)
     generation = improved_at = 0
     last_best = best["cost"].seconds
     for generation in range(1, settings.generations + 1):
@@ -132,8 +182,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         _score(offspring, fitness)
         population = sorted(population + offspring, key=lambda ind: (ind.fitness.values[0], tuple(ind)))
         population = _distinct(population)[: settings.population]
-        if on_generation is not None:
-            on_generation(generation, best["cost"].seconds, settings.budget_s - spent())
+        record(generation)
         improved_at = generation if best["cost"].seconds < last_best else improved_at
         last_best = best["cost"].seconds
         if generation - improved_at >= settings.patience:
@@ -143,7 +192,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         best.update(cost=Cost.invalid("no placement could be measured"), parts=tuple(decode(graph, groups, op_level)),
                     genome=op_level)
     return TwoLevelResult(best["parts"], best["cost"], best["genome"], counts["measured"], counts["evaluated"],
-                          generation, time.perf_counter() - started)
+                          generation, time.perf_counter() - started, history=tuple(history))
 
 
 def _toolbox(groups: Sequence[OpGroup], settings: TwoLevelSettings) -> base.Toolbox:

@@ -7,7 +7,7 @@ import pytest
 from collage_core.graph import OpGraph
 from collage_core.records import Cost, Partition
 from collage_core.regions import KEEP, OpGroup, decode, genome_key
-from collage_core.two_level import TwoLevelSettings, search_two_level, seed_genomes
+from collage_core.two_level import TwoLevelSettings, history_text, operators_by_backend, search_two_level, seed_genomes
 
 
 def chain_with_branches() -> OpGraph:
@@ -163,3 +163,21 @@ def test_a_search_charged_with_recorded_effort_replays_from_a_warm_database():
     assert 0 < first.generations < settings.generations  # the budget stopped it
     assert cold.measured == first.measured > 0 and warm.measured == 0
     assert (again.genome, again.generations, again.latency) == (first.genome, first.generations, first.latency)
+
+
+def test_each_generation_records_which_backends_gained_ground():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
+    seen = []
+    result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=4),
+                              on_generation=seen.append)
+    assert seen == list(result.history) and [r.generation for r in seen] == list(range(result.generations + 1))
+    assert seen[0].gained == {}
+    for before, after in zip(seen, seen[1:]):
+        assert after.best_s <= before.best_s
+        assert after.gained == {b: n for b in set(before.operators_by_backend) | set(after.operators_by_backend)
+                                if (n := after.operators_by_backend.get(b, 0) - before.operators_by_backend.get(b, 0))}
+        assert sum(after.operators_by_backend.values()) == len(graph.ops)
+    assert seen[-1].operators_by_backend == {b: n for b, n in operators_by_backend(result.parts).items()}
+    assert any(record.gained for record in seen[1:])  # this search moves an operator from tvm to "other"
+    assert history_text(seen).startswith("0: ")
