@@ -72,9 +72,10 @@ def _availability(pm, backend: Backend, plugin_name: str) -> Availability:
 
 
 def select_backends(infos: dict[str, BackendInfo], names=None) -> list[BackendInfo]:
-    """The backends to place on: the named ones (each must be available) or every available one."""
+    """The backends to place on: the named ones (each must be available) or every available one
+    that is chosen by default."""
     if names is None:
-        chosen = [info for info in infos.values() if info.availability.available]
+        chosen = [info for info in infos.values() if info.availability.available and info.backend.chosen_by_default]
         if not chosen:
             raise BackendError("no backend is available; run `collage backends` to see why")
         return chosen

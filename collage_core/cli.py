@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     optimize = commands.add_parser("optimize", help="measure, search, build and verify a placement for a model")
     optimize.add_argument("model", help="an ONNX file")
     optimize.add_argument("--target", default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
-    optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one)")
+    optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one, except those `collage backends` says run only when named)")
     optimize.add_argument("--output", default=None, help="directory for placement.json, the library and report.txt")
     optimize.add_argument("--placement", default=None, help="replay this placement file instead of measuring")
     optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
@@ -108,6 +108,8 @@ def _backends(args) -> int:
     rows = []
     for name, info in discover_backends(pm).items():
         availability = "yes" if info.availability.available else f"no: {info.availability.reason}"
+        if info.availability.available and not info.backend.chosen_by_default:
+            availability = f"yes, when named (--backends ...,{name})"
         backend = info.backend
         rows.append([name, backend.kind, ",".join(backend.device_kinds), backend.version, info.plugin, availability])
     print(format_table(["backend", "kind", "devices", "version", "plugin", "available"], rows))

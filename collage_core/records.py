@@ -28,6 +28,10 @@ class Backend:
     # cuBLAS and cuDNN do). When it does not, the core builds its candidates several at once and
     # times them one by one afterwards; when it does, each is built and timed alone.
     lowering_uses_device: bool = True
+    # Whether Collage places on it when the user names no backends. A backend whose compilation
+    # costs seconds per partition (TorchInductor) is placed on only when named (``--backends``),
+    # so that the default run stays quick.
+    chosen_by_default: bool = True
 
 
 @attrs.frozen

@@ -46,7 +46,7 @@ def refusal(call, backend_refusal: Optional[BackendRefusal] = None) -> Optional[
     return support.refusal(call) or (backend_refusal(call) if backend_refusal is not None else None)
 
 
-def onnx_patterns(backend: str, backend_refusal: Optional[BackendRefusal] = None) -> list[Pattern]:
+def operator_patterns(backend: str, backend_refusal: Optional[BackendRefusal] = None) -> list[Pattern]:
     """One pattern per convertible operator, named ``<backend>.<operator>``, checked by
     :func:`refusal` with ``backend_refusal``."""
 

@@ -70,7 +70,7 @@ def collage_contribute_patterns(backend, target):
         return None
     if target.kind.name not in ("llvm", "c"):
         return []
-    return patterns.onnx_patterns(BACKEND)
+    return patterns.operator_patterns(BACKEND)
 
 
 def lower_function(func, name: str):

@@ -1,0 +1,374 @@
+"""A Collage partition (a Relax function of one dataflow block) as a PyTorch program.
+
+:func:`convert` gives a ``torch.nn.Module`` whose ``forward`` takes the partition's parameters
+and returns its results as a tuple of tensors (a tuple's fields in order); Relax constants become
+the module's buffers. ``torch.export`` traces it into the FX graph that torch.compile compiles.
+Each operator is converted only after :func:`refusal` has accepted it: the ONNX converter's
+refusals (``collage_core.relax_onnx.support``: the attribute combinations where Relax's meaning
+is easy to get wrong), then PyTorch's own (:data:`TORCH_REFUSALS`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.relax_onnx import support
+
+
+class UnsupportedError(ValueError):
+    """The function holds something the converter cannot reproduce exactly."""
+
+
+def _shape(expr) -> tuple[int, ...]:
+    return tvm_compat.tensor_shape_dtype(expr)[0]
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]
+
+
+def _pool_padding_refusal(call) -> Optional[str]:
+    top, left, bottom, right = _ints(call.attrs.padding)
+    kernel = _ints(call.attrs.pool_size)
+    if (top, left) != (bottom, right):
+        return "pooling with padding that differs at the two ends (PyTorch pads both ends alike)"
+    if top > kernel[0] // 2 or left > kernel[1] // 2:
+        return "pooling with padding over half the window (PyTorch refuses it)"
+    return None
+
+
+# Operator name -> what PyTorch computes differently although the ONNX converter takes it.
+TORCH_REFUSALS: dict[str, Callable] = {
+    "relax.nn.max_pool2d": _pool_padding_refusal,
+    "relax.nn.avg_pool2d": _pool_padding_refusal,
+}
+
+SUPPORTED_OPS = support.SUPPORTED_OPS
+
+
+def refusal(call) -> Optional[str]:
+    """Why ``call`` cannot be converted to PyTorch faithfully, or None when it can."""
+    refused = support.refusal(call)
+    if refused:
+        return refused
+    check = TORCH_REFUSALS.get(tvm_compat.op_name(call))
+    return check(call) if check is not None else None
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    return getattr(torch, {"bool": "bool"}.get(dtype, dtype))
+
+
+def _elementwise(fn) -> Callable:
+    return lambda call: fn
+
+
+def _gelu(call):
+    return lambda x: F.gelu(x)
+
+
+def _gelu_tanh(call):
+    return lambda x: F.gelu(x, approximate="tanh")
+
+
+def _clip(call):
+    low, high = (tvm_compat.scalar_constant(bound) for bound in call.args[1:])
+    return lambda x, _low, _high: torch.clamp(x, low, high)
+
+
+def _conv2d(call):
+    attrs = call.attrs
+    top, left, bottom, right = _ints(attrs.padding)
+    strides, dilation, groups = _ints(attrs.strides), _ints(attrs.dilation), int(attrs.groups)
+    if (top, left) == (bottom, right):
+        return lambda x, w: F.conv2d(x, w, None, strides, [top, left], dilation, groups)
+    return lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0, dilation, groups)
+
+
+def _max_pool2d(call):
+    attrs = call.attrs
+    kernel, strides, dilation = _ints(attrs.pool_size), _ints(attrs.strides), _ints(attrs.dilation)
+    padding, ceil_mode = _ints(attrs.padding)[:2], bool(attrs.ceil_mode)
+    return lambda x: F.max_pool2d(x, kernel, strides, padding, dilation, ceil_mode)
+
+
+def _avg_pool2d(call):
+    attrs = call.attrs
+    kernel, strides = _ints(attrs.pool_size), _ints(attrs.strides)
+    padding, ceil_mode, include = _ints(attrs.padding)[:2], bool(attrs.ceil_mode), bool(attrs.count_include_pad)
+    return lambda x: F.avg_pool2d(x, kernel, strides, padding, ceil_mode, include)
+
+
+def _adaptive_avg_pool2d(call):
+    return lambda x: torch.mean(x, dim=(2, 3), keepdim=True)
+
+
+def _reduce(fn_all, fn_dims):
+    def convert(call):
+        axis, keepdim = call.attrs.axis, bool(call.attrs.keepdims)
+        if axis is None:
+            rank = len(_shape(call.args[0]))
+            return lambda x: fn_dims(x, tuple(range(rank)), keepdim) if keepdim else fn_all(x)
+        dims = tuple(_ints(axis))
+        return lambda x: fn_dims(x, dims, keepdim)
+
+    return convert
+
+
+def _softmax(fn):
+    def convert(call):
+        axis = int(call.attrs.axis)
+        return lambda x: fn(x, dim=axis)
+
+    return convert
+
+
+def _layer_norm(call):
+    rank = len(_shape(call.args[0]))
+    first_axis = min(axis % rank for axis in _ints(call.attrs.axes))
+    normalized, epsilon = list(_shape(call.args[0])[first_axis:]), float(call.attrs.epsilon)
+    return lambda x, gamma, beta: F.layer_norm(x, normalized, gamma, beta, epsilon)
+
+
+def _reshape(call):
+    # reshape, flatten, squeeze and expand_dims all end at the call's static output shape.
+    shape = list(_shape(call))
+    return lambda x, *_: torch.reshape(x, shape)
+
+
+def _permute_dims(call):
+    rank = len(_shape(call.args[0]))
+    axes = call.attrs.axes
+    perm = [axis % rank for axis in (_ints(axes) if axes is not None else reversed(range(rank)))]
+    return lambda x: torch.permute(x, perm)
+
+
+def _broadcast_to(call):
+    shape = list(_shape(call))
+    return lambda x, *_: torch.broadcast_to(x, shape).contiguous()
+
+
+def _concat(call):
+    axis = int(call.attrs.axis)
+    return lambda tensors: torch.cat(list(tensors), dim=axis)
+
+
+def _strided_slice(call):
+    bounds = support.strided_slice_bounds(call)
+    rank = len(_shape(call.args[0]))
+    index = [slice(None)] * rank
+    for axis, start, stop, step in bounds:
+        index[axis] = slice(start, stop, step)
+    return lambda x, *_: x[tuple(index)]
+
+
+def _take(call):
+    data_shape = _shape(call.args[0])
+    axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % len(data_shape)
+    extent = data_shape[axis]
+    wrap = str(call.attrs.mode) == "wrap"
+
+    def take(data, indices):
+        indices = indices.to(torch.int64)
+        if wrap:  # the check admits wrap only with constant indices in [-extent, extent)
+            indices = torch.remainder(indices, extent)
+        picked = torch.index_select(data, axis, indices.reshape(-1))
+        return picked.reshape(list(data_shape[:axis]) + list(indices.shape) + list(data_shape[axis + 1:]))
+
+    return take
+
+
+def _astype(call):
+    dtype = _torch_dtype(tvm_compat.tensor_shape_dtype(call)[1])
+    return lambda x: x.to(dtype)
+
+
+def _split(call):
+    axis, sizes = support.split_axis_and_sizes(call)
+    return lambda x: tuple(torch.split(x, sizes, dim=axis))
+
+
+def _rsqrt(call):
+    return lambda x: torch.rsqrt(x)
+
+
+def _silu(call):
+    return lambda x: F.silu(x)
+
+
+# Operator name -> a function of the call giving the torch function of its arguments.
+CONVERTERS: dict[str, Callable] = {
+    "relax.add": _elementwise(torch.add),
+    "relax.subtract": _elementwise(torch.sub),
+    "relax.multiply": _elementwise(torch.mul),
+    "relax.divide": _elementwise(torch.div),
+    "relax.power": _elementwise(torch.pow),
+    "relax.maximum": _elementwise(torch.maximum),
+    "relax.minimum": _elementwise(torch.minimum),
+    "relax.less": _elementwise(torch.lt),
+    "relax.less_equal": _elementwise(torch.le),
+    "relax.greater": _elementwise(torch.gt),
+    "relax.greater_equal": _elementwise(torch.ge),
+    "relax.equal": _elementwise(torch.eq),
+    "relax.not_equal": _elementwise(torch.ne),
+    "relax.where": _elementwise(torch.where),
+    "relax.nn.relu": _elementwise(torch.relu),
+    "relax.nn.gelu": _gelu,
+    "relax.nn.gelu_tanh": _gelu_tanh,
+    "relax.nn.silu": _silu,
+    "relax.sigmoid": _elementwise(torch.sigmoid),
+    "relax.tanh": _elementwise(torch.tanh),
+    "relax.erf": _elementwise(torch.erf),
+    "relax.sqrt": _elementwise(torch.sqrt),
+    "relax.rsqrt": _rsqrt,
+    "relax.exp": _elementwise(torch.exp),
+    "relax.log": _elementwise(torch.log),
+    "relax.negative": _elementwise(torch.neg),
+    "relax.abs": _elementwise(torch.abs),
+    "relax.isnan": _elementwise(torch.isnan),
+    "relax.clip": _clip,
+    "relax.nn.conv2d": _conv2d,
+    "relax.matmul": _elementwise(torch.matmul),
+    "relax.nn.max_pool2d": _max_pool2d,
+    "relax.nn.avg_pool2d": _avg_pool2d,
+    "relax.nn.adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "relax.mean": _reduce(torch.mean, lambda x, dims, keepdim: torch.mean(x, dim=dims, keepdim=keepdim)),
+    "relax.sum": _reduce(torch.sum, lambda x, dims, keepdim: torch.sum(x, dim=dims, keepdim=keepdim)),
+    "relax.max": _reduce(torch.amax, lambda x, dims, keepdim: torch.amax(x, dim=dims, keepdim=keepdim)),
+    "relax.min": _reduce(torch.amin, lambda x, dims, keepdim: torch.amin(x, dim=dims, keepdim=keepdim)),
+    "relax.nn.softmax": _softmax(torch.softmax),
+    "relax.nn.log_softmax": _softmax(torch.log_softmax),
+    "relax.nn.layer_norm": _layer_norm,
+    "relax.reshape": _reshape,
+    "relax.flatten": _reshape,
+    "relax.squeeze": _reshape,
+    "relax.expand_dims": _reshape,
+    "relax.permute_dims": _permute_dims,
+    "relax.broadcast_to": _broadcast_to,
+    "relax.concat": _concat,
+    "relax.strided_slice": _strided_slice,
+    "relax.take": _take,
+    "relax.astype": _astype,
+    "relax.split": _split,
+}
+
+
+STATIC_AFTER_FIRST = frozenset({"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip"})
+
+
+class RelaxProgram(torch.nn.Module):
+    """Runs the converted steps: each takes tensors (or tuples of them) named by references and
+    binds its result to a new name. References: ``("input", i)``, ``("buffer", name)``,
+    ``("value", i)``, ``("tuple", [refs])``, ``("item", ref, index)``."""
+
+    def __init__(self, steps, outputs, constants: dict[str, np.ndarray]):
+        super().__init__()
+        self.steps, self.outputs = steps, outputs
+        for name, array in constants.items():
+            self.register_buffer(name, torch.from_numpy(np.array(array, copy=True)), persistent=True)
+
+    def _resolve(self, reference, inputs, values):
+        kind = reference[0]
+        if kind == "input":
+            return inputs[reference[1]]
+        if kind == "buffer":
+            return getattr(self, reference[1])
+        if kind == "value":
+            return values[reference[1]]
+        if kind == "tuple":
+            return tuple(self._resolve(r, inputs, values) for r in reference[1])
+        return self._resolve(reference[1], inputs, values)[reference[2]]  # "item"
+
+    def forward(self, *inputs):
+        values = []
+        for fn, arguments in self.steps:
+            values.append(fn(*[self._resolve(r, inputs, values) for r in arguments]))
+        return tuple(self._resolve(r, inputs, values) for r in self.outputs)
+
+
+class _Builder:
+    def __init__(self):
+        self.steps: list = []
+        self.references: dict = {}  # Relax expression -> reference
+        self.constants: dict[str, np.ndarray] = {}
+
+    def reference(self, expr):
+        if expr in self.references:
+            return self.references[expr]
+        if isinstance(expr, relax.Tuple):
+            return ("tuple", [self.reference(field) for field in expr.fields])
+        array = tvm_compat.constant_array(expr)
+        if array is not None:
+            name = f"constant_{len(self.constants)}"
+            self.constants[name] = np.asarray(array)
+            self.references[expr] = ("buffer", name)
+            return self.references[expr]
+        raise UnsupportedError(f"argument {type(expr).__name__} {expr} is neither a converted value nor a constant")
+
+    def call(self, call):
+        refused = refusal(call)
+        if refused:
+            raise UnsupportedError(refused)
+        fn = CONVERTERS[tvm_compat.op_name(call)](call)
+        # Operators whose later arguments are static (a shape, bounds) that the converter already read.
+        tensor_arguments = 1 if tvm_compat.op_name(call) in STATIC_AFTER_FIRST else len(call.args)
+        arguments = [self.reference(arg) if index < tensor_arguments else ("tuple", []) for index, arg in enumerate(call.args)]
+        self.steps.append((fn, arguments))
+        return ("value", len(self.steps) - 1)
+
+
+def convert(func: relax.Function) -> RelaxProgram:
+    """``func`` as a PyTorch module; raises :class:`UnsupportedError` for anything it cannot reproduce."""
+    b = _Builder()
+    for index, param in enumerate(func.params):
+        try:
+            tvm_compat.tensor_shape_dtype(param)
+        except ValueError as error:
+            raise UnsupportedError(f"parameter {param.name}: {error}") from None
+        b.references[param] = ("input", index)
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        raise UnsupportedError("function body is not a sequence of binding blocks")
+    for block in body.blocks:
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                raise UnsupportedError(f"{type(binding).__name__} (only plain variable bindings)")
+            value = binding.value
+            if isinstance(value, relax.Var):
+                b.references[binding.var] = b.reference(value)
+            elif isinstance(value, relax.Tuple):
+                b.references[binding.var] = ("tuple", [b.reference(field) for field in value.fields])
+            elif isinstance(value, relax.TupleGetItem):
+                b.references[binding.var] = ("item", b.reference(value.tuple_value), int(value.index))
+            elif tvm_compat.is_op_call(value):
+                b.references[binding.var] = b.call(value)
+            else:
+                raise UnsupportedError(f"binding of {type(value).__name__}: {value}")
+    result = body.body
+    ty = tvm_compat.value_type(result)
+    if isinstance(ty, relax.TupleType):
+        outputs = [("item", b.reference(result), index) for index in range(len(ty.fields))]
+    else:
+        outputs = [b.reference(result)]
+    return RelaxProgram(b.steps, outputs, b.constants)
+
+
+def example_inputs(func: relax.Function) -> tuple[torch.Tensor, ...]:
+    """Zero tensors of the parameters' static shapes and dtypes (what ``torch.export`` traces with)."""
+    inputs = []
+    for param in func.params:
+        shape, dtype = tvm_compat.tensor_shape_dtype(param)
+        inputs.append(torch.zeros(shape, dtype=_torch_dtype(dtype)))
+    return tuple(inputs)
+
+
+def exported(func: relax.Function) -> "torch.export.ExportedProgram":
+    """``func`` converted and traced by ``torch.export`` at its static shapes."""
+    return torch.export.export(convert(func), example_inputs(func), strict=False)
+
