@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -74,17 +75,23 @@ def packed_call_function(func: relax.Function, name: str, packed_function: str, 
 
     What a native backend's lowering returns: ``spec`` is what the kernel reads to know what to
     compute: an int64 numpy array (a constant tensor; the VM copies constants to the target's
-    device, so this suits CPU kernels) or a string (stays on the host on every device: GPU
-    kernels take their spec so). ``operands`` are ``func``'s parameters or constants in the
-    order the kernel takes them; the output is allocated by the VM with ``func``'s return type.
+    device, so this suits CPU kernels), a uint8 array (a serialized model, as the graph-level
+    backends carry theirs) or a string (stays on the host on every device: GPU kernels take their
+    spec so). ``operands`` are ``func``'s parameters or constants in the order the kernel takes
+    them; the outputs are allocated by the VM with ``func``'s return type (each field of a tuple).
     """
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
     mapping = dict(zip(func.params, params))
-    spec_expr = tvm_compat.string_expr(spec) if isinstance(spec, str) else relax.const(spec, "int64")
+    if isinstance(spec, str):
+        spec_expr = tvm_compat.string_expr(spec)
+    else:
+        spec_expr = relax.const(spec, "uint8" if getattr(spec, "dtype", None) == np.uint8 else "int64")
     arguments = [spec_expr, *(mapping.get(operand, operand) for operand in operands)]
+    return_type = tvm_compat.return_type(func)
+    out_types = list(return_type.fields) if isinstance(return_type, relax.TupleType) else return_type
     bb = relax.BlockBuilder()
     with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
         with bb.dataflow():
-            output = bb.emit_output(relax.call_dps_packed(packed_function, arguments, tvm_compat.return_type(func)))
+            output = bb.emit_output(relax.call_dps_packed(packed_function, arguments, out_types))
         bb.emit_func_output(output)
     return bb.get()[name]

@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
+from collage_core import build, tvm_compat
 
 DIGEST_BYTES = hashlib.sha256().digest_size
 
@@ -44,16 +44,7 @@ def unpack_blob(blob: np.ndarray, owner: str = "collage") -> tuple[bytes, int]:
 def packed_call_function(func: relax.Function, name: str, run_function: str, blob: np.ndarray) -> relax.Function:
     """``func`` with its body replaced by ``run_function(blob, *params)`` in destination-passing
     style, returning what ``func`` returns."""
-    constant = relax.const(blob, "uint8")
-    return_type = tvm_compat.return_type(func)
-    out_types = list(return_type.fields) if isinstance(return_type, relax.TupleType) else return_type
-    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
-    bb = relax.BlockBuilder()
-    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
-        with bb.dataflow():
-            output = bb.emit_output(relax.call_dps_packed(run_function, [constant, *params], out_types))
-        bb.emit_func_output(output)
-    return bb.get()[name]
+    return build.packed_call_function(func, name, run_function, blob, list(func.params))
 
 
 def runs_alone(mod, function_names) -> bool:
