@@ -251,7 +251,8 @@ def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
         budget=False))
 
 
-def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True, collage_again: bool = False) -> None:
+def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True, collage_again: bool = False,
+                  backends: Optional[str] = None) -> None:
     stem = _stem(name, batch)
     print(f"{stem}:", flush=True)
     raw = RawResults(raw_root, stem)
@@ -269,8 +270,9 @@ def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = Tru
     def collage(extra: list[str]):
         return lambda: _collage_run(onnx_path, costs, out, extra)
 
-    raw.get_or_measure("collage cold", collage([]))
-    warm = raw.get_or_measure("collage warm", collage([]))
+    chosen = ["--backends", backends] if backends else []
+    raw.get_or_measure("collage cold", collage(chosen))
+    warm = raw.get_or_measure("collage warm", collage(chosen))
 
     def interleaved():
         single_name, single = _best_single_library(warm, onnx_path, out, stem)
@@ -332,6 +334,9 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw (benchmarks/raw-cuda with --device cuda)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: on an NVIDIA GPU, PyTorch eager and torch.compile against Collage over TVM, cuBLAS and cuDNN")
+    parser.add_argument("--backends", default=None,
+                        help="Collage's backends on the CPU (default: Collage's default, every available backend "
+                             "but the opt-in ones; name inductor here to include it)")
     parser.add_argument("--only-report", action="store_true", help="write RESULTS.md and the chart from the raw files")
     parser.add_argument("--collage-again", action="store_true",
                         help="measure Collage's rows again where Collage's code changed since (its cold and warm "
@@ -351,7 +356,7 @@ def main() -> None:
                     measure_model_on_gpu(name, batch, raw)
                 else:
                     measure_model(name, batch, raw, torch_input=str(batch) in args.torch_batches.split(","),
-                                  collage_again=args.collage_again)
+                                  collage_again=args.collage_again, backends=args.backends)
     if args.raw is not None:
         return  # measured somewhere else: the report is written from the project's raw folders
     command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
