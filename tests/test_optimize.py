@@ -197,6 +197,7 @@ def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, cost
     assert once.end_to_end[0].cost.repeats == 1 and once.end_to_end[0].cost.median_s > 0
 
 
+@pytest.mark.slow  # a minute on 2 cores; the turns are also covered by the tests after it, with fewer rounds
 def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, costs, monkeypatch):
     """Timed in turns, each in workers of its own; the result is the fastest of them, or the searched
     placement when none beat it by the margin."""
