@@ -62,10 +62,12 @@ def refusal(call) -> Optional[str]:
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:
-    return getattr(torch, {"bool": "bool"}.get(dtype, dtype))
+    """``float32`` -> ``torch.float32`` (the converter's dtypes are named alike in both)."""
+    return getattr(torch, dtype)
 
 
 def _elementwise(fn) -> Callable:
+    """A converter for an operator whose tensor arguments map one to one onto ``fn``'s."""
     return lambda call: fn
 
 
