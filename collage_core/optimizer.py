@@ -20,7 +20,7 @@ from collage_core import tvm_compat
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends
 from collage_core.baselines import (
     IN_TURNS, TURNS_MARGIN, baseline_file, closest_rivals, faster_baseline, op_groups, operators_by_backend,
-    searched_parts, single_backend_parts,
+    predicted_cost, searched_parts, single_backend_parts,
 )
 from collage_core.calibration import DEFAULT_ROUNDS, calibrate, signature
 from collage_core.candidates import enumerate_candidates
@@ -433,13 +433,23 @@ class _Job:
                 baseline = single_backend_parts(self.graph, candidates, measurement.costs, info.name, self.backends)
                 if baseline is not None:
                     built.append(baseline)
-        results = [(EndToEnd(UNPARTITIONED, self._baseline_cost(UNPARTITIONED, None, limit_s, db),
+        # TVM's unpartitioned build runs the kernels of TVM alone without partition boundaries: it
+        # cannot win where TVM alone cannot.
+        tvm_alone = next((p for name, p in built if name == "tvm alone"), None)
+        reference = op_level_parts or parts
+        unpartitioned = predicted_cost(tvm_alone, reference, "TVM alone's") if tvm_alone is not None else None
+        if unpartitioned is not None:
+            self.say(f"{UNPARTITIONED}: {unpartitioned.reason}")
+        results = [(EndToEnd(UNPARTITIONED, unpartitioned or self._baseline_cost(UNPARTITIONED, None, limit_s, db),
                              {"relax.build": len(self.graph.graph)}), None)]
         measured = {**self.measured_end_to_end, signature(parts): placement_cost}
         for name, baseline_parts in built:
             baseline_signature = signature(baseline_parts)
             if baseline_signature not in measured:
-                measured[baseline_signature] = self._baseline_cost(name, baseline_parts, limit_s, db)
+                cannot_win = predicted_cost(baseline_parts, reference)
+                if cannot_win is not None:
+                    self.say(f"{name}: {cannot_win.reason}")
+                measured[baseline_signature] = cannot_win or self._baseline_cost(name, baseline_parts, limit_s, db)
             results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
                             baseline_parts))
         return results

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collage_core.baselines import IN_TURNS
+from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.timing import STOPPED_PREFIX
 from collage_core.two_level import history_text
 
 
 def _ms(cost) -> str:
-    return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}" if cost.is_measured else f"invalid: {cost.reason}"
+    if cost.is_measured:
+        return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}"
+    if cost.reason.startswith((PREDICTED_PREFIX, STOPPED_PREFIX)):
+        return cost.reason  # a baseline left unbuilt or stopped, not one that failed
+    return f"invalid: {cost.reason}"
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

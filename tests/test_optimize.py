@@ -418,3 +418,51 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
     assert placement.cost.repeats > 1 and placement.cost.median_s < limit_s
     alone = next(e for e in result.end_to_end if e.name == f"{lazy_setup_backend.BACKEND} alone")
     assert alone.cost.is_measured and alone.cost.median_s < limit_s
+
+
+def test_a_baseline_whose_partitions_add_up_to_ten_times_the_placement_is_not_built():
+    from collage_core.baselines import CANNOT_WIN_FACTOR, PREDICTED_PREFIX, predicted_cost
+    from collage_core.records import Cost, Partition
+
+    def part(ms):
+        return Partition("tvm", "tvm.op", (0,), "k", Cost.measured(ms / 1e3, 0.0, 5))
+
+    op_level = [part(0.4), part(0.6)]
+    slow = predicted_cost([part(6.0), part(4.5)], op_level)
+    assert slow.reason == (f"{PREDICTED_PREFIX} its partitions' measured costs add up to 10.500 ms, "
+                           "over 10x the op-level placement's 1.000 ms")
+    assert not slow.is_measured and CANNOT_WIN_FACTOR == 10.0
+    assert predicted_cost([part(6.0), part(3.9)], op_level) is None  # may win: built and measured
+    region = Partition("onnxruntime", "onnxruntime.region", (1,), "r", Cost.unknown())
+    assert predicted_cost([part(60.0), region], op_level) is None  # a region has no standalone cost
+    assert predicted_cost([part(60.0)], [region]) is None
+
+
+def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they_cannot_win(workspace, costs, monkeypatch):
+    """With DNNL beside TVM, untuned TVM's partitions add up to far more than the placement on
+    tiny_resnet: neither TVM alone nor TVM's unpartitioned build is built, and the report says why."""
+    from collage_core.baselines import PREDICTED_PREFIX
+
+    from collage_core import optimizer
+
+    quick_turns(monkeypatch)
+    baseline_cost, measured = optimizer._Job._baseline_cost, []
+
+    def recorded(self, name, *args, **kwargs):
+        measured.append(name)
+        return baseline_cost(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(optimizer._Job, "_baseline_cost", recorded)
+    result = collage_core.optimize(
+        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "predicted",
+        search="op-level", calibration_rounds=0, show_progress=False,
+    )
+    rows = {e.name: e.cost for e in result.end_to_end}
+    for name in ("tvm alone", "unpartitioned relax.build"):
+        assert rows[name].reason.startswith(PREDICTED_PREFIX), rows[name]
+    assert rows["dnnl + tvm for the rest"].is_measured
+    assert "tvm alone" not in measured and "unpartitioned relax.build" not in measured
+    from collage_core.report import render_report
+
+    report = render_report(result)
+    assert next(line for line in report.splitlines() if line.startswith("tvm alone ")).split()[2:4] == ["not", "built:"]
