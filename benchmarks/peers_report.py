@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from collage_core.baselines import IN_TURNS
+from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
 from collage_core.timing import STOPPED_PREFIX
 
 OPENVINO_PEER = "openvino default session (fp32)"
@@ -126,6 +126,8 @@ def _format_ms(row: dict) -> str:
     if "error" in row:
         if row["error"].startswith(STOPPED_PREFIX):
             return f"> {float(row['error'].rsplit(' ', 2)[-2]) * 1e3:.0f} (stopped)"
+        if row["error"].startswith(PREDICTED_PREFIX):  # "not built: ... add up to 27000.000 ms, over 10x ..."
+            return f"not built: its partitions add up to {row['error'].split('add up to ')[1].split(',')[0]}"
         return f"failed: {row['error'][:80]}"
     if row.get("median_s") is None:
         return "not measured"

@@ -203,3 +203,9 @@ def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):
     assert "| openvino default session (fp32) | 0.62 |" in line  # 10 ms against OpenVINO's 16, the best peer
     assert peers_report.single_backend_row("openvino + tvm for the rest") == "openvino + op-level for the rest"
     assert peers_report.single_backend_row("openvino alone") == "openvino alone"
+
+
+def test_a_baseline_left_unbuilt_says_what_its_partitions_add_up_to():
+    reason = ("not built: its partitions' measured costs add up to 26934.980 ms, over 10x the op-level placement's "
+              "117.540 ms")
+    assert peers_report._format_ms({"error": reason}) == "not built: its partitions add up to 26934.980 ms"
