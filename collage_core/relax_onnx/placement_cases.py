@@ -102,3 +102,77 @@ def run_vm(executable, *arrays):
     """``main``'s result on this CPU, as numpy."""
     vm = relax.VirtualMachine(executable, DEVICE)
     return tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in arrays]))
+
+
+CONV_INPUT = ((1, 3, 8, 8), F)
+
+
+def check_mixed_placements(pm, backends, backend: str, target) -> None:
+    """conv-bias-ReLU on ``backend`` beside TVM's scale, and attention up to its softmax on ``backend``
+    returning two results (the layer norm's output is read after it), each against numpy."""
+    from collage_core.build import build, partitions_by_backend
+
+    _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), backend, {0, 1, 2})
+    assert {b: len(names) for b, names in partitions_by_backend(placed).items()} == {backend: 1, "tvm": 1}
+    x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
+    np.testing.assert_allclose(run_vm(build(pm, placed, backends, target), x), numpy_conv_bias_relu_scale(x),
+                               rtol=RTOL, atol=ATOL)
+
+    mod = module(attention, ((1, TOKENS, HIDDEN), F))
+    ops = RelaxGraph.from_function(mod["main"]).graph.ops
+    _, placed = place(mod, backend, set(range(ops.index("relax.nn.softmax") + 1)))
+    (name,) = partitions_by_backend(placed)[backend]
+    assert isinstance(tvm_compat.return_type(placed[name]), relax.TupleType)
+    x = RNG.uniform(-1, 1, size=(1, TOKENS, HIDDEN)).astype(F)
+    np.testing.assert_allclose(run_vm(build(pm, placed, backends, target), x), numpy_attention(x), rtol=RTOL, atol=ATOL)
+
+
+def check_exported_library_runs_in_a_fresh_process(pm, backends, backend: str, target, tmp_path) -> None:
+    """conv-bias-ReLU on ``backend`` exported as a library, loaded and run in a new Python process
+    that imports only TVM and ``collage_<backend>``, against numpy."""
+    import subprocess
+    import sys
+
+    from collage_core.build import build
+
+    _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), backend, {0, 1, 2})
+    library = tmp_path / "placed.so"
+    build(pm, placed, backends, target).export_library(str(library))
+    x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import sys, numpy as np, tvm\n"
+        "from tvm import relax\n"
+        f"import collage_{backend}\n"
+        "vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())\n"
+        "np.save(sys.argv[3], vm['main'](tvm.runtime.tensor(np.load(sys.argv[2]))).numpy())\n"
+    )
+    out = tmp_path / "out.npy"
+    done = subprocess.run([sys.executable, "-c", script, str(library), str(tmp_path / "x.npy"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(np.load(out), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
+
+
+def check_runs_in_place(run, relu_blob, bindings_kept: int) -> None:
+    """``run(blob, *tensors)`` of a lowered ReLU reads its input and writes its output where the VM's
+    tensors are, sees new contents at the same addresses, keeps each of more address sets than it
+    keeps bindings apart, and refuses the wrong number of tensors."""
+    import pytest
+
+    x = tvm_compat.to_tensor(np.full((2, 3), -1.0, F), DEVICE)
+    out = tvm_compat.to_tensor(np.full((2, 3), 7.0, F), DEVICE)
+    run(relu_blob, x, out)
+    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.zeros((2, 3), F))
+    # Same addresses, new contents: what is bound must see them, not a copy taken when bound.
+    x.copyfrom(np.arange(6, dtype=F).reshape(2, 3))
+    run(relu_blob, x, out)
+    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.arange(6, dtype=F).reshape(2, 3))
+    pairs = [(tvm_compat.to_tensor(np.full((2, 3), float(v), F), DEVICE), tvm_compat.to_tensor(np.zeros((2, 3), F), DEVICE))
+             for v in range(bindings_kept + 2)]
+    for _ in range(2):
+        for value, (source, target) in enumerate(pairs):
+            run(relu_blob, source, target)
+            np.testing.assert_array_equal(tvm_compat.to_numpy(target), np.full((2, 3), float(value), F))
+    with pytest.raises(ValueError, match="takes 1 inputs and gives 1 outputs, but 1 tensors"):
+        run(relu_blob, x)

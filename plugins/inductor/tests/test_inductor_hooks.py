@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import subprocess
-import sys
 
 import numpy as np
 import torch
@@ -20,19 +18,18 @@ from tvm import relax
 import collage_inductor
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns
-from collage_core.build import build, partitions_by_backend
+from collage_core.build import partitions_by_backend
 from collage_core.candidates import enumerate_candidates
 from collage_core.records import GRAPH_LEVEL
 from collage_core.relax_graph import RelaxGraph
 from collage_core.relax_onnx import lowering, support
 from collage_core.relax_onnx.placement_cases import (
-    ATOL, DEVICE, HIDDEN, RNG, RTOL, TOKENS, F, R, attention, conv_bias_relu_scale, module, numpy_attention,
-    numpy_conv_bias_relu_scale, place, run_vm,
+    ATOL, CONV_INPUT, DEVICE, RNG, RTOL, F, R, check_exported_library_runs_in_a_fresh_process, check_mixed_placements,
+    check_runs_in_place, conv_bias_relu_scale, module, numpy_conv_bias_relu_scale, place,
 )
 from collage_inductor import hooks, relax_to_torch, runtime
 
 TARGET = tvm_compat.host_cpu_target()
-CONV_INPUT = ((1, 3, 8, 8), F)
 
 
 def test_collage_register_backends_registers_a_graph_level_cpu_backend(backends):
@@ -91,43 +88,12 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
     np.testing.assert_allclose(result.numpy() * 0.5, numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
 
 
-def test_conv_bias_relu_on_inductor_beside_tvm(pm, backends):
-    _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), "inductor", {0, 1, 2})
-    assert {b: len(names) for b, names in partitions_by_backend(placed).items()} == {"inductor": 1, "tvm": 1}
-    x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
-    np.testing.assert_allclose(run_vm(build(pm, placed, backends, TARGET), x), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
-
-
-def test_attention_with_two_outputs_on_inductor(pm, backends):
-    mod = module(attention, ((1, TOKENS, HIDDEN), F))
-    ops = RelaxGraph.from_function(mod["main"]).graph.ops
-    _, placed = place(mod, "inductor", set(range(ops.index("relax.nn.softmax") + 1)))
-    (name,) = partitions_by_backend(placed)["inductor"]
-    assert isinstance(tvm_compat.return_type(placed[name]), relax.TupleType)
-    x = RNG.uniform(-1, 1, size=(1, TOKENS, HIDDEN)).astype(F)
-    np.testing.assert_allclose(run_vm(build(pm, placed, backends, TARGET), x), numpy_attention(x), rtol=RTOL, atol=ATOL)
+def test_mixed_placements_beside_tvm_match_numpy(pm, backends):
+    check_mixed_placements(pm, backends, "inductor", TARGET)
 
 
 def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
-    _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), "inductor", {0, 1, 2})
-    library = tmp_path / "placed.so"
-    build(pm, placed, backends, TARGET).export_library(str(library))
-    x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
-    np.save(tmp_path / "x.npy", x)
-    script = (
-        "import sys, numpy as np, tvm\n"
-        "from tvm import relax\n"
-        "import collage_inductor\n"
-        "vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())\n"
-        "np.save(sys.argv[3], vm['main'](tvm.runtime.tensor(np.load(sys.argv[2]))).numpy())\n"
-    )
-    out = tmp_path / "out.npy"
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(library), str(tmp_path / "x.npy"), str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    np.testing.assert_allclose(np.load(out), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
+    check_exported_library_runs_in_a_fresh_process(pm, backends, "inductor", TARGET, tmp_path)
 
 
 def relu_blob():
@@ -148,24 +114,7 @@ def test_runtime_compiles_once_and_registers_idempotently():
 
 
 def test_runtime_reads_and_writes_the_tensors_in_place():
-    blob = relu_blob()
-    x = tvm_compat.to_tensor(np.full((2, 3), -1.0, F), DEVICE)
-    out = tvm_compat.to_tensor(np.full((2, 3), 7.0, F), DEVICE)
-    runtime.run(blob, x, out)
-    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.zeros((2, 3), F))
-    # Same addresses, new contents: the cached views must see them, not a copy taken when bound.
-    x.copyfrom(np.arange(6, dtype=F).reshape(2, 3))
-    runtime.run(blob, x, out)
-    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.arange(6, dtype=F).reshape(2, 3))
-    # More address sets than views kept: each still computes its own tensors.
-    pairs = [(tvm_compat.to_tensor(np.full((2, 3), float(v), F), DEVICE), tvm_compat.to_tensor(np.zeros((2, 3), F), DEVICE))
-             for v in range(runtime.VIEWS_PER_THREAD + 2)]
-    for _ in range(2):
-        for value, (source, target) in enumerate(pairs):
-            runtime.run(blob, source, target)
-            np.testing.assert_array_equal(tvm_compat.to_numpy(target), np.full((2, 3), float(value), F))
-    with pytest.raises(ValueError, match="the program takes 1 inputs and gives 1 outputs, but 1 tensors"):
-        runtime.run(blob, x)
+    check_runs_in_place(runtime.run, relu_blob(), runtime.VIEWS_PER_THREAD)
 
 
 def test_runtime_refuses_a_blob_that_does_not_match_its_digest():

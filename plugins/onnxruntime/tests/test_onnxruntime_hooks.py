@@ -6,7 +6,6 @@ Relax's VM and compared with numpy, as ``collage_core.relax_onnx.placement_cases
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
@@ -24,7 +23,8 @@ from collage_core.records import GRAPH_LEVEL
 from collage_core.relax_graph import RelaxGraph
 from collage_core.relax_onnx import converter as relax_to_onnx, lowering, support
 from collage_core.relax_onnx.placement_cases import (
-    ATOL, DEVICE, RNG, RTOL, TOKENS, HIDDEN, F, R, attention, conv_bias_relu_scale, module, numpy_attention,
+    ATOL, DEVICE, RNG, RTOL, TOKENS, HIDDEN, F, R, attention, check_exported_library_runs_in_a_fresh_process,
+    check_runs_in_place, conv_bias_relu_scale, module, numpy_attention,
     numpy_conv_bias_relu_scale, place, run_vm,
 )
 from collage_onnxruntime import hooks, runtime
@@ -115,25 +115,7 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
 
 
 def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
-    _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", {0, 1, 2})
-    library = tmp_path / "placed.so"
-    build(pm, placed, backends, TARGET).export_library(str(library))
-    x = RNG.uniform(-1, 1, size=(1, 3, 8, 8)).astype(F)
-    np.save(tmp_path / "x.npy", x)
-    script = (
-        "import sys, numpy as np, tvm\n"
-        "from tvm import relax\n"
-        "import collage_onnxruntime\n"
-        "vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())\n"
-        "np.save(sys.argv[3], vm['main'](tvm.runtime.tensor(np.load(sys.argv[2]))).numpy())\n"
-    )
-    out = tmp_path / "out.npy"
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(library), str(tmp_path / "x.npy"), str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    np.testing.assert_allclose(np.load(out), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
+    check_exported_library_runs_in_a_fresh_process(pm, backends, "onnxruntime", TARGET, tmp_path)
 
 
 def test_runtime_keeps_one_session_per_model_and_registers_idempotently(pm, backends):
@@ -188,15 +170,6 @@ def test_idle_threads_spin_only_when_onnx_runtime_runs_the_whole_executable(back
 
 
 def test_runtime_reads_and_writes_the_tensors_in_place():
-    func = relax_to_onnx.convert(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"])
-    blob = tvm_compat.to_tensor(runtime.pack_model(func.SerializeToString()), DEVICE)
-    x = tvm_compat.to_tensor(np.full((2, 3), -1.0, F), DEVICE)
-    out = tvm_compat.to_tensor(np.full((2, 3), 7.0, F), DEVICE)
-    runtime.run(blob, x, out)
-    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.zeros((2, 3), F))
-    # Same addresses, new contents: the cached binding must see them, not a copy taken when bound.
-    x.copyfrom(np.arange(6, dtype=F).reshape(2, 3))
-    runtime.run(blob, x, out)
-    np.testing.assert_array_equal(tvm_compat.to_numpy(out), np.arange(6, dtype=F).reshape(2, 3))
-    with pytest.raises(ValueError, match="1 inputs and gives 1 outputs, but 1 tensors"):
-        runtime.run(blob, x)
+    model = relax_to_onnx.convert(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"])
+    check_runs_in_place(runtime.run, tvm_compat.to_tensor(runtime.pack_model(model.SerializeToString()), DEVICE),
+                        runtime.BINDINGS_PER_THREAD)
