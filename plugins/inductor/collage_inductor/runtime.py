@@ -21,6 +21,7 @@ import numpy as np
 import tvm
 
 from collage_core.relax_onnx import runtime_caches
+from collage_core.threads import backend_threads
 
 RUN_FUNCTION = "collage_inductor.run"
 # Compiled programs kept alive: far more than the Inductor partitions of one model.
@@ -37,8 +38,8 @@ def cache_dir() -> Path:
 
 
 def threads() -> int:
-    """PyTorch's intra-op threads for Inductor's kernels: one per core this process may use."""
-    return len(os.sched_getaffinity(0))
+    """PyTorch's intra-op threads for Inductor's kernels (``collage_core.threads.backend_threads``)."""
+    return backend_threads()
 
 
 class _Program:

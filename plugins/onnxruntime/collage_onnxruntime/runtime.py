@@ -10,12 +10,11 @@ copies).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import tvm
 
 from collage_core.relax_onnx import lowering, runtime_caches
+from collage_core.threads import backend_threads
 
 RUN_FUNCTION = "collage_onnxruntime.run"
 # Sessions kept alive: far more than the ONNX Runtime partitions of one model, so none is rebuilt
@@ -45,8 +44,8 @@ def unpack_model(blob: np.ndarray) -> bytes:
 
 
 def session_options(spinning: bool = False):
-    """All graph optimizations, one thread per core this process may use, and no spinning unless
-    ``spinning``.
+    """All graph optimizations, ``collage_core.threads.backend_threads()`` threads, and no spinning
+    unless ``spinning``.
 
     ONNX Runtime's worker threads spin while waiting for work by default. Between two ONNX
     Runtime partitions, TVM's kernels run in the same process on the same cores, and spinning
@@ -59,7 +58,7 @@ def session_options(spinning: bool = False):
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = len(os.sched_getaffinity(0))
+    options.intra_op_num_threads = backend_threads()
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")

@@ -22,6 +22,7 @@ import numpy as np
 import tvm
 
 from collage_core.relax_onnx import runtime_caches
+from collage_core.threads import backend_threads
 
 RUN_FUNCTION = "collage_openvino.run"
 # Compiled models kept alive: far more than the OpenVINO partitions of one model, yet a measurement
@@ -35,12 +36,12 @@ CPU = tvm.cpu(0).dlpack_device_type()
 
 
 def compile_config(threads: int | None = None) -> dict:
-    """The CPU plugin's settings for a partition: latency, one stream, ``threads`` (default: the
-    cores this process may use) and fp32 arithmetic."""
+    """The CPU plugin's settings for a partition: latency, one stream, ``threads`` (default:
+    ``collage_core.threads.backend_threads()``) and fp32 arithmetic."""
     return {
         "PERFORMANCE_HINT": "LATENCY",
         "NUM_STREAMS": 1,
-        "INFERENCE_NUM_THREADS": threads or len(os.sched_getaffinity(0)),
+        "INFERENCE_NUM_THREADS": threads or backend_threads(),
         "INFERENCE_PRECISION_HINT": "f32",
     }
 
