@@ -121,6 +121,7 @@ def _backends(args) -> int:
 def _optimize(args) -> int:
     from collage_core.optimizer import optimize
     from collage_core.report import render_report
+    from collage_core.result import SEARCH_PICTURE
 
     output = Path(args.output) if args.output else Path("collage-out") / Path(args.model).stem
     result = optimize(
@@ -141,7 +142,9 @@ def _optimize(args) -> int:
         ),
     )
     print(render_report(result))
-    print(f"\nsaved: {output / 'placement.json'}, {output / (result.model.name + '.so')}, {output / 'report.txt'}")
+    saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
+    saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
+    print(f"\nsaved: {', '.join(str(path) for path in saved)}")
     if result.verification is not None and not result.verification.passed:
         return EXIT_NUMERICS
     return 0

@@ -22,6 +22,8 @@ from collage_core.verify import Verification
 
 PLACEMENT = "placement"
 
+SEARCH_PICTURE = "two-level-search.svg"  # the two-level search, generation by generation
+
 
 @attrs.frozen
 class EndToEnd:
@@ -67,7 +69,8 @@ class OptimizedModel:
         return next(e.cost for e in self.end_to_end if e.name == name)
 
     def save(self, directory: os.PathLike) -> Path:
-        """Write ``placement.json``, the compiled library and the report table into ``directory``."""
+        """Write ``placement.json``, the compiled library, the report table, ``results.json`` and, after
+        a two-level search, its picture (``two-level-search.svg``) into ``directory``."""
         from collage_core.report import render_report
 
         directory = Path(directory)
@@ -79,6 +82,11 @@ class OptimizedModel:
             shutil.copyfile(runtime_file(self.library_path), runtime_file(library))
         (directory / "report.txt").write_text(render_report(self) + "\n")
         (directory / "results.json").write_text(json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        if self.two_level is not None and self.two_level.history:
+            from collage_core.picture import backend_colours
+            from collage_core.search_picture import history_svg
+
+            (directory / SEARCH_PICTURE).write_text(history_svg(self.two_level.history, backend_colours(self.placement)))
         return directory
 
     def results_json(self) -> dict:

@@ -298,6 +298,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
 
     quick_turns(monkeypatch)
     cold = run()
+    assert (tmp_path / "out" / "two-level-search.svg").read_text().count('class="generation"') == len(cold.two_level.history)
     builds = recorded_builds(monkeypatch)
     library = tmp_path / "out" / f"{cold.model.name}.so"
     built_at = library.stat().st_mtime_ns

@@ -181,3 +181,24 @@ def test_each_generation_records_which_backends_gained_ground():
     assert seen[-1].operators_by_backend == {b: n for b, n in operators_by_backend(result.parts).items()}
     assert any(record.gained for record in seen[1:])  # this search moves an operator from tvm to "other"
     assert history_text(seen).startswith("0: ")
+
+
+def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
+    from xml.etree import ElementTree
+
+    from collage_core.search_picture import BAR_WIDTH, history_svg
+    from collage_core.two_level import GenerationRecord
+
+    history = [GenerationRecord(0, 0.004, 10.0, {"onnxruntime": 6, "tvm": 2}, {}),
+               GenerationRecord(1, 0.003, 5.0, {"onnxruntime": 4, "openvino": 4}, {"onnxruntime": -2, "openvino": 4, "tvm": -2})]
+    root = ElementTree.fromstring(history_svg(history, {"onnxruntime": "#8dd3c7", "tvm": "#ffffb3"}))
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    bars = root.findall("svg:g[@class='generation']", ns)
+    assert [bar.get("data-generation") for bar in bars] == ["0", "1"]
+    for bar, record in zip(bars, history):
+        rects = bar.findall("svg:rect", ns)
+        assert {r.get("data-backend"): int(r.get("data-operators")) for r in rects} == record.operators_by_backend
+        assert sum(float(r.get("width")) for r in rects) == pytest.approx(BAR_WIDTH, abs=0.05)
+        assert f"{record.best_s * 1e3:.3f} ms" in "".join(bar.itertext())
+    fills = {r.get("data-backend"): r.get("fill") for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-backend")}
+    assert fills["onnxruntime"] == "#8dd3c7" and fills["openvino"] not in ("#8dd3c7", "#ffffb3")
