@@ -1,145 +1,153 @@
-"""How fast the op-level search is on synthetic graphs shaped like ResNet-50 and BERT.
+"""What a cold and a warm `collage optimize` cost, phase by phase, before and after a change.
 
-The graphs mimic what TVM Relax imports: every convolution and linear layer has its own weight
-transform (an operator with no operator inputs), batch norm is spelled out elementwise, and
-attention splits into Q/K/V branches. Candidates are singletons on a generic backend, vendor
-singletons for the heavy operators, fused chains of 2-4 operators on one or two backends, and
-heavy operators that share an input batched together.
-Costs come from a synthetic latency model, not from measurements.
+For each model, each variant (``after``: this checkout; ``before``: the Collage core at another
+git revision, ``--before REF``, run from a worktree with the plugins installed here) runs
+``collage optimize`` cold (an empty cost database, compile cache and output directory), then the
+same command again (warm). The variants take turns: before cold, after cold, before warm, after
+warm. The table gives each run's wall time and its phases (``phases_s`` of ``results.json``),
+then the libraries each variant returned timed in turns in one sitting, so a faster search that
+returned a slower placement shows.
 
-Run: python benchmarks/search_speed.py
+Run:
+    python benchmarks/search_speed.py                                  # quickstart, this checkout
+    python benchmarks/search_speed.py --models quickstart,bert-base,gpt2 --before HEAD~5
+    python benchmarks/search_speed.py --models bert-base,gpt2 --batches 8 --before REF   # CI-free: hours
 """
 
 from __future__ import annotations
 
-import hashlib
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import attrs
+import numpy as np
 
-from collage_core.graph import OpGraph
-from collage_core.records import Candidate, Cost
-from collage_core.search import search_op_level
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-HEAVY_OPS = {"nn.conv2d": "cudnn", "matmul": "cublas"}
-FUSING_BACKENDS = ("tensorrt", "cutlass")
-BASE_SECONDS = {"nn.conv2d": 100e-6, "matmul": 80e-6, "nn.softmax": 12e-6, "nn.layer_norm": 10e-6}
-ELEMENTWISE_SECONDS = 5e-6
-LAUNCH_SECONDS = 4e-6
-
-
-@attrs.define
-class GraphBuilder:
-    ops: list[str] = attrs.Factory(list)
-    preds: list[set[int]] = attrs.Factory(list)
-
-    def add(self, op: str, *inputs: int | None) -> int:
-        self.ops.append(op)
-        self.preds.append({i for i in inputs if i is not None})
-        return len(self.ops) - 1
-
-    def build(self) -> OpGraph:
-        return OpGraph(ops=self.ops, preds=self.preds)
+PHASES = ["import and candidates", "measuring candidates", "search and calibration", "building and verifying",
+          "baselines", "contest in turns", "reusing the run before"]
+SHORT = {"import and candidates": "import", "measuring candidates": "measure", "search and calibration": "search",
+         "building and verifying": "build", "baselines": "baselines", "contest in turns": "contest",
+         "reusing the run before": "reuse"}
 
 
-def conv_unit(b: GraphBuilder, x: int | None, relu: bool = True) -> int:
-    """conv2d with a transformed weight, bias, and batch norm as Relax spells it out."""
-    out = b.add("add", b.add("nn.conv2d", x, b.add("layout_transform")))
-    out = b.add("add", b.add("multiply", b.add("multiply", b.add("subtract", out))))
-    return b.add("nn.relu", out) if relu else out
+def model_file(name: str, batch: int) -> Path:
+    if name == "quickstart":
+        return ROOT / "models" / "tiny_resnet.onnx"
+    import peers  # builds the transformers model's ONNX file when it is missing
+
+    return peers._onnx_file(name, batch)
 
 
-def resnet50_like() -> OpGraph:
-    b = GraphBuilder()
-    x = b.add("nn.max_pool2d", conv_unit(b, None))
-    for stage_blocks in (3, 4, 6, 3):
-        for block in range(stage_blocks):
-            main = conv_unit(b, conv_unit(b, conv_unit(b, x)), relu=False)
-            shortcut = conv_unit(b, x, relu=False) if block == 0 else x
-            x = b.add("nn.relu", b.add("add", main, shortcut))
-    b.add("add", b.add("matmul", b.add("reshape", b.add("mean", x)), b.add("permute_dims")))
-    return b.build()
+def worktree(ref: str, where: Path) -> Path:
+    """A checkout of ``ref`` under ``where``, for running the Collage core as it was."""
+    path = where / "before"
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
 
 
-def linear(b: GraphBuilder, x: int) -> int:
-    return b.add("add", b.add("matmul", x, b.add("permute_dims")))
+def run(model: Path, state: Path, core: Path | None, extra: list[str]) -> dict:
+    """One `collage optimize` with its cost database, cache and output under ``state``; its
+    results.json with the process's wall time, or the error."""
+    env = dict(os.environ, COLLAGE_CACHE_DIR=str(state / "cache"))
+    if core is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core), env.get("PYTHONPATH")]))
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(model), "--cost-db",
+                           str(state / "costs.sqlite"), "--output", str(state / "out"), *extra],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall_s = time.perf_counter() - started
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s}
+    result = json.loads((state / "out" / "results.json").read_text())
+    result["wall_s"] = wall_s
+    return result
 
 
-def bert_like(layers: int) -> OpGraph:
-    b = GraphBuilder()
-    x = b.add("nn.layer_norm", b.add("add", b.add("take"), b.add("take")))
-    for _ in range(layers):
-        q, k, v = (b.add("permute_dims", b.add("reshape", linear(b, x))) for _ in "qkv")
-        scores = b.add("nn.softmax", b.add("add", b.add("divide", b.add("matmul", q, b.add("permute_dims", k)))))
-        context = b.add("reshape", b.add("permute_dims", b.add("matmul", scores, v)))
-        x = b.add("nn.layer_norm", b.add("add", linear(b, context), x))
-        hidden = b.add("nn.gelu", linear(b, x))
-        x = b.add("nn.layer_norm", b.add("add", linear(b, hidden), x))
-    return b.build()
+def placement_ms(result: dict) -> str:
+    for entry in result.get("end_to_end", []):
+        if entry["name"] == "placement" and entry["cost"].get("kind") == "measured":
+            return f"{entry['cost']['median_s'] * 1e3:.3f}"
+    return "-"
 
 
-def paths_from(graph: OpGraph, start: int, length: int):
-    if length == 1:
-        yield (start,)
-        return
-    for succ in sorted(graph.succs[start]):
-        for rest in paths_from(graph, succ, length - 1):
-            yield (start,) + rest
+def in_turns(libraries: dict[str, Path], model: Path) -> dict[str, float]:
+    """The libraries timed in turns in fresh workers (the contest's protocol), median ms by name."""
+    from collage_core import tvm_compat
+    from collage_core.in_turns import time_in_turns
+    from collage_core.model_import import load_model
 
-
-def chain_candidates(graph: OpGraph) -> list[Candidate]:
-    candidates = []
-    for node, op in enumerate(graph.ops):
-        candidates.append(candidate("tvm", op, (node,)))
-        if op in HEAVY_OPS:
-            candidates.append(candidate(HEAVY_OPS[op], op, (node,)))
-        for length in (2, 3, 4):
-            for path in paths_from(graph, node, length):
-                if not graph.is_convex(frozenset(path)):
-                    continue
-                heavy = any(graph.ops[n] in HEAVY_OPS for n in path)
-                for backend in FUSING_BACKENDS if heavy else ("tvm",):
-                    candidates.append(candidate(backend, "_".join(graph.ops[n] for n in path), path))
-    return candidates
-
-
-def horizontal_candidates(graph: OpGraph) -> list[Candidate]:
-    """Heavy operators that read the same input, batched into one kernel (Q/K/V projections)."""
-    candidates = []
-    for succs in graph.succs:
-        for op in HEAVY_OPS:
-            siblings = frozenset(s for s in succs if graph.ops[s] == op)
-            if len(siblings) > 1 and graph.is_convex(siblings):
-                candidates.append(candidate("cutlass", f"horizontal_{op}", siblings))
-    return candidates
-
-
-def candidate(backend: str, what: str, nodes) -> Candidate:
-    return Candidate(backend, f"{backend}.{what}", frozenset(nodes), f"{backend}:{sorted(nodes)}")
-
-
-def synthetic_latency(graph: OpGraph, option: Candidate) -> Cost:
-    """A launch per candidate; fused elementwise operators ride along almost for free."""
-    digest = int(hashlib.sha256(option.key.encode()).hexdigest(), 16)
-    if len(option.nodes) > 1 and digest % 20 == 0:
-        return Cost.invalid("synthetic build failure")
-    speed = 0.6 + (digest % 800) / 1000
-    fused_discount = 0.2 if len(option.nodes) > 1 else 1.0
-    work = sum(BASE_SECONDS.get(graph.ops[n], ELEMENTWISE_SECONDS * fused_discount) for n in option.nodes)
-    return Cost.measured(LAUNCH_SECONDS + speed * work, 0.0, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = Path(tmp) / "inputs.npz"
+        np.savez(inputs, *load_model(str(model)).random_inputs())
+        costs = time_in_turns(libraries, inputs, tvm_compat.target_to_json(tvm_compat.host_cpu_target()), [], [])
+    return {name: cost.seconds * 1e3 for name, cost in costs.items()}
 
 
 def main() -> None:
-    models = {"ResNet-50-like": resnet50_like(), "BERT-base-like": bert_like(12), "BERT-large-like": bert_like(24)}
-    print(f"{'model':<16} {'nodes':>6} {'candidates':>10} {'states':>8} {'seconds':>8}")
-    for name, graph in models.items():
-        candidates = chain_candidates(graph) + horizontal_candidates(graph)
-        costs = {c.key: synthetic_latency(graph, c) for c in candidates}
-        expanded = []
-        start = time.perf_counter()
-        placement = search_op_level(graph, candidates, costs, on_progress=expanded.append)
-        seconds = time.perf_counter() - start
-        print(f"{name:<16} {len(graph):>6} {len(candidates):>10} {expanded[-1]:>8} {seconds:>8.2f}   ({len(placement)} parts)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="quickstart", help="quickstart, bert-base, gpt2, resnet50, ... (comma-separated)")
+    parser.add_argument("--batches", default="1")
+    parser.add_argument("--before", metavar="REF", help="also run the Collage core at this git revision")
+    parser.add_argument("--extra", default="", help="more `collage optimize` arguments, as one string")
+    args = parser.parse_args()
+    extra = args.extra.split()
+    rows, turns = [], []
+    with tempfile.TemporaryDirectory(prefix="collage-search-speed-") as tmp:
+        tmp_path = Path(tmp)
+        variants = {"after": None}
+        if args.before:
+            variants = {"before": worktree(args.before, tmp_path), "after": None}
+        try:
+            for name in args.models.split(","):
+                for batch in (int(b) for b in args.batches.split(",")):
+                    model = model_file(name, batch)
+                    label = name if name == "quickstart" else f"{name} b{batch}"
+                    states = {variant: tmp_path / f"{label}-{variant}".replace(" ", "-") for variant in variants}
+                    for temperature in ("cold", "warm"):
+                        for variant, core in variants.items():
+                            print(f"{label}: {variant}, {temperature} ...", file=sys.stderr, flush=True)
+                            result = run(model, states[variant], core, extra)
+                            rows.append((label, variant, temperature, result))
+                    libraries = {v: s / "out" / f"{model.stem}.so" for v, s in states.items()}
+                    if all(path.exists() for path in libraries.values()):
+                        turns.append((label, in_turns(libraries, model)))
+        finally:
+            if args.before:
+                subprocess.run(["git", "worktree", "remove", "--force", str(variants["before"])], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print_table(rows, turns, args.before)
+
+
+def print_table(rows, turns, before_ref) -> None:
+    heads = ["model", "variant", "run", "wall s", *(SHORT[p] for p in PHASES), "placement ms"]
+    lines = []
+    for label, variant, temperature, result in rows:
+        if "error" in result:
+            lines.append([label, variant, temperature, f"{result['wall_s']:.1f}", f"error: {result['error'][:80]}"])
+            continue
+        phases = result.get("phases_s", {})
+        lines.append([label, variant, temperature, f"{result['wall_s']:.1f}",
+                      *(f"{phases[p]:.1f}" if p in phases else "-" for p in PHASES), placement_ms(result)])
+    widths = [max(len(str(row[i])) for row in [heads, *lines] if i < len(row)) for i in range(len(heads))]
+    print()
+    if before_ref:
+        print(f"before: the Collage core at {before_ref} (plugins as installed); after: this checkout")
+    print("  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))))
+    for row in lines:
+        print("  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    if turns:
+        print("\nthe returned libraries timed in turns, median ms:")
+        for label, costs in turns:
+            print(f"  {label}: " + ", ".join(f"{variant} {ms:.3f}" for variant, ms in costs.items()))
 
 
 if __name__ == "__main__":

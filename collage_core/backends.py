@@ -41,6 +41,22 @@ def discover_backends(pm: CollagePluginManager) -> dict[str, BackendInfo]:
     return infos
 
 
+def registered_backends(pm: CollagePluginManager) -> dict[str, Backend]:
+    """The registered backends by name, without asking whether they run here (a plugin that raises is left out)."""
+    registered: dict[str, tuple[Backend, str]] = {}
+    for _ in _registering(pm, registered):
+        pass
+    return {name: backend for name, (backend, _) in sorted(registered.items())}
+
+
+def preload(pm: CollagePluginManager, backends: dict[str, Backend], device_kind: str = "cpu") -> None:
+    """Ask each backend that serves only ``device_kind`` whether it is available, so that its plugin
+    imports its library now (a zygote does this once for every worker it forks); answers are dropped."""
+    for backend in backends.values():
+        if set(backend.device_kinds) == {device_kind}:
+            first_result(pm.hook.collage_check_availability, backend=backend)
+
+
 def _registering(pm, registered):
     current = {"plugin": None}
 

@@ -16,10 +16,12 @@ import time
 import numpy as np
 
 
-def main() -> None:
+def main(state: dict | None = None) -> None:
+    """Serve requests until stdin closes; ``state`` is what an ``init`` request left (a zygote's
+    forked child starts with its parent's)."""
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    state: dict = {}
+    state = {} if state is None else state
 
     def progress(stage: str) -> None:  # tells the parent a stage is done, so it can time the next one
         protocol.write(json.dumps({"progress": stage}) + "\n")
@@ -38,12 +40,12 @@ def main() -> None:
 
 
 def _init(state, request):
-    from collage_core.backends import discover_backends
+    from collage_core.backends import registered_backends
     from collage_core.plugins import get_plugin_manager
 
     pm = get_plugin_manager(disabled=request["disabled"], extra_modules=request["plugins"])
     state["pm"] = pm
-    state["backends"] = {name: info.backend for name, info in discover_backends(pm).items()}
+    state["backends"] = registered_backends(pm)
     return {"ok": True, "pid": os.getpid()}
 
 

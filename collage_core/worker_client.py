@@ -12,6 +12,8 @@ import tempfile
 import threading
 from typing import Optional, Sequence
 
+from collage_core import zygote
+
 
 class WorkerFailure(Exception):
     """The worker crashed, hung or answered with an error; the message says which and why."""
@@ -68,6 +70,13 @@ class MeasurementWorker:
 
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile(mode="w+b")
+        self.lines = queue.Queue()
+        forked = None if self.env is not None else zygote.forked_worker(self.plugin_modules, self.disabled,
+                                                                         self.stderr_file.fileno())
+        if forked is not None:
+            self.process = forked
+            threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
+            return
         env = dict(os.environ if self.env is None else self.env)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "collage_core.worker"],
@@ -128,10 +137,13 @@ class MeasurementWorker:
     def close(self) -> None:
         if self.process is not None:
             if self.process.poll() is None:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                # The group holds what the worker started; the worker itself is killed on its own
+                # too, in case it has not made its group yet (a worker forked an instant ago).
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(self.process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             self.process.wait()
             for stream in (self.process.stdin, self.process.stdout):
                 try:

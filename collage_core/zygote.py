@@ -1,0 +1,302 @@
+"""Fresh measurement workers in milliseconds: one process imports TVM and the plugins once, then
+forks each worker from that state.
+
+Every build and timing runs in a fresh process (ONNX Runtime timed in a process where TVM kernels
+ran before measured 124 ms instead of 46 ms), and starting one is slow: importing TVM, PyTorch
+(which TVM's FFI imports when it is installed), ONNX Runtime and OpenVINO takes about 3.5 s on
+2 cores, longer than building and timing a small placement. The zygote pays that once. It then
+only forks: it runs no kernel, starts no thread pool and initialises no GPU, so each child starts
+where a fresh process stands after its imports.
+
+A child gets its stdin, stdout and stderr from the parent over the control socket (SCM_RIGHTS),
+starts its own session (so the parent can kill it and whatever it started), and serves
+:func:`collage_core.worker.main`. The zygote reaps its children and answers the parent's
+``wait`` with their exit status, as ``Popen.wait`` would.
+
+``COLLAGE_FRESH_WORKERS=exec`` starts every worker with its own interpreter instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Optional, Sequence
+
+MESSAGE_BYTES = 1 << 16
+START_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 30.0
+SETTING = "COLLAGE_FRESH_WORKERS"
+
+
+class ZygoteUnusable(Exception):
+    """The zygote cannot fork workers (it died, or it holds state a child must not inherit)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The zygote process
+
+
+def serve(control: socket.socket) -> None:
+    """Answer the parent's requests on ``control`` until it closes: ``init``, ``fork``, ``wait``."""
+    state: dict = {}
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 3)
+        except ConnectionError:
+            return
+        if not data:
+            return
+        request = json.loads(data)
+        try:
+            if request["op"] == "init":
+                reply = _init(state, request)
+            elif request["op"] == "fork":
+                reply = {"pid": _fork(state, control, fds)}
+            else:
+                reply = {"status": _wait(int(request["pid"]), float(request["timeout_s"]))}
+        except Exception as error:  # reported to the parent, which starts workers the slow way
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        control.send(json.dumps(reply).encode())
+
+
+def _init(state: dict, request: dict) -> dict:
+    from collage_core import worker
+    from collage_core.backends import preload
+
+    reply = worker._init(state, request)
+    preload(state["pm"], state["backends"])  # CPU libraries only: no GPU is touched before a fork
+    held = _gpu_files()
+    if held:  # a CUDA context does not survive fork: children would fail on the GPU
+        raise ZygoteUnusable(f"loading the plugins opened {held[0]}; workers cannot be forked from this state")
+    return reply
+
+
+def _gpu_files() -> list[str]:
+    """The NVIDIA device files this process holds open (a CUDA driver was initialised)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if path.startswith("/dev/nvidia"):
+            held.append(path)
+    return held
+
+
+def _fork(state: dict, control: socket.socket, fds: Sequence[int]) -> int:
+    if len(fds) != 3:
+        raise ValueError(f"a fork needs stdin, stdout and stderr; got {len(fds)} descriptors")
+    if "pm" not in state:
+        raise ZygoteUnusable("the zygote was not initialised")
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:  # the child: a measurement worker
+        os.setsid()
+        control.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        from collage_core import worker
+
+        worker.main(state)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def _wait(pid: int, timeout_s: float) -> Optional[int]:
+    """``pid``'s exit status as ``Popen.returncode`` gives it (minus the signal that killed it), or
+    None if it still runs after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return -9  # reaped before: it is gone
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent's side
+
+
+class ForkedProcess:
+    """A worker forked by a zygote, with the part of ``subprocess.Popen``'s interface workers use."""
+
+    def __init__(self, zygote: "Zygote", pid: int, stdin, stdout):
+        self.zygote, self.pid, self.stdin, self.stdout = zygote, pid, stdin, stdout
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        return self.wait(timeout=0.0, raising=False)
+
+    def wait(self, timeout: Optional[float] = None, raising: bool = True) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                self.returncode = self.zygote.wait(self.pid, REQUEST_TIMEOUT_S if timeout is None else timeout)
+            except ZygoteUnusable:
+                self.returncode = -9
+        if self.returncode is None and raising:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+        return self.returncode
+
+
+class Zygote:
+    """A started zygote for one set of plugins, environment and working directory."""
+
+    def __init__(self, plugin_modules: Sequence[str], disabled: Sequence[str]):
+        self.lock = threading.Lock()
+        self.stderr_file = tempfile.TemporaryFile(mode="w+b")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.control = ours
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "collage_core.zygote", str(theirs.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=self.stderr_file,
+            stderr=self.stderr_file,
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,
+        )
+        theirs.close()
+        reply = self._call({"op": "init", "plugins": list(plugin_modules), "disabled": list(disabled)}, (),
+                           START_TIMEOUT_S)
+        if "error" in reply:
+            self.close()
+            raise ZygoteUnusable(reply["error"])
+
+    def fork(self, stderr_fd: int) -> ForkedProcess:
+        """A fresh worker whose stderr goes to ``stderr_fd``."""
+        stdin_read, stdin_write = os.pipe()
+        stdout_read, stdout_write = os.pipe()
+        try:
+            reply = self._call({"op": "fork"}, (stdin_read, stdout_write, stderr_fd), REQUEST_TIMEOUT_S)
+        finally:
+            os.close(stdin_read)
+            os.close(stdout_write)
+        if "error" in reply:
+            os.close(stdin_write)
+            os.close(stdout_read)
+            raise ZygoteUnusable(reply["error"])
+        return ForkedProcess(self, reply["pid"], os.fdopen(stdin_write, "w"), os.fdopen(stdout_read, "r"))
+
+    def wait(self, pid: int, timeout_s: float) -> Optional[int]:
+        reply = self._call({"op": "wait", "pid": pid, "timeout_s": timeout_s}, (), timeout_s + REQUEST_TIMEOUT_S)
+        if "error" in reply:
+            raise ZygoteUnusable(reply["error"])
+        return reply["status"]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def _call(self, message: dict, fds: Sequence[int], timeout_s: float) -> dict:
+        with self.lock:
+            try:
+                self.control.settimeout(timeout_s)
+                socket.send_fds(self.control, [json.dumps(message).encode()], list(fds))
+                data = self.control.recv(MESSAGE_BYTES)
+            except OSError as error:  # socket.timeout included
+                self._kill()
+                raise ZygoteUnusable(f"the zygote did not answer: {error}") from None
+        if not data:
+            self._kill()
+            raise ZygoteUnusable(f"the zygote exited{self._stderr_tail()}")
+        return json.loads(data)
+
+    def _stderr_tail(self) -> str:
+        self.stderr_file.seek(0)
+        lines = [line.strip() for line in self.stderr_file.read().decode(errors="replace").splitlines() if line.strip()]
+        return f" ({lines[-1][:300]})" if lines else ""
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def close(self) -> None:
+        self.control.close()  # the zygote reads the end of its socket and exits
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self.stderr_file.close()
+
+
+_zygotes: dict[tuple, Zygote] = {}
+_refused: set[tuple] = set()
+_registry_lock = threading.Lock()
+# Variables that change while nothing a worker does depends on them (pytest names the running test in one).
+IGNORED_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
+# Zygotes kept at once; the least recently started goes when another is needed (tests change the environment).
+KEPT = 2
+
+
+def forked_worker(plugin_modules: Sequence[str], disabled: Sequence[str], stderr_fd: int) -> Optional[ForkedProcess]:
+    """A worker forked from the zygote for these plugins, this environment and this directory,
+    starting the zygote when there is none; None when workers are not forked here (see ``SETTING``)."""
+    if os.environ.get(SETTING, "fork") == "exec" or not hasattr(socket, "send_fds") or not sys.platform.startswith("linux"):
+        return None
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k not in IGNORED_VARIABLES))
+    key = (tuple(plugin_modules), tuple(disabled), os.getcwd(), environment)
+    with _registry_lock:
+        if key in _refused:
+            return None
+        zygote = _zygotes.get(key)
+        if zygote is not None and not zygote.alive():
+            _zygotes.pop(key).close()
+            zygote = None
+        if zygote is None:
+            while len(_zygotes) >= KEPT:
+                _zygotes.pop(next(iter(_zygotes))).close()
+            try:
+                zygote = _zygotes[key] = Zygote(plugin_modules, disabled)
+            except ZygoteUnusable:
+                _refused.add(key)
+                return None
+    try:
+        return zygote.fork(stderr_fd)
+    except ZygoteUnusable:
+        with _registry_lock:
+            if _zygotes.get(key) is zygote:
+                _zygotes.pop(key).close()
+        return None
+
+
+@atexit.register
+def close_all() -> None:
+    """Stop every zygote this process started."""
+    with _registry_lock:
+        while _zygotes:
+            _zygotes.popitem()[1].close()
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))
