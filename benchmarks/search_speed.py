@@ -56,13 +56,14 @@ def worktree(ref: str, where: Path) -> Path:
 def run(model: Path, state: Path, core: Path | None, extra: list[str]) -> dict:
     """One `collage optimize` with its cost database, cache and output under ``state``; its
     results.json with the process's wall time, or the error."""
+    state.mkdir(parents=True, exist_ok=True)  # also the working directory: `python -m` puts it first on the path
     env = dict(os.environ, COLLAGE_CACHE_DIR=str(state / "cache"))
     if core is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core), env.get("PYTHONPATH")]))
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(model), "--cost-db",
                            str(state / "costs.sqlite"), "--output", str(state / "out"), *extra],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          env=env, cwd=state, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall_s = time.perf_counter() - started
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]

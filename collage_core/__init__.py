@@ -6,6 +6,10 @@ worker) does not pay for TVM before it needs it.
 
 import importlib
 
+from collage_core import torch_deferral
+
+torch_deferral.install()
+
 _PUBLIC = {
     "Availability": "collage_core.records",
     "Backend": "collage_core.records",
