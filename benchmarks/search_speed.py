@@ -118,6 +118,9 @@ def main() -> None:
                             print(f"{label}: {variant}, {temperature} ...", file=sys.stderr, flush=True)
                             result = run(model, states[variant], core, extra)
                             rows.append((label, variant, temperature, result))
+                            shown = result.get("error") or ", ".join(
+                                f"{SHORT.get(p, p)} {s:.1f}" for p, s in result.get("phases_s", {}).items())
+                            print(f"  {result['wall_s']:.1f} s: {shown}", file=sys.stderr, flush=True)
                     libraries = {v: s / "out" / f"{model.stem}.so" for v, s in states.items()}
                     if all(path.exists() for path in libraries.values()):
                         turns.append((label, in_turns(libraries, model)))

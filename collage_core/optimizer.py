@@ -10,13 +10,14 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import attrs
 import numpy as np
 
-from collage_core import tvm_compat
+from collage_core import tvm_compat, zygote
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends
 from collage_core.baselines import (
     IN_TURNS, TURNS_MARGIN, baseline_file, closest_rivals, faster_baseline, op_groups, operators_by_backend,
@@ -235,6 +236,8 @@ class _Job:
     say: Any
     show_progress: bool
     inputs: list = attrs.field(init=False)
+    # The key under which the zygote holds this job's model (weights included: unique to the job).
+    held_key: str = attrs.field(init=False, factory=lambda: uuid.uuid4().hex)
     plugin_modules: list = attrs.field(init=False)
     disabled: list = attrs.field(init=False)
     # Placements measured end to end in full during this job (not cut off), by signature.
@@ -374,33 +377,43 @@ class _Job:
             considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],
         )
 
-    def run_built(self, mod, library: Optional[Path], cutoff_s: Optional[float] = None,
-                  run_limit_s: Optional[float] = None):
-        """Build ``mod`` in a fresh worker, run it on the job's inputs and time it; returns (outputs, cost).
+    def run_built(self, parts, library: Optional[Path], cutoff_s: Optional[float] = None,
+                  run_limit_s: Optional[float] = None, mod=None):
+        """Build ``parts`` (None: TVM's unpartitioned build of the model; ``mod``: their module when
+        the caller has it) in a fresh worker, run it on the job's inputs and time it; returns
+        (outputs, cost).
 
-        With ``run_limit_s``, a run taking longer stops the worker: :class:`StageTooSlow`. The
-        first run, which pays one-time setup, has SETUP_GRACE_S more (see :func:`_run_limits`).
+        Workers forked from a zygote that holds the model (see :func:`zygote.hold_model`) are sent
+        the partitions alone and build the placement from their own copy; others are sent the
+        placed module. With ``run_limit_s``, a run taking longer stops the worker:
+        :class:`StageTooSlow`. The first run, which pays one-time setup, has SETUP_GRACE_S more
+        (see :func:`_run_limits`).
         """
         module_path, inputs_path, outputs_path = (self.workdir / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
-        module_path.write_text(tvm_compat.save_ir_json(mod))
         np.savez(inputs_path, *self.inputs)
         request = {
             "op": "run_placement",
-            "module": str(module_path),
             "target": tvm_compat.target_to_json(self.target),
             "inputs": str(inputs_path),
             "outputs": str(outputs_path),
             "settings": attrs.evolve(self.settings, cutoff_s=cutoff_s).to_json(),
             "library": str(library) if library else None,
         }
+        held = parts is not None and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
+        (self.workdir / "model.json").unlink(missing_ok=True)
         try:
-            with MeasurementWorker(self.plugin_modules, self.disabled) as worker:
-                response = worker.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S,
-                                          stage_limits=None if run_limit_s is None else _run_limits(run_limit_s))
-        except StageTooSlow:
-            raise
-        except WorkerFailure as failure:
-            raise CollageError(f"building or running the placement failed: {failure}") from None
+            try:
+                if held:
+                    parts_json = [{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts]
+                    response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_json},
+                                                   run_limit_s)
+                else:
+                    raise _NotHeld
+            except (_NotHeld, _HeldElsewhere):
+                if mod is None:
+                    mod = self.imported.mod if parts is None else partition_module(self.graph, parts)
+                module_path.write_text(tvm_compat.save_ir_json(mod))
+                response = self._run_in_worker({**request, "module": str(module_path)}, run_limit_s)
         finally:
             module_path.unlink(missing_ok=True)
         with np.load(outputs_path, allow_pickle=False) as saved:
@@ -408,6 +421,24 @@ class _Job:
         for path in (inputs_path, outputs_path):
             path.unlink(missing_ok=True)
         return outputs, Cost.from_json(response["cost"])
+
+    def _run_in_worker(self, request: dict, run_limit_s: Optional[float]) -> dict:
+        try:
+            with MeasurementWorker(self.plugin_modules, self.disabled) as worker:
+                return worker.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S,
+                                      stage_limits=None if run_limit_s is None else _run_limits(run_limit_s))
+        except StageTooSlow:
+            raise
+        except WorkerFailure as failure:
+            if "held" in request and "does not hold model" in str(failure):
+                raise _HeldElsewhere from None  # a zygote started since (the environment changed): send the module
+            raise CollageError(f"building or running the placement failed: {failure}") from None
+
+    def _write_model(self) -> Path:
+        """The model saved as IR JSON for a zygote to hold (it reads it at once; see :meth:`run_built`)."""
+        path = self.workdir / "model.json"
+        path.write_text(tvm_compat.save_ir_json(self.imported.mod))
+        return path
 
     def baselines(self, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
                   limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
@@ -457,7 +488,7 @@ class _Job:
     def build(self, parts, library: Path) -> "_Built":
         """``parts`` built into ``library`` (with its runtime file beside it), run on the job's inputs and timed."""
         partitioned = partition_module(self.graph, parts)
-        outputs, cost = self.run_built(partitioned, library)
+        outputs, cost = self.run_built(parts, library, mod=partitioned)
         write_runtime_file(library, backend_needs(self.backends.values(), {p.backend for p in parts}))
         return _Built(partitioned, outputs, cost)
 
@@ -511,9 +542,8 @@ class _Job:
                 return known
         self.say(f"building and measuring {name}")
         started = time.perf_counter()
-        mod = self.imported.mod if parts is None else partition_module(self.graph, parts)
         try:
-            cost = self.run_built(mod, None, run_limit_s=limit_s)[1]
+            cost = self.run_built(parts, None, run_limit_s=limit_s)[1]
         except StageTooSlow as slow:
             self.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
             cost = stopped(slow.limit_s)
@@ -522,6 +552,14 @@ class _Job:
         if db is not None:
             db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
         return cost
+
+
+class _NotHeld(Exception):
+    """No zygote holds the model: the placed module is sent."""
+
+
+class _HeldElsewhere(Exception):
+    """The worker came from a zygote that does not hold the model: the placed module is sent."""
 
 
 @attrs.frozen
@@ -571,7 +609,7 @@ class _EndToEndEvaluator:
         cutoff = CUTOFF_FACTOR * self.best_s if self.cut_off and math.isfinite(self.best_s) else None
         started = time.perf_counter()
         try:
-            _, cost = job.run_built(partition_module(job.graph, parts), None, cutoff_s=cutoff)
+            _, cost = job.run_built(parts, None, cutoff_s=cutoff)
             self.best_s = min(self.best_s, cost.seconds)
             if cost.repeats > 1:
                 job.measured_end_to_end[signature(parts)] = cost

@@ -185,7 +185,7 @@ def _run_placement(state, request):
     from collage_core.records import Cost
     from collage_core.timing import MeasureSettings
 
-    mod, target = _load(request)
+    mod, target = _held_placement(state, request) if "held" in request else _load(request)
     executable, build_s = _build(state, mod, target)
     vm, device = _vm(executable, target)
     with np.load(request["inputs"], allow_pickle=False) as saved:
@@ -212,6 +212,20 @@ def _run_placement(state, request):
     if request.get("library"):
         executable.export_library(request["library"])
     return {"cost": cost, "build_s": build_s}
+
+
+def _held_placement(state, request):
+    """The placement ``request["parts"]`` of the model the zygote held under ``request["held"]``, built
+    from this process's inherited copy (see ``collage_core.zygote.hold_model``)."""
+    from collage_core import tvm_compat
+    from collage_core.partition import partition_module
+    from collage_core.records import PlacedPart
+
+    graph = state.get("held", {}).get(request["held"])
+    if graph is None:
+        raise LookupError(f"this worker does not hold model {request['held'][:12]}")
+    parts = [PlacedPart(part["backend"], part["pattern"], part["nodes"]) for part in request["parts"]]
+    return partition_module(graph, parts), tvm_compat.make_target(request["target"])
 
 
 def _load_library(state, request):

@@ -58,6 +58,8 @@ def serve(control: socket.socket) -> None:
         try:
             if request["op"] == "init":
                 reply = _init(state, request)
+            elif request["op"] == "hold":
+                reply = _hold(state, request)
             elif request["op"] == "fork":
                 reply = {"pid": _fork(state, control, fds)}
             else:
@@ -80,6 +82,19 @@ def _init(state: dict, request: dict) -> dict:
     if held:  # a CUDA context does not survive fork: children would fail on the GPU
         raise ZygoteUnusable(f"loading the plugins opened {held[0]}; workers cannot be forked from this state")
     return reply
+
+
+def _hold(state: dict, request: dict) -> dict:
+    """Load the model in ``request["module"]`` (IR JSON) and keep it, in place of any before, under ``request["key"]``: workers
+    forked afterwards build placements of it from their inherited copy (``run_placement`` with
+    ``held``), so a placement reaches a worker as a list of partitions, not as the model again."""
+    from collage_core import tvm_compat
+    from collage_core.relax_graph import RelaxGraph
+
+    with open(request["module"]) as file:
+        mod = tvm_compat.load_ir_json(file.read())
+    state["held"] = {request["key"]: RelaxGraph.from_function(mod["main"], mod)}  # the latest model only
+    return {"ok": True}
 
 
 def _gpu_files() -> list[str]:
@@ -175,6 +190,7 @@ class Zygote:
 
     def __init__(self, plugin_modules: Sequence[str], disabled: Sequence[str]):
         self.lock = threading.Lock()
+        self.held: set[str] = set()
         self.stderr_file = tempfile.TemporaryFile(mode="w+b")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control = ours
@@ -207,6 +223,19 @@ class Zygote:
             os.close(stdout_read)
             raise ZygoteUnusable(reply["error"])
         return ForkedProcess(self, reply["pid"], os.fdopen(stdin_write, "w"), os.fdopen(stdout_read, "r"))
+
+    def hold(self, key: str, module_path) -> bool:
+        """Have the zygote keep the model saved at ``module_path`` under ``key`` (once); False if it could not."""
+        if key in self.held:
+            return True
+        try:
+            reply = self._call({"op": "hold", "key": key, "module": str(module_path)}, (), START_TIMEOUT_S)
+        except ZygoteUnusable:
+            return False
+        if "error" in reply:
+            return False
+        self.held = {key}
+        return True
 
     def wait(self, pid: int, timeout_s: float) -> Optional[int]:
         reply = self._call({"op": "wait", "pid": pid, "timeout_s": timeout_s}, (), timeout_s + REQUEST_TIMEOUT_S)
@@ -259,13 +288,17 @@ IGNORED_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
 KEPT = 2
 
 
-def forked_worker(plugin_modules: Sequence[str], disabled: Sequence[str], stderr_fd: int) -> Optional[ForkedProcess]:
-    """A worker forked from the zygote for these plugins, this environment and this directory,
-    starting the zygote when there is none; None when workers are not forked here (see ``SETTING``)."""
+def _current_key(plugin_modules: Sequence[str], disabled: Sequence[str]) -> Optional[tuple]:
+    """The zygote key of these plugins, this environment and this directory; None when workers are
+    not forked here (see ``SETTING``)."""
     if os.environ.get(SETTING, "fork") == "exec" or not hasattr(socket, "send_fds") or not sys.platform.startswith("linux"):
         return None
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k not in IGNORED_VARIABLES))
-    key = (tuple(plugin_modules), tuple(disabled), os.getcwd(), environment)
+    return (tuple(plugin_modules), tuple(disabled), os.getcwd(), environment)
+
+
+def _zygote_for(key: tuple) -> Optional[Zygote]:
+    """The running zygote for ``key``, started when there is none; None if one cannot be."""
     with _registry_lock:
         if key in _refused:
             return None
@@ -277,10 +310,20 @@ def forked_worker(plugin_modules: Sequence[str], disabled: Sequence[str], stderr
             while len(_zygotes) >= KEPT:
                 _zygotes.pop(next(iter(_zygotes))).close()
             try:
-                zygote = _zygotes[key] = Zygote(plugin_modules, disabled)
+                zygote = _zygotes[key] = Zygote(*key[:2])
             except ZygoteUnusable:
                 _refused.add(key)
                 return None
+        return zygote
+
+
+def forked_worker(plugin_modules: Sequence[str], disabled: Sequence[str], stderr_fd: int) -> Optional[ForkedProcess]:
+    """A worker forked from the zygote for these plugins, this environment and this directory,
+    starting the zygote when there is none; None when workers are not forked here (see ``SETTING``)."""
+    key = _current_key(plugin_modules, disabled)
+    zygote = None if key is None else _zygote_for(key)
+    if zygote is None:
+        return None
     try:
         return zygote.fork(stderr_fd)
     except ZygoteUnusable:
@@ -288,6 +331,17 @@ def forked_worker(plugin_modules: Sequence[str], disabled: Sequence[str], stderr
             if _zygotes.get(key) is zygote:
                 _zygotes.pop(key).close()
         return None
+
+
+def hold_model(plugin_modules: Sequence[str], disabled: Sequence[str], key: str, write_module) -> bool:
+    """Have the zygote that forks these plugins' workers keep a model under ``key``; ``write_module()``
+    saves it as IR JSON and returns the path (called only when the zygote does not hold it yet).
+    True when workers forked from now on have it (``run_placement`` with ``held``)."""
+    zygote_key = _current_key(plugin_modules, disabled)
+    zygote = None if zygote_key is None else _zygote_for(zygote_key)
+    if zygote is None:
+        return False
+    return key in zygote.held or zygote.hold(key, write_module())
 
 
 @atexit.register

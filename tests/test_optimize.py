@@ -227,9 +227,9 @@ def recorded_builds(monkeypatch) -> list:
 
     run_built, builds = optimizer._Job.run_built, []
 
-    def recorded(self, mod, library, *args, **kwargs):
+    def recorded(self, parts, library, *args, **kwargs):
         builds.append(library)
-        return run_built(self, mod, library, *args, **kwargs)
+        return run_built(self, parts, library, *args, **kwargs)
 
     monkeypatch.setattr(optimizer._Job, "run_built", recorded)
     return builds

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 
 from collage_core import zygote
@@ -71,3 +72,57 @@ def test_a_zygote_that_opened_the_gpu_refuses_to_fork(monkeypatch):
     with pytest.raises(zygote.ZygoteUnusable, match="/dev/nvidiactl"):
         zygote._init({}, {"plugins": [], "disabled": []})
 
+
+
+def small_model():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    weight = relax.const(np.random.default_rng(1).uniform(-1, 1, (8, 8)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            hidden = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(x, weight))))
+            output = bb.emit_output(relax.op.add(hidden, x))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+def run_placement(tmp_path, name: str, **how) -> list:
+    from collage_core import tvm_compat
+
+    request = {"op": "run_placement", "target": tvm_compat.target_to_json(tvm_compat.host_cpu_target()),
+               "inputs": str(tmp_path / "inputs.npz"), "outputs": str(tmp_path / f"{name}.npz"), "settings": None,
+               "library": None, **how}
+    with MeasurementWorker([], []) as worker:
+        worker.request(request, 300)
+    with np.load(tmp_path / f"{name}.npz") as saved:
+        return [saved[key] for key in sorted(saved.files)]
+
+
+def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
+    from collage_core import tvm_compat
+    from collage_core.partition import partition_module
+    from collage_core.records import PlacedPart
+    from collage_core.relax_graph import RelaxGraph
+
+    mod = small_model()
+    graph = RelaxGraph.from_function(mod["main"], mod)
+    parts = [PlacedPart("tvm", "tvm.op", [node]) for node in range(len(graph.graph))]
+    np.savez(tmp_path / "inputs.npz", np.random.default_rng(2).uniform(-1, 1, (4, 8)).astype("float32"))
+    model_path, placed_path = tmp_path / "model.json", tmp_path / "placed.json"
+    model_path.write_text(tvm_compat.save_ir_json(mod))
+    placed_path.write_text(tvm_compat.save_ir_json(partition_module(graph, parts)))
+    assert zygote.hold_model([], [], "small-model", lambda: model_path)
+    model_path.unlink()  # read once, when the zygote took it
+    assert zygote.hold_model([], [], "small-model", lambda: pytest.fail("held already: not written again"))
+    held = run_placement(tmp_path, "held", held="small-model",
+                         parts=[{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts])
+    sent = run_placement(tmp_path, "sent", module=str(placed_path))
+    with np.load(tmp_path / "inputs.npz") as saved:
+        x = saved["arr_0"]
+    weight = np.random.default_rng(1).uniform(-1, 1, (8, 8)).astype("float32")
+    np.testing.assert_allclose(held[0], np.maximum(x @ weight, 0) + x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(held[0], sent[0])
+    with pytest.raises(WorkerFailure, match="does not hold model"):
+        run_placement(tmp_path, "unknown", held="another-model", parts=[])
