@@ -401,15 +401,15 @@ class _Job:
         }
         held = parts is not None and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
         (self.workdir / "model.json").unlink(missing_ok=True)
-        try:
+        response = None
+        if held:
+            parts_json = [{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts]
             try:
-                if held:
-                    parts_json = [{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts]
-                    response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_json},
-                                                   run_limit_s)
-                else:
-                    raise _NotHeld
-            except (_NotHeld, _HeldElsewhere):
+                response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_json}, run_limit_s)
+            except _HeldElsewhere:
+                pass  # sent whole below
+        try:
+            if response is None:
                 if mod is None:
                     mod = self.imported.mod if parts is None else partition_module(self.graph, parts)
                 module_path.write_text(tvm_compat.save_ir_json(mod))
@@ -552,10 +552,6 @@ class _Job:
         if db is not None:
             db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
         return cost
-
-
-class _NotHeld(Exception):
-    """No zygote holds the model: the placed module is sent."""
 
 
 class _HeldElsewhere(Exception):

@@ -158,15 +158,6 @@ class Candidate:
 
 
 @attrs.frozen
-class PlacedPart:
-    """What building a placement needs of a partition: its backend, pattern and operators."""
-
-    backend: str
-    pattern: str
-    nodes: tuple[int, ...] = attrs.field(converter=lambda nodes: tuple(sorted(nodes)))
-
-
-@attrs.frozen
 class Partition:
     """A candidate chosen by the search, with the cost it was chosen for."""
 

@@ -219,12 +219,12 @@ def _held_placement(state, request):
     from this process's inherited copy (see ``collage_core.zygote.hold_model``)."""
     from collage_core import tvm_compat
     from collage_core.partition import partition_module
-    from collage_core.records import PlacedPart
+    from collage_core.records import Candidate
 
     graph = state.get("held", {}).get(request["held"])
     if graph is None:
         raise LookupError(f"this worker does not hold model {request['held'][:12]}")
-    parts = [PlacedPart(part["backend"], part["pattern"], part["nodes"]) for part in request["parts"]]
+    parts = [Candidate(part["backend"], part["pattern"], part["nodes"], key="") for part in request["parts"]]
     return partition_module(graph, parts), tvm_compat.make_target(request["target"])
 
 

@@ -2,9 +2,9 @@
 forks each worker from that state.
 
 Every build and timing runs in a fresh process (ONNX Runtime timed in a process where TVM kernels
-ran before measured 124 ms instead of 46 ms), and starting one is slow: importing TVM, PyTorch
-(which TVM's FFI imports when it is installed), ONNX Runtime and OpenVINO takes about 3.5 s on
-2 cores, longer than building and timing a small placement. The zygote pays that once. It then
+ran before measured 124 ms instead of 46 ms), and starting one is slow: importing TVM and the
+plugins' libraries (ONNX Runtime, OpenVINO, oneDNN) took 3.5-4 s on 2 cores, longer than building
+and timing a small placement. The zygote pays that once. It then
 only forks: it runs no kernel, starts no thread pool and initialises no GPU, so each child starts
 where a fresh process stands after its imports.
 

@@ -103,12 +103,12 @@ def run_placement(tmp_path, name: str, **how) -> list:
 def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
     from collage_core import tvm_compat
     from collage_core.partition import partition_module
-    from collage_core.records import PlacedPart
+    from collage_core.records import Candidate
     from collage_core.relax_graph import RelaxGraph
 
     mod = small_model()
     graph = RelaxGraph.from_function(mod["main"], mod)
-    parts = [PlacedPart("tvm", "tvm.op", [node]) for node in range(len(graph.graph))]
+    parts = [Candidate("tvm", "tvm.op", [node], key="") for node in range(len(graph.graph))]
     np.savez(tmp_path / "inputs.npz", np.random.default_rng(2).uniform(-1, 1, (4, 8)).astype("float32"))
     model_path, placed_path = tmp_path / "model.json", tmp_path / "placed.json"
     model_path.write_text(tvm_compat.save_ir_json(mod))
