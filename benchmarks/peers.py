@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_report import append_gpu_section  # noqa: E402
+import peers_report  # noqa: E402
 from peers_report import PEERS, raw_file, single_backend_row, write_report  # noqa: E402
 
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
@@ -350,6 +351,8 @@ def main() -> None:
     if not args.only_report:
         if args.device == "cuda":
             record_gpu_machine(raw)
+        else:
+            peers_report.record_machine(raw)
         for batch in (int(b) for b in args.batches.split(",")):  # every model at batch 1 before any at batch 8
             for name in args.models.split(","):
                 if args.device == "cuda":

@@ -147,6 +147,20 @@ def _geomean(values: list[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+MACHINE_LINES_FILE = "machine.txt"
+
+
+def record_machine(raw_root: Path) -> None:
+    """Keep this machine's lines beside the CPU rows it measures: the report names the machine that measured them."""
+    (raw_root / MACHINE_LINES_FILE).write_text("\n".join(machine()) + "\n")
+
+
+def recorded_machine(raw_root: Path) -> list[str]:
+    """The machine lines of the last measuring run under ``raw_root``; this machine's where none was recorded."""
+    recorded = raw_root / MACHINE_LINES_FILE
+    return recorded.read_text().splitlines() if recorded.exists() else machine()
+
+
 def machine() -> list[str]:
     import numpy
 
@@ -288,7 +302,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
     lines = [
         "# Collage against its peers", "",
         f"Command: `{command}` (resumable; raw results in `benchmarks/raw/`).", "",
-        *(machine() if machine_lines is None else machine_lines), "",
+        *(recorded_machine(raw_root) if machine_lines is None else machine_lines), "",
         "Median latency ± interquartile range for one input. Ratios are Collage's latency over the other's:",
         "below 1 Collage is faster. Collage's library (as the warm `collage optimize` run wrote it) and the",
         "peers are timed in turns (`benchmarks/interleaved.py`), because this machine's speed drifts by a",
