@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Optional
 
 from collage_core.baselines import IN_TURNS
+from collage_core.result import WITHOUT_CUDA_GRAPHS
 from peers_report import cost_row, load_raw, operators_text, ratio_text, seconds_of
 
-GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)")
+GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)", "torch.compile reduce-overhead (cuda)")
 SINGLE_PREFIXES = ("tvm alone", "cublas", "cudnn", "unpartitioned relax.build")
 MACHINE_FILE = "machine.json"
 
@@ -44,6 +45,7 @@ def model_rows(directory: Path) -> Optional[dict]:
                      and row.get("operators_by_backend") == (returned or {}).get("operators_by_backend")), None)
     return {
         "collage": _cost_seconds(returned),
+        "without_graphs": _cost_seconds(end_to_end.get(WITHOUT_CUDA_GRAPHS)),
         "per_call": per_call,
         "operators": operators_text((returned or {}).get("operators_by_backend") or {}),
         "singles": singles,
@@ -71,31 +73,39 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
         f"(cuDNN {machine.get('torch_cudnn', '?')}); Collage's backends: {machine.get('backends', 'not recorded')}.", "",
         "Float32 everywhere, TF32 off (PyTorch's matmul and cuDNN flags; cuDNN's tensor-core engines deselected in",
         "Collage). Collage's rows are its cold `collage optimize --target cuda --backends tvm,cublas,cudnn` run:",
-        "the placement it returns and, measured beside it, each backend alone (cuBLAS or cuDNN with TVM for the",
-        "rest) and TVM's unpartitioned build, timed by TVM's evaluator (many runs between two synchronizations).",
+        "the placement it returns, built to replay as CUDA graphs, the same placement launching kernel by kernel",
+        "(\"no graphs\"), and, measured beside them, each backend alone (cuBLAS or cuDNN with TVM for the rest) and",
+        "TVM's unpartitioned build, timed by TVM's evaluator (many runs between two synchronizations).",
         "\"Per call\" is the returned library timed one call at a time with a synchronization after each, as the",
         "contest in turns times it and as the PyTorch peers are timed; ratios against the peers use it where it",
-        "was measured. Median ms of one input; ratios are Collage's latency over the other's.", "",
-        "| model | Collage (ms) | per call (ms) | operators by backend | best single backend | Collage / it | eager (ms) | "
-        "torch.compile (ms) | Collage / eager | Collage / torch.compile | numerics | search (s) | commit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "was measured. torch.compile runs in its default mode and in \"reduce-overhead\" (its own CUDA graphs);",
+        "\"best compile\" is the faster of the two. Median ms of one input; ratios are Collage's latency over the other's.", "",
+        "| model | Collage (ms) | no graphs (ms) | per call (ms) | operators by backend | best single backend | Collage / it | "
+        "eager (ms) | torch.compile (ms) | reduce-overhead (ms) | Collage / eager | Collage / best compile | numerics | "
+        "search (s) | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in models:
         measured = {k: v for k, v in rows["singles"].items() if v is not None}
         best_name = min(measured, key=measured.get) if measured else None
-        eager, compiled = (rows["peers"][peer] for peer in GPU_PEERS)
+        eager, compiled, reduced = (rows["peers"].get(peer) for peer in GPU_PEERS)
+        best_compiled = min((v for v in (compiled, reduced) if v is not None), default=None)
         collage = rows["collage"]
         against_peers = rows["per_call"] or collage
         search = rows["note"] or ("" if rows["wall_s"] is None else f"{rows['wall_s']:.0f}")
         best = "" if best_name is None else f"{best_name} ({_ms(measured[best_name])})"
         numerics = "" if rows["numerics"] is None else ("passed" if rows["numerics"] else "FAILED")
         lines.append(
-            f"| {name} | {_ms(collage) or rows['error'] or ''} | {_ms(rows['per_call'])} | {rows['operators']} | "
-            f"{best} | "
-            f"{ratio_text(collage, measured.get(best_name))} | {_ms(eager)} | {_ms(compiled)} | {ratio_text(against_peers, eager)} | "
-            f"{ratio_text(against_peers, compiled)} | {numerics} | {search} | {rows['commit']} |"
+            f"| {name} | {_ms(collage) or rows['error'] or ''} | {_ms(rows['without_graphs'])} | {_ms(rows['per_call'])} | "
+            f"{rows['operators']} | {best} | {ratio_text(collage, measured.get(best_name))} | {_ms(eager)} | {_ms(compiled)} | "
+            f"{_ms(reduced)} | {ratio_text(against_peers, eager)} | {ratio_text(against_peers, best_compiled)} | {numerics} | "
+            f"{search} | {rows['commit']} |"
         )
     notes = [f"- {name}: {rows['note_detail']}." for name, rows in models if rows["note_detail"]]
+    commits = sorted({rows["commit"] for _, rows in models if rows["commit"]})
+    if len(commits) > 1:
+        notes.append(f"- Rows of different commits ({', '.join(commits)}) come from different runs, on machines of the "
+                     "same kind: compare the figures within a row, and across rows of one commit.")
     if notes:
         lines += ["", "Notes:", *notes]
     lines += ["", "Each backend alone, as Collage's cold run measured it (ms):", "",
@@ -116,7 +126,7 @@ def _draw(models, chart: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    contenders = ["collage", *SINGLE_PREFIXES, *GPU_PEERS]
+    contenders = ["collage", "collage, no graphs", *SINGLE_PREFIXES, *GPU_PEERS]
     figure, axis = plt.subplots(figsize=(max(7, 2.2 * len(models) + 2), 4))
     width = 0.8 / len(contenders)
     for index, contender in enumerate(contenders):
@@ -124,6 +134,8 @@ def _draw(models, chart: Path) -> bool:
         for _, rows in models:
             if contender == "collage":
                 value = rows["collage"]
+            elif contender == "collage, no graphs":
+                value = rows["without_graphs"]
             elif contender in GPU_PEERS:
                 value = rows["peers"][contender]
             else:

@@ -48,7 +48,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_report import append_gpu_section  # noqa: E402
+from gpu_report import GPU_PEERS, append_gpu_section  # noqa: E402
 import peers_report  # noqa: E402
 from peers_report import PEERS, raw_file, single_backend_row, write_report  # noqa: E402
 
@@ -60,7 +60,6 @@ COLLAGE_CODE = ("collage_core", "plugins/*/collage_*", "pyproject.toml", "plugin
 TWO_LEVEL_BUDGET_S = 240  # the two-level search's time budget (`collage optimize --budget`)
 # On an NVIDIA GPU: the peers there, and Collage over the GPU backends, measured once (cold): GPU
 # latencies do not drift between minutes as this 2-core machine's do, so nothing is timed in turns.
-GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)")
 GPU_BACKENDS = "tvm,cublas,cudnn"
 
 PEER_CODE = r"""
@@ -102,7 +101,8 @@ elif peer == "openvino default session (fp32)":
 else:
     import torch
     if peer.startswith("torch.compile"):
-        model = torch.compile(model)
+        # "reduce-overhead": inductor's kernels replayed as CUDA graphs (its own answer to launch overhead).
+        model = torch.compile(model, mode="reduce-overhead" if "reduce-overhead" in peer else "default")
     def function():
         with torch.inference_mode():
             model(example)

@@ -52,10 +52,17 @@ def replace_functions(mod: tvm.IRModule, function_names, lower) -> tvm.IRModule:
     return lowered
 
 
-def build(pm, mod: tvm.IRModule, backends: dict, target):
-    """Lower, then build with TVM's default pipeline for ``target``; returns a ``relax.Executable``."""
+def build(pm, mod: tvm.IRModule, backends: dict, target, cuda_graphs: bool = False):
+    """Lower, then build with TVM's default pipeline for ``target``; returns a ``relax.Executable``.
+
+    With ``cuda_graphs`` on a CUDA target, ``main`` replays its kernels and library calls as CUDA
+    graphs (see :func:`tvm_compat.build_replaying_cuda_graphs`): one launch instead of hundreds.
+    Library calls must then run on TVM's current stream and allocate nothing after their first call.
+    """
     lowered = lower_partitions(pm, mod, backends, target)
     try:
+        if cuda_graphs and tvm_compat.is_cuda(target):
+            return tvm_compat.build_replaying_cuda_graphs(lowered, target)
         return relax.build(lowered, target)
     except Exception as error:
         raise BuildError(f"TVM build failed: {type(error).__name__}: {_last_line(error)}") from None

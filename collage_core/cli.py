@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--jobs", type=int, default=0, metavar="N",
                           help="build N candidates at once (default 0: half the cores, at most "
                                f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
+    optimize.add_argument("--no-cuda-graphs", action="store_true",
+                          help="on a CUDA target, build placements that launch kernel by kernel instead of replaying "
+                               "CUDA graphs (by default the report gives the placement's latency both ways)")
     optimize.set_defaults(command=_optimize)
 
     export = commands.add_parser("export", help="rebuild a placement (no measuring) and export it for deployment")
@@ -134,7 +137,7 @@ def _optimize(args) -> int:
         compare_backends=not args.no_compare,
         baseline_limit_s=args.baseline_limit or None,
         calibration_rounds=args.calibration_rounds,
-        settings=MeasureSettings(build_workers=args.jobs),
+        settings=MeasureSettings(build_workers=args.jobs, cuda_graphs=not args.no_cuda_graphs),
         search=args.search,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,

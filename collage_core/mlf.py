@@ -184,8 +184,9 @@ def _write_tar(path: Path, files: dict[str, bytes]) -> None:
     partial.replace(path)
 
 
-def export_mlf(optimized, path: os.PathLike, pm=None) -> Path:
-    """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path."""
+def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True) -> Path:
+    """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path.
+    On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it."""
     from collage_core.backends import discover_backends
     from collage_core.build import build
     from collage_core.plugins import get_plugin_manager
@@ -201,7 +202,7 @@ def export_mlf(optimized, path: os.PathLike, pm=None) -> Path:
     backends = {name: installed[name] for name in used}
     partitioned = optimized.partitioned_mod
     with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
-        executable = build(pm, partitioned, backends, optimized.target)
+        executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
         objects = _object_files(executable, Path(scratch))
     name = placement.model_name
     main = partitioned["main"]

@@ -39,7 +39,7 @@ from collage_core.progress import ProgressBar
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Candidate, Cost, Partition
 from collage_core.regions import decode, genome_key
 from collage_core.relax_graph import RelaxGraph
-from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
+from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS, EndToEnd, OptimizedModel
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings, stopped, stopped_limit
 from collage_core.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level, seed_genomes
 from collage_core.verify import Verification, compare_outputs
@@ -178,9 +178,7 @@ def optimize(
     results = [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))]
     if compare_backends:
         # A replayed placement measures its baselines afresh: replaying reads no cost database.
-        opened = (CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) if placement is None
-                  else contextlib.nullcontext())
-        with opened as db:
+        with opened_again(cost_db, placement) as db:
             baselines = job.baselines(parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
                                       baseline_limit_s, db)
         results += [entry for entry, _ in baselines]
@@ -211,6 +209,11 @@ def optimize(
             clock.lap("building and verifying")
             results[0] = attrs.evolve(results[0], name=SEARCHED)
             results.insert(0, EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts)))
+        with opened_again(cost_db, placement) as db:
+            plain = job.without_cuda_graphs(parts, baseline_limit_s, db)
+        if plain is not None:
+            results.insert(1, plain)
+            clock.lap("without CUDA graphs")
     optimized = OptimizedModel(
         imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
         built.partitioned, two_level_result, phases_s=clock.phases_s,
@@ -220,6 +223,13 @@ def optimize(
         if finish is not None:
             save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification))
     return optimized
+
+
+def opened_again(cost_db, placement):
+    """The cost database for the baselines; none when replaying a placement file (it reads no database)."""
+    if placement is not None:
+        return contextlib.nullcontext()
+    return CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path())
 
 
 @attrs.define
@@ -352,13 +362,15 @@ class _Job:
             self.say(f"calibrated op-level placement: {len(result.parts)} partitions, {_describe_cost(result.latency)}")
         return list(result.parts)
 
-    def _end_to_end_key(self, parts, protocol: str = END_TO_END_PROTOCOL) -> str:
-        """The database key of ``parts`` measured by ``protocol``; None for parts: TVM's unpartitioned build."""
+    def _end_to_end_key(self, parts, protocol: str = END_TO_END_PROTOCOL, cuda_graphs: Optional[bool] = None) -> str:
+        """The database key of ``parts`` measured by ``protocol``; None for parts: TVM's unpartitioned build.
+        On a CUDA target, a build replaying CUDA graphs (``cuda_graphs``, default the settings') has keys of its own."""
         versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
         placed = UNPARTITIONED if parts is None else genome_key(parts)
-        text = "|".join(
-            [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
-        )
+        fields = [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
+        if self._replays_cuda_graphs(cuda_graphs):
+            fields.append("cuda-graphs")
+        text = "|".join(fields)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def placement(self, parts, search: str, candidates=(), costs=None) -> Placement:
@@ -377,8 +389,12 @@ class _Job:
             considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],
         )
 
+    def _replays_cuda_graphs(self, cuda_graphs: Optional[bool] = None) -> bool:
+        wanted = self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
+        return wanted and tvm_compat.is_cuda(self.target)
+
     def run_built(self, parts, library: Optional[Path], cutoff_s: Optional[float] = None,
-                  run_limit_s: Optional[float] = None, mod=None):
+                  run_limit_s: Optional[float] = None, mod=None, cuda_graphs: Optional[bool] = None):
         """Build ``parts`` (None: TVM's unpartitioned build of the model; ``mod``: their module when
         the caller has it) in a fresh worker, run it on the job's inputs and time it; returns
         (outputs, cost).
@@ -387,7 +403,7 @@ class _Job:
         the partitions alone and build the placement from their own copy; others are sent the
         placed module. With ``run_limit_s``, a run taking longer stops the worker:
         :class:`StageTooSlow`. The first run, which pays one-time setup, has SETUP_GRACE_S more
-        (see :func:`_run_limits`).
+        (see :func:`_run_limits`). ``cuda_graphs`` overrides the settings' choice for this build.
         """
         module_path, inputs_path, outputs_path = (self.workdir / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
         np.savez(inputs_path, *self.inputs)
@@ -396,7 +412,8 @@ class _Job:
             "target": tvm_compat.target_to_json(self.target),
             "inputs": str(inputs_path),
             "outputs": str(outputs_path),
-            "settings": attrs.evolve(self.settings, cutoff_s=cutoff_s).to_json(),
+            "settings": attrs.evolve(self.settings, cutoff_s=cutoff_s,
+                                     cuda_graphs=self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs).to_json(),
             "library": str(library) if library else None,
         }
         held = parts is not None and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
@@ -524,13 +541,21 @@ class _Job:
         finally:
             shutil.rmtree(rivals_dir, ignore_errors=True)
 
-    def _baseline_cost(self, name: str, parts, limit_s: Optional[float], db) -> Cost:
+    def without_cuda_graphs(self, parts, limit_s: Optional[float], db) -> Optional[EndToEnd]:
+        """On a CUDA target whose placements replay CUDA graphs: ``parts`` built to launch each kernel
+        on its own and measured, so that the report shows what the graphs gain; None elsewhere."""
+        if not self._replays_cuda_graphs():
+            return None
+        cost = self._baseline_cost(WITHOUT_CUDA_GRAPHS, parts, limit_s, db, cuda_graphs=False)
+        return EndToEnd(WITHOUT_CUDA_GRAPHS, cost, operators_by_backend(parts))
+
+    def _baseline_cost(self, name: str, parts, limit_s: Optional[float], db, cuda_graphs: Optional[bool] = None) -> Cost:
         """``parts`` (None: TVM's unpartitioned build) measured in full, or as measured before in ``db``.
 
         A stopped measurement is reused only under a limit no longer than the one it exceeded; one
         measured before and slower than ``limit_s`` is stopped without building it again.
         """
-        key = self._end_to_end_key(parts, BASELINE_PROTOCOL)
+        key = self._end_to_end_key(parts, BASELINE_PROTOCOL, cuda_graphs)
         known = None if db is None else db.get_end_to_end(key)
         if known is not None and limit_s is not None and known.seconds > limit_s and known.is_measured:
             self.say(f"{name}: stopped, it measured {_describe_cost(known)} before (from the cost database)")
@@ -543,7 +568,7 @@ class _Job:
         self.say(f"building and measuring {name}")
         started = time.perf_counter()
         try:
-            cost = self.run_built(parts, None, run_limit_s=limit_s)[1]
+            cost = self.run_built(parts, None, run_limit_s=limit_s, cuda_graphs=cuda_graphs)[1]
         except StageTooSlow as slow:
             self.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
             cost = stopped(slow.limit_s)

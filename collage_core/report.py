@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
 from collage_core.timing import STOPPED_PREFIX
 from collage_core.two_level import history_text
 
@@ -35,6 +36,16 @@ def _best_other_build(entry, entries):
     )
 
 
+def _cuda_graphs_line(entries) -> str:
+    """What replaying the placement as CUDA graphs gained, when it was also measured without them."""
+    by_name = {entry.name: entry.cost for entry in entries}
+    with_graphs, without = by_name.get(PLACEMENT), by_name.get(WITHOUT_CUDA_GRAPHS)
+    if with_graphs is None or without is None or not (with_graphs.is_measured and without.is_measured):
+        return ""
+    return (f"CUDA graphs: {with_graphs.median_s * 1e3:.3f} ms replayed as graphs, {without.median_s * 1e3:.3f} ms "
+            f"launching kernel by kernel ({without.median_s / with_graphs.median_s:.2f}x)")
+
+
 def render_report(optimized) -> str:
     """Per backend: operators, partitions and share of measured time; then end-to-end latencies."""
     placement = optimized.placement
@@ -62,6 +73,9 @@ def render_report(optimized) -> str:
         mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
         e2e_rows.append([entry.name, _ms(entry.cost), ratio, mix])
     sections.append(format_table(["end to end", "median latency", "vs best other build", "operators"], e2e_rows))
+    graphs_line = _cuda_graphs_line(optimized.end_to_end)
+    if graphs_line:
+        sections.append(graphs_line)
     if optimized.measurement is not None:
         m = optimized.measurement
         sections.append(

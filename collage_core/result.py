@@ -21,6 +21,8 @@ from collage_core.two_level import TwoLevelResult
 from collage_core.verify import Verification
 
 PLACEMENT = "placement"
+# The returned placement built to launch kernel by kernel, on a CUDA target whose builds replay CUDA graphs.
+WITHOUT_CUDA_GRAPHS = "placement without CUDA graphs"
 
 SEARCH_PICTURE = "two-level-search.svg"  # the two-level search, generation by generation
 

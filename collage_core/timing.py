@@ -47,6 +47,10 @@ class MeasureSettings:
 
     ``build_workers``: how many worker processes build candidates at once (0: half the cores, at
     most MAX_BUILD_WORKERS); timing stays one candidate at a time, after the builds.
+
+    ``cuda_graphs``: on a CUDA target, whole placements are built to replay as CUDA graphs (see
+    :func:`collage_core.build.build`), and so measured, searched, verified and saved; candidates
+    alone are built plainly. Off: every build launches its kernels one by one.
     """
 
     warmup: int = 1
@@ -59,6 +63,7 @@ class MeasureSettings:
     cutoff_s: Optional[float] = None
     single_run_s: float = 5.0
     build_workers: int = 0
+    cuda_graphs: bool = True
 
     def parallel_builds(self) -> int:
         """How many candidates are built at once: ``build_workers``, or with 0 half the cores up to MAX_BUILD_WORKERS

@@ -53,6 +53,48 @@ def device_for(target: tvm.target.Target):
     return tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
 
 
+def is_cuda(target: tvm.target.Target) -> bool:
+    return target.kind.name == "cuda"
+
+
+CUDA_GRAPH_CONFIG = {"relax.backend.use_cuda_graph": True}
+
+
+def build_replaying_cuda_graphs(mod: tvm.IRModule, target: tvm.target.Target):
+    """``relax.build`` for a CUDA target whose ``main`` replays as CUDA graphs where it can.
+
+    TVM's CUDA pipeline with ``relax.backend.use_cuda_graph`` set, and one pass added: after each
+    partition function is fused and scheduled on its own (so TVM's fusion still stops at partition
+    boundaries, as it did when the partitions were measured), the partitions are inlined into
+    ``main``, where ``RewriteCUDAGraph`` lifts every run of kernel launches on statically planned
+    memory (TVM kernels and library calls alike) into one captured graph. What reads ``main``'s
+    inputs or writes its outputs stays outside the graph.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="CollageCUDAGraphPipeline")
+    def replaying_pipeline(module, _context):
+        with target:
+            return tvm.transform.Sequential(_cuda_graph_passes(target))(module)
+
+    with tvm.transform.PassContext(config=CUDA_GRAPH_CONFIG):
+        return relax.build(mod, target, relax_pipeline=replaying_pipeline)
+
+
+def lowered_for_cuda_graphs(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """What :func:`build_replaying_cuda_graphs` compiles, stopped before code generation (no GPU
+    needed): its ``main`` calls ``vm.builtin.cuda_graph.run_or_capture`` once per captured graph."""
+    with target, tvm.transform.PassContext(config=CUDA_GRAPH_CONFIG):
+        return tvm.transform.Sequential(_cuda_graph_passes(target))(mod)
+
+
+def _cuda_graph_passes(target: tvm.target.Target) -> list:
+    from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+
+    return (cuda_pipeline.library_dispatch_passes(target) + cuda_pipeline.legalize_passes(target)
+            + [relax.transform.InlinePrivateFunctions()]
+            + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
+
+
 def device_name(target: tvm.target.Target) -> str:
     """The device a target runs on, for cost keys: the CPU model or the GPU kind."""
     spec = target_to_dict(target)

@@ -129,11 +129,11 @@ def _time_candidate(state, request):
     return {"cost": cost.to_json()}
 
 
-def _build(state, mod, target):
+def _build(state, mod, target, cuda_graphs: bool = False):
     from collage_core.build import build
 
     started = time.perf_counter()
-    executable = build(state["pm"], mod, state["backends"], target)
+    executable = build(state["pm"], mod, state["backends"], target, cuda_graphs=cuda_graphs)
     return executable, time.perf_counter() - started
 
 
@@ -186,7 +186,8 @@ def _run_placement(state, request):
     from collage_core.timing import MeasureSettings
 
     mod, target = _held_placement(state, request) if "held" in request else _load(request)
-    executable, build_s = _build(state, mod, target)
+    settings = MeasureSettings.from_json(request["settings"]) if request.get("settings") else None
+    executable, build_s = _build(state, mod, target, cuda_graphs=(settings or MeasureSettings()).cuda_graphs)
     vm, device = _vm(executable, target)
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -203,8 +204,7 @@ def _run_placement(state, request):
     state["progress"]("ran once")
     np.savez(request["outputs"], *outputs)
     cost = None
-    if request.get("settings"):
-        settings = MeasureSettings.from_json(request["settings"])
+    if settings is not None:
         if first_run_s > settings.single_run_s:
             cost = Cost.measured(first_run_s, 0.0, 1).to_json()
         else:

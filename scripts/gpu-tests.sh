@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every GPU test (marked `gpu`) from a clean checkout on a machine with an NVIDIA GPU:
 # the cuBLAS and cuDNN kernels against PyTorch on CUDA, and the shipped models placed over TVM,
-# cuBLAS and cuDNN. Needs what ./scripts/setup.sh installs plus NVIDIA's libraries (PyTorch's CUDA
+# cuBLAS and cuDNN, replaying CUDA graphs. Needs what ./scripts/setup.sh installs plus NVIDIA's libraries (PyTorch's CUDA
 # wheels bring cuBLAS, cuDNN, NVRTC and the CUDA runtime; add nvidia-cudnn-frontend) and g++.
 #
 #   ./scripts/gpu-tests.sh [pytest options]
@@ -15,5 +15,5 @@ parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 status=0
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugins/cublas/tests plugins/cudnn/tests "$@" || status=$?
-python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_gpu_placements.py "$@" || status=$?
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_cuda_graphs.py tests/test_gpu_placements.py "$@" || status=$?
 exit $status

@@ -165,11 +165,12 @@ def test_gpu_section_shows_collage_each_backend_alone_and_the_gpu_peers(tmp_path
     directory.mkdir(parents=True)
     (raw / gpu_report.MACHINE_FILE).write_text(json.dumps({"gpu": "NVIDIA H200 (sm_90)", "driver": "580.1", "torch": "2.11",
                                                            "torch_cudnn": 91900, "backends": "cudnn 9.19"}))
-    for peer, ms in (("pytorch eager (cuda)", 3.0), ("torch.compile (cuda)", 2.0)):
+    for peer, ms in (("pytorch eager (cuda)", 3.0), ("torch.compile (cuda)", 2.0), ("torch.compile reduce-overhead (cuda)", 1.8)):
         peers_report.raw_file(directory, peer).write_text(json.dumps({k: v for k, v in measured(ms).items() if k != "kind"}))
     cold = {
         "end_to_end": [
             {"name": "placement", "cost": measured(2.5), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
+            {"name": "placement without CUDA graphs", "cost": measured(3.2), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
             {"name": "cudnn + tvm for the rest", "cost": measured(2.6), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
             {"name": "tvm alone", "cost": measured(5.0), "operators_by_backend": {"tvm": 73}},
             {"name": "unpartitioned relax.build", "cost": {"kind": "invalid", "reason": "build failed"}, "operators_by_backend": {}},
@@ -185,11 +186,13 @@ def test_gpu_section_shows_collage_each_backend_alone_and_the_gpu_peers(tmp_path
     assert text.startswith("# CPU tables") and "NVIDIA H200 (sm_90)" in text
     row = next(line for line in text.splitlines() if line.startswith("| resnet50_b1 | 2.500"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[2] == "2.700"  # the returned library, one call at a time
-    assert cells[3] == "cudnn 53, tvm 20"
-    assert cells[4] == "cudnn + tvm for the rest (2.600)" and cells[5] == "0.96"  # 2.5 / 2.6
-    assert cells[8:10] == ["0.90", "1.35"]  # per call 2.7 against eager 3.0 and torch.compile 2.0
-    assert cells[10] == "passed"
+    assert cells[2] == "3.200"  # the same placement launching kernel by kernel
+    assert cells[3] == "2.700"  # the returned library, one call at a time
+    assert cells[4] == "cudnn 53, tvm 20"
+    assert cells[5] == "cudnn + tvm for the rest (2.600)" and cells[6] == "0.96"  # 2.5 / 2.6
+    assert cells[7:10] == ["3.000", "2.000", "1.800"]
+    assert cells[10:12] == ["0.90", "1.50"]  # per call 2.7 against eager 3.0 and the best torch.compile mode, 1.8
+    assert cells[12] == "passed"
 
 
 def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):

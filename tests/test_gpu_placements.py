@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 import collage_core
-from collage_core.deploy import load_vm
+from collage_core.deploy import load_library, load_vm
 from collage_core import tvm_compat
+from collage_core.report import render_report
+from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
 
 pytestmark = pytest.mark.gpu
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -55,3 +57,13 @@ def test_the_library_loads_in_a_fresh_vm_and_gives_the_same_outputs(optimized):
     outputs = vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs])
     first = outputs if hasattr(outputs, "numpy") else outputs[0]
     np.testing.assert_allclose(tvm_compat.to_numpy(first), result.run(*inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_library_replays_cuda_graphs_and_the_report_gives_the_gain(optimized):
+    name, result = optimized
+    from tvm import relax
+
+    assert "vm.builtin.cuda_graph.run_or_capture" in relax.VMExecutable(load_library(result.library_path)).as_text()
+    costs = {entry.name: entry.cost for entry in result.end_to_end}
+    assert costs[PLACEMENT].is_measured and costs[WITHOUT_CUDA_GRAPHS].is_measured
+    assert "CUDA graphs: " in render_report(result)

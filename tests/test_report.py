@@ -29,3 +29,21 @@ def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_i
     assert _row(text, "placement")[3] == "0.333"  # 1.8 against tvm alone's 5.4, not against its own 1.7
     assert _row(text, "tvm alone")[3] == "3.176"  # 5.4 against the mix's fastest, 1.7
     assert _row(text, "placement, timed in turns")[3] == "0.500"  # in turns against in turns: 2.0 / 4.0
+
+
+def test_the_report_gives_what_cuda_graphs_gained_when_the_placement_was_measured_both_ways():
+    mix = {"cublas": 240, "tvm": 175}
+    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level")
+
+    def report(entries):
+        return render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None,
+                                             verification=None, phases_s={}))
+
+    graphs = EndToEnd("placement", Cost.measured(1.5e-3, 1e-6, 5), mix)
+    launched = EndToEnd("placement without CUDA graphs", Cost.measured(2.4e-3, 1e-6, 5), mix)
+    text = report([graphs, launched])
+    assert "CUDA graphs: 1.500 ms replayed as graphs, 2.400 ms launching kernel by kernel (1.60x)" in text
+    assert _row(text, "placement without CUDA graphs")[3] == "-"  # the same mix: not another build to compare with
+    assert "CUDA graphs:" not in report([graphs])
+    failed = EndToEnd("placement without CUDA graphs", Cost.invalid("out of memory"), mix)
+    assert "CUDA graphs:" not in report([graphs, failed])
