@@ -21,6 +21,8 @@ _PUBLIC = {
     "Partition": "collage_core.records",
     "Pattern": "collage_core.records",
     "PatternMatch": "collage_core.records",
+    "PatternRefused": "collage_core.records",
+    "inspect_model": "collage_core.inspection",
     "Placement": "collage_core.placement_file",
     "hookimpl": "collage_core.hookspecs",
     "load_placement": "collage_core.placement_file",

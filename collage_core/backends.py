@@ -106,6 +106,12 @@ def select_backends(infos: dict[str, BackendInfo], names=None) -> list[BackendIn
     return chosen
 
 
+def serves(info: BackendInfo, target) -> bool:
+    """Whether the backend runs on ``target``'s kind of device (``llvm`` is the CPU)."""
+    kind = "cpu" if target.kind.name == "llvm" else target.kind.name
+    return kind in info.backend.device_kinds
+
+
 def contribute_patterns(pm: CollagePluginManager, backend: Backend, target) -> list[Pattern]:
     """The patterns every plugin contributes for ``backend``; a plugin that raises is skipped with a warning."""
     patterns: list[Pattern] = []

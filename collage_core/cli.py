@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from collage_core.two_level import TwoLevelSettings
 DEFAULT_TWO_LEVEL = TwoLevelSettings()
 EXIT_ERROR = 1
 EXIT_NUMERICS = 3
+EXIT_WARNINGS = 4
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -25,8 +27,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 2
     signal.signal(signal.SIGTERM, _terminated)
+    warnings = _WarningsKept()
+    logging.getLogger("collage").addHandler(warnings)
     try:
-        return args.command(args)
+        status = args.command(args)
+        if warnings.messages:
+            print(f"collage: {len(warnings.messages)} warning(s) in this run, the first: {warnings.messages[0]}"
+                  + ("" if getattr(args, "strict", False) else " (--strict makes warnings fail the run)"), file=sys.stderr)
+            if getattr(args, "strict", False) and status == 0:
+                return EXIT_WARNINGS
+        return status
     except CollageError as error:
         print(f"collage: error: {error}", file=sys.stderr)
         return EXIT_ERROR
@@ -36,6 +46,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("collage: interrupted; costs measured so far are kept in the cost database", file=sys.stderr)
         return 128 + signal.SIGINT
+    finally:
+        logging.getLogger("collage").removeHandler(warnings)
+
+
+class _WarningsKept(logging.Handler):
+    """Prints Collage's warnings (a plugin that failed to load, a check or hook that raised) as they
+    come, and keeps them for the summary at the end of the run."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.messages.append(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 class Terminated(KeyboardInterrupt):
@@ -53,7 +79,21 @@ def _parser() -> argparse.ArgumentParser:
     backends = commands.add_parser("backends", help="list installed backends, whether they run here, and why not")
     backends.set_defaults(command=_backends)
 
-    optimize = commands.add_parser("optimize", help="measure, search, build and verify a placement for a model")
+    strict = argparse.ArgumentParser(add_help=False)
+    strict.add_argument("--strict", action="store_true",
+                        help=f"exit with status {EXIT_WARNINGS} when anything warned (a plugin that failed to load, "
+                             "a pattern check or hook that raised), even if the run succeeded")
+
+    inspect = commands.add_parser("inspect", parents=[strict], help="the imported Relax and what each backend's patterns "
+                                  "match and refuse, without measuring")
+    inspect.add_argument("model", help="an ONNX file")
+    inspect.add_argument("--target", default=None, help="a TVM target as JSON, or cuda (default: this CPU)")
+    inspect.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
+    inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
+    inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
+    inspect.set_defaults(command=_inspect)
+
+    optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
     optimize.add_argument("model", help="an ONNX file")
     optimize.add_argument("--target", default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
     optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one, except those `collage backends` says run only when named)")
@@ -150,6 +190,15 @@ def _optimize(args) -> int:
     print(f"\nsaved: {', '.join(str(path) for path in saved)}")
     if result.verification is not None and not result.verification.passed:
         return EXIT_NUMERICS
+    return 0
+
+
+def _inspect(args) -> int:
+    from collage_core.inspection import inspect_model, render_inspection
+
+    inspection = inspect_model(args.model, target=args.target,
+                               backends=args.backends.split(",") if args.backends else None)
+    print(render_inspection(inspection, show_relax=not args.no_relax, show_candidates=args.candidates))
     return 0
 
 

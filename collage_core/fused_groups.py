@@ -18,6 +18,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core import tvm_compat
+from collage_core.records import PatternRefused
 
 FLOAT32 = "float32"
 SQRT2 = math.sqrt(2.0)
@@ -25,7 +26,7 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh", "silu")
 
 
-class Refused(Exception):
+class Refused(PatternRefused):
     """The group is outside what a kernel computes exactly; the message says what."""
 
 
@@ -369,3 +370,20 @@ def activation_pattern(value, names: Sequence[str]):
     for alternative in alternatives[1:]:
         pattern = pattern | alternative
     return pattern
+
+
+def recognizer_check(recognize):
+    """A pattern check for a backend whose kernels are described by ``recognize(group)`` (which
+    raises :class:`Refused` with the reason for what its kernels would compute differently).
+
+    A batched matmul pattern with a constant right operand is refused: the dense patterns take it.
+    """
+
+    def check(match) -> bool:
+        matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
+        if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
+            raise Refused("a constant right operand is the dense patterns' match")
+        recognize(Group.from_match(match))
+        return True
+
+    return check

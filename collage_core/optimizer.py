@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import shutil
@@ -18,7 +19,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat, zygote
-from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends
+from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
 from collage_core.baselines import (
     IN_TURNS, TURNS_MARGIN, baseline_file, closest_rivals, faster_baseline, op_groups, operators_by_backend,
     predicted_cost, searched_parts, single_backend_parts,
@@ -45,6 +46,7 @@ from collage_core.two_level import TwoLevelResult, TwoLevelSettings, history_tex
 from collage_core.verify import Verification, compare_outputs
 from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
 
+log = logging.getLogger("collage")
 SEARCHED = "searched placement (measured slower, not returned)"
 OP_LEVEL_SEARCH = "op-level"
 TWO_LEVEL = "two-level"
@@ -106,8 +108,8 @@ def optimize(
     pm = get_plugin_manager()
     infos = discover_backends(pm)
     for failure in pm.failures:
-        say(f"warning: plugin {failure.name}: {failure.reason}")
-    chosen = [info for info in select_backends(infos, backends) if _serves(info, target)]
+        log.warning("plugin %s: %s", failure.name, failure.reason)
+    chosen = [info for info in select_backends(infos, backends) if serves(info, target)]
     if not chosen:
         raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
     search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)
@@ -667,11 +669,6 @@ class _Narrator:
         if self.enabled:
             minutes, seconds = divmod(int(time.perf_counter() - self.started), 60)
             print(f"[{minutes:02d}:{seconds:02d}] {message}", file=sys.stderr, flush=True)
-
-
-def _serves(info: BackendInfo, target) -> bool:
-    kind = "cpu" if target.kind.name == "llvm" else target.kind.name
-    return kind in info.backend.device_kinds
 
 
 def _all_candidates(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target) -> list[Candidate]:

@@ -50,13 +50,20 @@ class Availability:
         return cls(False, reason)
 
 
+class PatternRefused(Exception):
+    """Raised by a pattern's check: the backend does not take this match, for the reason given."""
+
+
 @attrs.frozen
 class Pattern:
     """A subgraph shape a backend can run.
 
     ``dpl`` is a TVM Relax dataflow pattern rooted at the last operator of the group; ``check``
     (optional) receives a :class:`PatternMatch` and says whether the backend really supports
-    those shapes, dtypes and attributes. Names are ``"<backend>.<what>"``.
+    those shapes, dtypes and attributes: it returns True to take the match, and refuses it by
+    raising :class:`PatternRefused` with the reason (``collage inspect`` shows it) or by returning
+    False. Any other exception means the check itself is broken: the match is refused, and the run
+    warns, says so in its closing summary and fails under ``--strict``. Names are ``"<backend>.<what>"``.
     """
 
     name: str

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core.records import Pattern
+from collage_core.records import Pattern, PatternRefused
 from collage_core.relax_onnx import support
 
 # How many arguments each operator's calls have, where not one. (TVM 0.27's matcher fails on
@@ -51,6 +51,9 @@ def operator_patterns(backend: str, backend_refusal: Optional[BackendRefusal] = 
     :func:`refusal` with ``backend_refusal``."""
 
     def check(match) -> bool:
-        return refusal(match.root, backend_refusal) is None
+        reason = refusal(match.root, backend_refusal)
+        if reason is not None:
+            raise PatternRefused(reason)
+        return True
 
     return [Pattern(pattern_name(backend, op), operator_pattern(op), check=check) for op in support.SUPPORTED_OPS]

@@ -9,9 +9,8 @@ from __future__ import annotations
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core.fused_groups import (
-    Group, Refused, activation_pattern, bias_pattern, reshape_pattern, residual_pattern, scale_pattern,
+    activation_pattern, bias_pattern, recognizer_check, reshape_pattern, residual_pattern, scale_pattern,
 )
-from collage_core import tvm_compat
 from collage_core.records import Pattern
 from collage_cublas import specs
 
@@ -62,15 +61,7 @@ DENSE_EPILOGUES = _dense_epilogues()
 BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": _scale}
 
 
-def _check(match) -> bool:
-    matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
-    if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
-        return False  # a constant right operand is the dense patterns' match
-    try:
-        specs.recognize(Group.from_match(match))
-    except Refused:
-        return False
-    return True
+_check = recognizer_check(specs.recognize)
 
 
 def patterns() -> list[Pattern]:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core import tvm_compat
-from collage_core.fused_groups import Group, Refused, activation_pattern, bias_pattern
+from collage_core.fused_groups import activation_pattern, bias_pattern, recognizer_check
 from collage_core.records import Pattern
 from collage_cudnn import specs
 
@@ -28,15 +27,7 @@ CONV2D_EPILOGUES = {
 OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims")(wildcard())}
 
 
-def _check(match) -> bool:
-    matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
-    if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
-        return False  # a constant right operand is the dense patterns' match
-    try:
-        specs.recognize(Group.from_match(match))
-    except Refused:
-        return False
-    return True
+_check = recognizer_check(specs.recognize)
 
 
 def patterns() -> list[Pattern]:

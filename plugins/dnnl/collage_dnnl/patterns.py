@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core import tvm_compat
+from collage_core.fused_groups import recognizer_check
 from collage_core.records import Pattern
 from collage_dnnl import specs
 
@@ -71,15 +71,7 @@ BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": _scale}
 OPERAND_FORMS = {"n": _plain, "t": _transposed}  # operand read as it is, or through a permute_dims
 
 
-def _check(match) -> bool:
-    matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
-    if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
-        return False  # a constant right operand is the dense patterns' match
-    try:
-        specs.recognize(specs.Group(match.calls, match.bound_vars, match.outputs))
-    except specs.Refused:
-        return False
-    return True
+_check = recognizer_check(specs.recognize)
 
 
 def patterns() -> list[Pattern]:

@@ -1,0 +1,81 @@
+"""``collage inspect``: the imported Relax, each backend's candidates and refused matches with the
+checks' reasons, nothing measured; ``--strict`` fails a run in which anything warned."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from collage_core import cli, inspection
+from collage_core.plugins import get_plugin_manager
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+PICKY = "plugins_for_tests.refusing_checks_plugin"
+
+
+@pytest.fixture
+def with_picky(monkeypatch):
+    monkeypatch.setattr(inspection, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=[PICKY]))
+
+
+@pytest.fixture(scope="module")
+def resnet_ops():
+    from collage_core.model_import import load_model
+    from collage_core.relax_graph import RelaxGraph
+
+    model = load_model(str(MODELS / "tiny_resnet.onnx"))
+    return RelaxGraph.from_function(model.mod["main"], model.mod).graph.ops
+
+
+def test_refused_matches_carry_the_checks_reasons_and_a_broken_check_is_told_apart(with_picky, resnet_ops):
+    result = inspection.inspect_model(str(MODELS / "tiny_resnet.onnx"), backends=["picky", "tvm"])
+    picky = next(view for view in result.views if view.name == "picky")
+    ops = Counter(resnet_ops)
+    assert Counter(c.pattern for c in picky.candidates) == {"picky.conv2d": ops["relax.nn.conv2d"]}
+    relu = [r for r in picky.refusals if r.pattern == "picky.relu"]
+    assert len(relu) == ops["relax.nn.relu"] and not any(r.broken for r in relu)
+    assert all(r.reason.endswith("elements, over the 1000 this backend takes") for r in relu)
+    assert len(result.broken_checks()) == ops["relax.add"]
+    assert {r.pattern for r in result.broken_checks()} == {"picky.add"}
+
+    text = inspection.render_inspection(result, show_relax=False)
+    assert "picky.relu x" in text and "16384 elements, over the 1000 this backend takes" in text
+    assert f"{ops['relax.add']} matches were refused because a check raised" in text
+    assert "def main(" not in text
+    assert "def main(" in inspection.render_inspection(result)  # the imported Relax, first
+
+
+def test_strict_fails_a_run_in_which_a_check_raised_and_otherwise_the_run_ends_with_a_summary(with_picky, capsys):
+    argv = ["inspect", str(MODELS / "tiny_resnet.onnx"), "--backends", "picky", "--no-relax"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "warning: pattern picky.add: the check raised ZeroDivisionError" in err
+    assert "collage: 1 warning(s) in this run" in err and "--strict" in err
+    assert cli.main([*argv, "--strict"]) == cli.EXIT_WARNINGS
+
+
+def test_a_named_backend_is_inspected_where_it_cannot_run():
+    result = inspection.inspect_model(str(MODELS / "tiny_bert.onnx"), target={"kind": "cuda", "arch": "sm_90"},
+                                      backends=["cublas"])
+    cublas = result.views[0]
+    assert cublas.name == "cublas" and cublas.candidates
+    assert any(r.reason == "a constant right operand is the dense patterns' match" for r in cublas.refusals)
+    text = inspection.render_inspection(result, show_relax=False)
+    available = not result.unavailable
+    assert available or "cublas: not available here (" in text and "its patterns are inspected all the same" in text
+
+
+def test_an_unknown_backend_is_named_with_the_installed_ones():
+    with pytest.raises(Exception, match="unknown backend 'nosuch'.*tvm"):
+        inspection.inspect_model(str(MODELS / "tiny_resnet.onnx"), backends=["nosuch"])
+
+
+def test_python_m_collage_core_runs_the_cli():
+    run = subprocess.run([sys.executable, "-m", "collage_core", "inspect", str(MODELS / "tiny_resnet.onnx"),
+                          "--backends", "tvm", "--no-relax"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "tvm.op" in run.stdout and "45 of 45" in run.stdout
