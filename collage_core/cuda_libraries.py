@@ -119,10 +119,41 @@ def compile_flags(requirements) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 @attrs.frozen
 class Gpu:
+    """GPU 0 as the driver describes it. ``driver_version`` is the CUDA version the driver supports
+    (13000: CUDA 13.0); ``driver_release`` the driver's own release ("580.159.04"; "" where NVML is missing)."""
+
     index: int
     name: str
     compute_capability: str
     driver_version: int
+    driver_release: str = ""
+
+    def describe(self) -> str:
+        """One line naming the GPU, its compute capability, CUDA and driver: part of every GPU cost key."""
+        cuda = f"{self.driver_version // 1000}.{self.driver_version % 1000 // 10}"
+        return (f"{self.name}, compute capability {self.compute_capability}, CUDA {cuda}"
+                + (f", driver {self.driver_release}" if self.driver_release else ""))
+
+
+def gpu_description() -> str:
+    """:meth:`Gpu.describe` of GPU 0, or "" when there is none."""
+    try:
+        return first_gpu().describe()
+    except CudaUnavailable:
+        return ""
+
+
+def _driver_release() -> str:
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return ""
+        release = ctypes.create_string_buffer(96)
+        found = nvml.nvmlSystemGetDriverVersion(release, 96) == 0
+        nvml.nvmlShutdown()
+        return release.value.decode() if found else ""
+    except (OSError, AttributeError):
+        return ""
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +175,7 @@ def first_gpu() -> Gpu:
     driver.cuDeviceGetAttribute(ctypes.byref(major), 75, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
     driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
     driver.cuDriverGetVersion(ctypes.byref(version))
-    return Gpu(0, name.value.decode(), f"{major.value}.{minor.value}", version.value)
+    return Gpu(0, name.value.decode(), f"{major.value}.{minor.value}", version.value, _driver_release())
 
 
 def tuned_on_gpu(store, spec_words, library_version: str, tune: Callable[[], bytes]) -> tuple[int, ...]:

@@ -271,7 +271,12 @@ class _Job:
         if missing:
             raise CollageError(f"{path}: placed on backend(s) not available here: {', '.join(missing)}")
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
-        return attrs.evolve(placement, inputs_of=[sorted(preds) for preds in self.graph.graph.preds])
+        here = tvm_compat.device_name(self.target)
+        if placement.device != here:
+            log.warning("%s was measured on %s and is replayed on %s: its costs and choices may not hold here",
+                        path, placement.device, here)
+        return attrs.evolve(placement, inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
+                            ran_on=here if placement.device != here else "")
 
     def op_level_candidates(self, candidates) -> list[Candidate]:
         """Candidates whose costs add up; graph-level ones are judged end to end by the two-level search."""
@@ -370,6 +375,8 @@ class _Job:
         versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
         placed = UNPARTITIONED if parts is None else genome_key(parts)
         fields = [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
+        if tvm_compat.is_cuda(self.target):
+            fields.append(tvm_compat.device_name(self.target))
         if self._replays_cuda_graphs(cuda_graphs):
             fields.append("cuda-graphs")
         text = "|".join(fields)

@@ -38,6 +38,8 @@ class Placement:
     # and every candidate the search considered, with its measured cost.
     inputs_of: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=lambda v: tuple(tuple(i) for i in v))
     considered: tuple[Partition, ...] = attrs.field(default=(), converter=tuple, eq=False, repr=False)
+    # Set when the placement was replayed on another device than the one its costs were measured on.
+    ran_on: str = attrs.field(default="", eq=False)
 
     @property
     def summed_cost_s(self) -> float:
@@ -56,6 +58,7 @@ class Placement:
             "candidates": [_partition_json(c, self.operators) for c in self.considered],
             "target": self.target,
             "device": self.device,
+            **({"ran_on": self.ran_on} if self.ran_on else {}),
             "backends": self.backends,
             "search": self.search,
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
@@ -142,6 +145,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
             operators=operators,
             target=dict(data["target"]),
             device=str(data["device"]),
+            ran_on=str(data.get("ran_on", "")),
             backends=dict(data["backends"]),
             search=str(data["search"]),
             partitions=tuple(partitions),

@@ -62,7 +62,8 @@ def render_report(optimized) -> str:
         else:
             rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
     sections = [
-        f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.device}, {placement.search} search",
+        f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
+        f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
         "",
     ]

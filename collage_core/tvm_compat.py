@@ -96,9 +96,17 @@ def _cuda_graph_passes(target: tvm.target.Target) -> list:
 
 
 def device_name(target: tvm.target.Target) -> str:
-    """The device a target runs on, for cost keys: the CPU model or the GPU kind."""
+    """The device a target runs on, for cost keys and reports: the CPU model, or the GPU architecture
+    and, where there is an NVIDIA GPU, its name, compute capability, CUDA and driver versions (so that
+    costs measured on one GPU are never read on another)."""
     spec = target_to_dict(target)
-    return f"{spec.get('kind')}:{spec.get('mcpu') or spec.get('arch') or 'generic'}"
+    name = f"{spec.get('kind')}:{spec.get('mcpu') or spec.get('arch') or 'generic'}"
+    if spec.get("kind") == "cuda":
+        from collage_core.cuda_libraries import gpu_description
+
+        gpu = gpu_description()
+        name += f" ({gpu})" if gpu else ""
+    return name
 
 
 def value_type(expr):

@@ -140,3 +140,19 @@ def test_a_build_time_choice_is_timed_once_per_spec_gpu_and_library_version(tmp_
     assert cuda_libraries.tuned_on_gpu(store, (1, 2, 4), "9.19", tune) == (7, 3)  # another spec
     monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: cuda_libraries.Gpu(0, "NVIDIA A100", "8.0", 13000))
     assert cuda_libraries.tuned_on_gpu(store, (1, 2, 3), "9.19", tune) == (7, 4)  # another GPU
+
+
+def test_gpu_cost_keys_name_the_gpu_its_compute_capability_cuda_and_driver(monkeypatch):
+    from collage_core.measure import cost_key
+    from collage_core.records import Backend
+
+    target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90a"})
+    backend = Backend("cublas", "op-level", ("cuda",), "1", "")
+    keys = {}
+    for name, driver in (("NVIDIA H200", "580.159.04"), ("NVIDIA H100 80GB HBM3", "580.159.04"), ("NVIDIA H200", "575.51.03")):
+        gpu = cuda_libraries.Gpu(0, name, "9.0", 13000, driver)
+        monkeypatch.setattr(cuda_libraries, "first_gpu", lambda gpu=gpu: gpu)
+        keys[(name, driver)] = cost_key(backend, target, "cublas.dense:abc")
+    assert len(set(keys.values())) == 3  # another GPU or another driver never reads these costs
+    assert keys[("NVIDIA H200", "580.159.04")].device == \
+        "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"

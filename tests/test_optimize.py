@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from collage_core import tvm_compat
 from collage_core.baselines import RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
+from collage_core.report import render_report
 from collage_core.result import EndToEnd
 
 import collage_core
@@ -101,6 +103,22 @@ def test_placement_file_replays_the_same_executable(optimized, workspace):
     assert tvm_compat.structural_equal(replayed.partitioned_mod, optimized.partitioned_mod)
     inputs = optimized.model.random_inputs(seed=5)
     np.testing.assert_array_equal(replayed.run(*inputs)[0], optimized.run(*inputs)[0])
+
+
+def test_a_placement_measured_on_another_device_says_so_and_the_report_names_where_it_ran(optimized, workspace, caplog):
+    data = json.loads((workspace / "out" / "placement.json").read_text())
+    data["device"] = "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"
+    elsewhere = workspace / "measured-elsewhere.json"
+    elsewhere.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        replayed = collage_core.optimize(str(TINY_RESNET), placement=elsewhere, backends=["tvm"], compare_backends=False,
+                                         show_progress=False)
+    here = tvm_compat.device_name(tvm_compat.host_cpu_target())
+    warned = [r.getMessage() for r in caplog.records if "replayed on" in r.getMessage()]
+    assert warned == [f"{elsewhere} was measured on {data['device']} and is replayed on {here}: its costs and choices "
+                      "may not hold here"]
+    assert replayed.placement.ran_on == here
+    assert f"operators on {here}, op-level search (placement measured on cuda:sm_90a (NVIDIA H200" in render_report(replayed)
 
 
 def test_placement_for_another_model_is_refused(optimized, workspace):
