@@ -31,10 +31,10 @@ def quick_turns(monkeypatch) -> None:
     rounds, not seven rounds of two workers each (about 20 s for two libraries, most of it starting
     workers). For tests that check what the contest decides, not how long it times:
     test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the default rounds and bursts."""
-    from collage_core import in_turns, optimizer
+    from collage_core import finish_stage, in_turns
 
     quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1)
-    monkeypatch.setattr(optimizer, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
+    monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
 
 
 @pytest.fixture(scope="module")
@@ -219,12 +219,12 @@ def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, cost
 def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, costs, monkeypatch):
     """Timed in turns, each in workers of its own; the result is the fastest of them, or the searched
     placement when none beat it by the margin."""
-    from collage_core import in_turns, optimizer
+    from collage_core import finish_stage, in_turns, optimizer
 
     # Default rounds and bursts, one worker per library, not two (two workers' runs are pooled in
     # test_each_library_is_timed_in_turns_by_its_own_workers[2]): half the workers to start and turns to take.
     one_worker = in_turns.TurnSettings(workers_per_library=1)
-    monkeypatch.setattr(optimizer, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=one_worker))
+    monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=one_worker))
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "turns",
         search="op-level", calibration_rounds=0, show_progress=False,
@@ -241,29 +241,29 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
 
 def recorded_builds(monkeypatch) -> list:
     """The library path (None: not kept) of every build the optimizer makes from now on, in order."""
-    from collage_core import optimizer
+    from collage_core.job import Job
 
-    run_built, builds = optimizer._Job.run_built, []
+    run_built, builds = Job.run_built, []
 
     def recorded(self, parts, library, *args, **kwargs):
         builds.append(library)
         return run_built(self, parts, library, *args, **kwargs)
 
-    monkeypatch.setattr(optimizer._Job, "run_built", recorded)
+    monkeypatch.setattr(Job, "run_built", recorded)
     return builds
 
 
 def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, costs, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
-    from collage_core import optimizer
+    from collage_core import finish_stage, optimizer
+    from collage_core.records import Cost
 
     def last_rival_fastest(libraries, *args, **kwargs):
         *others, last = libraries
-        return {**{name: optimizer.Cost.measured(2e-3, 1e-5, 20) for name in others},
-                last: optimizer.Cost.measured(1e-3, 1e-5, 20)}
+        return {**{name: Cost.measured(2e-3, 1e-5, 20) for name in others}, last: Cost.measured(1e-3, 1e-5, 20)}
 
-    monkeypatch.setattr(optimizer, "time_in_turns", last_rival_fastest)
+    monkeypatch.setattr(finish_stage, "time_in_turns", last_rival_fastest)
     builds = recorded_builds(monkeypatch)
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "drift",
@@ -462,16 +462,16 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
     tiny_resnet: neither TVM alone nor TVM's unpartitioned build is built, and the report says why."""
     from collage_core.baselines import PREDICTED_PREFIX
 
-    from collage_core import optimizer
+    from collage_core import finish_stage
 
     quick_turns(monkeypatch)
-    baseline_cost, measured = optimizer._Job._baseline_cost, []
+    baseline_cost, measured = finish_stage.baseline_cost, []
 
-    def recorded(self, name, *args, **kwargs):
+    def recorded(job, name, *args, **kwargs):
         measured.append(name)
-        return baseline_cost(self, name, *args, **kwargs)
+        return baseline_cost(job, name, *args, **kwargs)
 
-    monkeypatch.setattr(optimizer._Job, "_baseline_cost", recorded)
+    monkeypatch.setattr(finish_stage, "baseline_cost", recorded)
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "predicted",
         search="op-level", calibration_rounds=0, show_progress=False,

@@ -1,0 +1,175 @@
+"""The finishing stage: build the searched placement, measure the baselines beside it (each backend
+alone, TVM's unpartitioned build, the placement without CUDA graphs) and time the closest of them
+in turns with it, so that what is returned is never slower than what was measured beside it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+from collage_core.baselines import TURNS_MARGIN, op_groups, operators_by_backend, predicted_cost, single_backend_parts
+from collage_core.calibration import signature
+from collage_core.deploy import backend_needs, runtime_file, write_runtime_file
+from collage_core.errors import CollageError
+from collage_core.in_turns import time_in_turns
+from collage_core.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, describe_cost
+from collage_core.partition import partition_module
+from collage_core.records import OP_LEVEL, Cost, Partition
+from collage_core.regions import decode
+from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.timing import stopped, stopped_limit
+from collage_core.two_level import seed_genomes
+from collage_core.worker_client import StageTooSlow, WorkerFailure
+
+
+@attrs.frozen
+class Built:
+    """A placement built into a library: its partitioned module, its outputs on the job's inputs, its cost."""
+
+    partitioned: Any
+    outputs: list
+    cost: Cost
+
+
+@attrs.frozen
+class Contest:
+    """Costs timed in turns by name; the index of the rival that beat the placement, and its build."""
+
+    turns: dict
+    winner: Optional[int] = None
+    winner_build: Optional[Built] = None
+
+
+
+def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
+              limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
+    """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback),
+    each with its partitions (None for the unpartitioned build).
+
+    A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
+    and says so. With ``db``, baselines measured before are read from it, not measured again.
+    """
+    built: list[tuple[str, list]] = []
+    if two_level_result is not None:
+        built.append(("op-level placement", op_level_parts))
+        groups = op_groups(op_level_parts, candidates, job.backends)
+        for genome in seed_genomes(groups)[1:]:
+            backend = next(g.choices[v - 1] for g, v in zip(groups, genome) if v)
+            covers = all(v for g, v in zip(groups, genome))
+            name = f"{backend} alone" if covers else f"{backend} + op-level placement for the rest"
+            built.append((name, decode(job.graph.graph, groups, genome)))
+    if measurement is not None:
+        for info in job.chosen:
+            if info.backend.kind != OP_LEVEL:
+                continue
+            baseline = single_backend_parts(job.graph, candidates, measurement.costs, info.name, job.backends)
+            if baseline is not None:
+                built.append(baseline)
+    # TVM's unpartitioned build runs the kernels of TVM alone without partition boundaries: it
+    # cannot win where TVM alone cannot.
+    tvm_alone = next((p for name, p in built if name == "tvm alone"), None)
+    reference = op_level_parts or parts
+    unpartitioned = predicted_cost(tvm_alone, reference, "TVM alone's") if tvm_alone is not None else None
+    if unpartitioned is not None:
+        job.say(f"{UNPARTITIONED}: {unpartitioned.reason}")
+    results = [(EndToEnd(UNPARTITIONED, unpartitioned or baseline_cost(job, UNPARTITIONED, None, limit_s, db),
+                         {"relax.build": len(job.graph.graph)}), None)]
+    measured = {**job.measured_end_to_end, signature(parts): placement_cost}
+    for name, baseline_parts in built:
+        baseline_signature = signature(baseline_parts)
+        if baseline_signature not in measured:
+            cannot_win = predicted_cost(baseline_parts, reference)
+            if cannot_win is not None:
+                job.say(f"{name}: {cannot_win.reason}")
+            measured[baseline_signature] = cannot_win or baseline_cost(job, name, baseline_parts, limit_s, db)
+        results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
+                        baseline_parts))
+    return results
+
+
+def build_placement(job: Job, parts, library: Path) -> Built:
+    """``parts`` built into ``library`` (with its runtime file beside it), run on the job's inputs and timed."""
+    partitioned = partition_module(job.graph, parts)
+    outputs, cost = job.run_built(parts, library, mod=partitioned)
+    write_runtime_file(library, backend_needs(job.backends.values(), {p.backend for p in parts}))
+    return Built(partitioned, outputs, cost)
+
+
+def contest(job: Job, library: Path, rivals) -> Optional[Contest]:
+    """The placement's ``library`` and a build of each rival (``(EndToEnd, parts)`` pairs) timed in
+    turns (see :mod:`collage_core.in_turns`); None if that failed. When the fastest rival beat the
+    placement by TURNS_MARGIN, its build replaces ``library`` and is the contest's winner."""
+    names = ", ".join(entry.name for entry, _ in rivals)
+    job.say(f"timing the placement and {names} in turns")
+    rivals_dir = job.workdir / "rivals"
+    try:
+        builds = []
+        for index, (_, rival_parts) in enumerate(rivals):
+            (rivals_dir / str(index)).mkdir(parents=True, exist_ok=True)
+            builds.append(build_placement(job, rival_parts, rivals_dir / str(index) / library.name))
+        inputs = rivals_dir / "inputs.npz"
+        np.savez(inputs, *job.inputs)
+        libraries = {PLACEMENT: library}
+        libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
+        turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules,
+                              job.disabled)
+        job.say("  in turns: " + ", ".join(f"{name} {describe_cost(cost)}" for name, cost in turns.items()))
+        fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].seconds)
+        if turns[rivals[fastest][0].name].seconds >= turns[PLACEMENT].seconds * (1 - TURNS_MARGIN):
+            return Contest(turns)
+        won = rivals_dir / str(fastest) / library.name
+        os.replace(runtime_file(won), runtime_file(library))
+        os.replace(won, library)
+        return Contest(turns, fastest, builds[fastest])
+    except (CollageError, WorkerFailure) as error:
+        job.say(f"  could not time them in turns: {error}")
+        return None
+    finally:
+        shutil.rmtree(rivals_dir, ignore_errors=True)
+
+
+def without_cuda_graphs(job: Job, parts, limit_s: Optional[float], db) -> Optional[EndToEnd]:
+    """On a CUDA target whose placements replay CUDA graphs: ``parts`` built to launch each kernel
+    on its own and measured, so that the report shows what the graphs gain; None elsewhere."""
+    if not job.replays_cuda_graphs():
+        return None
+    cost = baseline_cost(job, WITHOUT_CUDA_GRAPHS, parts, limit_s, db, cuda_graphs=False)
+    return EndToEnd(WITHOUT_CUDA_GRAPHS, cost, operators_by_backend(parts))
+
+
+def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda_graphs: Optional[bool] = None) -> Cost:
+    """``parts`` (None: TVM's unpartitioned build) measured in full, or as measured before in ``db``.
+
+    A stopped measurement is reused only under a limit no longer than the one it exceeded; one
+    measured before and slower than ``limit_s`` is stopped without building it again.
+    """
+    key = job.end_to_end_key(parts, BASELINE_PROTOCOL, cuda_graphs)
+    known = None if db is None else db.get_end_to_end(key)
+    if known is not None and limit_s is not None and known.seconds > limit_s and known.is_measured:
+        job.say(f"{name}: stopped, it measured {describe_cost(known)} before (from the cost database)")
+        return stopped(limit_s)
+    if known is not None:
+        exceeded = stopped_limit(known)
+        if exceeded is None or (limit_s is not None and limit_s <= exceeded):
+            job.say(f"{name}: {describe_cost(known)} (from the cost database)")
+            return known
+    job.say(f"building and measuring {name}")
+    started = time.perf_counter()
+    try:
+        cost = job.run_built(parts, None, run_limit_s=limit_s, cuda_graphs=cuda_graphs)[1]
+    except StageTooSlow as slow:
+        job.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
+        cost = stopped(slow.limit_s)
+    except CollageError as error:
+        return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
+    if db is not None:
+        db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
+    return cost
+
