@@ -5,8 +5,9 @@ hides: handing tensors from one backend to the next, waking another thread pool,
 On ResNet-50 with DNNL and TVM, a placement whose candidates summed to 47.5 ms ran in 65 ms end
 to end, and a placement with fewer, larger partitions ran faster although its candidates summed
 to more. So after the op-level search the placement is measured end to end, the part of its
-latency that its candidates do not explain is spread over its partitions as a per-partition
-charge, and the search runs again with every candidate charged that much. A new placement is
+latency that its candidates do not explain (or that they over-count: the charge may be negative)
+is spread over its partitions as a per-partition charge, and the search runs again with every
+candidate charged that much. A new placement is
 kept only if it measures faster end to end; the rounds stop when the search returns a placement
 already measured, when nothing is left unexplained, or when a round does not improve.
 
@@ -26,6 +27,8 @@ from collage_core.records import Candidate, Cost, Partition
 from collage_core.search import search_op_level
 
 DEFAULT_ROUNDS = 2
+# A candidate's cost charged with a negative charge keeps at least this share of itself.
+CHARGED_FLOOR = 0.1
 
 
 @attrs.frozen
@@ -51,16 +54,20 @@ def signature(parts: Sequence[Partition]) -> tuple:
 
 
 def charged(costs: dict, charge_s: float) -> dict:
-    """Every measured cost plus ``charge_s``; invalid and unknown costs stay as they are."""
+    """Every measured cost plus ``charge_s`` (a negative charge takes off, never below CHARGED_FLOOR of
+    the cost); invalid and unknown costs stay as they are."""
     return {
-        key: Cost.measured(cost.median_s + charge_s, cost.spread_s, cost.repeats) if cost.is_measured else cost
+        key: Cost.measured(max(cost.median_s + charge_s, CHARGED_FLOOR * cost.median_s), cost.spread_s, cost.repeats)
+        if cost.is_measured else cost
         for key, cost in costs.items()
     }
 
 
 def _round(parts: Sequence[Partition], latency: Cost) -> CalibrationRound:
+    """The charge goes both ways: positive when the placement ran slower end to end than its
+    candidates add up to, negative when they over-count what it costs inside the model."""
     summed = sum(p.cost.median_s for p in parts)
-    return CalibrationRound(len(parts), summed, latency, max(0.0, (latency.median_s - summed) / len(parts)))
+    return CalibrationRound(len(parts), summed, latency, (latency.median_s - summed) / len(parts))
 
 
 def calibrate(

@@ -34,13 +34,18 @@ class MeasurementReport:
     seconds: float
 
 
+# How a candidate is measured; part of its key, so a change of method measures again.
+# "net-of-call-1": timed through the VM, less the VM's call overhead (see worker._call_overhead_s).
+CANDIDATE_PROTOCOL = "net-of-call-1"
+
+
 def cost_key(backend, target, candidate_key: str) -> CostKey:
     return CostKey(
         backend=backend.name,
         backend_version=backend.version,
         target=tvm_compat.target_to_json(target),
         device=tvm_compat.device_name(target),
-        candidate=candidate_key,
+        candidate=f"{CANDIDATE_PROTOCOL}:{candidate_key}",
     )
 
 

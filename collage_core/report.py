@@ -65,8 +65,12 @@ def render_report(optimized) -> str:
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
-        "",
     ]
+    placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
+    if total and placed is not None and placed.is_measured and all(p.cost.is_measured for p in placement.partitions):
+        sections.append(f"the partitions' costs add up to {total * 1e3:.3f} ms; the placement measured "
+                        f"{placed.median_s * 1e3:.3f} ms end to end ({100 * total / placed.median_s:.0f}% of it)")
+    sections.append("")
     e2e_rows = []
     for entry in optimized.end_to_end:
         best_other = _best_other_build(entry, optimized.end_to_end)

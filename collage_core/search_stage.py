@@ -93,7 +93,8 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
     for number, step in enumerate(result.rounds):
         job.say(
             f"  round {number}: {step.partitions} partitions, candidates sum to {step.summed_s * 1e3:.3f} ms, "
-            f"end to end {describe_cost(step.latency)}: {step.charge_per_partition_s * 1e6:.1f} us per partition unexplained"
+            f"end to end {describe_cost(step.latency)}: {step.charge_per_partition_s * 1e6:+.1f} us per partition "
+            f"{'unexplained' if step.charge_per_partition_s >= 0 else 'over-counted'} by the candidates"
         )
     if result.alternative:
         job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")

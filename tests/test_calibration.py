@@ -99,3 +99,32 @@ def test_a_named_alternative_that_measures_faster_is_returned_with_its_name():
     result = calibrate(GRAPH, SINGLES, COSTS, only_singles_merged, cheap, rounds=0, alternatives=[("fused alone", fused)])
     assert result.alternative == "fused alone" and signature(result.parts) == signature(fused)
     assert len(cheap.calls) == 2
+
+
+def test_candidates_that_over_count_get_a_negative_charge_that_moves_the_search_to_more_partitions():
+    """Isolated, every candidate pays a per-call cost that the built model pays once: the fused groups
+    (two partitions) look cheaper than the singles (six). End to end, the singles run faster; the
+    negative charge found on the fused placement re-searches to them."""
+    per_call = 1.0e-3
+    isolated = {**{c.key: Cost.measured(2.0e-3 + per_call, 0.0, 3) for c in FUSED},
+                **{c.key: Cost.measured(0.2e-3 + per_call, 0.0, 3) for c in SINGLES}}
+
+    def end_to_end(parts):
+        end_to_end.calls += 1
+        return Cost.measured(sum(p.cost.median_s - per_call for p in parts) + per_call, 0.0, 3)
+
+    end_to_end.calls = 0
+    chosen = search_op_level(GRAPH, FUSED + SINGLES, isolated)
+    start = [Partition.from_candidate(c, isolated[c.key]) for c in chosen]
+    assert {p.backend for p in start} == {"fused"}
+    result = calibrate(GRAPH, FUSED + SINGLES, isolated, start, end_to_end)
+    assert result.rounds[0].charge_per_partition_s == pytest.approx(-per_call / 2)
+    assert {p.backend for p in result.parts} == {"singles"}
+    assert result.latency.median_s == pytest.approx(6 * 0.2e-3 + per_call)
+
+
+def test_a_negative_charge_never_takes_a_cost_below_its_floor():
+    from collage_core.calibration import CHARGED_FLOOR
+
+    result = charged({"a": Cost.measured(1.0e-3, 0.0, 3)}, -5.0e-3)
+    assert result["a"].median_s == pytest.approx(CHARGED_FLOOR * 1.0e-3)

@@ -47,3 +47,15 @@ def test_the_report_gives_what_cuda_graphs_gained_when_the_placement_was_measure
     assert "CUDA graphs:" not in report([graphs])
     failed = EndToEnd("placement without CUDA graphs", Cost.invalid("out of memory"), mix)
     assert "CUDA graphs:" not in report([graphs, failed])
+
+
+def test_the_report_says_how_much_of_the_measured_latency_the_partitions_costs_explain():
+    parts = [SimpleNamespace(backend="dnnl", nodes=(0, 1), cost=Cost.measured(60e-6, 1e-6, 5)),
+             SimpleNamespace(backend="tvm", nodes=(2,), cost=Cost.measured(35e-6, 1e-6, 5))]
+    placement = SimpleNamespace(partitions=parts, model_name="m", operators=[0] * 3, device="llvm:znver3",
+                                search="op-level", ran_on="")
+    entries = [EndToEnd("placement", Cost.measured(98e-6, 1e-6, 5), {"dnnl": 2, "tvm": 1})]
+    text = render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None,
+                                         verification=None, phases_s={}))
+    assert "the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end (97% of it)" in text
+    assert _row(text, "dnnl")[2:4] == ["0.060", "ms"] and _row(text, "tvm")[4] == "36.8%"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 
 from collage_core.timing import MeasureSettings, time_callable
 
@@ -38,3 +39,17 @@ def test_steadily_slow_runs_are_cut_off_after_one_timed_run():
     runs = FakeRuns(0.5, 0.4)
     cost = time_callable(runs, attrs.evolve(SETTINGS, cutoff_s=0.1))
     assert cost.repeats == 1 and cost.median_s == 0.4 and runs.calls == 2
+
+
+def test_candidate_costs_are_net_of_the_vm_call_and_never_below_their_floor():
+    from collage_core import tvm_compat, worker
+    from collage_core.records import Cost
+
+    state = {}
+    overhead = worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings(time_bound_s=2.0))
+    assert 0 < overhead < 1e-3  # a call that runs nothing: microseconds
+    assert worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings()) == overhead  # once per process
+    net = worker._net_of_call(Cost.measured(50e-6, 2e-6, 9), 5e-6)
+    assert net.median_s == pytest.approx(45e-6) and net.spread_s == 2e-6 and net.repeats == 9
+    assert worker._net_of_call(Cost.measured(4e-6, 0.0, 3), 5e-6).median_s == pytest.approx(worker.NET_FLOOR * 4e-6)
+    assert not worker._net_of_call(Cost.invalid("crashed"), 5e-6).is_measured
