@@ -40,10 +40,19 @@ def documented_hooks() -> dict[str, str]:
     return {name: arguments for name, arguments in HOOK_HEADING.findall(DOCS.read_text())}
 
 
-def example_plugin_source() -> str:
+def example_plugin_source(index: int = 0) -> str:
     blocks = re.findall(r"^```python\n(.*?)^```", DOCS.read_text(), re.MULTILINE | re.DOTALL)
-    assert len(blocks) == 1, "docs/plugins.md should hold exactly one python block: the example plugin"
-    return blocks[0]
+    assert len(blocks) == 2, "docs/plugins.md should hold exactly two python blocks: the two example plugins"
+    return blocks[index]
+
+
+def example_plugin(index: int, name: str):
+    module = types.ModuleType(f"collage_{name}.hooks")
+    exec(compile(example_plugin_source(index), f"{DOCS}:{name}", "exec"), module.__dict__)
+    pm = get_plugin_manager(load_entry_points=True)
+    pm.register(module, name=name)
+    pm.check_pending()
+    return pm
 
 
 def test_hook_specs_are_found():
@@ -88,12 +97,12 @@ def matmul_relu_add(dtype: str) -> tvm.IRModule:
 
 @pytest.fixture(scope="module")
 def example_pm():
-    module = types.ModuleType("collage_example.hooks")
-    exec(compile(example_plugin_source(), f"{DOCS}:example", "exec"), module.__dict__)
-    pm = get_plugin_manager(load_entry_points=True)
-    pm.register(module, name="example")
-    pm.check_pending()
-    return pm
+    return example_plugin(0, "example")
+
+
+@pytest.fixture(scope="module")
+def numpydense_pm():
+    return example_plugin(1, "numpydense")
 
 
 def test_example_plugin_registers_an_available_backend(example_pm):
@@ -135,3 +144,73 @@ def test_example_plugin_builds_and_runs_relu_between_tvm_partitions(example_pm):
     result = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs]))
     x, w, b = inputs
     np.testing.assert_allclose(result, np.maximum(x @ w, 0) + b, rtol=RTOL, atol=ATOL)
+
+
+def test_second_example_runs_a_matmul_through_its_registered_kernel_as_tvm_computes_it(numpydense_pm):
+    from collage_core import testing
+
+    target = tvm_compat.host_cpu_target()
+    infos = discover_backends(numpydense_pm)
+    assert infos["numpydense"].availability.available
+    patterns = contribute_patterns(numpydense_pm, infos["numpydense"].backend, target)
+    mod = testing.function_module(lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), (4, 8), (8, 16))
+    graph, candidate = testing.whole_candidate(mod, patterns, "numpydense.matmul")
+    assert candidate is not None
+    placed = partition_module(graph, [candidate])
+    executable = build(numpydense_pm, placed, {"numpydense": infos["numpydense"].backend}, target)
+    assert "collage_numpydense.matmul" in executable.as_text()
+    rng = np.random.default_rng(1)
+    inputs = [rng.uniform(-1, 1, size=shape).astype("float32") for shape in ((4, 8), (8, 16))]
+    device = tvm_compat.device_for(target)
+    vm = relax.VirtualMachine(executable, device)
+    result = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs]))
+    np.testing.assert_allclose(result, testing.run_on_cpu(mod, inputs), rtol=RTOL, atol=ATOL)
+
+
+def test_second_example_takes_weights_as_constants_and_inspect_shows_its_refusals(numpydense_pm, monkeypatch):
+    from collage_core import inspection
+
+    monkeypatch.setattr(inspection, "get_plugin_manager", lambda: numpydense_pm)
+    weight = relax.const(np.arange(8 * 16, dtype="float32").reshape(8, 16) / 100)
+    takes = inspection.inspect_model(relax_module(lambda bb, x: bb.emit(relax.op.matmul(x, weight)), (4, 8)),
+                                     backends=["numpydense"])
+    assert [c.pattern for c in takes.views[0].candidates] == ["numpydense.matmul"]
+    half = inspection.inspect_model(
+        relax_module(lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), (4, 8), (8, 16), dtype="float16"),
+        backends=["numpydense"])
+    assert not half.views[0].candidates
+    assert [r.reason for r in half.views[0].refusals] == ["NumPy's matmul here takes 2-D float32 tensors, not float16 of rank 2"]
+
+
+def test_second_example_places_a_constant_weight_matmul_between_tvm_partitions(numpydense_pm):
+    from collage_core import testing
+
+    target = tvm_compat.host_cpu_target()
+    infos = discover_backends(numpydense_pm)
+    weight = np.random.default_rng(2).uniform(-1, 1, size=(8, 16)).astype("float32")
+    mod = testing.function_module(
+        lambda bb, x: bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(bb.emit(relax.op.nn.relu(x)), relax.const(weight))))),
+        (4, 8))
+    graph = RelaxGraph.from_function(mod["main"])
+    patterns = [p for name in ("numpydense", "tvm") for p in contribute_patterns(numpydense_pm, infos[name].backend, target)]
+    candidates = enumerate_candidates(graph, patterns)
+    wanted = {0: "tvm.op", 1: "numpydense.matmul", 2: "tvm.op"}
+    parts = [next(c for c in candidates if c.nodes == {node} and c.pattern == pattern) for node, pattern in wanted.items()]
+    executable = build(numpydense_pm, partition_module(graph, parts), {n: i.backend for n, i in infos.items()}, target)
+    x = np.random.default_rng(3).uniform(-1, 1, size=(4, 8)).astype("float32")
+    device = tvm_compat.device_for(target)
+    result = tvm_compat.to_numpy(relax.VirtualMachine(executable, device)["main"](tvm_compat.to_tensor(x, device)))
+    np.testing.assert_allclose(result, np.maximum(np.maximum(x, 0) @ weight, 0), rtol=RTOL, atol=ATOL)
+
+
+def relax_module(make, *shapes, dtype="float32"):
+    from collage_core import testing
+
+    return testing.function_module(make, *shapes, dtype=dtype)
+
+
+def test_every_tvm_compat_helper_is_named_in_the_docs():
+    text = DOCS.read_text()
+    helpers = [name for name, function in inspect.getmembers(tvm_compat, inspect.isfunction)
+               if not name.startswith("_") and function.__module__ == tvm_compat.__name__]
+    assert [name for name in helpers if f"`{name}" not in text] == []
