@@ -32,6 +32,25 @@ class MeasurementReport:
     measured: int
     invalid: int
     seconds: float
+    # Candidates (keys) whose cost stayed noisy after a second measurement: used as measured.
+    noisy: tuple = ()
+
+
+# A cost whose interquartile range exceeds this many times the settings' target spread is measured
+# again, and the steadier of the two is kept.
+NOISY_FACTOR = 4.0
+
+
+def is_noisy(cost: Cost, settings: MeasureSettings) -> bool:
+    """Whether ``cost`` spread far above the goal (a cost of one run has no spread to judge)."""
+    return (cost.is_measured and cost.repeats > 1
+            and cost.spread_s > NOISY_FACTOR * settings.target_spread * cost.median_s)
+
+
+def _steadier(first: Cost, second: Optional[Cost]) -> Cost:
+    if second is None or not second.is_measured:
+        return first
+    return min((first, second), key=lambda cost: cost.spread_s / max(cost.median_s, 1e-12))
 
 
 # How a candidate is measured; part of its key, so a change of method measures again.
@@ -79,6 +98,7 @@ def measure_candidates(
     for candidate in sorted(missing, key=lambda c: (c.backend, c.sort_key)):
         by_backend.setdefault(candidate.backend, []).append(candidate)
     workers = settings.parallel_builds()
+    noisy: list[str] = []
     parallel = [c for c in missing if not backends[c.backend].lowering_uses_device] if workers > 1 else []
     with tempfile.TemporaryDirectory() as tmp:
         libraries, failed = _build_in_parallel(parallel, graph, target, settings, plugin_modules, disabled, Path(tmp),
@@ -89,12 +109,19 @@ def measure_candidates(
                     for candidate in todo:
                         if candidate.key in failed:
                             cost = failed[candidate.key]
-                        elif candidate.key in libraries:
-                            module, library = libraries[candidate.key]
-                            cost = _send(worker, candidate, module, target, settings,
-                                         {"op": "time_candidate", "library": str(library)})
                         else:
-                            cost = _measure_one(worker, graph, candidate, target, settings, Path(tmp))
+                            def measure():
+                                if candidate.key in libraries:
+                                    module, library = libraries[candidate.key]
+                                    return _send(worker, candidate, module, target, settings,
+                                                 {"op": "time_candidate", "library": str(library)})
+                                return _measure_one(worker, graph, candidate, target, settings, Path(tmp))
+
+                            cost = measure()
+                            if is_noisy(cost, settings):
+                                cost = _steadier(cost, measure())
+                                if is_noisy(cost, settings):
+                                    noisy.append(candidate.key)
                         db.put(keys[candidate.key], cost)
                         costs[candidate.key] = cost
                         shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
@@ -106,6 +133,7 @@ def measure_candidates(
         measured=len(missing),
         invalid=sum(1 for key in representatives if not costs[key].is_measured),
         seconds=time.perf_counter() - started,
+        noisy=tuple(noisy),
     )
 
 

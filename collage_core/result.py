@@ -104,7 +104,7 @@ class OptimizedModel:
             "candidates": self.candidates,
             "measurement": None if measurement is None else {
                 "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,
-                "invalid": measurement.invalid, "seconds": measurement.seconds,
+                "invalid": measurement.invalid, "seconds": measurement.seconds, "noisy": list(measurement.noisy),
             },
             "two_level": None if self.two_level is None else {
                 "generations": self.two_level.generations, "measured": self.two_level.measured,

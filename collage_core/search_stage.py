@@ -11,7 +11,7 @@ from collage_core.baselines import op_groups, searched_parts, single_backend_par
 from collage_core.calibration import calibrate, signature
 from collage_core.errors import CollageError
 from collage_core.job import Job, describe_cost
-from collage_core.measure import MeasurementReport, measure_candidates
+from collage_core.measure import NOISY_FACTOR, MeasurementReport, measure_candidates
 from collage_core.progress import ProgressBar
 from collage_core.records import OP_LEVEL, Partition
 from collage_core.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level
@@ -30,6 +30,10 @@ def measure(job: Job, candidates, db) -> MeasurementReport:
         f"measured {report.measured} in {report.seconds:.1f} s, {report.from_database} from the database, "
         f"{report.invalid} invalid"
     )
+    if report.noisy:
+        job.say(f"{len(report.noisy)} candidates' costs stayed noisy after a second measurement (spread above "
+                f"{NOISY_FACTOR * job.settings.target_spread:.0%} of the median) and are used as measured: "
+                f"{', '.join(report.noisy[:3])}{', ...' if len(report.noisy) > 3 else ''}")
     return report
 
 
