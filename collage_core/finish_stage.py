@@ -28,6 +28,8 @@ from collage_core.timing import stopped, stopped_limit
 from collage_core.two_level import seed_genomes
 from collage_core.worker_client import StageTooSlow, WorkerFailure
 
+# The pattern name of TVM's unpartitioned build placed as one partition (see whole_model_on_tvm).
+WHOLE_MODEL_PATTERN = "tvm.whole_model"
 
 @attrs.frozen
 class Built:
@@ -51,7 +53,8 @@ class Contest:
 def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
               limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
     """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback),
-    each with its partitions (None for the unpartitioned build).
+    each with its partitions (TVM's unpartitioned build as one TVM partition of the whole model; None
+    where TVM is not selected), so that whichever measures fastest can be returned.
 
     A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
     and says so. With ``db``, baselines measured before are read from it, not measured again.
@@ -79,8 +82,11 @@ def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level
     unpartitioned = predicted_cost(tvm_alone, reference, "TVM alone's") if tvm_alone is not None else None
     if unpartitioned is not None:
         job.say(f"{UNPARTITIONED}: {unpartitioned.reason}")
-    results = [(EndToEnd(UNPARTITIONED, unpartitioned or baseline_cost(job, UNPARTITIONED, None, limit_s, db),
-                         {"relax.build": len(job.graph.graph)}), None)]
+    whole = whole_model_on_tvm(job)
+    whole_cost = unpartitioned or baseline_cost(job, UNPARTITIONED, whole, limit_s, db)
+    if whole is not None and whole_cost.is_measured:  # its one partition costs what the whole measured
+        whole = [attrs.evolve(whole[0], cost=whole_cost)]
+    results = [(EndToEnd(UNPARTITIONED, whole_cost, {"relax.build": len(job.graph.graph)}), whole)]
     measured = {**job.measured_end_to_end, signature(parts): placement_cost}
     for name, baseline_parts in built:
         baseline_signature = signature(baseline_parts)
@@ -92,6 +98,16 @@ def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level
         results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
                         baseline_parts))
     return results
+
+
+def whole_model_on_tvm(job: Job) -> Optional[list[Partition]]:
+    """TVM's unpartitioned build as a placement: one TVM partition holding every operator, which TVM
+    fuses and schedules as it does the unpartitioned model (its fusion works within a function);
+    None when TVM is not among the selected backends."""
+    if "tvm" not in job.backends:
+        return None
+    nodes = tuple(range(len(job.graph.graph)))
+    return [Partition("tvm", WHOLE_MODEL_PATTERN, nodes, WHOLE_MODEL_PATTERN, Cost.unknown())]
 
 
 def build_placement(job: Job, parts, library: Path) -> Built:

@@ -121,6 +121,21 @@ def test_a_placement_measured_on_another_device_says_so_and_the_report_names_whe
     assert f"operators on {here}, op-level search (placement measured on cuda:sm_90a (NVIDIA H200" in render_report(replayed)
 
 
+def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replayed(optimized, workspace):
+    from collage_core.finish_stage import WHOLE_MODEL_PATTERN
+    from collage_core.placement_file import load_placement
+
+    entry = next(e for e in optimized.end_to_end if e.name == "unpartitioned relax.build")
+    assert entry.cost.is_measured
+    saved = baseline_file(workspace / "out", "unpartitioned relax.build")
+    whole = load_placement(saved)
+    assert [(p.backend, p.pattern, p.nodes) for p in whole.partitions] == [
+        ("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(whole.operators))))]
+    replayed = collage_core.optimize(str(TINY_RESNET), placement=saved, backends=["tvm"], compare_backends=False,
+                                     show_progress=False)
+    assert replayed.verification.passed, replayed.verification.describe()
+
+
 def test_placement_for_another_model_is_refused(optimized, workspace):
     with pytest.raises(PlacementFileError, match=r"operator \d+ is .* in the placement but .* in the model"):
         collage_core.optimize(str(TINY_BERT), placement=workspace / "out" / "placement.json", show_progress=False)
