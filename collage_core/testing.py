@@ -3,7 +3,8 @@
 A plugin's pattern test builds a function its pattern should cover whole (``function_module``),
 finds that candidate (``whole_candidate``), and compares what its kernel computes with what TVM's
 build of the same Relax computes on the CPU (``run_on_cpu``); ``operand_arrays`` gives the arrays a
-kernel's operands stand for.
+kernel's operands stand for. ``contract_problems`` runs a plugin's hooks against the contract on
+a model and says, one line each, what is wrong.
 """
 
 from __future__ import annotations
@@ -49,3 +50,73 @@ def operand_arrays(operands: Sequence, params: Sequence, inputs: Sequence[np.nda
     """The arrays a kernel's ``operands`` stand for: constants' values, and parameters' inputs (matched by name)."""
     by_name = {param.name: array for param, array in zip(params, inputs)}
     return [tvm_compat.constant_array(o) if tvm_compat.is_constant(o) else by_name[o.name] for o in operands]
+
+
+def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8, rtol: float = 1e-4,
+                      atol: float = 1e-5) -> list[str]:
+    """What a plugin's hooks do against the contract, on ``model`` (an ONNX path, a Relax IRModule or
+    anything ``collage_core.optimize`` takes): one line per problem, none when all is well.
+
+    The backend must be registered and answer availability with an ``Availability``; its pattern
+    names must start with its name and a dot, and no check may raise anything but
+    ``PatternRefused``; and, where it is available, the first candidate of each pattern (up to
+    ``limit`` patterns) must lower, build and compute what TVM's own build of the same Relax
+    computes on the CPU (within ``rtol``/``atol``), and ``collage_prepare_runtime`` must answer.
+    Nothing is timed.
+    """
+    from collage_core.backends import contribute_patterns, discover_backends
+    from collage_core.build import build
+    from collage_core.model_import import load_model
+    from collage_core.partition import partition_module
+    from collage_core.records import Availability, Candidate
+
+    target = tvm_compat.make_target(target)
+    infos = discover_backends(pm)
+    if backend_name not in infos:
+        return [f"backend {backend_name!r} is not registered by any plugin (registered: {', '.join(infos) or 'none'})"]
+    info = infos[backend_name]
+    problems = [f"plugin {failure.name}: {failure.reason}" for failure in getattr(pm, "failures", [])]
+    if not isinstance(info.availability, Availability):
+        problems.append(f"collage_check_availability answered {info.availability!r}, not an Availability")
+    elif not info.availability.available and "\n" in info.availability.reason:
+        problems.append("the reason it is not available spans several lines; say it in one")
+    patterns = contribute_patterns(pm, info.backend, target)
+    problems += [f"pattern {p.name!r} does not start with {backend_name!r} and a dot"
+                 for p in patterns if not p.name.startswith(f"{backend_name}.")]
+    imported = load_model(model)
+    graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
+    refusals: list = []
+    candidates = enumerate_candidates(graph, patterns, refusals)
+    problems += sorted({f"pattern {r.pattern}: {r.reason}" for r in refusals if r.broken})
+    if not info.availability.available or target.kind.name != "llvm":
+        return problems
+    first = {}
+    for candidate in candidates:
+        first.setdefault(candidate.pattern, candidate)
+    rng = np.random.default_rng(0)
+    for pattern, candidate in list(first.items())[:limit]:
+        standalone = graph.standalone_module(candidate.nodes)
+        alone = RelaxGraph.from_function(standalone["main"], standalone)
+        placed = partition_module(alone, [Candidate(backend_name, pattern, range(len(alone.graph)), key="")])
+        try:
+            executable = build(pm, placed, {backend_name: info.backend}, target)
+        except Exception as error:
+            problems.append(f"pattern {pattern}: lowering or building failed: {error}")
+            continue
+        inputs = []
+        for param in standalone["main"].params:
+            shape, dtype = tvm_compat.tensor_shape_dtype(param)
+            inputs.append(np.zeros(shape, dtype) if dtype.startswith(("int", "uint", "bool"))
+                          else rng.uniform(-1, 1, size=shape).astype(dtype))
+        device = tvm.cpu(0)
+        result = relax.VirtualMachine(executable, device)["main"](*[tvm_compat.to_tensor(x, device) for x in inputs])
+        got = tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0])
+        expected = run_on_cpu(standalone, inputs)
+        if got.shape != expected.shape or not np.allclose(got, expected, rtol=rtol, atol=atol):
+            problems.append(f"pattern {pattern}: computes something else than TVM on operators {sorted(candidate.nodes)} "
+                            f"(max abs difference {np.max(np.abs(got - expected)) if got.shape == expected.shape else 'shape'})")
+    if info.availability.available:
+        prepared = pm.hook.collage_prepare_runtime(backend=info.backend)
+        if prepared is None:
+            problems.append("collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)")
+    return problems

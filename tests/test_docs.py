@@ -214,3 +214,9 @@ def test_every_tvm_compat_helper_is_named_in_the_docs():
     helpers = [name for name, function in inspect.getmembers(tvm_compat, inspect.isfunction)
                if not name.startswith("_") and function.__module__ == tvm_compat.__name__]
     assert [name for name in helpers if f"`{name}" not in text] == []
+
+
+def test_second_example_meets_the_plugin_contract_on_a_shipped_model(numpydense_pm):
+    from collage_core import testing
+
+    assert testing.contract_problems(numpydense_pm, "numpydense", str(ROOT / "models" / "tiny_bert.onnx")) == []
