@@ -5,9 +5,10 @@
                                [--collage-again] [--device cpu|cuda]
 
 With ``--device cuda`` (on a machine with an NVIDIA GPU; results in ``benchmarks/raw-cuda``): PyTorch
-eager and torch.compile on CUDA (float32, TF32 off) and Collage's cold run with
-``--target cuda --backends tvm,cublas,cudnn``, which measures beside its placement each backend alone
-(cuBLAS and cuDNN with TVM for the rest) and TVM's unpartitioned build. RESULTS.md gets a section of
+eager, torch.compile and torch.compile's "reduce-overhead" mode (its CUDA graphs) on CUDA (float32,
+TF32 off) and Collage's cold run with ``--target cuda --backends tvm,cublas,cudnn``, whose placement
+replays as CUDA graphs and which measures beside it the same placement without graphs, each backend
+alone (cuBLAS and cuDNN with TVM for the rest) and TVM's unpartitioned build. RESULTS.md gets a section of
 its own for the GPU rows, with the GPU and the library versions the run recorded.
 
 For each batch size, each model (every model at batch 1 first), in this order and each in a fresh process:
