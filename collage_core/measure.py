@@ -122,6 +122,10 @@ def measure_candidates(
                                 cost = _steadier(cost, measure())
                                 if is_noisy(cost, settings):
                                     noisy.append(candidate.key)
+                            if not cost.is_measured:
+                                # A candidate that failed may leave its process unusable (a faulting GPU
+                                # kernel poisons the CUDA context): the next one gets a fresh worker.
+                                worker.close()
                         db.put(keys[candidate.key], cost)
                         costs[candidate.key] = cost
                         shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
