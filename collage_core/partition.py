@@ -10,6 +10,7 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.errors import CollageError
+from collage_core.records import Candidate
 from collage_core.relax_graph import RelaxGraph, substitute
 
 BACKEND_ATTR = "collage.backend"
@@ -22,6 +23,12 @@ class PartitionError(CollageError):
 
 def partition_function_name(backend: str, index: int) -> str:
     return f"collage_{backend}_{index}"
+
+
+def placed_whole(mod: tvm.IRModule, backend: str, pattern: str) -> tvm.IRModule:
+    """``mod`` (one candidate cut out as a module) placed whole on ``backend`` as one partition."""
+    graph = RelaxGraph.from_function(mod["main"], mod)
+    return partition_module(graph, [Candidate(backend, pattern, range(len(graph.graph)), key="")])
 
 
 def partition_module(graph: RelaxGraph, parts: Sequence) -> tvm.IRModule:

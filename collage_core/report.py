@@ -86,7 +86,7 @@ def render_report(optimized) -> str:
         sections.append(
             f"\ncandidates: {optimized.candidates} ({m.distinct} distinct); measured {m.measured} in {m.seconds:.1f} s, "
             f"{m.from_database} from the cost database, {m.invalid} invalid"
-            + (f", {len(m.noisy)} noisy after two measurements" if getattr(m, "noisy", ()) else "")
+            + (f", {len(m.noisy)} noisy after two measurements" if m.noisy else "")
             + f"; search {optimized.search_s:.2f} s"
         )
     if optimized.two_level is not None:

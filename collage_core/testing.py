@@ -67,8 +67,9 @@ def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8,
     from collage_core.backends import contribute_patterns, discover_backends
     from collage_core.build import build
     from collage_core.model_import import load_model
-    from collage_core.partition import partition_module
-    from collage_core.records import Availability, Candidate
+    from collage_core.partition import placed_whole
+    from collage_core.records import Availability
+    from collage_core.worker import random_arguments
 
     target = tvm_compat.make_target(target)
     infos = discover_backends(pm)
@@ -93,21 +94,15 @@ def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8,
     first = {}
     for candidate in candidates:
         first.setdefault(candidate.pattern, candidate)
-    rng = np.random.default_rng(0)
     for pattern, candidate in list(first.items())[:limit]:
         standalone = graph.standalone_module(candidate.nodes)
-        alone = RelaxGraph.from_function(standalone["main"], standalone)
-        placed = partition_module(alone, [Candidate(backend_name, pattern, range(len(alone.graph)), key="")])
+        placed = placed_whole(standalone, backend_name, pattern)
         try:
             executable = build(pm, placed, {backend_name: info.backend}, target)
         except Exception as error:
             problems.append(f"pattern {pattern}: lowering or building failed: {error}")
             continue
-        inputs = []
-        for param in standalone["main"].params:
-            shape, dtype = tvm_compat.tensor_shape_dtype(param)
-            inputs.append(np.zeros(shape, dtype) if dtype.startswith(("int", "uint", "bool"))
-                          else rng.uniform(-1, 1, size=shape).astype(dtype))
+        inputs = random_arguments(standalone["main"])
         device = tvm.cpu(0)
         result = relax.VirtualMachine(executable, device)["main"](*[tvm_compat.to_tensor(x, device) for x in inputs])
         got = tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0])
@@ -115,8 +110,6 @@ def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8,
         if got.shape != expected.shape or not np.allclose(got, expected, rtol=rtol, atol=atol):
             problems.append(f"pattern {pattern}: computes something else than TVM on operators {sorted(candidate.nodes)} "
                             f"(max abs difference {np.max(np.abs(got - expected)) if got.shape == expected.shape else 'shape'})")
-    if info.availability.available:
-        prepared = pm.hook.collage_prepare_runtime(backend=info.backend)
-        if prepared is None:
-            problems.append("collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)")
+    if pm.hook.collage_prepare_runtime(backend=info.backend) is None:
+        problems.append("collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)")
     return problems

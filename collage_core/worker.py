@@ -65,7 +65,9 @@ def _measure_candidate(state, request):
     settings = MeasureSettings.from_json(request["settings"])
     cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
-        placed = _placed_candidate(mod, state["backends"][request["backend"]], request["pattern"])
+        from collage_core.partition import placed_whole
+
+        placed = placed_whole(mod, request["backend"], request["pattern"])
         executable, _ = _build(state, placed, target)
         cost = _net_of_call(_time(executable, placed, target, settings), _call_overhead_s(state, target, settings))
     return {"cost": cost.to_json()}
@@ -80,15 +82,14 @@ def _call_overhead_s(state, target, settings) -> float:
     candidates are, once per worker process and target.
 
     A candidate timed alone pays for entering and leaving the VM (argument checks, the evaluator's
-    call) on top of its kernels; inside a placement that is paid once for the whole model. Left in,
-    it over-counts every candidate by the same few microseconds: on tiny_bert the candidates summed
-    to 0.277 ms against 0.175 ms end to end, and the search was biased towards fewer, larger
-    partitions for a reason that does not exist in the built model.
+    call) on top of its kernels; inside a placement that is paid once for the whole model, so it is
+    taken off every candidate's cost. On CPUs it is well under a microsecond, so it moves little
+    there; what a whole placement pays beyond its candidates (or less than them) is left to
+    calibration's per-partition charge (see :mod:`collage_core.calibration`).
     """
     from tvm import relax
 
     from collage_core import tvm_compat
-    from collage_core.timing import time_callable
 
     cache = state.setdefault("call_overhead_s", {})
     key = tvm_compat.target_to_json(target)
@@ -98,9 +99,7 @@ def _call_overhead_s(state, target, settings) -> float:
         with bb.function("main", [param]):
             bb.emit_func_output(param)
         vm, device = _vm(relax.build(bb.get(), target), target)
-        args = [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]
-        cache[key] = time_callable(lambda number: vm.time_evaluator("main", device, number=number, repeat=1)(*args).mean,
-                                   settings).median_s
+        cache[key] = _time_vm(vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]).median_s
     return cache[key]
 
 
@@ -129,16 +128,6 @@ def _own_measurement(state, backend_name: str, mod, target, settings):
     return cost
 
 
-def _placed_candidate(mod, backend, pattern: str):
-    """The candidate module ``mod`` placed whole on ``backend`` as one partition."""
-    from collage_core.partition import partition_module
-    from collage_core.records import Candidate
-    from collage_core.relax_graph import RelaxGraph
-
-    graph = RelaxGraph.from_function(mod["main"], mod)
-    return partition_module(graph, [Candidate(backend.name, pattern, range(len(graph.graph)), key="")])
-
-
 def _build_candidate(state, request):
     """Build a candidate placed whole on its backend and export it to ``library``; nothing runs.
 
@@ -146,10 +135,11 @@ def _build_candidate(state, request):
     (``time_candidate``), so that no build disturbs a timing.
     """
     from collage_core.deploy import backend_needs, write_runtime_file
+    from collage_core.partition import placed_whole
 
     mod, target = _load(request)
     backend = state["backends"][request["backend"]]
-    executable, build_s = _build(state, _placed_candidate(mod, backend, request["pattern"]), target)
+    executable, build_s = _build(state, placed_whole(mod, backend.name, request["pattern"]), target)
     executable.export_library(request["library"])
     write_runtime_file(request["library"], backend_needs([backend], [backend.name]))
     return {"build_s": build_s}
@@ -200,7 +190,7 @@ def _time_vm(vm, device, mod, settings, args=None):
     from collage_core.timing import time_callable
 
     if args is None:
-        args = [tvm_compat.to_tensor(a, device) for a in _random_arguments(mod["main"])]
+        args = [tvm_compat.to_tensor(a, device) for a in random_arguments(mod["main"])]
 
     def run(number):
         return vm.time_evaluator("main", device, number=number, repeat=1)(*args).mean
@@ -208,7 +198,8 @@ def _time_vm(vm, device, mod, settings, args=None):
     return time_callable(run, settings)
 
 
-def _random_arguments(func) -> list[np.ndarray]:
+def random_arguments(func) -> list[np.ndarray]:
+    """Seeded arguments for ``func``: uniform floats in [-1, 1), zeros for integer and boolean tensors."""
     from collage_core import tvm_compat
 
     rng = np.random.default_rng(0)

@@ -1,5 +1,5 @@
 """Measuring candidates: a cost spread far above the goal is measured again and the steadier kept,
-and one that stays noisy is named; a candidate that faults costs itself alone, not the ones after it."""
+and one that stays noisy is named in the measurement report."""
 
 from __future__ import annotations
 
@@ -42,24 +42,3 @@ def test_a_noisy_cost_is_measured_again_and_one_that_stays_noisy_is_named(monkey
     assert by_backend == {"noisyonce": plugin.STEADY, "alwaysnoisy": plugin.NOISY}
     assert report.noisy == tuple(c.key for c in candidates if c.backend == "alwaysnoisy")
 
-
-def test_a_candidate_that_faults_costs_itself_alone_the_next_gets_a_fresh_worker(monkeypatch, tmp_path):
-    module = "plugins_for_tests.poisoning_plugin"
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    pm = get_plugin_manager(extra_modules=[module])
-    infos = discover_backends(pm)
-    target = tvm_compat.host_cpu_target()
-    model = load_model(str(TESTS.parent / "models" / "tiny_resnet.onnx"))
-    graph = RelaxGraph.from_function(model.mod["main"], model.mod)
-    patterns = contribute_patterns(pm, infos["poisoning"].backend, target)
-    candidates = [c for c in enumerate_candidates(graph, patterns) if len(c.nodes) == 1][:12]
-    faulting = {c.key for c in candidates if graph.graph.ops[next(iter(c.nodes))] == "relax.nn.conv2d"}
-    assert faulting and len(faulting) < len({c.key for c in candidates})
-    with CostDatabase.open(tmp_path / "costs.sqlite") as db:
-        report = measure_candidates(graph, candidates, {"poisoning": infos["poisoning"].backend}, target, db,
-                                    MeasureSettings(build_workers=1), [module], show_progress=False)
-    for key, cost in report.costs.items():
-        if key in faulting:
-            assert not cost.is_measured and "illegal memory access" in cost.reason
-        else:
-            assert cost.is_measured, (key, cost)

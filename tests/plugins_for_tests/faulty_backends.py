@@ -2,7 +2,9 @@
 
 Each backend takes any single operator and lowers like TVM, but measuring one of its candidates
 raises (``raising``), kills the worker process with SIGABRT (``crashing``) or never returns
-(``hanging``). Other backends' candidates are left to the next implementation.
+(``hanging``). ``poisoning`` fails on ``conv2d`` only, and leaves its process unusable as a
+faulting GPU kernel leaves its CUDA context: every later measurement in that process raises.
+Other backends' candidates are left to the next implementation.
 """
 
 import os
@@ -10,13 +12,16 @@ import time
 
 from tvm.relax.dpl import wildcard
 
-from collage_core import Availability, Backend, Pattern, hookimpl
+from collage_core import Availability, Backend, Cost, Pattern, hookimpl
 from collage_core.records import OP_LEVEL
 
 RAISING = "raising"
 CRASHING = "crashing"
 HANGING = "hanging"
+POISONING = "poisoning"
 RAISED_MESSAGE = "the raising backend cannot measure anything"
+POISONING_MESSAGE = "illegal memory access (a deliberate fault)"
+_poisoned = []
 
 
 def _raise():
@@ -31,32 +36,44 @@ def _hang():
     time.sleep(3600)
 
 
+def _poison(mod):
+    if _poisoned:
+        raise RuntimeError("an earlier fault left this process unusable")
+    if "conv2d" in mod["main"].script():
+        _poisoned.append(True)
+        raise RuntimeError(POISONING_MESSAGE)
+    return Cost.measured(1.0e-3, 0.0, 3)
+
+
 FAULTS = {RAISING: _raise, CRASHING: _crash, HANGING: _hang}
+BACKENDS = (*FAULTS, POISONING)
 
 
 @hookimpl
 def collage_register_backends(register):
-    for name in FAULTS:
+    for name in BACKENDS:
         register(Backend(name, OP_LEVEL, ("cpu",), "1", f"test backend whose measurement fails ({name})"))
 
 
 @hookimpl
 def collage_check_availability(backend):
-    return Availability.yes() if backend.name in FAULTS else None
+    return Availability.yes() if backend.name in BACKENDS else None
 
 
 @hookimpl
 def collage_contribute_patterns(backend, target):
-    return [Pattern(f"{backend.name}.op", wildcard())] if backend.name in FAULTS else None
+    return [Pattern(f"{backend.name}.op", wildcard())] if backend.name in BACKENDS else None
 
 
 @hookimpl
 def collage_lower_partitions(backend, mod, function_names, target):
-    return mod if backend.name in FAULTS else None
+    return mod if backend.name in BACKENDS else None
 
 
 @hookimpl(tryfirst=True)
 def collage_measure_candidate(backend, mod, target, settings):
+    if backend.name == POISONING:
+        return _poison(mod)
     if backend.name in FAULTS:
         FAULTS[backend.name]()
     return None

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 import tvm
-from plugins_for_tests.faulty_backends import CRASHING, FAULTS, HANGING, RAISED_MESSAGE, RAISING
+from plugins_for_tests.faulty_backends import CRASHING, FAULTS, HANGING, POISONING, POISONING_MESSAGE, RAISED_MESSAGE, RAISING
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -17,6 +17,7 @@ from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase
 from collage_core.measure import _measure_one, measure_candidates
 from collage_core.plugins import get_plugin_manager
+from collage_core.model_import import load_model
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings
 from collage_core.worker_client import MeasurementWorker
@@ -108,3 +109,20 @@ def test_worker_is_restarted_after_a_crash_and_measures_the_next_candidate(plugi
         assert "crashed with SIGABRT" in _measure_one(worker, graph, crashing, target, QUICK, tmp_path).reason
         assert _measure_one(worker, graph, tvm_pair, target, QUICK, tmp_path).is_measured
         assert worker.process.pid != crashed_pid
+
+
+def test_a_candidate_whose_fault_poisons_its_process_costs_itself_alone(plugins, tmp_path):
+    """The next candidate gets a fresh worker: a faulting GPU kernel leaves its CUDA context unusable."""
+    pm, backends = plugins
+    model = load_model(str(TESTS.parent / "models" / "tiny_resnet.onnx"))
+    tiny_resnet = RelaxGraph.from_function(model.mod["main"], model.mod)
+    candidates = [c for c in candidates_of(plugins, tiny_resnet, [POISONING]) if len(c.nodes) == 1][:12]
+    faulting = {c.key for c in candidates if tiny_resnet.graph.ops[next(iter(c.nodes))] == "relax.nn.conv2d"}
+    assert faulting and len(faulting) < len({c.key for c in candidates})
+    with CostDatabase.open(tmp_path / "c.sqlite") as db:
+        report = measure(tiny_resnet, candidates, {POISONING: backends[POISONING]}, db, attrs.evolve(QUICK, build_workers=1))
+    for key, cost in report.costs.items():
+        if key in faulting:
+            assert not cost.is_measured and POISONING_MESSAGE in cost.reason
+        else:
+            assert cost.is_measured, (key, cost)
