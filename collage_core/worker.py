@@ -33,10 +33,22 @@ def main(state: dict | None = None) -> None:
         try:
             response = HANDLERS[request["op"]](state, request)
         except Exception as error:  # reported to the parent, which records it with the candidate
-            lines = [text for text in str(error).strip().splitlines() if text.strip()]
-            response = {"error": f"{type(error).__name__}: {lines[-1] if lines else ''}"}
+            response = {"error": describe_failure(error)}
         protocol.write(json.dumps(response) + "\n")
         protocol.flush()
+
+
+# What CUDA's runtime (through TVM or PyTorch), cuBLAS and cuDNN say when device memory runs out.
+OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "CUDA_ERROR_OUT_OF_MEMORY", "STATUS_ALLOC_FAILED")
+
+
+def describe_failure(error: Exception) -> str:
+    """One line for a failed request: the error's type and last line, marked when the GPU ran out of memory."""
+    lines = [text for text in str(error).strip().splitlines() if text.strip()]
+    described = f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    if any(marker in str(error) for marker in OUT_OF_GPU_MEMORY):
+        return f"out of GPU memory ({described})"
+    return described
 
 
 def _init(state, request):

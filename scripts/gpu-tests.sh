@@ -15,5 +15,5 @@ parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 status=0
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugins/cublas/tests plugins/cudnn/tests "$@" || status=$?
-python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_cuda_graphs.py tests/test_gpu_placements.py "$@" || status=$?
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_cuda_graphs.py tests/test_gpu_placements.py tests/test_gpu_faults.py "$@" || status=$?
 exit $status
