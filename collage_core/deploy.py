@@ -7,14 +7,23 @@ Partitions of backends other than TVM call functions their plugin registers at r
 what each needs. :func:`load_library` reads it, asks each backend's plugin to prepare the
 process (``collage_prepare_runtime``), and says which backend is missing and how to install it
 instead of failing later on an unknown function.
+
+Backends whose partitions call native kernels name their shared libraries
+(``collage_runtime_libraries``); exports carry copies in ``<library>.libs/``, listed in the
+runtime file, so that a process with TVM's runtime alone (no compiler, no Collage plugins, as
+on a deployment machine) loads those instead of asking the plugins.
 """
 
 from __future__ import annotations
 
+import copy
+import ctypes
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping, Optional
 
 from collage_core.errors import CollageError
 
@@ -41,12 +50,59 @@ def backend_needs(backends: Iterable, placed_on: Iterable[str]) -> dict:
     }
 
 
-def write_runtime_file(library: os.PathLike, needs: dict) -> Path:
-    """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives them)."""
+def runtime_libraries(pm, backends: Iterable) -> dict[str, list[Path]]:
+    """For each backend (Backend records) that names them, the native libraries its partitions need
+    (``collage_runtime_libraries``); backends that need their plugin at run time are left out."""
+    from collage_core.plugins import first_result
+
+    found = {}
+    for backend in backends:
+        paths, _ = first_result(pm.hook.collage_runtime_libraries, backend=backend)
+        if paths is not None:
+            found[backend.name] = [Path(path) for path in paths]
+    return found
+
+
+def carried_dir(library: os.PathLike) -> Path:
+    library = Path(library)
+    return library.with_name(library.name + ".libs")
+
+
+def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapping[str, list]] = None) -> Path:
+    """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives
+    them); copy each backend's native libraries in ``carried`` (as :func:`runtime_libraries` gives
+    them) into ``<library>.libs/`` and list them, so that the library loads without the plugins."""
+    needs = copy.deepcopy(needs)
+    for name, paths in sorted((carried or {}).items()):
+        if name not in needs:
+            continue
+        relative = []
+        for path in paths:
+            destination = carried_dir(library) / name / Path(path).name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, destination)
+            relative.append(destination.relative_to(Path(library).parent).as_posix())
+        needs[name]["carried"] = relative
     record = {"format": FORMAT, "version": VERSION, "library": Path(library).name, "backends": needs}
     path = runtime_file(library)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def copy_library(source: os.PathLike, destination: os.PathLike, move: bool = False) -> None:
+    """Copy (or move) ``source`` to ``destination`` with its runtime file and the native libraries it carries."""
+    record = read_runtime_file(source)
+    needs, carried = {}, {}
+    for name, entry in record["backends"].items():
+        needs[name] = {key: value for key, value in entry.items() if key != "carried"}
+        if "carried" in entry:
+            carried[name] = [Path(source).parent / relative for relative in entry["carried"]]
+    shutil.copyfile(source, destination)
+    write_runtime_file(destination, needs, carried)
+    if move:
+        os.remove(source)
+        os.remove(runtime_file(source))
+        shutil.rmtree(carried_dir(source), ignore_errors=True)
 
 
 def read_runtime_file(library: os.PathLike) -> dict:
@@ -67,35 +123,95 @@ def read_runtime_file(library: os.PathLike) -> dict:
 
 
 def prepare_runtime(library: os.PathLike, pm=None) -> dict:
-    """Make this process able to run ``library``'s partitions; the runtime record."""
-    from collage_core.backends import discover_backends
-    from collage_core.plugins import first_result, get_plugin_manager
+    """Make this process able to run ``library``'s partitions; the runtime record.
+
+    With TVM's compiler each backend is prepared by its installed plugin
+    (``collage_prepare_runtime``); with runtime-only TVM (no compiler, so no plugins) by loading
+    the native libraries the export carried. One process never mixes the two, as a plugin's
+    kernels and a copy of them would register the same functions twice.
+    """
+    from collage_core import tvm_compat
 
     record = read_runtime_file(library)
-    pm = pm or get_plugin_manager()
-    installed = {name: info.backend for name, info in discover_backends(pm).items()}
+    runtime_only = not tvm_compat.has_compiler()
+    installed = {} if runtime_only else _installed_backends(pm)
     for name, needs in sorted(record["backends"].items()):
         wanted = needs.get("needs") or "its Collage plugin"
-        if name not in installed:
+        if runtime_only and needs.get("carried") is not None:
+            _load_carried(library, name, needs["carried"])
+        elif runtime_only:
+            raise LibraryLoadError(
+                f"{library}: partitions run on backend {name}, which needs its plugin at run time, and TVM here is "
+                f"runtime-only (no compiler, so no plugins): it needs {wanted} and the full apache-tvm"
+            )
+        elif name in installed:
+            _prepare_by_plugin(library, name, installed[name], wanted, pm)
+        else:
             raise LibraryLoadError(f"{library}: partitions run on backend {name}, which is not installed here: it needs {wanted}")
-        ready, errors = first_result(pm.hook.collage_prepare_runtime, backend=installed[name])
-        if not ready:
-            problem = "; ".join(errors) or f"no plugin prepares backend {name}"
-            raise LibraryLoadError(f"{library}: backend {name} cannot run here ({problem}); it needs {wanted}")
     return record
 
 
-def load_library(library: os.PathLike, pm=None):
-    """``library`` loaded with TVM's runtime after preparing every backend it needs."""
+def _installed_backends(pm) -> dict:
+    from collage_core.backends import discover_backends
+    from collage_core.plugins import get_plugin_manager
+
+    return {name: info.backend for name, info in discover_backends(pm or get_plugin_manager()).items()}
+
+
+def _prepare_by_plugin(library, name: str, backend, wanted: str, pm) -> None:
+    from collage_core.plugins import first_result, get_plugin_manager
+
+    pm = pm or get_plugin_manager()
+    ready, errors = first_result(pm.hook.collage_prepare_runtime, backend=backend)
+    if not ready:
+        problem = "; ".join(errors) or f"no plugin prepares backend {name}"
+        raise LibraryLoadError(f"{library}: backend {name} cannot run here ({problem}); it needs {wanted}")
+
+
+# The carried libraries loaded in this process, by backend: their SHA-256 digests. A second copy of
+# the same kernels (another library's) is not loaded again; other kernels would register the same names.
+_carried_loaded: dict[str, list[str]] = {}
+
+
+def _load_carried(library, name: str, carried: list) -> None:
+    paths = [Path(library).parent / relative for relative in carried]
+    for path in paths:
+        if not path.is_file():
+            raise LibraryLoadError(f"{library}: backend {name}'s runtime library {path} is missing")
+    digests = [hashlib.sha256(path.read_bytes()).hexdigest() for path in paths]
+    if name in _carried_loaded:
+        if _carried_loaded[name] != digests:
+            raise LibraryLoadError(
+                f"{library}: backend {name}'s kernels differ from those another library loaded in this process; "
+                "load libraries built by different Collage versions in separate processes"
+            )
+        return
+    for path in paths:
+        try:
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        except OSError as error:
+            raise LibraryLoadError(f"{library}: backend {name}'s runtime library {path} does not load ({error})") from None
+    _carried_loaded[name] = digests
+
+
+def load_library(library: os.PathLike, pm=None, device=None):
+    """``library`` loaded with TVM's runtime after preparing every backend it needs (and TVM's
+    runtime for ``device``, where runtime-only TVM does not load it by itself)."""
     import tvm
 
+    from collage_core import tvm_compat
+
     prepare_runtime(library, pm)
+    if device is not None:
+        tvm_compat.ensure_device_runtime(device)
     return tvm.runtime.load_module(str(library))
 
 
 def load_vm(library: os.PathLike, device=None, pm=None):
-    """A Relax virtual machine over ``library`` (on the CPU unless ``device`` is given)."""
+    """A Relax virtual machine over ``library`` (on the CPU unless ``device`` is given); needs only TVM's runtime."""
     import tvm
-    from tvm import relax
 
-    return relax.VirtualMachine(load_library(library, pm), device or tvm.cpu(0))
+    from collage_core import tvm_compat
+
+    device = device or tvm.cpu(0)
+    return tvm_compat.virtual_machine(load_library(library, pm, device), device)

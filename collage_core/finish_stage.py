@@ -4,7 +4,6 @@ in turns with it, so that what is returned is never slower than what was measure
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 from collage_core import tvm_compat
 from collage_core.baselines import TURNS_MARGIN, op_groups, operators_by_backend, predicted_cost, single_backend_parts
 from collage_core.calibration import signature
-from collage_core.deploy import backend_needs, runtime_file, write_runtime_file
+from collage_core.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.in_turns import time_in_turns
 from collage_core.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, describe_cost
@@ -114,7 +113,9 @@ def build_placement(job: Job, parts, library: Path) -> Built:
     """``parts`` built into ``library`` (with its runtime file beside it), run on the job's inputs and timed."""
     partitioned = partition_module(job.graph, parts)
     outputs, cost = job.run_built(parts, library, mod=partitioned)
-    write_runtime_file(library, backend_needs(job.backends.values(), {p.backend for p in parts}))
+    used = {p.backend for p in parts}
+    carried = runtime_libraries(job.pm, [backend for name, backend in job.backends.items() if name in used])
+    write_runtime_file(library, backend_needs(job.backends.values(), used), carried)
     return Built(partitioned, outputs, cost)
 
 
@@ -141,8 +142,7 @@ def contest(job: Job, library: Path, rivals) -> Optional[Contest]:
         if turns[rivals[fastest][0].name].seconds >= turns[PLACEMENT].seconds * (1 - TURNS_MARGIN):
             return Contest(turns)
         won = rivals_dir / str(fastest) / library.name
-        os.replace(runtime_file(won), runtime_file(library))
-        os.replace(won, library)
+        copy_library(won, library, move=True)
         return Contest(turns, fastest, builds[fastest])
     except (CollageError, WorkerFailure) as error:
         job.say(f"  could not time them in turns: {error}")

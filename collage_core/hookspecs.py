@@ -81,3 +81,17 @@ def collage_prepare_runtime(backend):
     True when the process is ready, or None if ``backend`` is not yours. Raise with a message
     saying what to install when it cannot be done. Stops at the first non-None result.
     """
+
+
+@hookspec(firstresult=True)
+def collage_runtime_libraries(backend):
+    """The native shared libraries whose loading, in order, registers every function ``backend``'s
+    lowered partitions call, so that an exported library runs without the plugin.
+
+    Optional. Exports (the optimized library and Model Library Format) carry copies of them, and
+    a process with TVM's runtime alone (no compiler, no plugins) loads the copies instead of
+    asking ``collage_prepare_runtime``. Return a list of paths (empty when TVM compiles the
+    partitions into the library itself), or None when ``backend`` is not yours or its partitions
+    need the plugin at run time (Python on the call path). May build the libraries on this
+    machine; must not need a GPU. Stops at the first non-None result.
+    """

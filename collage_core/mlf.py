@@ -8,6 +8,8 @@ TVM with microTVM. This is its layout adapted to Relax executables:
     codegen/host/lib/lib0.o ...    the compiled host code, one object file per module
                                    (``devc.o`` holds the VM bytecode and constants)
     parameters/<model>.params      the weights, in TVM's parameter serialization
+    runtime/<backend>/<library>    native libraries partitions call (``collage_runtime_libraries``),
+                                   so the model loads with TVM's runtime alone
     src/relax.txt                  the partitioned Relax IR (each partition's backend in its attributes)
     executor-config/relax-vm.json  entry function, inputs and outputs, device, runtime needs
     placement.json                 the placement, as ``collage optimize`` writes it
@@ -16,7 +18,7 @@ The tar is deterministic: sorted members, owner root (uid/gid 0), fixed mode, an
 timestamp set to ``SOURCE_DATE_EPOCH`` when that is set (the export time too), else to 0 in
 the tar. :func:`load_mlf` checks the format version and every file against the metadata,
 links the objects with the host compiler, prepares the backends' runtimes and returns a model
-that runs.
+that runs on the placement's device.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.deploy import backend_needs, prepare_runtime, write_runtime_file
+from collage_core.deploy import backend_needs, prepare_runtime, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
 
 FORMAT = "collage-model-library-format"
@@ -45,6 +47,7 @@ EXECUTOR_CONFIG = "executor-config/relax-vm.json"
 OBJECTS_DIR = "codegen/host/lib/"
 RELAX_TEXT = "src/relax.txt"
 PLACEMENT = "placement.json"
+RUNTIME_DIR = "runtime/"
 
 
 class MLFError(CollageError):
@@ -210,6 +213,10 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True) 
     files[f"parameters/{name}.params"] = tvm_compat.save_params(_parameters(partitioned))
     files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
     runtime = backend_needs(backends.values(), used)
+    for backend_name, paths in runtime_libraries(pm, backends.values()).items():
+        members = [f"{RUNTIME_DIR}{backend_name}/{Path(source).name}" for source in paths]
+        files.update((member, Path(source).read_bytes()) for member, source in zip(members, paths))
+        runtime[backend_name]["carried"] = members
     files[EXECUTOR_CONFIG] = _json_bytes(
         {
             "executor": EXECUTOR,
@@ -254,12 +261,10 @@ class LoadedMLF:
     parameters: dict
     vm: object = attrs.field(repr=False)
     library: Path
+    device: object = attrs.field(repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        import tvm
-
-        device = tvm.cpu(0)
-        result = self.vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs])
+        result = self.vm["main"](*[tvm_compat.to_tensor(a, self.device) for a in inputs])
         results = result if not hasattr(result, "numpy") else [result]
         return [tvm_compat.to_numpy(r) for r in results]
 
@@ -302,9 +307,9 @@ def _checked_metadata(path: Path, files: dict[str, bytes]) -> dict:
 
 
 def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) -> LoadedMLF:
-    """Check, link and load a Model Library Format tar written by :func:`export_mlf`."""
+    """Check, link and load a Model Library Format tar written by :func:`export_mlf`; needs TVM's
+    runtime and a host linker, not TVM's compiler."""
     import tvm
-    from tvm import relax
 
     path = Path(path)
     files = _read_members(path)
@@ -319,6 +324,11 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) 
             target = workdir / member.rsplit("/", 1)[-1]
             target.write_bytes(data)
             objects.append(str(target))
+        elif member.startswith(RUNTIME_DIR):
+            if ".." in Path(member).parts:
+                raise MLFError(f"{path}: member {member} points outside the tar")
+            (workdir / member).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / member).write_bytes(data)
     library = workdir / f"{metadata['model_name']}.so"
     try:
         tvm_compat.link_shared(str(library), objects)
@@ -326,7 +336,9 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) 
         raise MLFError(f"{path}: linking the host code failed ({str(error).strip().splitlines()[-1]})") from None
     write_runtime_file(library, config["runtime_backends"])
     prepare_runtime(library, pm)
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu(0))
+    device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
+    tvm_compat.ensure_device_runtime(device)
+    vm = tvm_compat.virtual_machine(tvm.runtime.load_module(str(library)), device)
     parameters_member = f"parameters/{metadata['model_name']}.params"
     parameters = tvm_compat.load_params(files[parameters_member]) if parameters_member in files else {}
-    return LoadedMLF(metadata, config, parameters, vm, library)
+    return LoadedMLF(metadata, config, parameters, vm, library, device)

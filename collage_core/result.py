@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,7 +11,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.deploy import runtime_file
+from collage_core.deploy import copy_library
 from collage_core.measure import MeasurementReport
 from collage_core.model_import import ImportedModel
 from collage_core.placement_file import Placement
@@ -80,8 +79,7 @@ class OptimizedModel:
         self.placement.save(directory / "placement.json")
         library = directory / f"{self.model.name}.so"
         if self.library_path.resolve() != library.resolve():
-            shutil.copyfile(self.library_path, library)
-            shutil.copyfile(runtime_file(self.library_path), runtime_file(library))
+            copy_library(self.library_path, library)
         (directory / "report.txt").write_text(render_report(self) + "\n")
         (directory / "results.json").write_text(json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
         if self.two_level is not None and self.two_level.history:

@@ -8,7 +8,11 @@ from typing import Any, Union
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax
+
+try:
+    from tvm import relax
+except (ImportError, AttributeError):  # runtime-only TVM (no libtvm_compiler): load and run, nothing more
+    relax = None
 
 TargetSpec = Union[None, str, dict, "tvm.target.Target"]
 
@@ -46,6 +50,40 @@ def _plain(value: Any):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+def has_compiler() -> bool:
+    """Whether this TVM can compile (False where only TVM's runtime is installed, as on a deployment machine)."""
+    return relax is not None
+
+
+def ensure_device_runtime(device) -> None:
+    """Load TVM's runtime for ``device``'s kind where runtime-only TVM does not load it by itself (CUDA)."""
+    if device.dlpack_device_type() != tvm.cuda(0).dlpack_device_type() or has_compiler():
+        return
+    from pathlib import Path
+
+    from tvm.base import _LOADED_LIBS
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    if "tvm_runtime_cuda" not in _LOADED_LIBS:
+        directory = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[directory], mode="RTLD_GLOBAL"
+        )
+
+
+def virtual_machine(module, device):
+    """A Relax VM over a loaded executable module; needs only TVM's runtime."""
+    from tvm.runtime.vm import VirtualMachine
+
+    return VirtualMachine(module, device)
+
+
+def device_from_name(name: str):
+    """A device from its name as placements record it (``cpu``, ``cuda``, ``cuda:sm_90a``: the first of that kind)."""
+    kind = name.split(":", 1)[0]
+    return tvm.cpu(0) if kind in ("cpu", "llvm", "c") else tvm.device(kind, 0)
 
 
 def device_for(target: tvm.target.Target):

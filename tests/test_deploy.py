@@ -10,12 +10,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tvm
+from conftest import RUNTIME_ONLY_CHECK
 from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build import build
-from collage_core.deploy import LibraryLoadError, backend_needs, load_vm, prepare_runtime, runtime_file, write_runtime_file
+from collage_core.deploy import (
+    LibraryLoadError, backend_needs, carried_dir, load_vm, prepare_runtime, runtime_file, runtime_libraries, write_runtime_file,
+)
 from collage_core.partition import partition_module
 from collage_core.plugins import first_result, get_plugin_manager
 from collage_core.relax_graph import RelaxGraph
@@ -60,7 +63,8 @@ def exported(tmp_path_factory, pm, backends):
     executable = build(pm, partition_module(graph, parts), backends, tvm_compat.host_cpu_target())
     library = tmp_path_factory.mktemp("deploy") / "mixed.so"
     executable.export_library(str(library))
-    write_runtime_file(library, backend_needs(backends.values(), {"dnnl", "tvm"}))
+    used = [backends["dnnl"], backends["tvm"]]
+    write_runtime_file(library, backend_needs(used, {"dnnl", "tvm"}), runtime_libraries(pm, used))
     x = RNG.uniform(-1, 1, size=(1, 4, 9, 9)).astype(F)
     vm = relax.VirtualMachine(executable, tvm.cpu(0))
     return library, x, tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, tvm.cpu(0))))
@@ -91,6 +95,51 @@ def test_library_runs_in_a_fresh_process_loaded_by_its_runtime_file(exported, tm
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
 
 
+RUN_LIBRARY = (
+    "import sys, numpy as np, tvm\n"
+    "from collage_core.deploy import load_vm\n"
+    "vm = load_vm(sys.argv[1])\n"
+    "out = vm['main'](tvm.runtime.tensor(np.load(sys.argv[2])))\n"
+    "np.save(sys.argv[3], out.numpy())\n"
+)
+
+
+def run_library_alone(library, x, tmp_path, env):
+    np.save(tmp_path / "x.npy", x)
+    return subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY_CHECK + RUN_LIBRARY, str(library), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+
+
+def test_the_library_carries_its_native_kernels_and_runs_with_tvm_runtime_alone(exported, tmp_path, runtime_only_env):
+    """No TVM compiler, no C++ compiler, no plugin asked: the DNNL kernels come from the copy beside the library."""
+    library, x, expected = exported
+    record = json.loads(runtime_file(library).read_text())
+    assert record["backends"]["tvm"]["carried"] == []
+    (carried,) = record["backends"]["dnnl"]["carried"]
+    assert (library.parent / carried).is_file() and (library.parent / carried).parent.parent == carried_dir(library)
+    result = run_library_alone(library, x, tmp_path, runtime_only_env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+def test_with_tvm_runtime_alone_a_missing_carried_library_or_a_python_backend_is_named(exported, tmp_path, runtime_only_env):
+    library, x, _ = exported
+    record = json.loads(runtime_file(library).read_text())
+    moved = tmp_path / "moved" / library.name
+    moved.parent.mkdir()
+    moved.write_bytes(library.read_bytes())
+    runtime_file(moved).write_text(json.dumps(record))  # the .libs folder left behind
+    result = run_library_alone(moved, x, tmp_path, runtime_only_env)
+    assert result.returncode != 0
+    assert f"{moved}: backend dnnl's runtime library {moved.parent / record['backends']['dnnl']['carried'][0]} is missing" in result.stderr
+    del record["backends"]["dnnl"]["carried"]  # as a backend whose partitions need their plugin at run time
+    runtime_file(moved).write_text(json.dumps(record))
+    result = run_library_alone(moved, x, tmp_path, runtime_only_env)
+    assert "partitions run on backend dnnl, which needs its plugin at run time, and TVM here is runtime-only" in result.stderr
+
+
 def test_a_library_whose_backend_is_not_installed_says_which_and_how(exported):
     library, _, _ = exported
     with pytest.raises(LibraryLoadError, match=r"mixed\.so: partitions run on backend dnnl, which is not installed here: .*apt-get install libdnnl-dev"):
@@ -109,6 +158,13 @@ def test_a_missing_or_corrupt_runtime_file_is_named(exported, tmp_path):
     runtime_file(lonely).write_text(json.dumps({"format": "collage-runtime", "version": 99, "backends": {}}))
     with pytest.raises(LibraryLoadError, match="runtime file version 99"):
         prepare_runtime(lonely)
+
+
+def test_collage_runtime_libraries_names_native_kernels_and_nothing_for_tvm(pm, backends):
+    carried = runtime_libraries(pm, backends.values())
+    assert carried["tvm"] == []
+    assert [path.name for path in carried["dnnl"]] == ["libcollage_dnnl.so"] and carried["dnnl"][0].is_file()
+    assert "onnxruntime" not in carried  # its partitions call Python at run time: the plugin is needed
 
 
 def test_collage_prepare_runtime_registers_what_partitions_call(pm, backends):

@@ -7,13 +7,18 @@ printed in its report) and here again on fresh inputs within 1e-4.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import RUNTIME_ONLY_CHECK
 
 import collage_core
-from collage_core.deploy import load_library, load_vm
+from collage_core.deploy import load_library, load_vm, runtime_file
+from collage_core.mlf import export_mlf
 from collage_core import tvm_compat
 from collage_core.report import render_report
 from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
@@ -67,3 +72,53 @@ def test_the_library_replays_cuda_graphs_and_the_report_gives_the_gain(optimized
     costs = {entry.name: entry.cost for entry in result.end_to_end}
     assert costs[PLACEMENT].is_measured and costs[WITHOUT_CUDA_GRAPHS].is_measured
     assert "CUDA graphs: " in render_report(result)
+
+
+# How TVM serializes a CUDA module's format: a length-prefixed string before the kernels.
+COMPILED_FORMATS = (b"\x05\x00\x00\x00\x00\x00\x00\x00cubin", b"\x06\x00\x00\x00\x00\x00\x00\x00fatbin")
+RUN_ALONE = (
+    "import sys, numpy as np, tvm\n"
+    "from collage_core.deploy import load_vm\n"
+    "from collage_core.mlf import load_mlf\n"
+    "saved = np.load(sys.argv[3])\n"
+    "inputs = [saved[f'arr_{i}'] for i in range(len(saved.files))]\n"
+    "if sys.argv[1] == 'library':\n"
+    "    device = tvm.cuda(0)\n"
+    "    out = load_vm(sys.argv[2], device)['main'](*[tvm.runtime.tensor(x, device) for x in inputs])\n"
+    "    outputs = [(out if hasattr(out, 'numpy') else out[0]).numpy()]\n"
+    "else:\n"
+    "    outputs = load_mlf(sys.argv[2]).run(*inputs)\n"
+    "np.save(sys.argv[4], outputs[0])\n"
+)
+
+
+def run_alone(kind, path, inputs, tmp_path, env):
+    np.savez(tmp_path / "inputs.npz", *inputs)
+    result = subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY_CHECK + RUN_ALONE, kind, str(path), str(tmp_path / "inputs.npz"),
+         str(tmp_path / "out.npy")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return np.load(tmp_path / "out.npy")
+
+
+def test_the_library_holds_compiled_device_code_and_runs_with_tvm_runtime_alone(optimized, tmp_path, runtime_only_env):
+    """No TVM compiler, no C++ compiler, no plugins: cubins inside, the vendor kernels carried beside it."""
+    name, result = optimized
+    data = Path(result.library_path).read_bytes()
+    assert b"__global__" not in data and any(fmt in data for fmt in COMPILED_FORMATS)
+    carried = json.loads(runtime_file(result.library_path).read_text())["backends"]
+    assert all("carried" in needs for needs in carried.values()), carried
+    inputs = result.model.random_inputs(seed=7)
+    alone = run_alone("library", result.library_path, inputs, tmp_path, runtime_only_env)
+    np.testing.assert_allclose(alone, result.run(*inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_library_format_tar_runs_with_tvm_runtime_alone(optimized, tmp_path, runtime_only_env):
+    """As above, with the host objects linked on loading (a linker, not TVM's compiler)."""
+    name, result = optimized
+    tar = export_mlf(result, tmp_path / f"{name}.tar")
+    inputs = result.model.random_inputs(seed=8)
+    alone = run_alone("mlf", tar, inputs, tmp_path, {**runtime_only_env, "CXX": "g++"})
+    np.testing.assert_allclose(alone, result.run(*inputs)[0], rtol=1e-5, atol=1e-5)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import RUNTIME_ONLY_CHECK
 
 import collage_core
 from collage_core.backends import discover_backends
@@ -82,11 +83,22 @@ def test_tar_is_deterministic_and_owned_by_root(optimized, tmp_path, monkeypatch
         assert json.loads(archive.extractfile("metadata.json").read())["export_datetime"] == "2023-11-14T22:13:20Z"
 
 
-def test_loaded_in_a_new_process_it_gives_the_outputs_it_gave_before_export(exported, optimized, tmp_path):
+def test_native_kernels_travel_in_the_tar(exported, optimized):
+    with tarfile.open(exported) as archive:
+        config = json.loads(archive.extractfile("executor-config/relax-vm.json").read())
+    names = set(members(exported))
+    for backend, needs in config["runtime_backends"].items():
+        assert needs["carried"] == (["runtime/dnnl/libcollage_dnnl.so"] if backend == "dnnl" else []), backend
+        assert set(needs["carried"]) <= names
+
+
+def test_loaded_in_a_new_process_with_tvm_runtime_alone_it_gives_the_outputs_it_gave_before_export(
+    exported, optimized, tmp_path, runtime_only_env
+):
     inputs = optimized.model.random_inputs()
     before = optimized.run(*inputs)
     np.savez(tmp_path / "inputs.npz", *inputs)
-    code = (
+    code = RUNTIME_ONLY_CHECK + (
         "import sys, numpy as np\n"
         "from collage_core.mlf import load_mlf\n"
         "saved = np.load(sys.argv[2])\n"
@@ -95,7 +107,7 @@ def test_loaded_in_a_new_process_it_gives_the_outputs_it_gave_before_export(expo
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(exported), str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env={**runtime_only_env, "CXX": "g++"},  # a linker, not TVM's compiler
     )
     assert result.returncode == 0, result.stderr[-2000:]
     with np.load(tmp_path / "outputs.npz") as after:

@@ -70,3 +70,10 @@ def collage_prepare_runtime(backend):
         return None
     library.load()  # registers collage_cublas.run; raises CublasUnavailable saying what is missing
     return True
+
+
+@hookimpl
+def collage_runtime_libraries(backend):
+    if backend.name != BACKEND:
+        return None
+    return [library.native_library().build()]  # exports carry the kernels (no GPU needed to build them)

@@ -79,3 +79,10 @@ def collage_prepare_runtime(backend):
         return None
     library.load()  # registers collage_dnnl.run; raises OneDNNUnavailable saying what to install
     return True
+
+
+@hookimpl
+def collage_runtime_libraries(backend):
+    if backend.name != BACKEND:
+        return None
+    return [library.build(library.find_onednn())]  # exports carry the kernels, linked against oneDNN

@@ -112,3 +112,10 @@ def collage_prepare_runtime(backend):
     if backend.name != BACKEND:
         return None
     return True  # TVM's kernels are compiled into the library itself
+
+
+@hookimpl
+def collage_runtime_libraries(backend):
+    if backend.name != BACKEND:
+        return None
+    return []  # TVM's kernels are compiled into the library itself
