@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
+from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
+from collage_core.native import sources_digest
 from collage_core.records import OP_LEVEL, Availability, Backend, Pattern
+from collage_tvm import integer_powers
 
 BACKEND = "tvm"
+# What decides a measured cost besides TVM itself: how partitions are rewritten before TVM builds them.
+LOWERING_DIGEST = sources_digest((Path(integer_powers.__file__),))
 
 # Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
 # operators it folds into the anchor's output loop.
@@ -76,7 +83,7 @@ def collage_register_backends(register):
             name=BACKEND,
             kind=OP_LEVEL,
             device_kinds=("cpu", "cuda"),
-            version=tvm.__version__,
+            version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}",
             description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
             lowering_uses_device=False,  # compiles only: candidates are built several at once
         )
@@ -103,8 +110,9 @@ def collage_lower_partitions(backend, mod, function_names, target):
     if backend.name != BACKEND:
         return None
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
-    # function, so fusion never crosses a partition boundary.
-    return mod
+    # function, so fusion never crosses a partition boundary. Small integer powers become
+    # multiplications first: TVM's fast-math CUDA pow is NaN for negative bases.
+    return replace_functions(mod, function_names, lambda func, _: integer_powers.as_multiplications(func))
 
 
 @hookimpl
