@@ -50,9 +50,19 @@ def compare_outputs(
         out, ref = np.asarray(out), np.asarray(ref)
         if out.shape != ref.shape:
             return Verification(reference, False, np.inf, np.inf, rtol, atol, f"; output {index} has shape {out.shape}, expected {ref.shape}")
-        difference = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+        stray = int(np.count_nonzero(~np.isfinite(out64) & np.isfinite(ref64)))
+        if stray:  # NaN never compares: without this, a NaN output would read as "max abs error 0"
+            worst_abs = worst_rel = np.inf
+            passed = False
+            detail = detail or f"; output {index} has {stray} NaN or infinite values where the reference is finite"
+            continue
+        same = (out64 == ref64) | (np.isnan(out64) & np.isnan(ref64))  # equal infinities and NaN where the reference has NaN
+        with np.errstate(invalid="ignore"):
+            difference = np.where(same, 0.0, np.abs(out64 - ref64))
+        scale = float(np.max(np.abs(ref64[np.isfinite(ref64)]), initial=0.0)) if ref.size else 0.0
         abs_error = float(np.max(difference)) if difference.size else 0.0
+        abs_error = np.inf if np.isnan(abs_error) else abs_error  # NaN where the reference has a number
         rel_error = abs_error / scale if scale > 0 else abs_error
         worst_abs, worst_rel = max(worst_abs, abs_error), max(worst_rel, rel_error)
         if not abs_error <= atol + rtol * scale:
