@@ -98,9 +98,38 @@ def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
     return _from_onnx_proto(proto, name or path.stem, data, origin=str(path))
 
 
+# Operators that compute shapes at run time; a model with any is folded before TVM imports it.
+SHAPE_ARITHMETIC = ("Shape", "Size")
+TRY_INSTEAD = ("try exporting with static shapes (or another opset), or pass the PyTorch module with example "
+               "inputs to collage_core.optimize, which imports it through torch.export")
+
+
+def fold_static_shapes(data: bytes, origin: str):
+    """The model after ONNX Runtime's basic graph optimizations, written back out: shape computations
+    that static input shapes make constant are folded (Shape -> Gather -> Concat -> Reshape becomes a
+    Reshape to a constant shape), and nothing is fused into operators ONNX lacks."""
+    import tempfile
+
+    import onnx
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="collage-fold-") as scratch:
+        options.optimized_model_filepath = str(Path(scratch) / "folded.onnx")
+        try:
+            onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            return onnx.load(options.optimized_model_filepath)
+        except Exception as error:
+            raise ModelImportError(f"{origin}: folding its shape computations failed ({_first_line(error)})") from None
+
+
 def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") -> ImportedModel:
     import onnx
     import onnxruntime
+    if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
+        proto = fold_static_shapes(data, origin)  # what TVM imports; the original stays the numerics reference
     supported = tvm_compat.onnx_convert_map()
     unsupported = sorted({node.op_type for node in proto.graph.node} - set(supported))
     if unsupported:
@@ -118,9 +147,16 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") 
         inputs.append(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype))
     try:
         mod = tvm_compat.from_onnx(proto)
+    except tvm_compat.OnnxNodeFailure as failure:
+        raise ModelImportError(
+            f"{origin}: TVM's ONNX importer cannot convert {failure.op_type} node {failure.node!r} "
+            f"({_first_line(failure.cause)}); {TRY_INSTEAD}"
+        ) from None
     except Exception as error:
-        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}") from None
-    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}; {TRY_INSTEAD}") from None
+    quiet = onnxruntime.SessionOptions()
+    quiet.log_severity_level = 3  # ONNX Runtime warns about unused initializers, which exporters leave
+    session = onnxruntime.InferenceSession(data, quiet, providers=["CPUExecutionProvider"])
 
     def reference(arrays):
         feeds = {spec.name: array for spec, array in zip(inputs, arrays)}

@@ -272,16 +272,45 @@ def onnx_convert_map() -> dict:
     return _with_fixes(onnx_frontend._get_convert_map())
 
 
+class OnnxNodeFailure(Exception):
+    """TVM's ONNX importer failed converting one node: its operator, its name and the error."""
+
+    def __init__(self, op_type: str, node: str, cause: BaseException):
+        super().__init__(f"{op_type} node {node!r}: {cause}")
+        self.op_type, self.node, self.cause = op_type, node, cause
+
+
 def from_onnx(proto):
-    """TVM's ONNX importer (weights as constants) with the converters of :func:`onnx_convert_map`."""
+    """TVM's ONNX importer (weights as constants) with the converters of :func:`onnx_convert_map`;
+    a node it cannot convert raises :class:`OnnxNodeFailure` naming it."""
+    import contextlib
+    import io
+
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
 
-    original = onnx_frontend._get_convert_map
-    onnx_frontend._get_convert_map = lambda: _with_fixes(original())
+    original_map, original_convert = onnx_frontend._get_convert_map, onnx_frontend.ONNXGraphImporter._convert_operator
+
+    def convert_naming_the_node(graph, op_name, inputs, attrs, opset):
+        try:
+            return original_convert(graph, op_name, inputs, attrs, opset)
+        except Exception as error:
+            raise OnnxNodeFailure(op_name, str(attrs.get("tvm_custom", {}).get("name", "?")), error) from error
+
+    unnamed = [node for node in proto.graph.node if not node.name]
+    if unnamed:  # a failure names its node: call unnamed ones after their first output
+        named = type(proto)()
+        named.CopyFrom(proto)
+        for node in named.graph.node:
+            node.name = node.name or (node.output[0] if node.output else node.op_type)
+        proto = named
+    onnx_frontend._get_convert_map = lambda: _with_fixes(original_map())
+    onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
     try:
-        return tvm_from_onnx(proto, keep_params_in_input=False)
+        with contextlib.redirect_stdout(io.StringIO()):  # the importer prints every input of a failing node
+            return tvm_from_onnx(proto, keep_params_in_input=False)
     finally:
-        onnx_frontend._get_convert_map = original
+        onnx_frontend._get_convert_map = original_map
+        onnx_frontend.ONNXGraphImporter._convert_operator = original_convert
 
 
 def _with_fixes(converters: dict) -> dict:

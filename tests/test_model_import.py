@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +223,64 @@ def test_constant_of_constant_shape_imports_including_a_scalar_shape(shape):
     outputs = run_relax(relax.build(imported.mod, target), target, inputs)
     verification = compare_outputs(outputs, imported.reference(inputs), imported.reference_name, RTOL, ATOL)
     assert verification.passed, verification.describe()
+
+
+def _shape_arithmetic_model() -> onnx.ModelProto:
+    """``x + range(x.shape[0])`` reshaped to ``(x.shape[0], -1)``: shapes computed at run time
+    (Shape -> Gather -> Range, Concat -> Reshape) although the input's shape is static, as exporters write."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["rows"], axis=0),
+        helper.make_node("Range", ["zero", "rows", "one"], ["steps"]),
+        helper.make_node("Cast", ["steps"], ["offsets"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["offsets", "inner_axes"], ["column"]),
+        helper.make_node("Add", ["x", "column"], ["shifted"]),
+        helper.make_node("Unsqueeze", ["rows", "first_axis"], ["rows_1d"]),
+        helper.make_node("Concat", ["rows_1d", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["shifted", "target"], ["out"]),
+    ]
+    constants = [
+        helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1]),
+        helper.make_tensor("inner_axes", TensorProto.INT64, [2], [1, 2]),
+        helper.make_tensor("first_axis", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1]),
+    ]
+    graph = helper.make_graph(nodes, "shape_arithmetic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 12])], constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def test_shape_arithmetic_is_folded_before_tvm_imports_and_the_original_stays_the_reference(tmp_path):
+    model = _shape_arithmetic_model()
+    with pytest.raises(tvm_compat.OnnxNodeFailure, match="Reshape node 'out'.*known shape"):
+        tvm_compat.from_onnx(model)  # what TVM's importer says without the folding
+    path = tmp_path / "shape_arithmetic.onnx"
+    onnx.save(model, path)
+    imported = load_model(str(path))
+    assert_canonical(imported)
+    assert imported.fingerprint == hashlib.sha256(path.read_bytes()).hexdigest()
+    inputs = imported.random_inputs(seed=2)
+    executable = tvm.compile(imported.mod, target=tvm_compat.host_cpu_target())
+    outputs = run_relax(executable, tvm_compat.host_cpu_target(), inputs)
+    expected = (inputs[0] + np.arange(2, dtype=np.float32)[:, None, None]).reshape(2, 12)
+    np.testing.assert_allclose(imported.reference(inputs)[0], expected, rtol=1e-6)  # ONNX Runtime on the original file
+    verification = compare_outputs(outputs, [expected], "numpy", RTOL, ATOL)
+    assert verification.passed, verification.describe()
+
+
+def test_a_node_tvm_cannot_convert_is_named_with_its_operator_and_what_to_try(tmp_path):
+    """Pads given at run time (an input) are beyond TVM's importer, folded or not."""
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"), helper.make_node("Relu", ["padded"], ["out"])],
+        "dynamic_pads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]), helper.make_tensor_value_info("pads", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 6])],
+    )
+    path = tmp_path / "dynamic_pads.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+    with pytest.raises(ModelImportError) as raised:
+        load_model(str(path))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: TVM's ONNX importer cannot convert Pad node 'pad_by_input' (")
+    assert "torch.export" in message
