@@ -14,18 +14,10 @@ def shared_cost_db(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shared-costs") / "costs.sqlite"
 
 
-# Python run first in a process that must have TVM's runtime alone: TVM's own runtime-only mode
-# (TVM_USE_RUNTIME_LIB=1, as with the runtime-only wheel) leaves its compiler library unloaded and tvm.relax unusable.
-RUNTIME_ONLY_CHECK = (
-    "import tvm.base\n"
-    "from collage_core import tvm_compat\n"
-    "assert 'tvm_compiler' not in tvm.base._LOADED_LIBS and not tvm_compat.has_compiler()\n"
-)
-
 
 @pytest.fixture
 def runtime_only_env() -> dict:
     """The environment of a process with TVM's runtime alone (no compiler) and no C++ compiler either."""
-    import os
+    from runtime_only import environment
 
-    return {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "CXX": "/nonexistent/c++"}
+    return environment()

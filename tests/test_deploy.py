@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tvm
-from conftest import RUNTIME_ONLY_CHECK
+from runtime_only import RUNTIME_ONLY_CHECK
 from tvm import relax
 
 from collage_core import tvm_compat

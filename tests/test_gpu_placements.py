@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RUNTIME_ONLY_CHECK
+from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
 from collage_core.deploy import load_library, load_vm, runtime_file

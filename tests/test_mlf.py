@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RUNTIME_ONLY_CHECK
+from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
 from collage_core.backends import discover_backends
