@@ -39,7 +39,7 @@ def main(state: dict | None = None) -> None:
 
 
 # What CUDA's runtime (through TVM or PyTorch), cuBLAS and cuDNN say when device memory runs out.
-OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "CUDA_ERROR_OUT_OF_MEMORY", "STATUS_ALLOC_FAILED")
+OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY", "STATUS_ALLOC_FAILED")
 
 
 def describe_failure(error: Exception) -> str:
@@ -134,7 +134,8 @@ def _own_measurement(state, backend_name: str, mod, target, settings):
         settings=settings,
     )
     if cost is None and errors:
-        return Cost.invalid("; ".join(errors))
+        reason = "; ".join(errors)
+        return Cost.invalid(f"out of GPU memory ({reason})" if any(m in reason for m in OUT_OF_GPU_MEMORY) else reason)
     if cost is not None and not isinstance(cost, Cost):
         raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
     return cost
