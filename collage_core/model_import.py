@@ -183,7 +183,8 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
             program = torch.export.export(module, example_inputs)
             mod = from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
     except Exception as error:
-        raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}") from None
+        verdict = _onnx_route_verdict(module, example_inputs, name)
+        raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}") from None
     inputs = tuple(
         TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs)
     )
@@ -205,6 +206,24 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
         reference=reference,
         reference_name=f"pytorch {torch.__version__}",
     )
+
+
+def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
+    """Whether the other frontend takes ``module``: exported by the TorchScript ONNX exporter and imported."""
+    import io
+
+    import onnx
+    import torch
+
+    buffer = io.BytesIO()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, example_inputs, buffer, opset_version=17, dynamo=False)
+        _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue())
+    except Exception as error:
+        return f"the ONNX route fails too ({_first_line(error)})"
+    return ("the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, opset_version=17, "
+            "dynamo=False) and optimize the file (a trace: branches on input values follow the example inputs)")
 
 
 def _from_relax(mod, name: str) -> ImportedModel:

@@ -284,3 +284,22 @@ def test_a_node_tvm_cannot_convert_is_named_with_its_operator_and_what_to_try(tm
     assert "\n" not in message
     assert message.startswith(f"{path}: TVM's ONNX importer cannot convert Pad node 'pad_by_input' (")
     assert "torch.export" in message
+
+
+class BranchOnData(torch.nn.Module):
+    """A branch on the input's values: torch.export refuses it, the TorchScript ONNX exporter traces one branch."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return torch.relu(x) * 2.0
+        return x - 1.0
+
+
+def test_a_module_torch_export_refuses_says_the_onnx_route_takes_it():
+    with pytest.raises(ModelImportError) as raised:
+        load_model(BranchOnData(), example_inputs=(torch.ones(2, 3),))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("PyTorch module BranchOnData: export or import failed: ")
+    assert message.endswith("the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, "
+                            "opset_version=17, dynamo=False) and optimize the file (a trace: branches on input values "
+                            "follow the example inputs)")
