@@ -1,0 +1,55 @@
+"""A sample of benchmarks/coverage.py in the default suite: one transformers family through every input path.
+
+The full table (benchmarks/COVERAGE.md, over 20 families) is the benchmark's; here BERT, built from a
+small config with random weights, goes through the TorchScript and dynamo ONNX exporters and
+torch.export, each to an op-level placement whose numerics pass (ONNX Runtime or PyTorch as the
+reference, Collage's default tolerance).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def coverage():
+    spec = importlib.util.spec_from_file_location("coverage_benchmark", ROOT / "benchmarks" / "coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", ["torchscript-onnx", "dynamo-onnx", "torch.export"])
+def test_bert_passes_every_stage_through_each_path(coverage, path, tmp_path):
+    if path == "dynamo-onnx":
+        pytest.importorskip("onnxscript")
+    record = coverage.run_pair("bert", path, tmp_path)
+    assert record["failed"] is None, record
+    assert set(record["stages"]) == {"export", "import", "candidates, search, build"}
+    assert record["candidates"] > 0 and sum(record["placed"].values()) == record["operators"]
+    assert record["numerics"].startswith("numerics passed")
+
+
+def test_the_report_counts_passes_and_names_each_failure(coverage, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    records = [
+        {"family": "bert", "kind": "encoder-only text", "path": "torch.export", "failed": None},
+        {"family": "bert", "kind": "encoder-only text", "path": "dynamo-onnx", "failed": "import",
+         "error": "ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p' (...)"},
+    ]
+    for record in records:
+        (raw / f"{record['family']}__{record['path']}.json").write_text(json.dumps(record))
+    report = tmp_path / "COVERAGE.md"
+    coverage.write_report(raw, ["bert"], ["dynamo-onnx", "torch.export"], "python benchmarks/coverage.py", report)
+    text = report.read_text()
+    assert "**1 of 2 model-path pairs pass numerics (50%).**" in text
+    assert "| bert | encoder-only text | fails at import | pass |" in text
+    assert "- bert via dynamo-onnx, at import: ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p'" in text
