@@ -162,6 +162,7 @@ def _backends(args) -> int:
 
 
 def _optimize(args) -> int:
+    from collage_core.deploy import carried_dir
     from collage_core.optimizer import optimize
     from collage_core.report import render_report
     from collage_core.result import SEARCH_PICTURE
@@ -187,6 +188,8 @@ def _optimize(args) -> int:
     print(render_report(result))
     saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
     saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
+    carried = carried_dir(output / f"{result.model.name}.so")
+    saved += [f"{carried}/ (the native kernels the library carries)"] * carried.is_dir()
     print(f"\nsaved: {', '.join(str(path) for path in saved)}")
     if result.verification is not None and not result.verification.passed:
         return EXIT_NUMERICS
