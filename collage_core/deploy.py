@@ -80,7 +80,9 @@ def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapp
         for path in paths:
             destination = carried_dir(library) / name / Path(path).name
             destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, destination)
+            partial = destination.with_name(destination.name + ".partial")
+            shutil.copyfile(path, partial)
+            os.replace(partial, destination)  # a new file: a process that loaded the old copy keeps it intact
             relative.append(destination.relative_to(Path(library).parent).as_posix())
         needs[name]["carried"] = relative
     record = {"format": FORMAT, "version": VERSION, "library": Path(library).name, "backends": needs}
