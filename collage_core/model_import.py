@@ -175,13 +175,19 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") 
 
 def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     module = module.eval()
     try:
         with torch.no_grad():
             program = torch.export.export(module, example_inputs)
-            mod = from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+            mod = tvm_compat.from_exported_program(program)
+    except tvm_compat.TorchNodeFailure as failure:
+        verdict = _onnx_route_verdict(module, example_inputs, name)
+        where = f" (made by {failure.source})" if failure.source else ""
+        raise ModelImportError(
+            f"PyTorch module {name}: TVM's importer cannot convert {failure.target} node {failure.node!r}{where}: "
+            f"{_first_line(failure.cause)}; {verdict}"
+        ) from None
     except Exception as error:
         verdict = _onnx_route_verdict(module, example_inputs, name)
         raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}") from None

@@ -280,6 +280,58 @@ class OnnxNodeFailure(Exception):
         self.op_type, self.node, self.cause = op_type, node, cause
 
 
+class TorchNodeFailure(Exception):
+    """TVM's PyTorch importer failed converting one node of an exported program: its target, name and source line."""
+
+    def __init__(self, target: str, node: str, source: str, cause: BaseException):
+        super().__init__(f"{target} node {node!r}: {cause}")
+        self.target, self.node, self.source, self.cause = target, node, source, cause
+
+
+def from_exported_program(program):
+    """TVM's importer of a ``torch.export`` program (weights as constants); a node it cannot convert
+    raises :class:`TorchNodeFailure` naming it and the line of the module's source that made it."""
+    from tvm.relax.frontend.torch import exported_program_translator as translator
+
+    original = translator.ExportedProgramImporter.create_convert_map
+
+    def naming_the_node(importer, *args, **kwargs):
+        def wrap(name, convert):
+            def convert_naming_the_node(node, *rest):
+                try:
+                    return convert(node, *rest)
+                except Exception as error:
+                    trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+                    raise TorchNodeFailure(name, node.name, trace[-1] if trace else "", error) from error
+            return convert_naming_the_node
+
+        return {name: wrap(name, convert) for name, convert in original(importer, *args, **kwargs).items()}
+
+    _skip_legacy_empty_cat_inputs(program)
+    translator.ExportedProgramImporter.create_convert_map = naming_the_node
+    try:
+        return translator.from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    finally:
+        translator.ExportedProgramImporter.create_convert_map = original
+
+
+def _skip_legacy_empty_cat_inputs(program) -> None:
+    """Drop 1-D empty tensors from ``aten.cat`` inputs, as PyTorch does (``torch.cat`` skips tensors of
+    shape (0,)) and TVM's importer does not: a key/value cache that starts empty (``transformers``'
+    DynamicCache) is concatenated with 4-D keys in every decoder."""
+    import torch
+
+    def legacy_empty(value) -> bool:
+        shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
+        return shape is not None and tuple(shape) == (0,)
+
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.aten.cat.default:
+            kept = [tensor for tensor in node.args[0] if not legacy_empty(tensor)]
+            if kept and len(kept) < len(node.args[0]):
+                node.args = (kept, *node.args[1:])
+
+
 def from_onnx(proto):
     """TVM's ONNX importer (weights as constants) with the converters of :func:`onnx_convert_map`;
     a node it cannot convert raises :class:`OnnxNodeFailure` naming it."""

@@ -303,3 +303,41 @@ def test_a_module_torch_export_refuses_says_the_onnx_route_takes_it():
     assert message.endswith("the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, "
                             "opset_version=17, dynamo=False) and optimize the file (a trace: branches on input values "
                             "follow the example inputs)")
+
+
+class CacheThatStartsEmpty(torch.nn.Module):
+    """Concatenates a 4-D tensor to an empty 1-D one, as transformers' key/value cache does on its first call."""
+
+    def forward(self, x):
+        cache = torch.zeros(0, dtype=x.dtype)
+        return torch.cat([cache, x], dim=-2) * 2.0
+
+
+def test_torch_cat_skips_empty_one_dimensional_inputs_as_pytorch_does():
+    module = CacheThatStartsEmpty()
+    imported = load_model(module, example_inputs=(torch.randn(1, 2, 3, 4),))
+    inputs = imported.random_inputs(seed=4)
+    target = tvm_compat.host_cpu_target()
+    (output,) = run_relax(tvm.compile(imported.mod, target=target), target, inputs)
+    np.testing.assert_array_equal(output, imported.reference(inputs)[0])
+
+
+def test_a_torch_node_tvm_cannot_convert_is_named_with_its_source_line(monkeypatch):
+    from tvm.relax.frontend.torch import exported_program_translator as translator
+
+    original = translator.ExportedProgramImporter.create_convert_map
+
+    def without_working_relu(importer, *args, **kwargs):  # stands in for a converter TVM gets wrong
+        converters = original(importer, *args, **kwargs)
+
+        def refuse(node, *rest):
+            raise ValueError("relu is not supported here")
+        return {**converters, "relu.default": refuse}
+
+    monkeypatch.setattr(translator.ExportedProgramImporter, "create_convert_map", without_working_relu)
+    with pytest.raises(ModelImportError) as raised:
+        load_model(ConvReluLinear(), example_inputs=(torch.randn(1, 3, 8, 8),))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("PyTorch module ConvReluLinear: TVM's importer cannot convert relu.default node 'relu' (made by ")
+    assert "ValueError: relu is not supported here; the ONNX route " in message
