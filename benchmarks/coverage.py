@@ -54,7 +54,19 @@ def _text_model(config_class, model_class, seq2seq: bool = False, **config):
         import torch
 
         ids = torch.randint(0, config.get("vocab_size", 128), TEXT)
-        return model_class(config_class(**config)), ((ids, ids.clone()) if seq2seq else (ids,))
+        model = model_class(config_class(**config))
+        if not seq2seq:
+            return model, (ids,)
+
+        class EncoderDecoder(torch.nn.Module):  # the second positional argument is the attention mask
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, decoder_input_ids):
+                return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+
+        return EncoderDecoder(), (ids, ids.clone())
     return build
 
 
@@ -75,7 +87,7 @@ def _families() -> dict:
                                                         hidden_sizes=[16, 32], depths=[1, 1], num_labels=10)),
         "efficientnet": ("convolutional", _image_classifier(t.EfficientNetConfig, t.EfficientNetForImageClassification,
                                                             image_size=64, width_coefficient=0.25, depth_coefficient=0.2,
-                                                            hidden_dim=128, num_labels=10)),
+                                                            hidden_dim=320, num_labels=10)),
         "regnet": ("convolutional", _image_classifier(t.RegNetConfig, t.RegNetForImageClassification, embedding_size=16,
                                                       hidden_sizes=[16, 32], depths=[1, 1], groups_width=8, num_labels=10)),
         "mobilevit": ("convolutional with attention", _image_classifier(t.MobileViTConfig, t.MobileViTForImageClassification,
@@ -87,9 +99,8 @@ def _families() -> dict:
             t.SwinConfig, t.SwinForImageClassification, image_size=64, patch_size=4, embed_dim=16, depths=[1, 1],
             num_heads=[2, 2], window_size=4, num_labels=10)),
         "pvt": ("hierarchical vision transformer", _image_classifier(
-            t.PvtConfig, t.PvtForImageClassification, image_size=64, num_encoder_blocks=2, depths=[1, 1],
-            sequence_reduction_ratios=[4, 2], hidden_sizes=[16, 32], patch_sizes=[4, 2], strides=[4, 2],
-            num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=10)),
+            t.PvtConfig, t.PvtForImageClassification, image_size=64, depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 80, 128],
+            num_labels=10)),
         "segformer": ("segmentation", _image_classifier(
             t.SegformerConfig, t.SegformerForSemanticSegmentation, num_encoder_blocks=2, depths=[1, 1],
             sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
@@ -101,7 +112,7 @@ def _families() -> dict:
                                                          n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)),
         "deberta_v2": ("encoder-only text", _text_model(t.DebertaV2Config, t.DebertaV2Model, **small_text)),
         "gpt2": ("decoder-only text", _text_model(t.GPT2Config, t.GPT2LMHeadModel, vocab_size=128, n_embd=32, n_layer=2,
-                                                  n_head=2, n_positions=64)),
+                                                  n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0)),
         "llama": ("decoder-only text", _text_model(t.LlamaConfig, t.LlamaForCausalLM, num_key_value_heads=1, **small_text)),
         "opt": ("decoder-only text", _text_model(t.OPTConfig, t.OPTForCausalLM, vocab_size=128, hidden_size=32,
                                                  num_hidden_layers=2, num_attention_heads=2, ffn_dim=64, word_embed_proj_dim=32,
@@ -134,7 +145,8 @@ def _whisper_encoder():
 
     config = t.WhisperConfig(vocab_size=128, num_mel_bins=16, d_model=32, encoder_layers=2, decoder_layers=1,
                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                             max_source_positions=32, max_target_positions=16)
+                             max_source_positions=32, max_target_positions=16, pad_token_id=0, bos_token_id=0,
+                             eos_token_id=0, decoder_start_token_id=0)
     return t.WhisperModel(config).get_encoder(), (torch.randn(1, 16, 64),)
 
 
@@ -170,8 +182,12 @@ def _stage_of(error: BaseException) -> str:
 
 
 def _one_line(error: BaseException) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[-1] if lines else ''}"[:400]
+    """The error's type and its last telling line, and its cause's (exporters wrap the error that matters)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip() and not line.strip().startswith("(Refer")]
+    text = f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    if error.__cause__ is not None and error.__cause__ is not error:
+        text += f" (caused by {_one_line(error.__cause__)})"
+    return text[:400]
 
 
 def run_pair(family: str, path: str, workdir: Path) -> dict:
@@ -254,7 +270,11 @@ def measure_all(families, paths, raw: Path) -> None:
 
 def write_report(raw: Path, families, paths, command: str, report: Path) -> None:
     import platform
+    from importlib.metadata import version
 
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "apache-tvm"))
     results = {}
     for file in sorted(raw.glob("*.json")):
         record = json.loads(file.read_text())
@@ -265,7 +285,8 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
     lines = [
         "# Model coverage",
         "",
-        f"Command: `{command}`. Machine: {platform.machine()}, Python {platform.python_version()}; each pair in a fresh "
+        f"Command: `{command}`. Machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}; {versions}. "
+        "Each pair in a fresh "
         "process: export, import, candidates, an op-level search over TVM and DNNL with a small measuring budget, build, "
         "numerics against ONNX Runtime on the exported file (PyTorch for torch.export). Small configs, seeded random "
         "weights, built offline from `transformers` configs.",
