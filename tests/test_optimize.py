@@ -204,6 +204,37 @@ def test_optimize_torch_module_is_verified_against_pytorch(costs):
     assert result.verification.passed and result.verification.reference.startswith("pytorch")
 
 
+def test_a_torch_module_gets_the_two_level_search_with_a_graph_level_backend(costs):
+    """The torch.export route meets the same searches as an ONNX file: ONNX Runtime regions of a
+    PyTorch module are evolved end to end, and the result is verified against PyTorch."""
+    torch = pytest.importorskip("torch")
+    from collage_core.backends import discover_backends
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.two_level import TwoLevelSettings
+
+    infos = discover_backends(get_plugin_manager())
+    if "onnxruntime" not in infos or not infos["onnxruntime"].availability.available:
+        pytest.skip("the ONNX Runtime backend is not available here")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.fc2(torch.nn.functional.gelu(self.fc1(x))).softmax(-1)
+
+    torch.manual_seed(0)
+    result = collage_core.optimize(
+        Block(), example_inputs=(torch.randn(4, 16),), backends=["tvm", "onnxruntime"], search="two-level",
+        two_level=TwoLevelSettings(population=4, generations=1), cost_db=costs, compare_backends=False,
+        calibration_rounds=0, show_progress=False,
+    )
+    assert result.model.source == "torch" and result.placement.search == "two-level"
+    assert result.two_level is not None and result.two_level.history
+    assert result.verification.passed and result.verification.reference.startswith("pytorch")
+
+
 def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, workspace, costs):
     """A limit no run can meet stops every baseline after its build; the placement itself is still timed
     (and a baseline that is the placement, here TVM alone, reuses its cost)."""
