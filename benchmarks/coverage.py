@@ -280,8 +280,8 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
         record = json.loads(file.read_text())
         results[(record["family"], record["path"])] = record
     shown = [family for family in families if any((family, path) in results for path in paths)]
-    passed = sum(1 for record in results.values() if not record["failed"] and record["family"] in shown)
-    total = sum(1 for key in results if key[0] in shown)
+    counted = [record for (family, path), record in results.items() if family in shown and path in paths]
+    passed, total = sum(1 for record in counted if not record["failed"]), len(counted)
     lines = [
         "# Model coverage",
         "",

@@ -20,6 +20,7 @@ import copy
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Iterable, Mapping, Optional
 from collage_core.errors import CollageError
 
 FORMAT = "collage-runtime"
+log = logging.getLogger("collage")
 VERSION = 1
 
 
@@ -57,8 +59,12 @@ def runtime_libraries(pm, backends: Iterable) -> dict[str, list[Path]]:
 
     found = {}
     for backend in backends:
-        paths, _ = first_result(pm.hook.collage_runtime_libraries, backend=backend)
-        if paths is not None:
+        paths, errors = first_result(pm.hook.collage_runtime_libraries, backend=backend)
+        missing = [str(path) for path in paths or () if not Path(path).is_file()]
+        if errors or missing:  # the export still works where the plugin is installed; say why it carries nothing
+            log.warning("backend %s: exports carry no native kernels (%s)", backend.name,
+                        "; ".join(errors) or f"no such file: {', '.join(missing)}")
+        elif paths is not None:
             found[backend.name] = [Path(path) for path in paths]
     return found
 
@@ -176,6 +182,9 @@ _carried_loaded: dict[str, list[str]] = {}
 
 
 def _load_carried(library, name: str, carried: list) -> None:
+    for relative in carried:
+        if not isinstance(relative, str) or Path(relative).is_absolute() or ".." in Path(relative).parts:
+            raise LibraryLoadError(f"{runtime_file(library)}: backend {name}'s runtime library {relative!r} is not beside the library")
     paths = [Path(library).parent / relative for relative in carried]
     for path in paths:
         if not path.is_file():
@@ -196,7 +205,7 @@ def _load_carried(library, name: str, carried: list) -> None:
     _carried_loaded[name] = digests
 
 
-def load_library(library: os.PathLike, pm=None, device=None):
+def load_library(library: os.PathLike, *, pm=None, device=None):
     """``library`` loaded with TVM's runtime after preparing every backend it needs (and TVM's
     runtime for ``device``, where runtime-only TVM does not load it by itself)."""
     import tvm
@@ -205,15 +214,18 @@ def load_library(library: os.PathLike, pm=None, device=None):
 
     prepare_runtime(library, pm)
     if device is not None:
-        tvm_compat.ensure_device_runtime(device)
+        try:
+            tvm_compat.ensure_device_runtime(device)
+        except OSError as error:
+            raise LibraryLoadError(f"{library}: TVM's runtime for {device} does not load ({error})") from None
     return tvm.runtime.load_module(str(library))
 
 
-def load_vm(library: os.PathLike, device=None, pm=None):
+def load_vm(library: os.PathLike, device=None, *, pm=None):
     """A Relax virtual machine over ``library`` (on the CPU unless ``device`` is given); needs only TVM's runtime."""
     import tvm
 
     from collage_core import tvm_compat
 
     device = device or tvm.cpu(0)
-    return tvm_compat.virtual_machine(load_library(library, pm, device), device)
+    return tvm_compat.virtual_machine(load_library(library, pm=pm, device=device), device)

@@ -13,6 +13,7 @@ import attrs
 
 from collage_core import tvm_compat
 from collage_core.cost_db import CostDatabase, CostKey
+from collage_core.worker import OUT_OF_GPU_MEMORY_REASON
 from collage_core.progress import ProgressBar
 from collage_core.records import Candidate, Cost
 from collage_core.relax_graph import RelaxGraph
@@ -126,7 +127,8 @@ def measure_candidates(
                                 # A candidate that failed may leave its process unusable (a faulting GPU
                                 # kernel poisons the CUDA context): the next one gets a fresh worker.
                                 worker.close()
-                        db.put(keys[candidate.key], cost)
+                        if not cost.reason.startswith(OUT_OF_GPU_MEMORY_REASON):
+                            db.put(keys[candidate.key], cost)  # memory another process held is not the candidate's fault
                         costs[candidate.key] = cost
                         shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
                         bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")

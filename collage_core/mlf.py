@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 from pathlib import Path
@@ -319,7 +320,10 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) 
         raise MLFError(f"{path}: executor {config.get('executor')!r} (this Collage runs {EXECUTOR})")
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="collage-mlf-"))
     objects = []
-    for member, data in sorted(files.items()):
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(metadata.get("model_name", ""))) or metadata["model_name"].startswith("."):
+        raise MLFError(f"{path}: model name {metadata.get('model_name')!r} in metadata.json is not a plain file name")
+    for member in sorted(metadata["files"]):  # only what metadata.json lists (and _checked_metadata verified)
+        data = files[member]
         if member.startswith(OBJECTS_DIR):
             target = workdir / member.rsplit("/", 1)[-1]
             target.write_bytes(data)
@@ -328,7 +332,9 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) 
             if ".." in Path(member).parts:
                 raise MLFError(f"{path}: member {member} points outside the tar")
             (workdir / member).parent.mkdir(parents=True, exist_ok=True)
-            (workdir / member).write_bytes(data)
+            partial = workdir / (member + ".partial")
+            partial.write_bytes(data)
+            os.replace(partial, workdir / member)  # a new file, never one a process has loaded
     library = workdir / f"{metadata['model_name']}.so"
     try:
         tvm_compat.link_shared(str(library), objects)

@@ -125,15 +125,11 @@ def fold_static_shapes(data: bytes, origin: str):
             raise ModelImportError(f"{origin}: folding its shape computations failed ({_first_line(error)})") from None
 
 
-def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") -> ImportedModel:
+def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", advise: bool = True) -> ImportedModel:
+    """``advise``: end an import failure with what to try (off where the caller says it)."""
     import onnx
     import onnxruntime
-    if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
-        proto = fold_static_shapes(data, origin)  # what TVM imports; the original stays the numerics reference
-    supported = tvm_compat.onnx_convert_map()
-    unsupported = sorted({node.op_type for node in proto.graph.node} - set(supported))
-    if unsupported:
-        raise ModelImportError(f"{origin}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+
     initializers = {init.name for init in proto.graph.initializer}
     inputs = []
     for value in proto.graph.input:
@@ -145,15 +141,28 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") 
             raise ModelImportError(f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
         inputs.append(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype))
+    fingerprint = hashlib.sha256(data).hexdigest()
+    fold_failure = ""
+    if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
+        try:  # what TVM imports; the original stays the numerics reference
+            proto = fold_static_shapes(data, origin)
+            fingerprint = hashlib.sha256(f"{fingerprint}|folded by onnxruntime {onnxruntime.__version__}".encode()).hexdigest()
+        except ModelImportError as failed:  # TVM may still take the model as exported
+            fold_failure = f" (folding its shape computations failed first: {str(failed).split(': ', 1)[-1]})"
+    supported = tvm_compat.onnx_convert_map()
+    unsupported = sorted({node.op_type for node in proto.graph.node} - set(supported))
+    if unsupported:
+        raise ModelImportError(f"{origin}: unsupported ONNX operator(s): {', '.join(unsupported)}")
+    advice = f"; {TRY_INSTEAD}" if advise else ""
     try:
         mod = tvm_compat.from_onnx(proto)
     except tvm_compat.OnnxNodeFailure as failure:
         raise ModelImportError(
             f"{origin}: TVM's ONNX importer cannot convert {failure.op_type} node {failure.node!r} "
-            f"({_first_line(failure.cause)}); {TRY_INSTEAD}"
+            f"({_first_line(failure.cause)}){fold_failure}{advice}"
         ) from None
     except Exception as error:
-        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}; {TRY_INSTEAD}") from None
+        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
     quiet = onnxruntime.SessionOptions()
     quiet.log_severity_level = 3  # ONNX Runtime warns about unused initializers, which exporters leave
     session = onnxruntime.InferenceSession(data, quiet, providers=["CPUExecutionProvider"])
@@ -167,7 +176,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model") 
         source="onnx",
         mod=canonicalize(mod, origin),
         inputs=tuple(inputs),
-        fingerprint=hashlib.sha256(data).hexdigest(),
+        fingerprint=fingerprint,
         reference=reference,
         reference_name=f"onnxruntime {onnxruntime.__version__}",
     )
@@ -225,7 +234,8 @@ def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
     try:
         with torch.no_grad():
             torch.onnx.export(module, example_inputs, buffer, opset_version=17, dynamo=False)
-        _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue())
+        _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(),
+                         origin="its ONNX export", advise=False)
     except Exception as error:
         return f"the ONNX route fails too ({_first_line(error)})"
     return ("the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, opset_version=17, "

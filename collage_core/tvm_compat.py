@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any, Union
 
 import numpy as np
@@ -11,10 +12,14 @@ import tvm_ffi
 
 try:
     from tvm import relax
-except (ImportError, AttributeError):  # runtime-only TVM (no libtvm_compiler): load and run, nothing more
-    relax = None
+except (ImportError, AttributeError):
+    if "tvm_compiler" in tvm.base._LOADED_LIBS:
+        raise  # a full TVM that is broken, not a runtime-only one
+    relax = None  # runtime-only TVM (no libtvm_compiler loaded): load and run, nothing more
 
 TargetSpec = Union[None, str, dict, "tvm.target.Target"]
+# TVM's importers are patched while they run (to name a failing node): one import at a time per process.
+_IMPORTER_PATCH = threading.Lock()
 
 
 def host_cpu_target() -> tvm.target.Target:
@@ -293,8 +298,6 @@ def from_exported_program(program):
     raises :class:`TorchNodeFailure` naming it and the line of the module's source that made it."""
     from tvm.relax.frontend.torch import exported_program_translator as translator
 
-    original = translator.ExportedProgramImporter.create_convert_map
-
     def naming_the_node(importer, *args, **kwargs):
         def wrap(name, convert):
             def convert_naming_the_node(node, *rest):
@@ -308,11 +311,13 @@ def from_exported_program(program):
         return {name: wrap(name, convert) for name, convert in original(importer, *args, **kwargs).items()}
 
     _skip_legacy_empty_cat_inputs(program)
-    translator.ExportedProgramImporter.create_convert_map = naming_the_node
-    try:
-        return translator.from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
-    finally:
-        translator.ExportedProgramImporter.create_convert_map = original
+    with _IMPORTER_PATCH:
+        original = translator.ExportedProgramImporter.create_convert_map
+        translator.ExportedProgramImporter.create_convert_map = naming_the_node
+        try:
+            return translator.from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+        finally:
+            translator.ExportedProgramImporter.create_convert_map = original
 
 
 def _skip_legacy_empty_cat_inputs(program) -> None:
@@ -321,15 +326,19 @@ def _skip_legacy_empty_cat_inputs(program) -> None:
     DynamicCache) is concatenated with 4-D keys in every decoder."""
     import torch
 
-    def legacy_empty(value) -> bool:
-        shape = getattr(getattr(value, "meta", {}).get("val"), "shape", None)
-        return shape is not None and tuple(shape) == (0,)
+    def legacy_empty(value, dtype) -> bool:  # of the output's dtype: one of another dtype still promotes the result
+        fake = getattr(value, "meta", {}).get("val")
+        return getattr(fake, "shape", None) is not None and tuple(fake.shape) == (0,) and fake.dtype == dtype
 
+    changed = False
     for node in program.graph.nodes:
-        if node.op == "call_function" and node.target == torch.ops.aten.cat.default:
-            kept = [tensor for tensor in node.args[0] if not legacy_empty(tensor)]
+        if node.op == "call_function" and node.target == torch.ops.aten.cat.default and "val" in node.meta:
+            kept = [tensor for tensor in node.args[0] if not legacy_empty(tensor, node.meta["val"].dtype)]
             if kept and len(kept) < len(node.args[0]):
                 node.args = (kept, *node.args[1:])
+                changed = True
+    if changed:
+        program.graph_module.recompile()
 
 
 def from_onnx(proto):
@@ -340,7 +349,6 @@ def from_onnx(proto):
 
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
 
-    original_map, original_convert = onnx_frontend._get_convert_map, onnx_frontend.ONNXGraphImporter._convert_operator
 
     def convert_naming_the_node(graph, op_name, inputs, attrs, opset):
         try:
@@ -355,14 +363,16 @@ def from_onnx(proto):
         for node in named.graph.node:
             node.name = node.name or (node.output[0] if node.output else node.op_type)
         proto = named
-    onnx_frontend._get_convert_map = lambda: _with_fixes(original_map())
-    onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the importer prints every input of a failing node
-            return tvm_from_onnx(proto, keep_params_in_input=False)
-    finally:
-        onnx_frontend._get_convert_map = original_map
-        onnx_frontend.ONNXGraphImporter._convert_operator = original_convert
+    with _IMPORTER_PATCH:
+        original_map, original_convert = onnx_frontend._get_convert_map, onnx_frontend.ONNXGraphImporter._convert_operator
+        onnx_frontend._get_convert_map = lambda: _with_fixes(original_map())
+        onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # the importer prints every input of a failing node
+                return tvm_from_onnx(proto, keep_params_in_input=False)
+        finally:
+            onnx_frontend._get_convert_map = original_map
+            onnx_frontend.ONNXGraphImporter._convert_operator = original_convert
 
 
 def _with_fixes(converters: dict) -> dict:

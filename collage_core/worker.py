@@ -39,6 +39,7 @@ def main(state: dict | None = None) -> None:
 
 
 # What CUDA's runtime (through TVM or PyTorch), cuBLAS and cuDNN say when device memory runs out.
+OUT_OF_GPU_MEMORY_REASON = "out of GPU memory"
 OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY", "STATUS_ALLOC_FAILED")
 
 
@@ -47,7 +48,7 @@ def describe_failure(error: Exception) -> str:
     lines = [text for text in str(error).strip().splitlines() if text.strip()]
     described = f"{type(error).__name__}: {lines[-1] if lines else ''}"
     if any(marker in str(error) for marker in OUT_OF_GPU_MEMORY):
-        return f"out of GPU memory ({described})"
+        return f"{OUT_OF_GPU_MEMORY_REASON} ({described})"
     return described
 
 
@@ -135,7 +136,7 @@ def _own_measurement(state, backend_name: str, mod, target, settings):
     )
     if cost is None and errors:
         reason = "; ".join(errors)
-        return Cost.invalid(f"out of GPU memory ({reason})" if any(m in reason for m in OUT_OF_GPU_MEMORY) else reason)
+        return Cost.invalid(f"{OUT_OF_GPU_MEMORY_REASON} ({reason})" if any(m in reason for m in OUT_OF_GPU_MEMORY) else reason)
     if cost is not None and not isinstance(cost, Cost):
         raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
     return cost

@@ -258,7 +258,8 @@ def test_shape_arithmetic_is_folded_before_tvm_imports_and_the_original_stays_th
     onnx.save(model, path)
     imported = load_model(str(path))
     assert_canonical(imported)
-    assert imported.fingerprint == hashlib.sha256(path.read_bytes()).hexdigest()
+    # the fingerprint (part of end-to-end cost keys) names the folding: the graph TVM got is not the file's
+    assert imported.fingerprint == load_model(str(path)).fingerprint != hashlib.sha256(path.read_bytes()).hexdigest()
     inputs = imported.random_inputs(seed=2)
     executable = tvm.compile(imported.mod, target=tvm_compat.host_cpu_target())
     outputs = run_relax(executable, tvm_compat.host_cpu_target(), inputs)

@@ -73,3 +73,13 @@ def test_gpt2_on_cuda_compiles_to_kernels_without_powf():
     sources = _cuda_sources(executable.mod)
     assert sources and sum(source.count("__global__") for source in sources) > 10
     assert not any("powf" in source for source in sources)
+
+
+def test_a_constant_that_broadcasts_the_base_is_left_to_tvm():
+    x = relax.Var("x", relax.TensorType((6,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            output = bb.emit_output(relax.op.power(x, relax.const(np.full((1, 1), 3.0, "float32"))))
+        bb.emit_func_output(output)
+    assert ops_in(as_multiplications(bb.get()["main"])) == ["relax.power"]

@@ -25,13 +25,21 @@ def _integer_exponent(constant) -> int | None:
     return int(value) if value in EXPONENTS else None
 
 
+def _keeps_type(call, base) -> bool:
+    """Whether ``base`` has the power's shape and dtype (a constant of more dimensions would broadcast it)."""
+    try:
+        return tvm_compat.tensor_shape_dtype(base) == tvm_compat.tensor_shape_dtype(call)
+    except ValueError:
+        return False
+
+
 def as_multiplications(func: relax.Function) -> relax.Function:
     """``func`` with every ``power(x, c)`` whose scalar constant ``c`` is 2, 3 or 4 written as products of ``x``."""
     base, exponent = wildcard(), is_const()
 
     def multiply_out(call, matches):
         times = _integer_exponent(matches[exponent])
-        if times is None:
+        if times is None or not _keeps_type(call, matches[base]):
             return call
         product = matches[base]
         for _ in range(times - 1):
