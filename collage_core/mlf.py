@@ -38,7 +38,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.deploy import backend_needs, prepare_runtime, runtime_libraries, write_runtime_file
+from collage_core.deploy import backend_needs, load_vm, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
 
 FORMAT = "collage-model-library-format"
@@ -310,8 +310,6 @@ def _checked_metadata(path: Path, files: dict[str, bytes]) -> dict:
 def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) -> LoadedMLF:
     """Check, link and load a Model Library Format tar written by :func:`export_mlf`; needs TVM's
     runtime and a host linker, not TVM's compiler."""
-    import tvm
-
     path = Path(path)
     files = _read_members(path)
     metadata = _checked_metadata(path, files)
@@ -341,10 +339,8 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) 
     except Exception as error:  # the host compiler's message, in one line
         raise MLFError(f"{path}: linking the host code failed ({str(error).strip().splitlines()[-1]})") from None
     write_runtime_file(library, config["runtime_backends"])
-    prepare_runtime(library, pm)
     device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
-    tvm_compat.ensure_device_runtime(device)
-    vm = tvm_compat.virtual_machine(tvm.runtime.load_module(str(library)), device)
+    vm = load_vm(library, device, pm=pm)
     parameters_member = f"parameters/{metadata['model_name']}.params"
     parameters = tvm_compat.load_params(files[parameters_member]) if parameters_member in files else {}
     return LoadedMLF(metadata, config, parameters, vm, library, device)

@@ -92,8 +92,7 @@ def device_from_name(name: str):
 
 
 def device_for(target: tvm.target.Target):
-    kind = target.kind.name
-    return tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    return device_from_name(target.kind.name)
 
 
 def is_cuda(target: tvm.target.Target) -> bool:

@@ -46,10 +46,12 @@ OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "cudaErrorMemo
 def describe_failure(error: Exception) -> str:
     """One line for a failed request: the error's type and last line, marked when the GPU ran out of memory."""
     lines = [text for text in str(error).strip().splitlines() if text.strip()]
-    described = f"{type(error).__name__}: {lines[-1] if lines else ''}"
-    if any(marker in str(error) for marker in OUT_OF_GPU_MEMORY):
-        return f"{OUT_OF_GPU_MEMORY_REASON} ({described})"
-    return described
+    return _marked_if_out_of_gpu_memory(f"{type(error).__name__}: {lines[-1] if lines else ''}", str(error))
+
+
+def _marked_if_out_of_gpu_memory(reason: str, text: str) -> str:
+    """``reason``, prefixed with ``out of GPU memory`` when ``text`` (the whole error) says so."""
+    return f"{OUT_OF_GPU_MEMORY_REASON} ({reason})" if any(marker in text for marker in OUT_OF_GPU_MEMORY) else reason
 
 
 def _init(state, request):
@@ -136,7 +138,7 @@ def _own_measurement(state, backend_name: str, mod, target, settings):
     )
     if cost is None and errors:
         reason = "; ".join(errors)
-        return Cost.invalid(f"{OUT_OF_GPU_MEMORY_REASON} ({reason})" if any(m in reason for m in OUT_OF_GPU_MEMORY) else reason)
+        return Cost.invalid(_marked_if_out_of_gpu_memory(reason, reason))
     if cost is not None and not isinstance(cost, Cost):
         raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
     return cost

@@ -8,7 +8,6 @@ on activations of both signs, so on CUDA TVM's own build of it outputs NaN every
 
 from __future__ import annotations
 
-import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
@@ -21,7 +20,7 @@ def _integer_exponent(constant) -> int | None:
     values = tvm_compat.constant_array(constant)
     if values is None or values.size != 1:
         return None
-    value = float(np.asarray(values).reshape(-1)[0])
+    value = float(values.reshape(-1)[0])
     return int(value) if value in EXPONENTS else None
 
 
