@@ -21,3 +21,24 @@ def runtime_only_env() -> dict:
     from runtime_only import environment
 
     return environment()
+
+
+@pytest.fixture
+def load_test_plugin(monkeypatch):
+    """Loads a plugin of tests/plugins_for_tests by module name, here and (through PYTHONPATH) in the
+    measurement workers; gives the plugin manager and every backend by name."""
+    import os
+
+    from collage_core.backends import discover_backends
+    from collage_core.plugins import get_plugin_manager
+
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.syspath_prepend(tests)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+
+    def load(module: str):
+        pm = get_plugin_manager(disabled=(), extra_modules=[module])
+        assert not pm.failures
+        return pm, {name: info.backend for name, info in discover_backends(pm).items()}
+
+    return load

@@ -8,18 +8,16 @@ memory is refused by the driver.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.backends import contribute_patterns
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase
 from collage_core.measure import measure_candidates
 from collage_core.model_import import load_model
-from collage_core.plugins import get_plugin_manager
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings
 
@@ -33,14 +31,11 @@ QUICK = MeasureSettings(warmup=1, min_repeats=3, max_repeats=5, min_repeat_ms=1.
 
 
 @pytest.fixture
-def plugins(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+def plugins(load_test_plugin):
+    pm, backends = load_test_plugin(PLUGIN)
     from plugins_for_tests.gpu_faults import BACKENDS
 
-    pm = get_plugin_manager(disabled=(), extra_modules=[PLUGIN])
-    assert not pm.failures
-    return pm, {name: info.backend for name, info in discover_backends(pm).items() if name in BACKENDS}
+    return pm, {name: backend for name, backend in backends.items() if name in BACKENDS}
 
 
 def test_faulting_hanging_and_oversized_kernels_cost_their_candidates_alone(plugins, tmp_path):

@@ -10,10 +10,8 @@ Other backends' candidates are left to the next implementation.
 import os
 import time
 
-from tvm.relax.dpl import wildcard
-
-from collage_core import Availability, Backend, Cost, Pattern, hookimpl
-from collage_core.records import OP_LEVEL
+from collage_core import Cost, hookimpl
+from plugins_for_tests.any_operator import any_operator_backends
 
 RAISING = "raising"
 CRASHING = "crashing"
@@ -49,25 +47,9 @@ FAULTS = {RAISING: _raise, CRASHING: _crash, HANGING: _hang}
 BACKENDS = (*FAULTS, POISONING)
 
 
-@hookimpl
-def collage_register_backends(register):
-    for name in BACKENDS:
-        register(Backend(name, OP_LEVEL, ("cpu",), "1", f"test backend whose measurement fails ({name})"))
-
-
-@hookimpl
-def collage_check_availability(backend):
-    return Availability.yes() if backend.name in BACKENDS else None
-
-
-@hookimpl
-def collage_contribute_patterns(backend, target):
-    return [Pattern(f"{backend.name}.op", wildcard())] if backend.name in BACKENDS else None
-
-
-@hookimpl
-def collage_lower_partitions(backend, mod, function_names, target):
-    return mod if backend.name in BACKENDS else None
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
+    any_operator_backends(BACKENDS, ("cpu",), "test backend whose measurement fails ({name})")
+)
 
 
 @hookimpl(tryfirst=True)

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm.relax.dpl import wildcard
 from tvm.script import tirx as T
 
-from collage_core import Availability, Backend, Pattern, hookimpl, tvm_compat
-from collage_core.records import OP_LEVEL
+from collage_core import hookimpl, tvm_compat
+from plugins_for_tests.any_operator import any_operator_backends
 
 FAULTING = "gpu_faulting"
 HANGING = "gpu_hanging"
@@ -56,25 +55,9 @@ def _allocate_beyond_the_gpu(target) -> None:
     tvm.runtime.empty((FAR,), "float32", tvm_compat.device_for(target))
 
 
-@hookimpl
-def collage_register_backends(register):
-    for name in BACKENDS:
-        register(Backend(name, OP_LEVEL, ("cuda",), "1", f"test backend whose CUDA kernels fault ({name})"))
-
-
-@hookimpl
-def collage_check_availability(backend):
-    return Availability.yes() if backend.name in BACKENDS else None
-
-
-@hookimpl
-def collage_contribute_patterns(backend, target):
-    return [Pattern(f"{backend.name}.op", wildcard())] if backend.name in BACKENDS else None
-
-
-@hookimpl
-def collage_lower_partitions(backend, mod, function_names, target):
-    return mod if backend.name in BACKENDS else None
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
+    any_operator_backends(BACKENDS, ("cuda",), "test backend whose CUDA kernels fault ({name})")
+)
 
 
 @hookimpl(tryfirst=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import attrs
@@ -12,11 +11,10 @@ from plugins_for_tests.faulty_backends import CRASHING, FAULTS, HANGING, POISONI
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.backends import contribute_patterns
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase
 from collage_core.measure import _measure_one, measure_candidates
-from collage_core.plugins import get_plugin_manager
 from collage_core.model_import import load_model
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings
@@ -33,13 +31,9 @@ QUICK = MeasureSettings(
 
 
 @pytest.fixture
-def plugins(monkeypatch):
+def plugins(load_test_plugin):
     """The faulty backends and TVM, loaded here and, through PYTHONPATH, in the measurement workers."""
-    monkeypatch.syspath_prepend(str(TESTS))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    pm = get_plugin_manager(disabled=(), extra_modules=[PLUGIN])
-    assert not pm.failures
-    return pm, {name: info.backend for name, info in discover_backends(pm).items()}
+    return load_test_plugin(PLUGIN)
 
 
 def relu_of_relu() -> tvm.IRModule:
