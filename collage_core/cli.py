@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from collage_core.calibration import DEFAULT_ROUNDS
 from collage_core.errors import CollageError
+from collage_core.precision import FP32, PRECISIONS
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
 from collage_core.two_level import TwoLevelSettings
 
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
     inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
     inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
+    inspect.add_argument("--precision", choices=PRECISIONS, default=FP32, help="inspect the model converted to this precision")
     inspect.set_defaults(command=_inspect)
 
     optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
@@ -120,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--jobs", type=int, default=0, metavar="N",
                           help="build N candidates at once (default 0: half the cores, at most "
                                f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
+    optimize.add_argument("--precision", choices=PRECISIONS, default=None,
+                          help="fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 (GPUs): the model "
+                               "is converted once by TVM's mixed-precision pass and verified within that precision's "
+                               "tolerance; a replayed placement keeps its own (tf32: not honoured yet)")
     optimize.add_argument("--no-cuda-graphs", action="store_true",
                           help="on a CUDA target, build placements that launch kernel by kernel instead of replaying "
                                "CUDA graphs (by default the report gives the placement's latency both ways)")
@@ -180,6 +186,7 @@ def _optimize(args) -> int:
         calibration_rounds=args.calibration_rounds,
         settings=MeasureSettings(build_workers=args.jobs, cuda_graphs=not args.no_cuda_graphs),
         search=args.search,
+        precision=args.precision,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
             seed=args.seed,
@@ -200,7 +207,7 @@ def _inspect(args) -> int:
     from collage_core.inspection import inspect_model, render_inspection
 
     inspection = inspect_model(args.model, target=args.target,
-                               backends=args.backends.split(",") if args.backends else None)
+                               backends=args.backends.split(",") if args.backends else None, precision=args.precision)
     print(render_inspection(inspection, show_relax=not args.no_relax, show_candidates=args.candidates))
     return 0
 

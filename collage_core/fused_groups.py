@@ -66,15 +66,15 @@ class Group:
     def var_of(self, call):
         return self.bound_vars[self.calls.index(call)]
 
-    def single_anchor(self, anchor_ops: Sequence[str]):
-        """The group's one anchor call; the group must have one output and float32 calls throughout."""
+    def single_anchor(self, anchor_ops: Sequence[str], dtypes: Sequence[str] = (FLOAT32,)):
+        """The group's one anchor call; the group must have one output and calls of ``dtypes`` throughout."""
         if len(self.outputs) != 1:
             raise Refused("an intermediate result of the group is used outside it")
         anchors = [call for call in self.calls if tvm_compat.op_name(call) in anchor_ops]
         if len(anchors) != 1:
             raise Refused("the group does not have exactly one anchor operator")
         for call in self.calls:
-            expect_float32(call)
+            expect_dtype(call, dtypes)
         return anchors[0]
 
 
@@ -83,19 +83,25 @@ def shape_of(expr) -> tuple[int, ...]:
 
 
 def expect_float32(expr) -> None:
+    expect_dtype(expr, (FLOAT32,))
+
+
+def expect_dtype(expr, dtypes: Sequence[str]) -> str:
+    """``expr``'s dtype, which must be one of ``dtypes``."""
     try:
         dtype = tvm_compat.tensor_shape_dtype(expr)[1]
     except ValueError as error:
         raise Refused(str(error)) from None
-    if dtype != FLOAT32:
-        raise Refused(f"dtype {dtype} (only float32)")
+    if dtype not in dtypes:
+        raise Refused(f"dtype {dtype} (only {' or '.join(dtypes)})")
+    return dtype
 
 
-def external(group: Group, expr) -> None:
-    """Operands a kernel reads must come from outside the group (or be constants)."""
+def external(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> None:
+    """Operands a kernel reads must come from outside the group (or be constants), of one of ``dtypes``."""
     if group.producer(expr) is not None:
         raise Refused("an operand is computed inside the group by an operator the kernel does not fuse")
-    expect_float32(expr)
+    expect_dtype(expr, dtypes)
 
 
 def expect_plain_out_dtype(call) -> None:
@@ -295,17 +301,17 @@ class StridedOperand:
     strides: tuple
 
 
-def strided_operand(group: Group, expr) -> StridedOperand:
+def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> StridedOperand:
     """``expr`` read in place: through the group's ``permute_dims`` of an outside tensor, or as it is."""
     producer = group.producer(expr)
     if producer is not None and tvm_compat.op_name(producer) == "relax.permute_dims":
         source = producer.args[0]
-        external(group, source)
+        external(group, source, dtypes)
         source_shape = shape_of(source)
         axes = ints(producer.attrs.axes) if producer.attrs.axes is not None else tuple(reversed(range(len(source_shape))))
         plain = plain_strides(source_shape)
         return StridedOperand(source, tuple(source_shape[a] for a in axes), tuple(plain[a] for a in axes))
-    external(group, expr)
+    external(group, expr, dtypes)
     dims = shape_of(expr)
     return StridedOperand(expr, tuple(dims), tuple(plain_strides(dims)))
 

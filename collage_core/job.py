@@ -127,6 +127,7 @@ class Job:
             device=tvm_compat.device_name(self.target),
             backends={i.name: {"version": i.backend.version, "kind": i.backend.kind} for i in self.chosen},
             search=search,
+            precision=self.imported.precision,
             partitions=parts,
             inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
             considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],

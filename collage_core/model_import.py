@@ -47,6 +47,8 @@ class ImportedModel:
     fingerprint: str
     reference: Optional[Reference] = attrs.field(default=None, eq=False, repr=False)
     reference_name: str = "none"
+    # What ``mod`` computes in (see collage_core.precision); the reference stays the framework's float32.
+    precision: str = "fp32"
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs for checks: uniform floats, and small non-negative integers (valid token ids)."""

@@ -24,7 +24,9 @@ from collage_core.finished_build import FinishedBuild, finish_key, load_finished
 from collage_core.job import FINISHED_PROTOCOL, Job
 from collage_core.model_import import load_model
 from collage_core.partition import partition_module
+from collage_core.placement_file import load_placement
 from collage_core.plugins import get_plugin_manager
+from collage_core.precision import FP32, at_precision, check_precision, tolerance
 from collage_core.records import GRAPH_LEVEL, Candidate
 from collage_core.relax_graph import RelaxGraph
 from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
@@ -54,6 +56,7 @@ def optimize(
     calibration_rounds: int = DEFAULT_ROUNDS,
     verify: bool = True,
     show_progress: bool = True,
+    precision: Optional[str] = None,
 ) -> OptimizedModel:
     """Place ``model`` on the fastest mix of ``backends`` (default: every available one) for ``target``.
 
@@ -67,12 +70,17 @@ def optimize(
     ``compare_backends`` each backend alone and TVM's unpartitioned build are measured too; one
     whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such
     (None: no limit). With ``output_dir`` too, each baseline's placement is saved there (see
-    :func:`baseline_file`).
+    :func:`baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.precision`;
+    default fp32, or the placement file's) converts the model once before anything is placed; outputs
+    are verified against the float32 reference within that precision's tolerance.
     """
     say = _Narrator(show_progress)
     clock = PhaseClock()
     imported = load_model(model, example_inputs)
     target = tvm_compat.make_target(target)
+    precision = _precision_wanted(precision, placement)
+    check_precision(precision, target)
+    imported = at_precision(imported, precision)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
     for failure in pm.failures:
@@ -137,7 +145,9 @@ def optimize(
     def verified(built: finish_stage.Built) -> Optional[Verification]:
         if not verify or imported.reference is None:
             return None
-        verification = compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name)
+        held_to = tolerance(imported.precision)
+        verification = compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name,
+                                       rtol=held_to.rtol, atol=held_to.atol)
         say(verification.describe())
         return verification
 
@@ -193,6 +203,17 @@ def optimize(
         if finish is not None:
             save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification))
     return optimized
+
+
+def _precision_wanted(precision: Optional[str], placement) -> str:
+    """The precision asked for; a replayed placement file's own unless the caller names the same one."""
+    if placement is None:
+        return precision or FP32
+    recorded = load_placement(placement).precision
+    if precision is not None and precision != recorded:
+        raise CollageError(f"{placement}: the placement was made at precision {recorded}, not {precision}; "
+                           f"replay it at {recorded} (leave --precision out) or search again at {precision}")
+    return recorded
 
 
 def opened_again(cost_db, placement):

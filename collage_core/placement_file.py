@@ -12,6 +12,7 @@ import attrs
 
 from collage_core.errors import CollageError
 from collage_core.graph import OpGraph
+from collage_core.precision import FP32, PRECISIONS
 from collage_core.records import Cost, Partition
 
 FORMAT = "collage-placement"
@@ -40,6 +41,8 @@ class Placement:
     considered: tuple[Partition, ...] = attrs.field(default=(), converter=tuple, eq=False, repr=False)
     # Set when the placement was replayed on another device than the one its costs were measured on.
     ran_on: str = attrs.field(default="", eq=False)
+    # The precision the model was converted to before placing (see collage_core.precision); a replay converts it the same.
+    precision: str = attrs.field(default=FP32, validator=attrs.validators.in_(PRECISIONS))
 
     @property
     def summed_cost_s(self) -> float:
@@ -61,6 +64,7 @@ class Placement:
             **({"ran_on": self.ran_on} if self.ran_on else {}),
             "backends": self.backends,
             "search": self.search,
+            "precision": self.precision,
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
             "partitions": [_partition_json(p, self.operators) for p in self.partitions],
         }
@@ -139,7 +143,11 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         inputs_of = [[int(n) for n in preds] for preds in model.get("inputs_of", [])]
         if inputs_of and (len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)):
             fail("model.inputs_of does not list earlier operators for each operator")
+        precision = str(data.get("precision", FP32))
+        if precision not in PRECISIONS:
+            fail(f"unknown precision {precision!r} (Collage knows {', '.join(PRECISIONS)})")
         placement = Placement(
+            precision=precision,
             model_name=str(model["name"]),
             model_fingerprint=str(model["fingerprint"]),
             operators=operators,

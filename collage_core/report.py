@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.precision import describe as describe_precision
 from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
 from collage_core.timing import STOPPED_PREFIX
 from collage_core.two_level import history_text
@@ -66,6 +67,9 @@ def render_report(optimized) -> str:
         f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
     ]
+    converted = describe_precision(placement.precision)
+    if converted:
+        sections.insert(1, converted)
     placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
     if total and placed is not None and placed.is_measured and all(p.cost.is_measured for p in placement.partitions):
         sections.append(f"the partitions' costs add up to {total * 1e3:.3f} ms; the placement measured "

@@ -23,7 +23,7 @@ def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_i
         EndToEnd("placement, timed in turns", Cost.measured(2.0e-3, 1e-4, 99), mix),
         EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-4, 99), alone),
     ]
-    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level", ran_on="")
+    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level", ran_on="", precision="fp32")
     text = render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None, verification=None, phases_s={}))
     assert "vs best other build" in text
     assert _row(text, "placement")[3] == "0.333"  # 1.8 against tvm alone's 5.4, not against its own 1.7
@@ -33,7 +33,7 @@ def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_i
 
 def test_the_report_gives_what_cuda_graphs_gained_when_the_placement_was_measured_both_ways():
     mix = {"cublas": 240, "tvm": 175}
-    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level", ran_on="")
+    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level", ran_on="", precision="fp32")
 
     def report(entries):
         return render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None,
@@ -53,7 +53,7 @@ def test_the_report_says_how_much_of_the_measured_latency_the_partitions_costs_e
     parts = [SimpleNamespace(backend="dnnl", nodes=(0, 1), cost=Cost.measured(60e-6, 1e-6, 5)),
              SimpleNamespace(backend="tvm", nodes=(2,), cost=Cost.measured(35e-6, 1e-6, 5))]
     placement = SimpleNamespace(partitions=parts, model_name="m", operators=[0] * 3, device="llvm:znver3",
-                                search="op-level", ran_on="")
+                                search="op-level", ran_on="", precision="fp32")
     entries = [EndToEnd("placement", Cost.measured(98e-6, 1e-6, 5), {"dnnl": 2, "tvm": 1})]
     text = render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None,
                                          verification=None, phases_s={}))

@@ -35,10 +35,20 @@ def _with_packed_weights(spec: specs.KernelSpec) -> specs.KernelSpec:
     )
     descriptor_bytes = int(tvm.get_global_func("collage_dnnl.descriptor_words")()) * 8
     descriptor = np.frombuffer(blob[:descriptor_bytes], dtype=np.int64)
-    packed = np.frombuffer(blob[descriptor_bytes:], dtype=np.float32).copy()
+    dtype = tvm_compat.tensor_shape_dtype(weights)[1]
+    packed = np.frombuffer(blob[descriptor_bytes:], dtype=_numpy_dtype(dtype)).copy()
     operands = list(spec.operands)
-    operands[spec.packed_operand] = relax.const(packed, "float32")
+    operands[spec.packed_operand] = relax.const(packed, dtype)
     return specs.KernelSpec((*spec.words[:-1], 1, *descriptor.tolist()), tuple(operands))
+
+
+def _numpy_dtype(dtype: str):
+    """NumPy's dtype for a Relax dtype; bfloat16 is ml_dtypes' (which TVM's tensors take)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
 
 
 def _seconds_per_run(spec: specs.KernelSpec, output_shape) -> float:
@@ -48,7 +58,8 @@ def _seconds_per_run(spec: specs.KernelSpec, output_shape) -> float:
     for operand in spec.operands:
         value = tvm_compat.constant_array(operand)
         if value is None:
-            value = rng.uniform(-1, 1, size=tvm_compat.tensor_shape_dtype(operand)[0]).astype(np.float32)
+            shape, dtype = tvm_compat.tensor_shape_dtype(operand)
+            value = rng.uniform(-1, 1, size=shape).astype(_numpy_dtype(dtype))
         tensors.append(tvm_compat.to_tensor(value, cpu))
     tensors.append(tvm_compat.to_tensor(np.zeros(output_shape, np.float32), cpu))
     run = tvm.get_global_func(RUN_FUNCTION)

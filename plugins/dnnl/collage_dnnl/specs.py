@@ -17,17 +17,19 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.fused_groups import (
-    Group, Refused, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
+    Group, Refused, expect_dtype, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
     shape_of, strided_operand,
 )
+from collage_core.precision import FAST_BF16_FLAGS, cpu_flags
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 CONV2D, MATMUL, POOL2D, SOFTMAX, LAYER_NORM = 1, 2, 3, 4, 5
 NO_ELTWISE, RELU, GELU_ERF = 0, 1, 2
 MAX, AVG_INCLUDE_PAD, AVG_EXCLUDE_PAD = 0, 1, 2
 PLAIN_ACTIVATIONS, BLOCKED_ACTIVATIONS = 0, 1  # convolution layouts; the build times both and keeps the faster
 ANCHORS = ("relax.nn.conv2d", "relax.matmul", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.softmax", "relax.nn.layer_norm")
-FLOAT32 = "float32"
+FLOAT32, BFLOAT16 = "float32", "bfloat16"
+OPERAND_TYPES = {FLOAT32: 0, BFLOAT16: 1}  # the spec's operand-type word for convolutions and matmuls
 ELTWISE_CODES = {None: NO_ELTWISE, "relu": RELU, "gelu_erf": GELU_ERF}
 CONV2D_FUSED = ("bias", "residual", "relu")
 MATMUL_FUSED = ("scale", "bias", "residual", "relu", "gelu_erf")
@@ -54,10 +56,28 @@ def float_word(value: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
+def operand_dtypes() -> tuple[str, ...]:
+    """What convolutions and matmuls may read: bfloat16 too where this CPU computes it fast (AMX, AVX512-BF16)."""
+    return (FLOAT32, BFLOAT16) if any(flag in cpu_flags() for flag in FAST_BF16_FLAGS) else (FLOAT32,)
+
+
+def _operand_type(group: Group, anchor, operands) -> int:
+    """The spec word for the anchor's operand type: all float32, or (where allowed) all bfloat16 accumulating
+    into a float32 result, as TVM's mixed-precision pass writes them."""
+    allowed = operand_dtypes()
+    dtypes = {expect_dtype(operand, allowed) for operand in operands}
+    if len(dtypes) != 1:
+        raise Refused(f"operands of mixed dtypes {sorted(dtypes)}")
+    dtype = dtypes.pop()
+    if dtype != FLOAT32 and str(anchor.attrs.out_dtype) != FLOAT32:
+        raise Refused(f"{dtype} operands with a {dtype} result (only with out_dtype float32)")
+    return OPERAND_TYPES[dtype]
+
+
 def recognize(group: Group) -> KernelSpec:
     """The kernel computing ``group``, or :class:`Refused` saying why there is none."""
     # The last call is live (main has no dead code), so one output is the last call's result.
-    anchor = group.single_anchor(ANCHORS)
+    anchor = group.single_anchor(ANCHORS, operand_dtypes())
     name = tvm_compat.op_name(anchor)
     if name == "relax.nn.conv2d":
         return _conv2d(group, anchor)
@@ -81,7 +101,8 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     if group.calls[0] is not conv:
         raise Refused("the group holds operators before the convolution")
     data, weights = conv.args
-    external(group, data)
+    operand_type = _operand_type(group, conv, (data, weights))
+    external(group, data, operand_dtypes())
     if not tvm_compat.is_constant(weights):
         raise Refused("conv2d weights that are not constants")
     n, c, h, w = shape_of(data)
@@ -97,7 +118,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     words = (
-        CONV2D, n, c, h, w, o, kh, kw, groups, oh, ow, *ints(attrs_.strides), *ints(attrs_.dilation),
+        CONV2D, operand_type, n, c, h, w, o, kh, kw, groups, oh, ow, *ints(attrs_.strides), *ints(attrs_.dilation),
         *padding4(attrs_.padding), int(epilogue.bias is not None), int(epilogue.residual is not None),
         int(epilogue.activation == "relu"), BLOCKED_ACTIVATIONS, 0,
     )
@@ -106,7 +127,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
 
 def _matmul_operand(group: Group, expr, rank: int) -> tuple[object, list[int], list[int]]:
     """The tensor the kernel reads, and the dims and strides it sees it through (transposes absorbed), at ``rank``."""
-    operand = strided_operand(group, expr)
+    operand = strided_operand(group, expr, operand_dtypes())
     dims, strides = list(operand.dims), list(operand.strides)
     if len(dims) < 2:
         raise Refused("matmul of a vector")
@@ -125,6 +146,7 @@ def _matmul(group: Group, matmul) -> KernelSpec:
         raise Refused(f"matmul of rank {rank}")
     lhs, lhs_dims, lhs_strides = _matmul_operand(group, matmul.args[0], rank)
     rhs, rhs_dims, rhs_strides = _matmul_operand(group, matmul.args[1], rank)
+    operand_type = _operand_type(group, matmul, (lhs, rhs))
     for axis in range(rank - 2):
         if lhs_dims[axis] != rhs_dims[axis] and 1 not in (lhs_dims[axis], rhs_dims[axis]):
             raise Refused("matmul batch dimensions that do not broadcast")
@@ -142,7 +164,7 @@ def _matmul(group: Group, matmul) -> KernelSpec:
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     words = (
-        MATMUL, rank, *lhs_dims, *lhs_strides, *rhs_dims, *rhs_strides, *out_shape, *bias_words,
+        MATMUL, operand_type, rank, *lhs_dims, *lhs_strides, *rhs_dims, *rhs_strides, *out_shape, *bias_words,
         float_word(epilogue.scale), ELTWISE_CODES[epilogue.activation], int(epilogue.residual is not None),
     )
     return KernelSpec(words, tuple(operands))

@@ -35,11 +35,13 @@ using dnnl::algorithm;
 using dnnl::memory;
 using dnnl::prop_kind;
 
-constexpr int64_t kSpecVersion = 1;
+constexpr int64_t kSpecVersion = 2;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2, kPool2d = 3, kSoftmax = 4, kLayerNorm = 5 };
 enum Eltwise : int64_t { kNoEltwise = 0, kRelu = 1, kGeluErf = 2 };
 enum PoolAlgorithm : int64_t { kMax = 0, kAvgIncludePad = 1, kAvgExcludePad = 2 };
 enum ConvLayout : int64_t { kPlainActivations = 0, kBlockedActivations = 1 };
+// What convolutions and matmuls read their data and weights as; they accumulate and write float32 either way.
+enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1 };
 constexpr size_t kMaxKernels = 4096;
 constexpr int64_t kDescWords = (sizeof(dnnl_memory_desc_t) + sizeof(int64_t) - 1) / sizeof(int64_t);
 
@@ -90,10 +92,16 @@ class SpecReader {
   const int64_t* end_;
 };
 
-memory::desc Plain(const memory::dims& dims) {
+memory::desc Plain(const memory::dims& dims, memory::data_type type = memory::data_type::f32) {
   memory::dims strides(dims.size(), 1);
   for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
-  return memory::desc(dims, memory::data_type::f32, strides);
+  return memory::desc(dims, type, strides);
+}
+
+memory::data_type OperandDataType(int64_t word) {
+  if (word == kF32Operands) return memory::data_type::f32;
+  if (word == kBf16Operands) return memory::data_type::bf16;
+  Fail("unknown operand type in the spec");
 }
 
 size_t ByteSize(const DLTensor* tensor) {
@@ -172,10 +180,12 @@ Scratch& ThreadScratch() {
 // pick the data and output layouts too (blocked ones on AVX-512) and reorders around the
 // convolution. Either way oneDNN picks the weights' layout, and a residual is added by placing
 // it in the output buffer first (oneDNN's sum post-op), which its fast kernels fuse.
-// Spec: N C H W O KH KW groups OH OW stride(2) dilation(2) padding(t l b r) bias residual relu layout [weights desc]
+// Data and weights are float32 or bfloat16 (named in the spec); bias, residual and output float32.
+// Spec: operand-type N C H W O KH KW groups OH OW stride(2) dilation(2) padding(t l b r) bias residual relu layout [weights desc]
 class Conv2d : public Kernel {
  public:
   explicit Conv2d(SpecReader& spec) {
+    memory::data_type operand_type = OperandDataType(spec.Int());
     int64_t n = spec.Int(), c = spec.Int(), h = spec.Int(), w = spec.Int(), o = spec.Int();
     int64_t kh = spec.Int(), kw = spec.Int(), groups = spec.Int(), oh = spec.Int(), ow = spec.Int();
     memory::dims strides = spec.Dims(2), dilation = spec.Dims(2), padding = spec.Dims(4);
@@ -186,20 +196,20 @@ class Conv2d : public Kernel {
     if (layout != kPlainActivations && layout != kBlockedActivations) Fail("unknown convolution layout");
     if (groups < 1 || c % groups != 0 || o % groups != 0) Fail("channels not divisible by groups");
     memory::dims weights = groups == 1 ? memory::dims{o, c, kh, kw} : memory::dims{groups, o / groups, c / groups, kh, kw};
-    src_ = Plain({n, c, h, w});
+    src_ = Plain({n, c, h, w}, operand_type);
     dst_ = Plain({n, o, oh, ow});
-    plain_weights_ = Plain(weights);
+    plain_weights_ = Plain(weights, operand_type);
     bias_ = has_bias_ ? Plain({o}) : memory::desc();
     dnnl::post_ops post_ops;
     if (has_residual_) post_ops.append_sum(1.f);
     if (relu) post_ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(post_ops);
-    auto any = [](const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, memory::format_tag::any); };
+    auto any = [](const memory::dims& dims, memory::data_type type) { return memory::desc(dims, type, memory::format_tag::any); };
     bool blocked = layout == kBlockedActivations;
     dnnl::convolution_forward::desc desc(prop_kind::forward_inference, algorithm::convolution_direct,
-                                         blocked ? any({n, c, h, w}) : src_, any(weights), bias_,
-                                         blocked ? any({n, o, oh, ow}) : dst_, strides, {dilation[0] - 1, dilation[1] - 1},
+                                         blocked ? any({n, c, h, w}, operand_type) : src_, any(weights, operand_type), bias_,
+                                         blocked ? any({n, o, oh, ow}, memory::data_type::f32) : dst_, strides, {dilation[0] - 1, dilation[1] - 1},
                                          {padding[0], padding[1]}, {padding[2], padding[3]});
     pd_ = dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
     primitive_ = dnnl::convolution_forward(pd_);
@@ -278,10 +288,12 @@ class Conv2d : public Kernel {
 };
 
 // matmul with any strides on its operands (transposes absorbed), optional bias, scale, residual, activation.
-// Spec: rank src(dims, strides) weights(dims, strides) dst(dims) bias(0 | 1 dims) scale eltwise residual
+// Operands float32 or bfloat16 (named in the spec); bias, residual and output float32.
+// Spec: operand-type rank src(dims, strides) weights(dims, strides) dst(dims) bias(0 | 1 dims) scale eltwise residual
 class Matmul : public Kernel {
  public:
   explicit Matmul(SpecReader& spec) {
+    memory::data_type operand_type = OperandDataType(spec.Int());
     int64_t rank = spec.Int();
     memory::dims src_dims = spec.Dims(rank), src_strides = spec.Dims(rank);
     memory::dims weights_dims = spec.Dims(rank), weights_strides = spec.Dims(rank);
@@ -292,8 +304,8 @@ class Matmul : public Kernel {
     int64_t eltwise = spec.Int();
     has_residual_ = spec.Int() != 0;
     spec.ExpectEnd();
-    src_ = memory::desc(src_dims, memory::data_type::f32, src_strides);
-    weights_ = memory::desc(weights_dims, memory::data_type::f32, weights_strides);
+    src_ = memory::desc(src_dims, operand_type, src_strides);
+    weights_ = memory::desc(weights_dims, operand_type, weights_strides);
     dst_ = Plain(dst_dims);
     dnnl::primitive_attr attr;
     attr.set_post_ops(PostOps(has_residual_, dst_, eltwise, scale));

@@ -1,0 +1,160 @@
+"""The arithmetic precision a placement runs at: converting the model once, and what each precision allows.
+
+``fp32`` (the default) leaves the model as imported: every backend computes in float32, exactly as
+the reference framework does. ``bf16`` and ``fp16`` convert the model once, before candidates are
+enumerated, with TVM's mixed-precision pass (``relax.transform.ToMixedPrecision``): matrix
+products and convolutions take 16-bit operands and accumulate in float32, the operators that
+follow them run in 16 bits, and those that need the range (softmax, layer norm, reductions) stay
+in float32. Every backend sees that same converted graph; one whose kernels cannot take a 16-bit
+operand refuses the match (its pattern's check says so), and TVM runs the rest. TVM's pass writes
+float16; for bf16 the converted graph's float16 casts become bfloat16 casts (same placement of
+casts, bfloat16's range).
+
+The model's inputs and outputs keep their dtypes, so callers are unchanged; the outputs are
+compared with the float32 reference within the precision's tolerance. The precision is part of
+the model's fingerprint, so every measured cost, placement file and finished build is keyed by it.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+from typing import Optional
+
+import attrs
+
+from collage_core.errors import CollageError
+
+FP32, TF32, BF16, FP16 = "fp32", "tf32", "bf16", "fp16"
+PRECISIONS = (FP32, TF32, BF16, FP16)
+DTYPES = {BF16: "bfloat16", FP16: "float16"}
+# Numerics tolerance per precision: |out - ref| <= atol + rtol * max|ref| against the float32 reference.
+# 16-bit operands carry 8 (bf16) or 11 (fp16) significant bits; errors grow with depth, and the
+# tolerances hold twelve-layer BERT and GPT-2 and ResNet-50 with room (see docs/precision.md).
+TOLERANCES = {FP32: (1e-3, 1e-4), BF16: (5e-2, 5e-3), FP16: (1e-2, 1e-3)}
+# CPU flags (as /proc/cpuinfo names them) that give bf16 matrix arithmetic its speed.
+FAST_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+class PrecisionError(CollageError):
+    """A precision this target cannot honour, or one the user named that does not exist."""
+
+
+@attrs.frozen
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+def tolerance(precision: str) -> Tolerance:
+    """The numerics tolerance outputs at ``precision`` are held to against the float32 reference."""
+    rtol, atol = TOLERANCES[precision]
+    return Tolerance(rtol, atol)
+
+
+def check_precision(precision: str, target) -> None:
+    """Refuse, in one line, a precision the target cannot run fast (or at all); return quietly otherwise."""
+    if precision not in PRECISIONS:
+        raise PrecisionError(f"unknown precision {precision!r} (choose {', '.join(PRECISIONS)})")
+    if precision == FP32:
+        return
+    if precision == TF32:
+        raise PrecisionError("precision tf32 is not honoured yet: no backend uses TF32 tensor cores yet "
+                             "(cuBLAS and cuDNN compute float32 exactly); use fp32, or bf16/fp16 on a GPU")
+    from collage_core import tvm_compat
+
+    if tvm_compat.is_cuda(target):
+        return
+    if precision == FP16:
+        raise PrecisionError("precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
+                             "use bf16 on a CPU with AMX or AVX512-BF16, or fp16 with --target cuda")
+    flags = cpu_flags()
+    if not any(flag in flags for flag in FAST_BF16_FLAGS):
+        raise PrecisionError(f"precision bf16: this CPU ({cpu_model()}) has no fast bf16 (neither "
+                             f"{' nor '.join(FAST_BF16_FLAGS)} among its flags), so bf16 would run slower than fp32; use fp32")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The first CPU's flags; empty where /proc/cpuinfo is not there."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def convert(mod, precision: str):
+    """``mod`` (float32, ``main`` one dataflow block) at ``precision``; fp32 (and tf32) return it unchanged."""
+    import tvm
+    from tvm import relax
+
+    if precision not in DTYPES:
+        return mod
+    mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
+    if precision == BF16:
+        mod = _float16_to_bfloat16(mod)
+    return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(),
+                                     relax.transform.DeadCodeElimination(["main"])])(mod)
+
+
+def at_precision(imported, precision: str):
+    """``imported`` (an ImportedModel) converted to ``precision``: its module and fingerprint; the reference unchanged."""
+    if precision == imported.precision:
+        return imported
+    if imported.precision != FP32:
+        raise PrecisionError(f"{imported.name} is already at {imported.precision}")
+    return attrs.evolve(imported, mod=convert(imported.mod, precision), precision=precision,
+                        fingerprint=fingerprint(imported.fingerprint, precision))
+
+
+def fingerprint(model_fingerprint: str, precision: str) -> str:
+    """A model's fingerprint at ``precision``: float32's is the model's own, so its costs stay keyed as before."""
+    return model_fingerprint if precision == FP32 else f"{model_fingerprint}+{precision}"
+
+
+def describe(precision: str) -> Optional[str]:
+    """One line for the report on what ``precision`` did to the model; None for fp32."""
+    if precision not in DTYPES:
+        return None
+    tol = tolerance(precision)
+    return (f"precision {precision}: TVM's mixed-precision pass gave matrix products and convolutions {DTYPES[precision]} "
+            f"operands accumulating in float32, softmax and normalizations stay float32; numerics tolerance "
+            f"atol {tol.atol:g} + rtol {tol.rtol:g} x max|reference| against the float32 reference")
+
+
+def _float16_to_bfloat16(mod):
+    """float16 casts become bfloat16 casts; a power on bfloat16 runs in float32 (TVM's power takes no bfloat16)."""
+    from tvm import relax
+
+    from collage_core import tvm_compat
+
+    @relax.expr_functor.mutator
+    class Retype(relax.expr_functor.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            name = tvm_compat.op_name(call)
+            if name == "relax.astype" and str(call.attrs.dtype) == "float16":
+                return relax.op.astype(call.args[0], "bfloat16")
+            if name == "relax.power":
+                base, exponent = (self.builder_.normalize(arg) for arg in call.args)
+                if "bfloat16" in (tvm_compat.tensor_shape_dtype(base)[1], tvm_compat.tensor_shape_dtype(exponent)[1]):
+                    widened = relax.op.power(relax.op.astype(base, "float32"), relax.op.astype(exponent, "float32"))
+                    return relax.op.astype(widened, "bfloat16")
+            return call
+
+    mod["main"] = Retype(mod).visit_expr(mod["main"])  # the mixed-precision pass's own copy: safe to update
+    return mod
