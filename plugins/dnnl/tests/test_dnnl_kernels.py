@@ -21,7 +21,7 @@ from collage_core.build import build
 from collage_core.candidates import enumerate_candidates
 from collage_core.partition import partition_module
 from collage_core.relax_graph import RelaxGraph
-from collage_dnnl import patterns
+from collage_dnnl import patterns, specs
 
 R = relax.op
 F = "float32"
@@ -251,3 +251,87 @@ def test_every_pattern_has_a_numerics_case():
     # Transposed forms of the dense and batch patterns share the plain forms' kernels and checks.
     untested = {name for name in offered - tested if not name.startswith(("dense_t", "batch_matmul_t", "batch_matmul_nt"))}
     assert not untested
+
+
+# bfloat16 operands, as TVM's mixed-precision pass writes them (collage optimize --precision bf16) ---------------
+
+BF16 = "bfloat16"
+FAST_BF16 = specs.BFLOAT16 in specs.operand_dtypes()
+# Both sides see the same bfloat16-rounded operands and accumulate in float32 or better: what remains is
+# the accumulation order and oneDNN's conversion of the result.
+BF16_RTOL, BF16_ATOL = 1e-3, 1e-3
+
+
+def bf16(array):
+    import ml_dtypes
+
+    return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def mixed(make_f32):
+    """``make_f32`` with its float32 tensor operands cast to bfloat16 first and out_dtype float32, as the pass writes it."""
+    def make(bb, *params):
+        cast = [bb.emit(R.astype(p, BF16)) for p in params]
+        return make_f32(*cast)
+    return make
+
+
+BF16_CASES = [
+    ("dense", lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F), lambda x: x @ bf16(W_DENSE).astype(np.float64),
+     [(3, 32)]),
+    ("batch_matmul", lambda a, b: R.matmul(a, b, out_dtype=F), lambda a, b: a @ b, [(2, 5, 16), (2, 16, 7)]),
+    ("conv2d", lambda x: R.nn.conv2d(x, relax.const(bf16(W8)), padding=(1, 1), out_dtype=F),
+     lambda x: np_conv2d(x, bf16(W8).astype(np.float64), padding=(1, 1, 1, 1)), [(1, 4, 8, 8)]),
+]
+
+
+@pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): DNNL refuses bfloat16 here")
+@pytest.mark.parametrize("pattern_name, make, reference, shapes", BF16_CASES, ids=[case[0] for case in BF16_CASES])
+def test_bfloat16_operands_accumulate_in_float32_like_numpy(pm, backends, pattern_name, make, reference, shapes):
+    params = [relax.Var(f"x{i}", relax.TensorType(shape, BF16)) for i, shape in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            output = bb.emit_output(make(*params))
+        bb.emit_func_output(output)
+    arrays = [bf16(uniform(*shape)) for shape in shapes]
+    actual = run_on_dnnl(pm, backends, bb.get(), pattern_name, *arrays)
+    assert actual.dtype == np.float32
+    expected = reference(*[a.astype(np.float64) for a in arrays])
+    np.testing.assert_allclose(actual, expected, rtol=BF16_RTOL, atol=BF16_ATOL)
+
+
+@pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16)")
+def test_bfloat16_matmuls_run_on_onednn_bfloat16_kernels():
+    import tvm as tvm_
+
+    from collage_dnnl import library
+
+    library.load()
+    words = (specs.MATMUL, specs.OPERAND_TYPES[BF16], 2, 64, 256, 256, 1, 256, 128, 128, 1, 64, 128, 0,
+             specs.float_word(1.0), specs.NO_ELTWISE, 0)
+    spec = tvm_compat.to_tensor(np.array((specs.SPEC_VERSION, *words), dtype=np.int64), DEVICE)
+    implementation = str(tvm_.get_global_func("collage_dnnl.implementation")(spec))
+    assert "bf16" in implementation or "amx" in implementation, implementation
+
+
+def test_bfloat16_operands_with_a_bfloat16_result_are_refused(monkeypatch):
+    from collage_core.fused_groups import Group, Refused
+
+    monkeypatch.setattr(specs, "operand_dtypes", lambda: (specs.FLOAT32, BF16))
+    x = relax.Var("x", relax.TensorType((3, 32), BF16))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            output = bb.emit_output(R.matmul(x, relax.const(bf16(W_DENSE))))
+        bb.emit_func_output(output)
+    with pytest.raises(Refused, match="only with out_dtype float32"):
+        specs.recognize(Group.from_function(bb.get()["main"]))
+
+
+def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16(monkeypatch):
+    monkeypatch.setattr(specs, "cpu_flags", lambda: {"avx2", "fma"})
+    assert specs.operand_dtypes() == (specs.FLOAT32,)
+    mod = module(mixed(lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F)), (3, 32))
+    _, candidates = dnnl_candidates(mod)
+    assert not any(c.pattern == "dnnl.dense" for c in candidates)

@@ -1,0 +1,140 @@
+"""--precision: the model converted once, what each target allows, numerics within the precision's tolerance,
+and the precision carried by fingerprints and placement files so that a replay converts the model the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from collage_core import precision, tvm_compat
+from collage_core.errors import CollageError
+from collage_core.model_import import load_model
+from collage_core.optimizer import optimize
+from collage_core.placement_file import PlacementFileError, load_placement
+from collage_core.verify import compare_outputs
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+CPU = tvm_compat.host_cpu_target()
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+
+
+def calls(mod, op: str) -> list:
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and tvm_compat.op_name(expr) == op:
+            found.append(expr)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def dtype(expr) -> str:
+    return tvm_compat.tensor_shape_dtype(expr)[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    return load_model(MODELS / "tiny_bert.onnx")
+
+
+def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_softmax_and_the_interface_float32(tiny_bert):
+    converted = precision.at_precision(tiny_bert, precision.BF16)
+    mod = converted.mod
+    assert converted.precision == "bf16" and converted.fingerprint == tiny_bert.fingerprint + "+bf16"
+    assert "float16" not in mod.script().replace("bfloat16", "")
+    matmuls = calls(mod, "relax.matmul")
+    assert matmuls and all(dtype(m.args[0]) == dtype(m.args[1]) == "bfloat16" and dtype(m) == "float32" for m in matmuls)
+    assert all(dtype(op.args[0]) == "float32" for name in ("relax.nn.softmax", "relax.nn.layer_norm") for op in calls(mod, name))
+    assert [dtype(p) for p in mod["main"].params] == [spec.dtype for spec in tiny_bert.inputs]
+    assert tvm_compat.tensor_shape_dtype(mod["main"].body.body)[1] == "float32"
+    assert precision.at_precision(tiny_bert, precision.FP32) is tiny_bert
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+@pytest.mark.parametrize("model", ["tiny_bert", "tiny_gpt2", "tiny_resnet"])
+def test_a_converted_model_matches_the_float32_reference_within_its_tolerance_and_no_closer_than_float32(model, name):
+    imported = load_model(MODELS / f"{model}.onnx")
+    inputs = imported.random_inputs()
+    reference = imported.reference(inputs)
+
+    def outputs(mod):
+        vm = relax.VirtualMachine(tvm.compile(mod, target=tvm_compat.make_target(CPU)), tvm.cpu())
+        result = vm["main"](*[tvm_compat.to_tensor(x, tvm.cpu()) for x in inputs])
+        return [tvm_compat.to_numpy(r) for r in (result if not hasattr(result, "numpy") else [result])]
+
+    held_to = precision.tolerance(name)
+    low = compare_outputs(outputs(precision.convert(imported.mod, name)), reference, "onnxruntime", held_to.rtol, held_to.atol)
+    exact = compare_outputs(outputs(imported.mod), reference, "onnxruntime")
+    assert low.passed, low.describe()
+    assert exact.passed and low.max_abs_error > exact.max_abs_error  # the conversion did change the arithmetic
+
+
+@pytest.mark.parametrize("name, target, flags, refusal", [
+    ("fp32", CPU, set(), None),
+    ("bf16", CPU, {"avx512f", "amx_bf16"}, None),
+    ("bf16", CPU, {"avx512f", "avx512_bf16"}, None),
+    ("bf16", CPU, {"avx2", "fma"}, "has no fast bf16"),
+    ("fp16", CPU, {"avx512f", "amx_bf16"}, "fp16 on the CPU"),
+    ("tf32", CPU, set(), "tf32 is not honoured yet"),
+    ("tf32", CUDA, set(), "tf32 is not honoured yet"),
+    ("bf16", CUDA, set(), None),
+    ("fp16", CUDA, set(), None),
+    ("int8", CPU, set(), "unknown precision 'int8'"),
+])
+def test_a_precision_the_target_cannot_run_fast_is_refused_in_one_line(monkeypatch, name, target, flags, refusal):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    target = tvm.target.Target(target)
+    if refusal is None:
+        precision.check_precision(name, target)
+        return
+    with pytest.raises(precision.PrecisionError, match=refusal) as raised:
+        precision.check_precision(name, target)
+    assert "\n" not in str(raised.value)
+
+
+def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monkeypatch, tmp_path):
+    # TVM computes bfloat16 on any x86 CPU (slowly where the CPU has no bf16 units, which the check refuses):
+    # the test lets the check pass on every CPU so that the pipeline runs everywhere.
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
+    model = MODELS / "tiny_bert.onnx"
+    out = tmp_path / "out"
+    kwargs = dict(backends=["tvm"], search="op-level", cost_db=tmp_path / "costs.sqlite", compare_backends=False,
+                  show_progress=False, calibration_rounds=0)
+    result = optimize(model, precision="bf16", output_dir=out, **kwargs)
+    assert result.placement.precision == "bf16" and result.model.fingerprint.endswith("+bf16")
+    assert result.verification.passed and (result.verification.rtol, result.verification.atol) == (0.05, 0.005)
+    assert json.loads((out / "placement.json").read_text())["precision"] == "bf16"
+    assert "precision bf16" in (out / "report.txt").read_text()
+
+    replayed = optimize(model, placement=out / "placement.json", **kwargs)
+    assert replayed.placement.precision == "bf16" and replayed.verification.passed
+    with pytest.raises(CollageError, match="made at precision bf16, not fp32"):
+        optimize(model, placement=out / "placement.json", precision="fp32", **kwargs)
+
+    exact = optimize(model, output_dir=tmp_path / "exact", **kwargs)
+    assert exact.placement.precision == "fp32" and exact.verification.rtol == 1e-3
+    assert exact.verification.max_abs_error < result.verification.max_abs_error
+
+
+def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(tmp_path):
+    from collage_core.placement_file import Placement
+
+    from collage_core.records import Cost, Partition
+
+    whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
+    path = Placement("m", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole]).save(tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["precision"] == "fp32"
+    data["precision"] = "fp8"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlacementFileError, match=r"p.json: unknown precision 'fp8'"):
+        load_placement(path)
+    del data["precision"]  # files written before the option existed are float32
+    path.write_text(json.dumps(data))
+    assert load_placement(path).precision == "fp32"
