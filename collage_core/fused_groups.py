@@ -97,6 +97,18 @@ def expect_dtype(expr, dtypes: Sequence[str]) -> str:
     return dtype
 
 
+def uniform_operand_dtype(anchor, operands, allowed: Sequence[str]) -> str:
+    """The one dtype of ``anchor``'s matrix ``operands``, of ``allowed``: float32, or a 16-bit type that
+    accumulates into a float32 result (``out_dtype="float32"``), as TVM's mixed-precision pass writes them."""
+    dtypes = {expect_dtype(operand, allowed) for operand in operands}
+    if len(dtypes) != 1:
+        raise Refused(f"operands of mixed dtypes {sorted(dtypes)}")
+    dtype = dtypes.pop()
+    if dtype != FLOAT32 and str(anchor.attrs.out_dtype) != FLOAT32:
+        raise Refused(f"{dtype} operands with a {dtype} result (only with out_dtype float32)")
+    return dtype
+
+
 def external(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> None:
     """Operands a kernel reads must come from outside the group (or be constants), of one of ``dtypes``."""
     if group.producer(expr) is not None:

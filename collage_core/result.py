@@ -94,6 +94,7 @@ class OptimizedModel:
         measurement = self.measurement
         return {
             "model": self.model.name,
+            "precision": self.model.precision,
             "search": self.placement.search,
             "end_to_end": [
                 {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}

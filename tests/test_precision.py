@@ -137,3 +137,14 @@ def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(t
     del data["precision"]  # files written before the option existed are float32
     path.write_text(json.dumps(data))
     assert load_placement(path).precision == "fp32"
+
+
+def test_inspect_at_bf16_shows_which_backends_refuse_bfloat16_and_why(capsys):
+    from collage_core import cli
+
+    assert cli.main(["inspect", str(MODELS / "tiny_bert.onnx"), "--precision", "bf16", "--backends", "onnxruntime",
+                     "--no-relax"]) == 0
+    text = capsys.readouterr().out
+    assert "onnxruntime.matmul x8" in text and "bfloat16" in text
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", str(MODELS / "tiny_bert.onnx"), "--precision", "int4"])

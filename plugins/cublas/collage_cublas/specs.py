@@ -7,7 +7,8 @@ lies in memory. Each operand is read in place through strides: a ``permute_dims`
 (attention's Kᵀ, the head split of Q, K and V) becomes a transpose flag, a leading dimension and
 batch strides. Batch dimensions that cannot be merged into one strided batch are looped over
 (at most one such outer loop). The epilogue (scale as alpha, bias, residual as C with beta 1,
-ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form).
+ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
+operands are float32, or bfloat16 or float16 accumulating into a float32 result.
 
 One recognizer serves the pattern checks and the lowering; ``runtime/collage_cublas.cc``
 reads the words; keep the two in step.
@@ -24,10 +25,13 @@ from tvm import relax
 
 from collage_core.fused_groups import (
     FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, plain_strides, read_epilogue, shape_of,
-    strided_operand,
+    strided_operand, uniform_operand_dtype,
 )
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
+# The last word: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
+# `collage optimize --precision bf16|fp16` writes them); bias, residual and output are float32.
+OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
 ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
 FUSED = ("scale", "bias", "residual", "relu", "gelu_tanh")
@@ -142,12 +146,13 @@ def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple
 
 def recognize(group: Group) -> KernelSpec:
     """The cuBLASLt problem computing ``group``, or :class:`Refused` saying why there is none."""
-    matmul = group.single_anchor(("relax.matmul",))
+    matmul = group.single_anchor(("relax.matmul",), tuple(OPERAND_TYPES))
     expect_plain_out_dtype(matmul)
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
     if set(group.calls[: group.calls.index(matmul)]) != consumed:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
-    lhs, rhs = strided_operand(group, matmul.args[0]), strided_operand(group, matmul.args[1])
+    lhs, rhs = (strided_operand(group, arg, tuple(OPERAND_TYPES)) for arg in matmul.args)
+    operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), tuple(OPERAND_TYPES))]
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
@@ -159,6 +164,6 @@ def recognize(group: Group) -> KernelSpec:
         operands.append(epilogue.residual)
     words = (
         SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), ACTIVATION_CODES[epilogue.activation],
-        int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale),
+        int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale), operand_type,
     )
     return KernelSpec(words, tuple(operands))

@@ -24,6 +24,7 @@ from collage_cublas import lowering, patterns, specs
 from cublas_cases import case, reference
 
 pytestmark = pytest.mark.gpu
+R = relax.op
 RTOL, ATOL = 1e-4, 1e-4
 F = "float32"
 PATTERN_NAMES = sorted(p.name.split(".", 1)[1] for p in patterns.patterns())
@@ -54,3 +55,51 @@ def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name):
     operands = operand_arrays(spec.operands, mod["main"].params, inputs)  # the cut-out function orders its own
     expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+# 16-bit operands accumulating in float32, as `collage optimize --precision bf16|fp16` writes them. Products of
+# two 16-bit values are exact in float32, so only the summation order differs from PyTorch's float64 product of
+# the same rounded values.
+SIXTEEN_BIT_RTOL, SIXTEEN_BIT_ATOL = 1e-3, 1e-3
+
+
+def _sixteen_bit_case(pattern_name: str, dtype: str, rng):
+    if pattern_name == "dense":
+        weight = rng.uniform(-1, 1, size=(24, 40)).astype(F)
+        make = lambda bb, x: R.matmul(x, relax.const(_as(weight, dtype)), out_dtype=F)  # noqa: E731
+        return make, [(2, 8, 24)], lambda x: x @ torch.from_numpy(weight).to(_torch(dtype)).double()
+    make = lambda bb, q, k: R.matmul(bb.emit(R.permute_dims(q, [0, 2, 1, 3])),  # noqa: E731
+                                     bb.emit(R.permute_dims(k, [0, 2, 3, 1])), out_dtype=F)
+    return make, [(2, 16, 4, 8), (2, 16, 4, 8)], lambda q, k: q.permute(0, 2, 1, 3) @ k.permute(0, 2, 3, 1)
+
+
+def _as(array, dtype):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return array.astype(ml_dtypes.bfloat16)
+    return array.astype(np.float16)
+
+
+def _torch(dtype):
+    return torch.bfloat16 if dtype == "bfloat16" else torch.float16
+
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("pattern_name", ["dense", "batch_matmul_tt"])
+def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, cuda, pattern_name, dtype):
+    target, device = cuda
+    rng = np.random.default_rng(2)
+    make, shapes, expected_of = _sixteen_bit_case(pattern_name, dtype, rng)
+    mod = function_module(make, *shapes, dtype=dtype)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cublas.{pattern_name}")
+    placed = partition_module(graph, [candidate])
+    assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    inputs = [_as(rng.uniform(-1, 1, size=shape).astype(F), dtype) for shape in shapes]
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
+    assert got.dtype == np.float32
+    rounded = [torch.from_numpy(x.astype(np.float32)).double() for x in inputs]
+    expected = expected_of(*rounded).numpy()
+    np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL)

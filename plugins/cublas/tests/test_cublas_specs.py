@@ -114,3 +114,45 @@ def test_every_matmul_of_a_shipped_transformer_has_a_candidate_and_each_computes
         largest.setdefault(candidate.key, candidate)
     for candidate in largest.values():
         check_candidate(graph, candidate.nodes)
+
+
+# 16-bit operands, as `collage optimize --precision bf16|fp16` writes them ---------------------------------
+
+
+def _mixed(dtype):
+    """Batched Q.K^T through permute_dims of ``dtype`` tensors, accumulating into float32."""
+    return lambda bb, q, k: R.matmul(bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1])),
+                                     out_dtype=F)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sixteen_bit_operands_accumulating_in_float32_name_their_type_in_the_last_word(dtype):
+    mod = function_module(_mixed(dtype), (2, 16, 4, 8), (2, 16, 4, 8), dtype=dtype)
+    graph, candidate = whole(mod, "batch_matmul_tt")
+    assert candidate is not None
+    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
+    words = spec.words
+    assert words[-1] == specs.OPERAND_TYPES[dtype]
+    float32_graph, float32_candidate = whole(function_module(_mixed(F), (2, 16, 4, 8), (2, 16, 4, 8)), "batch_matmul_tt")
+    float32_words = specs.recognize(Group.from_function(float32_graph.standalone_module(float32_candidate.nodes)["main"])).words
+    assert words[:-1] == float32_words[:-1] and float32_words[-1] == specs.OPERAND_TYPES[F]
+
+
+@pytest.mark.parametrize("make, dtypes, reason", [
+    (lambda bb, a, b: R.matmul(a, b), ("bfloat16", "bfloat16"), "only with out_dtype float32"),
+    (lambda bb, a, b: R.matmul(a, bb.emit(R.astype(b, "float16")), out_dtype=F), ("bfloat16", "float32"), "mixed dtypes"),
+])
+def test_sixteen_bit_products_cublaslt_would_compute_differently_are_refused(make, dtypes, reason):
+    params = [relax.Var(f"x{i}", relax.TensorType(shape, d)) for i, (shape, d) in enumerate(zip([(4, 8), (8, 4)], dtypes))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            output = bb.emit_output(make(bb, *params))
+        bb.emit_func_output(output)
+    mod = bb.get()
+    matmul = [b.value for b in mod["main"].body.blocks[0].bindings if tvm_compat.op_name(b.value) == "relax.matmul"]
+    graph = RelaxGraph.from_function(mod["main"])
+    node = [i for i, op in enumerate(graph.graph.ops) if op == "relax.matmul"]
+    assert matmul and node
+    with pytest.raises(Refused, match=reason):
+        specs.recognize(Group.from_function(graph.standalone_module(node)["main"]))

@@ -20,10 +20,13 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.fused_groups import (
     FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, plain_strides, read_epilogue,
-    shape_of, strided_operand,
+    shape_of, strided_operand, uniform_operand_dtype,
 )
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
+# The word after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
+# `collage optimize --precision bf16|fp16` writes them); bias, residual and y are float32.
+OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 CONV2D, MATMUL = 1, 2
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
@@ -57,7 +60,8 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     if group.calls[0] is not conv:
         raise Refused("the group holds operators before the convolution")
     data, weights = conv.args
-    external(group, data)
+    external(group, data, tuple(OPERAND_TYPES))
+    operand_type = OPERAND_TYPES[uniform_operand_dtype(conv, (data, weights), tuple(OPERAND_TYPES))]
     if not tvm_compat.is_constant(weights):
         raise Refused("conv2d weights that are not constants")
     x_dims, w_dims, y_dims = shape_of(data), shape_of(weights), shape_of(conv)
@@ -70,7 +74,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
         SPEC_VERSION, CONV2D, 4, *x_dims, *plain_strides(x_dims), *w_dims, *plain_strides(w_dims), *y_dims,
         top, left, bottom, right, *ints(attributes.strides), *ints(attributes.dilation),
     )
-    return _with_epilogue(words, [data, weights], epilogue)
+    return _with_epilogue(words, [data, weights], epilogue, operand_type)
 
 
 def _mergeable(dims, strides, outer: int, inner: int) -> bool:
@@ -112,26 +116,28 @@ def _matmul(group: Group, matmul) -> KernelSpec:
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
     if set(group.calls[: group.calls.index(matmul)]) != consumed:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
-    lhs, rhs = strided_operand(group, matmul.args[0]), strided_operand(group, matmul.args[1])
+    lhs, rhs = (strided_operand(group, arg, tuple(OPERAND_TYPES)) for arg in matmul.args)
+    operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), tuple(OPERAND_TYPES))]
     out_shape = shape_of(matmul)
     x_dims, x_strides, w_dims, w_strides, y_dims = _as_rank3(lhs, rhs, out_shape)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED)
     words = (SPEC_VERSION, MATMUL, 3, *x_dims, *x_strides, *w_dims, *w_strides, *y_dims)
-    return _with_epilogue(words, [lhs.source, rhs.source], epilogue)
+    return _with_epilogue(words, [lhs.source, rhs.source], epilogue, operand_type)
 
 
-def _with_epilogue(words: tuple, operands: list, epilogue) -> KernelSpec:
+def _with_epilogue(words: tuple, operands: list, epilogue, operand_type: int) -> KernelSpec:
     if epilogue.bias is not None:
         operands.append(relax.const(epilogue.bias, FLOAT32))
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
-    tail = (int(epilogue.bias is not None), int(epilogue.residual is not None), ACTIVATION_CODES[epilogue.activation])
+    tail = (int(epilogue.bias is not None), int(epilogue.residual is not None), ACTIVATION_CODES[epilogue.activation],
+            operand_type)
     return KernelSpec((*words, *tail), tuple(operands))
 
 
 def recognize(group: Group) -> KernelSpec:
     """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none."""
-    anchor = group.single_anchor(ANCHORS)
+    anchor = group.single_anchor(ANCHORS, tuple(OPERAND_TYPES))
     if tvm_compat.op_name(anchor) == "relax.nn.conv2d":
         return _conv2d(group, anchor)
     return _matmul(group, anchor)

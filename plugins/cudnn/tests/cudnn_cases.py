@@ -55,8 +55,8 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         y = torch.matmul(x, weights)
         channel_shape = [1] * (rank - 1) + [y_dims[-1]]
     assert list(y.shape) == list(y_dims)
-    has_bias, has_residual, activation = w.take(), w.take(), w.take()
-    assert w.at == len(w.words)
+    has_bias, has_residual, activation, operand_type = w.take(), w.take(), w.take(), w.take()
+    assert w.at == len(w.words) and operand_type in specs.OPERAND_TYPES.values()
     at = 2
     if has_bias:
         y = y + tensor(operands[at]).reshape(channel_shape)

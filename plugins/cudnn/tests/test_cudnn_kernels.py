@@ -54,3 +54,57 @@ def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name, activa
     operands = operand_arrays(spec.operands, mod["main"].params, inputs)  # the cut-out function orders its own
     expected = reference(spec.words, operands, device="cuda", dtype=torch.float32).reshape(got.shape)
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+# 16-bit operands accumulating in float32, as `collage optimize --precision bf16|fp16` writes them: cuDNN may use
+# tensor cores here. Products of two 16-bit values are exact in float32, so only the summation order differs
+# from PyTorch's float64 computation on the same rounded values.
+SIXTEEN_BIT_RTOL, SIXTEEN_BIT_ATOL = 1e-3, 1e-3
+R = relax.op
+
+
+def _as(array, dtype):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return array.astype(ml_dtypes.bfloat16)
+    return array.astype(np.float16)
+
+
+def _rounded(array, dtype):
+    return torch.from_numpy(_as(array, dtype).astype(np.float32)).double()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("pattern_name", ["conv2d", "batch_matmul"])
+def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, cuda, pattern_name, dtype):
+    target, device = cuda
+    rng = np.random.default_rng(3)
+    if pattern_name == "conv2d":
+        weight = rng.uniform(-1, 1, size=(16, 8, 3, 3)).astype(F)
+        shapes = [(2, 8, 10, 10)]
+
+        def make(bb, x):
+            return R.nn.conv2d(x, relax.const(_as(weight, dtype)), strides=(2, 2), padding=(1, 1), out_dtype=F)
+
+        def expected_of(x):
+            return torch.nn.functional.conv2d(x, _rounded(weight, dtype), stride=2, padding=1)
+    else:
+        shapes = [(4, 16, 32), (4, 32, 24)]
+
+        def make(bb, a, b):
+            return R.matmul(a, b, out_dtype=F)
+
+        def expected_of(a, b):
+            return a @ b
+    mod = function_module(make, *shapes, dtype=dtype)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cudnn.{pattern_name}")
+    assert candidate is not None, f"cudnn.{pattern_name} does not take {dtype} operands"
+    placed = partition_module(graph, [candidate])
+    assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    inputs = [rng.uniform(-1, 1, size=shape).astype(F) for shape in shapes]
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(_as(x, dtype), device) for x in inputs]))
+    assert got.dtype == np.float32
+    expected = expected_of(*[_rounded(x, dtype) for x in inputs]).numpy()
+    np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL)

@@ -17,8 +17,8 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.fused_groups import (
-    Group, Refused, expect_dtype, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
-    shape_of, strided_operand,
+    Group, Refused, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
+    shape_of, strided_operand, uniform_operand_dtype,
 )
 from collage_core.precision import FAST_BF16_FLAGS, cpu_flags
 
@@ -61,17 +61,9 @@ def operand_dtypes() -> tuple[str, ...]:
     return (FLOAT32, BFLOAT16) if any(flag in cpu_flags() for flag in FAST_BF16_FLAGS) else (FLOAT32,)
 
 
-def _operand_type(group: Group, anchor, operands) -> int:
-    """The spec word for the anchor's operand type: all float32, or (where allowed) all bfloat16 accumulating
-    into a float32 result, as TVM's mixed-precision pass writes them."""
-    allowed = operand_dtypes()
-    dtypes = {expect_dtype(operand, allowed) for operand in operands}
-    if len(dtypes) != 1:
-        raise Refused(f"operands of mixed dtypes {sorted(dtypes)}")
-    dtype = dtypes.pop()
-    if dtype != FLOAT32 and str(anchor.attrs.out_dtype) != FLOAT32:
-        raise Refused(f"{dtype} operands with a {dtype} result (only with out_dtype float32)")
-    return OPERAND_TYPES[dtype]
+def _operand_type(anchor, operands) -> int:
+    """The spec word for the anchor's operand type (see :func:`collage_core.fused_groups.uniform_operand_dtype`)."""
+    return OPERAND_TYPES[uniform_operand_dtype(anchor, operands, operand_dtypes())]
 
 
 def recognize(group: Group) -> KernelSpec:
@@ -101,7 +93,7 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     if group.calls[0] is not conv:
         raise Refused("the group holds operators before the convolution")
     data, weights = conv.args
-    operand_type = _operand_type(group, conv, (data, weights))
+    operand_type = _operand_type(conv, (data, weights))
     external(group, data, operand_dtypes())
     if not tvm_compat.is_constant(weights):
         raise Refused("conv2d weights that are not constants")
@@ -146,7 +138,7 @@ def _matmul(group: Group, matmul) -> KernelSpec:
         raise Refused(f"matmul of rank {rank}")
     lhs, lhs_dims, lhs_strides = _matmul_operand(group, matmul.args[0], rank)
     rhs, rhs_dims, rhs_strides = _matmul_operand(group, matmul.args[1], rank)
-    operand_type = _operand_type(group, matmul, (lhs, rhs))
+    operand_type = _operand_type(matmul, (lhs, rhs))
     for axis in range(rank - 2):
         if lhs_dims[axis] != rhs_dims[axis] and 1 not in (lhs_dims[axis], rhs_dims[axis]):
             raise Refused("matmul batch dimensions that do not broadcast")

@@ -33,11 +33,13 @@
 namespace collage_cublas {
 namespace {
 
-constexpr int64_t kSpecVersion = 1;
+constexpr int64_t kSpecVersion = 2;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 8;
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
+// What the two matrix operands are; bias, residual and output are float32 and the product accumulates in float32 either way.
+enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cublas: " << message; }
 
@@ -60,9 +62,19 @@ struct Spec {
   int64_t ld_d, batch, outer, d_batch_stride, d_outer_stride;
   int64_t epilogue, has_bias, has_residual;
   double alpha;
+  int64_t operand_type;
   int64_t has_algo;
   cublasLtMatmulAlgo_t algo;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
+  cudaDataType_t OperandDataType() const {
+    switch (operand_type) {
+      case kF32Operands: return CUDA_R_32F;
+      case kBf16Operands: return CUDA_R_16BF;
+      case kF16Operands: return CUDA_R_16F;
+    }
+    Fail("unknown operand type in the spec");
+  }
+  int64_t OperandBytes() const { return operand_type == kF32Operands ? 4 : 2; }
 };
 
 class Reader {
@@ -131,6 +143,8 @@ Spec ParseSpec(const std::string& hex) {
   spec.has_bias = reader.Next();
   spec.has_residual = reader.Next();
   spec.alpha = reader.NextFloat();
+  spec.operand_type = reader.Next();
+  spec.OperandDataType();  // refuses an unknown type here, before anything is created
   spec.has_algo = reader.Next();
   std::memset(&spec.algo, 0, sizeof(spec.algo));
   if (spec.has_algo) {
@@ -166,9 +180,9 @@ void* Workspace(int device) {
   return workspace;
 }
 
-cublasLtMatrixLayout_t Layout(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+cublasLtMatrixLayout_t Layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
   cublasLtMatrixLayout_t layout;
-  Check(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+  Check(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld), "cublasLtMatrixLayoutCreate");
   int32_t count = static_cast<int32_t>(batch);
   Check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "batch count");
   Check(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
@@ -202,10 +216,13 @@ class Kernel {
       int64_t no_stride = 0;  // one bias vector for every batch
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &no_stride, sizeof(no_stride)),
             "bias batch stride");
+      cudaDataType_t bias_type = CUDA_R_32F;  // whatever the operands are
+      Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+            "bias type");
     }
-    a_ = Layout(spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
-    b_ = Layout(spec.b.rows, spec.b.cols, spec.b.ld, spec.batch, spec.b.batch_stride);
-    d_ = Layout(spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
+    a_ = Layout(spec.OperandDataType(), spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
+    b_ = Layout(spec.OperandDataType(), spec.b.rows, spec.b.cols, spec.b.ld, spec.batch, spec.b.batch_stride);
+    d_ = Layout(CUDA_R_32F, spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
     if (spec.has_algo && AlgoFits(spec.algo)) {
       algo_ = spec.algo;
     } else {
@@ -251,9 +268,10 @@ class Kernel {
     if (bias) {
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer");
     }
+    const int64_t operand_bytes = spec_.OperandBytes();
     for (int64_t outer = 0; outer < spec_.outer; ++outer) {
-      Check(cublasLtMatmul(handle_, desc_, &alpha, a + 4 * outer * spec_.a.outer_stride, a_,
-                           b + 4 * outer * spec_.b.outer_stride, b_, &beta, c + 4 * outer * spec_.d_outer_stride, d_,
+      Check(cublasLtMatmul(handle_, desc_, &alpha, a + operand_bytes * outer * spec_.a.outer_stride, a_,
+                           b + operand_bytes * outer * spec_.b.outer_stride, b_, &beta, c + 4 * outer * spec_.d_outer_stride, d_,
                            d + 4 * outer * spec_.d_outer_stride, d_, &algo, Workspace(device_), kWorkspaceBytes, stream),
             "cublasLtMatmul");
     }
@@ -355,11 +373,16 @@ KernelCache& Kernels() {
   return *cache;
 }
 
-const void* DataOf(const DLTensor* tensor, int device) {
+// `tensor`'s data, which must be on `device` and of the type the spec names (float32 when `operand_type` is kF32Operands).
+const void* DataOf(const DLTensor* tensor, int device, int64_t operand_type = kF32Operands) {
   if (tensor->device.device_type != kDLCUDA || tensor->device.device_id != device) {
     Fail("every operand must be on the same CUDA device as the output");
   }
-  if (tensor->dtype.code != kDLFloat || tensor->dtype.bits != 32) Fail("operands must be float32");
+  bool fits = tensor->dtype.lanes == 1 &&
+              (operand_type == kF32Operands   ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
+               : operand_type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
+                                               : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
+  if (!fits) Fail("a tensor's dtype is not the one the spec names (matrix operands float32, bfloat16 or float16; the rest float32)");
   return static_cast<const char*>(tensor->data) + tensor->byte_offset;
 }
 
@@ -380,7 +403,7 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   const void* bias = spec.has_bias ? DataOf(tensors[at++], device) : nullptr;
   const void* residual = spec.has_residual ? DataOf(tensors[at++], device) : nullptr;
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
-  kernel->Run(DataOf(tensors[0], device), DataOf(tensors[1], device), bias, residual, const_cast<void*>(DataOf(out, device)),
+  kernel->Run(DataOf(tensors[0], device, spec.operand_type), DataOf(tensors[1], device, spec.operand_type), bias, residual, const_cast<void*>(DataOf(out, device)),
               stream);
 }
 

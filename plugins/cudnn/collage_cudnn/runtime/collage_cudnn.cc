@@ -37,12 +37,14 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-constexpr int64_t kSpecVersion = 1;
+constexpr int64_t kSpecVersion = 2;
 constexpr int64_t kTunedPlans = 6;  // plans built and timed per graph at build time
 constexpr size_t kMessageChars = 240;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2 };
 enum Activation : int64_t { kNone = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4 };
 enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
+// What x and w are; bias, residual and y are float32 and the operation computes in float32 either way.
+enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cudnn: " << message; }
 
@@ -76,10 +78,18 @@ struct Spec {
   int64_t kind = 0;
   Tensor x, w, y, bias;
   std::vector<int64_t> pre_padding, post_padding, stride, dilation;
-  int64_t has_bias = 0, has_residual = 0, activation = kNone;
+  int64_t has_bias = 0, has_residual = 0, activation = kNone, operand_type = kF32Operands;
   int64_t has_choice = 0, engine = 0;
   std::unordered_map<fe::KnobType_t, int64_t> knobs;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
+  fe::DataType_t OperandDataType() const {
+    switch (operand_type) {
+      case kF32Operands: return fe::DataType_t::FLOAT;
+      case kBf16Operands: return fe::DataType_t::BFLOAT16;
+      case kF16Operands: return fe::DataType_t::HALF;
+    }
+    Fail("unknown operand type " + std::to_string(operand_type));
+  }
 };
 
 class Reader {
@@ -124,7 +134,7 @@ std::string SpecText(const tvm::ffi::AnyView& spec) {
 }
 
 // Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, [conv: pre, post,
-// stride, dilation (2 each)], has_bias, has_residual, activation, has_choice, [engine, knob count, knob type/value...]
+// stride, dilation (2 each)], has_bias, has_residual, activation, operand type, has_choice, [engine, knob count, knob type/value...]
 Spec ParseSpec(const std::string& hex) {
   const std::string key = Decode(hex);
   const int64_t* words = reinterpret_cast<const int64_t*>(key.data());
@@ -147,6 +157,8 @@ Spec ParseSpec(const std::string& hex) {
   spec.has_bias = reader.Next();
   spec.has_residual = reader.Next();
   spec.activation = reader.Next();
+  spec.operand_type = reader.Next();
+  spec.OperandDataType();  // refuses an unknown type here, before anything is created
   std::vector<int64_t> bias_dims(rank, 1);
   int64_t channel_axis = spec.kind == kConv2d ? 1 : rank - 1;
   bias_dims[channel_axis] = spec.y.dims[channel_axis];
@@ -190,9 +202,10 @@ void* Workspace(int device, int64_t bytes) {
   return pointer;
 }
 
-std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& graph, const char* name, Uid uid, const Tensor& tensor) {
-  return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(tensor.dims).set_stride(tensor.strides).set_data_type(
-      fe::DataType_t::FLOAT));
+std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& graph, const char* name, Uid uid, const Tensor& tensor,
+                                                    fe::DataType_t type = fe::DataType_t::FLOAT) {
+  return graph.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(tensor.dims).set_stride(tensor.strides).set_data_type(type));
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> Pointwise(fe::graph::Graph& graph, std::shared_ptr<fe::graph::Tensor_attributes> in,
@@ -207,8 +220,8 @@ std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
   graph->set_io_data_type(fe::DataType_t::FLOAT)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto x = Input(*graph, "x", kX, spec.x);
-  auto w = Input(*graph, "w", kW, spec.w);
+  auto x = Input(*graph, "x", kX, spec.x, spec.OperandDataType());
+  auto w = Input(*graph, "w", kW, spec.w, spec.OperandDataType());
   std::shared_ptr<fe::graph::Tensor_attributes> y;
   if (spec.kind == kConv2d) {
     auto attributes = fe::graph::Conv_fprop_attributes()
@@ -254,19 +267,21 @@ std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
   return graph;
 }
 
-// The engines cuDNN's heuristics offer, less those that would round float32 inputs to TF32 (the
-// Relax program computes in float32). Deselection filters the engine configs already listed.
-void CreateFloat32Plans(fe::graph::Graph& graph) {
+// The engines cuDNN's heuristics offer; for float32 operands, less those that would round them to TF32
+// (the Relax program computes in float32). Deselection filters the engine configs already listed.
+void CreatePlans(fe::graph::Graph& graph, const Spec& spec) {
   Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
-  graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  if (spec.operand_type == kF32Operands) {
+    graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  }
 }
 
 // The first kTunedPlans plans cuDNN's heuristics offer for the graph (best first), built: each
 // build may compile a kernel at run time (seconds), so the tail of the list is not worth it.
-void BuildPlansToTune(fe::graph::Graph& graph, cudnnHandle_t handle) {
+void BuildPlansToTune(fe::graph::Graph& graph, const Spec& spec, cudnnHandle_t handle) {
   Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
-  CreateFloat32Plans(graph);
-  Check(graph.check_support(handle), "cuDNN has no engine for this graph in float32 without tensor cores");
+  CreatePlans(graph, spec);
+  Check(graph.check_support(handle), "cuDNN has no engine for this graph (float32 operands: without tensor cores)");
   int64_t built = 0;
   std::string last_failure;
   for (int64_t index = 0; index < graph.get_execution_plan_count() && built < kTunedPlans; ++index) {
@@ -290,8 +305,8 @@ void BuildChosenPlan(fe::graph::Graph& graph, const Spec& spec, cudnnHandle_t ha
   auto fresh = MakeGraph(spec);
   graph = std::move(*fresh);
   Check(graph.build_operation_graph(handle), "cuDNN could not build the operation graph");
-  CreateFloat32Plans(graph);
-  Check(graph.check_support(handle), "cuDNN has no engine for this graph in float32 without tensor cores");
+  CreatePlans(graph, spec);
+  Check(graph.check_support(handle), "cuDNN has no engine for this graph (float32 operands: without tensor cores)");
   Check(graph.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "cuDNN could not build an execution plan");
 }
 
@@ -346,11 +361,16 @@ KernelCache& Kernels() {
   return *cache;
 }
 
-void* DataOf(const DLTensor* tensor, int device) {
+// `tensor`'s data, which must be on `device` and of the type the spec names (float32 when `operand_type` is kF32Operands).
+void* DataOf(const DLTensor* tensor, int device, int64_t operand_type = kF32Operands) {
   if (tensor->device.device_type != kDLCUDA || tensor->device.device_id != device) {
     Fail("every operand must be on the same CUDA device as the output");
   }
-  if (tensor->dtype.code != kDLFloat || tensor->dtype.bits != 32) Fail("operands must be float32");
+  bool fits = tensor->dtype.lanes == 1 &&
+              (operand_type == kF32Operands   ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
+               : operand_type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
+                                               : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
+  if (!fits) Fail("a tensor's dtype is not the one the spec names (x and w float32, bfloat16 or float16; the rest float32)");
   return static_cast<char*>(tensor->data) + tensor->byte_offset;
 }
 
@@ -367,7 +387,9 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   if (static_cast<int64_t>(tensors.size()) != spec.Arity()) {
     Fail("the kernel takes " + std::to_string(spec.Arity()) + " tensors but was passed " + std::to_string(tensors.size()));
   }
-  std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[0], device)}, {kW, DataOf(tensors[1], device)}, {kY, DataOf(out, device)}};
+  std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[0], device, spec.operand_type)},
+                                              {kW, DataOf(tensors[1], device, spec.operand_type)},
+                                              {kY, DataOf(out, device)}};
   size_t at = 2;
   if (spec.has_bias) pointers[kBias] = DataOf(tensors[at++], device);
   if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device);
@@ -380,7 +402,7 @@ tvm::ffi::Bytes Tune(tvm::ffi::String spec_text) {
   spec.has_choice = 0;
   cudnnHandle_t handle = Handle(0);
   auto graph = MakeGraph(spec);
-  BuildPlansToTune(*graph, handle);
+  BuildPlansToTune(*graph, spec, handle);
   std::vector<std::pair<int64_t, size_t>> buffers{{kX, spec.x.Extent()}, {kW, spec.w.Extent()}, {kY, spec.y.Extent()}};
   if (spec.has_bias) buffers.push_back({kBias, spec.bias.Extent()});
   if (spec.has_residual) buffers.push_back({kResidual, spec.y.Extent()});
@@ -418,7 +440,7 @@ int64_t PlanCount(tvm::ffi::String spec_text) {
   Check(cudaSetDevice(0), "cudaSetDevice");
   Spec spec = ParseSpec(std::string(spec_text.data(), spec_text.size()));
   auto graph = MakeGraph(spec);
-  BuildPlansToTune(*graph, Handle(0));
+  BuildPlansToTune(*graph, spec, Handle(0));
   return graph->get_execution_plan_count();
 }
 
