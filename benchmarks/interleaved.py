@@ -42,6 +42,9 @@ ROUNDS = 9
 # same library timed in two processes side by side differs by up to a tenth. Pooling the runs of
 # several processes averages that out; each one's median is kept too.
 PROCESSES = 2
+# Peers at lower precision (benchmarks/precision.py): PyTorch's CPU autocast, OpenVINO's inference precision hint.
+TORCH_BF16 = "pytorch eager, bf16 autocast"
+OPENVINO_PRECISIONS = {"openvino default session (fp32)": "f32", "openvino default session (bf16)": "bf16"}
 
 
 def _contender_function(kind: str, name: str, batch: int, library: str):
@@ -57,14 +60,14 @@ def _contender_function(kind: str, name: str, batch: int, library: str):
         session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         feeds = {input_name: example.numpy()}
         return lambda: session.run(None, feeds)
-    if kind == "openvino default session (fp32)":
+    if kind in OPENVINO_PRECISIONS:
         import openvino
 
         onnx_path = ROOT / "models" / "hf" / f"{models.file_stem(name, batch)}.onnx"
-        compiled = openvino.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        compiled = openvino.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[kind]})
         request, feeds = compiled.create_infer_request(), {input_name: example.numpy()}
         return lambda: request.infer(feeds)
-    if kind in LIBRARIES:
+    if kind in LIBRARIES or kind.startswith(f"{COLLAGE} "):
         from collage_core import tvm_compat
         from collage_core.deploy import load_vm
 
@@ -76,9 +79,10 @@ def _contender_function(kind: str, name: str, batch: int, library: str):
 
     if kind == "torch.compile (inductor)":
         model = torch.compile(model)
+    autocast = kind == TORCH_BF16
 
     def run():
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             model(example)
 
     return run
@@ -108,12 +112,14 @@ def serve(kind: str, name: str, batch: int, library: str) -> None:
 
 
 def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: Optional[Path] = None,
-            processes: int = PROCESSES) -> dict:
+            processes: int = PROCESSES, contenders: Optional[list] = None) -> dict:
     """Every contender's median and IQR over its runs in ``rounds`` interleaved turns (JSON-ready),
-    each contender served by ``processes`` processes that take their turns like separate contenders."""
-    contenders = [(peer, library) for peer in PEERS] + [(COLLAGE, library)] * library.exists()
-    if single is not None and single.exists():
-        contenders.append((SINGLE, single))
+    each contender served by ``processes`` processes that take their turns like separate contenders.
+    ``contenders`` ((kind, library) pairs) replaces the peers, Collage's library and ``single``."""
+    if contenders is None:
+        contenders = [(peer, library) for peer in PEERS] + [(COLLAGE, library)] * library.exists()
+        if single is not None and single.exists():
+            contenders.append((SINGLE, single))
     servers, results = {}, {}
     for kind, path in contenders:  # set up one at a time: a compiling contender would slow another's warm-up
         for copy in range(processes):
