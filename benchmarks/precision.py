@@ -64,6 +64,7 @@ with torch.inference_mode():
     reference = first(model(example))
 results = {}
 for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    torch._dynamo.reset()  # else a compiled graph of the precision before is reused: dynamo does not guard on autocast's dtype
     run_model = torch.compile(model, mode="reduce-overhead") if mode.startswith("torch.compile") else model
     def function():
         with torch.inference_mode(), torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -218,11 +219,11 @@ def gpu_report(records: list[dict]) -> str:
             numerics = results.get("numerics") or {}
             cells = [precision, f"{collage_s * 1e3:.3f}" if collage_s else "-", mix,
                      *[f"{p['median_s'] * 1e3:.3f}" if "median_s" in p else p.get("error", "-") for p in peers],
-                     f"{collage_s / best:.2f}" if collage_s and best else "-",
+                     f"{collage_s / best:.2f}" if collage_s and best and all("median_s" in p for p in peers) else "-",
                      f"{numerics['max_rel_error']:.2e}" if "max_rel_error" in numerics else "-",
                      *[f"{p['error']:.2e}" if "error" in p and "median_s" in p else "-" for p in peers]]
             lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", *[f"- {note}" for note in record.get("notes", [])], ""]
     return "\n".join(lines)
 
 

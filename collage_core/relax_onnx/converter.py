@@ -36,6 +36,8 @@ def output_name(index: int) -> str:
 
 
 def onnx_dtype(dtype: str) -> int:
+    if dtype == "bfloat16":  # ml_dtypes' bfloat16, which ONNX's own mapping does not know
+        return onnx.TensorProto.BFLOAT16
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
@@ -61,14 +63,19 @@ class _Graph:
         return outputs
 
     def constant(self, array: np.ndarray) -> str:
+        array = np.asarray(array)
+        if array.dtype.name == "bfloat16":  # stored as float32 (exact) and cast: ONNX's helpers take no ml_dtypes
+            return self.node("Cast", [self.constant(array.astype(np.float32))], to=onnx.TensorProto.BFLOAT16)
         name = self.fresh("const")
-        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
     def int64s(self, values) -> str:
         return self.constant(np.asarray(list(values), dtype="int64"))
 
     def scalar(self, value, dtype: str) -> str:
+        if dtype == "bfloat16":
+            return self.node("Cast", [self.constant(np.asarray(value, dtype=np.float32))], to=onnx.TensorProto.BFLOAT16)
         return self.constant(np.asarray(value, dtype=dtype))
 
     def value(self, expr) -> str:
@@ -142,13 +149,26 @@ def _clip(g: _Graph, call) -> str:
     return g.node("Clip", [g.value(call.args[0]), low, high])
 
 
+def _product_operands(g: _Graph, call) -> list[str]:
+    """A product's operands; 16-bit ones accumulating into float32 are cast to float32 first (exactly: every 16-bit
+    value is a float32 value), so ONNX's same-typed MatMul and Conv compute what Relax does."""
+    operands = [g.value(arg) for arg in call.args]
+    if _out_dtype(call) == "float32" and tvm_compat.tensor_shape_dtype(call.args[0])[1] != "float32":
+        operands = [g.node("Cast", [operand], to=onnx.TensorProto.FLOAT) for operand in operands]
+    return operands
+
+
+def _matmul(g: _Graph, call) -> str:
+    return g.node("MatMul", _product_operands(g, call))
+
+
 def _conv2d(g: _Graph, call) -> str:
     attrs = call.attrs
     weight_shape = tvm_compat.tensor_shape_dtype(call.args[1])[0]
     # Relax padding is (top, left, bottom, right): ONNX's [x1_begin, x2_begin, x1_end, x2_end].
     return g.node(
         "Conv",
-        [g.value(call.args[0]), g.value(call.args[1])],
+        _product_operands(g, call),
         kernel_shape=list(weight_shape[2:]),
         strides=_ints(attrs.strides),
         pads=_ints(attrs.padding),
@@ -272,7 +292,7 @@ CONVERTERS: dict[str, Callable] = {
     "relax.equal": _simple("Equal"),
     "relax.not_equal": _not_equal,
     "relax.where": _simple("Where"),
-    "relax.matmul": _simple("MatMul"),
+    "relax.matmul": _matmul,
     "relax.nn.relu": _simple("Relu"),
     "relax.sigmoid": _simple("Sigmoid"),
     "relax.tanh": _simple("Tanh"),
@@ -326,7 +346,7 @@ def _value_info_of_type(name: str, ty) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
 
 
-def _convert_binding(g: _Graph, binding) -> None:
+def _convert_binding(g: _Graph, binding, sixteen_bit: frozenset = frozenset()) -> None:
     value = binding.value
     if isinstance(value, relax.Var):
         g.names[binding.var] = g.names[value] if value in g.names else g.value(value)
@@ -336,7 +356,7 @@ def _convert_binding(g: _Graph, binding) -> None:
     elif isinstance(value, relax.TupleGetItem):
         g.names[binding.var] = g.names[value.tuple_value][value.index]
     elif tvm_compat.is_op_call(value):
-        refused = support.refusal(value)
+        refused = support.refusal(value, sixteen_bit)
         if refused:
             raise UnsupportedError(refused)
         g.names[binding.var] = CONVERTERS[tvm_compat.op_name(value)](g, value)
@@ -344,8 +364,9 @@ def _convert_binding(g: _Graph, binding) -> None:
         raise UnsupportedError(f"binding of {type(value).__name__}: {value}")
 
 
-def convert(func: relax.Function, name: str = "collage_partition") -> onnx.ModelProto:
-    """``func`` as an ONNX model; raises :class:`UnsupportedError` for anything it cannot reproduce."""
+def convert(func: relax.Function, name: str = "collage_partition", sixteen_bit: frozenset = frozenset()) -> onnx.ModelProto:
+    """``func`` as an ONNX model; raises :class:`UnsupportedError` for anything it cannot reproduce.
+    ``sixteen_bit``: the 16-bit floating types the backend running the model takes (see ``support.refusal``)."""
     g = _Graph()
     inputs = []
     for index, param in enumerate(func.params):
@@ -358,7 +379,7 @@ def convert(func: relax.Function, name: str = "collage_partition") -> onnx.Model
         for binding in block.bindings:
             if not isinstance(binding, relax.VarBinding):
                 raise UnsupportedError(f"{type(binding).__name__} (only plain variable bindings)")
-            _convert_binding(g, binding)
+            _convert_binding(g, binding, sixteen_bit)
 
     result = body.body
     if isinstance(result, relax.Tuple):

@@ -41,17 +41,19 @@ def pattern_name(backend: str, op_name: str) -> str:
     return f"{backend}.{op_name.rsplit('.', 1)[1]}"
 
 
-def refusal(call, backend_refusal: Optional[BackendRefusal] = None) -> Optional[str]:
-    """Why ``call`` is refused: by the converter, else by the backend; None when both take it."""
-    return support.refusal(call) or (backend_refusal(call) if backend_refusal is not None else None)
+def refusal(call, backend_refusal: Optional[BackendRefusal] = None, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
+    """Why ``call`` is refused: by the converter (taking ``sixteen_bit`` types besides float32), else by the
+    backend; None when both take it."""
+    return support.refusal(call, sixteen_bit) or (backend_refusal(call) if backend_refusal is not None else None)
 
 
-def operator_patterns(backend: str, backend_refusal: Optional[BackendRefusal] = None) -> list[Pattern]:
+def operator_patterns(backend: str, backend_refusal: Optional[BackendRefusal] = None,
+                      sixteen_bit: frozenset = frozenset()) -> list[Pattern]:
     """One pattern per convertible operator, named ``<backend>.<operator>``, checked by
-    :func:`refusal` with ``backend_refusal``."""
+    :func:`refusal` with ``backend_refusal`` and ``sixteen_bit``."""
 
     def check(match) -> bool:
-        reason = refusal(match.root, backend_refusal)
+        reason = refusal(match.root, backend_refusal, sixteen_bit)
         if reason is not None:
             raise PatternRefused(reason)
         return True

@@ -20,6 +20,10 @@ NUMERIC = frozenset({"float32", "int64"})
 MOVABLE = frozenset({"float32", "int32", "int64", "bool"})
 INDEX = frozenset({"int32", "int64"})
 BOOL = frozenset({"bool"})
+# 16-bit floating types a backend may opt into (``sixteen_bit``): wherever float32 is taken, and as the operands
+# of a matrix product or convolution accumulating into float32, as TVM's mixed-precision pass writes them.
+SIXTEEN_BIT = frozenset({"bfloat16", "float16"})
+PRODUCTS = ("relax.matmul", "relax.nn.conv2d")
 
 NCHW_CONV_LAYOUTS = {"data_layout": "NCHW", "kernel_layout": "OIHW", "out_layout": "NCHW"}
 NCHW_POOL_LAYOUTS = {"layout": "NCHW", "out_layout": "NCHW"}
@@ -46,9 +50,11 @@ def _layouts(call, wanted: dict) -> Optional[str]:
 
 def _out_dtype(call) -> Optional[str]:
     out_dtype = call.attrs.out_dtype
-    if out_dtype is not None and str(out_dtype) not in ("", "void", _dtype(call.args[0])):
-        return f"out_dtype {out_dtype} differs from the input's"
-    return None
+    if out_dtype is None or str(out_dtype) in ("", "void", _dtype(call.args[0])):
+        return None
+    if str(out_dtype) == "float32" and _dtype(call.args[0]) in SIXTEEN_BIT:
+        return None  # 16-bit operands accumulating into float32: refusal() allows it only where the backend opted in
+    return f"out_dtype {out_dtype} differs from the input's"
 
 
 def _check_conv2d(call) -> Optional[str]:
@@ -294,26 +300,32 @@ def _tensor_operands(call):
                 yield field
 
 
-def refusal(call) -> Optional[str]:
-    """Why ``call`` cannot be converted to ONNX faithfully, or None when it can."""
+def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
+    """Why ``call`` cannot be converted to ONNX faithfully, or None when it can. ``sixteen_bit``: the 16-bit
+    floating types (of SIXTEEN_BIT) the backend takes besides float32 (none: float32 only)."""
     if not tvm_compat.is_op_call(call):
         return "not an operator call"
     name = tvm_compat.op_name(call)
     if name not in RULES:
         return f"{name} has no ONNX conversion"
     dtypes, check = RULES[name]
+    if "float32" in dtypes:
+        dtypes = dtypes | sixteen_bit
     try:
         result_dtypes = {tvm_compat.type_shape_dtype(ty)[1] for ty in _result_types(call)}  # raises on a dynamic shape
         if result_dtypes - dtypes:
             return f"{name} on {', '.join(sorted(result_dtypes - dtypes))}"
         operand_dtypes = {_dtype(operand) for operand in _tensor_operands(call)}
-        if name not in MIXED_DTYPES and operand_dtypes - result_dtypes:
+        accumulating = name in PRODUCTS and result_dtypes == {"float32"} and len(operand_dtypes) == 1
+        if name not in MIXED_DTYPES and operand_dtypes - result_dtypes and not (accumulating and operand_dtypes <= sixteen_bit):
             return f"{name} mixes {', '.join(sorted(operand_dtypes | result_dtypes))}"
+        if name == "relax.astype" and _dtype(call.args[0]) in sixteen_bit:
+            return None
         return check(call) if check is not None else None
     except ValueError as error:  # a dynamic shape
         return f"{name}: {error}"
 
 
-def supports(call) -> bool:
+def supports(call, sixteen_bit: frozenset = frozenset()) -> bool:
     """Whether the converter reproduces ``call`` exactly as Relax defines it."""
-    return refusal(call) is None
+    return refusal(call, sixteen_bit) is None

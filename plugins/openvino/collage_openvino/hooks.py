@@ -1,9 +1,10 @@
-"""OpenVINO's CPU plugin as a Collage backend (graph level, fp32).
+"""OpenVINO's CPU plugin as a Collage backend (graph level; fp32, and bf16 on CPUs with AMX or AVX512-BF16).
 
 Each partition is converted to an ONNX model (``collage_core.relax_onnx``), which OpenVINO reads
 and compiles, and replaced by a call to the packed function ``collage_openvino.run`` that carries
 the model as a constant, so the built executable is self-contained: running it needs only
-``import collage_openvino``.
+``import collage_openvino``. With ``collage optimize --precision bf16`` on a CPU with bf16 units, regions
+holding bfloat16 tensors are taken too and compiled with OpenVINO's bf16 inference precision.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 
 from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
+from collage_core.precision import FAST_BF16_FLAGS, cpu_flags
 from collage_core.records import GRAPH_LEVEL, Availability, Backend
 from collage_core.relax_onnx import converter, lowering, patterns
 from collage_openvino import runtime
@@ -20,7 +22,12 @@ BACKEND = "openvino"
 INSTALL_HINT = "pip install openvino"
 # How partitions are lowered and run. Part of the backend's version, so costs measured with other
 # code are never reused.
-LOWERING_REVISION = 1
+LOWERING_REVISION = 2
+
+
+def sixteen_bit() -> frozenset:
+    """The 16-bit types partitions may hold: bfloat16 where this CPU computes it fast, else none."""
+    return frozenset({"bfloat16"}) if any(flag in cpu_flags() for flag in FAST_BF16_FLAGS) else frozenset()
 
 
 def _import_openvino():
@@ -41,7 +48,7 @@ def collage_register_backends(register):
             kind=GRAPH_LEVEL,
             device_kinds=("cpu",),
             version=f"{version}+lowering-{LOWERING_REVISION}",
-            description="OpenVINO, CPU plugin in fp32 (partitions converted to ONNX opset 17)",
+            description="OpenVINO, CPU plugin in fp32, and bf16 for bf16 partitions (converted to ONNX opset 17)",
             runtime_needs=f"the collage-openvino plugin (pip install -e plugins/openvino) and openvino ({INSTALL_HINT})",
             lowering_uses_device=False,  # converts only; OpenVINO compiles when the partition first runs
         )
@@ -70,12 +77,12 @@ def collage_contribute_patterns(backend, target):
         return None
     if target.kind.name not in ("llvm", "c"):
         return []
-    return patterns.operator_patterns(BACKEND)
+    return patterns.operator_patterns(BACKEND, sixteen_bit=sixteen_bit())
 
 
 def lower_function(func, name: str):
     """``func`` with its body replaced by one ``collage_openvino.run`` call on its ONNX model."""
-    model = converter.convert(func, name)
+    model = converter.convert(func, name, sixteen_bit())
     return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, lowering.pack_blob(model.SerializeToString()))
 
 

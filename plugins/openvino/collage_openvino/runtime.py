@@ -35,15 +35,26 @@ REQUESTS_PER_THREAD = 4
 CPU = tvm.cpu(0).dlpack_device_type()
 
 
-def compile_config(threads: int | None = None) -> dict:
+def compile_config(threads: int | None = None, precision: str = "f32") -> dict:
     """The CPU plugin's settings for a partition: latency, one stream, ``threads`` (default:
-    ``collage_core.threads.backend_threads()``) and fp32 arithmetic."""
+    ``collage_core.threads.backend_threads()``) and ``precision`` arithmetic (f32 unless the partition holds bf16)."""
     return {
         "PERFORMANCE_HINT": "LATENCY",
         "NUM_STREAMS": 1,
         "INFERENCE_NUM_THREADS": threads or backend_threads(),
-        "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_PRECISION_HINT": precision,
     }
+
+
+def inference_precision(model) -> str:
+    """bf16 for a model holding bfloat16 tensors (a partition of a model converted with ``--precision bf16``), else f32:
+    OpenVINO's own bf16 mode then runs its matrix work on the CPU's bf16 units; a float32 partition stays exact."""
+    import openvino
+
+    for op in model.get_ordered_ops():
+        if any(op.get_output_element_type(i) == openvino.Type.bf16 for i in range(op.get_output_size())):
+            return "bf16"
+    return "f32"
 
 
 def cache_dir() -> Path:
@@ -95,7 +106,7 @@ class _Model:
         for index, tensor in enumerate(tensors):
             if not tensor.is_contiguous() or tensor.device.dlpack_device_type() != CPU:
                 raise ValueError(f"{RUN_FUNCTION}: tensor {index} is not a contiguous CPU tensor")
-            shared = openvino.Tensor(np.from_dlpack(tensor), shared_memory=True)
+            shared = _shared(openvino, tensor)
             if index < self.inputs:
                 request.set_input_tensor(index, shared)
             else:
@@ -103,9 +114,17 @@ class _Model:
         return request
 
 
+def _shared(openvino, tensor):
+    """An OpenVINO tensor over ``tensor``'s memory; bfloat16 through a uint16 view (NumPy has no bfloat16 over DLPack)."""
+    if str(tensor.dtype) == "bfloat16":
+        bits = np.from_dlpack(tensor._create_view(tensor.shape, "uint16"))
+        return openvino.Tensor(bits, list(tensor.shape), openvino.Type.bf16)
+    return openvino.Tensor(np.from_dlpack(tensor), shared_memory=True)
+
+
 def _compile(serialized: bytes, options: int) -> _Model:
     model = core().read_model(model=serialized, weights=b"")
-    return _Model(core().compile_model(model, "CPU", compile_config()))
+    return _Model(core().compile_model(model, "CPU", compile_config(precision=inference_precision(model))))
 
 
 MODELS = runtime_caches.CompiledModels(MAX_MODELS, _compile, "collage_openvino")

@@ -1,0 +1,78 @@
+"""bfloat16 partitions (``collage optimize --precision bf16``) on OpenVINO: taken only where the CPU computes bf16
+fast, converted exactly (16-bit products cast to float32 before ONNX's same-typed MatMul), compiled with OpenVINO's
+bf16 inference precision, and read and written in place across bfloat16 region boundaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.backends import contribute_patterns
+from collage_core.build import build
+from collage_core.candidates import enumerate_candidates
+from collage_core.relax_graph import RelaxGraph
+from collage_core.relax_onnx import converter, support
+from collage_core.relax_onnx.placement_cases import module, place, run_vm
+from collage_openvino import hooks, runtime
+
+TARGET = tvm_compat.host_cpu_target()
+R = relax.op
+BF16, F = "bfloat16", "float32"
+FAST_BF16 = hooks.sixteen_bit() == frozenset({BF16})
+RNG = np.random.default_rng(5)
+WEIGHT = RNG.uniform(-0.5, 0.5, size=(32, 48)).astype(F)
+BIAS = RNG.uniform(-1, 1, size=(48,)).astype(F)
+# One bfloat16 rounding of results of order 1 (2^-8), twice over: OpenVINO and TVM may round at different steps.
+RTOL, ATOL = 2e-2, 2e-2
+
+
+def bf16(array):
+    import ml_dtypes
+
+    return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def mixed_dense(bb, x):
+    """As TVM's mixed-precision pass writes a dense layer: bf16 operands, float32 accumulation, bf16 epilogue."""
+    product = bb.emit(R.matmul(x, relax.const(bf16(WEIGHT)), out_dtype=F))
+    shifted = bb.emit(R.add(bb.emit(R.astype(product, BF16)), relax.const(bf16(BIAS))))
+    return R.multiply(shifted, bb.emit(R.erf(shifted)))
+
+
+@pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): OpenVINO refuses bf16 here")
+def test_a_bfloat16_region_with_bfloat16_boundaries_runs_on_openvino_in_bf16_and_matches_tvm(pm, backends):
+    mod = module(mixed_dense, ((4, 32), BF16))
+    graph, placed = place(mod, "openvino", set(range(4)))
+    x = bf16(RNG.uniform(-1, 1, size=(4, 32)))
+    got = run_vm(build(pm, placed, backends, TARGET), x)  # input and output bfloat16: read and written through uint16 views
+    expected = run_vm(build(pm, place(mod, "tvm", set(range(4)))[1], backends, TARGET), x)
+    assert str(got.dtype) == BF16
+    got, expected = got.astype(np.float32), expected.astype(np.float32)
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL * np.abs(expected).max())
+    onnx_model = converter.convert(mod["main"], "m", frozenset({BF16}))
+    model = runtime.core().read_model(model=onnx_model.SerializeToString(), weights=b"")
+    assert runtime.inference_precision(model) == "bf16"
+    assert "Cast" in [node.op_type for node in onnx_model.graph.node]  # the product's operands widened, exactly
+
+
+def test_float32_partitions_stay_exact_in_f32():
+    float32 = module(lambda bb, x: R.matmul(x, relax.const(WEIGHT)), ((4, 32), F))
+    model = runtime.core().read_model(model=converter.convert(float32["main"]).SerializeToString(), weights=b"")
+    assert runtime.inference_precision(model) == "f32"
+
+
+def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16_and_by_backends_that_did_not_opt_in(pm, backends,
+                                                                                                  monkeypatch):
+    graph = RelaxGraph.from_function(module(mixed_dense, ((4, 32), BF16))["main"])
+    product = graph.graph.ops.index("relax.matmul")
+    call = next(b.value for b in module(mixed_dense, ((4, 32), BF16))["main"].body.blocks[0].bindings
+                if tvm_compat.op_name(b.value) == "relax.matmul")
+    assert support.refusal(call) == "relax.matmul mixes bfloat16, float32"
+    assert support.refusal(call, frozenset({BF16})) is None
+    monkeypatch.setattr(hooks, "cpu_flags", lambda: {"avx2", "fma"})
+    refused: list = []
+    candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["openvino"], TARGET), refused)
+    assert not any(product in c.nodes for c in candidates)
+    assert any("bfloat16" in r.reason for r in refused)
