@@ -1,11 +1,11 @@
 """Collage at fp32 and at bf16 (and fp16 on a GPU) beside the peers at the same precisions, in one run.
 
-    python benchmarks/precision.py [--models bert-base,resnet50] [--batches 1] [--backends tvm,dnnl]
+    python benchmarks/precision.py [--models bert-base,resnet50] [--batches 1] [--backends tvm,dnnl,onnxruntime,openvino]
                                    [--raw benchmarks/raw-precision] [--only-report]
     python benchmarks/precision.py --device cuda [--models ...] [--backends tvm,cublas,cudnn]
 
 For each model and batch: ``collage optimize --precision fp32`` and ``--precision bf16`` with the same
-backends and an op-level search (fresh cost database each), then Collage's two libraries, ONNX Runtime's
+backends and Collage's default search (fresh cost database each), then Collage's two libraries, ONNX Runtime's
 default session (fp32), PyTorch eager at fp32 and with CPU bf16 autocast, and OpenVINO with its inference
 precision hint at f32 and at bf16, timed in turns (``benchmarks/interleaved.py``). Every contender's error
 is measured on the same input against PyTorch at fp32: max |out - ref| over max |ref|. Resumable: each
@@ -94,7 +94,8 @@ def collage_name(precision: str) -> str:
 
 def optimize(onnx: Path, precision: str, backends: str, out: Path, extra: tuple = ()) -> dict:
     started = time.perf_counter()
-    command = [sys.executable, "-m", "collage_core", "optimize", str(onnx), "--precision", precision, "--backends", backends, "--search", "op-level",
+    # The search is Collage's default: two-level where a graph-level backend is among ``backends``, else op-level.
+    command = [sys.executable, "-m", "collage_core", "optimize", str(onnx), "--precision", precision, "--backends", backends,
                "--output", str(out), "--cost-db", str(out / "costs.sqlite"), *extra]
     last = "failed"
     with subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) as process:
@@ -197,7 +198,7 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=G
 def gpu_report(records: list[dict]) -> str:
     lines = ["# Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions", "",
              "Command: `python benchmarks/precision.py --device cuda` (raw results in `benchmarks/raw-precision-cuda/`).", "",
-             "- Collage: `collage optimize --target cuda --precision P --backends B --search op-level`, its placement's "
+             "- Collage: `collage optimize --target cuda --precision P --backends B` (op-level search), its placement's "
              "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
              "over max |ref|, against ONNX Runtime at fp32 on its random inputs).",
              "- PyTorch: eager and `torch.compile` \"reduce-overhead\", fp32 with TF32 off, bf16 and fp16 under CUDA "
@@ -245,7 +246,7 @@ def report(records: list[dict]) -> str:
         "",
         f"- CPU: {model_name}, bf16 units: {', '.join(f for f in FAST_BF16_FLAGS if f in cpu_flags()) or 'none'}; "
         f"python {platform.python_version()}",
-        "- Collage: `collage optimize --precision P --backends B --search op-level`, a fresh cost database per run; "
+        "- Collage: `collage optimize --precision P --backends B`, a fresh cost database per run; "
         "its library timed in turns with the peers (`benchmarks/interleaved.py`, median ± interquartile range, ms).",
         "- Error: max |out - ref| / max |ref| on the benchmark's input against PyTorch at fp32 (Collage's own "
         "verification, on its random inputs against ONNX Runtime, is in the details).",
@@ -287,7 +288,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="bert-base,resnet50")
     parser.add_argument("--batches", default="1")
-    parser.add_argument("--backends", default=None, help="Collage's backends (default: tvm,dnnl; with --device cuda tvm,cublas,cudnn)")
+    parser.add_argument("--backends", default=None,
+                        help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)")
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw-precision[-cuda]")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS), help="with --device cuda: Collage's runs to make")
@@ -309,7 +311,7 @@ def main() -> None:
         print(text)
         return
     args.raw = args.raw or HERE / "raw-precision"
-    args.backends = args.backends or "tvm,dnnl"
+    args.backends = args.backends or "tvm,dnnl,onnxruntime,openvino"
     records = []
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
