@@ -143,21 +143,28 @@ def relative_errors(name: str, batch: int, libraries: dict) -> dict:
     return errors
 
 
-def measure(name: str, batch: int, backends: str, raw: Path) -> dict:
+def measure(name: str, batch: int, backends: str, raw: Path, again: tuple = ()) -> dict:
+    """Collage at each precision, then every contender in turns. ``again``: precisions whose Collage run is made
+    anew while the others' libraries (still where the record says) are timed again beside it."""
     path = raw / f"{_stem(name, batch)}.json"
-    if path.exists():
+    if path.exists() and not again:
         return json.loads(path.read_text())
     onnx = _onnx_file(name, batch)
     work = Path(tempfile.mkdtemp(prefix=f"precision-{name}-"))
-    record = {"model": name, "batch": batch, "backends": backends, "collage": {}}
+    record = json.loads(path.read_text()) if again else {"model": name, "batch": batch, "backends": backends, "collage": {}}
     libraries = {}
     for precision in PRECISIONS:
+        kept = record["collage"].get(precision, {})
+        if precision not in again and Path(kept.get("library", "")).is_file():
+            libraries[collage_name(precision)] = Path(kept["library"])
+            continue
         print(f"{name} b{batch}: collage optimize --precision {precision}", flush=True)
         run = optimize(onnx, precision, backends, work / precision)
         record["collage"][precision] = run
         library = work / precision / f"{onnx.stem}.so"
         if "error" not in run and library.exists():
             libraries[collage_name(precision)] = library
+            run["library"] = str(library)
     print(f"{name} b{batch}: timing {len(libraries)} libraries and {len(PEERS)} peers in turns", flush=True)
     contenders = [(peer, onnx) for peer in PEERS] + list(libraries.items())
     record["in_turns"] = interleaved.measure(name, batch, onnx, contenders=contenders)
@@ -294,6 +301,8 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS), help="with --device cuda: Collage's runs to make")
     parser.add_argument("--only-report", action="store_true")
+    parser.add_argument("--again", default="", help="CPU: make these precisions' Collage runs anew and time everything in "
+                                                    "turns again, the other precisions' libraries kept")
     args = parser.parse_args()
     if args.device == "cuda":
         raw = args.raw or HERE / "raw-precision-cuda"
@@ -320,7 +329,7 @@ def main() -> None:
                 if path.exists():
                     records.append(json.loads(path.read_text()))
                 continue
-            records.append(measure(name, batch, args.backends, args.raw))
+            records.append(measure(name, batch, args.backends, args.raw, tuple(args.again.split(",")) if args.again else ()))
     text = report(records)
     (HERE / "PRECISION.md").write_text(text + "\n")
     print(text)

@@ -44,7 +44,8 @@ def onnx_dtype(dtype: str) -> int:
 class _Graph:
     """The ONNX graph under construction: nodes, initializers and the names of converted values."""
 
-    def __init__(self):
+    def __init__(self, widened: frozenset = frozenset()):
+        self.widened = widened  # 16-bit types computed in float32 inside the model (see convert)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.names: dict = {}  # Relax expression -> ONNX value name (a list of names for a tuple)
@@ -62,8 +63,14 @@ class _Graph:
         self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.fresh("node"), **attributes))
         return outputs
 
+    def inner(self, dtype: str) -> str:
+        """The type a tensor of ``dtype`` has inside the ONNX model."""
+        return "float32" if dtype in self.widened else dtype
+
     def constant(self, array: np.ndarray) -> str:
         array = np.asarray(array)
+        if array.dtype.name in self.widened:
+            array = array.astype(np.float32)
         if array.dtype.name == "bfloat16":  # stored as float32 (exact) and cast: ONNX's helpers take no ml_dtypes
             return self.node("Cast", [self.constant(array.astype(np.float32))], to=onnx.TensorProto.BFLOAT16)
         name = self.fresh("const")
@@ -74,6 +81,7 @@ class _Graph:
         return self.constant(np.asarray(list(values), dtype="int64"))
 
     def scalar(self, value, dtype: str) -> str:
+        dtype = self.inner(dtype)
         if dtype == "bfloat16":
             return self.node("Cast", [self.constant(np.asarray(value, dtype=np.float32))], to=onnx.TensorProto.BFLOAT16)
         return self.constant(np.asarray(value, dtype=dtype))
@@ -153,7 +161,7 @@ def _product_operands(g: _Graph, call) -> list[str]:
     """A product's operands; 16-bit ones accumulating into float32 are cast to float32 first (exactly: every 16-bit
     value is a float32 value), so ONNX's same-typed MatMul and Conv compute what Relax does."""
     operands = [g.value(arg) for arg in call.args]
-    if _out_dtype(call) == "float32" and tvm_compat.tensor_shape_dtype(call.args[0])[1] != "float32":
+    if _out_dtype(call) == "float32" and g.inner(tvm_compat.tensor_shape_dtype(call.args[0])[1]) != "float32":
         operands = [g.node("Cast", [operand], to=onnx.TensorProto.FLOAT) for operand in operands]
     return operands
 
@@ -259,7 +267,10 @@ def _take(g: _Graph, call) -> str:
 
 
 def _astype(g: _Graph, call) -> str:
-    return g.node("Cast", [g.value(call.args[0])], to=onnx_dtype(_out_dtype(call)))
+    source, target = g.inner(tvm_compat.tensor_shape_dtype(call.args[0])[1]), g.inner(_out_dtype(call))
+    if source == target:  # a cast between a widened type and float32
+        return g.node("Identity", [g.value(call.args[0])])
+    return g.node("Cast", [g.value(call.args[0])], to=onnx_dtype(target))
 
 
 def _broadcast_to(g: _Graph, call) -> str:
@@ -364,14 +375,21 @@ def _convert_binding(g: _Graph, binding, sixteen_bit: frozenset = frozenset()) -
         raise UnsupportedError(f"binding of {type(value).__name__}: {value}")
 
 
-def convert(func: relax.Function, name: str = "collage_partition", sixteen_bit: frozenset = frozenset()) -> onnx.ModelProto:
+def convert(func: relax.Function, name: str = "collage_partition", sixteen_bit: frozenset = frozenset(),
+            widened: frozenset = frozenset()) -> onnx.ModelProto:
     """``func`` as an ONNX model; raises :class:`UnsupportedError` for anything it cannot reproduce.
-    ``sixteen_bit``: the 16-bit floating types the backend running the model takes (see ``support.refusal``)."""
-    g = _Graph()
+    ``sixteen_bit``: the 16-bit floating types the backend running the model takes (see ``support.refusal``).
+    ``widened`` (of those): types that are float32 inside the model, cast only where the model's inputs and
+    outputs have them; the casts between them and float32 become identities. For a backend that lowers float32
+    arithmetic to its own 16-bit policy (OpenVINO's bf16 inference precision), which then decides what runs
+    in 16 bits instead of TVM's mixed-precision pass."""
+    g = _Graph(widened)
     inputs = []
     for index, param in enumerate(func.params):
         inputs.append(_value_info(input_name(index), param))
         g.names[param] = input_name(index)
+        if tvm_compat.tensor_shape_dtype(param)[1] in widened:
+            g.names[param] = g.node("Cast", [input_name(index)], to=onnx.TensorProto.FLOAT)
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         raise UnsupportedError("function body is not a sequence of binding blocks")
@@ -399,6 +417,11 @@ def convert(func: relax.Function, name: str = "collage_partition", sixteen_bit: 
             sources.append((source, ty))
     outputs = []
     for index, (source, ty) in enumerate(sources):
+        dtype = tvm_compat.type_shape_dtype(ty)[1]
+        if dtype in widened:
+            g.node("Cast", [source], output=output_name(index), to=onnx_dtype(dtype))
+            outputs.append(_value_info_of_type(output_name(index), ty))
+            continue
         g.node("Identity", [source], output=output_name(index))
         outputs.append(_value_info_of_type(output_name(index), ty))
 

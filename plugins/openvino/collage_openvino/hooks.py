@@ -22,7 +22,7 @@ BACKEND = "openvino"
 INSTALL_HINT = "pip install openvino"
 # How partitions are lowered and run. Part of the backend's version, so costs measured with other
 # code are never reused.
-LOWERING_REVISION = 2
+LOWERING_REVISION = 3
 
 
 def sixteen_bit() -> frozenset:
@@ -82,8 +82,28 @@ def collage_contribute_patterns(backend, target):
 
 def lower_function(func, name: str):
     """``func`` with its body replaced by one ``collage_openvino.run`` call on its ONNX model."""
-    model = converter.convert(func, name, sixteen_bit())
-    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, lowering.pack_blob(model.SerializeToString()))
+    taken = sixteen_bit()
+    holds_16_bit = any(dtype in taken for dtype in _dtypes(func))
+    # A bfloat16 partition goes to OpenVINO as float32 arithmetic compiled under its bf16 inference precision:
+    # OpenVINO then chooses what runs in bf16 (as its own bf16 mode does), without TVM's casts around every product.
+    model = converter.convert(func, name, taken, widened=taken if holds_16_bit else frozenset())
+    options = runtime.BF16_INFERENCE if holds_16_bit else 0
+    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION,
+                                         lowering.pack_blob(model.SerializeToString(), options))
+
+
+def _dtypes(func) -> set:
+    """The dtypes of ``func``'s parameters and of every value its bindings compute."""
+    from collage_core import tvm_compat
+
+    found = set()
+    values = list(func.params) + [b.var for block in func.body.blocks for b in block.bindings]
+    for value in values:
+        try:
+            found.add(tvm_compat.tensor_shape_dtype(value)[1])
+        except (ValueError, AttributeError):
+            pass  # tuples and other non-tensor values
+    return found
 
 
 @hookimpl

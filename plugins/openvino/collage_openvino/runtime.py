@@ -46,15 +46,13 @@ def compile_config(threads: int | None = None, precision: str = "f32") -> dict:
     }
 
 
-def inference_precision(model) -> str:
-    """bf16 for a model holding bfloat16 tensors (a partition of a model converted with ``--precision bf16``), else f32:
-    OpenVINO's own bf16 mode then runs its matrix work on the CPU's bf16 units; a float32 partition stays exact."""
-    import openvino
+# The options byte's flag: compile with OpenVINO's bf16 inference precision (a partition of a model converted with
+# --precision bf16); otherwise f32, and a float32 partition stays exact.
+BF16_INFERENCE = 1
 
-    for op in model.get_ordered_ops():
-        if any(op.get_output_element_type(i) == openvino.Type.bf16 for i in range(op.get_output_size())):
-            return "bf16"
-    return "f32"
+
+def inference_precision(options: int) -> str:
+    return "bf16" if options & BF16_INFERENCE else "f32"
 
 
 def cache_dir() -> Path:
@@ -124,7 +122,7 @@ def _shared(openvino, tensor):
 
 def _compile(serialized: bytes, options: int) -> _Model:
     model = core().read_model(model=serialized, weights=b"")
-    return _Model(core().compile_model(model, "CPU", compile_config(precision=inference_precision(model))))
+    return _Model(core().compile_model(model, "CPU", compile_config(precision=inference_precision(options))))
 
 
 MODELS = runtime_caches.CompiledModels(MAX_MODELS, _compile, "collage_openvino")
