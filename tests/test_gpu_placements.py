@@ -20,6 +20,7 @@ from runtime_only import RUNTIME_ONLY_CHECK
 import collage_core
 from collage_core.deploy import load_library, load_vm, runtime_file
 from collage_core.mlf import export_mlf
+from collage_core.precision import tolerance
 from collage_core import tvm_compat
 from collage_core.report import render_report
 from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
@@ -123,3 +124,21 @@ def test_a_model_library_format_tar_runs_with_tvm_runtime_alone(optimized, tmp_p
     inputs = result.model.random_inputs(seed=8)
     alone = run_alone("mlf", tar, inputs, tmp_path, {**runtime_only_env, "CXX": "g++"})
     np.testing.assert_allclose(alone, result.run(*inputs)[0], rtol=1e-5, atol=1e-5, equal_nan=False)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name, vendor", [("tiny_bert", "cublas"), ("tiny_resnet", "cudnn")])
+def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_its_tolerance(workspace, name, vendor,
+                                                                                               precision):
+    result = collage_core.optimize(
+        str(MODELS / f"{name}.onnx"), target="cuda", backends=BACKENDS, cost_db=workspace / "costs.sqlite",
+        output_dir=workspace / f"{name}-{precision}", show_progress=False, compare_backends=False, precision=precision,
+    )
+    assert result.placement.precision == precision and result.verification.passed, result.verification.describe()
+    held_to = tolerance(precision)
+    assert (result.verification.rtol, result.verification.atol) == (held_to.rtol, held_to.atol)
+    considered = [c for c in result.placement.considered if c.backend == vendor]
+    assert any(c.cost.is_measured for c in considered)  # the vendor's 16-bit kernels were built and timed
+    inputs = result.model.random_inputs(seed=7)
+    got, expected = result.run(*inputs)[0], result.model.reference(inputs)[0]
+    assert np.abs(got - expected).max() <= held_to.atol + held_to.rtol * np.abs(expected).max()
