@@ -6,7 +6,9 @@ enumerated, with TVM's mixed-precision pass (``relax.transform.ToMixedPrecision`
 products and convolutions take 16-bit operands and accumulate in float32, the operators that
 follow them run in 16 bits, and those that need the range (softmax, layer norm, reductions) stay
 in float32. Every backend sees that same converted graph; one whose kernels cannot take a 16-bit
-operand refuses the match (its pattern's check says so), and TVM runs the rest. TVM's pass writes
+operand refuses the match (its pattern's check says so), and TVM runs the rest. A backend may compute
+its partitions under its own 16-bit policy instead (OpenVINO: float32 arithmetic under its bf16
+inference precision); verification holds every placement to the same tolerance. TVM's pass writes
 float16; for bf16 the converted graph's float16 casts become bfloat16 casts (same placement of
 casts, bfloat16's range).
 
