@@ -39,6 +39,15 @@ def whole_candidate(mod: tvm.IRModule, patterns: Sequence, pattern_name: str):
     return graph, (found[0] if found else None)
 
 
+def rounded_to(array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` in ``dtype`` (``bfloat16`` is ml_dtypes', which TVM's tensors take): a 16-bit kernel's test input."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    return np.asarray(array).astype(dtype)
+
+
 def run_on_cpu(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """``main``'s first output for ``inputs``, built by TVM for this CPU."""
     vm = relax.VirtualMachine(relax.build(mod, tvm_compat.host_cpu_target()), tvm.cpu(0))

@@ -19,7 +19,7 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, whole_candidate
+from collage_core.testing import function_module, operand_arrays, rounded_to, whole_candidate
 from collage_cublas import lowering, patterns, specs
 from cublas_cases import case, reference
 
@@ -66,19 +66,11 @@ SIXTEEN_BIT_RTOL, SIXTEEN_BIT_ATOL = 1e-3, 1e-3
 def _sixteen_bit_case(pattern_name: str, dtype: str, rng):
     if pattern_name == "dense":
         weight = rng.uniform(-1, 1, size=(24, 40)).astype(F)
-        make = lambda bb, x: R.matmul(x, relax.const(_as(weight, dtype)), out_dtype=F)  # noqa: E731
+        make = lambda bb, x: R.matmul(x, relax.const(rounded_to(weight, dtype)), out_dtype=F)  # noqa: E731
         return make, [(2, 8, 24)], lambda x: x @ torch.from_numpy(weight).to(_torch(dtype)).double()
     make = lambda bb, q, k: R.matmul(bb.emit(R.permute_dims(q, [0, 2, 1, 3])),  # noqa: E731
                                      bb.emit(R.permute_dims(k, [0, 2, 3, 1])), out_dtype=F)
     return make, [(2, 16, 4, 8), (2, 16, 4, 8)], lambda q, k: q.permute(0, 2, 1, 3) @ k.permute(0, 2, 3, 1)
-
-
-def _as(array, dtype):
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return array.astype(ml_dtypes.bfloat16)
-    return array.astype(np.float16)
 
 
 def _torch(dtype):
@@ -97,7 +89,7 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
     placed = partition_module(graph, [candidate])
     assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
     vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
-    inputs = [_as(rng.uniform(-1, 1, size=shape).astype(F), dtype) for shape in shapes]
+    inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype) for shape in shapes]
     got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
     assert got.dtype == np.float32
     rounded = [torch.from_numpy(x.astype(np.float32)).double() for x in inputs]

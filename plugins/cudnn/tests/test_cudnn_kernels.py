@@ -19,7 +19,7 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, whole_candidate
+from collage_core.testing import function_module, operand_arrays, rounded_to, whole_candidate
 from collage_cudnn import lowering, patterns, specs
 from cudnn_cases import case, case_ids, reference
 
@@ -63,16 +63,8 @@ SIXTEEN_BIT_RTOL, SIXTEEN_BIT_ATOL = 1e-3, 1e-3
 R = relax.op
 
 
-def _as(array, dtype):
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return array.astype(ml_dtypes.bfloat16)
-    return array.astype(np.float16)
-
-
 def _rounded(array, dtype):
-    return torch.from_numpy(_as(array, dtype).astype(np.float32)).double()
+    return torch.from_numpy(rounded_to(array, dtype).astype(np.float32)).double()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -85,7 +77,7 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
         shapes = [(2, 8, 10, 10)]
 
         def make(bb, x):
-            return R.nn.conv2d(x, relax.const(_as(weight, dtype)), strides=(2, 2), padding=(1, 1), out_dtype=F)
+            return R.nn.conv2d(x, relax.const(rounded_to(weight, dtype)), strides=(2, 2), padding=(1, 1), out_dtype=F)
 
         def expected_of(x):
             return torch.nn.functional.conv2d(x, _rounded(weight, dtype), stride=2, padding=1)
@@ -104,7 +96,7 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
     assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
     vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
     inputs = [rng.uniform(-1, 1, size=shape).astype(F) for shape in shapes]
-    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(_as(x, dtype), device) for x in inputs]))
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(rounded_to(x, dtype), device) for x in inputs]))
     assert got.dtype == np.float32
     expected = expected_of(*[_rounded(x, dtype) for x in inputs]).numpy()
     np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL)

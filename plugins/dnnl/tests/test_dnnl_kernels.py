@@ -21,6 +21,7 @@ from collage_core.build import build
 from collage_core.candidates import enumerate_candidates
 from collage_core.partition import partition_module
 from collage_core.relax_graph import RelaxGraph
+from collage_core.testing import rounded_to
 from collage_dnnl import patterns, specs
 
 R = relax.op
@@ -263,9 +264,7 @@ BF16_RTOL, BF16_ATOL = 1e-3, 1e-3
 
 
 def bf16(array):
-    import ml_dtypes
-
-    return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    return rounded_to(array, "bfloat16")
 
 
 def mixed(make_f32):

@@ -14,6 +14,7 @@ from collage_core.backends import contribute_patterns
 from collage_core.build import build
 from collage_core.candidates import enumerate_candidates
 from collage_core.relax_graph import RelaxGraph
+from collage_core.testing import rounded_to
 from collage_core.relax_onnx import converter, lowering, support
 from collage_core.relax_onnx.placement_cases import module, place, run_vm
 from collage_openvino import hooks, runtime
@@ -30,9 +31,7 @@ RTOL, ATOL = 2e-2, 2e-2
 
 
 def bf16(array):
-    import ml_dtypes
-
-    return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    return rounded_to(array, "bfloat16")
 
 
 def mixed_dense(bb, x):
