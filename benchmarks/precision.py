@@ -242,9 +242,9 @@ def _ms(result: dict) -> str:
 
 
 def report(records: list[dict]) -> str:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
-    from collage_core.precision import FAST_BF16_FLAGS, cpu_flags
+    from collage_core.precision import FAST_BF16_FLAGS, cpu_flags, cpu_model
+
+    model_name = cpu_model()
 
     lines = [
         "# Collage at fp32 and bf16 beside the peers at both precisions",

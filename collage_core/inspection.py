@@ -17,7 +17,7 @@ from collage_core.backends import contribute_patterns, discover_backends, select
 from collage_core.candidates import Refusal, enumerate_candidates
 from collage_core.model_import import load_model
 from collage_core.plugins import get_plugin_manager
-from collage_core.precision import FP32, PRECISIONS, PrecisionError, at_precision
+from collage_core.precision import FP32, at_precision
 from collage_core.relax_graph import RelaxGraph
 from collage_core.report import format_table
 
@@ -56,8 +56,6 @@ def inspect_model(model, target: Any = None, backends: Optional[Sequence[str]] =
     """Import ``model`` (converted to ``precision``) and match the patterns of ``backends`` (default: every
     available one) against it; nothing is built or run, so a named backend is inspected even where it is
     not available, and a precision even on a machine that would not run it fast."""
-    if precision not in PRECISIONS:
-        raise PrecisionError(f"unknown precision {precision!r} (choose {', '.join(PRECISIONS)})")
     imported = at_precision(load_model(model, example_inputs), precision)
     target = tvm_compat.make_target(target)
     pm = get_plugin_manager()

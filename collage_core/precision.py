@@ -56,10 +56,15 @@ def tolerance(precision: str) -> Tolerance:
     return Tolerance(rtol, atol)
 
 
-def check_precision(precision: str, target) -> None:
-    """Refuse, in one line, a precision the target cannot run fast (or at all); return quietly otherwise."""
+def require_known(precision: str) -> None:
+    """Refuse, in one line, a precision Collage does not know."""
     if precision not in PRECISIONS:
         raise PrecisionError(f"unknown precision {precision!r} (choose {', '.join(PRECISIONS)})")
+
+
+def check_precision(precision: str, target) -> None:
+    """Refuse, in one line, a precision the target cannot run fast (or at all); return quietly otherwise."""
+    require_known(precision)
     if precision == FP32:
         return
     if precision == TF32:
@@ -72,10 +77,15 @@ def check_precision(precision: str, target) -> None:
     if precision == FP16:
         raise PrecisionError("precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
                              "use bf16 on a CPU with AMX or AVX512-BF16, or fp16 with --target cuda")
-    flags = cpu_flags()
-    if not any(flag in flags for flag in FAST_BF16_FLAGS):
+    if not has_fast_bf16():
         raise PrecisionError(f"precision bf16: this CPU ({cpu_model()}) has no fast bf16 (neither "
                              f"{' nor '.join(FAST_BF16_FLAGS)} among its flags), so bf16 would run slower than fp32; use fp32")
+
+
+def has_fast_bf16() -> bool:
+    """Whether this CPU has bf16 matrix units (one of FAST_BF16_FLAGS): where CPU backends take bfloat16."""
+    flags = cpu_flags()
+    return any(flag in flags for flag in FAST_BF16_FLAGS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,6 +126,7 @@ def convert(mod, precision: str):
 
 def at_precision(imported, precision: str):
     """``imported`` (an ImportedModel) converted to ``precision``: its module and fingerprint; the reference unchanged."""
+    require_known(precision)
     if precision == imported.precision:
         return imported
     if imported.precision != FP32:

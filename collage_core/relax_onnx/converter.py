@@ -81,10 +81,7 @@ class _Graph:
         return self.constant(np.asarray(list(values), dtype="int64"))
 
     def scalar(self, value, dtype: str) -> str:
-        dtype = self.inner(dtype)
-        if dtype == "bfloat16":
-            return self.node("Cast", [self.constant(np.asarray(value, dtype=np.float32))], to=onnx.TensorProto.BFLOAT16)
-        return self.constant(np.asarray(value, dtype=dtype))
+        return self.constant(np.asarray(value, dtype=self.inner(dtype)))
 
     def value(self, expr) -> str:
         """The ONNX name of a tensor-valued argument: a converted variable or a constant."""

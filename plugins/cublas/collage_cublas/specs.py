@@ -32,6 +32,7 @@ SPEC_VERSION = 2
 # The last word: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them); bias, residual and output are float32.
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
+OPERAND_DTYPES = tuple(OPERAND_TYPES)
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
 ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
 FUSED = ("scale", "bias", "residual", "relu", "gelu_tanh")
@@ -146,13 +147,13 @@ def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple
 
 def recognize(group: Group) -> KernelSpec:
     """The cuBLASLt problem computing ``group``, or :class:`Refused` saying why there is none."""
-    matmul = group.single_anchor(("relax.matmul",), tuple(OPERAND_TYPES))
+    matmul = group.single_anchor(("relax.matmul",), OPERAND_DTYPES)
     expect_plain_out_dtype(matmul)
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
     if set(group.calls[: group.calls.index(matmul)]) != consumed:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
-    lhs, rhs = (strided_operand(group, arg, tuple(OPERAND_TYPES)) for arg in matmul.args)
-    operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), tuple(OPERAND_TYPES))]
+    lhs, rhs = (strided_operand(group, arg, OPERAND_DTYPES) for arg in matmul.args)
+    operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), OPERAND_DTYPES)]
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):

@@ -27,6 +27,7 @@ SPEC_VERSION = 2
 # The word after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them); bias, residual and y are float32.
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
+OPERAND_DTYPES = tuple(OPERAND_TYPES)
 CONV2D, MATMUL = 1, 2
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
@@ -60,8 +61,8 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     if group.calls[0] is not conv:
         raise Refused("the group holds operators before the convolution")
     data, weights = conv.args
-    external(group, data, tuple(OPERAND_TYPES))
-    operand_type = OPERAND_TYPES[uniform_operand_dtype(conv, (data, weights), tuple(OPERAND_TYPES))]
+    external(group, data, OPERAND_DTYPES)
+    operand_type = OPERAND_TYPES[uniform_operand_dtype(conv, (data, weights), OPERAND_DTYPES)]
     if not tvm_compat.is_constant(weights):
         raise Refused("conv2d weights that are not constants")
     x_dims, w_dims, y_dims = shape_of(data), shape_of(weights), shape_of(conv)
@@ -116,8 +117,8 @@ def _matmul(group: Group, matmul) -> KernelSpec:
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
     if set(group.calls[: group.calls.index(matmul)]) != consumed:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
-    lhs, rhs = (strided_operand(group, arg, tuple(OPERAND_TYPES)) for arg in matmul.args)
-    operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), tuple(OPERAND_TYPES))]
+    lhs, rhs = (strided_operand(group, arg, OPERAND_DTYPES) for arg in matmul.args)
+    operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), OPERAND_DTYPES)]
     out_shape = shape_of(matmul)
     x_dims, x_strides, w_dims, w_strides, y_dims = _as_rank3(lhs, rhs, out_shape)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED)
@@ -137,7 +138,7 @@ def _with_epilogue(words: tuple, operands: list, epilogue, operand_type: int) ->
 
 def recognize(group: Group) -> KernelSpec:
     """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none."""
-    anchor = group.single_anchor(ANCHORS, tuple(OPERAND_TYPES))
+    anchor = group.single_anchor(ANCHORS, OPERAND_DTYPES)
     if tvm_compat.op_name(anchor) == "relax.nn.conv2d":
         return _conv2d(group, anchor)
     return _matmul(group, anchor)

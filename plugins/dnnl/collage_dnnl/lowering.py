@@ -36,19 +36,10 @@ def _with_packed_weights(spec: specs.KernelSpec) -> specs.KernelSpec:
     descriptor_bytes = int(tvm.get_global_func("collage_dnnl.descriptor_words")()) * 8
     descriptor = np.frombuffer(blob[:descriptor_bytes], dtype=np.int64)
     dtype = tvm_compat.tensor_shape_dtype(weights)[1]
-    packed = np.frombuffer(blob[descriptor_bytes:], dtype=_numpy_dtype(dtype)).copy()
+    packed = np.frombuffer(blob[descriptor_bytes:], dtype=dtype).copy()
     operands = list(spec.operands)
     operands[spec.packed_operand] = relax.const(packed, dtype)
     return specs.KernelSpec((*spec.words[:-1], 1, *descriptor.tolist()), tuple(operands))
-
-
-def _numpy_dtype(dtype: str):
-    """NumPy's dtype for a Relax dtype; bfloat16 is ml_dtypes' (which TVM's tensors take)."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(dtype)
 
 
 def _seconds_per_run(spec: specs.KernelSpec, output_shape) -> float:
@@ -59,7 +50,7 @@ def _seconds_per_run(spec: specs.KernelSpec, output_shape) -> float:
         value = tvm_compat.constant_array(operand)
         if value is None:
             shape, dtype = tvm_compat.tensor_shape_dtype(operand)
-            value = rng.uniform(-1, 1, size=shape).astype(_numpy_dtype(dtype))
+            value = rng.uniform(-1, 1, size=shape).astype(dtype)
         tensors.append(tvm_compat.to_tensor(value, cpu))
     tensors.append(tvm_compat.to_tensor(np.zeros(output_shape, np.float32), cpu))
     run = tvm.get_global_func(RUN_FUNCTION)

@@ -20,7 +20,7 @@ from collage_core.fused_groups import (
     Group, Refused, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
     shape_of, strided_operand, uniform_operand_dtype,
 )
-from collage_core.precision import FAST_BF16_FLAGS, cpu_flags
+from collage_core.precision import has_fast_bf16
 
 SPEC_VERSION = 2
 CONV2D, MATMUL, POOL2D, SOFTMAX, LAYER_NORM = 1, 2, 3, 4, 5
@@ -58,7 +58,7 @@ def float_word(value: float) -> int:
 
 def operand_dtypes() -> tuple[str, ...]:
     """What convolutions and matmuls may read: bfloat16 too where this CPU computes it fast (AMX, AVX512-BF16)."""
-    return (FLOAT32, BFLOAT16) if any(flag in cpu_flags() for flag in FAST_BF16_FLAGS) else (FLOAT32,)
+    return (FLOAT32, BFLOAT16) if has_fast_bf16() else (FLOAT32,)
 
 
 def _operand_type(anchor, operands) -> int:

@@ -329,7 +329,9 @@ def test_bfloat16_operands_with_a_bfloat16_result_are_refused(monkeypatch):
 
 
 def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16(monkeypatch):
-    monkeypatch.setattr(specs, "cpu_flags", lambda: {"avx2", "fma"})
+    from collage_core import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})
     assert specs.operand_dtypes() == (specs.FLOAT32,)
     mod = module(mixed(lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F)), (3, 32))
     _, candidates = dnnl_candidates(mod)

@@ -13,7 +13,7 @@ import importlib
 
 from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
-from collage_core.precision import FAST_BF16_FLAGS, cpu_flags
+from collage_core.precision import has_fast_bf16
 from collage_core.records import GRAPH_LEVEL, Availability, Backend
 from collage_core.relax_onnx import converter, lowering, patterns
 from collage_openvino import runtime
@@ -27,7 +27,7 @@ LOWERING_REVISION = 3
 
 def sixteen_bit() -> frozenset:
     """The 16-bit types partitions may hold: bfloat16 where this CPU computes it fast, else none."""
-    return frozenset({"bfloat16"}) if any(flag in cpu_flags() for flag in FAST_BF16_FLAGS) else frozenset()
+    return frozenset({"bfloat16"}) if has_fast_bf16() else frozenset()
 
 
 def _import_openvino():

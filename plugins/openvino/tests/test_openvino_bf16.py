@@ -9,7 +9,7 @@ import onnx
 import pytest
 from tvm import relax
 
-from collage_core import tvm_compat
+from collage_core import precision, tvm_compat
 from collage_core.backends import contribute_patterns
 from collage_core.build import build
 from collage_core.candidates import enumerate_candidates
@@ -82,7 +82,7 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16_and_by_backends_
                 if tvm_compat.op_name(b.value) == "relax.matmul")
     assert support.refusal(call) == "relax.matmul mixes bfloat16, float32"
     assert support.refusal(call, frozenset({BF16})) is None
-    monkeypatch.setattr(hooks, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})
     refused: list = []
     candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["openvino"], TARGET), refused)
     assert not any(product in c.nodes for c in candidates)
