@@ -126,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                           help="fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 (GPUs): the model "
                                "is converted once by TVM's mixed-precision pass and verified within that precision's "
                                "tolerance; a replayed placement keeps its own (tf32: not honoured yet)")
+    optimize.add_argument("--accuracy-budget", type=float, default=None, metavar="E",
+                          help="with --precision bf16 or fp16: the largest error allowed, as max |out - ref| over max |ref| "
+                               "against the float32 reference on the verification inputs; parts of the model go back "
+                               "to float32, chosen by measured error, until the placement holds it")
     optimize.add_argument("--no-cuda-graphs", action="store_true",
                           help="on a CUDA target, build placements that launch kernel by kernel instead of replaying "
                                "CUDA graphs (by default the report gives the placement's latency both ways)")
@@ -187,6 +191,7 @@ def _optimize(args) -> int:
         settings=MeasureSettings(build_workers=args.jobs, cuda_graphs=not args.no_cuda_graphs),
         search=args.search,
         precision=args.precision,
+        accuracy_budget=args.accuracy_budget,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
             seed=args.seed,

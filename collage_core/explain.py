@@ -120,6 +120,8 @@ def summarise(placement: Placement, numbers: dict) -> str:
         "",
         *_table(["backend", "partitions", "operators", "summed cost", "share"], rows),
     ]
+    if placement.precision != "fp32":
+        lines[1:1] = ["", precision_line(placement)]
     if top_rows:
         lines += [
             "",
@@ -129,12 +131,31 @@ def summarise(placement: Placement, numbers: dict) -> str:
     return "\n".join(lines)
 
 
+def partition_precision(placement: Placement, part: Partition) -> str:
+    """The precision ``part`` computes at: the placement's 16-bit one where it touches 16-bit values, else fp32."""
+    return placement.precision if set(part.nodes) & set(placement.sixteen_bit_operators) else "fp32"
+
+
+def precision_line(placement: Placement) -> str:
+    at_sixteen = sum(1 for part in placement.partitions if partition_precision(placement, part) != "fp32")
+    line = (f"precision {placement.precision}: {at_sixteen} of {counted(len(placement.partitions), 'partition')} compute on "
+            f"16-bit values (marked [{placement.precision}] below), the others in float32")
+    if placement.float32_units:
+        line += f"; units kept in float32 for the accuracy budget: {list(placement.float32_units)}"
+    if placement.accuracy_budget is not None:
+        error = "not measured" if placement.measured_error is None else f"{placement.measured_error:.3g}"
+        line += f"; accuracy budget {placement.accuracy_budget:g}, measured error {error}"
+    return line
+
+
 def _table(header: list[str], rows: list[list[str]], indent: str = "") -> list[str]:
     return [indent + line.rstrip() for line in format_table(header, rows).splitlines()]
 
 
 def explain_partition(placement: Placement, part: Partition, number: int, rank: Optional[int] = None) -> str:
     heading = f"#{number} {part.backend} {part.pattern}: {describe_cost(part)}" + (f" (top {rank})" if rank else "")
+    if placement.precision != "fp32":
+        heading += f" [{partition_precision(placement, part)}]"
     lines = [heading, f"  operators: {describe_operators(part.nodes, placement.operators)}"]
     if not placement.considered:
         lines.append("  no candidates recorded in this placement file; re-run collage optimize to see the alternatives")

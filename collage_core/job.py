@@ -128,6 +128,8 @@ class Job:
             backends={i.name: {"version": i.backend.version, "kind": i.backend.kind} for i in self.chosen},
             search=search,
             precision=self.imported.precision,
+            float32_units=self.imported.float32_units,
+            sixteen_bit_operators=sixteen_bit_operators(self.graph),
             partitions=parts,
             inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
             considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],
@@ -263,3 +265,8 @@ def describe_cost(cost: Cost) -> str:
     return f"{cost.median_s * 1e3:.3f} ms{cut}"
 
 
+def sixteen_bit_operators(graph) -> list[int]:
+    """The operators of ``graph`` that read or write 16-bit values (none in a float32 model)."""
+    from collage_core.widening import touches_sixteen_bit
+
+    return [node for node in range(len(graph.graph.ops)) if touches_sixteen_bit(graph.call(node))]

@@ -49,6 +49,8 @@ class ImportedModel:
     reference_name: str = "none"
     # What ``mod`` computes in (see collage_core.precision); the reference stays the framework's float32.
     precision: str = "fp32"
+    # The units of the converted model given back float32 arithmetic (see collage_core.widening).
+    float32_units: tuple[int, ...] = ()
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs for checks: uniform floats, and small non-negative integers (valid token ids)."""

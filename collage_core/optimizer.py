@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from collage_core import finish_stage, search_stage, tvm_compat
+from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
 from collage_core.baselines import IN_TURNS, baseline_file, closest_rivals, faster_baseline, operators_by_backend
 from collage_core.calibration import DEFAULT_ROUNDS
@@ -26,7 +27,7 @@ from collage_core.model_import import load_model
 from collage_core.partition import partition_module
 from collage_core.placement_file import load_placement
 from collage_core.plugins import get_plugin_manager
-from collage_core.precision import FP32, at_precision, check_precision, tolerance
+from collage_core.precision import DTYPES, FP32, Tolerance, at_precision, check_precision, tolerance, with_float32_units
 from collage_core.records import GRAPH_LEVEL, Candidate
 from collage_core.relax_graph import RelaxGraph
 from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
@@ -34,6 +35,7 @@ from collage_core.search_stage import OP_LEVEL_SEARCH, TWO_LEVEL
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.two_level import TwoLevelSettings
 from collage_core.verify import Verification, compare_outputs
+from collage_core.widening import units
 
 log = logging.getLogger("collage")
 SEARCHED = "searched placement (measured slower, not returned)"
@@ -57,6 +59,8 @@ def optimize(
     verify: bool = True,
     show_progress: bool = True,
     precision: Optional[str] = None,
+    accuracy_budget: Optional[float] = None,
+    accuracy_blocks: int = DEFAULT_BLOCKS,
 ) -> OptimizedModel:
     """Place ``model`` on the fastest mix of ``backends`` (default: every available one) for ``target``.
 
@@ -72,15 +76,21 @@ def optimize(
     (None: no limit). With ``output_dir`` too, each baseline's placement is saved there (see
     :func:`baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.precision`;
     default fp32, or the placement file's) converts the model once before anything is placed; outputs
-    are verified against the float32 reference within that precision's tolerance.
+    are verified against the float32 reference within that precision's tolerance. With
+    ``accuracy_budget`` (bf16 or fp16 only), units of the converted model go back to float32 until the
+    placement's measured error (largest |out - ref| over largest |ref|) is within the budget, and the
+    outputs are verified against the budget (see :mod:`collage_core.accuracy_budget`; ``accuracy_blocks``
+    is how many blocks the units are probed in).
     """
     say = _Narrator(show_progress)
     clock = PhaseClock()
-    imported = load_model(model, example_inputs)
+    original = load_model(model, example_inputs)
     target = tvm_compat.make_target(target)
     precision = _precision_wanted(precision, placement)
     check_precision(precision, target)
-    imported = at_precision(imported, precision)
+    imported = at_precision(original, precision)
+    if placement is not None:
+        imported = with_float32_units(imported, load_placement(placement).float32_units, original)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
     for failure in pm.failures:
@@ -91,10 +101,21 @@ def optimize(
     search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)
     if search not in (OP_LEVEL_SEARCH, TWO_LEVEL):
         raise CollageError(f"unknown search {search!r} (choose {OP_LEVEL_SEARCH} or {TWO_LEVEL})")
-    graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
-    say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in chosen)}; target {target}")
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    fitted = None
+    if accuracy_budget is not None:
+        clock.lap("import and candidates")
+        _require_budget_applies(imported, placement, verify)
+        say(f"holding {imported.name} at {imported.precision} to accuracy budget {accuracy_budget:g}: probing which units "
+            f"need float32")
+        fitted = _fit_budget(imported, original, accuracy_budget, accuracy_blocks, target, pm, chosen, settings, workdir,
+                             cost_db, say)
+        say(fitted.describe())
+        imported = with_float32_units(imported, fitted.float32_units, original)
+        clock.lap("accuracy budget")
+    graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
+    say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in chosen)}; target {target}")
     job = Job(imported, graph, target, pm, chosen, settings, workdir, say, show_progress)
 
     measurement, candidates, search_s, op_level_parts, two_level_result = None, [], 0.0, None, None
@@ -125,7 +146,7 @@ def optimize(
     if output_dir and placement is None:
         finish = finish_key(
             job.end_to_end_key(parts, FINISHED_PROTOCOL),
-            {"compare_backends": compare_backends, "baseline_limit_s": baseline_limit_s, "verify": verify,
+            {"accuracy_budget": accuracy_budget, "compare_backends": compare_backends, "baseline_limit_s": baseline_limit_s, "verify": verify,
              "reference": imported.reference_name, "settings": attrs.evolve(settings, build_workers=0).to_json()},
             job.plugin_modules,
         )
@@ -137,7 +158,7 @@ def optimize(
             optimized = OptimizedModel(
                 imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
                 len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
-                phases_s=clock.phases_s,
+                phases_s=clock.phases_s, accuracy=fitted,
             )
             optimized.save(workdir)
             return optimized
@@ -145,7 +166,7 @@ def optimize(
     def verified(built: finish_stage.Built) -> Optional[Verification]:
         if not verify or imported.reference is None:
             return None
-        held_to = tolerance(imported.precision)
+        held_to = tolerance(imported.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
         verification = compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name,
                                        rtol=held_to.rtol, atol=held_to.atol)
         say(verification.describe())
@@ -194,9 +215,12 @@ def optimize(
         if plain is not None:
             results.insert(1, plain)
             clock.lap("without CUDA graphs")
+    if fitted is not None and verification is not None:
+        chosen_placement = attrs.evolve(chosen_placement, accuracy_budget=fitted.budget,
+                                        measured_error=verification.max_rel_error)
     optimized = OptimizedModel(
         imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
-        built.partitioned, two_level_result, phases_s=clock.phases_s,
+        built.partitioned, two_level_result, phases_s=clock.phases_s, accuracy=fitted,
     )
     if output_dir:
         optimized.save(output_dir)
@@ -214,6 +238,42 @@ def _precision_wanted(precision: Optional[str], placement) -> str:
         raise CollageError(f"{placement}: the placement was made at precision {recorded}, not {precision}; "
                            f"replay it at {recorded} (leave --precision out) or search again at {precision}")
     return recorded
+
+
+def _require_budget_applies(imported, placement, verify: bool) -> None:
+    if placement is not None:
+        raise AccuracyBudgetError("--accuracy-budget searches; a placement file is replayed as it was made, "
+                                  "with the units it kept in float32")
+    if imported.precision not in DTYPES:
+        raise AccuracyBudgetError(f"an accuracy budget needs --precision bf16 or fp16 (at {imported.precision} there is "
+                                  f"nothing to give back)")
+    if not verify or imported.reference is None:
+        raise AccuracyBudgetError("an accuracy budget is held by measuring the outputs against the reference: it needs "
+                                  "verification and a model with a reference (ONNX or PyTorch)")
+
+
+def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chosen, settings, workdir: Path, cost_db,
+                say) -> Fit:
+    """Which units go back to float32: each probe places the model by the op-level search, builds it and
+    measures its outputs' error against the reference (see collage_core.accuracy_budget)."""
+    library = workdir / "accuracy-probe.so"
+
+    def error_of(float32_units) -> float:
+        variant = with_float32_units(imported, float32_units, original)
+        graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
+        job = Job(variant, graph, target, pm, chosen, settings, workdir, lambda message: None, False)
+        candidates = _all_candidates(pm, graph, chosen, target)
+        measurement = search_stage.measure(job, candidates, db)
+        parts = search_stage.op_level_search(job, candidates, measurement.costs)
+        built = finish_stage.build_placement(job, parts, library)
+        return compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name).max_rel_error
+
+    with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
+        try:
+            return fit(len(units(imported.mod)), budget, error_of, blocks, say)
+        finally:
+            for leftover in (library, library.with_name(library.name + ".runtime.json")):
+                leftover.unlink(missing_ok=True)
 
 
 def opened_again(cost_db, placement):

@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 
@@ -43,6 +43,13 @@ class Placement:
     ran_on: str = attrs.field(default="", eq=False)
     # The precision the model was converted to before placing (see collage_core.precision); a replay converts it the same.
     precision: str = attrs.field(default=FP32, validator=attrs.validators.in_(PRECISIONS))
+    # Units of the converted model given back float32 arithmetic to hold an accuracy budget (collage_core.widening),
+    # and the operators that still compute on 16-bit values; a replay widens the same units.
+    float32_units: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    sixteen_bit_operators: tuple[int, ...] = attrs.field(default=(), converter=tuple, eq=False)
+    # With an accuracy budget: the budget and the error the placement's outputs measured against the reference.
+    accuracy_budget: Optional[float] = attrs.field(default=None, eq=False)
+    measured_error: Optional[float] = attrs.field(default=None, eq=False)
 
     @property
     def summed_cost_s(self) -> float:
@@ -65,6 +72,10 @@ class Placement:
             "backends": self.backends,
             "search": self.search,
             "precision": self.precision,
+            **({"float32_units": list(self.float32_units)} if self.float32_units else {}),
+            **({"sixteen_bit_operators": list(self.sixteen_bit_operators)} if self.sixteen_bit_operators else {}),
+            **({"accuracy_budget": self.accuracy_budget, "measured_error": _finite_or_none(self.measured_error)}
+               if self.accuracy_budget is not None else {}),
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
             "partitions": [_partition_json(p, self.operators) for p in self.partitions],
         }
@@ -146,8 +157,18 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         precision = str(data.get("precision", FP32))
         if precision not in PRECISIONS:
             fail(f"unknown precision {precision!r} (Collage knows {', '.join(PRECISIONS)})")
+        float32_units = _numbers(data.get("float32_units", []), "float32_units", fail)
+        sixteen_bit = _numbers(data.get("sixteen_bit_operators", []), "sixteen_bit_operators", fail)
+        if float32_units and precision in (FP32, "tf32"):
+            fail(f"float32_units given for a {precision} placement (they belong to bf16 or fp16 ones)")
+        if any(not 0 <= n < len(operators) for n in sixteen_bit):
+            fail(f"sixteen_bit_operators names operators outside 0..{len(operators) - 1}")
         placement = Placement(
             precision=precision,
+            float32_units=float32_units,
+            sixteen_bit_operators=sixteen_bit,
+            accuracy_budget=_optional_number(data.get("accuracy_budget"), "accuracy_budget", fail),
+            measured_error=_optional_number(data.get("measured_error"), "measured_error", fail),
             model_name=str(model["name"]),
             model_fingerprint=str(model["fingerprint"]),
             operators=operators,
@@ -168,3 +189,17 @@ def placement_from_json(data: Any, origin: str) -> Placement:
     if covered != list(range(len(placement.operators))):
         fail("partitions do not cover every operator exactly once")
     return placement
+
+
+def _numbers(value, field: str, fail) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value):
+        fail(f"{field} must be a list of non-negative integers")
+    return tuple(value)
+
+
+def _optional_number(value, field: str, fail) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        fail(f"{field} must be a non-negative number")
+    return float(value)

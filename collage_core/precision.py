@@ -135,6 +135,24 @@ def at_precision(imported, precision: str):
                         fingerprint=fingerprint(imported.fingerprint, precision))
 
 
+def with_float32_units(converted, float32_units, original):
+    """``converted`` (an ImportedModel at bf16 or fp16) with ``float32_units`` computing in float32, weights
+    taken back from ``original`` (the same model at fp32); keyed apart from the plain conversion."""
+    from collage_core import widening
+
+    units = tuple(sorted(set(float32_units)))
+    if not units:
+        return converted
+    if converted.precision not in DTYPES or converted.float32_units:
+        raise PrecisionError(f"{converted.name}: units can go back to float32 only from a plain {'/'.join(DTYPES)} conversion")
+    try:
+        mod = widening.widen(converted.mod, units, original.mod)
+    except ValueError as error:
+        raise PrecisionError(f"{converted.name} at {converted.precision}: {error}") from error
+    return attrs.evolve(converted, mod=mod, float32_units=units,
+                        fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}")
+
+
 def fingerprint(model_fingerprint: str, precision: str) -> str:
     """A model's fingerprint at ``precision``: float32's is the model's own, so its costs stay keyed as before."""
     return model_fingerprint if precision == FP32 else f"{model_fingerprint}+{precision}"

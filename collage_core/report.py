@@ -69,7 +69,7 @@ def render_report(optimized) -> str:
     ]
     converted = describe_precision(placement.precision)
     if converted:
-        sections.insert(1, converted)
+        sections.insert(1, converted + sixteen_bit_summary(placement, optimized.accuracy))
     placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
     if total and placed is not None and placed.is_measured and all(p.cost.is_measured for p in placement.partitions):
         sections.append(f"the partitions' costs add up to {total * 1e3:.3f} ms; the placement measured "
@@ -107,3 +107,18 @@ def render_report(optimized) -> str:
         spent = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in optimized.phases_s.items())
         sections.append(f"time: {spent}; {sum(optimized.phases_s.values()):.1f} s in all")
     return "\n".join(sections)
+
+
+def sixteen_bit_summary(placement, accuracy) -> str:
+    """What ran at 16 bits: partitions and operators, and the units an accuracy budget kept in float32."""
+    if not placement.sixteen_bit_operators:
+        return ""
+    sixteen = set(placement.sixteen_bit_operators)
+    at_sixteen = sum(1 for p in placement.partitions if sixteen & set(p.nodes))
+    text = (f"\n{len(sixteen)} of {len(placement.operators)} operators compute on 16-bit values, in {at_sixteen} of "
+            f"{len(placement.partitions)} partitions; the others compute in float32")
+    if accuracy is not None:
+        text += f"\n{accuracy.describe()}: units in float32 {list(accuracy.float32_units) or 'none'}"
+    elif placement.float32_units:
+        text += f"\nunits kept in float32 for an accuracy budget: {list(placement.float32_units)}"
+    return text

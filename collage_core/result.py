@@ -52,6 +52,8 @@ class OptimizedModel:
     two_level: Optional[TwoLevelResult] = attrs.field(default=None, repr=False)
     # Seconds the run spent in each phase (importing, measuring, searching, building, baselines, contest), in order.
     phases_s: dict = attrs.field(factory=dict, repr=False)
+    # With an accuracy budget: the units kept in float32 and the probes that chose them (collage_core.accuracy_budget).
+    accuracy: Any = attrs.field(default=None, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -95,6 +97,7 @@ class OptimizedModel:
         return {
             "model": self.model.name,
             "precision": self.model.precision,
+            "accuracy_budget": None if self.accuracy is None else self.accuracy.to_json(),
             "search": self.placement.search,
             "end_to_end": [
                 {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}

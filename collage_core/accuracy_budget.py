@@ -1,0 +1,111 @@
+"""Holding a 16-bit model to an accuracy budget: which units go back to float32.
+
+With ``--accuracy-budget E`` at bf16 or fp16, the placement may differ from the float32 reference
+by at most ``E`` (the largest ``|out - ref|`` over the largest ``|ref|``, on the verification
+inputs). Error is measured, never guessed: each *probe* places the model with some units widened
+(:mod:`collage_core.widening`) by the op-level search, builds that placement and compares its
+outputs with the reference. The units are split into consecutive blocks; one probe per block, with
+that block alone left at 16 bits, says how much error the block brings. Blocks go back to float32
+in order of the error they bring, most first, and a probe confirms each choice; the first choice
+that holds the budget is kept. Rounding errors from separate blocks are nearly independent, so the
+predicted error of a choice is the root of the sum of squares of the errors of the blocks left at
+16 bits; only choices predicted within the budget are probed.
+
+Cost: one probe for the whole model at 16 bits (the answer when it already holds the budget), one
+per block, then one per confirmation, usually one or two. Measured costs are shared with every
+other run through the cost database, so each probe measures only candidates it has not seen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import attrs
+
+from collage_core.errors import CollageError
+
+DEFAULT_BLOCKS = 8
+
+
+class AccuracyBudgetError(CollageError):
+    """A budget that cannot be held, or one asked of a precision it does not apply to."""
+
+
+@attrs.frozen
+class Probe:
+    float32_units: tuple[int, ...]
+    error: float
+    why: str
+
+
+@attrs.frozen
+class Fit:
+    """The units kept in float32, the error their placement measured, and every probe on the way."""
+
+    budget: float
+    units: int
+    float32_units: tuple[int, ...]
+    error: float
+    probes: tuple[Probe, ...]
+
+    def to_json(self) -> dict:
+        return {"budget": self.budget, "units": self.units, "float32_units": list(self.float32_units),
+                "error": self.error, "probes": [attrs.asdict(p) for p in self.probes]}
+
+    def describe(self) -> str:
+        kept = len(self.float32_units)
+        return (f"accuracy budget {self.budget:g}: {kept} of {self.units} units back in float32, "
+                f"measured error {self.error:.3g} ({len(self.probes)} probes)")
+
+
+def blocks_of(units: int, count: int) -> list[tuple[int, ...]]:
+    """``units`` numbers split into at most ``count`` consecutive blocks of nearly equal size."""
+    count = max(1, min(count, units))
+    edges = [round(i * units / count) for i in range(count + 1)]
+    return [tuple(range(edges[i], edges[i + 1])) for i in range(count) if edges[i + 1] > edges[i]]
+
+
+def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float], blocks: int = DEFAULT_BLOCKS,
+        say: Optional[Callable[[str], None]] = None) -> Fit:
+    """The float32 units that hold ``budget``; ``error_of(float32_units)`` builds and measures a probe."""
+    if not budget > 0:
+        raise AccuracyBudgetError(f"the accuracy budget must be a positive relative error, not {budget}")
+    say = say or (lambda message: None)
+    probes: list[Probe] = []
+
+    def probe(float32_units: Sequence[int], why: str) -> float:
+        chosen = tuple(sorted(float32_units))
+        error = error_of(chosen)
+        probes.append(Probe(chosen, error, why))
+        say(f"accuracy probe {len(probes)}: {len(chosen)} of {units} units in float32 ({why}): error {error:.3g}")
+        return error
+
+    def done(chosen: Sequence[int], error: float) -> Fit:
+        return Fit(budget, units, tuple(sorted(chosen)), error, tuple(probes))
+
+    everything = tuple(range(units))
+    error = probe((), "every unit at 16 bits")
+    if error <= budget or units == 0:
+        return done((), error)
+    split = blocks_of(units, blocks)
+    alone = {}
+    for block in split:
+        alone[block] = probe(tuple(u for u in everything if u not in block), f"units {block[0]}-{block[-1]} alone at 16 bits")
+    order = sorted(split, key=lambda block: -alone[block])
+    chosen: list[int] = []
+    for position, block in enumerate(order):
+        chosen += block
+        left = order[position + 1:]
+        predicted = math.sqrt(sum(alone[b] ** 2 for b in left))
+        if not left:
+            break
+        if predicted <= budget:
+            error = probe(chosen, f"predicted {predicted:.3g}")
+            if error <= budget:
+                return done(chosen, error)
+    error = probe(everything, "every unit in float32")
+    if error <= budget:
+        return done(everything, error)
+    raise AccuracyBudgetError(f"accuracy budget {budget:g} is below what the placement measured with every unit in "
+                              f"float32 ({error:.3g}): raise the budget, or use --precision fp32")
