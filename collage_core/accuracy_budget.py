@@ -18,7 +18,9 @@ other run through the cost database, so each probe measures only candidates it h
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import attrs
@@ -53,10 +55,31 @@ class Fit:
         return {"budget": self.budget, "units": self.units, "float32_units": list(self.float32_units),
                 "error": self.error, "probes": [attrs.asdict(p) for p in self.probes]}
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Fit":
+        return cls(float(data["budget"]), int(data["units"]), tuple(int(u) for u in data["float32_units"]),
+                   float(data["error"]), tuple(Probe(tuple(p["float32_units"]), float(p["error"]), str(p["why"]))
+                                               for p in data["probes"]))
+
     def describe(self) -> str:
         kept = len(self.float32_units)
         return (f"accuracy budget {self.budget:g}: {kept} of {self.units} units back in float32, "
                 f"measured error {self.error:.3g} ({len(self.probes)} probes)")
+
+
+def load_fit(path: Path, key: str) -> Optional[Fit]:
+    """The fit saved at ``path`` under ``key`` (the run before, same model, budget, backends and code), or None."""
+    try:
+        data = json.loads(path.read_text())
+        return Fit.from_json(data["fit"]) if data.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: the probes run again
+
+
+def save_fit(path: Path, key: str, fitted: Fit) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"key": key, "fit": fitted.to_json()}, indent=1))
+    partial.replace(path)
 
 
 def blocks_of(units: int, count: int) -> list[tuple[int, ...]]:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from collage_core import finish_stage, search_stage, tvm_compat
-from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit
+from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
 from collage_core.baselines import IN_TURNS, baseline_file, closest_rivals, faster_baseline, operators_by_backend
 from collage_core.calibration import DEFAULT_ROUNDS
@@ -39,6 +39,7 @@ from collage_core.widening import units
 
 log = logging.getLogger("collage")
 SEARCHED = "searched placement (measured slower, not returned)"
+FIT_FILE = "accuracy-budget.json"  # the accuracy budget's probes, reused by a rerun into the same directory
 
 
 def optimize(
@@ -258,22 +259,35 @@ def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chos
     measures its outputs' error against the reference (see collage_core.accuracy_budget)."""
     library = workdir / "accuracy-probe.so"
 
-    def error_of(float32_units) -> float:
+    def job_for(float32_units) -> Job:
         variant = with_float32_units(imported, float32_units, original)
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
-        job = Job(variant, graph, target, pm, chosen, settings, workdir, lambda message: None, False)
-        candidates = _all_candidates(pm, graph, chosen, target)
+        return Job(variant, graph, target, pm, chosen, settings, workdir, lambda message: None, False)
+
+    def error_of(float32_units) -> float:
+        job = job_for(float32_units)
+        candidates = _all_candidates(pm, job.graph, chosen, target)
         measurement = search_stage.measure(job, candidates, db)
         parts = search_stage.op_level_search(job, candidates, measurement.costs)
         built = finish_stage.build_placement(job, parts, library)
         return compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name).max_rel_error
 
+    base = job_for(())
+    key = finish_key(base.end_to_end_key(None, "accuracy-budget"),
+                     {"budget": budget, "blocks": blocks, "reference": imported.reference_name}, base.plugin_modules)
+    record = workdir / FIT_FILE
+    previous = load_fit(record, key)
+    if previous is not None:
+        say(f"the accuracy budget's probes of the run before in {workdir} are reused (same model, budget, backends and code)")
+        return previous
     with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
         try:
-            return fit(len(units(imported.mod)), budget, error_of, blocks, say)
+            fitted = fit(len(units(imported.mod)), budget, error_of, blocks, say)
         finally:
             for leftover in (library, library.with_name(library.name + ".runtime.json")):
                 leftover.unlink(missing_ok=True)
+    save_fit(record, key, fitted)
+    return fitted
 
 
 def opened_again(cost_db, placement):

@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from collage_core import cli, precision, tvm_compat, widening
+from collage_core import cli, optimizer, precision, tvm_compat, widening
 from collage_core.accuracy_budget import AccuracyBudgetError, blocks_of, fit
 from collage_core.errors import CollageError
 from collage_core.model_import import load_model
@@ -107,7 +107,8 @@ def bf16_everywhere(monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
 
 
-def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(bf16_everywhere, tmp_path, capsys):
+def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(bf16_everywhere, tmp_path, capsys,
+                                                                                       monkeypatch):
     model = MODELS / "tiny_bert.onnx"
     kwargs = dict(backends=["tvm"], search="op-level", cost_db=tmp_path / "costs.sqlite", compare_backends=False,
                   show_progress=False, calibration_rounds=0)
@@ -125,6 +126,13 @@ def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same
     results = json.loads((out / "results.json").read_text())["accuracy_budget"]
     assert results["float32_units"] == list(held.accuracy.float32_units) and len(results["probes"]) >= 2
     assert "units back in float32" in (out / "report.txt").read_text()
+
+    def probing_again(*args, **kwargs):
+        raise AssertionError("the rerun probed again")
+
+    monkeypatch.setattr(optimizer, "fit", probing_again)  # a rerun into the same directory reuses the probes
+    again = optimize(model, precision="bf16", accuracy_budget=budget, accuracy_blocks=2, output_dir=out, **kwargs)
+    assert again.accuracy == held.accuracy and again.placement.float32_units == held.placement.float32_units
 
     replayed = optimize(model, placement=out / "placement.json", **kwargs)
     assert replayed.model.fingerprint == held.model.fingerprint
