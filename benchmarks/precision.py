@@ -3,6 +3,7 @@
     python benchmarks/precision.py [--models bert-base,resnet50] [--batches 1] [--backends tvm,dnnl,onnxruntime,openvino]
                                    [--raw benchmarks/raw-precision] [--only-report]
     python benchmarks/precision.py --device cuda [--models ...] [--backends tvm,cublas,cudnn]
+                                   [--precisions fp32,bf16,fp16,bf16@1e-3]
 
 For each model and batch: ``collage optimize --precision fp32`` and ``--precision bf16`` with the same
 backends and Collage's default search (fresh cost database each), then Collage's two libraries, ONNX Runtime's
@@ -16,7 +17,8 @@ With ``--device cuda``: Collage with ``--target cuda`` at fp32, bf16 and fp16 (i
 measurement, replaying CUDA graphs, and its verification's error against ONNX Runtime), and PyTorch
 eager and ``torch.compile`` "reduce-overhead" at fp32 (TF32 off) and under CUDA autocast at bf16 and
 fp16, each timed in its own process after a warm-up, with its error against eager fp32 on the same input.
-The GPU is not shared, so nothing there needs timing in turns. Raw results in ``<raw>-cuda/``; the
+``P@E`` among ``--precisions`` adds a Collage run at precision P
+held to ``--accuracy-budget E``, compared with the peers at P. The GPU is not shared, so nothing there needs timing in turns. Raw results in ``<raw>-cuda/``; the
 report goes to ``benchmarks/PRECISION-cuda.md``.
 """
 
@@ -193,11 +195,13 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=G
             record["peers"][mode] = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else
                                      {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]})
             keep()
-    for precision in precisions:
-        if precision not in record["collage"]:
-            print(f"{name} b{batch}: collage optimize --target cuda --precision {precision}", flush=True)
-            out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / precision
-            record["collage"][precision] = optimize(onnx, precision, backends, out, ("--target", "cuda"))
+    for spec in precisions:  # "bf16" or, with an accuracy budget, "bf16@1e-3"
+        if spec not in record["collage"]:
+            precision, _, budget = spec.partition("@")
+            extra = ("--target", "cuda", *(("--accuracy-budget", budget) if budget else ()))
+            print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision}", flush=True)
+            out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-")
+            record["collage"][spec] = optimize(onnx, precision, backends, out, extra)
             keep()
     return record
 
@@ -214,18 +218,23 @@ def gpu_report(records: list[dict]) -> str:
         lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
                   "| precision | Collage (ms) | operators | eager (ms) | reduce-overhead (ms) | Collage / best peer | "
                   "Collage error | eager error | reduce-overhead error |", "|---|---|---|---|---|---|---|---|---|"]
-        for precision in GPU_PRECISIONS:
-            run = record["collage"].get(precision, {})
+        budgeted = [spec for spec in record["collage"] if "@" in spec]
+        for spec in [*GPU_PRECISIONS, *budgeted]:
+            precision, _, budget = spec.partition("@")
+            run = record["collage"].get(spec, {})
             results = run.get("results", {})
             placed = (results.get("end_to_end") or [{}])[0]
             cost = placed.get("cost", {})
             collage_s = cost.get("median_s")
             mix = ", ".join(f"{b} {n}" for b, n in sorted(placed.get("operators_by_backend", {}).items())) or run.get("error", "-")
+            fitted = results.get("accuracy_budget")
+            if fitted:
+                mix += f"; {len(fitted['float32_units'])} of {fitted['units']} units in float32 ({len(fitted['probes'])} probes)"
             peers = [record["peers"].get(mode, {}).get(precision) or {"error": record["peers"].get(mode, {}).get("error", "-")}
                      for mode in GPU_MODES]
             best = min((p["median_s"] for p in peers if "median_s" in p), default=None)
             numerics = results.get("numerics") or {}
-            cells = [precision, f"{collage_s * 1e3:.3f}" if collage_s else "-", mix,
+            cells = [f"{precision}, budget {budget}" if budget else precision, f"{collage_s * 1e3:.3f}" if collage_s else "-", mix,
                      *[f"{p['median_s'] * 1e3:.3f}" if "median_s" in p else p.get("error", "-") for p in peers],
                      f"{collage_s / best:.2f}" if collage_s and best and all("median_s" in p for p in peers) else "-",
                      f"{numerics['max_rel_error']:.2e}" if "max_rel_error" in numerics else "-",
@@ -299,7 +308,8 @@ def main() -> None:
                         help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)")
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw-precision[-cuda]")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS), help="with --device cuda: Collage's runs to make")
+    parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS),
+                        help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E")
     parser.add_argument("--only-report", action="store_true")
     parser.add_argument("--again", default="", help="CPU: make these precisions' Collage runs anew and time everything in "
                                                     "turns again, the other precisions' libraries kept")
