@@ -157,6 +157,8 @@ def widen(mod, chosen: Iterable[int], original_mod):
                     rounded_from[binding.var] = current(value.args[0])
                 if index in widened or _casts_a_twin_up(value, wide):
                     twin = builder.emit(_float32_form(value, as_float32), name_hint=name + "_f32")
+                    if _is_sixteen_bit(twin):  # an operator whose attributes name a 16-bit result dtype
+                        twin = builder.emit(relax.op.astype(twin, "float32"), name_hint=name + "_f32")
                     if _is_sixteen_bit(binding.var):
                         wide[binding.var] = twin
                         remap[binding.var] = builder.emit(relax.op.astype(twin, _dtype(binding.var)), name_hint=name)
