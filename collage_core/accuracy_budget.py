@@ -9,7 +9,9 @@ that block alone left at 16 bits, says how much error the block brings. Blocks g
 in order of the error they bring, most first, and a probe confirms each choice; the first choice
 that holds the budget is kept. Rounding errors from separate blocks are nearly independent, so the
 predicted error of a choice is the root of the sum of squares of the errors of the blocks left at
-16 bits; only choices predicted within the budget are probed.
+16 bits; only choices predicted within the budget are probed. The last block a choice sent back to
+float32 is then split in halves (and halves of halves), and each piece whose return to 16 bits
+still holds the budget goes back, for at most four more probes.
 
 Cost: one probe for the whole model at 16 bits (the answer when it already holds the budget), one
 per block, then one per confirmation, usually one or two. Measured costs are shared with every
@@ -28,6 +30,7 @@ import attrs
 from collage_core.errors import CollageError
 
 DEFAULT_BLOCKS = 8
+DEFAULT_REFINEMENTS = 4  # probes spent giving parts of the last block sent back to float32 their 16 bits again
 
 
 class AccuracyBudgetError(CollageError):
@@ -67,6 +70,17 @@ class Fit:
                 f"measured error {self.error:.3g} ({len(self.probes)} probes)")
 
 
+def _named(piece: Sequence[int]) -> str:
+    return f"unit {piece[0]}" if len(piece) == 1 else f"units {piece[0]}-{piece[-1]}"
+
+
+def _halves(piece: Sequence[int]) -> list[tuple[int, ...]]:
+    if len(piece) < 2:
+        return []
+    middle = len(piece) // 2
+    return [tuple(piece[:middle]), tuple(piece[middle:])]
+
+
 def load_fit(path: Path, key: str) -> Optional[Fit]:
     """The fit saved at ``path`` under ``key`` (the run before, same model, budget, backends and code), or None."""
     try:
@@ -90,7 +104,7 @@ def blocks_of(units: int, count: int) -> list[tuple[int, ...]]:
 
 
 def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float], blocks: int = DEFAULT_BLOCKS,
-        say: Optional[Callable[[str], None]] = None) -> Fit:
+        say: Optional[Callable[[str], None]] = None, refinements: int = DEFAULT_REFINEMENTS) -> Fit:
     """The float32 units that hold ``budget``; ``error_of(float32_units)`` builds and measures a probe."""
     if not budget > 0:
         raise AccuracyBudgetError(f"the accuracy budget must be a positive relative error, not {budget}")
@@ -99,6 +113,9 @@ def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float],
 
     def probe(float32_units: Sequence[int], why: str) -> float:
         chosen = tuple(sorted(float32_units))
+        known = next((p.error for p in probes if p.float32_units == chosen), None)
+        if known is not None:  # the same variant measured before
+            return known
         error = error_of(chosen)
         probes.append(Probe(chosen, error, why))
         say(f"accuracy probe {len(probes)}: {len(chosen)} of {units} units in float32 ({why}): error {error:.3g}")
@@ -107,6 +124,22 @@ def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float],
     def done(chosen: Sequence[int], error: float) -> Fit:
         return Fit(budget, units, tuple(sorted(chosen)), error, tuple(probes))
 
+    def refined(chosen: list[int], last: tuple[int, ...], error: float) -> tuple[list[int], float]:
+        """``chosen`` with pieces of the ``last`` block sent back to 16 bits where the budget still holds:
+        halves first, then their halves, at most ``refinements`` probes."""
+        pending = _halves(last)
+        for _ in range(refinements):
+            if not pending:
+                break
+            piece = pending.pop(0)
+            trial = [u for u in chosen if u not in piece]
+            trial_error = probe(trial, f"{_named(piece)} back to 16 bits")
+            if trial_error <= budget:
+                chosen, error = trial, trial_error
+            else:
+                pending += _halves(piece)
+        return chosen, error
+
     everything = tuple(range(units))
     error = probe((), "every unit at 16 bits")
     if error <= budget or units == 0:
@@ -114,7 +147,7 @@ def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float],
     split = blocks_of(units, blocks)
     alone = {}
     for block in split:
-        alone[block] = probe(tuple(u for u in everything if u not in block), f"units {block[0]}-{block[-1]} alone at 16 bits")
+        alone[block] = probe(tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits")
     order = sorted(split, key=lambda block: -alone[block])
     chosen: list[int] = []
     for position, block in enumerate(order):
@@ -126,9 +159,9 @@ def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float],
         if predicted <= budget:
             error = probe(chosen, f"predicted {predicted:.3g}")
             if error <= budget:
-                return done(chosen, error)
+                return done(*refined(chosen, block, error))
     error = probe(everything, "every unit in float32")
     if error <= budget:
-        return done(everything, error)
+        return done(*refined(list(everything), order[-1], error))
     raise AccuracyBudgetError(f"accuracy budget {budget:g} is below what the placement measured with every unit in "
                               f"float32 ({error:.3g}): raise the budget, or use --precision fp32")

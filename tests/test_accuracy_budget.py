@@ -84,10 +84,19 @@ def additive_error(contributions: dict):
 
 def test_the_blocks_bringing_most_error_go_back_first_and_the_first_choice_within_budget_is_kept():
     error_of, probes = additive_error({0: 1e-4, 1: 1e-4, 2: 1e-3, 3: 1e-3, 4: 5e-3, 5: 1e-4, 6: 1e-4, 7: 1e-4})
-    fitted = fit(8, 2e-3, error_of, blocks=4)
+    fitted = fit(8, 2e-3, error_of, blocks=4, refinements=0)
     assert fitted.float32_units == (4, 5) and fitted.error <= 2e-3
     assert len(probes) == 1 + 4 + 1 and len(fitted.probes) == 6
     assert json.loads(json.dumps(fitted.to_json()))["float32_units"] == [4, 5]
+    # Then the last block sent back is split: unit 5 brings little error and gets its 16 bits again, unit 4 does not.
+    error_of, probes = additive_error({0: 1e-4, 1: 1e-4, 2: 1e-3, 3: 1e-3, 4: 5e-3, 5: 1e-4, 6: 1e-4, 7: 1e-4})
+    fitted = fit(8, 2e-3, error_of, blocks=4)
+    assert fitted.float32_units == (4,) and fitted.error <= 2e-3 and len(probes) == 6 + 2
+    assert [p.why for p in fitted.probes[-2:]] == ["unit 4 back to 16 bits", "unit 5 back to 16 bits"]
+    # A variant measured before is not probed again.
+    error_of, probes = additive_error({0: 1e-3, 1: 1e-3})
+    fitted = fit(2, 1.2e-3, error_of, blocks=2)
+    assert len(probes) == len(set(probes)) == len(fitted.probes)
 
     error_of, probes = additive_error({0: 1e-4})
     assert fit(4, 1e-3, error_of).float32_units == () and len(probes) == 1  # already within: nothing changes
