@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from typing import Optional, Sequence
 
 from collage_core.placement_file import Placement
+from collage_core.precision import FP32
 from collage_core.records import INVALID, MEASURED, Partition
 from collage_core.report import format_table
 
@@ -120,7 +121,7 @@ def summarise(placement: Placement, numbers: dict) -> str:
         "",
         *_table(["backend", "partitions", "operators", "summed cost", "share"], rows),
     ]
-    if placement.precision != "fp32":
+    if placement.precision != FP32:
         lines[1:1] = ["", precision_line(placement)]
     if top_rows:
         lines += [
@@ -131,13 +132,8 @@ def summarise(placement: Placement, numbers: dict) -> str:
     return "\n".join(lines)
 
 
-def partition_precision(placement: Placement, part: Partition) -> str:
-    """The precision ``part`` computes at: the placement's 16-bit one where it touches 16-bit values, else fp32."""
-    return placement.precision if set(part.nodes) & set(placement.sixteen_bit_operators) else "fp32"
-
-
 def precision_line(placement: Placement) -> str:
-    at_sixteen = sum(1 for part in placement.partitions if partition_precision(placement, part) != "fp32")
+    at_sixteen = sum(1 for part in placement.partitions if placement.precision_of(part) != FP32)
     line = (f"precision {placement.precision}: {at_sixteen} of {counted(len(placement.partitions), 'partition')} compute on "
             f"16-bit values (marked [{placement.precision}] below), the others in float32")
     if placement.float32_units:
@@ -154,8 +150,8 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "") -> list[s
 
 def explain_partition(placement: Placement, part: Partition, number: int, rank: Optional[int] = None) -> str:
     heading = f"#{number} {part.backend} {part.pattern}: {describe_cost(part)}" + (f" (top {rank})" if rank else "")
-    if placement.precision != "fp32":
-        heading += f" [{partition_precision(placement, part)}]"
+    if placement.precision != FP32:
+        heading += f" [{placement.precision_of(part)}]"
     lines = [heading, f"  operators: {describe_operators(part.nodes, placement.operators)}"]
     if not placement.considered:
         lines.append("  no candidates recorded in this placement file; re-run collage optimize to see the alternatives")

@@ -87,11 +87,12 @@ def optimize(
     clock = PhaseClock()
     original = load_model(model, example_inputs)
     target = tvm_compat.make_target(target)
-    precision = _precision_wanted(precision, placement)
+    replayed = load_placement(placement) if placement is not None else None
+    precision = _precision_wanted(precision, replayed, placement)
     check_precision(precision, target)
     imported = at_precision(original, precision)
-    if placement is not None:
-        imported = with_float32_units(imported, load_placement(placement).float32_units, original)
+    if replayed is not None:
+        imported = with_float32_units(imported, replayed.float32_units, original)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
     for failure in pm.failures:
@@ -230,11 +231,12 @@ def optimize(
     return optimized
 
 
-def _precision_wanted(precision: Optional[str], placement) -> str:
-    """The precision asked for; a replayed placement file's own unless the caller names the same one."""
-    if placement is None:
+def _precision_wanted(precision: Optional[str], replayed, placement) -> str:
+    """The precision asked for; a replayed placement's own (``replayed``, read from the file ``placement``)
+    unless the caller names the same one."""
+    if replayed is None:
         return precision or FP32
-    recorded = load_placement(placement).precision
+    recorded = replayed.precision
     if precision is not None and precision != recorded:
         raise CollageError(f"{placement}: the placement was made at precision {recorded}, not {precision}; "
                            f"replay it at {recorded} (leave --precision out) or search again at {precision}")
@@ -264,15 +266,16 @@ def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chos
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
         return Job(variant, graph, target, pm, chosen, settings, workdir, lambda message: None, False)
 
+    base = job_for(())
+
     def error_of(float32_units) -> float:
-        job = job_for(float32_units)
+        job = base if not float32_units else job_for(float32_units)
         candidates = _all_candidates(pm, job.graph, chosen, target)
         measurement = search_stage.measure(job, candidates, db)
         parts = search_stage.op_level_search(job, candidates, measurement.costs)
         built = finish_stage.build_placement(job, parts, library)
         return compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name).max_rel_error
 
-    base = job_for(())
     key = finish_key(base.end_to_end_key(None, "accuracy-budget"),
                      {"budget": budget, "blocks": blocks, "reference": imported.reference_name}, base.plugin_modules)
     record = workdir / FIT_FILE

@@ -12,7 +12,7 @@ import attrs
 
 from collage_core.errors import CollageError
 from collage_core.graph import OpGraph
-from collage_core.precision import FP32, PRECISIONS
+from collage_core.precision import DTYPES, FP32, PRECISIONS
 from collage_core.records import Cost, Partition
 
 FORMAT = "collage-placement"
@@ -50,6 +50,10 @@ class Placement:
     # With an accuracy budget: the budget and the error the placement's outputs measured against the reference.
     accuracy_budget: Optional[float] = attrs.field(default=None, eq=False)
     measured_error: Optional[float] = attrs.field(default=None, eq=False)
+
+    def precision_of(self, part: Partition) -> str:
+        """The precision ``part`` computes at: the placement's where it touches 16-bit values, else fp32."""
+        return self.precision if set(part.nodes) & set(self.sixteen_bit_operators) else FP32
 
     @property
     def summed_cost_s(self) -> float:
@@ -159,7 +163,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
             fail(f"unknown precision {precision!r} (Collage knows {', '.join(PRECISIONS)})")
         float32_units = _numbers(data.get("float32_units", []), "float32_units", fail)
         sixteen_bit = _numbers(data.get("sixteen_bit_operators", []), "sixteen_bit_operators", fail)
-        if float32_units and precision in (FP32, "tf32"):
+        if float32_units and precision not in DTYPES:
             fail(f"float32_units given for a {precision} placement (they belong to bf16 or fp16 ones)")
         if any(not 0 <= n < len(operators) for n in sixteen_bit):
             fail(f"sixteen_bit_operators names operators outside 0..{len(operators) - 1}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.precision import FP32
 from collage_core.precision import describe as describe_precision
 from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
 from collage_core.timing import STOPPED_PREFIX
@@ -113,10 +114,9 @@ def sixteen_bit_summary(placement, accuracy) -> str:
     """What ran at 16 bits: partitions and operators, and the units an accuracy budget kept in float32."""
     if not placement.sixteen_bit_operators:
         return ""
-    sixteen = set(placement.sixteen_bit_operators)
-    at_sixteen = sum(1 for p in placement.partitions if sixteen & set(p.nodes))
-    text = (f"\n{len(sixteen)} of {len(placement.operators)} operators compute on 16-bit values, in {at_sixteen} of "
-            f"{len(placement.partitions)} partitions; the others compute in float32")
+    at_sixteen = sum(1 for part in placement.partitions if placement.precision_of(part) != FP32)
+    text = (f"\n{len(placement.sixteen_bit_operators)} of {len(placement.operators)} operators compute on 16-bit values, "
+            f"in {at_sixteen} of {len(placement.partitions)} partitions; the others compute in float32")
     if accuracy is not None:
         text += f"\n{accuracy.describe()}: units in float32 {list(accuracy.float32_units) or 'none'}"
     elif placement.float32_units:

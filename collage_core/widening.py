@@ -20,18 +20,18 @@ from typing import Iterable
 import numpy as np
 
 from collage_core import tvm_compat
+from collage_core.precision import DTYPES
 from collage_core.relax_graph import substitute
 
 ANCHORS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.attention",
            "relax.nn.attention_bias")
-SIXTEEN_BIT = ("bfloat16", "float16")
+SIXTEEN_BIT = tuple(DTYPES.values())
 ASTYPE = "relax.astype"
 
 
-def _bindings(mod):
-    body = mod["main"].body
-    (block,) = body.blocks
-    return block, list(block.bindings)
+def _bindings(mod) -> list:
+    (block,) = mod["main"].body.blocks
+    return list(block.bindings)
 
 
 def _dtype(expr) -> str:
@@ -58,7 +58,7 @@ def units(mod) -> list[list[int]]:
     binding and of the 16-bit bindings it feeds before another anchor. Empty for a float32 model."""
     from tvm import relax
 
-    _, bindings = _bindings(mod)
+    bindings = _bindings(mod)
     unit_of: dict = {}
     found: list[list[int]] = []
     for index, binding in enumerate(bindings):
@@ -70,26 +70,12 @@ def units(mod) -> list[list[int]]:
         structural = isinstance(value, (relax.Tuple, relax.TupleGetItem))
         if not (structural or touches_sixteen_bit(value)):
             continue
-        producers = [unit_of[var] for var in _vars_read(value) if var in unit_of]
+        producers = [unit_of[var] for var in relax.analysis.free_vars(value) if var in unit_of]
         if producers:
             unit = max(producers)
             found[unit].append(index)
             unit_of[binding.var] = unit
     return found
-
-
-def _vars_read(expr) -> list:
-    from tvm import relax
-
-    if isinstance(expr, relax.Var):
-        return [expr]
-    if isinstance(expr, relax.Call):
-        return [var for arg in expr.args for var in _vars_read(arg)]
-    if isinstance(expr, relax.Tuple):
-        return [var for field in expr.fields for var in _vars_read(field)]
-    if isinstance(expr, relax.TupleGetItem):
-        return _vars_read(expr.tuple_value)
-    return []
 
 
 def float32_constants(original_mod) -> dict:
@@ -125,7 +111,7 @@ def widen(mod, chosen: Iterable[int], original_mod):
     widened = {index for unit in chosen for index in unit_list[unit]}
     constants = float32_constants(original_mod)
     func = mod["main"]
-    _, bindings = _bindings(mod)
+    bindings = _bindings(mod)
     builder = relax.BlockBuilder()
     remap: dict = {}  # old var -> the var that now holds its (unchanged) value
     rounded_from: dict = {}  # a 16-bit var -> the float32 value the conversion rounded to it
