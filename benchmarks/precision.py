@@ -56,7 +56,7 @@ import numpy as np
 import torch
 sys.path.insert(0, sys.argv[4])
 import make_hf_models as models
-name, batch, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+name, batch, mode, asked = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[5].split(",")
 torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is float32 as Collage computes it
 torch.backends.cudnn.allow_tf32 = False
 model, example, _ = models.module_and_input(name, batch)
@@ -66,6 +66,8 @@ with torch.inference_mode():
     reference = first(model(example))
 results = {}
 for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    if precision not in asked:
+        continue
     torch._dynamo.reset()  # else a compiled graph of the precision before is reused: dynamo does not guard on autocast's dtype
     run_model = torch.compile(model, mode="reduce-overhead") if mode.startswith("torch.compile") else model
     def function():
@@ -94,11 +96,11 @@ def collage_name(precision: str) -> str:
     return f"{interleaved.COLLAGE} ({precision})"
 
 
-def optimize(onnx: Path, precision: str, backends: str, out: Path, extra: tuple = ()) -> dict:
+def optimize(onnx: Path, precision: str, backends: str, out: Path, extra: tuple = (), cost_db: Path | None = None) -> dict:
     started = time.perf_counter()
     # The search is Collage's default: two-level where a graph-level backend is among ``backends``, else op-level.
     command = [sys.executable, "-m", "collage_core", "optimize", str(onnx), "--precision", precision, "--backends", backends,
-               "--output", str(out), "--cost-db", str(out / "costs.sqlite"), *extra]
+               "--output", str(out), "--cost-db", str(cost_db or out / "costs.sqlite"), *extra]
     last = "failed"
     with subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True) as process:
         for line in process.stderr:  # its progress shows as it goes; the last line names a failure
@@ -176,8 +178,12 @@ def measure(name: str, batch: int, backends: str, raw: Path, again: tuple = ()) 
     return record
 
 
-def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=GPU_PRECISIONS) -> dict:
-    """Collage at each precision on the GPU and the PyTorch peers at each precision, kept as each is measured."""
+def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=GPU_PRECISIONS, compare: bool = False) -> dict:
+    """Collage at each precision on the GPU and the PyTorch peers at each precision, kept as each is measured.
+
+    Collage's runs of one model and batch share a cost database (its keys hold the precision, so nothing is
+    mixed up): an accuracy budget's probes reuse what the plain runs measured. Single-backend baselines are
+    left out unless ``compare``: the comparison here is with the peers."""
     path = raw / f"{_stem(name, batch)}.json"
     record = json.loads(path.read_text()) if path.exists() else {"model": name, "batch": batch, "backends": backends,
                                                                   "collage": {}, "peers": {}}
@@ -187,21 +193,24 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=G
         path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
     onnx = _onnx_file(name, batch)
+    asked = sorted({spec.partition("@")[0] for spec in precisions}, key=GPU_PRECISIONS.index)
+    cost_db = Path(tempfile.gettempdir()) / "collage-precision" / f"{_stem(name, batch)}.sqlite"
+    cost_db.parent.mkdir(parents=True, exist_ok=True)
     for mode in GPU_MODES:
-        if mode not in record["peers"]:
-            print(f"{name} b{batch}: {mode} at {', '.join(GPU_PRECISIONS)}", flush=True)
-            done = subprocess.run([sys.executable, "-c", GPU_PEER_CODE, name, str(batch), mode, str(ROOT / "scripts")],
-                                  cwd=ROOT, capture_output=True, text=True)
+        if any(p not in record["peers"].get(mode, {}) for p in asked):
+            print(f"{name} b{batch}: {mode} at {', '.join(asked)}", flush=True)
+            done = subprocess.run([sys.executable, "-c", GPU_PEER_CODE, name, str(batch), mode, str(ROOT / "scripts"),
+                                   ",".join(asked)], cwd=ROOT, capture_output=True, text=True)
             record["peers"][mode] = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else
                                      {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]})
             keep()
     for spec in precisions:  # "bf16" or, with an accuracy budget, "bf16@1e-3"
         if spec not in record["collage"]:
             precision, _, budget = spec.partition("@")
-            extra = ("--target", "cuda", *(("--accuracy-budget", budget) if budget else ()))
+            extra = ("--target", "cuda", *(("--accuracy-budget", budget) if budget else ()), *(() if compare else ("--no-compare",)))
             print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision}", flush=True)
             out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-")
-            record["collage"][spec] = optimize(onnx, precision, backends, out, extra)
+            record["collage"][spec] = optimize(onnx, precision, backends, out, extra, cost_db)
             keep()
     return record
 
@@ -310,6 +319,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS),
                         help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E")
+    parser.add_argument("--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone")
     parser.add_argument("--only-report", action="store_true")
     parser.add_argument("--again", default="", help="CPU: make these precisions' Collage runs anew and time everything in "
                                                     "turns again, the other precisions' libraries kept")
@@ -324,7 +334,7 @@ def main() -> None:
                     records += [json.loads(path.read_text())] if path.exists() else []
                 else:
                     records.append(measure_on_gpu(name, batch, args.backends or "tvm,cublas,cudnn", raw,
-                                                  args.precisions.split(",")))
+                                                  args.precisions.split(","), args.compare))
         text = gpu_report(records)
         (HERE / "PRECISION-cuda.md").write_text(text + "\n")
         print(text)
