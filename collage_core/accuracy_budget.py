@@ -5,7 +5,8 @@ by at most ``E`` (the largest ``|out - ref|`` over the largest ``|ref|``, on the
 inputs). Error is measured, never guessed: each *probe* places the model with some units widened
 (:mod:`collage_core.widening`) by the op-level search, builds that placement and compares its
 outputs with the reference. The units are split into consecutive blocks; one probe per block, with
-that block alone left at 16 bits, says how much error the block brings. Blocks go back to float32
+that block alone left at 16 bits, says how much error the block brings (these probes are built at
+once, see :mod:`collage_core.probes`). Blocks go back to float32
 in order of the error they bring, most first, and a probe confirms each choice; the first choice
 that holds the budget is kept. Rounding errors from separate blocks are nearly independent, so the
 predicted error of a choice is the root of the sum of squares of the errors of the blocks left at
@@ -103,23 +104,29 @@ def blocks_of(units: int, count: int) -> list[tuple[int, ...]]:
     return [tuple(range(edges[i], edges[i + 1])) for i in range(count) if edges[i + 1] > edges[i]]
 
 
-def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float], blocks: int = DEFAULT_BLOCKS,
+def fit(units: int, budget: float, errors_of: Callable[[list[tuple[int, ...]]], list[float]], blocks: int = DEFAULT_BLOCKS,
         say: Optional[Callable[[str], None]] = None, refinements: int = DEFAULT_REFINEMENTS) -> Fit:
-    """The float32 units that hold ``budget``; ``error_of(float32_units)`` builds and measures a probe."""
+    """The float32 units that hold ``budget``; ``errors_of([float32_units, ...])`` builds and measures
+    probes, the blocks' probes in one call (they do not depend on each other, so they may be built at once)."""
     if not budget > 0:
         raise AccuracyBudgetError(f"the accuracy budget must be a positive relative error, not {budget}")
     say = say or (lambda message: None)
     probes: list[Probe] = []
 
+    def probe_all(asked: Sequence[tuple[Sequence[int], str]]) -> list[float]:
+        """The error of each ``(float32_units, why)``; a variant measured before is not probed again."""
+        known = {p.float32_units: p.error for p in probes}
+        chosen = [tuple(sorted(float32_units)) for float32_units, _ in asked]
+        new = [c for i, c in enumerate(chosen) if c not in known and c not in chosen[:i]]
+        for variant, error in zip(new, errors_of(new) if new else []):
+            why = next(w for c, (_, w) in zip(chosen, asked) if c == variant)
+            known[variant] = error
+            probes.append(Probe(variant, error, why))
+            say(f"accuracy probe {len(probes)}: {len(variant)} of {units} units in float32 ({why}): error {error:.3g}")
+        return [known[c] for c in chosen]
+
     def probe(float32_units: Sequence[int], why: str) -> float:
-        chosen = tuple(sorted(float32_units))
-        known = next((p.error for p in probes if p.float32_units == chosen), None)
-        if known is not None:  # the same variant measured before
-            return known
-        error = error_of(chosen)
-        probes.append(Probe(chosen, error, why))
-        say(f"accuracy probe {len(probes)}: {len(chosen)} of {units} units in float32 ({why}): error {error:.3g}")
-        return error
+        return probe_all([(float32_units, why)])[0]
 
     def done(chosen: Sequence[int], error: float) -> Fit:
         return Fit(budget, units, tuple(sorted(chosen)), error, tuple(probes))
@@ -145,9 +152,8 @@ def fit(units: int, budget: float, error_of: Callable[[tuple[int, ...]], float],
     if error <= budget or units == 0:
         return done((), error)
     split = blocks_of(units, blocks)
-    alone = {}
-    for block in split:
-        alone[block] = probe(tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits")
+    alone = dict(zip(split, probe_all([(tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits")
+                                       for block in split])))
     order = sorted(split, key=lambda block: -alone[block])
     chosen: list[int] = []
     for position, block in enumerate(order):

@@ -28,6 +28,7 @@ from collage_core.partition import partition_module
 from collage_core.placement_file import load_placement
 from collage_core.plugins import get_plugin_manager
 from collage_core.precision import DTYPES, FP32, Tolerance, at_precision, check_precision, tolerance, with_float32_units
+from collage_core.probes import outputs_of_variants
 from collage_core.records import GRAPH_LEVEL, Candidate
 from collage_core.relax_graph import RelaxGraph
 from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
@@ -259,22 +260,25 @@ def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chos
                 say) -> Fit:
     """Which units go back to float32: each probe places the model by the op-level search, builds it and
     measures its outputs' error against the reference (see collage_core.accuracy_budget)."""
-    library = workdir / "accuracy-probe.so"
-
     def job_for(float32_units) -> Job:
         variant = with_float32_units(imported, float32_units, original)
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
         return Job(variant, graph, target, pm, chosen, settings, workdir, lambda message: None, False)
 
     base = job_for(())
+    reference = imported.reference(base.inputs)
 
-    def error_of(float32_units) -> float:
-        job = base if not float32_units else job_for(float32_units)
-        candidates = _all_candidates(pm, job.graph, chosen, target)
-        measurement = search_stage.measure(job, candidates, db)
-        parts = search_stage.op_level_search(job, candidates, measurement.costs)
-        built = finish_stage.build_placement(job, parts, library)
-        return compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name).max_rel_error
+    def errors_of(variants) -> list[float]:
+        placed = []
+        for float32_units in variants:  # candidates are measured one variant at a time, then built at once
+            job = base if not float32_units else job_for(float32_units)
+            candidates = _all_candidates(pm, job.graph, chosen, target)
+            measurement = search_stage.measure(job, candidates, db)
+            placed.append((float32_units, search_stage.op_level_search(job, candidates, measurement.costs)))
+        if len(placed) > 1:
+            say(f"building {len(placed)} accuracy probes, {min(len(placed), settings.parallel_builds())} at once")
+        outputs = outputs_of_variants(base, original, placed, settings.parallel_builds())
+        return [compare_outputs(o, reference, imported.reference_name).max_rel_error for o in outputs]
 
     key = finish_key(base.end_to_end_key(None, "accuracy-budget"),
                      {"budget": budget, "blocks": blocks, "reference": imported.reference_name}, base.plugin_modules)
@@ -284,11 +288,7 @@ def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chos
         say(f"the accuracy budget's probes of the run before in {workdir} are reused (same model, budget, backends and code)")
         return previous
     with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
-        try:
-            fitted = fit(len(units(imported.mod)), budget, error_of, blocks, say)
-        finally:
-            for leftover in (library, library.with_name(library.name + ".runtime.json")):
-                leftover.unlink(missing_ok=True)
+        fitted = fit(len(units(imported.mod)), budget, errors_of, blocks, say)
     save_fit(record, key, fitted)
     return fitted
 

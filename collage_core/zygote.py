@@ -94,6 +94,10 @@ def _hold(state: dict, request: dict) -> dict:
     with open(request["module"]) as file:
         mod = tvm_compat.load_ir_json(file.read())
     state["held"] = {request["key"]: RelaxGraph.from_function(mod["main"], mod)}  # the latest model only
+    state["widenable"] = {}
+    if request.get("original"):  # a 16-bit model and its float32 original: workers may widen units of it
+        with open(request["original"]) as file:
+            state["widenable"][request["key"]] = (mod, tvm_compat.load_ir_json(file.read()))
     return {"ok": True}
 
 
@@ -224,12 +228,15 @@ class Zygote:
             raise ZygoteUnusable(reply["error"])
         return ForkedProcess(self, reply["pid"], os.fdopen(stdin_write, "w"), os.fdopen(stdout_read, "r"))
 
-    def hold(self, key: str, module_path) -> bool:
-        """Have the zygote keep the model saved at ``module_path`` under ``key`` (once); False if it could not."""
+    def hold(self, key: str, saved) -> bool:
+        """Have the zygote keep the model ``saved`` (its IR JSON file, or ``{"module": file, "original": file}``
+        for a 16-bit model that workers may widen) under ``key`` (once); False if it could not."""
         if key in self.held:
             return True
+        paths = saved if isinstance(saved, dict) else {"module": saved}
         try:
-            reply = self._call({"op": "hold", "key": key, "module": str(module_path)}, (), START_TIMEOUT_S)
+            reply = self._call({"op": "hold", "key": key, **{name: str(path) for name, path in paths.items()}}, (),
+                               START_TIMEOUT_S)
         except ZygoteUnusable:
             return False
         if "error" in reply:
@@ -335,7 +342,8 @@ def forked_worker(plugin_modules: Sequence[str], disabled: Sequence[str], stderr
 
 def hold_model(plugin_modules: Sequence[str], disabled: Sequence[str], key: str, write_module) -> bool:
     """Have the zygote that forks these plugins' workers keep a model under ``key``; ``write_module()``
-    saves it as IR JSON and returns the path (called only when the zygote does not hold it yet).
+    saves it as IR JSON and returns the path, or ``{"module": path, "original": path}`` with the float32
+    original of a 16-bit model (called only when the zygote does not hold it yet).
     True when workers forked from now on have it (``run_placement`` with ``held``)."""
     zygote_key = _current_key(plugin_modules, disabled)
     zygote = None if zygote_key is None else _zygote_for(zygote_key)

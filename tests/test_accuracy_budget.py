@@ -73,13 +73,16 @@ def test_blocks_split_units_in_order_and_evenly():
 
 def additive_error(contributions: dict):
     """A deterministic stand-in for measured error, for testing the choice only: independent rounding per unit."""
-    probes = []
+    probes, batches = [], []
 
-    def error_of(float32_units):
-        probes.append(float32_units)
-        return math.sqrt(sum(e ** 2 for unit, e in contributions.items() if unit not in float32_units)) + 1e-7
+    def errors_of(variants):
+        batches.append(len(variants))
+        probes.extend(variants)
+        return [math.sqrt(sum(e ** 2 for unit, e in contributions.items() if unit not in float32_units)) + 1e-7
+                for float32_units in variants]
 
-    return error_of, probes
+    errors_of.batches = batches
+    return errors_of, probes
 
 
 def test_the_blocks_bringing_most_error_go_back_first_and_the_first_choice_within_budget_is_kept():
@@ -87,6 +90,7 @@ def test_the_blocks_bringing_most_error_go_back_first_and_the_first_choice_withi
     fitted = fit(8, 2e-3, error_of, blocks=4, refinements=0)
     assert fitted.float32_units == (4, 5) and fitted.error <= 2e-3
     assert len(probes) == 1 + 4 + 1 and len(fitted.probes) == 6
+    assert error_of.batches == [1, 4, 1]  # the blocks' probes are asked at once, to be built at once
     assert json.loads(json.dumps(fitted.to_json()))["float32_units"] == [4, 5]
     # Then the last block sent back is split: unit 5 brings little error and gets its 16 bits again, unit 4 does not.
     error_of, probes = additive_error({0: 1e-4, 1: 1e-4, 2: 1e-3, 3: 1e-3, 4: 5e-3, 5: 1e-4, 6: 1e-4, 7: 1e-4})
@@ -186,3 +190,39 @@ def test_a_placement_file_with_bad_float32_units_is_refused_naming_the_file(tmp_
     path.write_text(json.dumps(dict(data, precision="fp32")))
     with pytest.raises(PlacementFileError, match="float32_units given for a fp32 placement"):
         load_placement(path)
+
+
+def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_whole(bf16_everywhere, tmp_path, monkeypatch):
+    from collage_core.backends import discover_backends, select_backends
+    from collage_core.baselines import searched_parts
+    from collage_core.job import Job
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.probes import outputs_of_variants
+    from collage_core.records import Cost
+    from collage_core.relax_graph import RelaxGraph
+    from collage_core.timing import MeasureSettings
+
+    original = load_model(MODELS / "tiny_bert.onnx")
+    converted = precision.at_precision(original, "bf16")
+    count = len(widening.units(converted.mod))
+    pm = get_plugin_manager()
+    chosen = select_backends(discover_backends(pm), ["tvm"])
+
+    def job_of(model) -> Job:
+        return Job(model, RelaxGraph.from_function(model.mod["main"], model.mod), CPU, pm, chosen, MeasureSettings(),
+                   tmp_path, lambda message: None, False)
+
+    placed = []
+    for units in [(), (0, count - 1), tuple(range(count))]:  # placed by the search on equal costs: any valid placement
+        job = job_of(precision.with_float32_units(converted, units, original))
+        candidates = optimizer._all_candidates(pm, job.graph, chosen, CPU)
+        placed.append((units, searched_parts(job.graph, candidates, {c.key: Cost.measured(1e-3, 0.0, 1) for c in candidates})))
+    base = job_of(converted)
+    at_once = outputs_of_variants(base, original, placed, workers=2)
+    monkeypatch.setenv("COLLAGE_FRESH_WORKERS", "exec")  # no zygote: each variant is widened here and sent whole
+    whole = outputs_of_variants(base, original, placed, workers=1)
+    for held, sent in zip(at_once, whole):
+        assert all((h == s).all() for h, s in zip(held, sent))
+    reference = original.reference(base.inputs)
+    errors = [compare_outputs(outputs, reference, "onnxruntime").max_rel_error for outputs in at_once]
+    assert errors[2] < 1e-5 < errors[0] / 10, errors  # every unit widened in the worker computes as float32 does
