@@ -225,9 +225,12 @@ def gpu_report(records: list[dict]) -> str:
              "autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.", ""]
     for record in records:
         lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
-                  "| precision | Collage (ms) | operators | eager (ms) | reduce-overhead (ms) | Collage / best peer | "
-                  "Collage error | eager error | reduce-overhead error |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
+                  "Collage / best peer | Collage error | eager error | reduce-overhead error | Collage's run (s) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         budgeted = [spec for spec in record["collage"] if "@" in spec]
+        float32_s = ((record["collage"].get("fp32", {}).get("results", {}).get("end_to_end") or [{}])[0]
+                     .get("cost", {}).get("median_s"))
         for spec in [*GPU_PRECISIONS, *budgeted]:
             precision, _, budget = spec.partition("@")
             run = record["collage"].get(spec, {})
@@ -241,13 +244,17 @@ def gpu_report(records: list[dict]) -> str:
                 mix += f"; {len(fitted['float32_units'])} of {fitted['units']} units in float32 ({len(fitted['probes'])} probes)"
             peers = [record["peers"].get(mode, {}).get(precision) or {"error": record["peers"].get(mode, {}).get("error", "-")}
                      for mode in GPU_MODES]
+            if not run and not any("median_s" in p for p in peers):
+                continue  # a precision not asked for this model
             best = min((p["median_s"] for p in peers if "median_s" in p), default=None)
             numerics = results.get("numerics") or {}
-            cells = [f"{precision}, budget {budget}" if budget else precision, f"{collage_s * 1e3:.3f}" if collage_s else "-", mix,
+            cells = [f"{precision}, budget {budget}" if budget else precision, f"{collage_s * 1e3:.3f}" if collage_s else "-",
+                     f"{float32_s / collage_s:.2f}" if collage_s and float32_s else "-", mix,
                      *[f"{p['median_s'] * 1e3:.3f}" if "median_s" in p else p.get("error", "-") for p in peers],
                      f"{collage_s / best:.2f}" if collage_s and best and all("median_s" in p for p in peers) else "-",
                      f"{numerics['max_rel_error']:.2e}" if "max_rel_error" in numerics else "-",
-                     *[f"{p['error']:.2e}" if "error" in p and "median_s" in p else "-" for p in peers]]
+                     *[f"{p['error']:.2e}" if "error" in p and "median_s" in p else "-" for p in peers],
+                     f"{run['wall_s']:.0f}" if "wall_s" in run else "-"]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", *[f"- {note}" for note in record.get("notes", [])], ""]
     return "\n".join(lines)
