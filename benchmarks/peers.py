@@ -367,6 +367,9 @@ def main() -> None:
     report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
     if gpu_raw.is_dir():
         append_gpu_section(gpu_raw, report, ROOT / "benchmarks" / "results-cuda.png")
+    precision_cuda = ROOT / "benchmarks" / "PRECISION-cuda.md"  # written by benchmarks/precision.py --device cuda
+    if precision_cuda.exists():
+        report.write_text(report.read_text().rstrip("\n") + "\n\n" + precision_cuda.read_text())
     print(f"wrote {report} and its charts")
 
 
