@@ -222,7 +222,9 @@ def gpu_report(records: list[dict]) -> str:
              "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
              "over max |ref|, against ONNX Runtime at fp32 on its random inputs).",
              "- PyTorch: eager and `torch.compile` \"reduce-overhead\", fp32 with TF32 off, bf16 and fp16 under CUDA "
-             "autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.", ""]
+             "autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.",
+             "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
+             "beside it are the same bf16 runs, held to no budget.", ""]
     for record in records:
         lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
                   "| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
