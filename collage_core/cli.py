@@ -110,6 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--generations", type=int, default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
     optimize.add_argument("--patience", type=int, default=DEFAULT_TWO_LEVEL.patience,
                           help="two-level: stop after this many generations without a faster placement")
+    optimize.add_argument("--min-gain", type=float, default=DEFAULT_TWO_LEVEL.min_gain, metavar="F",
+                          help="two-level: a generation counts as faster only when its best beats the one before by more "
+                               "than the measurements' spread and by this fraction of it (default %(default)g)")
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
     optimize.add_argument("--baseline-limit", type=float, default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
@@ -194,7 +197,7 @@ def _optimize(args) -> int:
         accuracy_budget=args.accuracy_budget,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
-            seed=args.seed,
+            min_gain=args.min_gain, seed=args.seed,
         ),
     )
     print(render_report(result))

@@ -24,7 +24,7 @@ from collage_core.plugins import disabled_plugin_names
 from collage_core.records import OP_LEVEL, Candidate, Cost, Partition
 from collage_core.regions import genome_key
 from collage_core.relax_graph import RelaxGraph
-from collage_core.timing import MeasureSettings
+from collage_core.timing import MeasureSettings, stopped
 from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
 
 log = logging.getLogger("collage")
@@ -37,6 +37,9 @@ END_TO_END_PROTOCOL = "fresh-worker-2"
 SETUP_GRACE_S = 30.0
 # A genome whose run is this much slower than the best so far is not measured further.
 CUTOFF_FACTOR = 1.5
+# The least run limit of a placement measured against a cutoff: the message saying a run ended
+# takes time of its own to arrive, and a limit of milliseconds would stop fast GPU placements.
+RUN_LIMIT_FLOOR_S = 1.0
 # Time to build a placement, on top of measuring it.
 BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
@@ -238,11 +241,18 @@ class EndToEndEvaluator:
         cutoff = CUTOFF_FACTOR * self.best_s if self.cut_off and math.isfinite(self.best_s) else None
         started = time.perf_counter()
         try:
-            _, cost = job.run_built(parts, None, cutoff_s=cutoff)
+            # A run far slower than the cutoff stops the worker: a placement whose one run takes seconds
+            # against a best of milliseconds is not run again (BERT-base on 2 cores: 30 s a run).
+            limit = None if cutoff is None else max(cutoff, RUN_LIMIT_FLOOR_S)
+            _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)
             self.best_s = min(self.best_s, cost.seconds)
             if cost.repeats > 1:
                 job.measured_end_to_end[signature(parts)] = cost
             job.say(f"  placement of {len(parts)} partitions: {describe_cost(cost)}, best {self.best_s * 1e3:.3f} ms")
+        except StageTooSlow:
+            cost = stopped(limit)
+            job.say(f"  placement of {len(parts)} partitions: stopped, a run took longer than {limit:g} s, "
+                    f"best {self.best_s * 1e3:.3f} ms")
         except CollageError as error:
             cost = Cost.invalid(str(error))
         effort_s = time.perf_counter() - started

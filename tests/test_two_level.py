@@ -202,3 +202,57 @@ def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
         assert f"{record.best_s * 1e3:.3f} ms" in "".join(bar.itertext())
     fills = {r.get("data-backend"): r.get("fill") for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-backend")}
     assert fills["onnxruntime"] == "#8dd3c7" and fills["openvino"] not in ("#8dd3c7", "#ffffb3")
+
+
+def test_gains_within_the_measurements_spread_do_not_keep_the_search_going():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4}, "other": {3, 4, 5, 6, 7}})  # the fastest mixes them
+
+    def shrunk(spread_s):
+        def cost(parts) -> Cost:  # the model's differences shrunk to microseconds on a 10 ms run
+            return Cost.measured(0.01 + 1e-3 * deterministic_end_to_end_cost(parts).median_s, spread_s, 5)
+        return cost
+
+    settings = TwoLevelSettings(population=6, generations=20, patience=2, seed=1)  # seed 1: improves for 8 generations
+    noisy = search_two_level(graph, groups, shrunk(2e-4), settings)
+    assert noisy.generations == settings.patience  # nothing beat the seeds by more than the 0.2 ms spread
+    exact = search_two_level(graph, groups, shrunk(0.0), TwoLevelSettings(population=6, generations=20, patience=2, seed=1,
+                                                                           min_gain=0.0))
+    # Without a spread, each microsecond counts: the same search goes on, and finds the faster mix.
+    assert exact.generations > settings.patience and exact.latency.median_s < noisy.latency.median_s
+
+
+def test_a_placement_whose_run_outlasts_the_cutoff_is_stopped_and_not_measured_again(tmp_path):
+    from collage_core.cost_db import CostDatabase
+    from collage_core.job import CUTOFF_FACTOR, RUN_LIMIT_FLOOR_S, EndToEndEvaluator
+    from collage_core.timing import STOPPED_PREFIX
+    from collage_core.worker_client import StageTooSlow
+
+    fast = [Partition("tvm", "tvm.op", [0], "fast", Cost.unknown())]
+    slow = [Partition("tvm", "tvm.op", [1], "slow", Cost.unknown())]
+
+    class Job:  # what the evaluator asks of a job; the slow placement's worker is stopped by its run limit
+        def __init__(self):
+            self.runs, self.said, self.measured_end_to_end = [], [], {}
+
+        def end_to_end_key(self, parts):
+            return genome_key(parts)
+
+        def run_built(self, parts, library, cutoff_s=None, run_limit_s=None):
+            self.runs.append((parts[0].key, cutoff_s, run_limit_s))
+            if parts is slow:
+                raise StageTooSlow("set up", run_limit_s)
+            return [], Cost.measured(0.2, 0.01, 5)
+
+        def say(self, message):
+            self.said.append(message)
+
+    job = Job()
+    with CostDatabase.open(tmp_path / "costs.sqlite") as db:
+        evaluate = EndToEndEvaluator(job, db, cut_off=True)
+        assert evaluate(fast).median_s == 0.2
+        stopped = evaluate(slow)
+        assert not stopped.is_measured and stopped.reason.startswith(STOPPED_PREFIX)
+        assert evaluate(slow) == stopped  # read from the database, not run again
+    assert job.runs == [("fast", None, None), ("slow", CUTOFF_FACTOR * 0.2, max(CUTOFF_FACTOR * 0.2, RUN_LIMIT_FLOOR_S))]
+    assert "stopped, a run took longer than 1 s" in job.said[-1]
