@@ -215,6 +215,11 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=G
     return record
 
 
+def _placed(run: dict) -> dict:
+    """The end-to-end entry of the placement a Collage run returned ({} if it has none)."""
+    return (run.get("results", {}).get("end_to_end") or [{}])[0]
+
+
 def gpu_report(records: list[dict]) -> str:
     lines = ["# Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions", "",
              "Command: `python benchmarks/precision.py --device cuda` (raw results in `benchmarks/raw-precision-cuda/`).", "",
@@ -231,13 +236,12 @@ def gpu_report(records: list[dict]) -> str:
                   "Collage / best peer | Collage error | eager error | reduce-overhead error | Collage's run (s) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         budgeted = [spec for spec in record["collage"] if "@" in spec]
-        float32_s = ((record["collage"].get("fp32", {}).get("results", {}).get("end_to_end") or [{}])[0]
-                     .get("cost", {}).get("median_s"))
+        float32_s = _placed(record["collage"].get("fp32", {})).get("cost", {}).get("median_s")
         for spec in [*GPU_PRECISIONS, *budgeted]:
             precision, _, budget = spec.partition("@")
             run = record["collage"].get(spec, {})
             results = run.get("results", {})
-            placed = (results.get("end_to_end") or [{}])[0]
+            placed = _placed(run)
             cost = placed.get("cost", {})
             collage_s = cost.get("median_s")
             mix = ", ".join(f"{b} {n}" for b, n in sorted(placed.get("operators_by_backend", {}).items())) or run.get("error", "-")

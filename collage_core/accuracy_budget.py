@@ -117,9 +117,11 @@ def fit(units: int, budget: float, errors_of: Callable[[list[tuple[int, ...]]], 
         """The error of each ``(float32_units, why)``; a variant measured before is not probed again."""
         known = {p.float32_units: p.error for p in probes}
         chosen = [tuple(sorted(float32_units)) for float32_units, _ in asked]
-        new = [c for i, c in enumerate(chosen) if c not in known and c not in chosen[:i]]
-        for variant, error in zip(new, errors_of(new) if new else []):
-            why = next(w for c, (_, w) in zip(chosen, asked) if c == variant)
+        new: dict[tuple[int, ...], str] = {}  # variant -> why, in the order asked
+        for variant, (_, why) in zip(chosen, asked):
+            if variant not in known:
+                new.setdefault(variant, why)
+        for (variant, why), error in zip(new.items(), errors_of(list(new)) if new else []):
             known[variant] = error
             probes.append(Probe(variant, error, why))
             say(f"accuracy probe {len(probes)}: {len(variant)} of {units} units in float32 ({why}): error {error:.3g}")

@@ -169,9 +169,8 @@ class Job:
         (self.workdir / "model.json").unlink(missing_ok=True)
         response = None
         if held:
-            parts_json = [{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts]
             try:
-                response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_json}, run_limit_s)
+                response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_to_json(parts)}, run_limit_s)
             except HeldElsewhere:
                 pass  # sent whole below
         try:
@@ -206,6 +205,11 @@ class Job:
         path.write_text(tvm_compat.save_ir_json(self.imported.mod))
         return path
 
+
+
+def parts_to_json(parts) -> list[dict]:
+    """Partitions as a worker holding the model reads them (``run_placement`` with ``held``)."""
+    return [{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts]
 
 
 class HeldElsewhere(Exception):

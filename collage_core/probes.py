@@ -15,7 +15,7 @@ tunes it while others run, which may choose another algorithm, never a wrong one
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from collage_core import tvm_compat, zygote
 from collage_core.errors import CollageError
-from collage_core.job import BUILD_TIMEOUT_S, Job
+from collage_core.job import BUILD_TIMEOUT_S, Job, parts_to_json
 from collage_core.partition import partition_module
 from collage_core.precision import with_float32_units
 from collage_core.relax_graph import RelaxGraph
@@ -54,15 +54,12 @@ def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[i
             "timed": False,
         }
         if held:
-            request.update(held=key, float32_units=sorted(units),
-                           parts=[{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts])
+            request.update(held=key, float32_units=sorted(units), parts=parts_to_json(parts))
         else:
             request["module"] = str(_write_variant(base, original, units, parts, index))
         requests.append(request)
     try:
-        failures = _run_all(base, requests, workers)
-        if failures:
-            raise CollageError(f"an accuracy probe's build or run failed: {failures[0]}")
+        _run_all(base, requests, workers)
         outputs = []
         for request in requests:
             with np.load(request["outputs"], allow_pickle=False) as saved:
@@ -76,29 +73,21 @@ def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[i
         inputs.unlink(missing_ok=True)
 
 
-def _run_all(base: Job, requests: list[dict], workers: int) -> list[str]:
-    """Send each request to a fresh worker, ``workers`` at once; what failed, in words."""
-    pending, failures, lock = list(requests), [], threading.Lock()
+def _run_all(base: Job, requests: list[dict], workers: int) -> None:
+    """Send each request to a fresh worker, ``workers`` at once; the first failure stops the rest."""
+    def run(request: dict) -> None:
+        try:
+            with MeasurementWorker(base.plugin_modules, base.disabled) as worker:
+                worker.request(request, base.settings.timeout_s + BUILD_TIMEOUT_S)
+        except WorkerFailure as failure:
+            raise CollageError(f"an accuracy probe's build or run failed: {failure}") from None
 
-    def run_some() -> None:
-        while True:
-            with lock:
-                if not pending or failures:
-                    return
-                request = pending.pop(0)
-            try:
-                with MeasurementWorker(base.plugin_modules, base.disabled) as worker:
-                    worker.request(request, base.settings.timeout_s + BUILD_TIMEOUT_S)
-            except WorkerFailure as failure:
-                with lock:
-                    failures.append(str(failure))
-
-    threads = [threading.Thread(target=run_some, daemon=True) for _ in range(max(1, min(workers, len(requests))))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return failures
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(requests))))
+    try:
+        for _ in pool.map(run, requests):
+            pass
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def _write_pair(base: Job, original) -> dict:
