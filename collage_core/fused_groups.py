@@ -244,10 +244,15 @@ def _activation(group: Group, rest: list, value, allowed: Sequence[str]) -> tupl
 
 @attrs.define
 class Epilogue:
-    """Operations after the anchor a kernel fuses, in the order kernels apply them: scale, bias, residual, activation."""
+    """Operations after the anchor a kernel fuses, in the order kernels apply them: scale, bias, residual, activation.
+
+    ``out_dtype`` is what the kernel writes: float32, or the 16-bit type of a cast read straight after the
+    anchor (the residual is then of that type too; the kernel computes the rest in float32 and rounds once).
+    """
 
     scale: float = 1.0
     bias: Optional[np.ndarray] = None
+    out_dtype: str = FLOAT32
     residual: object = None
     activation: Optional[str] = None
     output_shape: tuple = ()
@@ -261,14 +266,29 @@ def _as_bias(value: np.ndarray, channels: int, axis_from_end: int) -> Optional[n
     return value.reshape(channels).astype(np.float32)
 
 
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+
+def _sixteen_bit_cast(call) -> str:
+    """The 16-bit dtype a cast of a float32 anchor result gives."""
+    dtype = str(call.attrs.dtype)
+    if dtype not in SIXTEEN_BIT or tvm_compat.tensor_shape_dtype(call.args[0])[1] != FLOAT32:
+        raise Refused(f"a cast to {dtype} after the anchor (only float32 to {' or '.join(SIXTEEN_BIT)})")
+    return dtype
+
+
 def read_epilogue(
     group: Group, anchor, channels: int, channel_axis_from_end: int, allowed: Sequence[str], reshapes: bool = False
 ) -> Epilogue:
     """The calls after ``anchor``, read as scale, bias, residual add and activation (each optional, in that order).
 
     ``allowed`` names what the kernel fuses: ``"scale"``, ``"bias"``, ``"residual"`` and
-    activations from :data:`ACTIVATIONS`. With ``reshapes``, reshapes between them are taken
-    (memory stays as it is); a bias after a reshape must still run along the last axis.
+    activations from :data:`ACTIVATIONS`, and ``"cast"``: a float32 anchor result cast to 16 bits
+    straight away, as TVM's mixed-precision pass writes each product and convolution, after which the
+    epilogue runs on 16-bit values. The kernel computes that epilogue in float32 and rounds once where
+    the Relax program rounds after each step: closer to float32, within the 16-bit precision's
+    tolerance. With ``reshapes``, reshapes between them are taken (memory stays as it is); a bias after
+    a reshape must still run along the last axis.
     """
     rest = group.calls[group.calls.index(anchor) + 1 :]
     value, epilogue, stage = group.var_of(anchor), Epilogue(), 0
@@ -279,6 +299,8 @@ def read_epilogue(
         other = other_operand(call, value) if name in ("relax.add", "relax.multiply") else None
         if activation is not None:
             epilogue.activation, stage = activation, 4
+        elif name == "relax.astype" and "cast" in allowed and call.args[0].same_as(value) and value.same_as(group.var_of(anchor)):
+            epilogue.out_dtype, taken = _sixteen_bit_cast(call), 1
         elif name == "relax.reshape" and reshapes and call.args[0].same_as(value):
             taken = 1
             if shape_of(call)[-1] != channels:
@@ -292,7 +314,7 @@ def read_epilogue(
                 raise Refused(f"an added constant of shape {constant.shape} that the kernel cannot fuse as a bias")
             epilogue.bias, stage, taken = bias, 2, 1
         elif name == "relax.add" and other is not None and "residual" in allowed and stage < 3:
-            external(group, other)
+            external(group, other, (epilogue.out_dtype,))
             if shape_of(other) != shape_of(call):
                 raise Refused("a residual add that broadcasts")
             epilogue.residual, stage, taken = other, 3, 1
@@ -335,6 +357,11 @@ def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> S
 def either(op: str, value, other):
     """``op(value, other)`` or ``op(other, value)``: exporters write commutative operands either way."""
     return is_op(op)(value, other) | is_op(op)(other, value)
+
+
+def cast_pattern(value):
+    """A cast of ``value`` (TVM's mixed-precision pass casts each float32-accumulated result to 16 bits)."""
+    return is_op("relax.astype")(value)
 
 
 def bias_pattern(value):

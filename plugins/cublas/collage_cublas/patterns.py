@@ -9,7 +9,7 @@ from __future__ import annotations
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core.fused_groups import (
-    activation_pattern, bias_pattern, recognizer_check, reshape_pattern, residual_pattern, scale_pattern,
+    activation_pattern, bias_pattern, cast_pattern, recognizer_check, reshape_pattern, residual_pattern, scale_pattern,
 )
 from collage_core.records import Pattern
 from collage_cublas import specs
@@ -64,6 +64,12 @@ BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": _scale}
 _check = recognizer_check(specs.recognize)
 
 
+def _maybe_cast(product):
+    """The product, or (16-bit operands, as `--precision bf16|fp16` writes them) its float32 result cast to
+    16 bits: the kernel then writes 16 bits and the epilogue after the cast is the same."""
+    return product | cast_pattern(product)
+
+
 def patterns() -> list[Pattern]:
     found = []
 
@@ -71,11 +77,11 @@ def patterns() -> list[Pattern]:
         found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
 
     for lhs_form, lhs in OPERAND_FORMS.items():
-        dense = is_op("relax.matmul")(lhs(None), is_const())
+        dense = _maybe_cast(is_op("relax.matmul")(lhs(None), is_const()))
         for suffix, epilogue in DENSE_EPILOGUES.items():
             add(f"dense{'_t' if lhs_form == 't' else ''}{suffix}", epilogue(dense))
         for rhs_form, rhs in OPERAND_FORMS.items():
-            batch = is_op("relax.matmul")(lhs(None), rhs(None))
+            batch = _maybe_cast(is_op("relax.matmul")(lhs(None), rhs(None)))
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"
             for suffix, epilogue in BATCH_MATMUL_EPILOGUES.items():
                 add(f"batch_matmul{forms}{suffix}", epilogue(batch))

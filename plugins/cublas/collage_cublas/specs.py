@@ -8,7 +8,9 @@ lies in memory. Each operand is read in place through strides: a ``permute_dims`
 batch strides. Batch dimensions that cannot be merged into one strided batch are looped over
 (at most one such outer loop). The epilogue (scale as alpha, bias, residual as C with beta 1,
 ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
-operands are float32, or bfloat16 or float16 accumulating into a float32 result.
+operands are float32, or bfloat16 or float16 accumulating into a float32 result; with 16-bit operands
+the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D and the
+residual are then of that type (the epilogue still computes in float32).
 
 One recognizer serves the pattern checks and the lowering; ``runtime/collage_cublas.cc``
 reads the words; keep the two in step.
@@ -28,14 +30,15 @@ from collage_core.fused_groups import (
     strided_operand, uniform_operand_dtype,
 )
 
-SPEC_VERSION = 2
-# The last word: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
-# `collage optimize --precision bf16|fp16` writes them); bias, residual and output are float32.
+SPEC_VERSION = 3
+# The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
+# `collage optimize --precision bf16|fp16` writes them), and what the output and residual are (float32,
+# or the 16-bit type of a cast the group applies to the product). The bias is float32.
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
 ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
-FUSED = ("scale", "bias", "residual", "relu", "gelu_tanh")
+FUSED = ("cast", "scale", "bias", "residual", "relu", "gelu_tanh")
 MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided batch
 
 
@@ -166,5 +169,6 @@ def recognize(group: Group) -> KernelSpec:
     words = (
         SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), ACTIVATION_CODES[epilogue.activation],
         int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale), operand_type,
+        OPERAND_TYPES[epilogue.out_dtype],
     )
     return KernelSpec(words, tuple(operands))

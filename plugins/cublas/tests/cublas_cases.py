@@ -4,7 +4,8 @@
 name's parts (operand forms, bias, residual, reshape, activation, scale). ``reference`` follows
 cuBLASLt's contract (column-major matrices read through leading dimensions and batch strides,
 ``D = act(alpha * op(a) op(b) + beta * C + bias)``) with PyTorch, on the CPU in float64 for the
-spec tests and on CUDA in float32 with TF32 off for the kernel tests.
+spec tests and on CUDA in float32 with TF32 off for the kernel tests; D is rounded once to the spec's
+output type.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from tvm import relax
 
+from collage_core.testing import rounded_to
 from collage_cublas import specs
 
 R = relax.op
@@ -34,7 +36,8 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     a, b = w[4:10], w[10:16]
     ld_d, batch, outer, d_stride, d_outer = w[16:21]
     activation, has_bias, has_residual, alpha = w[21], w[22], w[23], _float(w[24])
-    flat = [torch.from_numpy(np.ascontiguousarray(x).ravel()).to(device=device, dtype=dtype) for x in operands]
+    out_dtype = {code: name for name, code in specs.OPERAND_TYPES.items()}[w[26]]
+    flat = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype) for x in operands]
     first, second = flat[0], flat[1]
     bias = flat[2] if has_bias else None
     residual = flat[2 + has_bias] if has_residual else None
@@ -56,11 +59,11 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
             elif activation == specs.GELU_TANH:
                 d = 0.5 * d * (1 + torch.tanh(math.sqrt(2 / math.pi) * (d + 0.044715 * d**3)))
             torch.as_strided(out, (m, n), (1, ld_d), offset).copy_(d)
-    return out.cpu().numpy()
+    return rounded_to(out.cpu().numpy(), out_dtype).astype(np.float64)
 
 
-def _const(rng, *shape):
-    return relax.const(rng.uniform(-1, 1, size=shape).astype(F))
+def _const(rng, *shape, dtype=F):
+    return relax.const(rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype))
 
 
 def _gelu_tanh_spelt_out(bb, x):
@@ -71,10 +74,20 @@ def _gelu_tanh_spelt_out(bb, x):
     return R.multiply(bb.emit(R.multiply(x, relax.const(0.5, F))), one)
 
 
-def case(pattern_name: str, seed: int = 0):
-    """``(make(bb, *params), param shapes)`` for a function the pattern ``cublas.<pattern_name>`` covers whole."""
+def case(pattern_name: str, seed: int = 0, cast_to: str = F):
+    """``(make(bb, *params), param shapes)`` for a function the pattern ``cublas.<pattern_name>`` covers whole.
+
+    With ``cast_to`` a 16-bit type, it is written the way `--precision bf16|fp16` converts a model: parameters
+    and constants of that type, the product accumulating in float32 and cast to 16 bits before the epilogue.
+    """
     rng = np.random.default_rng(seed)
     parts = pattern_name.split("_")
+
+    def product(bb, lhs, rhs):
+        if cast_to == F:
+            return bb.emit(R.matmul(lhs, rhs))
+        return bb.emit(R.astype(bb.emit(R.matmul(lhs, rhs, out_dtype=F)), cast_to))
+
     if parts[0] == "dense":
         transposed = "t" in parts
         m_shape, k, n = (2, 8), 24, 40
@@ -86,9 +99,9 @@ def case(pattern_name: str, seed: int = 0):
         def make(bb, x, *rest):
             if transposed:
                 x = bb.emit(R.permute_dims(x, [1, 0]))
-            v = bb.emit(R.matmul(x, _const(rng, k, n)))
+            v = product(bb, x, _const(rng, k, n, dtype=cast_to))
             if "bias" in parts:
-                v = bb.emit(R.add(_const(rng, n), v))
+                v = bb.emit(R.add(_const(rng, n, dtype=cast_to), v))
             if "add" in parts:
                 v = bb.emit(R.add(v, rest[0]))
             if "reshape" in parts:
@@ -110,9 +123,9 @@ def case(pattern_name: str, seed: int = 0):
             lhs = bb.emit(R.permute_dims(lhs, [0, 2, 1, 3]))  # a head split read in place
         if forms[1] == "t":
             rhs = bb.emit(R.permute_dims(rhs, [0, 2, 3, 1]))  # K^T of a head split
-        v = bb.emit(R.matmul(lhs, rhs))
+        v = product(bb, lhs, rhs)
         if "scale" in parts:
-            v = bb.emit(R.multiply(v, relax.const(0.125, F)))
+            v = bb.emit(R.multiply(v, relax.const(0.125, cast_to)))
         return v
 
     return make, [lhs_shape, rhs_shape]

@@ -19,7 +19,7 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, rounded_to, whole_candidate
+from collage_core.testing import function_module, operand_arrays, rounded_to, sixteen_bit_atol, whole_candidate
 from collage_cublas import lowering, patterns, specs
 from cublas_cases import case, reference
 
@@ -95,3 +95,28 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
     rounded = [torch.from_numpy(x.astype(np.float32)).double() for x in inputs]
     expected = expected_of(*rounded).numpy()
     np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL)
+
+
+# With 16-bit operands the product's float32 result is cast to 16 bits before the epilogue (as TVM's mixed-precision
+# pass writes it): cuBLASLt then writes 16 bits, computing the epilogue in float32 and rounding once, where PyTorch's
+# float32 result is rounded once too; the two may round apart by a unit in the last place (``sixteen_bit_atol``).
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "batch_matmul_tt_scale"])
+def test_a_product_cast_to_sixteen_bits_writes_sixteen_bits_like_pytorch(pm, backends, cuda, pattern_name, dtype):
+    target, device = cuda
+    make, shapes = case(pattern_name, cast_to=dtype)
+    mod = function_module(make, *shapes, dtype=dtype)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cublas.{pattern_name}")
+    assert candidate is not None, f"cublas.{pattern_name} does not take the cast to {dtype}"
+    placed = partition_module(graph, [candidate])
+    assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    rng = np.random.default_rng(4)
+    inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype) for shape in shapes]
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
+    assert str(got.dtype) == dtype
+    standalone = graph.standalone_module(candidate.nodes)["main"]
+    spec = specs.recognize(Group.from_function(standalone))
+    operands = operand_arrays(spec.operands, mod["main"].params, inputs)
+    expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.fused_groups import activation_pattern, bias_pattern, recognizer_check
+from collage_core.fused_groups import activation_pattern, bias_pattern, cast_pattern, recognizer_check, residual_pattern
 from collage_core.records import Pattern
 from collage_cudnn import specs
 
@@ -24,6 +24,16 @@ CONV2D_EPILOGUES = {
     "_bias": bias_pattern,
     "_bias_relu": lambda v: activation_pattern(bias_pattern(v), ["relu"]),
 }
+# With 16-bit operands (`--precision bf16|fp16`) TVM's mixed-precision pass casts each float32 result to
+# 16 bits before the epilogue; cuDNN's runtime-fusion engines take the cast (a 16-bit y) and, at these
+# precisions, a residual add (ResNet's conv-bias-add-ReLU).
+SIXTEEN_BIT_CONV2D_EPILOGUES = {
+    "_cast": cast_pattern,
+    "_cast_bias": lambda v: bias_pattern(cast_pattern(v)),
+    "_cast_bias_relu": lambda v: activation_pattern(bias_pattern(cast_pattern(v)), ["relu"]),
+    "_cast_bias_add": lambda v: residual_pattern(bias_pattern(cast_pattern(v))),
+    "_cast_bias_add_relu": lambda v: activation_pattern(residual_pattern(bias_pattern(cast_pattern(v))), ["relu"]),
+}
 OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims")(wildcard())}
 
 
@@ -37,10 +47,11 @@ def patterns() -> list[Pattern]:
         found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
 
     conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
-    for suffix, epilogue in CONV2D_EPILOGUES.items():
+    for suffix, epilogue in {**CONV2D_EPILOGUES, **SIXTEEN_BIT_CONV2D_EPILOGUES}.items():
         add(f"conv2d{suffix}", epilogue(conv))
     for lhs_form, lhs in OPERAND_FORMS.items():
         for rhs_form, rhs in OPERAND_FORMS.items():
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"
-            add(f"batch_matmul{forms}", is_op("relax.matmul")(lhs(), rhs()))
+            product = is_op("relax.matmul")(lhs(), rhs())
+            add(f"batch_matmul{forms}", product | cast_pattern(product))  # the cast only with 16-bit operands
     return found

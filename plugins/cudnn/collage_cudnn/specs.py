@@ -5,7 +5,9 @@ and a matrix product (each operand read in place through its strides, so ``permu
 transposes and head splits cost nothing; batch dimensions merged into one). After the anchor,
 cuDNN's pointwise nodes fuse a per-channel bias, a residual add and one activation: ReLU,
 erf GELU (``GELU_FWD``), tanh GELU (``GELU_APPROX_TANH_FWD``) or SiLU (``SWISH_FWD``), each the
-function the Relax program spells out. One recognizer serves the pattern checks and the
+function the Relax program spells out. With 16-bit operands the group may first cast the anchor's
+float32 result to 16 bits (as TVM's mixed-precision pass does); the graph then writes y in that type.
+One recognizer serves the pattern checks and the
 lowering; ``runtime/collage_cudnn.cc`` reads the words; keep the two in step.
 """
 
@@ -23,14 +25,16 @@ from collage_core.fused_groups import (
     shape_of, strided_operand, uniform_operand_dtype,
 )
 
-SPEC_VERSION = 2
-# The word after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
-# `collage optimize --precision bf16|fp16` writes them); bias, residual and y are float32.
+SPEC_VERSION = 3
+# The words after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
+# `collage optimize --precision bf16|fp16` writes them), then what y and the residual are: float32, or
+# the 16-bit type of a cast the group applies to the anchor's result (the pointwise nodes still compute
+# in float32). The bias is float32.
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
 CONV2D, MATMUL = 1, 2
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
-FUSED = ("bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
+FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
 
 
@@ -132,7 +136,7 @@ def _with_epilogue(words: tuple, operands: list, epilogue, operand_type: int) ->
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     tail = (int(epilogue.bias is not None), int(epilogue.residual is not None), ACTIVATION_CODES[epilogue.activation],
-            operand_type)
+            operand_type, OPERAND_TYPES[epilogue.out_dtype])
     return KernelSpec((*words, *tail), tuple(operands))
 
 

@@ -5,7 +5,9 @@ from the name's parts (anchor, operand forms, bias, residual, activation). ``ref
 the graph a spec describes (tensors read through the spec's dims and strides, a cross-correlation
 or a batched product, then bias, residual and activation as cuDNN's pointwise modes define them)
 with PyTorch: on the CPU in float64 for the spec tests, on CUDA in float32 with TF32 off for the
-kernel tests.
+kernel tests. A pattern whose name holds ``cast`` is built the way `--precision bf16|fp16` converts a
+model (16-bit operands and constants, the float32 result cast to 16 bits before the epilogue); the
+reference computes its epilogue unrounded and rounds once to the spec's output type.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from tvm import relax
 
 from collage_core.fused_groups import ACTIVATIONS
+from collage_core.testing import rounded_to
 from collage_cudnn import specs
 
 R = relax.op
@@ -37,7 +40,7 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
     """What the cuDNN graph of a spec (without plan words) computes on the operands."""
 
     def tensor(array):
-        return torch.from_numpy(np.ascontiguousarray(array).ravel()).to(device=device, dtype=dtype)
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64).ravel()).to(device=device, dtype=dtype)
 
     w = _Words(words)
     assert w.take() == specs.SPEC_VERSION
@@ -55,8 +58,8 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         y = torch.matmul(x, weights)
         channel_shape = [1] * (rank - 1) + [y_dims[-1]]
     assert list(y.shape) == list(y_dims)
-    has_bias, has_residual, activation, operand_type = w.take(), w.take(), w.take(), w.take()
-    assert w.at == len(w.words) and operand_type in specs.OPERAND_TYPES.values()
+    has_bias, has_residual, activation, operand_type, output_type = (w.take() for _ in range(5))
+    assert w.at == len(w.words) and {operand_type, output_type} <= set(specs.OPERAND_TYPES.values())
     at = 2
     if has_bias:
         y = y + tensor(operands[at]).reshape(channel_shape)
@@ -70,11 +73,17 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         3: lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
         4: torch.nn.functional.silu,
     }
-    return functions[activation](y).cpu().numpy()
+    out_dtype = {code: name for name, code in specs.OPERAND_TYPES.items()}[output_type]
+    return rounded_to(functions[activation](y).cpu().numpy(), out_dtype).astype(np.float64)
 
 
-def _const(rng, *shape):
-    return relax.const(rng.uniform(-1, 1, size=shape).astype(F))
+def cast_dtype(pattern_name: str, dtype: str = "bfloat16") -> str:
+    """The dtype a pattern's case takes: ``dtype`` (16 bits) for one that absorbs the cast, else float32."""
+    return dtype if "cast" in pattern_name.split("_") else F
+
+
+def _const(rng, *shape, dtype=F):
+    return relax.const(rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype))
 
 
 def _activation(bb, x, name: str):
@@ -89,14 +98,20 @@ def _activation(bb, x, name: str):
     return R.multiply(bb.emit(R.multiply(x, bb.emit(R.add(erf, relax.const(1.0, F))))), relax.const(0.5, F))
 
 
-def case(pattern_name: str, activation: str = "relu", seed: int = 0):
-    """``(make(bb, *params), param shapes)`` for a function the pattern ``cudnn.<pattern_name>`` covers whole."""
+def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str = "bfloat16"):
+    """``(make(bb, *params), param shapes)`` for a function the pattern ``cudnn.<pattern_name>`` covers whole,
+    with parameters of ``cast_dtype(pattern_name, dtype)``."""
     rng = np.random.default_rng(seed)
     parts = pattern_name.split("_")
+    operand_dtype = cast_dtype(pattern_name, dtype)
+
+    def anchored(bb, call):
+        """The anchor's call, cast to 16 bits (emitted) for a pattern that absorbs the cast."""
+        return bb.emit(R.astype(bb.emit(call), operand_dtype)) if "cast" in parts else call
 
     def epilogue(bb, v, channels, bias_shape, residual):
         if "bias" in parts:
-            v = bb.emit(R.add(v, _const(rng, *bias_shape)))
+            v = bb.emit(R.add(v, _const(rng, *bias_shape, dtype=operand_dtype)))
         if "add" in parts:
             v = bb.emit(R.add(v, residual[0]))
         if "act" in parts or "relu" in parts:
@@ -108,7 +123,9 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0):
         shapes = [x_shape] + ([out_shape] if "add" in parts else [])
 
         def make(bb, x, *residual):
-            v = bb.emit(R.nn.conv2d(x, _const(rng, 16, 4, 3, 3), strides=(2, 2), padding=(1, 1, 1, 1), groups=2))
+            v = anchored(bb, R.nn.conv2d(x, _const(rng, 16, 4, 3, 3, dtype=operand_dtype), strides=(2, 2),
+                                         padding=(1, 1, 1, 1), groups=2, out_dtype=F))
+            v = v if isinstance(v, relax.Var) else bb.emit(v)
             return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
 
         return make, shapes
@@ -137,7 +154,7 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0):
             lhs = bb.emit(R.permute_dims(lhs, [0, 2, 1, 3]))
         if forms[1] == "t":
             rhs = bb.emit(R.permute_dims(rhs, [0, 2, 3, 1]))
-        return R.matmul(lhs, rhs)
+        return anchored(bb, R.matmul(lhs, rhs, out_dtype=F))
 
     return make, [lhs_shape, rhs_shape]
 

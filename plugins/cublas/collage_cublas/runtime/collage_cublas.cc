@@ -5,6 +5,7 @@
 // where `spec` is an int64 constant holding one cublasLtMatmul problem in cuBLAS's column-major
 // terms (the Python side, specs.py, turns the row-major Relax product into it: operands swapped,
 // transposes and head splits absorbed as leading dimensions and batch strides), its epilogue,
+// the output's type (float32, or the operands' 16-bit type when the Relax program casts the product),
 // and the algorithm chosen by timing at build time. The first call with a given spec creates
 // the descriptors; later calls look them up and launch on TVM's CUDA stream. The workspace is
 // allocated once per device. No Python runs on this path.
@@ -33,15 +34,27 @@
 namespace collage_cublas {
 namespace {
 
-constexpr int64_t kSpecVersion = 2;
+constexpr int64_t kSpecVersion = 3;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 8;
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
-// What the two matrix operands are; bias, residual and output are float32 and the product accumulates in float32 either way.
+// What the two matrix operands are, and what the output and residual are; the bias is float32 and the
+// product accumulates in float32 either way.
 enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cublas: " << message; }
+
+cudaDataType_t DataTypeOf(int64_t type) {
+  switch (type) {
+    case kF32Operands: return CUDA_R_32F;
+    case kBf16Operands: return CUDA_R_16BF;
+    case kF16Operands: return CUDA_R_16F;
+  }
+  Fail("unknown tensor type in the spec");
+}
+
+int64_t BytesOf(int64_t type) { return type == kF32Operands ? 4 : 2; }
 
 void Check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) Fail(std::string(what) + " failed: " + cublasLtGetStatusString(status));
@@ -62,19 +75,14 @@ struct Spec {
   int64_t ld_d, batch, outer, d_batch_stride, d_outer_stride;
   int64_t epilogue, has_bias, has_residual;
   double alpha;
-  int64_t operand_type;
+  int64_t operand_type, output_type;
   int64_t has_algo;
   cublasLtMatmulAlgo_t algo;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
-  cudaDataType_t OperandDataType() const {
-    switch (operand_type) {
-      case kF32Operands: return CUDA_R_32F;
-      case kBf16Operands: return CUDA_R_16BF;
-      case kF16Operands: return CUDA_R_16F;
-    }
-    Fail("unknown operand type in the spec");
-  }
-  int64_t OperandBytes() const { return operand_type == kF32Operands ? 4 : 2; }
+  cudaDataType_t OperandDataType() const { return DataTypeOf(operand_type); }
+  cudaDataType_t OutputDataType() const { return DataTypeOf(output_type); }
+  int64_t OperandBytes() const { return BytesOf(operand_type); }
+  int64_t OutputBytes() const { return BytesOf(output_type); }
 };
 
 class Reader {
@@ -144,7 +152,9 @@ Spec ParseSpec(const std::string& hex) {
   spec.has_residual = reader.Next();
   spec.alpha = reader.NextFloat();
   spec.operand_type = reader.Next();
-  spec.OperandDataType();  // refuses an unknown type here, before anything is created
+  spec.output_type = reader.Next();
+  spec.OperandDataType();  // refuse an unknown type here, before anything is created
+  spec.OutputDataType();
   spec.has_algo = reader.Next();
   std::memset(&spec.algo, 0, sizeof(spec.algo));
   if (spec.has_algo) {
@@ -222,7 +232,7 @@ class Kernel {
     }
     a_ = Layout(spec.OperandDataType(), spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
     b_ = Layout(spec.OperandDataType(), spec.b.rows, spec.b.cols, spec.b.ld, spec.batch, spec.b.batch_stride);
-    d_ = Layout(CUDA_R_32F, spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
+    d_ = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
     if (spec.has_algo && AlgoFits(spec.algo)) {
       algo_ = spec.algo;
     } else {
@@ -268,11 +278,11 @@ class Kernel {
     if (bias) {
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer");
     }
-    const int64_t operand_bytes = spec_.OperandBytes();
+    const int64_t operand_bytes = spec_.OperandBytes(), output_bytes = spec_.OutputBytes();
     for (int64_t outer = 0; outer < spec_.outer; ++outer) {
       Check(cublasLtMatmul(handle_, desc_, &alpha, a + operand_bytes * outer * spec_.a.outer_stride, a_,
-                           b + operand_bytes * outer * spec_.b.outer_stride, b_, &beta, c + 4 * outer * spec_.d_outer_stride, d_,
-                           d + 4 * outer * spec_.d_outer_stride, d_, &algo, Workspace(device_), kWorkspaceBytes, stream),
+                           b + operand_bytes * outer * spec_.b.outer_stride, b_, &beta, c + output_bytes * outer * spec_.d_outer_stride, d_,
+                           d + output_bytes * outer * spec_.d_outer_stride, d_, &algo, Workspace(device_), kWorkspaceBytes, stream),
             "cublasLtMatmul");
     }
   }
@@ -373,16 +383,16 @@ KernelCache& Kernels() {
   return *cache;
 }
 
-// `tensor`'s data, which must be on `device` and of the type the spec names (float32 when `operand_type` is kF32Operands).
-const void* DataOf(const DLTensor* tensor, int device, int64_t operand_type = kF32Operands) {
+// `tensor`'s data, which must be on `device` and of `type` (an OperandType).
+const void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operands) {
   if (tensor->device.device_type != kDLCUDA || tensor->device.device_id != device) {
     Fail("every operand must be on the same CUDA device as the output");
   }
   bool fits = tensor->dtype.lanes == 1 &&
-              (operand_type == kF32Operands   ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
-               : operand_type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
-                                               : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
-  if (!fits) Fail("a tensor's dtype is not the one the spec names (matrix operands float32, bfloat16 or float16; the rest float32)");
+              (type == kF32Operands    ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
+               : type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
+                                       : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
+  if (!fits) Fail("a tensor's dtype is not the one the spec names (matrix operands, output and residual each float32, bfloat16 or float16; the bias float32)");
   return static_cast<const char*>(tensor->data) + tensor->byte_offset;
 }
 
@@ -401,9 +411,9 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   const Spec& spec = kernel->spec();
   size_t at = 2;
   const void* bias = spec.has_bias ? DataOf(tensors[at++], device) : nullptr;
-  const void* residual = spec.has_residual ? DataOf(tensors[at++], device) : nullptr;
+  const void* residual = spec.has_residual ? DataOf(tensors[at++], device, spec.output_type) : nullptr;
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
-  kernel->Run(DataOf(tensors[0], device, spec.operand_type), DataOf(tensors[1], device, spec.operand_type), bias, residual, const_cast<void*>(DataOf(out, device)),
+  kernel->Run(DataOf(tensors[0], device, spec.operand_type), DataOf(tensors[1], device, spec.operand_type), bias, residual, const_cast<void*>(DataOf(out, device, spec.output_type)),
               stream);
 }
 

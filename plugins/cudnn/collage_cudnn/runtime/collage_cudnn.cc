@@ -4,7 +4,8 @@
 //     R.call_dps_packed("collage_cudnn.run", [spec, x, w, (bias), (residual)], out)
 // where `spec` is an int64 constant describing one cuDNN operation graph: a convolution or a
 // matrix product (each tensor with its dims and strides, so transposes are read in place),
-// then bias, residual add and activation as pointwise nodes, and the engine and knobs chosen
+// then bias, residual add and activation as pointwise nodes, y written in float32 or (after a
+// cast in the Relax program) in the operands' 16-bit type, and the engine and knobs chosen
 // by timing the execution plans cuDNN ranks first, at build time. The first call with a given spec builds that
 // plan (or, on a GPU where it does not exist, cuDNN's heuristic choice); later calls look it
 // up and execute it on TVM's CUDA stream. Tensor cores are deselected: for float32 data they
@@ -37,16 +38,26 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-constexpr int64_t kSpecVersion = 2;
+constexpr int64_t kSpecVersion = 3;
 constexpr int64_t kTunedPlans = 6;  // plans built and timed per graph at build time
 constexpr size_t kMessageChars = 240;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2 };
 enum Activation : int64_t { kNone = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4 };
 enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
-// What x and w are; bias, residual and y are float32 and the operation computes in float32 either way.
+// What x and w are, and what y and the residual are; the bias is float32 and the operation computes in
+// float32 either way.
 enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cudnn: " << message; }
+
+fe::DataType_t DataTypeOf(int64_t type) {
+  switch (type) {
+    case kF32Operands: return fe::DataType_t::FLOAT;
+    case kBf16Operands: return fe::DataType_t::BFLOAT16;
+    case kF16Operands: return fe::DataType_t::HALF;
+  }
+  Fail("unknown tensor type " + std::to_string(type));
+}
 
 void Check(fe::error_t status, const char* what) {
   if (!status.is_bad()) return;
@@ -78,18 +89,12 @@ struct Spec {
   int64_t kind = 0;
   Tensor x, w, y, bias;
   std::vector<int64_t> pre_padding, post_padding, stride, dilation;
-  int64_t has_bias = 0, has_residual = 0, activation = kNone, operand_type = kF32Operands;
+  int64_t has_bias = 0, has_residual = 0, activation = kNone, operand_type = kF32Operands, output_type = kF32Operands;
   int64_t has_choice = 0, engine = 0;
   std::unordered_map<fe::KnobType_t, int64_t> knobs;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
-  fe::DataType_t OperandDataType() const {
-    switch (operand_type) {
-      case kF32Operands: return fe::DataType_t::FLOAT;
-      case kBf16Operands: return fe::DataType_t::BFLOAT16;
-      case kF16Operands: return fe::DataType_t::HALF;
-    }
-    Fail("unknown operand type " + std::to_string(operand_type));
-  }
+  fe::DataType_t OperandDataType() const { return DataTypeOf(operand_type); }
+  fe::DataType_t OutputDataType() const { return DataTypeOf(output_type); }
 };
 
 class Reader {
@@ -134,7 +139,7 @@ std::string SpecText(const tvm::ffi::AnyView& spec) {
 }
 
 // Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, [conv: pre, post,
-// stride, dilation (2 each)], has_bias, has_residual, activation, operand type, has_choice, [engine, knob count, knob type/value...]
+// stride, dilation (2 each)], has_bias, has_residual, activation, operand type, output type, has_choice, [engine, knob count, knob type/value...]
 Spec ParseSpec(const std::string& hex) {
   const std::string key = Decode(hex);
   const int64_t* words = reinterpret_cast<const int64_t*>(key.data());
@@ -158,7 +163,9 @@ Spec ParseSpec(const std::string& hex) {
   spec.has_residual = reader.Next();
   spec.activation = reader.Next();
   spec.operand_type = reader.Next();
-  spec.OperandDataType();  // refuses an unknown type here, before anything is created
+  spec.output_type = reader.Next();
+  spec.OperandDataType();  // refuse an unknown type here, before anything is created
+  spec.OutputDataType();
   std::vector<int64_t> bias_dims(rank, 1);
   int64_t channel_axis = spec.kind == kConv2d ? 1 : rank - 1;
   bias_dims[channel_axis] = spec.y.dims[channel_axis];
@@ -241,7 +248,7 @@ std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
                          fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD).set_compute_data_type(fe::DataType_t::FLOAT));
   }
   if (spec.has_residual) {
-    y = graph->pointwise(y, Input(*graph, "residual", kResidual, spec.y),
+    y = graph->pointwise(y, Input(*graph, "residual", kResidual, spec.y, spec.OutputDataType()),
                          fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD).set_compute_data_type(fe::DataType_t::FLOAT));
   }
   switch (spec.activation) {
@@ -262,7 +269,7 @@ std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
     default:
       Fail("unknown activation " + std::to_string(spec.activation));
   }
-  y->set_output(true).set_uid(kY).set_dim(spec.y.dims).set_stride(spec.y.strides).set_data_type(fe::DataType_t::FLOAT);
+  y->set_output(true).set_uid(kY).set_dim(spec.y.dims).set_stride(spec.y.strides).set_data_type(spec.OutputDataType());
   Check(graph->validate(), "cuDNN refused the operation graph");
   return graph;
 }
@@ -361,16 +368,16 @@ KernelCache& Kernels() {
   return *cache;
 }
 
-// `tensor`'s data, which must be on `device` and of the type the spec names (float32 when `operand_type` is kF32Operands).
-void* DataOf(const DLTensor* tensor, int device, int64_t operand_type = kF32Operands) {
+// `tensor`'s data, which must be on `device` and of `type` (an OperandType).
+void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operands) {
   if (tensor->device.device_type != kDLCUDA || tensor->device.device_id != device) {
     Fail("every operand must be on the same CUDA device as the output");
   }
   bool fits = tensor->dtype.lanes == 1 &&
-              (operand_type == kF32Operands   ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
-               : operand_type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
-                                               : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
-  if (!fits) Fail("a tensor's dtype is not the one the spec names (x and w float32, bfloat16 or float16; the rest float32)");
+              (type == kF32Operands    ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
+               : type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
+                                       : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
+  if (!fits) Fail("a tensor's dtype is not the one the spec names (x and w, y and the residual, each float32, bfloat16 or float16; the bias float32)");
   return static_cast<char*>(tensor->data) + tensor->byte_offset;
 }
 
@@ -389,10 +396,10 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   }
   std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[0], device, spec.operand_type)},
                                               {kW, DataOf(tensors[1], device, spec.operand_type)},
-                                              {kY, DataOf(out, device)}};
+                                              {kY, DataOf(out, device, spec.output_type)}};
   size_t at = 2;
   if (spec.has_bias) pointers[kBias] = DataOf(tensors[at++], device);
-  if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device);
+  if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device, spec.output_type);
   kernel->Run(pointers, static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device)));
 }
 
