@@ -258,6 +258,15 @@ class Epilogue:
     output_shape: tuple = ()
 
 
+def as_dtype(values, dtype: str) -> np.ndarray:
+    """``values`` as a numpy array of ``dtype`` (``bfloat16`` is ml_dtypes', which TVM's constants and tensors take)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(values, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    return np.asarray(values).astype(dtype)
+
+
 def _as_bias(value: np.ndarray, channels: int, axis_from_end: int) -> Optional[np.ndarray]:
     """``value`` as a per-channel bias, when it adds one number per channel along that axis."""
     shape = value.shape

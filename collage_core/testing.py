@@ -17,6 +17,7 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.candidates import enumerate_candidates
+from collage_core.fused_groups import as_dtype
 from collage_core.relax_graph import RelaxGraph
 
 
@@ -41,11 +42,7 @@ def whole_candidate(mod: tvm.IRModule, patterns: Sequence, pattern_name: str):
 
 def rounded_to(array: np.ndarray, dtype: str) -> np.ndarray:
     """``array`` in ``dtype`` (``bfloat16`` is ml_dtypes', which TVM's tensors take): a 16-bit kernel's test input."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.asarray(array, dtype=np.float32).astype(ml_dtypes.bfloat16)
-    return np.asarray(array).astype(dtype)
+    return as_dtype(array, dtype)
 
 
 # A kernel that computes a 16-bit epilogue in float32 and rounds once may differ from TVM's build of the same

@@ -9,8 +9,8 @@ batch strides. Batch dimensions that cannot be merged into one strided batch are
 (at most one such outer loop). The epilogue (scale as alpha, bias, residual as C with beta 1,
 ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
 operands are float32, or bfloat16 or float16 accumulating into a float32 result; with 16-bit operands
-the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D and the
-residual are then of that type (the epilogue still computes in float32).
+the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D, the bias and
+the residual are then of that type (the epilogue still computes in float32).
 
 One recognizer serves the pattern checks and the lowering; ``runtime/collage_cublas.cc``
 reads the words; keep the two in step.
@@ -26,14 +26,15 @@ import numpy as np
 from tvm import relax
 
 from collage_core.fused_groups import (
-    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, plain_strides, read_epilogue, shape_of,
+    FLOAT32, as_dtype, Group, Refused, StridedOperand, expect_plain_out_dtype, plain_strides, read_epilogue, shape_of,
     strided_operand, uniform_operand_dtype,
 )
 
 SPEC_VERSION = 3
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), and what the output and residual are (float32,
-# or the 16-bit type of a cast the group applies to the product). The bias is float32.
+# or the 16-bit type of a cast the group applies to the product). The bias is of the output's type (a
+# 16-bit bias is the one the Relax program adds after its cast, so nothing is rounded anew).
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
@@ -162,8 +163,8 @@ def recognize(group: Group) -> KernelSpec:
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
         raise Refused("the group's output is not the product's elements")
     operands = [rhs.source, lhs.source]
-    if epilogue.bias is not None:
-        operands.append(relax.const(epilogue.bias, FLOAT32))
+    if epilogue.bias is not None:  # in D's type: cuBLASLt takes no float32 bias for a 16-bit D
+        operands.append(relax.const(as_dtype(epilogue.bias, epilogue.out_dtype), epilogue.out_dtype))
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     words = (

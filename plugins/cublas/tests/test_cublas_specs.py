@@ -193,3 +193,5 @@ def test_a_product_cast_to_sixteen_bits_is_one_candidate_writing_sixteen_bits(pa
     assert candidate is not None, f"cublas.{pattern_name} does not take the cast to {dtype}"
     spec = check_candidate(graph, candidate.nodes)
     assert spec.words[-2:] == (specs.OPERAND_TYPES[dtype],) * 2
+    if "bias" in pattern_name:  # cuBLASLt takes the bias in D's type
+        assert str(tvm_compat.constant_array(spec.operands[2]).dtype) == dtype

@@ -39,8 +39,8 @@ constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 8;
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
-// What the two matrix operands are, and what the output and residual are; the bias is float32 and the
-// product accumulates in float32 either way.
+// What the two matrix operands are, and what the output, bias and residual are; the product accumulates
+// in float32 either way.
 enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cublas: " << message; }
@@ -226,7 +226,7 @@ class Kernel {
       int64_t no_stride = 0;  // one bias vector for every batch
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &no_stride, sizeof(no_stride)),
             "bias batch stride");
-      cudaDataType_t bias_type = CUDA_R_32F;  // whatever the operands are
+      cudaDataType_t bias_type = spec.OutputDataType();  // cuBLASLt takes no float32 bias for a 16-bit D
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
             "bias type");
     }
@@ -392,7 +392,7 @@ const void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operan
               (type == kF32Operands    ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
                : type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
                                        : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
-  if (!fits) Fail("a tensor's dtype is not the one the spec names (matrix operands, output and residual each float32, bfloat16 or float16; the bias float32)");
+  if (!fits) Fail("a tensor's dtype is not the one the spec names (matrix operands float32, bfloat16 or float16; output, bias and residual of one such type)");
   return static_cast<const char*>(tensor->data) + tensor->byte_offset;
 }
 
@@ -410,7 +410,7 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   }
   const Spec& spec = kernel->spec();
   size_t at = 2;
-  const void* bias = spec.has_bias ? DataOf(tensors[at++], device) : nullptr;
+  const void* bias = spec.has_bias ? DataOf(tensors[at++], device, spec.output_type) : nullptr;
   const void* residual = spec.has_residual ? DataOf(tensors[at++], device, spec.output_type) : nullptr;
   auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
   kernel->Run(DataOf(tensors[0], device, spec.operand_type), DataOf(tensors[1], device, spec.operand_type), bias, residual, const_cast<void*>(DataOf(out, device, spec.output_type)),
