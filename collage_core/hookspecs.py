@@ -65,7 +65,9 @@ def collage_measure_candidate(backend, mod, target, settings):
 
     Optional: the core's default measurement lowers the candidate as one partition, builds it
     with TVM and times it on the device of ``target``. ``settings`` is a
-    ``MeasureSettings`` (warm-up, repeat limits, time bound). Return a ``Cost`` (``measured`` with
+    ``MeasureSettings`` (warm-up, repeat limits, time bound); when its ``cutoff_s`` is set, the
+    operators have a known way ten times faster, and a run after the warm-up that takes longer may
+    be the cost (``repeats`` 1) without timing more. Return a ``Cost`` (``measured`` with
     median and spread in seconds, or ``invalid`` with the reason), or None to leave the
     measurement to the next implementation. Runs in a measurement worker process. Stops at the
     first non-None result.

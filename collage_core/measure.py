@@ -54,6 +54,39 @@ def _steadier(first: Cost, second: Optional[Cost]) -> Cost:
     return min((first, second), key=lambda cost: cost.spread_s / max(cost.median_s, 1e-12))
 
 
+# A candidate whose run (after the warm-up) takes longer than this many times the cheapest known way to
+# compute the same operators is not timed further: its cost is that one run (``repeats`` 1). The
+# op-level search never picks it, and repeating runs of seconds costs minutes: on BERT-base (2 cores)
+# nine untuned TVM matrix products ran 1.4 s each against oneDNN's fractions of a millisecond and took
+# 12 s each to time.
+CANDIDATE_CUTOFF_FACTOR = 10.0
+
+
+class KnownAlternatives:
+    """The cheapest measured way to compute a set of operators so far: a candidate of exactly those
+    operators, or one single-operator candidate for each of them, summed."""
+
+    def __init__(self):
+        self.exact: dict[frozenset, float] = {}
+
+    def add(self, candidate: Candidate, cost: Cost) -> None:
+        if cost.is_measured:
+            nodes = frozenset(candidate.nodes)
+            self.exact[nodes] = min(self.exact.get(nodes, float("inf")), cost.median_s)
+
+    def cheapest(self, nodes) -> Optional[float]:
+        """Seconds for the cheapest known way to compute ``nodes`` (None if some operator has none yet)."""
+        nodes = frozenset(nodes)
+        singles = [self.exact.get(frozenset([node])) for node in nodes]
+        options = [self.exact.get(nodes)] + ([sum(singles)] if None not in singles else [])
+        known = [option for option in options if option is not None]
+        return min(known) if known else None
+
+    def cutoff_s(self, candidate: Candidate) -> Optional[float]:
+        cheapest = self.cheapest(candidate.nodes)
+        return None if cheapest is None else CANDIDATE_CUTOFF_FACTOR * cheapest
+
+
 # How a candidate is measured; part of its key, so a change of method measures again.
 # "net-of-call-1": timed through the VM, less the VM's call overhead (see worker._call_overhead_s).
 CANDIDATE_PROTOCOL = "net-of-call-1"
@@ -82,8 +115,10 @@ def measure_candidates(
 ) -> MeasurementReport:
     """Cost of every distinct candidate: from ``db`` when known, else measured and stored at once.
 
-    Each backend's candidates are measured in a worker process of their own; a candidate whose
-    build fails, crashes or hangs gets an invalid cost with the reason. Candidates of backends whose
+    Each backend's candidates are measured in a worker process of their own, single operators first; a candidate whose
+    build fails, crashes or hangs gets an invalid cost with the reason. A candidate whose run takes
+    more than CANDIDATE_CUTOFF_FACTOR times the cheapest way already measured to compute its operators is
+    timed by that one run. Candidates of backends whose
     lowering runs nothing on the device are built ``settings.parallel_builds()`` at a time first
     (when that is more than one), then timed one by one like the rest.
     """
@@ -95,8 +130,11 @@ def measure_candidates(
     known = db.get_many(keys.values())
     costs = {key: known[db_key] for key, db_key in keys.items() if db_key in known}
     missing = [representatives[key] for key in sorted(representatives) if key not in costs]
+    alternatives = KnownAlternatives()
+    for key, cost in costs.items():
+        alternatives.add(representatives[key], cost)
     by_backend: dict[str, list[Candidate]] = {}
-    for candidate in sorted(missing, key=lambda c: (c.backend, c.sort_key)):
+    for candidate in sorted(missing, key=lambda c: (c.backend, len(c.nodes), c.sort_key)):
         by_backend.setdefault(candidate.backend, []).append(candidate)
     workers = settings.parallel_builds()
     noisy: list[str] = []
@@ -111,12 +149,14 @@ def measure_candidates(
                         if candidate.key in failed:
                             cost = failed[candidate.key]
                         else:
+                            timing = attrs.evolve(settings, cutoff_s=alternatives.cutoff_s(candidate))
+
                             def measure():
                                 if candidate.key in libraries:
                                     module, library = libraries[candidate.key]
-                                    return _send(worker, candidate, module, target, settings,
+                                    return _send(worker, candidate, module, target, timing,
                                                  {"op": "time_candidate", "library": str(library)})
-                                return _measure_one(worker, graph, candidate, target, settings, Path(tmp))
+                                return _measure_one(worker, graph, candidate, target, timing, Path(tmp))
 
                             cost = measure()
                             if is_noisy(cost, settings):
@@ -130,7 +170,10 @@ def measure_candidates(
                         if not cost.reason.startswith(OUT_OF_GPU_MEMORY_REASON):
                             db.put(keys[candidate.key], cost)  # memory another process held is not the candidate's fault
                         costs[candidate.key] = cost
+                        alternatives.add(candidate, cost)
                         shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
+                        if cost.is_measured and cost.repeats == 1:
+                            shown += f" (one run, over {CANDIDATE_CUTOFF_FACTOR:g}x the cheapest known)"
                         bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
     return MeasurementReport(
         costs=costs,
