@@ -113,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--min-gain", type=float, default=DEFAULT_TWO_LEVEL.min_gain, metavar="F",
                           help="two-level: a generation counts as faster only when its best beats the one before by more "
                                "than the measurements' spread and by this fraction of it (default %(default)g)")
+    optimize.add_argument("--predict-margin", type=float, default=DEFAULT_TWO_LEVEL.predict_margin, metavar="F",
+                          help="two-level: a genome whose latency, predicted from the placements measured so far, is over "
+                               "the best by more than this fraction is not built (default %(default)g)")
+    optimize.add_argument("--build-every-genome", action="store_true",
+                          help="two-level: build and measure every genome, predicting none")
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
     optimize.add_argument("--baseline-limit", type=float, default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
@@ -197,7 +202,7 @@ def _optimize(args) -> int:
         accuracy_budget=args.accuracy_budget,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
-            min_gain=args.min_gain, seed=args.seed,
+            min_gain=args.min_gain, seed=args.seed, predict_margin=None if args.build_every_genome else args.predict_margin,
         ),
     )
     print(render_report(result))

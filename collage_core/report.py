@@ -98,7 +98,8 @@ def render_report(optimized) -> str:
         t = optimized.two_level
         sections.append(
             f"two-level search: {t.generations} generations, {t.measured} placements scored end to end "
-            f"({t.from_database} from the cost database, {t.evaluated} evaluated) in {t.seconds:.1f} s"
+            f"({t.from_database} from the cost database, {t.evaluated} evaluated), {t.predicted} predicted slower "
+            f"and not built, in {t.seconds:.1f} s"
         )
         if t.history:
             sections.append(f"  operators by backend, generation by generation: {history_text(t.history)}")

@@ -111,7 +111,7 @@ class OptimizedModel:
             "two_level": None if self.two_level is None else {
                 "generations": self.two_level.generations, "measured": self.two_level.measured,
                 "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
-                "seconds": self.two_level.seconds,
+                "predicted": self.two_level.predicted, "seconds": self.two_level.seconds,
                 "history": [attrs.asdict(record) for record in self.two_level.history],
             },
             "search_s": self.search_s,

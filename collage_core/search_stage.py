@@ -8,7 +8,7 @@ import time
 import attrs
 
 from collage_core.baselines import op_groups, searched_parts, single_backend_parts
-from collage_core.calibration import calibrate, signature
+from collage_core.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
 from collage_core.errors import CollageError
 from collage_core.job import Job, describe_cost
 from collage_core.measure import NOISY_FACTOR, MeasurementReport, measure_candidates
@@ -72,7 +72,7 @@ def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLeve
     job.say(
         f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
         f"{result.measured} placements scored end to end ({result.from_database} from the cost database, "
-        f"{result.evaluated} evaluated) in {result.seconds:.1f} s"
+        f"{result.evaluated} evaluated), {result.predicted} predicted slower and not built, in {result.seconds:.1f} s"
     )
     if result.history:
         job.say(f"two-level search, operators by backend: {history_text(result.history)}")
@@ -100,6 +100,9 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
             f"end to end {describe_cost(step.latency)}: {step.charge_per_partition_s * 1e6:+.1f} us per partition "
             f"{'unexplained' if step.charge_per_partition_s >= 0 else 'over-counted'} by the candidates"
         )
+    for name, guess in result.predicted:
+        job.say(f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over "
+                f"{PREDICTED_LOSS_FACTOR:g}x the best measured")
     if result.alternative:
         job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")
     elif signature(result.parts) != signature(parts):

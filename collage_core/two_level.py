@@ -4,7 +4,9 @@ Graph-level backends (ONNX Runtime, TensorRT) optimise whole regions, so a regio
 the sum of its operators' costs. After the op-level search, each op group gets a gene: 0 keeps
 its op-level backend, ``i`` hands it to the ``i``-th graph-level backend that supports all its
 operators (several graph-level backends in one run). A genome is scored by the measured
-end-to-end latency of its build; each distinct placement is measured once.
+end-to-end latency of its build; each distinct placement is measured once. A genome whose latency,
+predicted from what was measured so far (:mod:`collage_core.genome_prediction`), is more than
+``predict_margin`` over the best measured is scored by the prediction and not built.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import attrs
 from deap import algorithms, base, creator, tools
 
+from collage_core.genome_prediction import LatencyPredictor
 from collage_core.graph import OpGraph
 from collage_core.records import Cost, Partition
 from collage_core.regions import KEEP, OpGroup, decode, genome_key
@@ -32,7 +35,10 @@ class TwoLevelSettings:
     measurement's spread and by ``min_gain`` of it: end-to-end times on a busy machine move by a few
     percent between runs, and a "gain" inside that keeps the search building placements that teach
     nothing (BERT-base on 2 cores: 1.2% and 1.9% gains within a 2% spread kept it going four more
-    generations, 400 s, for a placement the contest then measured slower)."""
+    generations, 400 s, for a placement the contest then measured slower).
+
+    ``predict_margin``: a genome predicted slower than the best measured by more than this share is
+    not built (None builds every genome; on BERT-base, 2 cores, each build took about 9 s)."""
 
     population: int = 12
     generations: int = 8
@@ -40,6 +46,7 @@ class TwoLevelSettings:
     budget_s: float = 900.0
     seed: int = 0
     min_gain: float = 0.01
+    predict_margin: Optional[float] = 0.1
     crossover_probability: float = 0.6
     mutation_probability: float = 0.4
     gene_mutation_probability: float = 0.1
@@ -94,6 +101,8 @@ class TwoLevelResult:
     from_database: int = 0
     # One record per generation, from 0; which backends gained ground as the search went.
     history: tuple[GenerationRecord, ...] = ()
+    # Distinct placements scored by their predicted latency instead of a build (predicted too slow).
+    predicted: int = 0
 
 
 # The fitness of a placement that could not be measured: worse than any real one.
@@ -138,14 +147,21 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         spent = lambda: time.perf_counter() - started  # noqa: E731
     scores: dict[str, Cost] = {}
     counts = {"measured": 0, "evaluated": 0}
+    predicted: set[str] = set()
     best: dict = {"cost": Cost.unknown(), "parts": None, "genome": None}
+    predictor = LatencyPredictor(groups)
 
     def fitness(genome: Sequence[int]) -> float:
         parts = decode(graph, groups, genome)
         key = genome_key(parts)
         counts["evaluated"] += 1
         if key not in scores:
+            guess = predictor.predict(parts) if settings.predict_margin is not None else None
+            if guess is not None and best["cost"].is_measured and guess > best["cost"].seconds * (1 + settings.predict_margin):
+                predicted.add(key)
+                return guess
             scores[key] = evaluate(parts)
+            predictor.learn(parts, scores[key])
             counts["measured"] += 1
         cost = scores[key]
         if cost.seconds < best["cost"].seconds:
@@ -199,7 +215,8 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         best.update(cost=Cost.invalid("no placement could be measured"), parts=tuple(decode(graph, groups, op_level)),
                     genome=op_level)
     return TwoLevelResult(best["parts"], best["cost"], best["genome"], counts["measured"], counts["evaluated"],
-                          generation, time.perf_counter() - started, history=tuple(history))
+                          generation, time.perf_counter() - started, history=tuple(history),
+                          predicted=len(predicted - set(scores)))
 
 
 def beats(new: Cost, old: Cost, min_gain: float) -> bool:

@@ -128,3 +128,17 @@ def test_a_negative_charge_never_takes_a_cost_below_its_floor():
 
     result = charged({"a": Cost.measured(1.0e-3, 0.0, 3)}, -5.0e-3)
     assert result["a"].median_s == pytest.approx(CHARGED_FLOOR * 1.0e-3)
+
+
+def test_an_alternative_whose_candidates_predict_a_loss_is_not_built_and_is_reported_with_its_prediction():
+    model = DeterministicEndToEnd()
+    singles = [Partition.from_candidate(c, COSTS[c.key]) for c in SINGLES]
+    hopeless = [Partition("slow", "slow.op", [n], f"x{n}", Cost.measured(5e-3, 0.0, 3)) for n in range(6)]
+    close = [Partition("near", "near.op", [n], f"n{n}", Cost.measured(1.0e-3, 0.0, 3)) for n in range(6)]
+    result = calibrate(GRAPH, SINGLES, COSTS, singles, model, rounds=0,
+                       alternatives=[("slow everywhere", hopeless), ("near everywhere", close)])
+    # singles measure 6 x (0.9 + 0.5) = 8.4 ms, a charge of 0.5 ms per partition; "slow" predicts
+    # 6 x 5.5 = 33 ms, over twice that, and is not built; "near" predicts 9 ms and is measured
+    assert [name for name, _ in result.predicted] == ["slow everywhere"]
+    assert result.predicted[0][1] == pytest.approx(33e-3)
+    assert model.calls == [signature(singles), signature(close)]

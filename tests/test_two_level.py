@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from collage_core.graph import OpGraph
@@ -156,7 +157,7 @@ def test_a_search_charged_with_recorded_effort_replays_from_a_warm_database():
             self.spent_s += effort_s
             return cost
 
-    settings = TwoLevelSettings(population=6, generations=20, patience=20, budget_s=14.0)
+    settings = TwoLevelSettings(population=6, generations=20, patience=20, budget_s=14.0, predict_margin=None)
     cold, warm = Evaluator(), Evaluator()
     first = search_two_level(graph, groups, cold, settings, spent=lambda: cold.spent_s)
     again = search_two_level(graph, groups, warm, settings, spent=lambda: warm.spent_s)
@@ -213,11 +214,11 @@ def test_gains_within_the_measurements_spread_do_not_keep_the_search_going():
             return Cost.measured(0.01 + 1e-3 * deterministic_end_to_end_cost(parts).median_s, spread_s, 5)
         return cost
 
-    settings = TwoLevelSettings(population=6, generations=20, patience=2, seed=1)  # seed 1: improves for 8 generations
+    settings = TwoLevelSettings(population=6, generations=20, patience=2, seed=1,  # seed 1: improves for 8 generations
+                                predict_margin=None)  # every genome built, as the spread is what is tested
     noisy = search_two_level(graph, groups, shrunk(2e-4), settings)
     assert noisy.generations == settings.patience  # nothing beat the seeds by more than the 0.2 ms spread
-    exact = search_two_level(graph, groups, shrunk(0.0), TwoLevelSettings(population=6, generations=20, patience=2, seed=1,
-                                                                           min_gain=0.0))
+    exact = search_two_level(graph, groups, shrunk(0.0), attrs.evolve(settings, min_gain=0.0))
     # Without a spread, each microsecond counts: the same search goes on, and finds the faster mix.
     assert exact.generations > settings.patience and exact.latency.median_s < noisy.latency.median_s
 
@@ -256,3 +257,57 @@ def test_a_placement_whose_run_outlasts_the_cutoff_is_stopped_and_not_measured_a
         assert evaluate(slow) == stopped  # read from the database, not run again
     assert job.runs == [("fast", None, None), ("slow", CUTOFF_FACTOR * 0.2, max(CUTOFF_FACTOR * 0.2, RUN_LIMIT_FLOOR_S))]
     assert "stopped, a run took longer than 1 s" in job.said[-1]
+
+
+def charged_end_to_end_cost(parts) -> Cost:
+    """The deterministic model above with a charge of 0.2 ms per op-level partition as well (for testing only)."""
+    kept = sum(1 for p in parts if p.cost.is_measured)
+    return Cost.measured(deterministic_end_to_end_cost(parts).median_s + 0.2e-3 * kept, 0.0, 1)
+
+
+def test_the_predictor_learns_the_op_level_charge_each_backends_scale_and_the_charge_per_region():
+    from collage_core.genome_prediction import LatencyPredictor
+
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    predictor = LatencyPredictor(groups)
+    op_level = decode(graph, groups, [KEEP] * 8)
+    whole = decode(graph, groups, [1] * 8)
+    split = decode(graph, groups, [1, 1, KEEP, 1, 1, KEEP, 1, 1])
+    other_split = decode(graph, groups, [1, KEEP, 1, 1, 1, 1, KEEP, 1])
+    assert predictor.predict(op_level) is None  # nothing measured yet
+    predictor.learn(op_level, charged_end_to_end_cost(op_level))
+    assert predictor.kept_charge_s == pytest.approx(0.2e-3)
+    assert predictor.predict(op_level) == pytest.approx(charged_end_to_end_cost(op_level).median_s)
+    assert predictor.predict(whole) is None  # graphy has no scale yet
+    predictor.learn(whole, charged_end_to_end_cost(whole))
+    assert predictor.predict(whole) == pytest.approx(charged_end_to_end_cost(whole).median_s)
+    before = abs(predictor.predict(other_split) - charged_end_to_end_cost(other_split).median_s)
+    predictor.learn(split, charged_end_to_end_cost(split))  # several regions, each paying its call
+    after = abs(predictor.predict(other_split) - charged_end_to_end_cost(other_split).median_s)
+    assert predictor.region_charge_s > 0 and after < before / 2
+    predictor.learn(split, Cost.invalid("failed"))  # teaches nothing
+    assert abs(predictor.predict(other_split) - charged_end_to_end_cost(other_split).median_s) == after
+
+
+def test_genomes_predicted_slower_than_the_best_are_not_built_and_the_search_finds_as_fast_a_placement():
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
+    built, predicted = {True: 0, False: 0}, 0
+    for seed in range(5):
+        results = {}
+        for predicting in (True, False):
+            calls: list = []
+
+            def evaluate(parts, calls=calls):
+                calls.append(genome_key(parts))
+                return charged_end_to_end_cost(parts)
+
+            settings = TwoLevelSettings(population=8, generations=6, seed=seed, predict_margin=0.1 if predicting else None)
+            results[predicting] = search_two_level(graph, groups, evaluate, settings)
+            assert results[predicting].measured == len(calls)
+            built[predicting] += len(calls)
+        assert results[False].predicted == 0
+        predicted += results[True].predicted
+        assert results[True].latency.median_s <= 1.05 * results[False].latency.median_s
+    assert built[True] < 0.6 * built[False] and predicted > 0
