@@ -42,18 +42,13 @@ class LatencyPredictor:
     def region_charge_s(self) -> float:
         return statistics.median(self._region_residuals) if self._region_residuals else 0.0
 
-    def _split(self, parts: Sequence[Partition]):
-        kept = [p for p in parts if p.cost.is_measured]
-        regions = [p for p in parts if not p.cost.is_measured]
-        return kept, regions
-
     def _op_level(self, part: Partition) -> Optional[float]:
         costs = [self._op_level_s.get(node) for node in part.nodes]
         return None if None in costs else sum(costs)
 
     def predict(self, parts: Sequence[Partition]) -> Optional[float]:
         """Seconds ``parts`` should take end to end, or None when the model cannot say yet."""
-        kept, regions = self._split(parts)
+        kept, regions = _kept_and_regions(parts)
         if self.kept_charge_s is None and kept:
             return None
         seconds = sum(p.cost.median_s + (self.kept_charge_s or 0.0) for p in kept)
@@ -68,7 +63,7 @@ class LatencyPredictor:
         """Take in a placement measured end to end (an unmeasured cost teaches nothing)."""
         if not cost.is_measured:
             return
-        kept, regions = self._split(parts)
+        kept, regions = _kept_and_regions(parts)
         kept_s = sum(p.cost.median_s for p in kept)
         if not regions:
             if kept:
@@ -87,3 +82,8 @@ class LatencyPredictor:
             return
         explained = sum(self.scale[r.backend] * s for r, s in zip(regions, op_levels))
         self._region_residuals.append((rest_s - explained) / len(regions))
+
+
+def _kept_and_regions(parts: Sequence[Partition]) -> tuple[list[Partition], list[Partition]]:
+    """Op-level partitions (a measured candidate's cost) and graph-level regions (no cost of their own)."""
+    return [p for p in parts if p.cost.is_measured], [p for p in parts if not p.cost.is_measured]

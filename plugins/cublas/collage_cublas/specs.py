@@ -37,6 +37,7 @@ SPEC_VERSION = 3
 # 16-bit bias is the one the Relax program adds after its cast, so nothing is rounded anew).
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
+DTYPE_OF_TYPE = {code: dtype for dtype, code in OPERAND_TYPES.items()}  # a spec word back to its dtype
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
 ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
 FUSED = ("cast", "scale", "bias", "residual", "relu", "gelu_tanh")

@@ -30,7 +30,6 @@ F = "float32"
 RTOL, ATOL = 1e-4, 1e-4
 MODELS = Path(__file__).resolve().parents[3] / "models"
 RNG = np.random.default_rng(0)
-OUTPUT_DTYPES = {code: name for name, code in specs.OPERAND_TYPES.items()}
 
 
 def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
@@ -43,7 +42,7 @@ def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
               for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
     expected = run_on_cpu(standalone, inputs).astype(np.float64)
     got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(expected.shape)
-    out_dtype = OUTPUT_DTYPES[spec.words[-1]]
+    out_dtype = specs.DTYPE_OF_TYPE[spec.words[-1]]
     if out_dtype == F:
         np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
     else:

@@ -32,6 +32,7 @@ SPEC_VERSION = 3
 # in float32). The bias is float32.
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
+DTYPE_OF_TYPE = {code: dtype for dtype, code in OPERAND_TYPES.items()}  # a spec word back to its dtype
 CONV2D, MATMUL = 1, 2
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")

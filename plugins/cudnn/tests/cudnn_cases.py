@@ -73,7 +73,7 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         3: lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
         4: torch.nn.functional.silu,
     }
-    out_dtype = {code: name for name, code in specs.OPERAND_TYPES.items()}[output_type]
+    out_dtype = specs.DTYPE_OF_TYPE[output_type]
     return rounded_to(functions[activation](y).cpu().numpy(), out_dtype).astype(np.float64)
 
 
