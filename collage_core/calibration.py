@@ -64,15 +64,19 @@ def charged(costs: dict, charge_s: float) -> dict:
     """Every measured cost plus ``charge_s`` (a negative charge takes off, never below CHARGED_FLOOR of
     the cost); invalid and unknown costs stay as they are."""
     return {
-        key: Cost.measured(max(cost.median_s + charge_s, CHARGED_FLOOR * cost.median_s), cost.spread_s, cost.repeats)
-        if cost.is_measured else cost
+        key: Cost.measured(_charged_s(cost.median_s, charge_s), cost.spread_s, cost.repeats) if cost.is_measured else cost
         for key, cost in costs.items()
     }
 
 
+def _charged_s(seconds: float, charge_s: float) -> float:
+    """``seconds`` plus ``charge_s``, never below CHARGED_FLOOR of ``seconds``."""
+    return max(seconds + charge_s, CHARGED_FLOOR * seconds)
+
+
 def predicted_s(parts: Sequence[Partition], charge_per_partition_s: float) -> float:
     """What ``parts`` should take end to end: their candidates' costs, each charged as :func:`charged` does."""
-    return sum(max(p.cost.median_s + charge_per_partition_s, CHARGED_FLOOR * p.cost.median_s) for p in parts)
+    return sum(_charged_s(p.cost.median_s, charge_per_partition_s) for p in parts)
 
 
 def _round(parts: Sequence[Partition], latency: Cost) -> CalibrationRound:

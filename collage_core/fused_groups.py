@@ -18,6 +18,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core import tvm_compat
+from collage_core.precision import DTYPES
 from collage_core.records import PatternRefused
 
 FLOAT32 = "float32"
@@ -275,7 +276,7 @@ def _as_bias(value: np.ndarray, channels: int, axis_from_end: int) -> Optional[n
     return value.reshape(channels).astype(np.float32)
 
 
-SIXTEEN_BIT = ("bfloat16", "float16")
+SIXTEEN_BIT = tuple(DTYPES.values())  # what `--precision bf16|fp16` converts to
 
 
 def _sixteen_bit_cast(call) -> str:

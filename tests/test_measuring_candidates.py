@@ -23,50 +23,42 @@ TESTS = Path(__file__).resolve().parent
 MODULE = "plugins_for_tests.noisy_cost_plugin"
 
 
-def test_a_noisy_cost_is_measured_again_and_one_that_stays_noisy_is_named(monkeypatch, tmp_path):
-    from plugins_for_tests import noisy_cost_plugin as plugin
-
+def measured(monkeypatch, tmp_path, module: str, backend_names, node_sets, settings: MeasureSettings):
+    """The candidates of test plugin ``module``'s backends over ``node_sets`` of tiny_resnet, and their measurement."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    settings = MeasureSettings(build_workers=1)
-    assert is_noisy(plugin.NOISY, settings) and not is_noisy(plugin.STEADY, settings)
-    pm = get_plugin_manager(extra_modules=[MODULE])
+    pm = get_plugin_manager(extra_modules=[module])
     infos = discover_backends(pm)
     target = tvm_compat.host_cpu_target()
     model = load_model(str(TESTS.parent / "models" / "tiny_resnet.onnx"))
     graph = RelaxGraph.from_function(model.mod["main"], model.mod)
-    backends = {name: infos[name].backend for name in plugin.BACKENDS}
+    backends = {name: infos[name].backend for name in backend_names}
     candidates = []
-    for name in plugin.BACKENDS:
+    for name in backend_names:
         patterns = contribute_patterns(pm, infos[name].backend, target)
-        candidates += [c for c in enumerate_candidates(graph, patterns) if c.nodes == {0}]
+        candidates += [c for c in enumerate_candidates(graph, patterns) if c.nodes in node_sets]
     with CostDatabase.open(tmp_path / "costs.sqlite") as db:
-        report = measure_candidates(graph, candidates, backends, target, db, settings, [MODULE], show_progress=False)
+        return candidates, measure_candidates(graph, candidates, backends, target, db, settings, [module],
+                                              show_progress=False)
+
+
+def test_a_noisy_cost_is_measured_again_and_one_that_stays_noisy_is_named(monkeypatch, tmp_path):
+    from plugins_for_tests import noisy_cost_plugin as plugin
+
+    settings = MeasureSettings(build_workers=1)
+    assert is_noisy(plugin.NOISY, settings) and not is_noisy(plugin.STEADY, settings)
+    candidates, report = measured(monkeypatch, tmp_path, MODULE, plugin.BACKENDS, ({0},), settings)
     by_backend = {c.backend: report.costs[c.key] for c in candidates}
     assert by_backend == {"noisyonce": plugin.STEADY, "alwaysnoisy": plugin.NOISY}
     assert report.noisy == tuple(c.key for c in candidates if c.backend == "alwaysnoisy")
-
 
 
 def test_a_candidate_far_slower_than_a_known_way_to_compute_its_operators_is_timed_by_one_run(monkeypatch, tmp_path):
     from plugins_for_tests import cutoff_plugin as plugin
 
     log = tmp_path / "cutoffs.jsonl"
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("CUTOFF_LOG", str(log))
-    module = "plugins_for_tests.cutoff_plugin"
-    pm = get_plugin_manager(extra_modules=[module])
-    infos = discover_backends(pm)
-    target = tvm_compat.host_cpu_target()
-    model = load_model(str(TESTS.parent / "models" / "tiny_resnet.onnx"))
-    graph = RelaxGraph.from_function(model.mod["main"], model.mod)
-    backends = {name: infos[name].backend for name in plugin.BACKENDS}
-    candidates = []
-    for name in plugin.BACKENDS:
-        patterns = contribute_patterns(pm, infos[name].backend, target)
-        candidates += [c for c in enumerate_candidates(graph, patterns) if c.nodes in ({0}, {1})]
-    with CostDatabase.open(tmp_path / "costs.sqlite") as db:
-        report = measure_candidates(graph, candidates, backends, target, db, MeasureSettings(build_workers=1), [module],
-                                    show_progress=False)
+    candidates, report = measured(monkeypatch, tmp_path, "plugins_for_tests.cutoff_plugin", plugin.BACKENDS, ({0}, {1}),
+                                  MeasureSettings(build_workers=1))
     given = [tuple(json.loads(line)) for line in log.read_text().splitlines()]
     assert given == [("afast", None)] * 2 + [("zslow", CANDIDATE_CUTOFF_FACTOR * plugin.FAST_S)] * 2
     assert {report.costs[c.key].repeats for c in candidates if c.backend == "zslow"} == {1}
