@@ -29,6 +29,7 @@ from collage_core.fused_groups import (
     FLOAT32, as_dtype, Group, Refused, StridedOperand, expect_plain_out_dtype, plain_strides, read_epilogue, shape_of,
     strided_operand, uniform_operand_dtype,
 )
+from collage_core.strided_products import Axis, batch_axes
 
 SPEC_VERSION = 3
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
@@ -67,57 +68,6 @@ def float_word(value: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
-@attrs.frozen
-class _Axis:
-    """One loop of the product: its size and each tensor's stride along it (lhs, rhs, out)."""
-
-    size: int
-    strides: tuple[int, int, int]
-
-
-def _mergeable(outer: _Axis, inner: _Axis) -> bool:
-    return all(o == i * inner.size for o, i in zip(outer.strides, inner.strides))
-
-
-def _merged(outer: _Axis, inner: _Axis) -> _Axis:
-    return _Axis(outer.size * inner.size, inner.strides)
-
-
-def _batch_axes(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[list[_Axis], _Axis]:
-    """The batch loops (outermost first, size-1 loops dropped) and the rows loop M, merged where strides allow."""
-    rank = len(out_shape)
-    out_strides = plain_strides(out_shape)
-
-    def padded(operand: StridedOperand):
-        missing = rank - len(operand.dims)
-        return [1] * missing + list(operand.dims), [0] * missing + list(operand.strides)
-
-    (lhs_dims, lhs_strides), (rhs_dims, rhs_strides) = padded(lhs), padded(rhs)
-    axes = []
-    for axis in range(rank - 2):
-        size = out_shape[axis]
-        strides = []
-        for dims, operand_strides in ((lhs_dims, lhs_strides), (rhs_dims, rhs_strides)):
-            if dims[axis] == size:
-                strides.append(operand_strides[axis] if size > 1 else 0)
-            elif dims[axis] == 1:
-                strides.append(0)  # broadcast along this batch axis
-            else:
-                raise Refused("matmul batch dimensions that do not broadcast")
-        axes.append(_Axis(size, (strides[0], strides[1], out_strides[axis] if size > 1 else 0)))
-    rows = _Axis(out_shape[-2], (lhs_strides[-2], 0, out_strides[-2]))
-    axes = [axis for axis in axes if axis.size > 1]
-    while axes and _mergeable(axes[-1], rows):  # the right operand is shared by every row: fold batches into M
-        rows = _merged(axes.pop(), rows)
-    merged: list[_Axis] = []
-    for axis in axes:
-        if merged and _mergeable(merged[-1], axis):
-            merged[-1] = _merged(merged[-1], axis)
-        else:
-            merged.append(axis)
-    return merged, rows
-
-
 def _column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[int, int, int, int]:
     """cuBLAS's (op, stored rows, stored cols, ld) for a matrix whose element (i, j) lies at i*row_stride + j*col_stride."""
     if row_stride == 1 or rows == 1:
@@ -130,11 +80,11 @@ def _column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> tup
 def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[int, ...]:
     if len(lhs.dims) < 2 or len(rhs.dims) < 2:
         raise Refused("matmul of a vector")
-    batches, rows = _batch_axes(lhs, rhs, out_shape)
+    batches, rows = batch_axes(lhs, rhs, out_shape)
     if len(batches) > 2:
         raise Refused("more batch dimensions than one strided batch and one loop can cover")
-    inner = batches[-1] if batches else _Axis(1, (0, 0, 0))
-    outer = batches[0] if len(batches) == 2 else _Axis(1, (0, 0, 0))
+    inner = batches[-1] if batches else Axis(1, (0, 0, 0))
+    outer = batches[0] if len(batches) == 2 else Axis(1, (0, 0, 0))
     if outer.size > MAX_OUTER_BATCH:
         raise Refused(f"an outer batch of {outer.size} looped launches")
     m, k = rows.size, lhs.dims[-1]
