@@ -427,6 +427,25 @@ def activation_pattern(value, names: Sequence[str]):
     return pattern
 
 
+def product_epilogues(activations: Sequence[str]) -> dict:
+    """The epilogue patterns a product kernel fuses, by name suffix: bias, then residual, then one of
+    ``activations`` (each optional); a reshape may stand before the activation. Each value takes the
+    pattern of the product and returns the pattern of the group's result."""
+    identity = lambda value: value  # noqa: E731
+    epilogues = {}
+    for bias_name, bias in (("", identity), ("_bias", bias_pattern)):
+        for residual_name, residual in (("", identity), ("_add", residual_pattern)):
+            epilogues[f"{bias_name}{residual_name}"] = lambda v, bias=bias, residual=residual: residual(bias(v))
+            for name in activations:
+                suffix = "_gelu" if name == "gelu_tanh" else f"_{name}"
+                for reshape_name, reshape in (("", identity), ("_reshape", reshape_pattern)):
+                    epilogues[f"{bias_name}{residual_name}{reshape_name}{suffix}"] = (
+                        lambda v, bias=bias, residual=residual, reshape=reshape, name=name:
+                        activation_pattern(reshape(residual(bias(v))), [name])
+                    )
+    return epilogues
+
+
 def recognizer_check(recognize):
     """A pattern check for a backend whose kernels are described by ``recognize(group)`` (which
     raises :class:`Refused` with the reason for what its kernels would compute differently).

@@ -62,6 +62,8 @@ class NativeLibrary:
 
     ``flags`` are include, library and link flags after the source; ``versions`` are strings
     that change the binary without changing the command (library versions), all in the digest.
+    ``base_flags`` come first (a C++ compiler's by default; nvcc's for CUDA sources, whose linker
+    flags then go through ``-Xlinker``). A ``name`` with slashes nests the library's directory.
     """
 
     name: str
@@ -69,10 +71,13 @@ class NativeLibrary:
     compiler: str
     flags: tuple[str, ...]
     versions: tuple[str, ...] = ()
+    base_flags: tuple[str, ...] = CXXFLAGS
 
     def command(self, output: Path) -> list[str]:
         ffi_flags, _ = tvm_ffi_flags()
-        return [self.compiler, *CXXFLAGS, str(self.source), *self.flags, *ffi_flags, "-o", str(output)]
+        if Path(self.compiler).name == "nvcc":
+            ffi_flags = tuple(f"-Xlinker={flag[len('-Wl,'):]}" if flag.startswith("-Wl,") else flag for flag in ffi_flags)
+        return [self.compiler, *self.base_flags, str(self.source), *self.flags, *ffi_flags, "-o", str(output)]
 
     def path(self) -> Path:
         """Where the library for this exact source, command and versions lives (built or not)."""
@@ -80,7 +85,7 @@ class NativeLibrary:
         digest = hashlib.sha256(self.source.read_bytes())
         for part in (*self.command(Path("out")), *self.versions, ffi_version):
             digest.update(part.encode() + b"\0")
-        return cache_root() / self.name / digest.hexdigest()[:16] / f"libcollage_{self.name}.so"
+        return cache_root() / self.name / digest.hexdigest()[:16] / f"libcollage_{self.name.replace('/', '_')}.so"
 
     def build(self) -> Path:
         """The built library, compiling it unless this exact build exists (one process builds, others wait)."""

@@ -8,24 +8,11 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.fused_groups import (
-    activation_pattern, bias_pattern, cast_pattern, recognizer_check, reshape_pattern, residual_pattern, scale_pattern,
-)
+from collage_core.fused_groups import cast_pattern, product_epilogues, recognizer_check, scale_pattern
 from collage_core.records import Pattern
 from collage_cublas import specs
 
 BACKEND = "cublas"
-
-
-def _relu(value):
-    return activation_pattern(value, ["relu"])
-
-
-def _gelu_tanh(value):
-    return activation_pattern(value, ["gelu_tanh"])
-
-
-_bias, _residual, _reshaped, _scale = bias_pattern, residual_pattern, reshape_pattern, scale_pattern
 
 
 def _transposed(_):
@@ -37,28 +24,8 @@ def _plain(_):
 
 
 OPERAND_FORMS = {"n": _plain, "t": _transposed}  # operand read as it is, or through a permute_dims
-ACTIVATIONS = {"": None, "_relu": _relu, "_gelu": _gelu_tanh}
-
-
-def _dense_epilogues() -> dict:
-    """Bias, then residual, then an activation (each optional); a reshape may stand before the activation."""
-    epilogues = {}
-    for bias_name, bias in (("", lambda v: v), ("_bias", _bias)):
-        for residual_name, residual in (("", lambda v: v), ("_add", _residual)):
-            for activation_name, activation in ACTIVATIONS.items():
-                def chain(v, bias=bias, residual=residual, activation=activation):
-                    v = residual(bias(v))
-                    return activation(v) if activation else v
-                epilogues[f"{bias_name}{residual_name}{activation_name}"] = chain
-                if activation is not None:
-                    epilogues[f"{bias_name}{residual_name}_reshape{activation_name}"] = (
-                        lambda v, bias=bias, residual=residual, activation=activation: activation(_reshaped(residual(bias(v))))
-                    )
-    return epilogues
-
-
-DENSE_EPILOGUES = _dense_epilogues()
-BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": _scale}
+DENSE_EPILOGUES = product_epilogues(["relu", "gelu_tanh"])
+BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": scale_pattern}
 
 
 _check = recognizer_check(specs.recognize)
