@@ -4,11 +4,13 @@ A plugin's pattern test builds a function its pattern should cover whole (``func
 finds that candidate (``whole_candidate``), and compares what its kernel computes with what TVM's
 build of the same Relax computes on the CPU (``run_on_cpu``); ``operand_arrays`` gives the arrays a
 kernel's operands stand for. ``contract_problems`` runs a plugin's hooks against the contract on
-a model and says, one line each, what is wrong.
+a model and says, one line each, what is wrong. ``product_case`` builds the function a GPU backend's
+product pattern covers, from the pattern's name.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -130,3 +132,89 @@ def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8,
     if pm.hook.collage_prepare_runtime(backend=info.backend) is None:
         problems.append("collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)")
     return problems
+
+
+# Product cases shared by the GPU backends' pattern tests --------------------------------------------------
+
+R = relax.op
+F = "float32"
+
+
+def _const(rng, *shape, dtype=F):
+    return relax.const(rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype))
+
+
+def _gelu_erf_spelt_out(bb, x):
+    """erf GELU as BERT's exporters write it: x * (erf(x / sqrt2) + 1) * 0.5."""
+    erf = bb.emit(R.erf(bb.emit(R.divide(x, relax.const(math.sqrt(2.0), F)))))
+    return R.multiply(bb.emit(R.multiply(x, bb.emit(R.add(erf, relax.const(1.0, F))))), relax.const(0.5, F))
+
+
+def _gelu_tanh_spelt_out(bb, x):
+    """tanh GELU as GPT-2's exporters write it."""
+    cube = bb.emit(R.multiply(bb.emit(R.power(x, relax.const(3.0, F))), relax.const(0.044715, F)))
+    inner = bb.emit(R.multiply(bb.emit(R.add(x, cube)), relax.const(math.sqrt(2 / math.pi), F)))
+    one = bb.emit(R.add(bb.emit(R.tanh(inner)), relax.const(1.0, F)))
+    return R.multiply(bb.emit(R.multiply(x, relax.const(0.5, F))), one)
+
+
+def product_case(pattern_name: str, seed: int = 0, cast_to: str = F):
+    """``(make(bb, *params), param shapes)`` for a function a product pattern ``<backend>.<pattern_name>`` covers
+    whole, its name read as :func:`~collage_core.fused_groups.product_epilogues` and the GPU backends write
+    it: ``dense[_t][_bias][_add][_reshape][_relu|_gelu|_gelu_erf|_silu]`` (``_gelu`` is tanh GELU) or
+    ``batch_matmul[_nn|_nt|_tn|_tt][_scale]``. Every stride is a multiple of 8 elements (what Hopper's TMA loads).
+
+    With ``cast_to`` a 16-bit type, it is written the way `--precision bf16|fp16` converts a model: parameters
+    and constants of that type, the product accumulating in float32 and cast to 16 bits before the epilogue.
+    """
+    rng = np.random.default_rng(seed)
+    parts = pattern_name.split("_")
+
+    def product(bb, lhs, rhs):
+        if cast_to == F:
+            return bb.emit(R.matmul(lhs, rhs))
+        return bb.emit(R.astype(bb.emit(R.matmul(lhs, rhs, out_dtype=F)), cast_to))
+
+    if parts[0] == "dense":
+        transposed = "t" in parts
+        m_shape, k, n = (2, 8), 24, 40
+        shapes = [(k, 16)] if transposed else [(*m_shape, k)]
+        out_shape = (16, n) if transposed else (*m_shape, n)
+        if "add" in parts:
+            shapes.append(out_shape)
+
+        def make(bb, x, *rest):
+            if transposed:
+                x = bb.emit(R.permute_dims(x, [1, 0]))
+            v = product(bb, x, _const(rng, k, n, dtype=cast_to))
+            if "bias" in parts:
+                v = bb.emit(R.add(_const(rng, n, dtype=cast_to), v))
+            if "add" in parts:
+                v = bb.emit(R.add(v, rest[0]))
+            if "reshape" in parts:
+                v = bb.emit(R.reshape(v, (1, math.prod(out_shape[:-1]), n)))
+            if "relu" in parts:
+                v = bb.emit(R.nn.relu(v))
+            if "gelu" in parts:
+                v = bb.emit(_gelu_erf_spelt_out(bb, v) if "erf" in parts else _gelu_tanh_spelt_out(bb, v))
+            if "silu" in parts:
+                v = bb.emit(R.multiply(v, bb.emit(R.sigmoid(v))))
+            return v
+
+        return make, shapes
+    forms = next((p for p in parts[2:] if p in ("nn", "nt", "tn", "tt")), "nn")
+    batch, heads, m, k, n = 2, 3, 16, 8, 16
+    lhs_shape = (batch, m, heads, k) if forms[0] == "t" else (batch, heads, m, k)
+    rhs_shape = (batch, n, heads, k) if forms[1] == "t" else (batch, heads, k, n)
+
+    def make(bb, lhs, rhs):
+        if forms[0] == "t":
+            lhs = bb.emit(R.permute_dims(lhs, [0, 2, 1, 3]))  # a head split read in place
+        if forms[1] == "t":
+            rhs = bb.emit(R.permute_dims(rhs, [0, 2, 3, 1]))  # K^T of a head split
+        v = product(bb, lhs, rhs)
+        if "scale" in parts:
+            v = bb.emit(R.multiply(v, relax.const(0.125, cast_to)))
+        return v
+
+    return make, [lhs_shape, rhs_shape]

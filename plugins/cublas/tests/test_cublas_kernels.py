@@ -19,9 +19,9 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, rounded_to, sixteen_bit_atol, whole_candidate
+from collage_core.testing import function_module, operand_arrays, product_case as case, rounded_to, sixteen_bit_atol, whole_candidate
 from collage_cublas import lowering, patterns, specs
-from cublas_cases import case, reference
+from cublas_cases import reference
 
 pytestmark = pytest.mark.gpu
 R = relax.op
