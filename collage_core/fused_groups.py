@@ -183,10 +183,16 @@ def _spelt_out(group: Group, calls: list, value, steps) -> bool:
     return found[-1] is calls[-1]  # the last step is the result the chain goes on from
 
 
+# How close a spelt-out activation's constant must be to the value it stands for: a 16-bit constant is
+# that value rounded to its type (half a unit in the last place, relative).
+CONSTANT_TOLERANCE = {"bfloat16": 2.0**-9, "float16": 2.0**-12}
+
+
 def _operands_are(call, wanted) -> bool:
     def same(arg, expected):
         if isinstance(expected, float):
-            return _close(scalar(arg), expected)
+            dtype = tvm_compat.tensor_shape_dtype(arg)[1] if tvm_compat.is_constant(arg) else FLOAT32
+            return _close(scalar(arg), expected, CONSTANT_TOLERANCE.get(dtype, 1e-6))
         return arg.same_as(expected)
 
     args = list(call.args)

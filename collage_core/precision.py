@@ -121,7 +121,33 @@ def convert(mod, precision: str):
     if precision == BF16:
         mod = _float16_to_bfloat16(mod)
     return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(),
-                                     relax.transform.DeadCodeElimination(["main"])])(mod)
+                                     relax.transform.DeadCodeElimination(["main"])])(_constant_casts_folded(mod))
+
+
+def _constant_casts_folded(mod):
+    """``mod`` with each cast of a constant replaced by the cast constant. The pass casts the scalar constants
+    of a spelt-out activation (GELU's sqrt 2, 0.5, 1) to 16 bits as operators of their own, which TVM's
+    FoldConstant leaves; folded, the activation reads as the constants it applies, so kernels can fuse it."""
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    from collage_core import tvm_compat
+    from collage_core.fused_groups import as_dtype
+
+    @mutator
+    class Folder(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if tvm_compat.op_name(call) == "relax.astype" and tvm_compat.is_constant(call.args[0]):
+                dtype = str(call.attrs.dtype)
+                return relax.const(as_dtype(tvm_compat.constant_array(call.args[0]), dtype), dtype)
+            return call
+
+    folder = Folder(mod)
+    for global_var, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            folder.builder_.update_func(global_var, folder.visit_expr(func))
+    return folder.builder_.get()
 
 
 def at_precision(imported, precision: str):

@@ -144,18 +144,23 @@ def _const(rng, *shape, dtype=F):
     return relax.const(rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype))
 
 
-def _gelu_erf_spelt_out(bb, x):
-    """erf GELU as BERT's exporters write it: x * (erf(x / sqrt2) + 1) * 0.5."""
-    erf = bb.emit(R.erf(bb.emit(R.divide(x, relax.const(math.sqrt(2.0), F)))))
-    return R.multiply(bb.emit(R.multiply(x, bb.emit(R.add(erf, relax.const(1.0, F))))), relax.const(0.5, F))
+def _scalar(value: float, dtype: str):
+    return relax.const(rounded_to(np.array(value, dtype=F), dtype), dtype)
 
 
-def _gelu_tanh_spelt_out(bb, x):
+def _gelu_erf_spelt_out(bb, x, dtype=F):
+    """erf GELU as BERT's exporters write it: x * (erf(x / sqrt2) + 1) * 0.5 (constants in ``dtype``, as the
+    mixed-precision pass leaves them)."""
+    erf = bb.emit(R.erf(bb.emit(R.divide(x, _scalar(math.sqrt(2.0), dtype)))))
+    return R.multiply(bb.emit(R.multiply(x, bb.emit(R.add(erf, _scalar(1.0, dtype))))), _scalar(0.5, dtype))
+
+
+def _gelu_tanh_spelt_out(bb, x, dtype=F):
     """tanh GELU as GPT-2's exporters write it."""
-    cube = bb.emit(R.multiply(bb.emit(R.power(x, relax.const(3.0, F))), relax.const(0.044715, F)))
-    inner = bb.emit(R.multiply(bb.emit(R.add(x, cube)), relax.const(math.sqrt(2 / math.pi), F)))
-    one = bb.emit(R.add(bb.emit(R.tanh(inner)), relax.const(1.0, F)))
-    return R.multiply(bb.emit(R.multiply(x, relax.const(0.5, F))), one)
+    cube = bb.emit(R.multiply(bb.emit(R.power(x, _scalar(3.0, dtype))), _scalar(0.044715, dtype)))
+    inner = bb.emit(R.multiply(bb.emit(R.add(x, cube)), _scalar(math.sqrt(2 / math.pi), dtype)))
+    one = bb.emit(R.add(bb.emit(R.tanh(inner)), _scalar(1.0, dtype)))
+    return R.multiply(bb.emit(R.multiply(x, _scalar(0.5, dtype))), one)
 
 
 def product_case(pattern_name: str, seed: int = 0, cast_to: str = F):
@@ -196,7 +201,7 @@ def product_case(pattern_name: str, seed: int = 0, cast_to: str = F):
             if "relu" in parts:
                 v = bb.emit(R.nn.relu(v))
             if "gelu" in parts:
-                v = bb.emit(_gelu_erf_spelt_out(bb, v) if "erf" in parts else _gelu_tanh_spelt_out(bb, v))
+                v = bb.emit(_gelu_erf_spelt_out(bb, v, cast_to) if "erf" in parts else _gelu_tanh_spelt_out(bb, v, cast_to))
             if "silu" in parts:
                 v = bb.emit(R.multiply(v, bb.emit(R.sigmoid(v))))
             return v
