@@ -1,4 +1,4 @@
-"""The cuBLAS and cuDNN plugins on a machine as it is: registered, patterns only for CUDA targets, one-line reasons when they cannot run.
+"""The cuBLAS, cuDNN and CUTLASS plugins on a machine as it is: registered, patterns only for CUDA targets, one-line reasons when they cannot run.
 
 These run everywhere (CI has no GPU); what needs a GPU is in the plugins' tests marked ``gpu``.
 """
@@ -14,7 +14,7 @@ from collage_core.backends import discover_backends
 from collage_core.cuda_libraries import CudaUnavailable, Requirement
 from collage_core.plugins import get_plugin_manager
 
-PLUGINS = ["cublas", "cudnn"]
+PLUGINS = ["cublas", "cudnn", "cutlass"]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,10 @@ def _has_gpu() -> bool:
 def test_collage_register_backends_registers_an_op_level_cuda_backend_with_its_library_version(backends, name):
     backend = backends[name].backend
     library = importlib.import_module(f"collage_{name}.library")
-    version = library.cublas_version() if name == "cublas" else library.cudnn_version()
+    version = getattr(library, f"{name}_version")()
     assert backend.kind == "op-level" and backend.device_kinds == ("cuda",)
-    assert backend.version.startswith(f"{name}-{version}+kernels-")
+    assert backend.version.startswith(f"{name}-{version}+")
+    assert "+kernels-" in backend.version
     assert f"plugins/{name}" in backend.runtime_needs
 
 
@@ -94,14 +95,15 @@ def test_a_library_version_is_the_first_installed_wheel_else_the_shared_object_f
 def test_collage_prepare_runtime_raises_saying_what_is_missing_without_a_gpu(name, monkeypatch):
     hooks = importlib.import_module(f"collage_{name}.hooks")
     library = importlib.import_module(f"collage_{name}.library")
-    library.load.cache_clear()
+    clear = getattr(library.load, "cache_clear", lambda: None)  # cuBLAS and cuDNN load one library, once
+    clear()
     monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(CudaUnavailable("no NVIDIA GPU here: test")))
     try:
         backend = discover_backends(get_plugin_manager())[name].backend
         with pytest.raises(RuntimeError, match="no NVIDIA GPU here: test"):
             hooks.collage_prepare_runtime(backend=backend)
     finally:
-        library.load.cache_clear()
+        clear()
 
 
 @pytest.mark.parametrize("name", PLUGINS)
@@ -109,13 +111,16 @@ def test_collage_lower_partitions_says_which_partition_a_kernel_cannot_compute(n
     import numpy as np
     from tvm import relax
 
+    from collage_core.fused_groups import as_dtype
+
     lowering = importlib.import_module(f"collage_{name}.lowering")
-    monkeypatch.setattr(lowering.library, "load", lambda: None)
-    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    monkeypatch.setattr(lowering.library, "load", lambda *kernel: None)
+    dtype = "bfloat16" if name == "cutlass" else "float32"  # CUTLASS takes 16-bit operands only
+    x = relax.Var("x", relax.TensorType((4, 8), dtype))
     bb = relax.BlockBuilder()
     with bb.function("part", [x]):
         with bb.dataflow():
-            product = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 8), "float32"))))
+            product = bb.emit(relax.op.matmul(x, relax.const(as_dtype(np.ones((8, 8)), dtype)), out_dtype="float32"))
             output = bb.emit_output(relax.op.nn.softmax(product))
         bb.emit_func_output(output)
     with pytest.raises(ValueError, match=r"partition part: .*softmax"):

@@ -1,0 +1,92 @@
+"""CUTLASS as a Collage op-level backend on Hopper GPUs: 16-bit matrix products with fused epilogues,
+each from a kernel instantiated from CUTLASS's templates, compiled with nvcc and tuned per problem.
+
+Each partition becomes one call of ``collage_cutlass.<kernel>``, a TVM FFI function the kernel's
+library registers (``runtime/gemm_runner.h``), launching on TVM's CUDA stream; no Python runs on
+that path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from collage_core import fused_groups, strided_products
+from collage_core.build import replace_functions
+from collage_core.hookspecs import hookimpl
+from collage_core.native import sources_digest
+from collage_core.records import OP_LEVEL, Availability, Backend
+from collage_cutlass import kernels, library, lowering, patterns, specs, tuning
+
+BACKEND = patterns.BACKEND
+# What decides a measured cost besides CUTLASS and nvcc: the kernels' sources, how groups are read and lowered.
+KERNELS_DIGEST = sources_digest(
+    (library.RUNNER_HEADER, *(Path(module.__file__) for module in (kernels, specs, tuning, lowering, fused_groups, strided_products)))
+)
+
+
+def _nvcc() -> str:
+    try:
+        return library.nvcc_version()
+    except library.CutlassUnavailable:
+        return "none"
+
+
+@hookimpl
+def collage_register_backends(register):
+    register(
+        Backend(
+            name=BACKEND,
+            kind=OP_LEVEL,
+            device_kinds=("cuda",),
+            version=f"cutlass-{library.cutlass_version()}+nvcc-{_nvcc()}+kernels-{KERNELS_DIGEST}",
+            description="CUTLASS 3 Hopper GEMMs (TMA, warp-specialized), bf16/fp16 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
+            runtime_needs=f"the collage-cutlass plugin (pip install -e plugins/cutlass), a Hopper GPU and {library.INSTALL_HINT}",
+        )
+    )
+
+
+@hookimpl
+def collage_check_availability(backend):
+    if backend.name != BACKEND:
+        return None
+    try:
+        library.check_gpu()
+        library.cutlass_includes()
+        library.find_nvcc()
+    except library.CutlassUnavailable as unavailable:
+        return Availability.no(str(unavailable))
+    return Availability.yes()
+
+
+@hookimpl
+def collage_contribute_patterns(backend, target):
+    if backend.name != BACKEND:
+        return None
+    if target.kind.name != "cuda":
+        return []
+    return patterns.patterns()
+
+
+@hookimpl
+def collage_lower_partitions(backend, mod, function_names, target):
+    if backend.name != BACKEND:
+        return None
+    return replace_functions(mod, function_names, lowering.lower_function)
+
+
+@hookimpl
+def collage_prepare_runtime(backend):
+    if backend.name != BACKEND:
+        return None
+    library.check_gpu()
+    for kernel in library.chosen_kernels():  # every kernel chosen on this machine: what a library built here calls
+        library.load(kernel)
+    return True
+
+
+@hookimpl
+def collage_runtime_libraries(backend):
+    if backend.name != BACKEND:
+        return None
+    built = library.build_all(library.chosen_kernels(), progress=False)
+    return [path for path in built.values() if isinstance(path, Path)]

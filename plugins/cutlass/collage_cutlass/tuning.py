@@ -1,0 +1,82 @@
+"""Choosing, for each problem, the fastest of several CUTLASS kernel configurations by timing them on the GPU.
+
+For a spec, every configuration in :data:`~collage_cutlass.kernels.TILE_CONFIGS` (or the first
+``$COLLAGE_CUTLASS_TILES`` of them, which bounds compile time) is compiled in parallel, then each is
+timed on the GPU on scratch buffers; the fastest runs the problem. The choice and every
+configuration's time are kept by spec, GPU and compiler (``$COLLAGE_CACHE_DIR/cutlass/tuning.json``),
+so a later build on this machine compiles and times nothing. Without a GPU nothing can be timed: the
+first configuration is taken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import tvm
+
+from collage_core import cuda_libraries
+from collage_core.choices import ChoiceStore
+from collage_core.cuda_libraries import CudaUnavailable
+from collage_cutlass import library, specs
+from collage_cutlass.kernels import TILE_CONFIGS, Kernel, TileConfig
+
+CONFIGS_BY_NAME = {config.name: config for config in TILE_CONFIGS}
+
+
+def configs() -> tuple[TileConfig, ...]:
+    """The configurations tuning tries: all, or the first ``$COLLAGE_CUTLASS_TILES``."""
+    wanted = os.environ.get("COLLAGE_CUTLASS_TILES", "").strip()
+    if not wanted:
+        return TILE_CONFIGS
+    if not wanted.isdigit() or int(wanted) < 1:
+        raise ValueError(f"COLLAGE_CUTLASS_TILES={wanted!r}: give how many configurations to try (1 to {len(TILE_CONFIGS)})")
+    return TILE_CONFIGS[: int(wanted)]
+
+
+def _store() -> ChoiceStore:
+    return ChoiceStore(library.cache_dir() / "tuning.json",
+                       lambda value: isinstance(value, dict) and value.get("config") in CONFIGS_BY_NAME)
+
+
+def _key(spec: specs.KernelSpec, gpu) -> str:
+    tried = ",".join(config.name for config in configs())
+    identity = f"{gpu.name}|{gpu.compute_capability}|{library.cutlass_version()}|{library.nvcc_version()}|{tried}"
+    return hashlib.sha256(spec.array().astype("<i8").tobytes() + identity.encode()).hexdigest()
+
+
+def time_kernels(spec: specs.KernelSpec, kernels) -> dict[str, object]:
+    """Each kernel's median milliseconds on ``spec`` (compiling those not built yet), or why it has none."""
+    built = library.build_all(kernels)
+    text = specs.as_text(spec.array())
+    times: dict[str, object] = {}
+    for kernel in kernels:
+        if isinstance(built[kernel], Exception):
+            times[kernel.config.name] = f"did not compile: {built[kernel]}"
+            continue
+        library.load(kernel)
+        milliseconds = float(tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")(text))
+        times[kernel.config.name] = milliseconds if milliseconds > 0 else "CUTLASS cannot run this problem with it"
+    return times
+
+
+def best_kernel(spec: specs.KernelSpec) -> Kernel:
+    """The kernel that runs ``spec`` fastest on this GPU (tuned once, then remembered), or the first
+    configuration's where there is no GPU. Raises ValueError when no configuration runs it."""
+    try:
+        gpu = cuda_libraries.first_gpu()
+    except CudaUnavailable:
+        return Kernel(spec.kind, configs()[0])
+    store, key = _store(), _key(spec, gpu)
+    found = store.get(key)
+    if found is None:
+        times = time_kernels(spec, [Kernel(spec.kind, config) for config in configs()])
+        usable = {name: value for name, value in times.items() if isinstance(value, float)}
+        if not usable:
+            reasons = "; ".join(f"{name}: {why}" for name, why in times.items())
+            m, n, k = np.asarray(spec.words)[8:11]
+            raise ValueError(f"no CUTLASS configuration runs this {spec.kind.describe()} product (M={m}, N={n}, K={k}): {reasons}")
+        found = {"config": min(usable, key=usable.get), "times_ms": times}
+        store.put(key, found)
+    return Kernel(spec.kind, CONFIGS_BY_NAME[found["config"]])

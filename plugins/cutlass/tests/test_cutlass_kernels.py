@@ -1,0 +1,90 @@
+"""CUTLASS kernels compiled with nvcc, built into TVM executables for CUDA and run on a Hopper GPU, against PyTorch on CUDA.
+
+Marked ``gpu`` (run with ``--run-gpu`` on a machine with an H100/H200; scripts/gpu-tests.sh). Each case
+(``collage_core.testing.product_case``) is placed whole on CUTLASS, lowered (compiling and tuning its
+kernel), built the way Collage builds placements and run on Relax's VM; PyTorch computes the same
+problem on CUDA in float32 from the same 16-bit values (``cutlass_cases.reference``). The kernel computes
+its epilogue in float32 and rounds once, as the reference does; the two may round apart by a unit in
+the last place, and sum in different orders (``sixteen_bit_atol``: four units).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.build import build, lower_partitions
+from collage_core.fused_groups import Group
+from collage_core.partition import partition_module
+from collage_core.testing import function_module, operand_arrays, product_case, rounded_to, sixteen_bit_atol, whole_candidate
+from collage_cutlass import library, patterns, specs, tuning
+from cutlass_cases import reference
+
+pytestmark = pytest.mark.gpu
+R = relax.op
+F = "float32"
+CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_bias_reshape_gelu", "dense_add_silu", "dense_bias_add_relu",
+         "batch_matmul_tt_scale", "batch_matmul", "batch_matmul_tn"]
+
+
+@pytest.fixture(scope="module")
+def cuda(tmp_path_factory):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return tvm_compat.make_target({"kind": "cuda"}), tvm.cuda(0)
+
+
+def _run_on_cutlass(pm, backends, cuda, mod, pattern_name, seed=1):
+    """The function's output with its one candidate placed on CUTLASS, its inputs, and the candidate's spec."""
+    target, device = cuda
+    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cutlass.{pattern_name}")
+    assert candidate is not None, f"no cutlass.{pattern_name} candidate"
+    placed = partition_module(graph, [candidate])
+    assert "collage_cutlass.gemm_" in str(lower_partitions(pm, placed, backends, target))  # really a CUTLASS kernel
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    rng = np.random.default_rng(seed)
+    inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype)
+              for shape, dtype in map(tvm_compat.tensor_shape_dtype, mod["main"].params)]
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
+    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
+    return got, inputs, spec
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("pattern_name", CASES)
+def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name, dtype):
+    make, shapes = product_case(pattern_name, cast_to=dtype)
+    mod = function_module(make, *shapes, dtype=dtype)
+    got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, pattern_name)
+    assert str(got.dtype) == dtype
+    operands = operand_arrays(spec.operands, mod["main"].params, inputs)
+    expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
+
+
+def test_sixteen_bit_operands_may_write_a_float32_result(pm, backends, cuda):
+    weight = rounded_to(np.random.default_rng(3).uniform(-1, 1, size=(64, 32)).astype(F), "bfloat16")
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16")
+    got, inputs, _ = _run_on_cutlass(pm, backends, cuda, mod, "dense")
+    assert got.dtype == np.float32
+    expected = inputs[0].astype(np.float64) @ weight.astype(np.float64)
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)  # exact products, float32 sums in another order
+
+
+def test_tuning_is_remembered_so_a_second_lowering_compiles_and_times_nothing(pm, backends, cuda, monkeypatch):
+    make, shapes = product_case("dense_bias", cast_to="float16")
+    mod = function_module(make, *shapes, dtype="float16")
+    _run_on_cutlass(pm, backends, cuda, mod, "dense_bias")
+    spec = specs.recognize(Group.from_function(mod["main"]))
+    found = tuning._store().get(tuning._key(spec, tuning.cuda_libraries.first_gpu()))
+    assert found["config"] in tuning.CONFIGS_BY_NAME and isinstance(found["times_ms"][found["config"]], float)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("compiled or timed again")
+
+    monkeypatch.setattr(library, "build_all", forbidden)
+    monkeypatch.setattr(tuning, "time_kernels", forbidden)
+    _run_on_cutlass(pm, backends, cuda, mod, "dense_bias")

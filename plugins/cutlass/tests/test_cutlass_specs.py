@@ -1,0 +1,145 @@
+"""Each CUTLASS candidate's spec, read back as the kernel would compute it, against TVM's own build (no GPU needed).
+
+``cutlass_cases.reference`` follows the kernels' contract in PyTorch (float64 on the CPU here); the
+spec a candidate's group lowers to must compute what TVM computes for the same Relax on the CPU, within
+four units in the last place of the 16-bit output (TVM's build rounds after each step, the kernel once).
+The GPU tests (test_cutlass_kernels.py) then check the real kernels against PyTorch on CUDA.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.candidates import enumerate_candidates
+from collage_core.fused_groups import Group, Refused
+from collage_core.model_import import load_model
+from collage_core.precision import at_precision
+from collage_core.relax_graph import RelaxGraph
+from collage_core.testing import (
+    function_module, operand_arrays, product_case, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate,
+)
+from collage_cutlass import kernels, patterns, specs
+from cutlass_cases import OUT_DTYPES, reference
+
+R = relax.op
+F = "float32"
+MODELS = Path(__file__).resolve().parents[3] / "models"
+RNG = np.random.default_rng(0)
+PATTERN_NAMES = sorted(p.name.split(".", 1)[1] for p in patterns.patterns())
+# Every pattern in the slow grid; these in the default suite: each operand form, each epilogue part, each activation.
+QUICK = [("dense_bias", "bfloat16"), ("dense_t_bias_add_gelu_erf", "bfloat16"), ("dense_bias_reshape_gelu", "float16"),
+         ("dense_add_silu", "bfloat16"), ("dense_relu", "float16"), ("batch_matmul_tt_scale", "bfloat16"),
+         ("batch_matmul", "float16"), ("batch_matmul_tn", "bfloat16")]
+
+
+def _tvm_builds_on_the_cpu(pattern_name, dtype) -> bool:
+    """TVM's CPU build has no bfloat16 power, which tanh GELU spelt out uses (the real pass keeps it in float32)."""
+    return not (dtype == "bfloat16" and pattern_name.endswith("_gelu"))
+
+
+def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
+    """The candidate's spec, read back as the kernel computes it, equals TVM's CPU build of the same operators."""
+    standalone = graph.standalone_module(nodes)
+    func = standalone["main"]
+    spec = specs.recognize(Group.from_function(func))
+    inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
+              for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
+    expected = run_on_cpu(standalone, inputs).astype(np.float64)
+    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(expected.shape)
+    out_dtype = OUT_DTYPES[spec.words[2]]
+    atol = 1e-4 if out_dtype == F else sixteen_bit_atol(expected, out_dtype)
+    np.testing.assert_allclose(got, expected, rtol=1e-4 if out_dtype == F else 0, atol=atol)
+    return spec
+
+
+def whole(mod, pattern_name):
+    return whole_candidate(mod, patterns.patterns(), f"cutlass.{pattern_name}")
+
+
+def _covers_and_computes(pattern_name, dtype):
+    make, shapes = product_case(pattern_name, cast_to=dtype)
+    graph, candidate = whole(function_module(make, *shapes, dtype=dtype), pattern_name)
+    assert candidate is not None, f"no cutlass.{pattern_name} candidate covers the whole function at {dtype}"
+    spec = check_candidate(graph, candidate.nodes)
+    assert spec.words[1:3] == (kernels.TYPE_CODES[dtype],) * 2  # 16-bit operands, and the cast taken: 16 bits out
+    return spec
+
+
+@pytest.mark.parametrize("pattern_name, dtype", QUICK)
+def test_each_kind_of_pattern_covers_its_case_and_its_spec_computes_what_tvm_computes(pattern_name, dtype):
+    _covers_and_computes(pattern_name, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("pattern_name", PATTERN_NAMES)
+def test_every_pattern_covers_its_case_and_its_spec_computes_what_tvm_computes(pattern_name, dtype):
+    if not _tvm_builds_on_the_cpu(pattern_name, dtype):
+        pytest.skip("TVM's CPU build has no bfloat16 power (tanh GELU spelt out)")
+    _covers_and_computes(pattern_name, dtype)
+
+
+def test_the_spec_names_the_operand_layouts_and_the_epilogue_the_kernel_is_compiled_for():
+    spec = _covers_and_computes("dense_t_bias_add_gelu_erf", "float16")
+    assert spec.kind == kernels.KernelKind("float16", "float16", a_k_major=False, b_k_major=False, bias=True,
+                                           residual=True, activation="gelu_erf")
+    assert len(spec.operands) == 4 and str(tvm_compat.constant_array(spec.operands[2]).dtype) == "float16"
+    attention = _covers_and_computes("batch_matmul_tt_scale", "bfloat16")
+    assert attention.kind.a_k_major and attention.kind.b_k_major and attention.kind.activation is None
+    assert specs.float_word(0.125) == attention.words[22]
+
+
+def _sixteen_bit(make, *shapes, dtype="bfloat16"):
+    return function_module(make, *shapes, dtype=dtype)
+
+
+def _cast(bb, product, dtype="bfloat16"):
+    return bb.emit(R.astype(bb.emit(product), dtype))
+
+
+def _recognize_all(mod):
+    graph = RelaxGraph.from_function(mod["main"])
+    return specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]))
+
+
+@pytest.mark.parametrize("make, shapes, dtype, reason", [
+    (lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))), [(8, 32)], F, "TF32 is not offered"),
+    (lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((32, 12), F), "bfloat16")), out_dtype=F)),
+     [(8, 32)], "bfloat16", "multiple of 8"),
+    (lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((12, 64), F), "bfloat16")), out_dtype=F)),
+     [(8, 12)], "bfloat16", "multiple of 8"),
+])
+def test_products_the_kernels_cannot_run_are_refused_with_the_reason(make, shapes, dtype, reason):
+    with pytest.raises(Refused, match=reason):
+        _recognize_all(function_module(make, *shapes, dtype=dtype))
+
+
+@pytest.mark.parametrize("model, precision", [("tiny_bert", "bf16"), ("tiny_gpt2", "fp16")])
+def test_at_sixteen_bits_each_dense_layer_takes_its_cast_and_epilogue_and_erf_gelu_is_fused(model, precision):
+    """TVM's mixed-precision pass casts each product's float32 result before the bias and activation; the
+    CUTLASS candidates take the cast, the bias and the activation (BERT's erf GELU too, which cuBLASLt has not)."""
+    graph = RelaxGraph.from_function(at_precision(load_model(str(MODELS / f"{model}.onnx")), precision).mod["main"])
+    candidates = enumerate_candidates(graph, patterns.patterns())
+    succs = graph.graph.succs
+    dense = [node for node in range(len(graph.graph))
+             if tvm_compat.op_name(graph.call(node)) == "relax.matmul" and tvm_compat.is_constant(graph.call(node).args[1])
+             and any(graph.graph.ops[user] == "relax.astype" for user in succs[node])]
+    assert len(dense) >= 4
+    for node in dense:
+        largest = max((c for c in candidates if node in c.nodes), key=lambda c: len(c.nodes))
+        names = sorted(tvm_compat.op_name(graph.call(n)) for n in largest.nodes)
+        assert "relax.astype" in names and "relax.add" in names, f"{largest.pattern}: {names}"
+        check_candidate(graph, largest.nodes)
+    if model == "tiny_bert":
+        assert any(c.pattern.endswith("_gelu_erf") for c in candidates)
+    assert any(c.pattern.startswith("cutlass.batch_matmul") for c in candidates)
+
+
+def test_float32_models_get_no_candidates():
+    graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_bert.onnx")).mod["main"])
+    assert enumerate_candidates(graph, patterns.patterns()) == []
