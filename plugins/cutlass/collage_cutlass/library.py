@@ -12,6 +12,8 @@ of the command (``-arch=sm_90a``): these kernels target Hopper. CUTLASS's header
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -118,24 +120,36 @@ def compile_jobs(count: int) -> int:
     return max(1, min(count, os.cpu_count() or 1, memory // COMPILE_MEMORY_BYTES))
 
 
+@contextlib.contextmanager
+def machine_lock(name: str):
+    """Held by one process of this machine at a time (Collage builds candidates in several): compiling
+    takes every core and gigabytes per nvcc, and timing wants the GPU to itself."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_all(kernels, progress: bool = True) -> dict[Kernel, object]:
     """Compile every kernel not built yet, in parallel, showing progress; each kernel's library path, or
     the :class:`NativeBuildError` that says why it did not compile."""
     libraries = {kernel: native_library(kernel) for kernel in kernels}
-    missing = [kernel for kernel, library in libraries.items() if not library.path().exists()]
-    results: dict[Kernel, object] = {kernel: libraries[kernel].path() for kernel in kernels if kernel not in missing}
-    if not missing:
+    results: dict[Kernel, object] = {kernel: library.path() for kernel, library in libraries.items() if library.path().exists()}
+    if len(results) == len(libraries):
         return results
-    with ProgressBar(len(missing), "compiling CUTLASS kernels", enabled=progress) as bar, \
-            concurrent.futures.ThreadPoolExecutor(compile_jobs(len(missing))) as pool:
-        futures = {pool.submit(libraries[kernel].build): kernel for kernel in missing}
-        for future in concurrent.futures.as_completed(futures):
-            kernel = futures[future]
-            try:
-                results[kernel] = future.result()
-            except NativeBuildError as failed:
-                results[kernel] = failed
-            bar.advance(f"{kernel.config.name} ({kernel.kind.describe()})")
+    with machine_lock("compiling"):
+        missing = [kernel for kernel, library in libraries.items() if not library.path().exists()]
+        results.update({kernel: libraries[kernel].path() for kernel in libraries if kernel not in missing})
+        with ProgressBar(len(missing), "compiling CUTLASS kernels", enabled=progress) as bar, \
+                concurrent.futures.ThreadPoolExecutor(compile_jobs(len(missing)) if missing else 1) as pool:
+            futures = {pool.submit(libraries[kernel].build): kernel for kernel in missing}
+            for future in concurrent.futures.as_completed(futures):
+                kernel = futures[future]
+                try:
+                    results[kernel] = future.result()
+                except NativeBuildError as failed:
+                    results[kernel] = failed
+                bar.advance(f"{kernel.config.name} ({kernel.kind.describe()})")
     return results
 
 

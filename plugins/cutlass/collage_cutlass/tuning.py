@@ -51,13 +51,14 @@ def time_kernels(spec: specs.KernelSpec, kernels) -> dict[str, object]:
     built = library.build_all(kernels)
     text = specs.as_text(spec.array())
     times: dict[str, object] = {}
-    for kernel in kernels:
-        if isinstance(built[kernel], Exception):
-            times[kernel.config.name] = f"did not compile: {built[kernel]}"
-            continue
-        library.load(kernel)
-        milliseconds = float(tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")(text))
-        times[kernel.config.name] = milliseconds if milliseconds > 0 else "CUTLASS cannot run this problem with it"
+    with library.machine_lock("timing"):
+        for kernel in kernels:
+            if isinstance(built[kernel], Exception):
+                times[kernel.config.name] = f"did not compile: {built[kernel]}"
+                continue
+            library.load(kernel)
+            milliseconds = float(tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")(text))
+            times[kernel.config.name] = milliseconds if milliseconds > 0 else "CUTLASS cannot run this problem with it"
     return times
 
 

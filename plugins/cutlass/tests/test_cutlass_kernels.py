@@ -10,6 +10,8 @@ the last place, and sum in different orders (``sixteen_bit_atol``: four units).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -31,8 +33,15 @@ CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_bias_reshape_gelu", "
          "batch_matmul_tt_scale", "batch_matmul", "batch_matmul_tn"]
 
 
+@pytest.fixture(autouse=True)
+def two_configurations(monkeypatch):
+    """Numerics do not need the fastest kernel: tuning tries two configurations unless told otherwise."""
+    if "COLLAGE_CUTLASS_TILES" not in os.environ:
+        monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "2")
+
+
 @pytest.fixture(scope="module")
-def cuda(tmp_path_factory):
+def cuda():
     torch.backends.cuda.matmul.allow_tf32 = False
     return tvm_compat.make_target({"kind": "cuda"}), tvm.cuda(0)
 
