@@ -32,6 +32,10 @@ class ChoiceStore:
         value = self._read().get(key)
         return value if value is not None and self.is_valid(value) else None
 
+    def values(self) -> list:
+        """Every valid value in the store (what was chosen, for reports)."""
+        return [value for value in self._read().values() if value is not None and self.is_valid(value)]
+
     def put(self, key: str, value: Any) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "w") as lock:

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import attrs
@@ -142,15 +143,30 @@ def build_all(kernels, progress: bool = True) -> dict[Kernel, object]:
         results.update({kernel: libraries[kernel].path() for kernel in libraries if kernel not in missing})
         with ProgressBar(len(missing), "compiling CUTLASS kernels", enabled=progress) as bar, \
                 concurrent.futures.ThreadPoolExecutor(compile_jobs(len(missing)) if missing else 1) as pool:
-            futures = {pool.submit(libraries[kernel].build): kernel for kernel in missing}
+            futures = {pool.submit(_timed_build, libraries[kernel]): kernel for kernel in missing}
             for future in concurrent.futures.as_completed(futures):
                 kernel = futures[future]
                 try:
-                    results[kernel] = future.result()
+                    results[kernel], seconds = future.result()
+                    ChoiceStore(cache_dir() / "compile_seconds.json").put(kernel.name, round(seconds, 1))
                 except NativeBuildError as failed:
                     results[kernel] = failed
                 bar.advance(f"{kernel.config.name} ({kernel.kind.describe()})")
     return results
+
+
+def _timed_build(library: NativeLibrary) -> tuple[Path, float]:
+    started = time.monotonic()
+    return library.build(), time.monotonic() - started
+
+
+def compile_seconds() -> dict[str, float]:
+    """How long each kernel compiled on this machine, by name (``compile_seconds.json``)."""
+    try:
+        data = json.loads((cache_dir() / "compile_seconds.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def load(kernel: Kernel) -> Path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 
-import numpy as np
 import tvm
 
 from collage_core import cuda_libraries
@@ -62,6 +61,12 @@ def time_kernels(spec: specs.KernelSpec, kernels) -> dict[str, object]:
     return times
 
 
+def tuned() -> list[dict]:
+    """Every problem tuned on this machine: its kind, ``[M, N, K, batch, outer batch]``, the chosen
+    configuration and each configuration's milliseconds or why it has none."""
+    return [value for value in _store().values() if "problem" in value]
+
+
 def best_kernel(spec: specs.KernelSpec) -> Kernel:
     """The kernel that runs ``spec`` fastest on this GPU (tuned once, then remembered), or the first
     configuration's where there is no GPU. Raises ValueError when no configuration runs it."""
@@ -76,8 +81,10 @@ def best_kernel(spec: specs.KernelSpec) -> Kernel:
         usable = {name: value for name, value in times.items() if isinstance(value, float)}
         if not usable:
             reasons = "; ".join(f"{name}: {why}" for name, why in times.items())
-            m, n, k = np.asarray(spec.words)[8:11]
+            m, n, k = spec.words[8:11]
             raise ValueError(f"no CUTLASS configuration runs this {spec.kind.describe()} product (M={m}, N={n}, K={k}): {reasons}")
-        found = {"config": min(usable, key=usable.get), "times_ms": times}
+        m, n, k, batch = (int(word) for word in spec.words[8:12])
+        found = {"config": min(usable, key=usable.get), "times_ms": times, "kind": spec.kind.describe(),
+                 "problem": [m, n, k, batch, int(spec.words[18])]}
         store.put(key, found)
     return Kernel(spec.kind, CONFIGS_BY_NAME[found["config"]])

@@ -50,3 +50,62 @@ def test_a_kernel_compiles_with_nvcc_loads_and_registers_its_call_and_timing_fun
     assert tvm.get_global_func(f"collage_cutlass.{kernel.name}", allow_missing=True) is not None
     assert tvm.get_global_func(f"collage_cutlass.time.{kernel.name}", allow_missing=True) is not None
     assert library.build_all([kernel], progress=False)[kernel] == built[kernel]  # a second time compiles nothing
+
+
+def _spec():
+    from collage_core.fused_groups import Group
+    from collage_core.testing import function_module, product_case
+    from collage_cutlass import specs
+
+    make, shapes = product_case("dense_bias", cast_to="float16")
+    return specs.recognize(Group.from_function(function_module(make, *shapes, dtype="float16")["main"]))
+
+
+def test_tuning_keeps_the_fastest_configuration_that_runs_and_times_a_problem_once(tmp_path, monkeypatch):
+    from collage_cutlass import tuning
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    timed = []
+
+    def fake_times(spec, candidates):  # what the GPU would say: the third fastest, the first cannot run it
+        timed.append(len(candidates))
+        speeds = {0: "CUTLASS cannot run this problem with it", 2: 0.001}
+        return {kernel.config.name: speeds.get(TILE_CONFIGS.index(kernel.config), 0.01 * TILE_CONFIGS.index(kernel.config))
+                for kernel in candidates}
+
+    monkeypatch.setattr(tuning, "time_kernels", fake_times)
+    spec = _spec()
+    assert tuning.best_kernel(spec).config == TILE_CONFIGS[2]
+    assert tuning.best_kernel(spec).config == TILE_CONFIGS[2] and timed == [len(TILE_CONFIGS)]  # remembered
+    [entry] = tuning.tuned()
+    assert entry["kind"] == spec.kind.describe() and entry["problem"][:3] == list(spec.words[8:11])
+    monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "2")  # fewer configurations tried: another question, timed anew
+    assert tuning.best_kernel(spec).config == TILE_CONFIGS[1] and timed == [len(TILE_CONFIGS), 2]
+
+
+def test_a_problem_no_configuration_runs_fails_with_each_configurations_reason(tmp_path, monkeypatch):
+    from collage_cutlass import tuning
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    monkeypatch.setattr(tuning, "time_kernels", lambda spec, kernels: {k.config.name: "did not compile: x" for k in kernels})
+    with pytest.raises(ValueError, match=r"no CUTLASS configuration runs this float16->float16 .* did not compile"):
+        tuning.best_kernel(_spec())
+
+
+def test_without_a_gpu_the_first_configuration_is_taken_untimed(monkeypatch):
+    from collage_cutlass import tuning
+
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu",
+                        lambda: (_ for _ in ()).throw(tuning.CudaUnavailable("no NVIDIA GPU here")))
+    monkeypatch.setattr(tuning, "time_kernels", lambda *a: pytest.fail("timed without a GPU"))
+    assert tuning.best_kernel(_spec()).config == TILE_CONFIGS[0]
+
+
+def test_a_bad_tile_count_is_refused_with_what_to_give(monkeypatch):
+    from collage_cutlass import tuning
+
+    monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "many")
+    with pytest.raises(ValueError, match="how many configurations"):
+        tuning.configs()
