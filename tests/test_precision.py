@@ -56,6 +56,14 @@ def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_no_cast_of_a_constant_is_left_so_a_spelt_out_gelu_applies_constants_of_its_own_type(tiny_bert, name):
+    mod = precision.at_precision(tiny_bert, name).mod
+    assert not [cast for cast in calls(mod, "relax.astype") if tvm_compat.is_constant(cast.args[0])]
+    [divide, *_] = calls(mod, "relax.divide")  # erf GELU's x / sqrt(2), after a 16-bit product's cast
+    assert dtype(divide.args[1]) == precision.DTYPES[name] and tvm_compat.is_constant(divide.args[1])
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
 @pytest.mark.parametrize("model", ["tiny_bert", "tiny_gpt2", "tiny_resnet"])
 def test_a_converted_model_matches_the_float32_reference_within_its_tolerance_and_no_closer_than_float32(model, name):
     imported = load_model(MODELS / f"{model}.onnx")
