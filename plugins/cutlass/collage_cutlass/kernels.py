@@ -101,12 +101,13 @@ class Kernel:
         layout_a = "cutlass::layout::RowMajor" if kind.a_k_major else "cutlass::layout::ColumnMajor"
         layout_b = "cutlass::layout::ColumnMajor" if kind.b_k_major else "cutlass::layout::RowMajor"
         activation = ACTIVATIONS[kind.activation]
+        source = out if kind.residual else "void"  # no C without a residual: no source loads, no C descriptor
         if kind.bias:
-            fusion = f"cutlass::epilogue::fusion::LinCombPerColBiasEltAct<{activation}, {out}, float, {out}, {out}, float>"
+            fusion = f"cutlass::epilogue::fusion::LinCombPerColBiasEltAct<{activation}, {out}, float, {out}, {source}, float>"
         elif kind.activation:
-            fusion = f"cutlass::epilogue::fusion::LinCombEltAct<{activation}, {out}, float, {out}, float>"
+            fusion = f"cutlass::epilogue::fusion::LinCombEltAct<{activation}, {out}, float, {source}, float>"
         else:
-            fusion = f"cutlass::epilogue::fusion::LinearCombination<{out}, float, {out}, float>"
+            fusion = f"cutlass::epilogue::fusion::LinearCombination<{out}, float, {source}, float>"
         kernel_schedule, epilogue_schedule = SCHEDULES[config.schedule]
         m, n, k = config.tile
         words = ", ".join(str(word) for word in kind.words())
@@ -126,12 +127,13 @@ namespace {{
 using namespace cute;
 using Element = {element};
 using ElementOut = {out};
+using ElementSource = {source};
 using TileShape = Shape<_{m}, _{n}, _{k}>;
 using ClusterShape = Shape<_{config.cluster[0]}, _{config.cluster[1]}, _1>;
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-    ElementOut, cutlass::layout::RowMajor, 16 / sizeof(ElementOut),
+    ElementSource, cutlass::layout::RowMajor, 16 / sizeof(ElementOut),
     ElementOut, cutlass::layout::RowMajor, 16 / sizeof(ElementOut),
     {epilogue_schedule},
     {fusion}>::CollectiveOp;

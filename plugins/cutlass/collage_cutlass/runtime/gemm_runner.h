@@ -10,7 +10,8 @@
 //     out[o][b] = act(alpha * lhs[o][b] . rhs[o][b] + bias + residual[o][b])
 // accumulating in float32 and rounding once to the output's type. `collage_cutlass.time.<kernel>(spec)`
 // times the kernel on scratch buffers for a spec and returns the median milliseconds, or a negative
-// number when the kernel cannot run that problem. No Python runs on the call path.
+// number when the kernel cannot run that problem. No Python runs on the call path. One workspace per
+// device serves every kernel: calls on one stream (TVM's) only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +24,7 @@
 #include <tvm/ffi/string.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -134,6 +136,21 @@ class Runner {
 
   int Arity() const { return 3 + static_cast<int>(kind_.has_bias) + static_cast<int>(kind_.has_residual); }
 
+  // What TMA needs and CUTLASS's can_implement does not check (it sees the strides' static part only):
+  // every non-unit stride and every base address a multiple of 16 bytes.
+  static void CheckAligned(const std::vector<int64_t>& w, const void* a, const void* b, const void* residual, const void* d) {
+    int64_t in_bytes = BytesOf(w[kOperandType]), out_bytes = BytesOf(w[kOutputType]);
+    for (int word : {kLeadA, kBatchA, kOuterA, kLeadB, kBatchB, kOuterB}) {
+      if (w[word] * in_bytes % 16) Fail("an operand stride of " + std::to_string(w[word]) + " elements is not a multiple of 16 bytes");
+    }
+    for (int word : {kLeadD, kBatchD, kOuterD}) {
+      if (w[word] * out_bytes % 16) Fail("an output stride of " + std::to_string(w[word]) + " elements is not a multiple of 16 bytes");
+    }
+    for (const void* pointer : {a, b, residual, static_cast<const void*>(d)}) {
+      if (reinterpret_cast<uintptr_t>(pointer) % 16) Fail("a tensor whose address is not a multiple of 16 bytes");
+    }
+  }
+
   typename Gemm::Arguments Arguments(const std::vector<int64_t>& w, int64_t outer, const void* a, const void* b,
                                      const void* bias, const void* residual, void* d, int device) const {
     const char* a_bytes = static_cast<const char*>(a) + outer * w[kOuterA] * BytesOf(w[kOperandType]);
@@ -165,17 +182,28 @@ class Runner {
     return "";
   }
 
+  // A Gemm ready to run one outer batch: its arguments checked and its parameters (TMA descriptors) built.
+  void Prepare(Gemm& gemm, const std::vector<int64_t>& w, int64_t outer, const void* a, const void* b, const void* bias,
+               const void* residual, void* d, int device, cudaStream_t stream) const {
+    auto args = Arguments(w, outer, a, b, bias, residual, d, device);
+    std::string refusal = Refusal(args);
+    if (!refusal.empty()) Fail(refusal);
+    auto status = gemm.initialize(args, Workspace(device), stream);
+    if (status != cutlass::Status::kSuccess) Fail(std::string("initialize failed: ") + cutlassGetStatusString(status));
+  }
+
+  static void Run(Gemm& gemm, cudaStream_t stream) {
+    auto status = gemm.run(stream);
+    if (status != cutlass::Status::kSuccess) Fail(std::string("launch failed: ") + cutlassGetStatusString(status));
+  }
+
   void Launch(const std::vector<int64_t>& w, const void* a, const void* b, const void* bias, const void* residual, void* d,
               int device, cudaStream_t stream) const {
+    CheckAligned(w, a, b, residual, d);
     for (int64_t outer = 0; outer < w[kOuter]; ++outer) {
-      auto args = Arguments(w, outer, a, b, bias, residual, d, device);
-      std::string refusal = Refusal(args);
-      if (!refusal.empty()) Fail(refusal);
       Gemm gemm;
-      auto status = gemm.initialize(args, Workspace(device), stream);
-      if (status != cutlass::Status::kSuccess) Fail(std::string("initialize failed: ") + cutlassGetStatusString(status));
-      status = gemm.run(stream);
-      if (status != cutlass::Status::kSuccess) Fail(std::string("launch failed: ") + cutlassGetStatusString(status));
+      Prepare(gemm, w, outer, a, b, bias, residual, d, device, stream);
+      Run(gemm, stream);
     }
     Check(cudaGetLastError(), "the kernel launch");
   }
@@ -276,15 +304,23 @@ double Time(const Runner<Gemm>& runner, const std::string& text) {
   cudaEvent_t start, stop;
   Check(cudaEventCreate(&start), "cudaEventCreate");
   Check(cudaEventCreate(&stop), "cudaEventCreate");
+  // The kernels alone, as a replayed CUDA graph runs them: parameters built once per outer batch, then
+  // kRepeats back-to-back launches of each per sample (the host's set-up does not count).
+  constexpr int kSamples = 23, kWarmUps = 3, kRepeats = 10;
+  Runner<Gemm>::CheckAligned(w, a_ptr, b_ptr, c_ptr, d_ptr);
+  std::vector<Gemm> gemms(w[kOuter]);
+  for (int64_t outer = 0; outer < w[kOuter]; ++outer) runner.Prepare(gemms[outer], w, outer, a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr, 0, stream);
   std::vector<float> times;
-  for (int i = 0; i < 23; ++i) {
+  for (int i = 0; i < kSamples; ++i) {
     Check(cudaEventRecord(start, stream), "cudaEventRecord");
-    runner.Launch(w, a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr, 0, stream);
+    for (int repeat = 0; repeat < kRepeats; ++repeat) {
+      for (Gemm& gemm : gemms) Runner<Gemm>::Run(gemm, stream);
+    }
     Check(cudaEventRecord(stop, stream), "cudaEventRecord");
     Check(cudaEventSynchronize(stop), "the timed kernel");
     float ms = 0;
     Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (i >= 3) times.push_back(ms);  // three warm-up runs
+    if (i >= kWarmUps) times.push_back(ms / kRepeats);
   }
   for (void* p : {a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr}) cudaFree(p);
   cudaEventDestroy(start);
