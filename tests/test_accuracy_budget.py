@@ -29,7 +29,7 @@ def run(mod, inputs) -> list:
     return [tvm_compat.to_numpy(r) for r in (result if not hasattr(result, "numpy") else [result])]
 
 
-@pytest.mark.parametrize("model", ["tiny_bert", "tiny_resnet", "tiny_gpt2"])
+@pytest.mark.parametrize("model", ["tiny_bert", "tiny_resnet", pytest.param("tiny_gpt2", marks=pytest.mark.slow)])
 def test_every_unit_widened_computes_as_float32_does_and_none_widened_is_the_conversion(model):
     imported = load_model(MODELS / f"{model}.onnx")
     converted = precision.at_precision(imported, "bf16")
@@ -120,6 +120,7 @@ def bf16_everywhere(monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
 
 
+@pytest.mark.slow  # a minute: the whole optimize twice; the probes and the widening have quick tests of their own
 def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(bf16_everywhere, tmp_path, capsys,
                                                                                        monkeypatch):
     model = MODELS / "tiny_bert.onnx"

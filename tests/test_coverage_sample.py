@@ -32,7 +32,8 @@ def coverage():
     return module
 
 
-@pytest.mark.parametrize("path", ["torchscript-onnx", "dynamo-onnx", "torch.export"])
+@pytest.mark.parametrize("path", ["torchscript-onnx", pytest.param("dynamo-onnx", marks=pytest.mark.slow),
+                                  pytest.param("torch.export", marks=pytest.mark.slow)])
 def test_bert_passes_every_stage_through_each_path(coverage, path, tmp_path):
     if path == "dynamo-onnx":
         pytest.importorskip("onnxscript")

@@ -105,6 +105,7 @@ def test_a_precision_the_target_cannot_run_fast_is_refused_in_one_line(monkeypat
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.slow  # the whole optimize and a replay at bf16, about a minute
 def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monkeypatch, tmp_path):
     # TVM computes bfloat16 on any x86 CPU (slowly where the CPU has no bf16 units, which the check refuses):
     # the test lets the check pass on every CPU so that the pipeline runs everywhere.
