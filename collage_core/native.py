@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -22,6 +23,18 @@ from pathlib import Path
 import attrs
 
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
+
+
+def spec_text(words) -> str:
+    """A kernel spec's int64 words as a native runtime takes them: a host string (hex of the little-endian words)."""
+    import numpy as np
+
+    return np.asarray(words, dtype="<i8").tobytes().hex()
+
+
+def float_word(value: float) -> int:
+    """A float64 as the int64 word with the same bits (how specs carry floats)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
 def sources_digest(paths) -> str:

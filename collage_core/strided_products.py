@@ -59,3 +59,21 @@ def batch_axes(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[lis
         else:
             merged.append(axis)
     return merged, rows
+
+
+NO_BATCH = Axis(1, (0, 0, 0))
+
+
+def batch_loops(lhs: StridedOperand, rhs: StridedOperand, out_shape, max_outer: int) -> tuple[Axis, Axis, Axis]:
+    """The product as one strided batch (``inner``) looped at most ``max_outer`` times (``outer``) over its rows:
+    ``(inner, outer, rows)``, a missing loop of size 1; :class:`Refused` saying why a kernel library cannot run it so."""
+    if len(lhs.dims) < 2 or len(rhs.dims) < 2:
+        raise Refused("matmul of a vector")
+    batches, rows = batch_axes(lhs, rhs, out_shape)
+    if len(batches) > 2:
+        raise Refused("more batch dimensions than one strided batch and one loop can cover")
+    inner = batches[-1] if batches else NO_BATCH
+    outer = batches[0] if len(batches) == 2 else NO_BATCH
+    if outer.size > max_outer:
+        raise Refused(f"an outer batch of {outer.size} looped launches")
+    return inner, outer, rows

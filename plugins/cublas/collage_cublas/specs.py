@@ -19,17 +19,17 @@ reads the words; keep the two in step.
 from __future__ import annotations
 
 import math
-import struct
 
 import attrs
 import numpy as np
 from tvm import relax
 
 from collage_core.fused_groups import (
-    FLOAT32, as_dtype, Group, Refused, StridedOperand, expect_plain_out_dtype, plain_strides, read_epilogue, shape_of,
+    FLOAT32, as_dtype, Group, Refused, StridedOperand, expect_plain_out_dtype, read_epilogue, shape_of,
     strided_operand, uniform_operand_dtype,
 )
-from collage_core.strided_products import Axis, batch_axes
+from collage_core.native import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
+from collage_core.strided_products import batch_loops
 
 SPEC_VERSION = 3
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
@@ -45,11 +45,6 @@ FUSED = ("cast", "scale", "bias", "residual", "relu", "gelu_tanh")
 MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided batch
 
 
-def as_text(words: np.ndarray) -> str:
-    """The spec words as the runtime takes them: a host string (hex of the little-endian int64 words)."""
-    return np.asarray(words, dtype="<i8").tobytes().hex()
-
-
 @attrs.frozen
 class KernelSpec:
     """The spec words (version first, no algorithm yet) and the operands in kernel order."""
@@ -63,11 +58,6 @@ class KernelSpec:
         return np.array((*self.words, *tail), dtype=np.int64)
 
 
-def float_word(value: float) -> int:
-    """A float64 as the int64 word with the same bits (how the spec carries floats)."""
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
-
-
 def _column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[int, int, int, int]:
     """cuBLAS's (op, stored rows, stored cols, ld) for a matrix whose element (i, j) lies at i*row_stride + j*col_stride."""
     if row_stride == 1 or rows == 1:
@@ -78,15 +68,7 @@ def _column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> tup
 
 
 def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[int, ...]:
-    if len(lhs.dims) < 2 or len(rhs.dims) < 2:
-        raise Refused("matmul of a vector")
-    batches, rows = batch_axes(lhs, rhs, out_shape)
-    if len(batches) > 2:
-        raise Refused("more batch dimensions than one strided batch and one loop can cover")
-    inner = batches[-1] if batches else Axis(1, (0, 0, 0))
-    outer = batches[0] if len(batches) == 2 else Axis(1, (0, 0, 0))
-    if outer.size > MAX_OUTER_BATCH:
-        raise Refused(f"an outer batch of {outer.size} looped launches")
+    inner, outer, rows = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)
     m, k = rows.size, lhs.dims[-1]
     n = rhs.dims[-1]
     # a = rhs: op(a) is N x K with (j, k) at k*rhs_k + j*rhs_n; b = lhs: op(b) is K x M with (k, i) at i*lhs_m + k*lhs_k.

@@ -24,6 +24,7 @@ from collage_core.fused_groups import (
     FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, plain_strides, read_epilogue,
     shape_of, strided_operand, uniform_operand_dtype,
 )
+from collage_core.native import spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
 SPEC_VERSION = 3
 # The words after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
@@ -37,11 +38,6 @@ CONV2D, MATMUL = 1, 2
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
-
-
-def as_text(words: np.ndarray) -> str:
-    """The spec words as the runtime takes them: a host string (hex of the little-endian int64 words)."""
-    return np.asarray(words, dtype="<i8").tobytes().hex()
 
 
 @attrs.frozen

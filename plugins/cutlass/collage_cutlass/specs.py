@@ -19,7 +19,6 @@ whose strides are not is refused here, and what CUTLASS itself cannot run is fou
 from __future__ import annotations
 
 import math
-import struct
 
 import attrs
 import numpy as np
@@ -29,7 +28,8 @@ from collage_core.fused_groups import (
     FLOAT32, Group, Refused, StridedOperand, as_dtype, expect_plain_out_dtype, read_epilogue, shape_of, strided_operand,
     uniform_operand_dtype,
 )
-from collage_core.strided_products import Axis, batch_axes
+from collage_core.native import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
+from collage_core.strided_products import Axis, batch_loops
 from collage_cutlass.kernels import OPERAND_ALIGNMENT_BYTES, KernelKind
 
 SPEC_VERSION = 1
@@ -37,16 +37,6 @@ OPERAND_DTYPES = ("bfloat16", "float16")
 FUSED = ("cast", "scale", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 BYTES = {"bfloat16": 2, "float16": 2, FLOAT32: 4}
 MAX_OUTER_BATCH = 64  # batches looped on the host beyond CUTLASS's one strided batch
-
-
-def as_text(words: np.ndarray) -> str:
-    """The spec words as the runtime takes them: a host string (hex of the little-endian int64 words)."""
-    return np.asarray(words, dtype="<i8").tobytes().hex()
-
-
-def float_word(value: float) -> int:
-    """A float64 as the int64 word with the same bits (how the spec carries the scale)."""
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
 @attrs.frozen
@@ -99,19 +89,11 @@ def recognize(group: Group) -> KernelSpec:
     operand_dtype = uniform_operand_dtype(matmul, (lhs.source, rhs.source), (*OPERAND_DTYPES, FLOAT32))
     if operand_dtype == FLOAT32:
         raise Refused("float32 operands: the CUTLASS kernels take bfloat16 or float16 (TF32 is not offered yet)")
-    if len(lhs.dims) < 2 or len(rhs.dims) < 2:
-        raise Refused("matmul of a vector")
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
         raise Refused("the group's output is not the product's elements")
-    batches, rows = batch_axes(lhs, rhs, out_shape)
-    if len(batches) > 2:
-        raise Refused("more batch dimensions than one strided batch and one loop can cover")
-    inner = batches[-1] if batches else Axis(1, (0, 0, 0))
-    outer = batches[0] if len(batches) == 2 else Axis(1, (0, 0, 0))
-    if outer.size > MAX_OUTER_BATCH:
-        raise Refused(f"an outer batch of {outer.size} looped launches")
+    inner, outer, rows = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)
     if inner.size > 1 and 0 in inner.strides[:2]:
         raise Refused("an operand shared by every batch that does not fold into the rows")
     m, n, k = rows.size, rhs.dims[-1], lhs.dims[-1]

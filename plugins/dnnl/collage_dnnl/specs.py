@@ -8,7 +8,6 @@ told to compute. The spec layout is read by ``runtime/collage_dnnl.cc``; keep th
 from __future__ import annotations
 
 import math
-import struct
 from typing import Optional
 
 import attrs
@@ -20,6 +19,7 @@ from collage_core.fused_groups import (
     Group, Refused, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
     shape_of, strided_operand, uniform_operand_dtype,
 )
+from collage_core.native import float_word
 from collage_core.precision import has_fast_bf16
 
 SPEC_VERSION = 2
@@ -49,11 +49,6 @@ class KernelSpec:
 
     def array(self) -> np.ndarray:
         return np.array((SPEC_VERSION, *self.words), dtype=np.int64)
-
-
-def float_word(value: float) -> int:
-    """A float64 as the int64 word with the same bits (how the spec carries floats)."""
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
 def operand_dtypes() -> tuple[str, ...]:
