@@ -38,6 +38,10 @@ class RelaxGraph:
     users: dict = attrs.field(eq=False, repr=False)
     definer: dict = attrs.field(eq=False, repr=False)
     others: tvm.IRModule = attrs.field(eq=False, repr=False)
+    # Each glue binding (not an operator call) by the operators it reads, and the bindings it reads: what
+    # ``region`` looks at, so that cutting out a group costs its size, not the model's.
+    glue_by_node: dict = attrs.field(eq=False, repr=False, factory=dict)
+    glue_reads: dict = attrs.field(eq=False, repr=False, factory=dict)
 
     @classmethod
     def from_function(cls, func: relax.Function, module: Optional[tvm.IRModule] = None) -> "RelaxGraph":
@@ -68,7 +72,16 @@ class RelaxGraph:
         others = tvm.IRModule(
             {gvar: f for gvar, f in (module.functions.items() if module is not None else ()) if gvar.name_hint != "main"}
         )
-        return cls(func, bindings, tuple(op_bindings), graph, tuple(producers), users, definer, others)
+        glue_by_node: dict = {}
+        glue_reads: dict = {}
+        for index, binding in enumerate(bindings):
+            if index in op_of_binding or not producers[index]:
+                continue
+            for node in producers[index]:
+                glue_by_node.setdefault(node, []).append(index)
+            glue_reads[index] = tuple(definer[v] for v in _defined_free_vars(binding.value, definer))
+        return cls(func, bindings, tuple(op_bindings), graph, tuple(producers), users, definer, others,
+                   {node: tuple(found) for node, found in glue_by_node.items()}, glue_reads)
 
     def builder(self) -> relax.BlockBuilder:
         """A BlockBuilder over the functions ``main`` calls, so cut-out groups keep what they call."""
@@ -81,11 +94,10 @@ class RelaxGraph:
         """The bindings of ``nodes`` plus the glue between them; inputs in order of first use."""
         nodes = frozenset(nodes)
         included = {self.op_bindings[n] for n in nodes}
-        for index, binding in enumerate(self.bindings):
-            if index in included or tvm_compat.is_op_call(binding.value):
-                continue
-            reads_inside = self.producers[index] and self.producers[index] <= nodes
-            if reads_inside and all(self.definer.get(v) in included for v in _defined_free_vars(binding.value, self.definer)):
+        # Glue joins when every operator it reads is in the group and every binding it reads is included;
+        # in binding order, since glue may read glue.
+        for index in sorted({glue for node in nodes for glue in self.glue_by_node.get(node, ())}):
+            if self.producers[index] <= nodes and all(read in included for read in self.glue_reads[index]):
                 included.add(index)
         ordered = tuple(sorted(included))
         inputs, seen = [], set()

@@ -15,7 +15,8 @@ down stays for it. The result is one dataflow block like any model, placed like 
 
 from __future__ import annotations
 
-from typing import Iterable
+import functools
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -53,6 +54,25 @@ def touches_sixteen_bit(value) -> bool:
     return _is_sixteen_bit(value) or any(_is_sixteen_bit(arg) for arg in value.args if isinstance(arg, relax.Expr))
 
 
+def _per_module(function: Callable) -> Callable:
+    """``function(mod)`` remembered for the last few modules (the same object, ``same_as``): an accuracy
+    budget's probes widen one converted model from one float32 original again and again."""
+    recent: list = []  # (module, result), the latest last
+
+    @functools.wraps(function)
+    def remembered(mod):
+        for known, result in recent:
+            if known.same_as(mod):
+                return result
+        result = function(mod)
+        recent.append((mod, result))
+        del recent[:-2]
+        return result
+
+    return remembered
+
+
+@_per_module
 def units(mod) -> list[list[int]]:
     """The model's units: for each anchor with a 16-bit operand, in binding order, the indices of its
     binding and of the 16-bit bindings it feeds before another anchor. Empty for a float32 model."""
@@ -78,6 +98,7 @@ def units(mod) -> list[list[int]]:
     return found
 
 
+@_per_module
 def float32_constants(original_mod) -> dict:
     """The float32 model's constants keyed by their values rounded to each 16-bit dtype, so that a
     widened unit takes back the exact weights the conversion rounded."""
