@@ -8,16 +8,35 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "models" / "tiny_resnet.onnx"
 SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
+
+
+def small_model(path: Path) -> Path:
+    """Two dense layers and a softmax: a dozen candidates, so the two processes race over a few of them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
+               for name, shape in (("w1", (64, 64)), ("b1", (64,)), ("w2", (64, 32)), ("b2", (32,)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["ob"]), helper.make_node("Softmax", ["ob"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "two_dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
 
 
 def test_two_processes_share_a_cost_database_and_both_finish(tmp_path):
     db = tmp_path / "costs.sqlite"
+    model = small_model(tmp_path / "two_dense.onnx")
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "collage_core.cli", "optimize", str(MODEL), "--backends", "tvm", "--search", "op-level",
+            [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--backends", "tvm", "--search", "op-level",
              "--no-compare", "--calibration-rounds", "0", "--cost-db", str(db), "--output", str(tmp_path / f"out{i}")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )
