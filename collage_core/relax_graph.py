@@ -40,8 +40,8 @@ class RelaxGraph:
     others: tvm.IRModule = attrs.field(eq=False, repr=False)
     # Each glue binding (not an operator call) by the operators it reads, and the bindings it reads: what
     # ``region`` looks at, so that cutting out a group costs its size, not the model's.
-    glue_by_node: dict = attrs.field(eq=False, repr=False, factory=dict)
-    glue_reads: dict = attrs.field(eq=False, repr=False, factory=dict)
+    glue_by_node: dict = attrs.field(eq=False, repr=False)
+    glue_reads: dict = attrs.field(eq=False, repr=False)
 
     @classmethod
     def from_function(cls, func: relax.Function, module: Optional[tvm.IRModule] = None) -> "RelaxGraph":
