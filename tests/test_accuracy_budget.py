@@ -29,7 +29,9 @@ def run(mod, inputs) -> list:
     return [tvm_compat.to_numpy(r) for r in (result if not hasattr(result, "numpy") else [result])]
 
 
-@pytest.mark.parametrize("model", ["tiny_bert", "tiny_resnet", pytest.param("tiny_gpt2", marks=pytest.mark.slow)])
+# tiny_bert in the default suite; the convolution net (10 s) and GPT-2 with --run-slow.
+@pytest.mark.parametrize("model", ["tiny_bert", pytest.param("tiny_resnet", marks=pytest.mark.slow),
+                                   pytest.param("tiny_gpt2", marks=pytest.mark.slow)])
 def test_every_unit_widened_computes_as_float32_does_and_none_widened_is_the_conversion(model):
     imported = load_model(MODELS / f"{model}.onnx")
     converted = precision.at_precision(imported, "bf16")

@@ -1,9 +1,11 @@
-"""A sample of benchmarks/coverage.py in the default suite: one transformers family through every input path.
+"""A sample of benchmarks/coverage.py: one transformers family through every input path.
 
 The full table (benchmarks/COVERAGE.md, over 20 families) is the benchmark's; here BERT, built from a
 small config with random weights, goes through the TorchScript and dynamo ONNX exporters and
 torch.export, each to an op-level placement whose numerics pass (ONNX Runtime or PyTorch as the
-reference, Collage's default tolerance).
+reference, Collage's default tolerance). The three paths take 25-40 s each and run with --run-slow
+(importing PyTorch modules and ONNX files has quick tests of its own in test_model_import and
+test_optimize); the report's counting is in the default suite.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def coverage():
     return module
 
 
-@pytest.mark.parametrize("path", ["torchscript-onnx", pytest.param("dynamo-onnx", marks=pytest.mark.slow),
+@pytest.mark.parametrize("path", [pytest.param("torchscript-onnx", marks=pytest.mark.slow),
+                                  pytest.param("dynamo-onnx", marks=pytest.mark.slow),
                                   pytest.param("torch.export", marks=pytest.mark.slow)])
 def test_bert_passes_every_stage_through_each_path(coverage, path, tmp_path):
     if path == "dynamo-onnx":
