@@ -195,6 +195,7 @@ def test_a_placement_file_with_bad_float32_units_is_refused_naming_the_file(tmp_
         load_placement(path)
 
 
+@pytest.mark.slow  # 22 s: six builds; how probes are chosen (fit) and widened have quick tests above
 def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_whole(bf16_everywhere, tmp_path, monkeypatch):
     from collage_core.backends import discover_backends, select_backends
     from collage_core.baselines import searched_parts

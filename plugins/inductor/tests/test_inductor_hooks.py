@@ -92,6 +92,7 @@ def test_mixed_placements_beside_tvm_match_numpy(pm, backends):
     check_mixed_placements(pm, backends, "inductor", TARGET)
 
 
+@pytest.mark.slow  # 12 s: a fresh process compiles the region again; the mixed-placement test above runs it in this one
 def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
     check_exported_library_runs_in_a_fresh_process(pm, backends, "inductor", TARGET, tmp_path)
 
