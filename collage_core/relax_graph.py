@@ -53,16 +53,23 @@ class RelaxGraph:
         definer = {binding.var: index for index, binding in enumerate(bindings)}
         users: dict = {}
         op_bindings, op_of_binding, producers = [], {}, []
+        glue_by_node: dict = {}
+        glue_reads: dict = {}
         for index, binding in enumerate(bindings):
-            read = set()
+            read, reads_bindings = set(), []
             for var in relax.analysis.free_vars(binding.value):
                 users.setdefault(var, set()).add(index)
                 if var in definer:
+                    reads_bindings.append(definer[var])
                     read |= {op_of_binding[definer[var]]} if definer[var] in op_of_binding else producers[definer[var]]
             producers.append(frozenset(read))
             if tvm_compat.is_op_call(binding.value):
                 op_of_binding[index] = len(op_bindings)
                 op_bindings.append(index)
+            elif read:
+                for node in read:
+                    glue_by_node.setdefault(node, []).append(index)
+                glue_reads[index] = tuple(reads_bindings)
         for var in relax.analysis.free_vars(func.body.body):
             users.setdefault(var, set()).add(len(bindings))
         graph = OpGraph(
@@ -72,14 +79,6 @@ class RelaxGraph:
         others = tvm.IRModule(
             {gvar: f for gvar, f in (module.functions.items() if module is not None else ()) if gvar.name_hint != "main"}
         )
-        glue_by_node: dict = {}
-        glue_reads: dict = {}
-        for index, binding in enumerate(bindings):
-            if index in op_of_binding or not producers[index]:
-                continue
-            for node in producers[index]:
-                glue_by_node.setdefault(node, []).append(index)
-            glue_reads[index] = tuple(definer[v] for v in _defined_free_vars(binding.value, definer))
         return cls(func, bindings, tuple(op_bindings), graph, tuple(producers), users, definer, others,
                    {node: tuple(found) for node, found in glue_by_node.items()}, glue_reads)
 
@@ -140,10 +139,6 @@ class RelaxGraph:
         bb = self.builder()
         bb.add_func(func, "main")
         return relax.transform.DeadCodeElimination(["main"])(bb.get())
-
-
-def _defined_free_vars(expr, definer):
-    return [v for v in relax.analysis.free_vars(expr) if v in definer]
 
 
 def _ordered_free_vars(expr) -> list:
