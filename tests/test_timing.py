@@ -41,6 +41,17 @@ def test_steadily_slow_runs_are_cut_off_after_one_timed_run():
     assert cost.repeats == 1 and cost.median_s == 0.4 and runs.calls == 2
 
 
+def test_a_run_the_caller_made_warm_replaces_the_warm_up_and_the_judged_run():
+    """A placement's worker has run it twice before timing it: nothing is run again to warm up, and
+    the cut-off judges the caller's warm run."""
+    steady = FakeRuns(0.01)
+    cost = time_callable(steady, attrs.evolve(SETTINGS, cutoff_s=0.1), warm_run_s=0.01)
+    assert cost.median_s == 0.01 and cost.repeats == steady.calls  # every run here was a sample
+    slow = FakeRuns(0.4)
+    cost = time_callable(slow, attrs.evolve(SETTINGS, cutoff_s=0.1), warm_run_s=0.4)
+    assert cost.repeats == 1 and cost.median_s == 0.4 and slow.calls == 0
+
+
 def test_candidate_costs_are_net_of_the_vm_call_and_never_below_their_floor():
     from collage_core import tvm_compat, worker
     from collage_core.records import Cost
