@@ -1,0 +1,79 @@
+"""Timing in turns stops early once the fastest library is clear, and not before.
+
+The workers here are stand-ins that return given run times, so the stopping rule is checked
+without processes; tests/test_optimize.py times real libraries in turns."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from collage_core import in_turns
+from collage_core.in_turns import TurnSettings, leader_is_clear, time_in_turns
+
+
+def test_a_leader_is_clear_only_when_its_runs_and_every_others_do_not_overlap():
+    assert leader_is_clear({"placement": [1.0, 1.1, 1.0, 1.05], "onnxruntime": [1.5, 1.6, 1.4, 1.55]})
+    assert not leader_is_clear({"placement": [1.0, 1.3, 1.0, 1.35], "onnxruntime": [1.2, 1.6, 1.25, 1.55]})
+    # clear of one rival, not of the other
+    assert not leader_is_clear({"a": [1.0, 1.0, 1.01], "b": [2.0, 2.0, 2.0], "c": [1.0, 1.02, 1.01]})
+    assert leader_is_clear({"alone": [1.0]})
+    assert not leader_is_clear({"a": [1.0, 1.0], "b": []})  # a library with no runs yet decides nothing
+
+
+class StandInWorker:
+    """Answers ``load_library`` and ``time_turn`` with run times drawn in turn from ``runs_s[library]``."""
+
+    runs_s: dict = {}
+    turns: list = []
+
+    def __init__(self, plugin_modules, disabled):
+        self.library = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def request(self, request, timeout_s):
+        if request["op"] == "load_library":
+            self.library = request["library"]
+            self.runs = itertools.cycle(self.runs_s[self.library])
+            return {"once_s": next(self.runs)}
+        StandInWorker.turns.append(self.library)
+        return {"samples_s": [next(self.runs) for _ in range(request["count"])]}
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    monkeypatch.setattr(in_turns, "MeasurementWorker", StandInWorker)
+    StandInWorker.turns = []
+    return StandInWorker
+
+
+def timed(stand_ins, runs_s, settings):
+    stand_ins.runs_s = runs_s
+    return time_in_turns({name: name for name in runs_s}, "inputs.npz", "{}", [], [], settings)
+
+
+def test_turns_stop_after_the_minimum_rounds_when_the_leader_is_clear(stand_ins):
+    settings = TurnSettings(rounds=7, min_rounds=3, burst_s=0.0, workers_per_library=2)
+    costs = timed(stand_ins, {"placement": [1.0, 1.02, 0.98], "onnxruntime": [2.0, 2.1, 1.9]}, settings)
+    assert len(stand_ins.turns) == 3 * 2 * 2  # three rounds of four workers
+    assert costs["placement"].repeats == costs["onnxruntime"].repeats == 3 * 2
+    assert costs["placement"].seconds == pytest.approx(1.0) and costs["onnxruntime"].seconds == pytest.approx(2.0)
+
+
+def test_turns_run_every_round_while_the_libraries_overlap(stand_ins):
+    settings = TurnSettings(rounds=7, min_rounds=3, burst_s=0.0, workers_per_library=2)
+    costs = timed(stand_ins, {"placement": [1.0, 1.3, 1.1], "onnxruntime": [1.05, 1.25, 1.2]}, settings)
+    assert len(stand_ins.turns) == 7 * 2 * 2
+    assert costs["placement"].repeats == 7 * 2
+
+
+def test_the_minimum_rounds_are_run_even_for_a_clear_leader(stand_ins):
+    settings = TurnSettings(rounds=7, min_rounds=5, burst_s=0.0, workers_per_library=1)
+    timed(stand_ins, {"placement": [1.0], "tvm": [3.0]}, settings)
+    assert len(stand_ins.turns) == 5 * 2
