@@ -41,6 +41,18 @@ def test_steadily_slow_runs_are_cut_off_after_one_timed_run():
     assert cost.repeats == 1 and cost.median_s == 0.4 and runs.calls == 2
 
 
+def test_a_warm_up_run_far_over_the_cut_off_is_the_cost_by_itself():
+    """An untuned TVM matrix product at batch 8 runs for seconds where oneDNN takes milliseconds: its
+    warm-up run, twenty times over the cut-off and over a second, is not followed by a judged run."""
+    hopeless = FakeRuns(2.5, 2.4)
+    cost = time_callable(hopeless, attrs.evolve(SETTINGS, cutoff_s=0.1))
+    assert cost.repeats == 1 and cost.median_s == 2.5 and hopeless.calls == 1
+    # twenty times over, but under a second: a first run may be paying one-time setup, so the next run judges
+    setup = FakeRuns(0.5, 0.01)
+    cost = time_callable(setup, attrs.evolve(SETTINGS, cutoff_s=0.02))
+    assert cost.median_s == 0.01 and cost.repeats >= 3
+
+
 def test_a_run_the_caller_made_warm_replaces_the_warm_up_and_the_judged_run():
     """A placement's worker has run it twice before timing it: nothing is run again to warm up, and
     the cut-off judges the caller's warm run."""
