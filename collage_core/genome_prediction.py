@@ -16,7 +16,10 @@ The model, learned from the placements measured end to end:
 
 A prediction is None until every backend the placement uses has a scale. It is a guide, not a
 bound: a genome is built when its prediction is within ``margin`` of the best measured latency, and
-each build teaches the region charge.
+each build teaches the region charge. A placement stopped because a run outlasted its limit teaches
+it too, with the limit as its latency (it took at least that long): on GPT-2 at batch 8 (2 cores)
+21 placements that split ONNX Runtime's one region were each stopped after 15 s, every one
+predicted within 10% of the best because the stopped ones before them had taught nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Optional, Sequence
 
 from collage_core.records import Cost, Partition
 from collage_core.regions import OpGroup
+from collage_core.timing import stopped_limit
 
 
 class LatencyPredictor:
@@ -60,24 +64,26 @@ class LatencyPredictor:
         return seconds
 
     def learn(self, parts: Sequence[Partition], cost: Cost) -> None:
-        """Take in a placement measured end to end (an unmeasured cost teaches nothing)."""
-        if not cost.is_measured:
+        """Take in a placement measured end to end, or stopped at a run limit (then the limit, a lower
+        bound of its latency, teaches the region charge only); another unmeasured cost teaches nothing."""
+        seconds = cost.median_s if cost.is_measured else stopped_limit(cost)
+        if seconds is None:
             return
         kept, regions = _kept_and_regions(parts)
         kept_s = sum(p.cost.median_s for p in kept)
         if not regions:
-            if kept:
-                self.kept_charge_s = (cost.median_s - kept_s) / len(kept)
+            if kept and cost.is_measured:
+                self.kept_charge_s = (seconds - kept_s) / len(kept)
             return
         if kept and self.kept_charge_s is None:
             return
-        rest_s = cost.median_s - kept_s - len(kept) * (self.kept_charge_s or 0.0)
+        rest_s = seconds - kept_s - len(kept) * (self.kept_charge_s or 0.0)
         unknown = {r.backend for r in regions} - set(self.scale)
         op_levels = [self._op_level(r) for r in regions]
         if None in op_levels:
             return
         if unknown:
-            if len(unknown) == 1 and len({r.backend for r in regions}) == 1:
+            if cost.is_measured and len(unknown) == 1 and len({r.backend for r in regions}) == 1:
                 self.scale[unknown.pop()] = max(rest_s, 0.0) / max(sum(op_levels), 1e-12)
             return
         explained = sum(self.scale[r.backend] * s for r, s in zip(regions, op_levels))

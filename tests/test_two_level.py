@@ -290,6 +290,32 @@ def test_the_predictor_learns_the_op_level_charge_each_backends_scale_and_the_ch
     assert abs(predictor.predict(other_split) - charged_end_to_end_cost(other_split).median_s) == after
 
 
+def test_a_placement_stopped_at_its_run_limit_teaches_the_region_charge_at_that_limit():
+    """A placement stopped because a run outlasted its limit took at least that long: the charge per
+    region learns from the limit, so the genomes like it that follow are predicted slower."""
+    from collage_core.genome_prediction import LatencyPredictor
+    from collage_core.timing import stopped
+
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": set(range(8))})
+    op_level, whole = decode(graph, groups, [KEEP] * 8), decode(graph, groups, [1] * 8)
+    split = decode(graph, groups, [1, 1, KEEP, 1, 1, KEEP, 1, 1])
+    other_split = decode(graph, groups, [1, KEEP, 1, 1, 1, 1, KEEP, 1])
+    predictor = LatencyPredictor(groups)
+    predictor.learn(op_level, charged_end_to_end_cost(op_level))
+    predictor.learn(whole, charged_end_to_end_cost(whole))
+    before = predictor.predict(other_split)
+    limit_s = 3 * charged_end_to_end_cost(split).median_s  # each region far dearer than the model says
+    predictor.learn(split, stopped(limit_s))
+    assert predictor.region_charge_s > 0
+    assert predictor.predict(other_split) > before + 1e-3
+    # a stopped seed, the only placement a backend's scale could come from, sets no scale
+    fresh = LatencyPredictor(groups)
+    fresh.learn(op_level, charged_end_to_end_cost(op_level))
+    fresh.learn(whole, stopped(1.0))
+    assert fresh.predict(whole) is None and not fresh.scale
+
+
 def test_genomes_predicted_slower_than_the_best_are_not_built_and_the_search_finds_as_fast_a_placement():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
