@@ -15,11 +15,12 @@ from collage_core.records import Cost
 DEFAULT_BASELINE_LIMIT_S = 60.0
 # Candidate builds at once when the machine has the cores (each worker holds TVM: about 0.5 GB).
 MAX_BUILD_WORKERS = 8
-# A warm-up run this many times over the cut-off, and over HOPELESS_FLOOR_S, is judged by itself: no
-# one-time setup seen here comes near it (oneDNN's primitive JIT takes milliseconds), and at batch 8
-# one run of an untuned TVM matrix product takes seconds, each run repeated only to lose again.
-HOPELESS_FACTOR = 20.0
-HOPELESS_FLOOR_S = 1.0
+# A warm-up run longer than HOPELESS_FACTOR times the cut-off plus SETUP_ALLOWANCE_S is judged by
+# itself: one-time setup adds seconds at most (oneDNN's primitive JIT takes milliseconds, a CUDA
+# library's first call a fraction of a second), and at batch 8 one run of an untuned TVM matrix product
+# takes 3-93 s on 2 cores where oneDNN takes 30-460 ms, each further run repeated only to lose again.
+HOPELESS_FACTOR = 2.0
+SETUP_ALLOWANCE_S = 2.0
 # How a stopped baseline's cost reads: this, then the limit ("60 s").
 STOPPED_PREFIX = "stopped: one run takes longer than"
 
@@ -97,16 +98,16 @@ def time_callable(run, settings: MeasureSettings, warm_run_s: Optional[float] = 
     spread is under ``target_spread``, at ``max_repeats``, or when ``time_bound_s`` is spent.
     ``warm_run_s``: the seconds of one run the caller already made after warming the function up;
     then no warm-up runs here and that run is the one the cut-off judges (a placement whose run
-    takes seconds saves two of them). With a cut-off, a warm-up run HOPELESS_FACTOR times over it
-    (and over HOPELESS_FLOOR_S) is the cost by itself.
+    takes seconds saves two of them). With a cut-off, a warm-up run over HOPELESS_FACTOR times it
+    plus SETUP_ALLOWANCE_S is the cost by itself.
     """
     started = time.perf_counter()
     once = warm_run_s
     if once is None:
         for _ in range(settings.warmup):
             once = run(1)
-        if settings.cutoff_s is not None and once is not None and once > max(HOPELESS_FACTOR * settings.cutoff_s,
-                                                                             HOPELESS_FLOOR_S):
+        if settings.cutoff_s is not None and once is not None and once > (HOPELESS_FACTOR * settings.cutoff_s
+                                                                          + SETUP_ALLOWANCE_S):
             return Cost.measured(once, 0.0, 1)
     if settings.cutoff_s is not None:
         # Judged on a run after the warm-up: a first run pays for one-time work (oneDNN creating

@@ -43,13 +43,16 @@ def test_steadily_slow_runs_are_cut_off_after_one_timed_run():
 
 def test_a_warm_up_run_far_over_the_cut_off_is_the_cost_by_itself():
     """An untuned TVM matrix product at batch 8 runs for seconds where oneDNN takes milliseconds: its
-    warm-up run, twenty times over the cut-off and over a second, is not followed by a judged run."""
-    hopeless = FakeRuns(2.5, 2.4)
+    warm-up run, over twice the cut-off plus the setup allowance, is not followed by a judged run."""
+    from collage_core.timing import HOPELESS_FACTOR, SETUP_ALLOWANCE_S
+
+    over = HOPELESS_FACTOR * 0.1 + SETUP_ALLOWANCE_S + 0.5
+    hopeless = FakeRuns(over, over)
     cost = time_callable(hopeless, attrs.evolve(SETTINGS, cutoff_s=0.1))
-    assert cost.repeats == 1 and cost.median_s == 2.5 and hopeless.calls == 1
-    # twenty times over, but under a second: a first run may be paying one-time setup, so the next run judges
-    setup = FakeRuns(0.5, 0.01)
-    cost = time_callable(setup, attrs.evolve(SETTINGS, cutoff_s=0.02))
+    assert cost.repeats == 1 and cost.median_s == over and hopeless.calls == 1
+    # a hundred times over the cut-off, but within the setup allowance: the next run judges
+    setup = FakeRuns(SETUP_ALLOWANCE_S - 0.1, 0.01)
+    cost = time_callable(setup, attrs.evolve(SETTINGS, cutoff_s=0.015))
     assert cost.median_s == 0.01 and cost.repeats >= 3
 
 
