@@ -12,6 +12,7 @@ Run:
     python benchmarks/search_speed.py                                  # quickstart, this checkout
     python benchmarks/search_speed.py --models quickstart,bert-base,gpt2 --before HEAD~5
     python benchmarks/search_speed.py --models bert-base,gpt2 --batches 8 --before REF   # CI-free: hours
+    python benchmarks/search_speed.py --models gpt2 --batches 8 --logs logs/   # each run's log kept: where the time went
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ def worktree(ref: str, where: Path) -> Path:
     return path
 
 
-def run(model: Path, state: Path, core: Path | None, extra: list[str]) -> dict:
+def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path | None = None) -> dict:
     """One `collage optimize` with its cost database, cache and output under ``state``; its
-    results.json with the process's wall time, or the error."""
+    results.json with the process's wall time, or the error. With ``log``, its progress log is kept there."""
     state.mkdir(parents=True, exist_ok=True)  # also the working directory: `python -m` puts it first on the path
     env = dict(os.environ, COLLAGE_CACHE_DIR=str(state / "cache"))
     if core is not None:
@@ -65,6 +66,9 @@ def run(model: Path, state: Path, core: Path | None, extra: list[str]) -> dict:
                            str(state / "costs.sqlite"), "--output", str(state / "out"), *extra],
                           env=env, cwd=state, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall_s = time.perf_counter() - started
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(done.stderr)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s}
@@ -99,6 +103,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1")
     parser.add_argument("--before", metavar="REF", help="also run the Collage core at this git revision")
     parser.add_argument("--extra", default="", help="more `collage optimize` arguments, as one string")
+    parser.add_argument("--logs", type=Path, help="keep each run's progress log in this directory")
     args = parser.parse_args()
     extra = args.extra.split()
     rows, turns = [], []
@@ -116,7 +121,8 @@ def main() -> None:
                     for temperature in ("cold", "warm"):
                         for variant, core in variants.items():
                             print(f"{label}: {variant}, {temperature} ...", file=sys.stderr, flush=True)
-                            result = run(model, states[variant], core, extra)
+                            log = args.logs / f"{label}-{variant}-{temperature}.log".replace(" ", "-") if args.logs else None
+                            result = run(model, states[variant], core, extra, log)
                             rows.append((label, variant, temperature, result))
                             shown = result.get("error") or ", ".join(
                                 f"{SHORT.get(p, p)} {s:.1f}" for p, s in result.get("phases_s", {}).items())
