@@ -106,16 +106,14 @@ def time_callable(run, settings: MeasureSettings, warm_run_s: Optional[float] = 
     if once is None:
         for _ in range(settings.warmup):
             once = run(1)
-        if settings.cutoff_s is not None and once is not None and once > (HOPELESS_FACTOR * settings.cutoff_s
-                                                                          + SETUP_ALLOWANCE_S):
-            return Cost.measured(once, 0.0, 1)
-    if settings.cutoff_s is not None:
-        # Judged on a run after the warm-up: a first run pays for one-time work (oneDNN creating
-        # and JIT-compiling its primitives) that says nothing about the steady latency.
-        if warm_run_s is None:
+        if settings.cutoff_s is not None:
+            if once is not None and once > HOPELESS_FACTOR * settings.cutoff_s + SETUP_ALLOWANCE_S:
+                return Cost.measured(once, 0.0, 1)
+            # Judged on a run after the warm-up: a first run pays for one-time work (oneDNN creating
+            # and JIT-compiling its primitives) that says nothing about the steady latency.
             once = run(1)
-        if once > settings.cutoff_s:
-            return Cost.measured(once, 0.0, 1)
+    if settings.cutoff_s is not None and once > settings.cutoff_s:
+        return Cost.measured(once, 0.0, 1)
     number = max(1, int(settings.min_repeat_ms / 1e3 / max(once, 1e-9)))
     samples: list[float] = []
     while True:
