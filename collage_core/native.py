@@ -14,6 +14,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 import attrs
 
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
+_ABSOLUTE_PATH = re.compile(r"/(?:[^/\s,=]+/)*([^/\s,=]+)")
 
 
 def spec_text(words) -> str:
@@ -93,10 +95,14 @@ class NativeLibrary:
         return [self.compiler, *self.base_flags, str(self.source), *self.flags, *ffi_flags, "-o", str(output)]
 
     def path(self) -> Path:
-        """Where the library for this exact source, command and versions lives (built or not)."""
+        """Where the library for this exact source, command and versions lives (built or not).
+
+        Where the compiler, the headers and the libraries are installed is not part of the digest
+        (their versions are): a cache built on one machine serves another with the same versions.
+        """
         _, ffi_version = tvm_ffi_flags()
         digest = hashlib.sha256(self.source.read_bytes())
-        for part in (*self.command(Path("out")), *self.versions, ffi_version):
+        for part in (*map(_without_directories, self.command(Path("out"))), *self.versions, ffi_version):
             digest.update(part.encode() + b"\0")
         return cache_root() / self.name / digest.hexdigest()[:16] / f"libcollage_{self.name.replace('/', '_')}.so"
 
@@ -125,3 +131,8 @@ class NativeLibrary:
         path = self.build()
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         return path
+
+
+def _without_directories(part: str) -> str:
+    """A command-line word with each absolute path cut to its last component (``-I/x/include`` -> ``-Iinclude``)."""
+    return _ABSOLUTE_PATH.sub(r"\1", part)
