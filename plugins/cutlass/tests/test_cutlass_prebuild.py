@@ -1,0 +1,52 @@
+"""Compiling a model's CUTLASS kernels ahead of time (no GPU needed): which kernels, and what is said."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from collage_core.candidates import enumerate_candidates
+from collage_core.fused_groups import Group, Refused
+from collage_core.model_import import load_model
+from collage_core.precision import at_precision
+from collage_core.relax_graph import RelaxGraph
+from collage_cutlass import patterns, prebuild, specs, tuning
+
+MODELS = Path(__file__).resolve().parents[3] / "models"
+
+
+def test_the_kinds_named_are_those_of_every_candidate_cutlass_accepts():
+    function = at_precision(load_model(str(MODELS / "tiny_bert.onnx")), "fp16").mod["main"]
+    graph = RelaxGraph.from_function(function)
+    accepted, refused = set(), 0
+    for candidate in enumerate_candidates(graph, patterns.patterns()):
+        try:
+            accepted.add(specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"])).kind)
+        except Refused:
+            refused += 1
+    assert prebuild.kinds_in(function) == accepted
+    assert any(kind.activation == "gelu_erf" for kind in accepted) and any(kind.a_k_major and kind.b_k_major for kind in accepted)
+    assert {kind.operand_dtype for kind in accepted} == {"float16"}
+
+
+def test_each_kind_is_compiled_in_every_configuration_tuning_tries(monkeypatch):
+    function = at_precision(load_model(str(MODELS / "tiny_gpt2.onnx")), "fp16").mod["main"]
+    kinds = prebuild.kinds_in(function)
+    monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "2")
+    wanted = prebuild.kernels_for(kinds)
+    assert len(wanted) == 2 * len(kinds) and {k.config for k in wanted} == set(tuning.configs())
+
+
+def test_a_dry_run_lists_the_kernels_and_compiles_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    assert prebuild.main([str(MODELS / "tiny_bert.onnx"), "--tiles", "3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel kinds at fp16" in out and "x 3 configurations)" in out
+    assert not list(tmp_path.glob("cutlass/gemm_*"))
+
+
+def test_a_model_that_does_not_load_is_named_in_one_line(tmp_path, capsys):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    assert prebuild.main([str(broken), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {broken}:") and "\n" not in err
