@@ -96,7 +96,7 @@ def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
     data = path.read_bytes()
     try:
         proto = onnx.load_from_string(data)
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(data if len(data) < 2**31 else path)  # the bytes in hand: no second serialization
     except Exception as error:
         raise ModelImportError(f"{path}: not a valid ONNX model ({_first_line(error)})") from None
     return _from_onnx_proto(proto, name or path.stem, data, origin=str(path))
@@ -167,13 +167,15 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         ) from None
     except Exception as error:
         raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
-    quiet = onnxruntime.SessionOptions()
-    quiet.log_severity_level = 3  # ONNX Runtime warns about unused initializers, which exporters leave
-    session = onnxruntime.InferenceSession(data, quiet, providers=["CPUExecutionProvider"])
+    sessions = []  # made on the first reference run: a run that reuses its verification needs none
 
     def reference(arrays):
+        if not sessions:
+            quiet = onnxruntime.SessionOptions()
+            quiet.log_severity_level = 3  # ONNX Runtime warns about unused initializers, which exporters leave
+            sessions.append(onnxruntime.InferenceSession(data, quiet, providers=["CPUExecutionProvider"]))
         feeds = {spec.name: array for spec, array in zip(inputs, arrays)}
-        return session.run(None, feeds)
+        return sessions[0].run(None, feeds)
 
     return ImportedModel(
         name=name,

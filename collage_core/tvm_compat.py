@@ -342,9 +342,13 @@ def _skip_legacy_empty_cat_inputs(program) -> None:
 
 def from_onnx(proto):
     """TVM's ONNX importer (weights as constants) with the converters of :func:`onnx_convert_map`;
-    a node it cannot convert raises :class:`OnnxNodeFailure` naming it."""
+    a node it cannot convert raises :class:`OnnxNodeFailure` naming it. The caller has checked the
+    model: the importer's own ``onnx.checker`` pass, which only warns, is skipped (a second
+    serialization of the whole model: about a second for BERT-base's 440 MB)."""
     import contextlib
     import io
+
+    import onnx
 
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
 
@@ -364,14 +368,17 @@ def from_onnx(proto):
         proto = named
     with _IMPORTER_PATCH:
         original_map, original_convert = onnx_frontend._get_convert_map, onnx_frontend.ONNXGraphImporter._convert_operator
+        original_check = onnx.checker.check_model
         onnx_frontend._get_convert_map = lambda: _with_fixes(original_map())
         onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
+        onnx.checker.check_model = lambda *args, **kwargs: None
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the importer prints every input of a failing node
                 return tvm_from_onnx(proto, keep_params_in_input=False)
         finally:
             onnx_frontend._get_convert_map = original_map
             onnx_frontend.ONNXGraphImporter._convert_operator = original_convert
+            onnx.checker.check_model = original_check
 
 
 def _with_fixes(converters: dict) -> dict:
