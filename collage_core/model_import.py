@@ -12,7 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
+from collage_core import import_cache, tvm_compat
 from collage_core.errors import CollageError
 
 Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
@@ -146,6 +146,12 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
         inputs.append(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype))
     fingerprint = hashlib.sha256(data).hexdigest()
+    reference = _onnx_reference(data, inputs)
+    reference_name = f"onnxruntime {onnxruntime.__version__}"
+    cache_name = import_cache.key(fingerprint)
+    cached = import_cache.load(cache_name)
+    if cached is not None:
+        return ImportedModel(name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name)
     fold_failure = ""
     if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
         try:  # what TVM imports; the original stays the numerics reference
@@ -167,7 +173,17 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         ) from None
     except Exception as error:
         raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
-    sessions = []  # made on the first reference run: a run that reuses its verification needs none
+    canonical = canonicalize(mod, origin)
+    import_cache.store(cache_name, canonical, fingerprint)
+    return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name)
+
+
+def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
+    """ONNX Runtime's outputs for the model's bytes; its session is made on the first run (a run that
+    reuses its verification needs none)."""
+    import onnxruntime
+
+    sessions = []
 
     def reference(arrays):
         if not sessions:
@@ -177,15 +193,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         feeds = {spec.name: array for spec, array in zip(inputs, arrays)}
         return sessions[0].run(None, feeds)
 
-    return ImportedModel(
-        name=name,
-        source="onnx",
-        mod=canonicalize(mod, origin),
-        inputs=tuple(inputs),
-        fingerprint=fingerprint,
-        reference=reference,
-        reference_name=f"onnxruntime {onnxruntime.__version__}",
-    )
+    return reference
 
 
 def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
