@@ -57,13 +57,15 @@ class OptimizedModel:
     _vm: Any = attrs.field(default=None, repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """Run the built placement in this process."""
-        import tvm
+        """Run the built placement in this process, each backend's runtime prepared first (a partition's
+        kernels may have been built and loaded only in the worker processes that measured them)."""
         from tvm import relax
+
+        from collage_core.deploy import load_library
 
         if self._vm is None:
             device = tvm_compat.device_for(self.target)
-            self._vm = (relax.VirtualMachine(tvm.runtime.load_module(str(self.library_path)), device), device)
+            self._vm = (relax.VirtualMachine(load_library(self.library_path, device=device), device), device)
         vm, device = self._vm
         result = vm["main"](*[tvm_compat.to_tensor(np.asarray(a), device) for a in inputs])
         return [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]

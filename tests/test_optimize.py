@@ -90,6 +90,22 @@ def test_run_matches_reference(optimized):
     np.testing.assert_allclose(optimized.run(*inputs)[0], expected[0], rtol=1e-4, atol=1e-4)
 
 
+def test_run_prepares_each_backends_runtime_before_loading_the_library(optimized, monkeypatch):
+    """The partitions' kernels may have been loaded only in the workers that measured them (CUTLASS's
+    tuned kernels are): running in this process asks each backend's plugin to prepare first."""
+    import attrs
+
+    from collage_core import deploy
+
+    prepared = []
+    original = deploy.prepare_runtime
+    monkeypatch.setattr(deploy, "prepare_runtime", lambda library, pm=None: prepared.append(library) or original(library, pm))
+    fresh = attrs.evolve(optimized, vm=None)
+    inputs = optimized.model.random_inputs(seed=5)
+    np.testing.assert_array_equal(fresh.run(*inputs)[0], optimized.run(*inputs)[0])
+    assert [str(path) for path in prepared] == [str(optimized.library_path)]
+
+
 def test_placement_file_replays_the_same_executable(optimized, workspace):
     saved = workspace / "out" / "placement.json"
     data = json.loads(saved.read_text())
