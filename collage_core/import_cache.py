@@ -60,10 +60,14 @@ def load(name: str) -> Optional[CachedImport]:
         return None
 
 
-def store(name: str, mod, fingerprint: str) -> bool:
-    """Keep ``mod`` under ``name`` if its JSON is small enough; whether it was kept. Never raises on a full disk."""
+def store(name: str, mod, fingerprint: str, model_bytes: int) -> bool:
+    """Keep ``mod`` under ``name`` if its JSON is small enough; whether it was kept. Never raises on a full disk.
+    A model of over half the limit (``model_bytes``, its weights mostly) is not even serialized: that alone
+    took BERT-base longer than its import."""
     import tvm
 
+    if model_bytes > LARGEST_KEPT_BYTES // 2:
+        return False
     text = tvm.ir.save_json(mod)
     if len(text) > LARGEST_KEPT_BYTES:
         return False

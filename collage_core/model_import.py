@@ -174,7 +174,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
     except Exception as error:
         raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
     canonical = canonicalize(mod, origin)
-    import_cache.store(cache_name, canonical, fingerprint)
+    import_cache.store(cache_name, canonical, fingerprint, len(data))
     return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name)
 
 

@@ -52,6 +52,14 @@ def test_large_modules_are_not_kept(cache, monkeypatch):
     assert not cache.exists() or not list(cache.iterdir())
 
 
+def test_large_models_are_not_even_serialized(cache, monkeypatch):
+    size = (MODELS / "tiny_resnet.onnx").stat().st_size
+    monkeypatch.setattr(import_cache, "LARGEST_KEPT_BYTES", 2 * size - 2)
+    monkeypatch.setattr(tvm.ir, "save_json", lambda mod: pytest.fail("serialized a model over half the limit"))
+    load_model(str(MODELS / "tiny_resnet.onnx"))
+    assert not cache.exists() or not list(cache.iterdir())
+
+
 def test_other_bytes_are_another_entry(cache, tmp_path):
     import onnx
 
