@@ -54,9 +54,7 @@ def load(name: str) -> Optional[CachedImport]:
         meta = json.loads((entry / "meta.json").read_text())
         mod = tvm.ir.load_json((entry / "module.json").read_text())
         return CachedImport(mod, meta["fingerprint"])
-    except FileNotFoundError:
-        return None
-    except Exception:  # noqa: BLE001 - a damaged entry is no entry; the import runs and rewrites it
+    except Exception:  # noqa: BLE001 - an absent or damaged entry is no entry; the import runs and rewrites it
         return None
 
 

@@ -14,6 +14,7 @@ model of the same architecture names the kernels of its large one.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -51,8 +52,6 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     args = parser.parse_args(argv)
     if args.tiles is not None:
-        import os
-
         os.environ["COLLAGE_CUTLASS_TILES"] = str(args.tiles)
     kinds: set[KernelKind] = set()
     for model in args.models:
