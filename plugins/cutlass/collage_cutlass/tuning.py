@@ -5,7 +5,10 @@ For a spec, every configuration in :data:`~collage_cutlass.kernels.TILE_CONFIGS`
 timed on the GPU on scratch buffers; the fastest runs the problem. The choice and every
 configuration's time are kept by spec, GPU and compiler (``$COLLAGE_CACHE_DIR/cutlass/tuning.json``),
 so a later build on this machine compiles and times nothing. Without a GPU nothing can be timed: the
-first configuration is taken.
+first configuration is taken. A configuration whose kernel does not finish when timed is remembered as
+hung on this GPU and never timed again; the process it hung in is lost (the kernel holds the GPU), so
+the candidate being measured fails with :class:`KernelHung` and the next one is measured in a fresh
+worker, which tunes without that configuration.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ from collage_cutlass import library, specs
 from collage_cutlass.kernels import TILE_CONFIGS, Kernel, TileConfig
 
 CONFIGS_BY_NAME = {config.name: config for config in TILE_CONFIGS}
+# What the runtime's timing function answers besides milliseconds (runtime/gemm_runner.h).
+CANNOT_RUN, HUNG = -1.0, -2.0
+HANG_SECONDS = 10  # kHangSeconds there
+HUNG_BEFORE = "hung on this GPU when timed before: not tried again"
+
+
+class KernelHung(RuntimeError):
+    """A CUTLASS kernel did not finish when timed; the GPU of this process is taken by it."""
 
 
 def configs() -> tuple[TileConfig, ...]:
@@ -45,18 +56,35 @@ def _key(spec: specs.KernelSpec, gpu) -> str:
     return hashlib.sha256(spec.array().astype("<i8").tobytes() + identity.encode()).hexdigest()
 
 
-def time_kernels(spec: specs.KernelSpec, kernels) -> dict[str, object]:
-    """Each kernel's median milliseconds on ``spec`` (compiling those not built yet), or why it has none."""
-    built = library.build_all(kernels)
+def _hung_key(key: str, config: TileConfig) -> str:
+    return f"hung:{key}:{config.name}"
+
+
+def time_kernels(spec: specs.KernelSpec, kernels, key: str = "") -> dict[str, object]:
+    """Each kernel's median milliseconds on ``spec`` (compiling those not built yet), or why it has none.
+    A kernel remembered as hung under ``key`` is not run; one that hangs now is remembered and raises
+    :class:`KernelHung`."""
+    store = _store()
+    hung_before = {kernel for kernel in kernels if key and store.get(_hung_key(key, kernel.config))}
+    built = library.build_all([kernel for kernel in kernels if kernel not in hung_before])
     text = specs.as_text(spec.array())
     times: dict[str, object] = {}
     with library.machine_lock("timing"):
         for kernel in kernels:
+            if kernel in hung_before:
+                times[kernel.config.name] = HUNG_BEFORE
+                continue
             if isinstance(built[kernel], Exception):
                 times[kernel.config.name] = f"did not compile: {built[kernel]}"
                 continue
             library.load(kernel)
             milliseconds = float(tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")(text))
+            if milliseconds == HUNG:
+                if key:
+                    store.put(_hung_key(key, kernel.config), {"config": kernel.config.name, "kind": spec.kind.describe()})
+                m, n, k = spec.words[8:11]
+                raise KernelHung(f"CUTLASS kernel {kernel.config.name} for a {spec.kind.describe()} product (M={m}, N={n}, K={k}) "
+                                 f"was still running after {HANG_SECONDS} s on the GPU; it will not be tried again on this GPU")
             times[kernel.config.name] = milliseconds if milliseconds > 0 else "CUTLASS cannot run this problem with it"
     return times
 
@@ -77,7 +105,7 @@ def best_kernel(spec: specs.KernelSpec) -> Kernel:
     store, key = _store(), _key(spec, gpu)
     found = store.get(key)
     if found is None:
-        times = time_kernels(spec, [Kernel(spec.kind, config) for config in configs()])
+        times = time_kernels(spec, [Kernel(spec.kind, config) for config in configs()], key)
         usable = {name: value for name, value in times.items() if isinstance(value, float)}
         if not usable:
             reasons = "; ".join(f"{name}: {why}" for name, why in times.items())

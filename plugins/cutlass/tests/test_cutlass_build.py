@@ -68,7 +68,7 @@ def test_tuning_keeps_the_fastest_configuration_that_runs_and_times_a_problem_on
     monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
     timed = []
 
-    def fake_times(spec, candidates):  # what the GPU would say: the third fastest, the first cannot run it
+    def fake_times(spec, candidates, key=""):  # what the GPU would say: the third fastest, the first cannot run it
         timed.append(len(candidates))
         speeds = {0: "CUTLASS cannot run this problem with it", 2: 0.001}
         return {kernel.config.name: speeds.get(TILE_CONFIGS.index(kernel.config), 0.01 * TILE_CONFIGS.index(kernel.config))
@@ -89,9 +89,37 @@ def test_a_problem_no_configuration_runs_fails_with_each_configurations_reason(t
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
-    monkeypatch.setattr(tuning, "time_kernels", lambda spec, kernels: {k.config.name: "did not compile: x" for k in kernels})
+    monkeypatch.setattr(tuning, "time_kernels", lambda spec, kernels, key="": {k.config.name: "did not compile: x" for k in kernels})
     with pytest.raises(ValueError, match=r"no CUTLASS configuration runs this float16->float16 .* did not compile"):
         tuning.best_kernel(_spec())
+
+
+def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_again(tmp_path, monkeypatch):
+    from collage_cutlass import tuning
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    monkeypatch.setattr(tuning.library, "build_all", lambda kernels, progress=True: {k: tmp_path / k.name for k in kernels})
+    monkeypatch.setattr(tuning.library, "load", lambda kernel: None)
+    hangs, ran = TILE_CONFIGS[1], []
+
+    def timing_function(name):  # what the runtime answers: the second configuration never finishes
+        def time(text):
+            config = next(c for c in TILE_CONFIGS if f"collage_cutlass.time.{tuning.Kernel(spec.kind, c).name}" == name)
+            ran.append(config)
+            return tuning.HUNG if config == hangs else 0.01 + 0.001 * TILE_CONFIGS.index(config)
+        return time
+
+    monkeypatch.setattr(tuning.tvm, "get_global_func", timing_function)
+    spec = _spec()
+    with pytest.raises(tuning.KernelHung, match=rf"{hangs.name} .* still running after 10 s .* not be tried again"):
+        tuning.best_kernel(spec)
+    assert ran == list(TILE_CONFIGS[:2]) and tuning.tuned() == []  # nothing chosen from an unfinished tuning
+    ran.clear()
+    assert tuning.best_kernel(spec).config == TILE_CONFIGS[0]  # the next worker tunes without it
+    assert hangs not in ran and len(ran) == len(TILE_CONFIGS) - 1
+    [entry] = tuning.tuned()
+    assert entry["times_ms"][hangs.name] == tuning.HUNG_BEFORE
 
 
 def test_without_a_gpu_the_first_configuration_is_taken_untimed(monkeypatch):

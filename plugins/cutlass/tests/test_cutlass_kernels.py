@@ -97,3 +97,28 @@ def test_tuning_is_remembered_so_a_second_lowering_compiles_and_times_nothing(pm
     monkeypatch.setattr(library, "build_all", forbidden)
     monkeypatch.setattr(tuning, "time_kernels", forbidden)
     _run_on_cutlass(pm, backends, cuda, mod, "dense_bias")
+
+
+def test_a_stream_k_kernel_that_splits_k_runs_again_and_again(pm, backends, cuda, monkeypatch):
+    """With fewer output tiles than SMs (12 here) stream-K splits K across blocks and counts their arrivals
+    in the workspace, never resetting the counts: unless the workspace is zeroed before every launch, the
+    second launch waits forever. Timed twice, then called three times, each call against float64."""
+    streamk = next(config for config in tuning.TILE_CONFIGS if config.scheduler == "streamk")
+    rng = np.random.default_rng(5)
+    weight = rounded_to(rng.uniform(-1, 1, size=(3072, 768)).astype(F), "float16")
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight)), (128, 3072), dtype="float16")
+    spec = specs.recognize(Group.from_function(mod["main"]))
+    kernel = tuning.Kernel(spec.kind, streamk)
+    library.load(kernel)
+    time_kernel = tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")
+    for _ in range(2):
+        assert 0 < float(time_kernel(specs.as_text(spec.array()))) < 1  # milliseconds; tuning.HUNG is negative
+    monkeypatch.setattr(tuning, "best_kernel", lambda wanted: tuning.Kernel(wanted.kind, streamk))
+    target, device = cuda
+    graph, candidate = whole_candidate(mod, patterns.patterns(), "cutlass.dense")
+    vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
+    x = rounded_to(rng.uniform(-1, 1, size=(128, 3072)).astype(F), "float16")
+    expected = x.astype(np.float64) @ weight.astype(np.float64)
+    for _ in range(3):
+        got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, "float16"))

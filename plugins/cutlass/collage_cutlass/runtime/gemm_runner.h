@@ -9,9 +9,12 @@
 // computes, for each batch b and outer batch o,
 //     out[o][b] = act(alpha * lhs[o][b] . rhs[o][b] + bias + residual[o][b])
 // accumulating in float32 and rounding once to the output's type. `collage_cutlass.time.<kernel>(spec)`
-// times the kernel on scratch buffers for a spec and returns the median milliseconds, or a negative
-// number when the kernel cannot run that problem. No Python runs on the call path. One workspace per
-// device serves every kernel: calls on one stream (TVM's) only.
+// times the kernel on scratch buffers for a spec and returns the median milliseconds, kCannotRun when
+// the kernel cannot run that problem, or kHung when a launch was still running after kHangSeconds (the
+// process's GPU is then taken by it). No Python runs on the call path. One workspace per device serves
+// every kernel: calls on one stream (TVM's) only. Stream-K kernels count their split tiles' arrivals in
+// that workspace and never reset the counts, so it is zeroed before every launch (what `initialize`
+// does on the call path; a replayed CUDA graph replays the zeroing too).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,10 +27,12 @@
 #include <tvm/ffi/string.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -40,6 +45,8 @@ namespace collage_cutlass {
 
 constexpr int64_t kSpecVersion = 1;
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr double kCannotRun = -1.0, kHung = -2.0;
+constexpr int kHangSeconds = 10;
 // Spec words; keep in step with collage_cutlass/specs.py.
 enum Word : int {
   kVersion, kOperandType, kOutputType, kLayoutA, kLayoutB, kHasBias, kHasResidual, kActivation,
@@ -192,6 +199,14 @@ class Runner {
     if (status != cutlass::Status::kSuccess) Fail(std::string("initialize failed: ") + cutlassGetStatusString(status));
   }
 
+  // Zeroes what the kernel keeps in the workspace across its blocks (stream-K's arrival counts), as
+  // `initialize` does; a kernel without workspace needs nothing.
+  static void ResetWorkspace(const typename Gemm::Arguments& args, int device, cudaStream_t stream) {
+    if (Gemm::get_workspace_size(args) == 0) return;
+    auto status = Gemm::GemmKernel::initialize_workspace(args, Workspace(device), stream);
+    if (status != cutlass::Status::kSuccess) Fail(std::string("zeroing the workspace failed: ") + cutlassGetStatusString(status));
+  }
+
   static void Run(Gemm& gemm, cudaStream_t stream) {
     auto status = gemm.run(stream);
     if (status != cutlass::Status::kSuccess) Fail(std::string("launch failed: ") + cutlassGetStatusString(status));
@@ -272,14 +287,15 @@ inline int64_t Extent(int64_t rows, int64_t cols, int64_t lead, bool rows_lead, 
   return last + (batch - 1) * batch_stride + (outer - 1) * outer_stride + 1;
 }
 
-// Median milliseconds of the kernel on scratch buffers for `spec`, or -1 when it cannot run it.
+// Median milliseconds of the kernel on scratch buffers for `spec`, kCannotRun when it cannot run it, or
+// kHung when a launch did not finish within kHangSeconds.
 template <class Gemm>
 double Time(const Runner<Gemm>& runner, const std::string& text) {
   std::vector<int64_t> w = ParseSpec(text);
   runner.CheckKind(w);
   Check(cudaSetDevice(0), "cudaSetDevice");
   auto refusal = runner.Refusal(runner.Arguments(w, 0, nullptr, nullptr, nullptr, nullptr, nullptr, 0));
-  if (!refusal.empty()) return -1.0;
+  if (!refusal.empty()) return kCannotRun;
   int64_t in_bytes = BytesOf(w[kOperandType]), out_bytes = BytesOf(w[kOutputType]);
   // A is M x K (rows lead when K-major), B is N x K (rows lead when K-major), D is M x N, rows leading.
   int64_t a = Extent(w[kM], w[kK], w[kLeadA], w[kLayoutA] == 0, w[kL], w[kBatchA], w[kOuter], w[kOuterA]);
@@ -309,15 +325,30 @@ double Time(const Runner<Gemm>& runner, const std::string& text) {
   constexpr int kSamples = 23, kWarmUps = 3, kRepeats = 10;
   Runner<Gemm>::CheckAligned(w, a_ptr, b_ptr, c_ptr, d_ptr);
   std::vector<Gemm> gemms(w[kOuter]);
-  for (int64_t outer = 0; outer < w[kOuter]; ++outer) runner.Prepare(gemms[outer], w, outer, a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr, 0, stream);
+  std::vector<typename Gemm::Arguments> arguments;
+  for (int64_t outer = 0; outer < w[kOuter]; ++outer) {
+    arguments.push_back(runner.Arguments(w, outer, a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr, 0));
+    runner.Prepare(gemms[outer], w, outer, a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr, 0, stream);
+  }
   std::vector<float> times;
   for (int i = 0; i < kSamples; ++i) {
     Check(cudaEventRecord(start, stream), "cudaEventRecord");
     for (int repeat = 0; repeat < kRepeats; ++repeat) {
-      for (Gemm& gemm : gemms) Runner<Gemm>::Run(gemm, stream);
+      for (int64_t outer = 0; outer < w[kOuter]; ++outer) {
+        Runner<Gemm>::ResetWorkspace(arguments[outer], 0, stream);
+        Runner<Gemm>::Run(gemms[outer], stream);
+      }
     }
     Check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    Check(cudaEventSynchronize(stop), "the timed kernel");
+    // Waiting with a deadline: a kernel that never finishes is reported, not waited on forever (its
+    // buffers stay allocated, as it may still use them).
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kHangSeconds);
+    cudaError_t state;
+    while ((state = cudaEventQuery(stop)) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) return kHung;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    Check(state, "the timed kernel");
     float ms = 0;
     Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
     if (i >= kWarmUps) times.push_back(ms / kRepeats);
