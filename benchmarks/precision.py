@@ -18,7 +18,8 @@ measurement, replaying CUDA graphs, and its verification's error against ONNX Ru
 eager and ``torch.compile`` "reduce-overhead" at fp32 (TF32 off) and under CUDA autocast at bf16 and
 fp16, each timed in its own process after a warm-up, with its error against eager fp32 on the same input.
 ``P@E`` among ``--precisions`` adds a Collage run at precision P
-held to ``--accuracy-budget E``, compared with the peers at P. The GPU is not shared, so nothing there needs timing in turns. Raw results in ``<raw>-cuda/``; the
+held to ``--accuracy-budget E``, compared with the peers at P; ``P+B`` adds a run at P with backend B
+besides ``--backends`` (``fp16+cutlass``: what CUTLASS adds, in the same run and cost database). The GPU is not shared, so nothing there needs timing in turns. Raw results in ``<raw>-cuda/``; the
 report goes to ``benchmarks/PRECISION-cuda.md``.
 """
 
@@ -178,6 +179,22 @@ def measure(name: str, batch: int, backends: str, raw: Path, again: tuple = ()) 
     return record
 
 
+def parse_run(spec: str, backends: str) -> tuple[str, str, str]:
+    """A ``--precisions`` entry (``P``, ``P@E``, ``P+B[+B...]``) as (precision, accuracy budget or "", backends)."""
+    base, *added = spec.split("+")
+    precision, _, budget = base.partition("@")
+    if precision not in GPU_PRECISIONS:
+        raise ValueError(f"{spec!r}: the precision is one of {', '.join(GPU_PRECISIONS)}")
+    return precision, budget, ",".join([*backends.split(","), *(b for b in added if b not in backends.split(","))])
+
+
+def run_label(spec: str) -> str:
+    """How a run's row is named: ``fp16``, ``bf16, budget 2e-3``, ``fp16 + cutlass``."""
+    base, *added = spec.split("+")
+    precision, _, budget = base.partition("@")
+    return (f"{precision}, budget {budget}" if budget else precision) + "".join(f" + {b}" for b in added)
+
+
 def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=GPU_PRECISIONS, compare: bool = False) -> dict:
     """Collage at each precision on the GPU and the PyTorch peers at each precision, kept as each is measured.
 
@@ -193,7 +210,7 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=G
         path.write_text(json.dumps(record, indent=1, default=str) + "\n")
 
     onnx = _onnx_file(name, batch)
-    asked = sorted({spec.partition("@")[0] for spec in precisions}, key=GPU_PRECISIONS.index)
+    asked = sorted({parse_run(spec, backends)[0] for spec in precisions}, key=GPU_PRECISIONS.index)
     cost_db = Path(tempfile.gettempdir()) / "collage-precision" / f"{_stem(name, batch)}.sqlite"
     cost_db.parent.mkdir(parents=True, exist_ok=True)
     for mode in GPU_MODES:
@@ -204,13 +221,13 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=G
             record["peers"][mode] = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else
                                      {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]})
             keep()
-    for spec in precisions:  # "bf16" or, with an accuracy budget, "bf16@1e-3"
+    for spec in precisions:  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
         if spec not in record["collage"]:
-            precision, _, budget = spec.partition("@")
+            precision, budget, run_backends = parse_run(spec, backends)
             extra = ("--target", "cuda", *(("--accuracy-budget", budget) if budget else ()), *(() if compare else ("--no-compare",)))
-            print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision}", flush=True)
-            out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-")
-            record["collage"][spec] = optimize(onnx, precision, backends, out, extra, cost_db)
+            print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}", flush=True)
+            out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-").replace("+", "-")
+            record["collage"][spec] = optimize(onnx, precision, run_backends, out, extra, cost_db)
             keep()
     return record
 
@@ -229,16 +246,17 @@ def gpu_report(records: list[dict]) -> str:
              "- PyTorch: eager and `torch.compile` \"reduce-overhead\", fp32 with TF32 off, bf16 and fp16 under CUDA "
              "autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.",
              "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
-             "beside it are the same bf16 runs, held to no budget.", ""]
+             "beside it are the same bf16 runs, held to no budget.",
+             "- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database.", ""]
     for record in records:
         lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
                   "| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
                   "Collage / best peer | Collage error | eager error | reduce-overhead error | Collage's run (s) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
-        budgeted = [spec for spec in record["collage"] if "@" in spec]
+        others = [spec for spec in record["collage"] if spec not in GPU_PRECISIONS]
         float32_s = _placed(record["collage"].get("fp32", {})).get("cost", {}).get("median_s")
-        for spec in [*GPU_PRECISIONS, *budgeted]:
-            precision, _, budget = spec.partition("@")
+        for spec in [*GPU_PRECISIONS, *others]:
+            precision = parse_run(spec, record["backends"])[0]
             run = record["collage"].get(spec, {})
             results = run.get("results", {})
             placed = _placed(run)
@@ -254,7 +272,7 @@ def gpu_report(records: list[dict]) -> str:
                 continue  # a precision not asked for this model
             best = min((p["median_s"] for p in peers if "median_s" in p), default=None)
             numerics = results.get("numerics") or {}
-            cells = [f"{precision}, budget {budget}" if budget else precision, f"{collage_s * 1e3:.3f}" if collage_s else "-",
+            cells = [run_label(spec), f"{collage_s * 1e3:.3f}" if collage_s else "-",
                      f"{float32_s / collage_s:.2f}" if collage_s and float32_s else "-", mix,
                      *[f"{p['median_s'] * 1e3:.3f}" if "median_s" in p else p.get("error", "-") for p in peers],
                      f"{collage_s / best:.2f}" if collage_s and best and all("median_s" in p for p in peers) else "-",

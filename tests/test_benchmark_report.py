@@ -212,3 +212,27 @@ def test_a_baseline_left_unbuilt_says_what_its_partitions_add_up_to():
     reason = ("not built: its partitions' measured costs add up to 26934.980 ms, over 10x the op-level placement's "
               "117.540 ms")
     assert peers_report._format_ms({"error": reason}) == "not built: its partitions add up to 26934.980 ms"
+
+
+def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_peers_at_their_precision():
+    import precision
+
+    assert precision.parse_run("fp16+cutlass", "tvm,cublas") == ("fp16", "", "tvm,cublas,cutlass")
+    assert precision.parse_run("bf16@2e-3", "tvm,cublas") == ("bf16", "2e-3", "tvm,cublas")
+    assert precision.parse_run("fp16+cublas", "tvm,cublas") == ("fp16", "", "tvm,cublas")  # named once
+    with pytest.raises(ValueError, match="'tf32'"):
+        precision.parse_run("tf32", "tvm")
+
+    def run(ms, mix):
+        return {"results": {"end_to_end": [{"cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
+                            "numerics": {"max_rel_error": 1e-3}}, "wall_s": 100.0}
+
+    record = {"model": "bert-base", "batch": 1, "backends": "tvm,cublas,cudnn",
+              "collage": {"fp16": run(1.0, {"cublas": 96, "tvm": 100}), "fp16+cutlass": run(0.8, {"cutlass": 60, "cublas": 36})},
+              "peers": {"pytorch eager": {"fp16": {"median_s": 0.012, "error": 1e-3}},
+                        "torch.compile reduce-overhead": {"fp16": {"median_s": 0.0016, "error": 1e-3}}}}
+    rows = [line for line in precision.gpu_report([record]).splitlines() if line.startswith("| fp16")]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [c[0] for c in cells] == ["fp16", "fp16 + cutlass"]
+    assert cells[1][1] == "0.800" and cells[1][3] == "cublas 36, cutlass 60" and cells[1][6] == "0.50"  # 0.8 / 1.6
+    assert cells[0][6] == "0.62"
