@@ -327,6 +327,10 @@ def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budg
     return result
 
 
+# What benchmarks/precision.py --device cuda wrote, appended to RESULTS.md: the precisions, then CUTLASS's rows.
+GPU_PRECISION_REPORTS = (ROOT / "benchmarks" / "PRECISION-cuda.md", ROOT / "benchmarks" / "CUTLASS-cuda.md")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -367,9 +371,9 @@ def main() -> None:
     report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
     if gpu_raw.is_dir():
         append_gpu_section(gpu_raw, report, ROOT / "benchmarks" / "results-cuda.png")
-    precision_cuda = ROOT / "benchmarks" / "PRECISION-cuda.md"  # written by benchmarks/precision.py --device cuda
-    if precision_cuda.exists():
-        report.write_text(report.read_text().rstrip("\n") + "\n\n" + precision_cuda.read_text())
+    for written in GPU_PRECISION_REPORTS:  # written by benchmarks/precision.py --device cuda
+        if written.exists():
+            report.write_text(report.read_text().rstrip("\n") + "\n\n" + written.read_text())
     print(f"wrote {report} and its charts")
 
 

@@ -3,7 +3,7 @@
     python benchmarks/precision.py [--models bert-base,resnet50] [--batches 1] [--backends tvm,dnnl,onnxruntime,openvino]
                                    [--raw benchmarks/raw-precision] [--only-report]
     python benchmarks/precision.py --device cuda [--models ...] [--backends tvm,cublas,cudnn]
-                                   [--precisions fp32,bf16,fp16,bf16@1e-3]
+                                   [--precisions fp32,bf16,fp16,bf16@1e-3,fp16+cutlass] [--raw DIR --report FILE]
 
 For each model and batch: ``collage optimize --precision fp32`` and ``--precision bf16`` with the same
 backends and Collage's default search (fresh cost database each), then Collage's two libraries, ONNX Runtime's
@@ -237,9 +237,12 @@ def _placed(run: dict) -> dict:
     return (run.get("results", {}).get("end_to_end") or [{}])[0]
 
 
-def gpu_report(records: list[dict]) -> str:
-    lines = ["# Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions", "",
-             "Command: `python benchmarks/precision.py --device cuda` (raw results in `benchmarks/raw-precision-cuda/`).", "",
+def gpu_report(records: list[dict], command: str = "python benchmarks/precision.py --device cuda",
+               raw: str = "benchmarks/raw-precision-cuda/") -> str:
+    added = sorted({b for record in records for spec in record["collage"] for b in spec.split("+")[1:]})
+    title = ("Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions" if not added else
+             f"Collage on the GPU with and without {', '.join(added)}, beside PyTorch at the same precisions")
+    lines = [f"# {title}", "", f"Command: `{command}` (raw results in `{raw}`).", "",
              "- Collage: `collage optimize --target cuda --precision P --backends B` (op-level search), its placement's "
              "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
              "over max |ref|, against ONNX Runtime at fp32 on its random inputs).",
@@ -247,7 +250,8 @@ def gpu_report(records: list[dict]) -> str:
              "autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.",
              "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
              "beside it are the same bf16 runs, held to no budget.",
-             "- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database.", ""]
+             *(["- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database."]
+               if added else []), ""]
     for record in records:
         lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
                   "| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
@@ -347,6 +351,7 @@ def main() -> None:
     parser.add_argument("--backends", default=None,
                         help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)")
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw-precision[-cuda]")
+    parser.add_argument("--report", type=Path, default=None, help="default: benchmarks/PRECISION[-cuda].md")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS),
                         help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E")
@@ -366,8 +371,10 @@ def main() -> None:
                 else:
                     records.append(measure_on_gpu(name, batch, args.backends or "tvm,cublas,cudnn", raw,
                                                   args.precisions.split(","), args.compare))
-        text = gpu_report(records)
-        (HERE / "PRECISION-cuda.md").write_text(text + "\n")
+        shown = [a for a in sys.argv[1:] if a != "--only-report"]
+        text = gpu_report(records, " ".join(["python benchmarks/precision.py", *shown]),
+                          f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/")
+        (args.report or HERE / "PRECISION-cuda.md").write_text(text + "\n")
         print(text)
         return
     args.raw = args.raw or HERE / "raw-precision"
@@ -382,7 +389,7 @@ def main() -> None:
                 continue
             records.append(measure(name, batch, args.backends, args.raw, tuple(args.again.split(",")) if args.again else ()))
     text = report(records)
-    (HERE / "PRECISION.md").write_text(text + "\n")
+    (args.report or HERE / "PRECISION.md").write_text(text + "\n")
     print(text)
 
 
