@@ -41,6 +41,8 @@ def main() -> None:
     seconds = library.compile_seconds()
     print(f"\n{len(table)} problems tuned; geomean gain over the first configuration "
           f"{statistics.geometric_mean(gains):.2f}" if gains else f"\n{len(table)} problems tuned")
+    tuning_s = sum(entry.get("seconds", 0.0) for entry in tuning.tuned())
+    print(f"tuning took {tuning_s:.1f} s in all (compiling what was not built, loading and timing each configuration)")
     print(f"{len(seconds)} kernels compiled in {sum(seconds.values()):.0f} nvcc seconds "
           f"(median {statistics.median(seconds.values()) if seconds else 0:.0f} s each)")
 

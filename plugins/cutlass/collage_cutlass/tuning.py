@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import tvm
 
@@ -91,7 +92,8 @@ def time_kernels(spec: specs.KernelSpec, kernels, key: str = "") -> dict[str, ob
 
 def tuned() -> list[dict]:
     """Every problem tuned on this machine: its kind, ``[M, N, K, batch, outer batch]``, the chosen
-    configuration and each configuration's milliseconds or why it has none."""
+    configuration, each configuration's milliseconds or why it has none, and the seconds tuning took
+    (compiling what was not built yet, loading and timing)."""
     return [value for value in _store().values() if "problem" in value]
 
 
@@ -105,7 +107,9 @@ def best_kernel(spec: specs.KernelSpec) -> Kernel:
     store, key = _store(), _key(spec, gpu)
     found = store.get(key)
     if found is None:
+        started = time.perf_counter()
         times = time_kernels(spec, [Kernel(spec.kind, config) for config in configs()], key)
+        seconds = time.perf_counter() - started
         usable = {name: value for name, value in times.items() if isinstance(value, float)}
         if not usable:
             reasons = "; ".join(f"{name}: {why}" for name, why in times.items())
@@ -113,6 +117,6 @@ def best_kernel(spec: specs.KernelSpec) -> Kernel:
             raise ValueError(f"no CUTLASS configuration runs this {spec.kind.describe()} product (M={m}, N={n}, K={k}): {reasons}")
         m, n, k, batch = (int(word) for word in spec.words[8:12])
         found = {"config": min(usable, key=usable.get), "times_ms": times, "kind": spec.kind.describe(),
-                 "problem": [m, n, k, batch, int(spec.words[18])]}
+                 "problem": [m, n, k, batch, int(spec.words[18])], "seconds": round(seconds, 3)}
         store.put(key, found)
     return Kernel(spec.kind, CONFIGS_BY_NAME[found["config"]])

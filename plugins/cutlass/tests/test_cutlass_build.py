@@ -80,6 +80,7 @@ def test_tuning_keeps_the_fastest_configuration_that_runs_and_times_a_problem_on
     assert tuning.best_kernel(spec).config == TILE_CONFIGS[2] and timed == [len(TILE_CONFIGS)]  # remembered
     [entry] = tuning.tuned()
     assert entry["kind"] == spec.kind.describe() and entry["problem"][:3] == list(spec.words[8:11])
+    assert isinstance(entry["seconds"], float) and entry["seconds"] >= 0  # what tuning this problem took
     monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "2")  # fewer configurations tried: another question, timed anew
     assert tuning.best_kernel(spec).config == TILE_CONFIGS[1] and timed == [len(TILE_CONFIGS), 2]
 
