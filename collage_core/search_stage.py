@@ -7,7 +7,7 @@ import time
 
 import attrs
 
-from collage_core.baselines import op_groups, searched_parts, single_backend_parts
+from collage_core.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
 from collage_core.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
 from collage_core.errors import CollageError
 from collage_core.job import Job, describe_cost
@@ -92,6 +92,7 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
         for baseline in [single_backend_parts(job.graph, op_level, costs, info.name, job.backends)]
         if baseline is not None
     ]
+    alternatives += without_each_backend(job.graph, op_level, costs, parts)
     evaluate = job.end_to_end_evaluator(db)
     result = calibrate(job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives)
     for number, step in enumerate(result.rounds):

@@ -142,3 +142,41 @@ def test_an_alternative_whose_candidates_predict_a_loss_is_not_built_and_is_repo
     assert [name for name, _ in result.predicted] == ["slow everywhere"]
     assert result.predicted[0][1] == pytest.approx(33e-3)
     assert model.calls == [signature(singles), signature(close)]
+
+
+def test_the_placement_without_each_backend_it_uses_is_measured_and_wins_when_that_backend_only_looked_cheap():
+    """Three op-level backends cover every operator: "added" sums cheapest alone but pays hidden costs
+    end to end, the way a newly added backend can; calibration measures the placement searched without
+    it and returns that one, by its name."""
+    from types import SimpleNamespace
+
+    from collage_core.baselines import without_each_backend
+
+    costs_of = {"base": 1.0e-3, "vendor": 0.8e-3, "added": 0.7e-3}
+    candidates = [Candidate(b, f"{b}.op", {n}, f"{b}{n}") for b in costs_of for n in range(6)]
+    costs = {c.key: Cost.measured(costs_of[c.backend], 0.0, 3) for c in candidates}
+    start = [Partition.from_candidate(c, costs[c.key]) for c in search_op_level(GRAPH, candidates, costs)]
+    assert {p.backend for p in start} == {"added"}
+    alternatives = without_each_backend(SimpleNamespace(graph=GRAPH), candidates, costs, start)
+    assert [name for name, _ in alternatives] == ["op-level placement without added"]
+    assert {p.backend for p in alternatives[0][1]} == {"vendor"}
+    model = DeterministicEndToEnd(hidden={"added": 0.3e-3})
+    result = calibrate(GRAPH, candidates, costs, start, model, rounds=0, alternatives=alternatives)
+    assert result.alternative == "op-level placement without added"
+    assert result.latency.median_s == pytest.approx(6 * (0.8e-3 + PER_PARTITION_S))
+    fair = DeterministicEndToEnd()
+    kept = calibrate(GRAPH, candidates, costs, start, fair, rounds=0, alternatives=alternatives)
+    assert kept.alternative == "" and signature(kept.parts) == signature(start)
+
+
+def test_no_placement_without_a_backend_the_others_cannot_stand_in_for():
+    from types import SimpleNamespace
+
+    from collage_core.baselines import without_each_backend
+
+    partial = [Candidate("partial", "partial.conv", {0}, "p0")]
+    costs = {**COSTS, "p0": Cost.measured(0.1e-3, 0.0, 3)}
+    start = [Partition.from_candidate(c, costs[c.key]) for c in search_op_level(GRAPH, SINGLES + partial, costs)]
+    assert {p.backend for p in start} == {"singles", "partial"}
+    alternatives = without_each_backend(SimpleNamespace(graph=GRAPH), SINGLES + partial, costs, start)
+    assert [name for name, _ in alternatives] == ["op-level placement without partial"]
