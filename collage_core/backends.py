@@ -7,6 +7,7 @@ import logging
 import attrs
 
 from collage_core.errors import CollageError
+from collage_core.precision import FP32, TF32, computes_tf32
 from collage_core.plugins import CollagePluginManager, PluginFailure, call_each, first_result
 from collage_core.records import Availability, Backend, Pattern
 
@@ -112,15 +113,19 @@ def serves(info: BackendInfo, target) -> bool:
     return kind in info.backend.device_kinds
 
 
-def contribute_patterns(pm: CollagePluginManager, backend: Backend, target) -> list[Pattern]:
-    """The patterns every plugin contributes for ``backend``; a plugin that raises is skipped with a warning."""
+def contribute_patterns(pm: CollagePluginManager, backend: Backend, target, precision: str = FP32) -> list[Pattern]:
+    """The patterns every plugin contributes for ``backend`` at ``precision``; a plugin that raises is skipped
+    with a warning. A TF32 pattern contributed at another precision is an error naming the plugin."""
     patterns: list[Pattern] = []
-    for plugin_name, result, error in call_each(pm.hook.collage_contribute_patterns, backend=backend, target=target):
+    calls = call_each(pm.hook.collage_contribute_patterns, backend=backend, target=target, precision=precision)
+    for plugin_name, result, error in calls:
         if error:
             log.warning("plugin %s: collage_contribute_patterns raised %s; its patterns are left out", plugin_name, error)
             continue
         for pattern in result or ():
             if not isinstance(pattern, Pattern) or pattern.backend != backend.name:
                 raise BackendError(f"plugin {plugin_name} contributed {pattern!r} for backend {backend.name}")
+            if computes_tf32(pattern.name) and precision != TF32:
+                raise BackendError(f"plugin {plugin_name} contributed the TF32 pattern {pattern.name} at precision {precision}")
             patterns.append(pattern)
     return patterns

@@ -133,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--precision", choices=PRECISIONS, default=None,
                           help="fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 (GPUs): the model "
                                "is converted once by TVM's mixed-precision pass and verified within that precision's "
-                               "tolerance; a replayed placement keeps its own (tf32: not honoured yet)")
+                               "tolerance; tf32 (GPUs): float32, with TF32 tensor-core kernels competing where a backend "
+                               "has them; a replayed placement keeps its own")
     optimize.add_argument("--accuracy-budget", type=float, default=None, metavar="E",
                           help="with --precision bf16 or fp16: the largest error allowed, as max |out - ref| over max |ref| "
                                "against the float32 reference on the verification inputs; parts of the model go back "

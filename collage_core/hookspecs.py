@@ -36,8 +36,13 @@ def collage_check_availability(backend):
 
 
 @hookspec
-def collage_contribute_patterns(backend, target):
+def collage_contribute_patterns(backend, target, precision):
     """Contribute the patterns ``backend`` can run on ``target`` (a ``tvm.target.Target``).
+
+    ``precision`` is the run's precision option (``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp16"``; the
+    graph is already converted to it). At ``"tf32"`` a backend may add float32 patterns whose kernels
+    round operands to TF32, named ``<backend>.<what>_tf32`` (``precision.computes_tf32``); at any
+    other precision it must contribute none of those. Taking the argument is optional.
 
     Return a list of ``Pattern`` (name ``"<backend>.<what>"``, a Relax dataflow pattern rooted
     at the group's last operator, and an optional check on the ``PatternMatch``), or None if

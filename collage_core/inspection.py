@@ -72,7 +72,7 @@ def inspect_model(model, target: Any = None, backends: Optional[Sequence[str]] =
     graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
     views = []
     for info in chosen:
-        patterns = contribute_patterns(pm, info.backend, target)
+        patterns = contribute_patterns(pm, info.backend, target, imported.precision)
         refusals: list[Refusal] = []
         candidates = enumerate_candidates(graph, patterns, refusals)
         views.append(BackendView(info.name, tuple(p.name for p in patterns), tuple(candidates), tuple(refusals)))

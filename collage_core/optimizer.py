@@ -127,7 +127,7 @@ def optimize(
         parts = list(chosen_placement.partitions)
         clock.lap("import and placement file")
     else:
-        candidates = _all_candidates(pm, graph, chosen, target)
+        candidates = _all_candidates(pm, graph, chosen, target, imported.precision)
         with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
             say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
             clock.lap("import and candidates")
@@ -272,7 +272,7 @@ def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chos
         placed = []
         for float32_units in variants:  # candidates are measured one variant at a time, then built at once
             job = base if not float32_units else job_for(float32_units)
-            candidates = _all_candidates(pm, job.graph, chosen, target)
+            candidates = _all_candidates(pm, job.graph, chosen, target, imported.precision)
             measurement = search_stage.measure(job, candidates, db)
             placed.append((float32_units, search_stage.op_level_search(job, candidates, measurement.costs)))
         if len(placed) > 1:
@@ -326,6 +326,6 @@ class _Narrator:
             print(f"[{minutes:02d}:{seconds:02d}] {message}", file=sys.stderr, flush=True)
 
 
-def _all_candidates(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target) -> list[Candidate]:
-    patterns = [pattern for info in chosen for pattern in contribute_patterns(pm, info.backend, target)]
+def _all_candidates(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target, precision: str) -> list[Candidate]:
+    patterns = [pattern for info in chosen for pattern in contribute_patterns(pm, info.backend, target, precision)]
     return enumerate_candidates(graph, patterns)

@@ -21,6 +21,12 @@ class PartitionError(CollageError):
     """A placement cannot be applied to the model."""
 
 
+def pattern_of(func: relax.Function) -> str:
+    """The name of the pattern whose match a partition function holds ("" when it carries none)."""
+    attrs = func.attrs
+    return str(attrs[PATTERN_ATTR]) if attrs is not None and PATTERN_ATTR in attrs else ""
+
+
 def partition_function_name(backend: str, index: int) -> str:
     return f"collage_{backend}_{index}"
 

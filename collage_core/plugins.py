@@ -40,11 +40,13 @@ class CollagePluginManager(pluggy.PluginManager):
 def call_each(hook, **kwargs):
     """Call each implementation of ``hook`` in pluggy's order, on its own, so one plugin's exception spares the rest.
 
-    Yields ``(plugin_name, result, error)``; ``error`` is ``"Type: message"`` or None.
+    Yields ``(plugin_name, result, error)``; ``error`` is ``"Type: message"`` or None. As pluggy does,
+    each implementation gets only the arguments it names, so a hook can gain an argument without
+    breaking plugins written before it.
     """
     for impl in reversed(hook.get_hookimpls()):
         try:
-            yield impl.plugin_name, impl.function(**kwargs), None
+            yield impl.plugin_name, impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs}), None
         except Exception as error:
             yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
 

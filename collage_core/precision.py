@@ -12,6 +12,12 @@ inference precision); verification holds every placement to the same tolerance. 
 float16; for bf16 the converted graph's float16 casts become bfloat16 casts (same placement of
 casts, bfloat16's range).
 
+``tf32`` (CUDA only) leaves the model in float32 and lets backends whose kernels can round float32
+operands to TF32 on tensor cores (10-bit mantissa, float32 range and accumulation) contribute those
+kernels as patterns of their own, named ``<backend>.<what>_tf32``
+(:func:`computes_tf32`); the exact float32 patterns still compete, so each product goes where it
+measures fastest. The outputs are held to fp16's tolerance.
+
 The model's inputs and outputs keep their dtypes, so callers are unchanged; the outputs are
 compared with the float32 reference within the precision's tolerance. The precision is part of
 the model's fingerprint, so every measured cost, placement file and finished build is keyed by it.
@@ -35,7 +41,9 @@ DTYPES = {BF16: "bfloat16", FP16: "float16"}
 # 16-bit operands carry 8 (bf16) or 11 (fp16) significant bits and errors grow with depth: BERT-base and
 # ResNet-50 measured at most 6.2e-3 of the output scale at bf16 and 7.2e-4 at fp16 (docs/precision.md), so
 # these leave a margin of about eight for deeper models, while a conversion gone wrong (errors of order 1) fails.
-TOLERANCES = {FP32: (1e-3, 1e-4), BF16: (5e-2, 5e-3), FP16: (1e-2, 1e-3)}
+# TF32 rounds the operands of float32 products to fp16's 10-bit mantissa and accumulates in float32: fp16's tolerance.
+TOLERANCES = {FP32: (1e-3, 1e-4), TF32: (1e-2, 1e-3), BF16: (5e-2, 5e-3), FP16: (1e-2, 1e-3)}
+TF32_PATTERN_SUFFIX = "_tf32"  # how a backend names a float32 pattern whose kernels use TF32 tensor cores
 # CPU flags (as /proc/cpuinfo names them) that give bf16 matrix arithmetic its speed.
 FAST_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -67,13 +75,13 @@ def check_precision(precision: str, target) -> None:
     require_known(precision)
     if precision == FP32:
         return
-    if precision == TF32:
-        raise PrecisionError("precision tf32 is not honoured yet: no backend uses TF32 tensor cores yet "
-                             "(cuBLAS and cuDNN compute float32 exactly); use fp32, or bf16/fp16 on a GPU")
     from collage_core import tvm_compat
 
     if tvm_compat.is_cuda(target):
         return
+    if precision == TF32:
+        raise PrecisionError("precision tf32 on the CPU: TF32 is an NVIDIA tensor-core format; use fp32 here, "
+                             "or tf32 with --target cuda")
     if precision == FP16:
         raise PrecisionError("precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
                              "use bf16 on a CPU with AMX or AVX512-BF16, or fp16 with --target cuda")
@@ -179,6 +187,16 @@ def with_float32_units(converted, float32_units, original):
                         fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}")
 
 
+def computes_tf32(pattern_name: str) -> bool:
+    """Whether a pattern's kernels round float32 operands to TF32 (contributed only at ``--precision tf32``).
+
+    Such a pattern is named apart from the backend's exact one (``<backend>.<what>_tf32``), so its
+    measured costs, keyed by pattern name, never stand for the exact kernels', and the lowering
+    reads from the partition's pattern name which kernel to make.
+    """
+    return pattern_name.endswith(TF32_PATTERN_SUFFIX)
+
+
 def fingerprint(model_fingerprint: str, precision: str) -> str:
     """A model's fingerprint at ``precision``: float32's is the model's own, so its costs stay keyed as before."""
     return model_fingerprint if precision == FP32 else f"{model_fingerprint}+{precision}"
@@ -186,6 +204,11 @@ def fingerprint(model_fingerprint: str, precision: str) -> str:
 
 def describe(precision: str) -> Optional[str]:
     """One line for the report on what ``precision`` did to the model; None for fp32."""
+    if precision == TF32:
+        tol = tolerance(precision)
+        return (f"precision tf32: float32 throughout; matrix products may round their operands to TF32 where a backend's "
+                f"TF32 kernel measured fastest; numerics tolerance atol {tol.atol:g} + rtol {tol.rtol:g} x max|reference| "
+                f"against the float32 reference")
     if precision not in DTYPES:
         return None
     tol = tolerance(precision)

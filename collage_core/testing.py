@@ -58,6 +58,18 @@ def sixteen_bit_atol(expected: np.ndarray, dtype: str) -> float:
     return 4 * LAST_PLACE[dtype] * float(np.max(np.abs(np.asarray(expected, dtype=np.float64))))
 
 
+def tf32_atol(k: int, scale: float = 1.0) -> float:
+    """The tolerance for a sum of ``k`` products of float32 operands of magnitude at most ``scale`` each (their
+    product's magnitude at most ``scale``), computed on tensor cores that round each operand to TF32 (10
+    mantissa bits, truncated at worst: each product off by at most 2 * 2**-10 of its magnitude)."""
+    return 2 * 2.0**-10 * k * scale
+
+
+# What an exact float32 product of a few dozen terms in [-1, 1] errs by at most, against float64: a
+# TF32 kernel that errs by less did not round its operands.
+EXACT_FLOAT32_ATOL = 1e-5
+
+
 def run_on_cpu(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """``main``'s first output for ``inputs``, built by TVM for this CPU."""
     vm = relax.VirtualMachine(relax.build(mod, tvm_compat.host_cpu_target()), tvm.cpu(0))

@@ -262,6 +262,25 @@ def test_collage_contribute_patterns_for_another_backend_is_refused(pm):
         contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target())
 
 
+def test_the_precision_reaches_plugins_that_take_it_and_tf32_patterns_only_at_tf32(pm):
+    """A plugin written before the hook had ``precision`` (Provides) still contributes; one that takes it sees
+    the run's precision, and a ``_tf32`` pattern at any other precision is an error naming the plugin."""
+    seen = []
+
+    class Tf32Aware:
+        @hookimpl
+        def collage_contribute_patterns(self, backend, target, precision):
+            seen.append(precision)
+            return [Pattern("alpha.dense_tf32", wildcard())] if backend.name == "alpha" else None
+
+    pm.register(Provides("alpha"), name="alpha_plugin")
+    pm.register(Tf32Aware(), name="tf32_plugin")
+    patterns = contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target(), "tf32")
+    assert sorted(pattern.name for pattern in patterns) == ["alpha.dense_tf32", "alpha.op"] and seen == ["tf32"]
+    with pytest.raises(BackendError, match="tf32_plugin contributed the TF32 pattern alpha.dense_tf32 at precision fp32"):
+        contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target())
+
+
 # --- collage_lower_partitions
 
 

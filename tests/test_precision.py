@@ -55,6 +55,16 @@ def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_
     assert precision.at_precision(tiny_bert, precision.FP32) is tiny_bert
 
 
+def test_tf32_keeps_the_float32_model_keyed_apart_and_held_to_sixteen_bit_tolerance(tiny_bert):
+    """TF32 changes no operator (backends choose TF32 kernels by pattern); its costs and builds are its own."""
+    at_tf32 = precision.at_precision(tiny_bert, precision.TF32)
+    assert at_tf32.mod is tiny_bert.mod or tvm_compat.structural_equal(at_tf32.mod, tiny_bert.mod)
+    assert at_tf32.precision == "tf32" and at_tf32.fingerprint == tiny_bert.fingerprint + "+tf32"
+    assert precision.tolerance(precision.TF32) == precision.tolerance(precision.FP16)
+    assert "tf32" in precision.describe(precision.TF32) and precision.describe(precision.FP32) is None
+    assert precision.computes_tf32("cublas.dense_bias_tf32") and not precision.computes_tf32("cublas.dense_bias")
+
+
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_no_cast_of_a_constant_is_left_so_a_spelt_out_gelu_applies_constants_of_its_own_type(tiny_bert, name):
     mod = precision.at_precision(tiny_bert, name).mod
@@ -90,8 +100,8 @@ def test_a_converted_model_matches_the_float32_reference_within_its_tolerance_an
     ("bf16", CPU, {"avx512f", "avx512_bf16"}, None),
     ("bf16", CPU, {"avx2", "fma"}, "has no fast bf16"),
     ("fp16", CPU, {"avx512f", "amx_bf16"}, "fp16 on the CPU"),
-    ("tf32", CPU, set(), "tf32 is not honoured yet"),
-    ("tf32", CUDA, set(), "tf32 is not honoured yet"),
+    ("tf32", CPU, set(), "tf32 on the CPU"),
+    ("tf32", CUDA, set(), None),
     ("bf16", CUDA, set(), None),
     ("fp16", CUDA, set(), None),
     ("int8", CPU, set(), "unknown precision 'int8'"),

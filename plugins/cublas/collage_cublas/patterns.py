@@ -6,9 +6,12 @@ The dataflow patterns only shape the search; every match is then read by
 
 from __future__ import annotations
 
+import functools
+
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core.fused_groups import cast_pattern, product_epilogues, recognizer_check, scale_pattern
+from collage_core.precision import TF32_PATTERN_SUFFIX
 from collage_core.records import Pattern
 from collage_cublas import specs
 
@@ -29,6 +32,7 @@ BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": scale_pattern}
 
 
 _check = recognizer_check(specs.recognize)
+_check_tf32 = recognizer_check(functools.partial(specs.recognize, tf32=True))
 
 
 def _maybe_cast(product):
@@ -37,11 +41,14 @@ def _maybe_cast(product):
     return product | cast_pattern(product)
 
 
-def patterns() -> list[Pattern]:
+def patterns(tf32: bool = False) -> list[Pattern]:
+    """The exact patterns; with ``tf32`` also each float32 one again as ``<name>_tf32``, run on TF32 tensor cores."""
     found = []
 
     def add(name, dpl):
         found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
+        if tf32:
+            found.append(Pattern(f"{BACKEND}.{name}{TF32_PATTERN_SUFFIX}", dpl, check=_check_tf32))
 
     for lhs_form, lhs in OPERAND_FORMS.items():
         dense = _maybe_cast(is_op("relax.matmul")(lhs(None), is_const()))

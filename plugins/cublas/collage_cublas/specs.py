@@ -10,7 +10,9 @@ batch strides. Batch dimensions that cannot be merged into one strided batch are
 ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
 operands are float32, or bfloat16 or float16 accumulating into a float32 result; with 16-bit operands
 the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D, the bias and
-the residual are then of that type (the epilogue still computes in float32).
+the residual are then of that type (the epilogue still computes in float32). A TF32 problem (``tf32``,
+the ``_tf32`` patterns of ``--precision tf32``) takes float32 operands only and has cuBLASLt round them
+to TF32 on the tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``).
 
 One recognizer serves the pattern checks and the lowering; ``runtime/collage_cublas.cc``
 reads the words; keep the two in step.
@@ -38,6 +40,7 @@ SPEC_VERSION = 3
 # 16-bit bias is the one the Relax program adds after its cast, so nothing is rounded anew).
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
+TF32_OPERANDS = 3  # float32 operands rounded to TF32: an operand type only
 DTYPE_OF_TYPE = {code: dtype for dtype, code in OPERAND_TYPES.items()}  # a spec word back to its dtype
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
 ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
@@ -82,8 +85,9 @@ def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple
     )
 
 
-def recognize(group: Group) -> KernelSpec:
-    """The cuBLASLt problem computing ``group``, or :class:`Refused` saying why there is none."""
+def recognize(group: Group, tf32: bool = False) -> KernelSpec:
+    """The cuBLASLt problem computing ``group`` (with TF32 tensor cores when ``tf32``), or :class:`Refused`
+    saying why there is none."""
     matmul = group.single_anchor(("relax.matmul",), OPERAND_DTYPES)
     expect_plain_out_dtype(matmul)
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
@@ -91,6 +95,10 @@ def recognize(group: Group) -> KernelSpec:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
     lhs, rhs = (strided_operand(group, arg, OPERAND_DTYPES) for arg in matmul.args)
     operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), OPERAND_DTYPES)]
+    if tf32:
+        if operand_type != OPERAND_TYPES[FLOAT32]:
+            raise Refused("a TF32 kernel takes float32 operands")
+        operand_type = TF32_OPERANDS
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):

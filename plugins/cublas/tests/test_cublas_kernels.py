@@ -19,7 +19,10 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, product_case as case, rounded_to, sixteen_bit_atol, whole_candidate
+from collage_core.testing import (
+    EXACT_FLOAT32_ATOL, function_module, operand_arrays, product_case as case, rounded_to, sixteen_bit_atol, tf32_atol,
+    whole_candidate,
+)
 from collage_cublas import lowering, patterns, specs
 from cublas_cases import reference
 
@@ -55,6 +58,41 @@ def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name):
     operands = operand_arrays(spec.operands, mod["main"].params, inputs)  # the cut-out function orders its own
     expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+def _run_tf32(pm, backends, cuda, mod, pattern_name, inputs):
+    """The output of ``mod`` with its one ``_tf32`` candidate placed on cuBLAS, and what float64 makes of its spec."""
+    target, device = cuda
+    graph, candidate = whole_candidate(mod, patterns.patterns(tf32=True), f"cublas.{pattern_name}_tf32")
+    vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
+    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=True)
+    assert spec.words[-2] == specs.TF32_OPERANDS
+    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
+    return got, expected, spec
+
+
+@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_gelu", "batch_matmul_tt_scale",
+                                          "batch_matmul"])
+def test_a_tf32_kernel_matches_float64_within_tf32_rounding(pm, backends, cuda, pattern_name):
+    """At --precision tf32 the ``_tf32`` pattern runs cuBLASLt with CUBLAS_COMPUTE_32F_FAST_TF32 (which may still
+    pick an exact kernel for a problem this small): within TF32's rounding of exact float64."""
+    make, shapes = case(pattern_name)
+    rng = np.random.default_rng(1)
+    inputs = [rng.uniform(-1, 1, size=shape).astype(F) for shape in shapes]
+    got, expected, spec = _run_tf32(pm, backends, cuda, function_module(make, *shapes), pattern_name, inputs)
+    assert np.max(np.abs(got - expected)) <= tf32_atol(spec.words[3])
+
+
+def test_a_large_tf32_product_runs_on_tensor_cores_that_round_its_operands(pm, backends, cuda):
+    """A BERT-sized dense layer: cuBLASLt takes a TF32 tensor-core kernel, whose error is TF32's, far above float32's."""
+    rng = np.random.default_rng(2)
+    weight = rng.uniform(-1, 1, size=(768, 1024)).astype(F)
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight)), (256, 768))
+    x = rng.uniform(-1, 1, size=(256, 768)).astype(F)
+    got, expected, _ = _run_tf32(pm, backends, cuda, mod, "dense", [x])
+    error = np.max(np.abs(got - expected))
+    assert 100 * EXACT_FLOAT32_ATOL < error <= tf32_atol(768), f"max error {error:.3g}"
 
 
 # 16-bit operands accumulating in float32, as `collage optimize --precision bf16|fp16` writes them. Products of

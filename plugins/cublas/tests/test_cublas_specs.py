@@ -34,12 +34,12 @@ MODELS = Path(__file__).resolve().parents[3] / "models"
 RNG = np.random.default_rng(0)
 
 
-def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
+def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.KernelSpec:
     """The candidate's spec, read back as cuBLASLt computes it, equals TVM's CPU build of the same operators
     (within a few units in the last place when it writes 16 bits: TVM's build rounds after each step)."""
     standalone = graph.standalone_module(nodes)
     func = standalone["main"]
-    spec = specs.recognize(Group.from_function(func))
+    spec = specs.recognize(Group.from_function(func), tf32=tf32)
     inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
               for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
     expected = run_on_cpu(standalone, inputs).astype(np.float64)
@@ -196,3 +196,27 @@ def test_a_product_cast_to_sixteen_bits_is_one_candidate_writing_sixteen_bits(pa
     assert spec.words[-2:] == (specs.OPERAND_TYPES[dtype],) * 2
     if "bias" in pattern_name:  # cuBLASLt takes the bias in D's type
         assert str(tvm_compat.constant_array(spec.operands[2]).dtype) == dtype
+
+
+@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "batch_matmul_tt_scale", "batch_matmul"])
+def test_at_tf32_a_float32_product_is_also_a_tf32_candidate_naming_tf32_operands(pattern_name):
+    """The exact kernel and the TF32 one are candidates of their own (named apart, costed apart); the TF32 spec
+    differs only in its operand word, which the runtime reads as CUBLAS_COMPUTE_32F_FAST_TF32."""
+    make, shapes = case(pattern_name)
+    mod = module(make, *shapes)
+    both = patterns.patterns(tf32=True)
+    assert {p.name for p in both} == {p.name for p in patterns.patterns()} | {p.name + "_tf32" for p in patterns.patterns()}
+    graph, exact = whole_candidate(mod, both, f"cublas.{pattern_name}")
+    _, tf32 = whole_candidate(mod, both, f"cublas.{pattern_name}_tf32")
+    assert exact is not None and tf32 is not None and exact.key != tf32.key
+    exact_words = check_candidate(graph, exact.nodes).words
+    tf32_words = check_candidate(graph, tf32.nodes, tf32=True).words
+    assert tf32_words[-2:] == (specs.TF32_OPERANDS, specs.OPERAND_TYPES[F]) and tf32_words[:-2] == exact_words[:-2]
+
+
+def test_a_tf32_kernel_takes_only_float32_operands():
+    make, shapes = case("dense_bias", cast_to="float16")
+    mod = function_module(make, *shapes, dtype="float16")
+    graph = RelaxGraph.from_function(mod["main"])
+    with pytest.raises(Refused, match="a TF32 kernel takes float32 operands"):
+        specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), tf32=True)

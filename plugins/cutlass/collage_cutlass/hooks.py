@@ -14,6 +14,7 @@ from collage_core import fused_groups, strided_products
 from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
 from collage_core.native import sources_digest
+from collage_core.precision import TF32
 from collage_core.records import OP_LEVEL, Availability, Backend
 from collage_cutlass import kernels, library, lowering, patterns, specs, tuning
 
@@ -39,7 +40,7 @@ def collage_register_backends(register):
             kind=OP_LEVEL,
             device_kinds=("cuda",),
             version=f"cutlass-{library.cutlass_version()}+nvcc-{_nvcc()}+kernels-{KERNELS_DIGEST}",
-            description="CUTLASS 3 Hopper GEMMs (TMA, warp-specialized), bf16/fp16 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
+            description="CUTLASS 3 Hopper GEMMs (TMA, warp-specialized), bf16/fp16/TF32 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
             runtime_needs=f"the collage-cutlass plugin (pip install -e plugins/cutlass), a Hopper GPU and {library.INSTALL_HINT}",
         )
     )
@@ -59,12 +60,12 @@ def collage_check_availability(backend):
 
 
 @hookimpl
-def collage_contribute_patterns(backend, target):
+def collage_contribute_patterns(backend, target, precision):
     if backend.name != BACKEND:
         return None
     if target.kind.name != "cuda":
         return []
-    return patterns.patterns()
+    return patterns.patterns(tf32=precision == TF32)
 
 
 @hookimpl

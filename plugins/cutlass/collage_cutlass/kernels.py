@@ -33,6 +33,9 @@ OPERAND_ALIGNMENT_BYTES = 16  # TMA: every stride but the unit one a multiple of
 class KernelKind:
     """What a kernel computes: ``out = act(alpha * a . b + bias + residual)``, accumulating in float32.
 
+    ``operand_dtype`` float32 is TF32: CUTLASS's builder maps float operands to TF32 WGMMA (rounding
+    each operand's mantissa to 10 bits), transposing in shared memory what is not K-major.
+
     ``a_k_major``: the left operand's rows are contiguous along K (a row-major Relax operand), else
     along M (a transposed one). ``b_k_major``: the right operand is contiguous along K (a transposed
     Relax right operand, ``x @ Wᵀ``), else along N (a row-major ``K x N`` one).
@@ -110,6 +113,8 @@ class Kernel:
             fusion = f"cutlass::epilogue::fusion::LinearCombination<{out}, float, {source}, float>"
         kernel_schedule, epilogue_schedule = SCHEDULES[config.schedule]
         m, n, k = config.tile
+        if kind.operand_dtype == "float32":  # TF32: a K tile of the same bytes as the 16-bit kernels'
+            k //= 2
         words = ", ".join(str(word) for word in kind.words())
         return f"""// Collage CUTLASS kernel {self.name}: {kind.describe()}, {config.name} (sm90).
 #include "cutlass/cutlass.h"

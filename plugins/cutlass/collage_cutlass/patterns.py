@@ -1,4 +1,5 @@
-"""The CUTLASS backend's patterns: 16-bit matrix products and the epilogues its kernels fuse, named ``cutlass.<what>``.
+"""The CUTLASS backend's patterns: 16-bit matrix products and the epilogues its kernels fuse, named ``cutlass.<what>``
+(at ``--precision tf32``, the same products of float32 operands on TF32 tensor cores, ``cutlass.<what>_tf32``).
 
 The dataflow patterns only shape the search; every match is then read by
 :func:`collage_cutlass.specs.recognize`, which refuses what the kernels would compute differently
@@ -7,9 +8,12 @@ The dataflow patterns only shape the search; every match is then read by
 
 from __future__ import annotations
 
+import functools
+
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core.fused_groups import cast_pattern, product_epilogues, recognizer_check, scale_pattern
+from collage_core.precision import TF32_PATTERN_SUFFIX
 from collage_core.records import Pattern
 from collage_cutlass import specs
 
@@ -19,6 +23,7 @@ DENSE_EPILOGUES = product_epilogues(["relu", "gelu_erf", "gelu_tanh", "silu"])
 BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": scale_pattern}
 
 _check = recognizer_check(specs.recognize)
+_check_tf32 = recognizer_check(functools.partial(specs.recognize, tf32=True))
 
 
 def _maybe_cast(product):
@@ -26,11 +31,15 @@ def _maybe_cast(product):
     return product | cast_pattern(product)
 
 
-def patterns() -> list[Pattern]:
+def patterns(tf32: bool = False) -> list[Pattern]:
+    """The 16-bit patterns, or with ``tf32`` the float32 ones on TF32 tensor cores (the model is not converted then)."""
     found = []
 
     def add(name, dpl):
-        found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
+        if tf32:
+            found.append(Pattern(f"{BACKEND}.{name}{TF32_PATTERN_SUFFIX}", dpl, check=_check_tf32))
+        else:
+            found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
 
     for lhs_form, lhs in OPERAND_FORMS.items():
         dense = _maybe_cast(is_op("relax.matmul")(lhs(), is_const()))

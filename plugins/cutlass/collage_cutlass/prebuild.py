@@ -27,13 +27,14 @@ from collage_cutlass import library, patterns, specs, tuning
 from collage_cutlass.kernels import Kernel, KernelKind
 
 
-def kinds_in(function) -> set[KernelKind]:
+def kinds_in(function, tf32: bool = False) -> set[KernelKind]:
     """The kernel kinds of every CUTLASS candidate of a Relax function (candidates CUTLASS refuses add none)."""
     graph = RelaxGraph.from_function(function)
     kinds = set()
-    for candidate in enumerate_candidates(graph, patterns.patterns()):
+    for candidate in enumerate_candidates(graph, patterns.patterns(tf32=tf32)):
         try:
-            kinds.add(specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"])).kind)
+            group = Group.from_function(graph.standalone_module(candidate.nodes)["main"])
+            kinds.add(specs.recognize(group, tf32=tf32).kind)
         except Refused:
             continue
     return kinds
@@ -47,7 +48,7 @@ def kernels_for(kinds) -> list[Kernel]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collage_cutlass.prebuild", description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", help="ONNX files")
-    parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16"])
+    parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "tf32"])
     parser.add_argument("--tiles", type=int, default=None, help="try only the first N configurations (as COLLAGE_CUTLASS_TILES)")
     parser.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     args = parser.parse_args(argv)
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     kinds: set[KernelKind] = set()
     for model in args.models:
         try:
-            found = kinds_in(at_precision(load_model(model), args.precision).mod["main"])
+            found = kinds_in(at_precision(load_model(model), args.precision).mod["main"], tf32=args.precision == "tf32")
         except Exception as failed:  # noqa: BLE001 - one line naming the model, not a traceback
             print(f"error: {model}: {failed}", file=sys.stderr)
             return 2

@@ -9,7 +9,8 @@ one more batch level is looped over on the host. The epilogue (scale as alpha, a
 column, a residual as C with beta 1, then ReLU, erf or tanh GELU, or SiLU) runs in float32 and
 rounds once to the output's type. The operands are bfloat16 or float16, accumulating into float32;
 the output is float32, or 16 bits where the group casts the product (as TVM's mixed-precision pass
-writes it). Float32 operands are refused: TF32 is not offered yet.
+writes it). Float32 operands are taken only by a TF32 problem (``tf32``, the ``_tf32`` patterns of
+``--precision tf32``): the tensor cores round them to TF32, and the output is float32.
 
 Hopper's TMA loads need every stride but the unit one to be a multiple of 16 bytes; a problem
 whose strides are not is refused here, and what CUTLASS itself cannot run is found when tuning
@@ -78,8 +79,9 @@ def _right(rhs: StridedOperand) -> tuple[bool, int]:
     raise Refused("a right operand contiguous along neither K nor N")
 
 
-def recognize(group: Group) -> KernelSpec:
-    """The CUTLASS problem computing ``group``, or :class:`Refused` saying why there is none."""
+def recognize(group: Group, tf32: bool = False) -> KernelSpec:
+    """The CUTLASS problem computing ``group`` (on TF32 tensor cores when ``tf32``), or :class:`Refused`
+    saying why there is none."""
     matmul = group.single_anchor(("relax.matmul",), (*OPERAND_DTYPES, FLOAT32))
     expect_plain_out_dtype(matmul)
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
@@ -87,8 +89,10 @@ def recognize(group: Group) -> KernelSpec:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
     lhs, rhs = (strided_operand(group, arg, (*OPERAND_DTYPES, FLOAT32)) for arg in matmul.args)
     operand_dtype = uniform_operand_dtype(matmul, (lhs.source, rhs.source), (*OPERAND_DTYPES, FLOAT32))
-    if operand_dtype == FLOAT32:
-        raise Refused("float32 operands: the CUTLASS kernels take bfloat16 or float16 (TF32 is not offered yet)")
+    if tf32 and operand_dtype != FLOAT32:
+        raise Refused("a TF32 kernel takes float32 operands")
+    if operand_dtype == FLOAT32 and not tf32:
+        raise Refused("float32 operands: the CUTLASS kernels take bfloat16 or float16, or float32 as TF32 (--precision tf32)")
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):

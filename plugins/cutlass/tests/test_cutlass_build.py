@@ -26,6 +26,14 @@ def test_each_kind_and_configuration_is_its_own_kernel_and_source():
     assert "cutlass::layout::RowMajor, 16 / sizeof(Element)" in source and "KernelTmaWarpSpecializedCooperative" in source
 
 
+def test_a_tf32_kernel_takes_float_operands_with_a_k_tile_of_the_same_bytes():
+    """CUTLASS's builder maps float operands to TF32 WGMMA; 4-byte elements halve the K tile (same shared memory per stage)."""
+    tf32 = Kernel(KernelKind("float32", "float32", True, False, True, False, "gelu_erf"), TILE_CONFIGS[0]).source()
+    sixteen = Kernel(KIND, TILE_CONFIGS[0]).source()
+    assert "using Element = float;" in tf32 and "Shape<_128, _128, _32>" in tf32
+    assert "Shape<_128, _128, _64>" in sixteen and "using Element = cutlass::bfloat16_t;" in sixteen
+
+
 def test_the_kind_words_are_what_the_runtime_checks():
     assert KIND.words() == (1, 1, 0, 1, 1, 0, kernels.ACTIVATION_CODES["gelu_erf"])
 

@@ -22,7 +22,9 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, product_case, rounded_to, sixteen_bit_atol, whole_candidate
+from collage_core.testing import (
+    EXACT_FLOAT32_ATOL, function_module, operand_arrays, product_case, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
+)
 from collage_cutlass import library, patterns, specs, tuning
 from cutlass_cases import reference
 
@@ -46,10 +48,11 @@ def cuda():
     return tvm_compat.make_target({"kind": "cuda"}), tvm.cuda(0)
 
 
-def _run_on_cutlass(pm, backends, cuda, mod, pattern_name, seed=1):
+def _run_on_cutlass(pm, backends, cuda, mod, pattern_name, seed=1, tf32=False):
     """The function's output with its one candidate placed on CUTLASS, its inputs, and the candidate's spec."""
     target, device = cuda
-    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cutlass.{pattern_name}")
+    suffix = "_tf32" if tf32 else ""
+    graph, candidate = whole_candidate(mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{suffix}")
     assert candidate is not None, f"no cutlass.{pattern_name} candidate"
     placed = partition_module(graph, [candidate])
     assert "collage_cutlass.gemm_" in str(lower_partitions(pm, placed, backends, target))  # really a CUTLASS kernel
@@ -58,7 +61,7 @@ def _run_on_cutlass(pm, backends, cuda, mod, pattern_name, seed=1):
     inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype)
               for shape, dtype in map(tvm_compat.tensor_shape_dtype, mod["main"].params)]
     got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
-    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
+    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=tf32)
     return got, inputs, spec
 
 
@@ -72,6 +75,22 @@ def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name, dtype)
     operands = operand_arrays(spec.operands, mod["main"].params, inputs)
     expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
+
+
+TF32_CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_relu", "batch_matmul_nt_scale", "batch_matmul"]
+
+
+@pytest.mark.parametrize("pattern_name", TF32_CASES)
+def test_a_tf32_kernel_matches_float64_within_tf32_rounding_and_does_round(pm, backends, cuda, pattern_name):
+    """Float32 operands on TF32 tensor cores (K-major and N-major right operands: CUTLASS transposes the
+    latter in shared memory): within TF32's rounding of exact float64, and not exact (TF32 really ran)."""
+    make, shapes = product_case(pattern_name)
+    mod = function_module(make, *shapes)
+    got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, pattern_name, tf32=True)
+    assert got.dtype == np.float32 and spec.kind.operand_dtype == F
+    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
+    error = np.max(np.abs(got.astype(np.float64) - expected))
+    assert EXACT_FLOAT32_ATOL < error <= tf32_atol(spec.words[10]), f"max error {error:.3g}"
 
 
 def test_sixteen_bit_operands_may_write_a_float32_result(pm, backends, cuda):

@@ -42,11 +42,12 @@ def _tvm_builds_on_the_cpu(pattern_name, dtype) -> bool:
     return not (dtype == "bfloat16" and pattern_name.endswith("_gelu"))
 
 
-def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
-    """The candidate's spec, read back as the kernel computes it, equals TVM's CPU build of the same operators."""
+def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.KernelSpec:
+    """The candidate's spec, read back as the kernel computes it (on exact operands: the TF32 rounding is the
+    GPU tests'), equals TVM's CPU build of the same operators."""
     standalone = graph.standalone_module(nodes)
     func = standalone["main"]
-    spec = specs.recognize(Group.from_function(func))
+    spec = specs.recognize(Group.from_function(func), tf32=tf32)
     inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
               for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
     expected = run_on_cpu(standalone, inputs).astype(np.float64)
@@ -108,7 +109,7 @@ def _recognize_all(mod):
 
 
 @pytest.mark.parametrize("make, shapes, dtype, reason", [
-    (lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))), [(8, 32)], F, "TF32 is not offered"),
+    (lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))), [(8, 32)], F, "float32 as TF32 \\(--precision tf32\\)"),
     (lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((32, 12), F), "bfloat16")), out_dtype=F)),
      [(8, 32)], "bfloat16", "multiple of 8"),
     (lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((12, 64), F), "bfloat16")), out_dtype=F)),
@@ -143,3 +144,33 @@ def test_at_sixteen_bits_each_dense_layer_takes_its_cast_and_epilogue_and_erf_ge
 def test_float32_models_get_no_candidates():
     graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_bert.onnx")).mod["main"])
     assert enumerate_candidates(graph, patterns.patterns()) == []
+
+
+TF32_CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_relu", "batch_matmul_nt_scale", "batch_matmul", "batch_matmul_tn"]
+
+
+@pytest.mark.parametrize("pattern_name", TF32_CASES)
+def test_at_tf32_float32_products_become_tf32_kernels_computing_what_tvm_computes(pattern_name):
+    make, shapes = product_case(pattern_name)
+    graph, candidate = whole_candidate(function_module(make, *shapes), patterns.patterns(tf32=True), f"cutlass.{pattern_name}_tf32")
+    assert candidate is not None, f"no cutlass.{pattern_name}_tf32 candidate covers the float32 function"
+    spec = check_candidate(graph, candidate.nodes, tf32=True)
+    assert (spec.kind.operand_dtype, spec.kind.out_dtype) == (F, F) and spec.words[1:3] == (kernels.TYPE_CODES[F],) * 2
+
+
+def test_tf32_patterns_are_named_apart_and_take_only_float32_operands():
+    exact, tf32 = patterns.patterns(), patterns.patterns(tf32=True)
+    assert [p.name + "_tf32" for p in exact] == [p.name for p in tf32]
+    make, shapes = product_case("dense_bias", cast_to="float16")
+    group_mod = function_module(make, *shapes, dtype="float16")
+    graph = RelaxGraph.from_function(group_mod["main"])
+    with pytest.raises(Refused, match="a TF32 kernel takes float32 operands"):
+        specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), tf32=True)
+
+
+def test_every_float32_product_of_tiny_bert_has_a_tf32_candidate():
+    graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_bert.onnx")).mod["main"])
+    candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
+    products = [node for node in range(len(graph.graph)) if graph.graph.ops[node] == "relax.matmul"]
+    assert products and all(any(node in c.nodes for c in candidates) for node in products)
+    assert all(c.pattern.endswith("_tf32") for c in candidates)

@@ -40,21 +40,23 @@ constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hop
 constexpr int kHeuristicCandidates = 8;
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
 // What the two matrix operands are, and what the output, bias and residual are; the product accumulates
-// in float32 either way.
-enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
+// in float32 either way. kTf32Operands: float32 operands that the tensor cores round to TF32
+// (CUBLAS_COMPUTE_32F_FAST_TF32); never an output type.
+enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2, kTf32Operands = 3 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cublas: " << message; }
 
 cudaDataType_t DataTypeOf(int64_t type) {
   switch (type) {
     case kF32Operands: return CUDA_R_32F;
+    case kTf32Operands: return CUDA_R_32F;
     case kBf16Operands: return CUDA_R_16BF;
     case kF16Operands: return CUDA_R_16F;
   }
   Fail("unknown tensor type in the spec");
 }
 
-int64_t BytesOf(int64_t type) { return type == kF32Operands ? 4 : 2; }
+int64_t BytesOf(int64_t type) { return type == kF32Operands || type == kTf32Operands ? 4 : 2; }
 
 void Check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) Fail(std::string(what) + " failed: " + cublasLtGetStatusString(status));
@@ -155,6 +157,7 @@ Spec ParseSpec(const std::string& hex) {
   spec.output_type = reader.Next();
   spec.OperandDataType();  // refuse an unknown type here, before anything is created
   spec.OutputDataType();
+  if (spec.output_type == kTf32Operands) Fail("TF32 is an operand type, not an output type");
   spec.has_algo = reader.Next();
   std::memset(&spec.algo, 0, sizeof(spec.algo));
   if (spec.has_algo) {
@@ -216,7 +219,8 @@ cublasLtEpilogue_t EpilogueOf(const Spec& spec) {
 class Kernel {
  public:
   Kernel(const Spec& spec, int device) : spec_(spec), device_(device), handle_(Handle(device)) {
-    Check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasComputeType_t compute = spec.operand_type == kTf32Operands ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    Check(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t op_a = spec.a.op ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = spec.b.op ? CUBLAS_OP_T : CUBLAS_OP_N;
     Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
     Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
@@ -389,7 +393,7 @@ const void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operan
     Fail("every operand must be on the same CUDA device as the output");
   }
   bool fits = tensor->dtype.lanes == 1 &&
-              (type == kF32Operands    ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
+              (type == kF32Operands || type == kTf32Operands ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
                : type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
                                        : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
   if (!fits) Fail("a tensor's dtype is not the one the spec names (matrix operands float32, bfloat16 or float16; output, bias and residual of one such type)");
