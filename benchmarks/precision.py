@@ -16,7 +16,7 @@ Needs a CPU with AMX or AVX512-BF16 (Collage refuses bf16 elsewhere).
 With ``--device cuda``: Collage with ``--target cuda`` at fp32, bf16 and fp16 (its own end-to-end
 measurement, replaying CUDA graphs, and its verification's error against ONNX Runtime), and PyTorch
 eager and ``torch.compile`` "reduce-overhead" at fp32 (TF32 off) and under CUDA autocast at bf16 and
-fp16, each timed in its own process after a warm-up, with its error against eager fp32 on the same input.
+fp16 (and at tf32, float32 with PyTorch's TF32 flags on), each timed in its own process after a warm-up, with its error against eager fp32 on the same input.
 ``P@E`` among ``--precisions`` adds a Collage run at precision P
 held to ``--accuracy-budget E``, compared with the peers at P; ``P+B`` adds a run at P with backend B
 besides ``--backends`` (``fp16+cutlass``: what CUTLASS adds, in the same run and cost database). The GPU is not shared, so nothing there needs timing in turns. Raw results in ``<raw>-cuda/``; the
@@ -49,7 +49,8 @@ PEER_PRECISION = {"onnxruntime default session": "fp32", "pytorch eager": "fp32"
                   "openvino default session (fp32)": "fp32", "openvino default session (bf16)": "bf16"}
 
 
-GPU_PRECISIONS = ("fp32", "bf16", "fp16")
+GPU_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+DEFAULT_GPU_PRECISIONS = ("fp32", "bf16", "fp16")
 GPU_MODES = ("pytorch eager", "torch.compile reduce-overhead")
 GPU_PEER_CODE = r"""
 import json, sys, time
@@ -66,9 +67,10 @@ first = lambda out: (out if isinstance(out, torch.Tensor) else out[0]).float()
 with torch.inference_mode():
     reference = first(model(example))
 results = {}
-for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+for precision, dtype in (("fp32", None), ("tf32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
     if precision not in asked:
         continue
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"  # TF32 tensor cores
     torch._dynamo.reset()  # else a compiled graph of the precision before is reused: dynamo does not guard on autocast's dtype
     run_model = torch.compile(model, mode="reduce-overhead") if mode.startswith("torch.compile") else model
     def function():
@@ -195,7 +197,7 @@ def run_label(spec: str) -> str:
     return (f"{precision}, budget {budget}" if budget else precision) + "".join(f" + {b}" for b in added)
 
 
-def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=GPU_PRECISIONS, compare: bool = False) -> dict:
+def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=DEFAULT_GPU_PRECISIONS, compare: bool = False) -> dict:
     """Collage at each precision on the GPU and the PyTorch peers at each precision, kept as each is measured.
 
     Collage's runs of one model and batch share a cost database (its keys hold the precision, so nothing is
@@ -246,8 +248,8 @@ def gpu_report(records: list[dict], command: str = "python benchmarks/precision.
              "- Collage: `collage optimize --target cuda --precision P --backends B` (op-level search), its placement's "
              "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
              "over max |ref|, against ONNX Runtime at fp32 on its random inputs).",
-             "- PyTorch: eager and `torch.compile` \"reduce-overhead\", fp32 with TF32 off, bf16 and fp16 under CUDA "
-             "autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.",
+             "- PyTorch: eager and `torch.compile` \"reduce-overhead\", fp32 with TF32 off, tf32 (fp32 with PyTorch's "
+             "TF32 flags on), bf16 and fp16 under CUDA autocast; median of up to 50 runs after 3 warm-ups; error against eager fp32 on the benchmark's input.",
              "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
              "beside it are the same bf16 runs, held to no budget.",
              *(["- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database."]
@@ -353,7 +355,7 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw-precision[-cuda]")
     parser.add_argument("--report", type=Path, default=None, help="default: benchmarks/PRECISION[-cuda].md")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precisions", default=",".join(GPU_PRECISIONS),
+    parser.add_argument("--precisions", default=",".join(DEFAULT_GPU_PRECISIONS),
                         help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E")
     parser.add_argument("--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone")
     parser.add_argument("--only-report", action="store_true")

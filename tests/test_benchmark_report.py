@@ -220,8 +220,9 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
     assert precision.parse_run("fp16+cutlass", "tvm,cublas") == ("fp16", "", "tvm,cublas,cutlass")
     assert precision.parse_run("bf16@2e-3", "tvm,cublas") == ("bf16", "2e-3", "tvm,cublas")
     assert precision.parse_run("fp16+cublas", "tvm,cublas") == ("fp16", "", "tvm,cublas")  # named once
-    with pytest.raises(ValueError, match="'tf32'"):
-        precision.parse_run("tf32", "tvm")
+    assert precision.parse_run("tf32+cutlass", "tvm,cublas") == ("tf32", "", "tvm,cublas,cutlass")
+    with pytest.raises(ValueError, match="'int8'"):
+        precision.parse_run("int8", "tvm")
 
     def run(ms, mix):
         return {"results": {"end_to_end": [{"cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
