@@ -13,6 +13,7 @@ from pathlib import Path
 from collage_core import fused_groups
 from collage_core.build import replace_functions
 from collage_core.hookspecs import hookimpl
+from collage_core.precision import TF32
 from collage_core.native import sources_digest
 from collage_core.records import OP_LEVEL, Availability, Backend
 from collage_cudnn import library, lowering, patterns, specs
@@ -50,12 +51,12 @@ def collage_check_availability(backend):
 
 
 @hookimpl
-def collage_contribute_patterns(backend, target):
+def collage_contribute_patterns(backend, target, precision):
     if backend.name != BACKEND:
         return None
     if target.kind.name != "cuda":
         return []
-    return patterns.patterns()
+    return patterns.patterns(tf32=precision == TF32)
 
 
 @hookimpl

@@ -16,6 +16,8 @@ from collage_core import cuda_libraries
 from collage_core.build import packed_call_function
 from collage_core.choices import ChoiceStore
 from collage_core.fused_groups import Group, Refused
+from collage_core.partition import pattern_of
+from collage_core.precision import computes_tf32
 from collage_cudnn import library, specs
 
 RUN_FUNCTION = "collage_cudnn.run"
@@ -37,7 +39,7 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
     """``func`` with its body replaced by the cuDNN call (the fastest execution plan chosen on this GPU)."""
     library.load()
     try:
-        spec = specs.recognize(Group.from_function(func))
+        spec = specs.recognize(Group.from_function(func), tf32=computes_tf32(pattern_of(func)))
     except Refused as refused:
         raise ValueError(f"cuDNN partition {name}: {refused}") from None
     return packed_call_function(func, name, RUN_FUNCTION, specs.as_text(spec.array(_plan(spec))), spec.operands)

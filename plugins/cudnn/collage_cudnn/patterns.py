@@ -6,9 +6,12 @@ The dataflow patterns only shape the search; every match is then read by
 
 from __future__ import annotations
 
+import functools
+
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core.fused_groups import activation_pattern, bias_pattern, cast_pattern, recognizer_check
+from collage_core.precision import TF32_PATTERN_SUFFIX
 from collage_core.records import Pattern
 from collage_cudnn import specs
 
@@ -33,17 +36,24 @@ OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims
 
 
 _check = recognizer_check(specs.recognize)
+_check_tf32 = recognizer_check(functools.partial(specs.recognize, tf32=True))
 
 
-def patterns() -> list[Pattern]:
+def patterns(tf32: bool = False) -> list[Pattern]:
+    """The exact patterns; with ``tf32`` also each float32 one again as ``<name>_tf32``, on engines that may use
+    tensor cores (rounding the operands to TF32)."""
     found = []
 
-    def add(name, dpl):
+    def add(name, dpl, sixteen_bit_only=False):
         found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
+        if tf32 and not sixteen_bit_only:
+            found.append(Pattern(f"{BACKEND}.{name}{TF32_PATTERN_SUFFIX}", dpl, check=_check_tf32))
 
     conv = is_op("relax.nn.conv2d")(wildcard(), is_const())
-    for suffix, epilogue in {**CONV2D_EPILOGUES, **SIXTEEN_BIT_CONV2D_EPILOGUES}.items():
+    for suffix, epilogue in CONV2D_EPILOGUES.items():
         add(f"conv2d{suffix}", epilogue(conv))
+    for suffix, epilogue in SIXTEEN_BIT_CONV2D_EPILOGUES.items():
+        add(f"conv2d{suffix}", epilogue(conv), sixteen_bit_only=True)
     for lhs_form, lhs in OPERAND_FORMS.items():
         for rhs_form, rhs in OPERAND_FORMS.items():
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"

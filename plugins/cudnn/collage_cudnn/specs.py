@@ -34,6 +34,7 @@ SPEC_VERSION = 3
 OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
 DTYPE_OF_TYPE = {code: dtype for dtype, code in OPERAND_TYPES.items()}  # a spec word back to its dtype
+TF32_OPERANDS = 3  # float32 operands that tensor-core engines may round to TF32: an operand type only
 CONV2D, MATMUL = 1, 2
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
@@ -137,9 +138,14 @@ def _with_epilogue(words: tuple, operands: list, epilogue, operand_type: int) ->
     return KernelSpec((*words, *tail), tuple(operands))
 
 
-def recognize(group: Group) -> KernelSpec:
-    """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none."""
+def recognize(group: Group, tf32: bool = False) -> KernelSpec:
+    """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none. With ``tf32``
+    (the ``_tf32`` patterns of ``--precision tf32``) its float32 operands may go to engines that round them to TF32."""
     anchor = group.single_anchor(ANCHORS, OPERAND_DTYPES)
-    if tvm_compat.op_name(anchor) == "relax.nn.conv2d":
-        return _conv2d(group, anchor)
-    return _matmul(group, anchor)
+    spec = _conv2d(group, anchor) if tvm_compat.op_name(anchor) == "relax.nn.conv2d" else _matmul(group, anchor)
+    if not tf32:
+        return spec
+    *head, operand_type, out_type = spec.words
+    if operand_type != OPERAND_TYPES[FLOAT32]:
+        raise Refused("a TF32 kernel takes float32 operands")
+    return attrs.evolve(spec, words=(*head, TF32_OPERANDS, out_type))

@@ -59,7 +59,7 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         channel_shape = [1] * (rank - 1) + [y_dims[-1]]
     assert list(y.shape) == list(y_dims)
     has_bias, has_residual, activation, operand_type, output_type = (w.take() for _ in range(5))
-    assert w.at == len(w.words) and {operand_type, output_type} <= set(specs.OPERAND_TYPES.values())
+    assert w.at == len(w.words) and {operand_type, output_type} <= {*specs.OPERAND_TYPES.values(), specs.TF32_OPERANDS}
     at = 2
     if has_bias:
         y = y + tensor(operands[at]).reshape(channel_shape)

@@ -20,7 +20,7 @@ from collage_core import tvm_compat
 from collage_core.build import build, lower_partitions
 from collage_core.fused_groups import Group
 from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, rounded_to, sixteen_bit_atol, whole_candidate
+from collage_core.testing import function_module, operand_arrays, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate
 from collage_cudnn import lowering, patterns, specs
 from cudnn_cases import case, case_ids, cast_dtype, reference
 
@@ -106,3 +106,28 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
     assert got.dtype == np.float32
     expected = expected_of(*[_rounded(x, dtype) for x in inputs]).numpy()
     np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL)
+
+
+@pytest.mark.parametrize("pattern_name", ["conv2d_tf32", "conv2d_bias_relu_tf32"])
+def test_a_tf32_convolution_matches_float64_within_tf32_rounding(pm, backends, cuda, pattern_name):
+    """At --precision tf32 a ResNet-sized 3x3 convolution may run on tensor-core engines that round x and w to
+    TF32: within TF32's rounding of exact float64 (576 products per output), whichever engine won the timing."""
+    target, device = cuda
+    rng = np.random.default_rng(4)
+    weight = rng.uniform(-1, 1, size=(64, 64, 3, 3)).astype(F)
+    bias = rng.uniform(-1, 1, size=(1, 64, 1, 1)).astype(F)
+
+    def make(bb, x):
+        y = bb.emit(R.nn.conv2d(x, relax.const(weight), padding=(1, 1)))
+        return R.nn.relu(bb.emit(R.add(y, relax.const(bias)))) if "bias" in pattern_name else y
+
+    mod = function_module(make, (8, 64, 28, 28))
+    graph, candidate = whole_candidate(mod, patterns.patterns(tf32=True), f"cudnn.{pattern_name}")
+    assert candidate is not None
+    vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
+    x = rng.uniform(-1, 1, size=(8, 64, 28, 28)).astype(F)
+    got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(weight).double(), padding=1)
+    if "bias" in pattern_name:
+        expected = torch.relu(expected + torch.from_numpy(bias).double())
+    assert np.max(np.abs(got - expected.numpy())) <= tf32_atol(64 * 9)

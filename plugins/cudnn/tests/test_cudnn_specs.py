@@ -32,12 +32,12 @@ MODELS = Path(__file__).resolve().parents[3] / "models"
 RNG = np.random.default_rng(0)
 
 
-def check_candidate(graph: RelaxGraph, nodes) -> specs.KernelSpec:
+def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.KernelSpec:
     """The candidate's spec, read back as cuDNN computes it, equals TVM's CPU build of the same operators
     (within a few units in the last place when it writes 16 bits: TVM's build rounds after each step)."""
     standalone = graph.standalone_module(nodes)
     func = standalone["main"]
-    spec = specs.recognize(Group.from_function(func))
+    spec = specs.recognize(Group.from_function(func), tf32=tf32)
     inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
               for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
     expected = run_on_cpu(standalone, inputs).astype(np.float64)
@@ -135,3 +135,28 @@ def test_at_sixteen_bits_each_convolution_takes_the_cast_after_it_and_computes_w
         assert names == ["relax.astype", "relax.nn.conv2d"], f"{largest.pattern}: {names}"
         spec = check_candidate(graph, largest.nodes)
         assert spec.words[-1] == specs.OPERAND_TYPES[DTYPES[precision]]  # y is written in 16 bits
+
+
+def test_at_tf32_each_float32_pattern_is_also_a_tf32_candidate_naming_tf32_operands():
+    """The tensor-core engines are a candidate of their own (named apart, costed apart); the spec differs from the
+    exact one only in its operand word, which the runtime reads as "do not deselect tensor cores"."""
+    exact = {p.name for p in patterns.patterns()}
+    tf32 = {p.name for p in patterns.patterns(tf32=True)} - exact
+    assert tf32 == {name + "_tf32" for name in exact if not name.endswith("_cast")}
+    graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_resnet.onnx")).mod["main"])
+    candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
+    by_nodes = {}
+    for candidate in candidates:
+        by_nodes.setdefault(candidate.nodes, {})[candidate.pattern.endswith("_tf32")] = candidate
+    pairs = [pair for pair in by_nodes.values() if len(pair) == 2]
+    assert len(pairs) == len(by_nodes)  # every exact candidate has its TF32 twin
+    exact_spec = check_candidate(graph, pairs[0][False].nodes)
+    tf32_spec = check_candidate(graph, pairs[0][True].nodes, tf32=True)
+    assert tf32_spec.words[-2] == specs.TF32_OPERANDS and tf32_spec.words[:-2] == exact_spec.words[:-2]
+
+
+def test_a_tf32_kernel_takes_only_float32_operands():
+    graph = RelaxGraph.from_function(at_precision(load_model(str(MODELS / "tiny_resnet.onnx")), "fp16").mod["main"])
+    conv = next(node for node in range(len(graph.graph)) if graph.graph.ops[node] == "relax.nn.conv2d")
+    with pytest.raises(Refused, match="a TF32 kernel takes float32 operands"):
+        specs.recognize(Group.from_function(graph.standalone_module([conv])["main"]), tf32=True)

@@ -45,14 +45,16 @@ enum Kind : int64_t { kConv2d = 1, kMatmul = 2 };
 enum Activation : int64_t { kNone = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4 };
 enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
 // What x and w are, and what y and the residual are; the bias is float32 and the operation computes in
-// float32 either way.
-enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2 };
+// float32 either way. kTf32Operands: float32 x and w that tensor-core engines may round to TF32 (an
+// operand type only, at --precision tf32).
+enum OperandType : int64_t { kF32Operands = 0, kBf16Operands = 1, kF16Operands = 2, kTf32Operands = 3 };
 
 [[noreturn]] void Fail(const std::string& message) { TVM_FFI_THROW(RuntimeError) << "collage_cudnn: " << message; }
 
 fe::DataType_t DataTypeOf(int64_t type) {
   switch (type) {
     case kF32Operands: return fe::DataType_t::FLOAT;
+    case kTf32Operands: return fe::DataType_t::FLOAT;
     case kBf16Operands: return fe::DataType_t::BFLOAT16;
     case kF16Operands: return fe::DataType_t::HALF;
   }
@@ -164,6 +166,7 @@ Spec ParseSpec(const std::string& hex) {
   spec.activation = reader.Next();
   spec.operand_type = reader.Next();
   spec.output_type = reader.Next();
+  if (spec.output_type == kTf32Operands) Fail("TF32 is an operand type, not an output type");
   spec.OperandDataType();  // refuse an unknown type here, before anything is created
   spec.OutputDataType();
   std::vector<int64_t> bias_dims(rank, 1);
@@ -275,11 +278,14 @@ std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
 }
 
 // The engines cuDNN's heuristics offer; for float32 operands, less those that would round them to TF32
-// (the Relax program computes in float32). Deselection filters the engine configs already listed.
+// (the Relax program computes in float32); for TF32 operands, less those that would convert them to 16 bits.
+// Deselection filters the engine configs already listed.
 void CreatePlans(fe::graph::Graph& graph, const Spec& spec) {
   Check(graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "cuDNN offers no execution plan");
   if (spec.operand_type == kF32Operands) {
     graph.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  } else if (spec.operand_type == kTf32Operands) {
+    graph.deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
   }
 }
 
@@ -374,7 +380,7 @@ void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operands) {
     Fail("every operand must be on the same CUDA device as the output");
   }
   bool fits = tensor->dtype.lanes == 1 &&
-              (type == kF32Operands    ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
+              (type == kF32Operands || type == kTf32Operands ? tensor->dtype.code == kDLFloat && tensor->dtype.bits == 32
                : type == kBf16Operands ? tensor->dtype.code == kDLBfloat && tensor->dtype.bits == 16
                                        : tensor->dtype.code == kDLFloat && tensor->dtype.bits == 16);
   if (!fits) Fail("a tensor's dtype is not the one the spec names (x and w, y and the residual, each float32, bfloat16 or float16; the bias float32)");
