@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 from tvm import relax
 
+from collage_core import tvm_compat
 from collage_core.fused_groups import (
     FLOAT32, Group, Refused, StridedOperand, as_dtype, expect_plain_out_dtype, read_epilogue, shape_of, strided_operand,
     uniform_operand_dtype,
@@ -79,6 +80,23 @@ def _right(rhs: StridedOperand) -> tuple[bool, int]:
     raise Refused("a right operand contiguous along neither K nor N")
 
 
+def _k_major_weight(rhs: StridedOperand) -> StridedOperand:
+    """A TF32 right operand that lies N-major, beside a K-major left one, as a K-major constant transposed once.
+
+    For that layout CUTLASS's TF32 builder swaps the operands (``is_swapAB``), and on an H200 those
+    kernels computed dense layers and products wrong (the GPU tests), while K-major right operands
+    and an M-major left one ran right. A constant weight is transposed here, at build time; a
+    product of two activations in that layout is refused.
+    """
+    weight = tvm_compat.constant_array(rhs.source)
+    if weight is None or weight.ndim != 2:
+        raise Refused("TF32 with a K-major left operand and an N-major right one that is not a constant matrix: "
+                      "CUTLASS swaps such operands and computed them wrong on an H200")
+    transposed = np.ascontiguousarray(weight.T)  # N x K, contiguous along K
+    k, n = weight.shape
+    return StridedOperand(relax.const(transposed, FLOAT32), (k, n), (1, k))
+
+
 def recognize(group: Group, tf32: bool = False) -> KernelSpec:
     """The CUTLASS problem computing ``group`` (on TF32 tensor cores when ``tf32``), or :class:`Refused`
     saying why there is none."""
@@ -89,6 +107,8 @@ def recognize(group: Group, tf32: bool = False) -> KernelSpec:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
     lhs, rhs = (strided_operand(group, arg, (*OPERAND_DTYPES, FLOAT32)) for arg in matmul.args)
     operand_dtype = uniform_operand_dtype(matmul, (lhs.source, rhs.source), (*OPERAND_DTYPES, FLOAT32))
+    if tf32 and lhs.strides[-1] == 1 and rhs.strides[-1] == 1:
+        rhs = _k_major_weight(rhs)
     if tf32 and operand_dtype != FLOAT32:
         raise Refused("a TF32 kernel takes float32 operands")
     if operand_dtype == FLOAT32 and not tf32:
