@@ -327,8 +327,9 @@ def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budg
     return result
 
 
-# What benchmarks/precision.py --device cuda wrote, appended to RESULTS.md: the precisions, then CUTLASS's rows.
-GPU_PRECISION_REPORTS = (ROOT / "benchmarks" / "PRECISION-cuda.md", ROOT / "benchmarks" / "CUTLASS-cuda.md")
+# What benchmarks/precision.py --device cuda wrote, appended to RESULTS.md: the precisions, CUTLASS's rows, TF32's.
+GPU_PRECISION_REPORTS = (ROOT / "benchmarks" / "PRECISION-cuda.md", ROOT / "benchmarks" / "CUTLASS-cuda.md",
+                         ROOT / "benchmarks" / "TF32-cuda.md")
 
 
 def main() -> None:
