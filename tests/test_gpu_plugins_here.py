@@ -53,9 +53,12 @@ def test_collage_check_availability_says_there_is_no_gpu_in_one_line(backends, n
 def test_collage_contribute_patterns_only_for_cuda_targets(name):
     hooks = importlib.import_module(f"collage_{name}.hooks")
     backend = discover_backends(get_plugin_manager())[name].backend
-    assert hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.host_cpu_target()) == []
-    patterns = hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.make_target({"kind": "cuda"}))
-    assert patterns and all(p.name.startswith(f"{name}.") for p in patterns)
+    cuda = tvm_compat.make_target({"kind": "cuda"})
+    assert hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.host_cpu_target(), precision="fp32") == []
+    patterns = hooks.collage_contribute_patterns(backend=backend, target=cuda, precision="fp32")
+    assert patterns and all(p.name.startswith(f"{name}.") and not p.name.endswith("_tf32") for p in patterns)
+    at_tf32 = hooks.collage_contribute_patterns(backend=backend, target=cuda, precision="tf32")
+    assert any(p.name.endswith("_tf32") for p in at_tf32)  # each GPU plugin has TF32 kernels
 
 
 def test_a_missing_header_or_library_is_named_with_how_to_install_it(monkeypatch):
