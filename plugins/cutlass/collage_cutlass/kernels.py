@@ -54,11 +54,20 @@ class KernelKind:
         return (TYPE_CODES[self.operand_dtype], TYPE_CODES[self.out_dtype], int(not self.a_k_major), int(not self.b_k_major),
                 int(self.bias), int(self.residual), ACTIVATION_CODES[self.activation])
 
+    op = "gemm"
+
     def describe(self) -> str:
         epilogue = "+".join(part for part in ("bias" if self.bias else "", "residual" if self.residual else "",
                                               self.activation or "") if part) or "plain"
         layouts = f"{'k' if self.a_k_major else 'm'}{'k' if self.b_k_major else 'n'}-major"
         return f"{self.operand_dtype}->{self.out_dtype} {layouts} {epilogue}"
+
+    @property
+    def configs(self) -> tuple["TileConfig", ...]:
+        return TILE_CONFIGS
+
+    def kernel(self, config: "TileConfig") -> "Kernel":
+        return Kernel(self, config)
 
 
 @attrs.frozen
@@ -92,6 +101,8 @@ TILE_CONFIGS = (
 class Kernel:
     kind: KernelKind
     config: TileConfig
+
+    runner = "gemm_runner.h"
 
     @property
     def name(self) -> str:

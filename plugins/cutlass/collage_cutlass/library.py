@@ -30,10 +30,14 @@ from collage_core.choices import ChoiceStore
 from collage_core.cuda_libraries import CudaUnavailable
 from collage_core.native import NativeBuildError, NativeLibrary, cache_root, sources_digest
 from collage_core.progress import ProgressBar
+from collage_cutlass.conv_kernels import ConvKind
 from collage_cutlass.kernels import Kernel, KernelKind, TileConfig
+
+KINDS = {"gemm": KernelKind, "conv2d": ConvKind}  # each kind class by its `op`
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 RUNNER_HEADER = RUNTIME_DIR / "gemm_runner.h"
+CONV_RUNNER_HEADER = RUNTIME_DIR / "conv_runner.h"  # includes the GEMM runner's helpers
 INSTALL_HINT = "pip install nvidia-cutlass, and the CUDA toolkit's nvcc (apt-get install cuda-nvcc-13-0)"
 ARCH = "sm_90a"  # Hopper with its arch-specific features (WGMMA, TMA multicast)
 HOPPER = "9.0"
@@ -96,7 +100,12 @@ def cache_dir() -> Path:
     return cache_root() / "cutlass"
 
 
-def native_library(kernel: Kernel) -> NativeLibrary:
+def runner_headers(kernel) -> list[Path]:
+    """The runtime headers a kernel's source includes (their digest is part of its build's key)."""
+    return [RUNNER_HEADER] if kernel.runner == RUNNER_HEADER.name else [RUNNER_HEADER, CONV_RUNNER_HEADER]
+
+
+def native_library(kernel) -> NativeLibrary:
     """The kernel's library: its source written out (once) and the nvcc build that compiles it."""
     include, util = cutlass_includes()
     source = cache_dir() / "sources" / f"{kernel.name}.cu"
@@ -108,7 +117,7 @@ def native_library(kernel: Kernel) -> NativeLibrary:
         os.replace(partial, source)
     return NativeLibrary(
         f"cutlass/{kernel.name}", source, find_nvcc(), (f"-I{RUNTIME_DIR}", f"-I{include}", f"-I{util}"),
-        versions=(cutlass_version(), nvcc_version(), sources_digest([RUNNER_HEADER])), base_flags=NVCC_FLAGS,
+        versions=(cutlass_version(), nvcc_version(), sources_digest(runner_headers(kernel))), base_flags=NVCC_FLAGS,
     )
 
 
@@ -183,11 +192,11 @@ def _chosen_file() -> Path:
     return cache_dir() / "chosen.json"
 
 
-def record_chosen(kernel: Kernel) -> None:
-    ChoiceStore(_chosen_file()).put(kernel.name, {"kind": attrs.asdict(kernel.kind), "config": attrs.asdict(kernel.config)})
+def record_chosen(kernel) -> None:
+    ChoiceStore(_chosen_file()).put(kernel.name, {"op": kernel.kind.op, "kind": attrs.asdict(kernel.kind), "config": attrs.asdict(kernel.config)})
 
 
-def chosen_kernels() -> list[Kernel]:
+def chosen_kernels() -> list:
     """Every kernel lowering chose on this machine (from ``chosen.json``; a damaged file reads as none)."""
     try:
         data = json.loads(_chosen_file().read_text())
@@ -196,10 +205,10 @@ def chosen_kernels() -> list[Kernel]:
     found = []
     for entry in data.values() if isinstance(data, dict) else ():
         try:
-            kind = KernelKind(**entry["kind"])
+            kind = KINDS[entry.get("op", "gemm")](**entry["kind"])
             config = entry["config"]
             config = TileConfig(config["schedule"], tuple(config["tile"]), tuple(config["cluster"]), config["scheduler"])
         except (KeyError, TypeError):
             continue
-        found.append(Kernel(kind, config))
+        found.append(kind.kernel(config))
     return found

@@ -1,5 +1,5 @@
-"""The CUTLASS backend's patterns: 16-bit matrix products and the epilogues its kernels fuse, named ``cutlass.<what>``
-(at ``--precision tf32``, the same products of float32 operands on TF32 tensor cores, ``cutlass.<what>_tf32``).
+"""The CUTLASS backend's patterns: 16-bit matrix products and 2-d convolutions and the epilogues its kernels fuse,
+named ``cutlass.<what>`` (at ``--precision tf32``, the same of float32 operands on TF32 tensor cores, ``cutlass.<what>_tf32``).
 
 The dataflow patterns only shape the search; every match is then read by
 :func:`collage_cutlass.specs.recognize`, which refuses what the kernels would compute differently
@@ -21,6 +21,8 @@ BACKEND = "cutlass"
 OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims")(wildcard())}
 DENSE_EPILOGUES = product_epilogues(["relu", "gelu_erf", "gelu_tanh", "silu"])
 BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": scale_pattern}
+# A convolution's output keeps its channel axis: no reshapes; the activations CNNs use.
+CONV2D_EPILOGUES = {name: epilogue for name, epilogue in product_epilogues(["relu", "silu"]).items() if "_reshape" not in name}
 
 _check = recognizer_check(specs.recognize)
 _check_tf32 = recognizer_check(functools.partial(specs.recognize, tf32=True))
@@ -50,4 +52,7 @@ def patterns(tf32: bool = False) -> list[Pattern]:
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"
             for suffix, epilogue in BATCH_MATMUL_EPILOGUES.items():
                 add(f"batch_matmul{forms}{suffix}", epilogue(batch))
+    conv = _maybe_cast(is_op("relax.nn.conv2d")(wildcard(), is_const()))
+    for suffix, epilogue in CONV2D_EPILOGUES.items():
+        add(f"conv2d{suffix}", epilogue(conv))
     return found

@@ -24,10 +24,9 @@ from collage_core.model_import import load_model
 from collage_core.precision import at_precision
 from collage_core.relax_graph import RelaxGraph
 from collage_cutlass import library, patterns, specs, tuning
-from collage_cutlass.kernels import Kernel, KernelKind
 
 
-def kinds_in(function, tf32: bool = False) -> set[KernelKind]:
+def kinds_in(function, tf32: bool = False) -> set:
     """The kernel kinds of every CUTLASS candidate of a Relax function (candidates CUTLASS refuses add none)."""
     graph = RelaxGraph.from_function(function)
     kinds = set()
@@ -40,9 +39,9 @@ def kinds_in(function, tf32: bool = False) -> set[KernelKind]:
     return kinds
 
 
-def kernels_for(kinds) -> list[Kernel]:
-    """Each kind in each configuration tuning tries (``$COLLAGE_CUTLASS_TILES`` bounds them)."""
-    return [Kernel(kind, config) for kind in sorted(kinds, key=KernelKind.describe) for config in tuning.configs()]
+def kernels_for(kinds) -> list:
+    """Each kind (GEMM or convolution) in each configuration tuning tries for it (``$COLLAGE_CUTLASS_TILES`` bounds them)."""
+    return [kind.kernel(config) for kind in sorted(kinds, key=lambda kind: kind.describe()) for config in tuning.configs(kind)]
 
 
 def main(argv=None) -> int:
@@ -54,7 +53,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.tiles is not None:
         os.environ["COLLAGE_CUTLASS_TILES"] = str(args.tiles)
-    kinds: set[KernelKind] = set()
+    kinds: set = set()
     for model in args.models:
         try:
             found = kinds_in(at_precision(load_model(model), args.precision).mod["main"], tf32=args.precision == "tf32")
@@ -64,7 +63,7 @@ def main(argv=None) -> int:
         print(f"{model}: {len(found)} kernel kinds at {args.precision}: " + "; ".join(sorted(k.describe() for k in found)))
         kinds |= found
     wanted = kernels_for(kinds)
-    print(f"{len(wanted)} kernels ({len(kinds)} kinds x {len(tuning.configs())} configurations)")
+    print(f"{len(wanted)} kernels ({len(kinds)} kinds, each in up to {len(tuning.configs())} configurations)")
     try:
         missing = [kernel for kernel in wanted if not library.native_library(kernel).path().exists()]
     except library.CutlassUnavailable as unavailable:

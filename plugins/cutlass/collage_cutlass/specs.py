@@ -32,6 +32,7 @@ from collage_core.fused_groups import (
 )
 from collage_core.native import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 from collage_core.strided_products import Axis, batch_loops
+from collage_cutlass import conv_specs
 from collage_cutlass.kernels import OPERAND_ALIGNMENT_BYTES, KernelKind
 
 SPEC_VERSION = 1
@@ -51,6 +52,14 @@ class KernelSpec:
 
     def array(self) -> np.ndarray:
         return np.array(self.words, dtype=np.int64)
+
+    def problem(self) -> list[int]:
+        """``[M, N, K, batch, outer batch]``: the sizes tuning records."""
+        return [int(word) for word in (*self.words[8:12], self.words[18])]
+
+    def describe_problem(self) -> str:
+        m, n, k, *_ = self.problem()
+        return f"{self.kind.describe()} product (M={m}, N={n}, K={k})"
 
 
 def _aligned(what: str, strides, dtype: str) -> None:
@@ -97,10 +106,12 @@ def _k_major_weight(rhs: StridedOperand) -> StridedOperand:
     return StridedOperand(relax.const(transposed, FLOAT32), (k, n), (1, k))
 
 
-def recognize(group: Group, tf32: bool = False) -> KernelSpec:
+def recognize(group: Group, tf32: bool = False):
     """The CUTLASS problem computing ``group`` (on TF32 tensor cores when ``tf32``), or :class:`Refused`
-    saying why there is none."""
-    matmul = group.single_anchor(("relax.matmul",), (*OPERAND_DTYPES, FLOAT32))
+    saying why there is none: a :class:`KernelSpec`, or for a convolution a :class:`~collage_cutlass.conv_specs.ConvSpec`."""
+    matmul = group.single_anchor(("relax.matmul", "relax.nn.conv2d"), (*OPERAND_DTYPES, FLOAT32))
+    if tvm_compat.op_name(matmul) == "relax.nn.conv2d":
+        return conv_specs.recognize_conv(group, matmul, tf32)
     expect_plain_out_dtype(matmul)
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
     if set(group.calls[: group.calls.index(matmul)]) != consumed:

@@ -23,9 +23,10 @@ from collage_core import cuda_libraries
 from collage_core.choices import ChoiceStore
 from collage_core.cuda_libraries import CudaUnavailable
 from collage_cutlass import library, specs
-from collage_cutlass.kernels import TILE_CONFIGS, Kernel, TileConfig
+from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS
+from collage_cutlass.kernels import TILE_CONFIGS, TileConfig
 
-CONFIGS_BY_NAME = {config.name: config for config in TILE_CONFIGS}
+CONFIGS_BY_NAME = {config.name: config for config in (*TILE_CONFIGS, *CONV_TILE_CONFIGS)}
 # What the runtime's timing function answers besides milliseconds (runtime/gemm_runner.h).
 CANNOT_RUN, HUNG = -1.0, -2.0
 HANG_SECONDS = 10  # kHangSeconds there
@@ -36,14 +37,15 @@ class KernelHung(RuntimeError):
     """A CUTLASS kernel did not finish when timed; the GPU of this process is taken by it."""
 
 
-def configs() -> tuple[TileConfig, ...]:
-    """The configurations tuning tries: all, or the first ``$COLLAGE_CUTLASS_TILES``."""
+def configs(kind=None) -> tuple[TileConfig, ...]:
+    """The configurations tuning tries for ``kind`` (GEMMs' when none is given): all, or the first ``$COLLAGE_CUTLASS_TILES``."""
+    every = kind.configs if kind is not None else TILE_CONFIGS
     wanted = os.environ.get("COLLAGE_CUTLASS_TILES", "").strip()
     if not wanted:
-        return TILE_CONFIGS
+        return every
     if not wanted.isdigit() or int(wanted) < 1:
-        raise ValueError(f"COLLAGE_CUTLASS_TILES={wanted!r}: give how many configurations to try (1 to {len(TILE_CONFIGS)})")
-    return TILE_CONFIGS[: int(wanted)]
+        raise ValueError(f"COLLAGE_CUTLASS_TILES={wanted!r}: give how many configurations to try (1 to {len(every)})")
+    return every[: int(wanted)]
 
 
 def _store() -> ChoiceStore:
@@ -51,8 +53,8 @@ def _store() -> ChoiceStore:
                        lambda value: isinstance(value, dict) and value.get("config") in CONFIGS_BY_NAME)
 
 
-def _key(spec: specs.KernelSpec, gpu) -> str:
-    tried = ",".join(config.name for config in configs())
+def _key(spec, gpu) -> str:
+    tried = ",".join(config.name for config in configs(spec.kind))
     identity = f"{gpu.name}|{gpu.compute_capability}|{library.cutlass_version()}|{library.nvcc_version()}|{tried}"
     return hashlib.sha256(spec.array().astype("<i8").tobytes() + identity.encode()).hexdigest()
 
@@ -61,7 +63,7 @@ def _hung_key(key: str, config: TileConfig) -> str:
     return f"hung:{key}:{config.name}"
 
 
-def time_kernels(spec: specs.KernelSpec, kernels, key: str = "") -> dict[str, object]:
+def time_kernels(spec, kernels, key: str = "") -> dict[str, object]:
     """Each kernel's median milliseconds on ``spec`` (compiling those not built yet), or why it has none.
     A kernel remembered as hung under ``key`` is not run; one that hangs now is remembered and raises
     :class:`KernelHung`."""
@@ -83,8 +85,7 @@ def time_kernels(spec: specs.KernelSpec, kernels, key: str = "") -> dict[str, ob
             if milliseconds == HUNG:
                 if key:
                     store.put(_hung_key(key, kernel.config), {"config": kernel.config.name, "kind": spec.kind.describe()})
-                m, n, k = spec.words[8:11]
-                raise KernelHung(f"CUTLASS kernel {kernel.config.name} for a {spec.kind.describe()} product (M={m}, N={n}, K={k}) "
+                raise KernelHung(f"CUTLASS kernel {kernel.config.name} for a {spec.describe_problem()} "
                                  f"was still running after {HANG_SECONDS} s on the GPU; it will not be tried again on this GPU")
             times[kernel.config.name] = milliseconds if milliseconds > 0 else "CUTLASS cannot run this problem with it"
     return times
@@ -97,26 +98,24 @@ def tuned() -> list[dict]:
     return [value for value in _store().values() if "problem" in value]
 
 
-def best_kernel(spec: specs.KernelSpec) -> Kernel:
+def best_kernel(spec):
     """The kernel that runs ``spec`` fastest on this GPU (tuned once, then remembered), or the first
     configuration's where there is no GPU. Raises ValueError when no configuration runs it."""
     try:
         gpu = cuda_libraries.first_gpu()
     except CudaUnavailable:
-        return Kernel(spec.kind, configs()[0])
+        return spec.kind.kernel(configs(spec.kind)[0])
     store, key = _store(), _key(spec, gpu)
     found = store.get(key)
     if found is None:
         started = time.perf_counter()
-        times = time_kernels(spec, [Kernel(spec.kind, config) for config in configs()], key)
+        times = time_kernels(spec, [spec.kind.kernel(config) for config in configs(spec.kind)], key)
         seconds = time.perf_counter() - started
         usable = {name: value for name, value in times.items() if isinstance(value, float)}
         if not usable:
             reasons = "; ".join(f"{name}: {why}" for name, why in times.items())
-            m, n, k = spec.words[8:11]
-            raise ValueError(f"no CUTLASS configuration runs this {spec.kind.describe()} product (M={m}, N={n}, K={k}): {reasons}")
-        m, n, k, batch = (int(word) for word in spec.words[8:12])
+            raise ValueError(f"no CUTLASS configuration runs this {spec.describe_problem()}: {reasons}")
         found = {"config": min(usable, key=usable.get), "times_ms": times, "kind": spec.kind.describe(),
-                 "problem": [m, n, k, batch, int(spec.words[18])], "seconds": round(seconds, 3)}
+                 "problem": spec.problem(), "seconds": round(seconds, 3)}
         store.put(key, found)
-    return Kernel(spec.kind, CONFIGS_BY_NAME[found["config"]])
+    return spec.kind.kernel(CONFIGS_BY_NAME[found["config"]])

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from collage_core.testing import rounded_to
-from collage_cutlass import kernels, specs
+from collage_cutlass import conv_specs, kernels, specs
 
 OUT_DTYPES = {code: dtype for dtype, code in kernels.TYPE_CODES.items()}
 ACTIVATIONS = {code: name for name, code in kernels.ACTIVATION_CODES.items()}
@@ -64,3 +64,28 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
                 d = d + torch.as_strided(residual, (m, n), (lead_d, 1), offset)
             torch.as_strided(out, (m, n), (lead_d, 1), offset).copy_(_activation(activation, d))
     return rounded_to(out.cpu().numpy(), out_dtype).astype(np.float64)
+
+
+def conv_reference(spec: conv_specs.ConvSpec, operands: list[np.ndarray], device: str = "cpu", dtype=torch.float64) -> np.ndarray:
+    """What the CUTLASS convolution kernel computes for ``spec`` (runtime/conv_runner.h), with the lowering's layout
+    changes: operands the spec names channel-first are taken NCHW, and the output is given in the partition's layout."""
+    w = [int(x) for x in spec.words]
+    assert w[0] == conv_specs.CONV_SPEC_VERSION
+    out_dtype, has_bias, has_residual, activation = OUT_DTYPES[w[2]], w[3], w[4], ACTIVATIONS[w[5]]
+    n, h, width, c, k, r, s, p, q, top, left, bottom, right, stride_h, stride_w, dilation_h, dilation_w = w[6:23]
+    tensors = [torch.from_numpy(np.asarray(x, dtype=np.float64)).to(device=device, dtype=dtype) for x in operands]
+    tensors = [x.permute(0, 2, 3, 1) if i in spec.channel_first else x for i, x in enumerate(tensors)]  # all NHWC now
+    x, filters = tensors[0], tensors[1]
+    assert tuple(x.shape) == (n, h, width, c) and tuple(filters.shape) == (k, r, s, c)
+    padded = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
+    y = torch.nn.functional.conv2d(padded, filters.permute(0, 3, 1, 2), stride=(stride_h, stride_w),
+                                   dilation=(dilation_h, dilation_w)).permute(0, 2, 3, 1)
+    assert tuple(y.shape) == (n, p, q, k)
+    if has_bias:
+        y = y + tensors[2]
+    if has_residual:
+        y = y + tensors[2 + has_bias]
+    y = _activation(activation, y)
+    if spec.output_channel_first:
+        y = y.permute(0, 3, 1, 2)
+    return rounded_to(y.contiguous().cpu().numpy(), out_dtype).astype(np.float64)

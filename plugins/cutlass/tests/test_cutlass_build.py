@@ -6,11 +6,13 @@ it needs no GPU (the library is built for sm_90a and loaded, which registers its
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 
 from collage_core.native import NativeBuildError
 from collage_cutlass import kernels, library
+from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS, ConvKind
 from collage_cutlass.kernels import TILE_CONFIGS, Kernel, KernelKind
 
 KIND = KernelKind("bfloat16", "bfloat16", a_k_major=True, b_k_major=False, bias=True, residual=False, activation="gelu_erf")
@@ -32,6 +34,21 @@ def test_a_tf32_kernel_takes_float_operands_with_a_k_tile_of_the_same_bytes():
     sixteen = Kernel(KIND, TILE_CONFIGS[0]).source()
     assert "using Element = float;" in tf32 and "Shape<_128, _128, _32>" in tf32
     assert "Shape<_128, _128, _64>" in sixteen and "using Element = cutlass::bfloat16_t;" in sixteen
+
+
+def test_a_convolution_kernel_is_an_implicit_gemm_over_nhwc_with_the_gemm_kernels_epilogue():
+    kind = ConvKind("float16", "float16", bias=True, residual=True, activation="relu")
+    names = {kind.kernel(config).name for config in CONV_TILE_CONFIGS}
+    assert len(names) == len(CONV_TILE_CONFIGS) and all(name.startswith("conv2d_") for name in names)
+    source = kind.kernel(CONV_TILE_CONFIGS[0]).source()
+    assert "cutlass::conv::Operator::kFprop" in source and "KernelImplicitTmaWarpSpecializedSm90" in source
+    assert "LinCombPerColBiasEltAct<cutlass::epilogue::thread::ReLu, cutlass::half_t" in source
+    assert source.count("cutlass::layout::TensorNHWC") == 4 and '#include "conv_runner.h"' in source
+    assert kind.words() == (2, 2, 1, 1, kernels.ACTIVATION_CODES["relu"])
+    assert "Shape<_128, _128, Shape<_32>>" in ConvKind("float32", "float32", False, False, None).kernel(CONV_TILE_CONFIGS[0]).source()
+    # Their builds are keyed by both runtime headers; the GEMM kernels' by theirs alone (their cache stays valid).
+    assert library.runner_headers(kind.kernel(CONV_TILE_CONFIGS[0])) == [library.RUNNER_HEADER, library.CONV_RUNNER_HEADER]
+    assert library.runner_headers(Kernel(KIND, TILE_CONFIGS[0])) == [library.RUNNER_HEADER]
 
 
 def test_the_kind_words_are_what_the_runtime_checks():
@@ -114,7 +131,7 @@ def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_
 
     def timing_function(name):  # what the runtime answers: the second configuration never finishes
         def time(text):
-            config = next(c for c in TILE_CONFIGS if f"collage_cutlass.time.{tuning.Kernel(spec.kind, c).name}" == name)
+            config = next(c for c in TILE_CONFIGS if f"collage_cutlass.time.{Kernel(spec.kind, c).name}" == name)
             ran.append(config)
             return tuning.HUNG if config == hangs else 0.01 + 0.001 * TILE_CONFIGS.index(config)
         return time
@@ -146,3 +163,44 @@ def test_a_bad_tile_count_is_refused_with_what_to_give(monkeypatch):
     monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "many")
     with pytest.raises(ValueError, match="how many configurations"):
         tuning.configs()
+
+
+def _conv_spec():
+    from tvm import relax
+
+    from collage_core.fused_groups import Group
+    from collage_core.testing import function_module
+    from collage_cutlass import specs
+
+    filters = relax.const(np.ones((16, 8, 3, 3), "float16"))
+    make = lambda bb, x: relax.op.astype(bb.emit(relax.op.nn.conv2d(x, filters, padding=[1, 1, 1, 1], out_dtype="float32")), "float16")  # noqa: E731
+    return specs.recognize(Group.from_function(function_module(make, (1, 8, 6, 6), dtype="float16")["main"]))
+
+
+def test_a_convolution_is_tuned_over_the_convolution_configurations_and_its_choice_is_remembered(tmp_path, monkeypatch):
+    from collage_cutlass import tuning
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    monkeypatch.setattr(tuning, "time_kernels", lambda spec, candidates, key="": {
+        kernel.config.name: 0.01 + 0.001 * abs(CONV_TILE_CONFIGS.index(kernel.config) - 3) for kernel in candidates})
+    spec = _conv_spec()
+    chosen = tuning.best_kernel(spec)
+    assert chosen.config == CONV_TILE_CONFIGS[3] and chosen.name.startswith("conv2d_")
+    [entry] = tuning.tuned()
+    assert entry["problem"] == [1, 6, 6, 8, 16, 3, 3] and entry["kind"].startswith("conv2d float16")
+    library.record_chosen(chosen)
+    library.record_chosen(Kernel(KIND, TILE_CONFIGS[1]))
+    assert set(library.chosen_kernels()) == {chosen, Kernel(KIND, TILE_CONFIGS[1])}  # each read back as its own kind
+
+
+@pytest.mark.slow
+def test_a_convolution_kernel_compiles_with_nvcc_and_registers_its_functions(tmp_path, monkeypatch):
+    _toolchain()
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    kernel = ConvKind("float16", "float16", bias=True, residual=True, activation="relu").kernel(CONV_TILE_CONFIGS[1])
+    built = library.build_all([kernel], progress=False)
+    assert not isinstance(built[kernel], NativeBuildError), built[kernel]
+    library.load(kernel)
+    assert tvm.get_global_func(f"collage_cutlass.{kernel.name}", allow_missing=True) is not None
+    assert tvm.get_global_func(f"collage_cutlass.time.{kernel.name}", allow_missing=True) is not None

@@ -26,7 +26,9 @@ from collage_core.testing import (
     EXACT_FLOAT32_ATOL, function_module, operand_arrays, product_case, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
 )
 from collage_cutlass import library, patterns, specs, tuning
-from cutlass_cases import reference
+from collage_cutlass.kernels import Kernel
+from cutlass_cases import conv_reference, reference
+from test_cutlass_conv_specs import CASES as CONV_CASES
 
 pytestmark = pytest.mark.gpu
 R = relax.op
@@ -55,7 +57,8 @@ def _run_on_cutlass(pm, backends, cuda, mod, pattern_name, seed=1, tf32=False):
     graph, candidate = whole_candidate(mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{suffix}")
     assert candidate is not None, f"no cutlass.{pattern_name} candidate"
     placed = partition_module(graph, [candidate])
-    assert "collage_cutlass.gemm_" in str(lower_partitions(pm, placed, backends, target))  # really a CUTLASS kernel
+    kernel = "conv2d_" if pattern_name.startswith("conv2d") else "gemm_"
+    assert f"collage_cutlass.{kernel}" in str(lower_partitions(pm, placed, backends, target))  # really a CUTLASS kernel
     vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
     rng = np.random.default_rng(seed)
     inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype)
@@ -131,12 +134,12 @@ def test_a_stream_k_kernel_that_splits_k_runs_again_and_again(pm, backends, cuda
     mod = function_module(lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072),
                           dtype="float16")  # as TVM's mixed-precision pass writes a 16-bit product
     spec = specs.recognize(Group.from_function(mod["main"]))
-    kernel = tuning.Kernel(spec.kind, streamk)
+    kernel = Kernel(spec.kind, streamk)
     library.load(kernel)
     time_kernel = tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")
     for _ in range(2):
         assert 0 < float(time_kernel(specs.as_text(spec.array()))) < 1  # milliseconds; tuning.HUNG is negative
-    monkeypatch.setattr(tuning, "best_kernel", lambda wanted: tuning.Kernel(wanted.kind, streamk))
+    monkeypatch.setattr(tuning, "best_kernel", lambda wanted: Kernel(wanted.kind, streamk))
     target, device = cuda
     graph, candidate = whole_candidate(mod, patterns.patterns(), "cutlass.dense")
     vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
@@ -145,3 +148,24 @@ def test_a_stream_k_kernel_that_splits_k_runs_again_and_again(pm, backends, cuda
     for _ in range(3):
         got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))
         np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, "float16"))
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_a_convolution_kernel_matches_pytorch_on_cuda(pm, backends, cuda, case):
+    """NCHW cases run between the lowering's transposes; the NHWC one as it is. Padding (uneven too), stride,
+    dilation, bias, residual, ReLU and SiLU, against PyTorch's convolution on CUDA in float32 from the same values."""
+    make, shapes, dtype = CONV_CASES[case]
+    mod = function_module(make, *shapes, dtype=dtype)
+    got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, case.removesuffix("_nhwc"))
+    assert str(got.dtype) == dtype
+    expected = conv_reference(spec, operand_arrays(spec.operands, mod["main"].params, inputs), device="cuda", dtype=torch.float32)
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
+
+
+def test_a_tf32_convolution_matches_float64_within_tf32_rounding(pm, backends, cuda):
+    filters = relax.const(np.random.default_rng(4).uniform(-0.5, 0.5, size=(16, 32, 3, 3)).astype(F))
+    mod = function_module(lambda bb, x: R.nn.relu(R.nn.conv2d(x, filters, padding=[1, 1, 1, 1])), (2, 32, 10, 10))
+    got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, "conv2d_relu", tf32=True)
+    expected = conv_reference(spec, operand_arrays(spec.operands, mod["main"].params, inputs))
+    error = np.max(np.abs(got.astype(np.float64) - expected))
+    assert EXACT_FLOAT32_ATOL < error <= tf32_atol(32 * 9), f"max error {error:.3g}"

@@ -10,6 +10,7 @@ from collage_core.model_import import load_model
 from collage_core.precision import at_precision
 from collage_core.relax_graph import RelaxGraph
 from collage_cutlass import patterns, prebuild, specs, tuning
+from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 
@@ -40,7 +41,7 @@ def test_a_dry_run_lists_the_kernels_and_compiles_nothing(tmp_path, monkeypatch,
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
     assert prebuild.main([str(MODELS / "tiny_bert.onnx"), "--tiles", "3", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "kernel kinds at fp16" in out and "x 3 configurations)" in out
+    assert "kernel kinds at fp16" in out and "each in up to 3 configurations)" in out
     assert not list(tmp_path.glob("cutlass/gemm_*"))
 
 
@@ -50,3 +51,14 @@ def test_a_model_that_does_not_load_is_named_in_one_line(tmp_path, capsys):
     assert prebuild.main([str(broken), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {broken}:") and "\n" not in err
+
+
+def test_a_resnet_names_its_convolution_kernels_each_in_the_convolution_configurations(monkeypatch):
+    function = at_precision(load_model(str(MODELS / "tiny_resnet.onnx")), "fp16").mod["main"]
+    kinds = prebuild.kinds_in(function)
+    assert kinds and {kind.op for kind in kinds} == {"conv2d"}
+    assert any(kind.bias and kind.activation == "relu" for kind in kinds)
+    monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "2")
+    wanted = prebuild.kernels_for(kinds)
+    assert len(wanted) == 2 * len(kinds) and all(kernel.name.startswith("conv2d_") for kernel in wanted)
+    assert {kernel.config for kernel in wanted} == set(CONV_TILE_CONFIGS[:2])
