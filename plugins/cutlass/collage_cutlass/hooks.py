@@ -1,4 +1,4 @@
-"""CUTLASS as a Collage op-level backend on Hopper GPUs: 16-bit matrix products with fused epilogues,
+"""CUTLASS as a Collage op-level backend on Hopper GPUs: 16-bit matrix products and 2-d convolutions with fused epilogues,
 each from a kernel instantiated from CUTLASS's templates, compiled with nvcc and tuned per problem.
 
 Each partition becomes one call of ``collage_cutlass.<kernel>``, a TVM FFI function the kernel's
@@ -16,12 +16,13 @@ from collage_core.hookspecs import hookimpl
 from collage_core.native import sources_digest
 from collage_core.precision import TF32
 from collage_core.records import OP_LEVEL, Availability, Backend
-from collage_cutlass import kernels, library, lowering, patterns, specs, tuning
+from collage_cutlass import conv_kernels, conv_specs, kernels, library, lowering, patterns, specs, tuning
 
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides CUTLASS and nvcc: the kernels' sources, how groups are read and lowered.
 KERNELS_DIGEST = sources_digest(
-    (library.RUNNER_HEADER, *(Path(module.__file__) for module in (kernels, specs, tuning, lowering, fused_groups, strided_products)))
+    (library.RUNNER_HEADER, library.CONV_RUNNER_HEADER,
+     *(Path(module.__file__) for module in (kernels, specs, conv_kernels, conv_specs, tuning, lowering, fused_groups, strided_products)))
 )
 
 
@@ -40,7 +41,7 @@ def collage_register_backends(register):
             kind=OP_LEVEL,
             device_kinds=("cuda",),
             version=f"cutlass-{library.cutlass_version()}+nvcc-{_nvcc()}+kernels-{KERNELS_DIGEST}",
-            description="CUTLASS 3 Hopper GEMMs (TMA, warp-specialized), bf16/fp16/TF32 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
+            description="CUTLASS 3 Hopper GEMMs and implicit-GEMM convolutions (TMA, warp-specialized), bf16/fp16/TF32 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
             runtime_needs=f"the collage-cutlass plugin (pip install -e plugins/cutlass), a Hopper GPU and {library.INSTALL_HINT}",
         )
     )
