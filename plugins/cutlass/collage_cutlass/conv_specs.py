@@ -7,8 +7,11 @@ the call, the output back to NCHW after it, each a TVM kernel inside the partiti
 measured cost is the kernel's and its layout change's together, and the search weighs both against
 cuDNN's and TVM's convolutions. The filter is a constant: it is transposed to KRSC here, once.
 
-Hopper's TMA needs the channel counts (every stride but the unit one) to be multiples of 16 bytes;
-groups, and a filter that is not a constant, are refused. The epilogue is the GEMM kernels': a bias
+Hopper's TMA needs the channel counts (every stride but the unit one) to be multiples of 16 bytes,
+and its im2col loads bound the convolution: strides of at most 8 (the driver's limit, which CUTLASS
+does not check), padding of at most 256 and a dilated filter span under 255 (which CUTLASS's
+``can_implement`` checks too; refused here with the reason). Groups, and a filter that is not a
+constant, are refused. The epilogue is the GEMM kernels': a bias
 per output channel, a residual, one activation, in float32, rounding once to the output's type.
 ``runtime/conv_runner.h`` reads the words; keep the two in step.
 """
@@ -32,6 +35,7 @@ OPERAND_DTYPES = ("bfloat16", "float16")
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 BYTES = {"bfloat16": 2, "float16": 2, FLOAT32: 4}
 LAYOUTS = {("NCHW", "OIHW"): True, ("NHWC", "OHWI"): False}  # whether the data is channel-first
+MAX_STRIDE, MAX_PADDING, MAX_FILTER_SPAN = 8, 256, 254  # TMA im2col: element strides, padding, (R - 1) x dilation
 TO_CHANNELS_LAST, TO_CHANNELS_FIRST = (0, 2, 3, 1), (0, 3, 1, 2)
 
 
@@ -55,13 +59,24 @@ class ConvSpec:
 
     def describe_problem(self) -> str:
         n, h, w, c, k, r, s = self.problem()
-        return f"{self.kind.describe()} convolution (N={n}, H={h}, W={w}, C={c}, K={k}, {r}x{s} filter)"
+        top, left, bottom, right, stride_h, stride_w, dilation_h, dilation_w = self.words[15:23]
+        return (f"{self.kind.describe()} convolution (N={n}, H={h}, W={w}, C={c}, K={k}, {r}x{s} filter, "
+                f"padding {top},{left},{bottom},{right}, stride {stride_h}x{stride_w}, dilation {dilation_h}x{dilation_w})")
 
 
 def _aligned_channels(what: str, channels: int, dtype: str) -> None:
     elements = OPERAND_ALIGNMENT_BYTES // BYTES[dtype]
     if channels % elements:
         raise Refused(f"{channels} {what} channels; Hopper's TMA needs a multiple of {elements} ({dtype})")
+
+
+def _within_im2col_limits(r: int, s: int, padding, strides, dilation) -> None:
+    if any(not 1 <= stride <= MAX_STRIDE for stride in strides):
+        raise Refused(f"conv2d strides {list(strides)}: Hopper's TMA im2col loads take strides of 1 to {MAX_STRIDE}")
+    if any(pad > MAX_PADDING for pad in padding):
+        raise Refused(f"conv2d padding {list(padding)}: Hopper's TMA im2col loads take at most {MAX_PADDING}")
+    if (r - 1) * dilation[0] > MAX_FILTER_SPAN or (s - 1) * dilation[1] > MAX_FILTER_SPAN:
+        raise Refused(f"a {r}x{s} filter dilated {list(dilation)}: Hopper's TMA im2col offsets reach at most {MAX_FILTER_SPAN}")
 
 
 def recognize_conv(group: Group, conv, tf32: bool = False) -> ConvSpec:
@@ -103,7 +118,8 @@ def recognize_conv(group: Group, conv, tf32: bool = False) -> ConvSpec:
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     top, left, bottom, right = padding4(attributes.padding)
-    words = (CONV_SPEC_VERSION, *kind.words(), n, h, w, c, k, r, s, p, q, top, left, bottom, right,
-             *ints(attributes.strides), *ints(attributes.dilation))
+    strides, dilation = ints(attributes.strides), ints(attributes.dilation)
+    _within_im2col_limits(r, s, (top, left, bottom, right), strides, dilation)
+    words = (CONV_SPEC_VERSION, *kind.words(), n, h, w, c, k, r, s, p, q, top, left, bottom, right, *strides, *dilation)
     moved = (0, len(operands) - 1) if epilogue.residual is not None else (0,)
     return ConvSpec(kind, words, tuple(operands), moved if channel_first else (), channel_first)

@@ -92,7 +92,8 @@ def time_kernels(spec, kernels, key: str = "") -> dict[str, object]:
 
 
 def tuned() -> list[dict]:
-    """Every problem tuned on this machine: its kind, ``[M, N, K, batch, outer batch]``, the chosen
+    """Every problem tuned on this machine: its kind, its sizes (``[M, N, K, batch, outer batch]`` for a product,
+    ``[N, H, W, C, K, R, S]`` for a convolution), the chosen
     configuration, each configuration's milliseconds or why it has none, and the seconds tuning took
     (compiling what was not built yet, loading and timing)."""
     return [value for value in _store().values() if "problem" in value]

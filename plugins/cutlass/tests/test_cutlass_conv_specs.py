@@ -65,28 +65,32 @@ def _bias_add_relu(bb, x, skip):
     return R.nn.relu(bb.emit(R.add(y, skip)))
 
 
+# Each case by name: the pattern that covers it, then "__" and what else it tries.
 CASES = {
     "conv2d_bias_add_relu": (_bias_add_relu, [(2, 8, 9, 9), (2, 16, 9, 9)], "float16"),
-    "conv2d_bias_relu": (lambda bb, x: R.nn.relu(bb.emit(R.add(
+    "conv2d_bias_relu__stride2_uneven_padding": (lambda bb, x: R.nn.relu(bb.emit(R.add(
         _conv(bb, x, _filters(24, 16, 3, 3, dtype="bfloat16"), "bfloat16", strides=[2, 2], padding=[0, 1, 1, 0]),
         _bias(24, dtype="bfloat16")))), [(1, 16, 11, 10)], "bfloat16"),
     "conv2d_bias": (lambda bb, x: R.add(_conv(bb, x, _filters(8, 8, 1, 1)), _bias(8)), [(3, 8, 7, 5)], "float16"),
-    "conv2d_silu": (lambda bb, x: R.nn.silu(_conv(bb, x, _filters(16, 8, 3, 3), dilation=[2, 2], padding=[2, 2, 2, 2])),
-                    [(1, 8, 12, 12)], "float16"),
-    "conv2d_bias_nhwc": (lambda bb, x: R.add(_conv(bb, x, _filters(16, 3, 3, 8), data_layout="NHWC", kernel_layout="OHWI",
-                                                   padding=[1, 1, 1, 1]), _bias(16, "NHWC")), [(2, 6, 6, 8)], "float16"),
+    "conv2d_silu__dilation2": (lambda bb, x: R.nn.silu(_conv(bb, x, _filters(16, 8, 3, 3), dilation=[2, 2], padding=[2, 2, 2, 2])),
+                               [(1, 8, 12, 12)], "float16"),
+    "conv2d_bias__nhwc": (lambda bb, x: R.add(_conv(bb, x, _filters(16, 3, 3, 8), data_layout="NHWC", kernel_layout="OHWI",
+                                                    padding=[1, 1, 1, 1]), _bias(16, "NHWC")), [(2, 6, 6, 8)], "float16"),
+    # Height and width apart everywhere (filter, stride, dilation, padding, input), so a swap of the two shows.
+    "conv2d_relu__3x1_asymmetric": (lambda bb, x: R.nn.relu(_conv(bb, x, _filters(16, 8, 3, 1), strides=[1, 2], dilation=[2, 1],
+                                                                  padding=[2, 0, 1, 1])), [(2, 8, 10, 7)], "float16"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_convolution_pattern_covers_its_case_and_computes_what_tvm_computes(case):
     make, shapes, dtype = CASES[case]
-    pattern_name = case.removesuffix("_nhwc")
+    pattern_name = case.split("__")[0]
     graph, candidate = whole_candidate(function_module(make, *shapes, dtype=dtype), patterns.patterns(), f"cutlass.{pattern_name}")
     assert candidate is not None, f"no cutlass.{pattern_name} candidate covers the whole function"
     spec = check_conv_candidate(graph, candidate.nodes)
     assert spec.kind.operand_dtype == dtype and spec.kind.out_dtype == dtype
-    assert spec.output_channel_first == (not case.endswith("_nhwc"))
+    assert spec.output_channel_first == (not case.endswith("__nhwc"))
 
 
 def test_an_nchw_convolution_is_called_between_its_layout_changes_and_its_filter_is_transposed_once():
@@ -130,6 +134,8 @@ def _recognize_all(mod, tf32=False):
     (lambda bb, x: R.nn.conv2d(x, relax.const(np.ones((16, 8, 3, 3), F))), [(1, 8, 8, 8)], F, "float32 as TF32"),
     (lambda bb, x: _conv(bb, x, _filters(3, 3, 8, 16), data_layout="NHWC", kernel_layout="HWIO"), [(1, 8, 8, 8)], "float16",
      "layouts NHWC/HWIO"),
+    (lambda bb, x: _conv(bb, x, _filters(16, 8, 1, 1), strides=[9, 9]), [(1, 8, 20, 20)], "float16", "strides \\[9, 9\\].* 1 to 8"),
+    (lambda bb, x: _conv(bb, x, _filters(16, 8, 3, 3), dilation=[128, 1]), [(1, 8, 300, 8)], "float16", "dilated .* at most 254"),
 ])
 def test_convolutions_the_kernels_cannot_run_are_refused_with_the_reason(make, shapes, dtype, reason):
     with pytest.raises(Refused, match=reason):

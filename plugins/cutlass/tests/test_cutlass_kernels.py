@@ -47,6 +47,7 @@ def two_configurations(monkeypatch):
 @pytest.fixture(scope="module")
 def cuda():
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False  # the convolution reference in float32, not TF32
     return tvm_compat.make_target({"kind": "cuda"}), tvm.cuda(0)
 
 
@@ -153,10 +154,11 @@ def test_a_stream_k_kernel_that_splits_k_runs_again_and_again(pm, backends, cuda
 @pytest.mark.parametrize("case", sorted(CONV_CASES))
 def test_a_convolution_kernel_matches_pytorch_on_cuda(pm, backends, cuda, case):
     """NCHW cases run between the lowering's transposes; the NHWC one as it is. Padding (uneven too), stride,
-    dilation, bias, residual, ReLU and SiLU, against PyTorch's convolution on CUDA in float32 from the same values."""
+    dilation (height and width apart), bias, residual, ReLU and SiLU, against PyTorch's convolution on CUDA in
+    float32 from the same values. (The 3x1 case was added after the H200 lease that ran the others.)"""
     make, shapes, dtype = CONV_CASES[case]
     mod = function_module(make, *shapes, dtype=dtype)
-    got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, case.removesuffix("_nhwc"))
+    got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, case.split("__")[0])
     assert str(got.dtype) == dtype
     expected = conv_reference(spec, operand_arrays(spec.operands, mod["main"].params, inputs), device="cuda", dtype=torch.float32)
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))

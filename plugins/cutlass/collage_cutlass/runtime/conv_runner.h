@@ -63,8 +63,12 @@ class ConvRunner {
                         {i(kDilationH), i(kDilationW)}, 1);
   }
 
-  // TMA's 16-byte rule: channels (the unit-stride mode of x, w and y) a multiple of 16 bytes, and every base address.
+  // TMA's 16-byte rule: channels (the unit-stride mode of x, w and y) a multiple of 16 bytes, and every base
+  // address; and its im2col element strides of 1 to 8, which CUTLASS's can_implement does not check.
   static void CheckAligned(const std::vector<int64_t>& w, const void* x, const void* f, const void* residual, const void* y) {
+    for (int word : {kStrideH, kStrideW}) {
+      if (w[word] < 1 || w[word] > 8) Fail("a convolution stride of " + std::to_string(w[word]) + " (TMA im2col takes 1 to 8)");
+    }
     if (w[kC] * BytesOf(w[kOperandType]) % 16) Fail(std::to_string(w[kC]) + " input channels are not a multiple of 16 bytes");
     if (w[kK] * BytesOf(w[kOutputType]) % 16) Fail(std::to_string(w[kK]) + " output channels are not a multiple of 16 bytes");
     for (const void* pointer : {x, f, residual, y}) {
@@ -153,6 +157,9 @@ void RunPacked(const ConvRunner<Conv>& runner, tvm::ffi::PackedArgs args) {
   }
   DLTensor* out = tensors.back();
   if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
+  int64_t elements = 1;
+  for (int axis = 0; axis < out->ndim; ++axis) elements *= out->shape[axis];
+  if (elements != w[kN] * w[kP] * w[kQ] * w[kK]) Fail("the output's size is not the one the spec names");
   int device = out->device.device_id;
   Check(cudaSetDevice(device), "cudaSetDevice");
   size_t at = 2;
