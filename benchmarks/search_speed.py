@@ -1,7 +1,8 @@
 """What a cold and a warm `collage optimize` cost, phase by phase, before and after a change.
 
 For each model, each variant (``after``: this checkout; ``before``: the Collage core at another
-git revision, ``--before REF``, run from a worktree with the plugins installed here) runs
+git revision, ``--before REF``, run from a worktree with its own plugins, through the entry points
+installed here: a run reports a plugin it could not import, whose backend it then went without) runs
 ``collage optimize`` cold (an empty cost database, compile cache and output directory), then the
 same command again (warm). The variants take turns: before cold, after cold, before warm, after
 warm. The table gives each run's wall time and its phases (``phases_s`` of ``results.json``),
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -54,13 +56,25 @@ def worktree(ref: str, where: Path) -> Path:
     return path
 
 
+def code_path(core: Path) -> list[str]:
+    """What goes first on the path to run the checkout ``core`` as it was: its core and its own plugins
+    (the installed plugins' entry points then load those: plugins of this checkout may need a newer core)."""
+    return [str(core), *(str(plugin) for plugin in sorted((core / "plugins").iterdir()) if (plugin / "pyproject.toml").is_file())]
+
+
+def failed_plugins(stderr: str) -> list[str]:
+    """The plugins a run could not import (their backends were missing from it)."""
+    return sorted(set(re.findall(r"warning: plugin (\S+): import failed", stderr)))
+
+
 def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path | None = None) -> dict:
     """One `collage optimize` with its cost database, cache and output under ``state``; its
-    results.json with the process's wall time, or the error. With ``log``, its progress log is kept there."""
+    results.json with the process's wall time and the plugins it could not import, or the error. With
+    ``log``, its progress log is kept there."""
     state.mkdir(parents=True, exist_ok=True)  # also the working directory: `python -m` puts it first on the path
     env = dict(os.environ, COLLAGE_CACHE_DIR=str(state / "cache"))
     if core is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*code_path(core), env.get("PYTHONPATH")]))
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(model), "--cost-db",
                            str(state / "costs.sqlite"), "--output", str(state / "out"), *extra],
@@ -71,9 +85,11 @@ def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path
         log.write_text(done.stderr)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s}
+        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s,
+                "failed_plugins": failed_plugins(done.stderr)}
     result = json.loads((state / "out" / "results.json").read_text())
     result["wall_s"] = wall_s
+    result["failed_plugins"] = failed_plugins(done.stderr)
     return result
 
 
@@ -150,10 +166,14 @@ def print_table(rows, turns, before_ref) -> None:
     widths = [max(len(str(row[i])) for row in [heads, *lines] if i < len(row)) for i in range(len(heads))]
     print()
     if before_ref:
-        print(f"before: the Collage core at {before_ref} (plugins as installed); after: this checkout")
+        print(f"before: the Collage core and plugins at {before_ref}; after: this checkout")
     print("  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))))
     for row in lines:
         print("  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    missing = sorted({(label, variant, ", ".join(result["failed_plugins"])) for label, variant, _, result in rows
+                      if result.get("failed_plugins")})
+    for label, variant, plugins in missing:
+        print(f"  {label} {variant}: ran without the plugins it could not import: {plugins}")
     if turns:
         print("\nthe returned libraries timed in turns, median ms:")
         for label, costs in turns:
