@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from collage_core import tvm_compat
-from collage_core.baselines import RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
+from collage_core.baselines import MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
 from collage_core.report import render_report
 from collage_core.result import EndToEnd
 
@@ -292,7 +292,7 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
         search="op-level", calibration_rounds=0, show_progress=False,
     )
     turns = {e.name: e for e in result.end_to_end if e.name.endswith(optimizer.IN_TURNS)}
-    assert 2 <= len(turns) <= 1 + RIVALS and all(e.cost.repeats >= 7 for e in turns.values())
+    assert 2 <= len(turns) <= 1 + MAX_RIVALS and all(e.cost.repeats >= 7 for e in turns.values())
     placement = turns.pop(f"{optimizer.PLACEMENT}, {optimizer.IN_TURNS}")
     fastest = min(turns.values(), key=lambda e: e.cost.seconds)
     swapped = result.end_to_end[1].name == optimizer.SEARCHED
@@ -393,7 +393,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     warm = run()
     # The result's library and the closest baselines', to time them in turns: nothing else is built.
     rivals = [build for build in builds if build is not None and build.parent.parent.name == "rivals"]
-    assert builds == [library, *rivals] and len(rivals) <= RIVALS
+    assert builds == [library, *rivals] and len(rivals) <= MAX_RIVALS
     assert warm.measurement.measured == 0
     assert cold.two_level.from_database == 0 and warm.two_level.from_database == warm.two_level.measured > 0
     assert (warm.two_level.genome, warm.two_level.generations) == (cold.two_level.genome, cold.two_level.generations)
@@ -420,8 +420,9 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
 
 def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
     """One rival per distinct placement, never the placement itself or TVM's unpartitioned build, none
-    unmeasured or too slow to repeat, at most RIVALS of them, fastest first; however much slower
-    than the placement they measured one after the other, and whatever the placement measured."""
+    unmeasured or too slow to repeat, the RIVALS fastest first and any within NEAR_RIVAL of the last of
+    them (at most MAX_RIVALS in all); however much slower than the placement they measured one after
+    the other, and whatever the placement measured."""
     from collage_core.records import Cost, Partition
     from collage_core.timing import MeasureSettings
 
@@ -436,13 +437,17 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
     placed = parts("a")
     baselines = [row("unpartitioned", 1e-3, None), row("same as placed", 5e-3, "a"),
                  row("too slow to repeat", settings.single_run_s * 1.5, "f"), row("second", 0.12, "c"),
-                 row("first", 0.11, "b"), row("first again", 0.115, "b"), row("broken", None, "e"), row("third", 0.13, "d")]
-    expected = ["first", "second", "third"][:RIVALS]
+                 row("first", 0.11, "b"), row("first again", 0.115, "b"), row("broken", None, "e"), row("third", 0.13, "d"),
+                 row("far", 0.12 * (1 + NEAR_RIVAL) * 1.01, "g")]
+    assert RIVALS == 2 and 0.13 <= 0.12 * (1 + NEAR_RIVAL)
+    expected = ["first", "second", "third"]  # the third within NEAR_RIVAL of the second, "far" not
     for placement_s in (0.01, 0.2):
         rivals = closest_rivals(baselines, placed, Cost.measured(placement_s, 0.0, 5), settings)
         assert [entry.name for entry, _ in rivals] == expected
     slow = Cost.measured(settings.single_run_s * 2, 0.0, 1)
     assert closest_rivals(baselines, placed, slow, settings) == []
+    crowd = [row(f"near {i}", 0.1 + 0.001 * i, backend) for i, backend in enumerate("bcdghij")]
+    assert len(closest_rivals(crowd, placed, Cost.measured(0.1, 0.0, 5), settings)) == MAX_RIVALS
 
 
 @pytest.mark.parametrize("workers", [1, 2])
