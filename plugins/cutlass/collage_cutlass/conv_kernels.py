@@ -21,7 +21,7 @@ from typing import Optional
 
 import attrs
 
-from collage_cutlass.kernels import ACTIVATION_CODES, ACTIVATIONS, ELEMENTS, TYPE_CODES, TileConfig
+from collage_cutlass.kernels import ACTIVATION_CODES, ELEMENTS, TYPE_CODES, TileConfig, epilogue_fusion, epilogue_name, tile_of
 
 SCHEDULE = "warpspecialized"
 # Broad tiles for ResNet's wide layers first, then the narrow ones that keep 132 SMs busy on its
@@ -59,9 +59,7 @@ class ConvKind:
                 ACTIVATION_CODES[self.activation])
 
     def describe(self) -> str:
-        epilogue = "+".join(part for part in ("bias" if self.bias else "", "residual" if self.residual else "",
-                                              self.activation or "") if part) or "plain"
-        return f"conv2d {self.operand_dtype}->{self.out_dtype} nhwc {epilogue}"
+        return f"conv2d {self.operand_dtype}->{self.out_dtype} nhwc {epilogue_name(self)}"
 
     def kernel(self, config: TileConfig) -> "ConvKernel":
         return ConvKernel(self, config)
@@ -82,17 +80,8 @@ class ConvKernel:
     def source(self) -> str:
         kind, config = self.kind, self.config
         element, out = ELEMENTS[kind.operand_dtype], ELEMENTS[kind.out_dtype]
-        activation = ACTIVATIONS[kind.activation]
-        source = out if kind.residual else "void"
-        if kind.bias:
-            fusion = f"cutlass::epilogue::fusion::LinCombPerColBiasEltAct<{activation}, {out}, float, {out}, {source}, float>"
-        elif kind.activation:
-            fusion = f"cutlass::epilogue::fusion::LinCombEltAct<{activation}, {out}, float, {source}, float>"
-        else:
-            fusion = f"cutlass::epilogue::fusion::LinearCombination<{out}, float, {source}, float>"
-        m, n, k = config.tile
-        if kind.operand_dtype == "float32":  # TF32: a K tile of the same bytes as the 16-bit kernels'
-            k //= 2
+        source, fusion = epilogue_fusion(kind)
+        m, n, k = tile_of(kind, config)
         words = ", ".join(str(word) for word in kind.words())
         return f"""// Collage CUTLASS kernel {self.name}: {kind.describe()}, {config.name} (sm90).
 #include "cutlass/cutlass.h"

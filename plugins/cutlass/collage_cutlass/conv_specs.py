@@ -28,12 +28,10 @@ from collage_core.fused_groups import (
     uniform_operand_dtype,
 )
 from collage_cutlass.conv_kernels import ConvKind
-from collage_cutlass.kernels import OPERAND_ALIGNMENT_BYTES
+from collage_cutlass.kernels import BYTES, OPERAND_ALIGNMENT_BYTES, OPERAND_DTYPES, expect_kernel_operands
 
 CONV_SPEC_VERSION = 1
-OPERAND_DTYPES = ("bfloat16", "float16")
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
-BYTES = {"bfloat16": 2, "float16": 2, FLOAT32: 4}
 LAYOUTS = {("NCHW", "OIHW"): True, ("NHWC", "OHWI"): False}  # whether the data is channel-first
 MAX_STRIDE, MAX_PADDING, MAX_FILTER_SPAN = 8, 256, 254  # TMA im2col: element strides, padding, (R - 1) x dilation
 TO_CHANNELS_LAST, TO_CHANNELS_FIRST = (0, 2, 3, 1), (0, 3, 1, 2)
@@ -95,10 +93,7 @@ def recognize_conv(group: Group, conv, tf32: bool = False) -> ConvSpec:
     allowed = (*OPERAND_DTYPES, FLOAT32)
     external(group, data, allowed)
     operand_dtype = uniform_operand_dtype(conv, (data, weights), allowed)
-    if tf32 and operand_dtype != FLOAT32:
-        raise Refused("a TF32 kernel takes float32 operands")
-    if operand_dtype == FLOAT32 and not tf32:
-        raise Refused("float32 operands: the CUTLASS kernels take bfloat16 or float16, or float32 as TF32 (--precision tf32)")
+    expect_kernel_operands(operand_dtype, tf32)
     filters = tvm_compat.constant_array(weights)
     if filters is None:
         raise Refused("conv2d weights that are not constants")

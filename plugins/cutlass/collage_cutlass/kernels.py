@@ -15,6 +15,8 @@ from typing import Optional
 
 import attrs
 
+from collage_core.fused_groups import Refused
+
 ELEMENTS = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t", "float32": "float"}
 TYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}  # the runtime's Type enum
 ACTIVATIONS = {None: "cutlass::epilogue::thread::Identity", "relu": "cutlass::epilogue::thread::ReLu",
@@ -27,6 +29,40 @@ SCHEDULES = {  # kernel schedule and the epilogue schedule it pairs with
 }
 TILE_SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "streamk": "cutlass::gemm::StreamKScheduler"}
 OPERAND_ALIGNMENT_BYTES = 16  # TMA: every stride but the unit one a multiple of 16 bytes
+OPERAND_DTYPES = ("bfloat16", "float16")  # and float32, as TF32
+BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def expect_kernel_operands(operand_dtype: str, tf32: bool) -> None:
+    """Refuse operands the kernels do not take: 16-bit ones, or float32 ones on TF32 tensor cores (``tf32``) only."""
+    if tf32 and operand_dtype != "float32":
+        raise Refused("a TF32 kernel takes float32 operands")
+    if operand_dtype == "float32" and not tf32:
+        raise Refused("float32 operands: the CUTLASS kernels take bfloat16 or float16, or float32 as TF32 (--precision tf32)")
+
+
+def epilogue_name(kind) -> str:
+    """A kind's fused epilogue in words: ``bias+residual+relu``, or ``plain``."""
+    return "+".join(part for part in ("bias" if kind.bias else "", "residual" if kind.residual else "",
+                                      kind.activation or "") if part) or "plain"
+
+
+def epilogue_fusion(kind) -> tuple[str, str]:
+    """The C++ type of a kind's source operand C (``void`` without a residual: no source loads, no C
+    descriptor) and of its epilogue's fusion: the bias per output column, then the activation."""
+    out, activation = ELEMENTS[kind.out_dtype], ACTIVATIONS[kind.activation]
+    source = out if kind.residual else "void"
+    if kind.bias:
+        return source, f"cutlass::epilogue::fusion::LinCombPerColBiasEltAct<{activation}, {out}, float, {out}, {source}, float>"
+    if kind.activation:
+        return source, f"cutlass::epilogue::fusion::LinCombEltAct<{activation}, {out}, float, {source}, float>"
+    return source, f"cutlass::epilogue::fusion::LinearCombination<{out}, float, {source}, float>"
+
+
+def tile_of(kind, config) -> tuple[int, int, int]:
+    """The configuration's CTA tile for ``kind``: TF32 halves the K tile (the same bytes as the 16-bit kernels')."""
+    m, n, k = config.tile
+    return (m, n, k // 2) if kind.operand_dtype == "float32" else (m, n, k)
 
 
 @attrs.frozen
@@ -57,10 +93,8 @@ class KernelKind:
     op = "gemm"
 
     def describe(self) -> str:
-        epilogue = "+".join(part for part in ("bias" if self.bias else "", "residual" if self.residual else "",
-                                              self.activation or "") if part) or "plain"
         layouts = f"{'k' if self.a_k_major else 'm'}{'k' if self.b_k_major else 'n'}-major"
-        return f"{self.operand_dtype}->{self.out_dtype} {layouts} {epilogue}"
+        return f"{self.operand_dtype}->{self.out_dtype} {layouts} {epilogue_name(self)}"
 
     @property
     def configs(self) -> tuple["TileConfig", ...]:
@@ -114,18 +148,9 @@ class Kernel:
         element, out = ELEMENTS[kind.operand_dtype], ELEMENTS[kind.out_dtype]
         layout_a = "cutlass::layout::RowMajor" if kind.a_k_major else "cutlass::layout::ColumnMajor"
         layout_b = "cutlass::layout::ColumnMajor" if kind.b_k_major else "cutlass::layout::RowMajor"
-        activation = ACTIVATIONS[kind.activation]
-        source = out if kind.residual else "void"  # no C without a residual: no source loads, no C descriptor
-        if kind.bias:
-            fusion = f"cutlass::epilogue::fusion::LinCombPerColBiasEltAct<{activation}, {out}, float, {out}, {source}, float>"
-        elif kind.activation:
-            fusion = f"cutlass::epilogue::fusion::LinCombEltAct<{activation}, {out}, float, {source}, float>"
-        else:
-            fusion = f"cutlass::epilogue::fusion::LinearCombination<{out}, float, {source}, float>"
+        source, fusion = epilogue_fusion(kind)
         kernel_schedule, epilogue_schedule = SCHEDULES[config.schedule]
-        m, n, k = config.tile
-        if kind.operand_dtype == "float32":  # TF32: a K tile of the same bytes as the 16-bit kernels'
-            k //= 2
+        m, n, k = tile_of(kind, config)
         words = ", ".join(str(word) for word in kind.words())
         return f"""// Collage CUTLASS kernel {self.name}: {kind.describe()}, {config.name} (sm90).
 #include "cutlass/cutlass.h"

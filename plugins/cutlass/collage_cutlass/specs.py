@@ -33,12 +33,10 @@ from collage_core.fused_groups import (
 from collage_core.native import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 from collage_core.strided_products import Axis, batch_loops
 from collage_cutlass import conv_specs
-from collage_cutlass.kernels import OPERAND_ALIGNMENT_BYTES, KernelKind
+from collage_cutlass.kernels import BYTES, OPERAND_ALIGNMENT_BYTES, OPERAND_DTYPES, KernelKind, expect_kernel_operands
 
 SPEC_VERSION = 1
-OPERAND_DTYPES = ("bfloat16", "float16")
 FUSED = ("cast", "scale", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
-BYTES = {"bfloat16": 2, "float16": 2, FLOAT32: 4}
 MAX_OUTER_BATCH = 64  # batches looped on the host beyond CUTLASS's one strided batch
 
 
@@ -120,10 +118,7 @@ def recognize(group: Group, tf32: bool = False):
     operand_dtype = uniform_operand_dtype(matmul, (lhs.source, rhs.source), (*OPERAND_DTYPES, FLOAT32))
     if tf32 and lhs.strides[-1] == 1 and rhs.strides[-1] == 1:
         rhs = _k_major_weight(rhs)
-    if tf32 and operand_dtype != FLOAT32:
-        raise Refused("a TF32 kernel takes float32 operands")
-    if operand_dtype == FLOAT32 and not tf32:
-        raise Refused("float32 operands: the CUTLASS kernels take bfloat16 or float16, or float32 as TF32 (--precision tf32)")
+    expect_kernel_operands(operand_dtype, tf32)
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
