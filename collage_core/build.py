@@ -77,7 +77,8 @@ def _last_line_of(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def packed_call_function(func: relax.Function, name: str, packed_function: str, spec, operands) -> relax.Function:
+def packed_call_function(func: relax.Function, name: str, packed_function: str, spec, operands,
+                         before=None, out_type=None, after=None) -> relax.Function:
     """``func`` (a partition) with its body replaced by ``R.call_dps_packed(packed_function, [spec, *operands])``.
 
     What a native backend's lowering returns: ``spec`` is what the kernel reads to know what to
@@ -86,6 +87,11 @@ def packed_call_function(func: relax.Function, name: str, packed_function: str, 
     backends carry theirs) or a string (stays on the host on every device: GPU kernels take their
     spec so). ``operands`` are ``func``'s parameters or constants in the order the kernel takes
     them; the outputs are allocated by the VM with ``func``'s return type (each field of a tuple).
+
+    Relax operators around the call, which TVM compiles with the rest of the partition (CUTLASS's
+    layout changes): ``before`` maps an operand's index to a function making the expression passed in
+    its place, ``out_type`` is then what the call writes, and ``after`` makes the partition's output
+    from it.
     """
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
     mapping = dict(zip(func.params, params))
@@ -93,12 +99,15 @@ def packed_call_function(func: relax.Function, name: str, packed_function: str, 
         spec_expr = tvm_compat.string_expr(spec)
     else:
         spec_expr = relax.const(spec, "uint8" if getattr(spec, "dtype", None) == np.uint8 else "int64")
-    arguments = [spec_expr, *(mapping.get(operand, operand) for operand in operands)]
+    operands = [mapping.get(operand, operand) for operand in operands]
     return_type = tvm_compat.return_type(func)
     out_types = list(return_type.fields) if isinstance(return_type, relax.TupleType) else return_type
     bb = relax.BlockBuilder()
+    before = before or {}
     with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
         with bb.dataflow():
-            output = bb.emit_output(relax.call_dps_packed(packed_function, arguments, out_types))
+            operands = [bb.emit(before[i](operand)) if i in before else operand for i, operand in enumerate(operands)]
+            call = relax.call_dps_packed(packed_function, [spec_expr, *operands], out_types if out_type is None else out_type)
+            output = bb.emit_output(call if after is None else after(bb.emit(call)))
         bb.emit_func_output(output)
     return bb.get()[name]

@@ -28,26 +28,16 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
     library.load(kernel)
     library.record_chosen(kernel)
     packed, text = f"collage_cutlass.{kernel.name}", specs.as_text(spec.array())
-    if isinstance(spec, conv_specs.ConvSpec) and spec.output_channel_first:
-        return _channel_last_call(func, name, packed, text, spec)
-    return packed_call_function(func, name, packed, text, spec.operands)
-
-
-def _channel_last_call(func: relax.Function, name: str, packed: str, text: str, spec: conv_specs.ConvSpec) -> relax.Function:
-    """The kernel's call on NHWC operands, between the transposes from and back to the partition's NCHW."""
-    params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in func.params]
-    mapping = dict(zip(func.params, params))
+    if not (isinstance(spec, conv_specs.ConvSpec) and spec.output_channel_first):
+        return packed_call_function(func, name, packed, text, spec.operands)
+    # An NCHW convolution: the kernel's call on NHWC operands, between the transposes from and back to NCHW.
     (n, c, h, w), out_dtype = tvm_compat.type_shape_dtype(tvm_compat.return_type(func))
-    bb = relax.BlockBuilder()
-    with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
-        with bb.dataflow():
-            arguments = [tvm_compat.string_expr(text)]
-            for index, operand in enumerate(spec.operands):
-                operand = mapping.get(operand, operand)
-                if index in spec.channel_first:
-                    operand = bb.emit(relax.op.permute_dims(operand, conv_specs.TO_CHANNELS_LAST))
-                arguments.append(operand)
-            channel_last = bb.emit(relax.call_dps_packed(packed, arguments, relax.TensorType((n, h, w, c), out_dtype)))
-            output = bb.emit_output(relax.op.permute_dims(channel_last, conv_specs.TO_CHANNELS_FIRST))
-        bb.emit_func_output(output)
-    return bb.get()[name]
+    return packed_call_function(
+        func, name, packed, text, spec.operands,
+        before={index: _channel_last for index in spec.channel_first}, out_type=relax.TensorType((n, h, w, c), out_dtype),
+        after=lambda channel_last: relax.op.permute_dims(channel_last, conv_specs.TO_CHANNELS_FIRST),
+    )
+
+
+def _channel_last(expr):
+    return relax.op.permute_dims(expr, conv_specs.TO_CHANNELS_LAST)
