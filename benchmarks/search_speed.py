@@ -83,13 +83,12 @@ def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(done.stderr)
+    failed = failed_plugins(done.stderr)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s,
-                "failed_plugins": failed_plugins(done.stderr)}
+        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s, "failed_plugins": failed}
     result = json.loads((state / "out" / "results.json").read_text())
-    result["wall_s"] = wall_s
-    result["failed_plugins"] = failed_plugins(done.stderr)
+    result.update(wall_s=wall_s, failed_plugins=failed)
     return result
 
 
