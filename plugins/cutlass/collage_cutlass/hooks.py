@@ -21,7 +21,7 @@ from collage_cutlass import conv_kernels, conv_specs, kernels, library, lowering
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides CUTLASS and nvcc: the kernels' sources, how groups are read and lowered.
 KERNELS_DIGEST = sources_digest(
-    (library.RUNNER_HEADER, library.CONV_RUNNER_HEADER,
+    (library.COMMON_HEADER, library.RUNNER_HEADER, library.CONV_RUNNER_HEADER,
      *(Path(module.__file__) for module in (kernels, specs, conv_kernels, conv_specs, tuning, lowering, fused_groups, strided_products)))
 )
 

@@ -36,8 +36,9 @@ from collage_cutlass.kernels import Kernel, KernelKind, TileConfig
 KINDS = {"gemm": KernelKind, "conv2d": ConvKind}  # each kind class by its `op`
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
+COMMON_HEADER = RUNTIME_DIR / "runner_common.h"  # what both runners share; each includes it
 RUNNER_HEADER = RUNTIME_DIR / "gemm_runner.h"
-CONV_RUNNER_HEADER = RUNTIME_DIR / "conv_runner.h"  # includes the GEMM runner's helpers
+CONV_RUNNER_HEADER = RUNTIME_DIR / "conv_runner.h"
 INSTALL_HINT = "pip install nvidia-cutlass, and the CUDA toolkit's nvcc (apt-get install cuda-nvcc-13-0)"
 ARCH = "sm_90a"  # Hopper with its arch-specific features (WGMMA, TMA multicast)
 HOPPER = "9.0"
@@ -102,7 +103,7 @@ def cache_dir() -> Path:
 
 def runner_headers(kernel) -> list[Path]:
     """The runtime headers a kernel's source includes (their digest is part of its build's key)."""
-    return [RUNNER_HEADER] if kernel.runner == RUNNER_HEADER.name else [RUNNER_HEADER, CONV_RUNNER_HEADER]
+    return [COMMON_HEADER, RUNNER_HEADER if kernel.runner == RUNNER_HEADER.name else CONV_RUNNER_HEADER]
 
 
 def native_library(kernel) -> NativeLibrary:

@@ -7,11 +7,11 @@
 //     R.call_dps_packed("collage_cutlass.<kernel>", [spec, x, w, (bias), (residual)], y)
 // computes y = act(conv(x, w) + bias + residual) with x NHWC, w KRSC, y and the residual NHWC (NPQK),
 // accumulating in float32 and rounding once to y's type. `collage_cutlass.time.<kernel>(spec)` times it
-// on scratch buffers as the GEMM runner's timing does. The helpers (spec text, dtype checks, the
-// workspace, the hang deadline) are the GEMM runner's.
+// on scratch buffers as the GEMM runner's timing does. The packed call, workspace and timing loop are
+// runner_common.h's.
 #pragma once
 
-#include "gemm_runner.h"
+#include "runner_common.h"
 
 namespace collage_cutlass::conv2d {
 
@@ -23,16 +23,6 @@ enum Word : int {
   kWords
 };
 
-inline std::vector<int64_t> ParseSpec(const std::string& text) {
-  if (text.size() != kWords * 16) Fail("a convolution spec of " + std::to_string(text.size()) + " hex digits, not " + std::to_string(kWords * 16));
-  std::vector<uint8_t> bytes(kWords * 8);
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
-  std::vector<int64_t> words(kWords);
-  std::memcpy(words.data(), bytes.data(), bytes.size());
-  if (words[kVersion] != kSpecVersion) Fail("convolution spec version " + std::to_string(words[kVersion]) + ", this kernel reads " + std::to_string(kSpecVersion));
-  return words;
-}
-
 struct ConvKind {
   int64_t operand_type, output_type, has_bias, has_residual, activation;
 };
@@ -40,12 +30,16 @@ struct ConvKind {
 template <class Conv>
 class ConvRunner {
  public:
+  using KindWords = ConvKind;
   using Kernel = typename Conv::ConvKernel;
   using ProblemShape = typename Kernel::ProblemShape;
   using StrideC = typename Kernel::StrideC;
   using StrideD = typename Kernel::StrideD;
+  static constexpr SpecFields kFields{kOperandType, kOutputType, kHasBias, kHasResidual};
 
   explicit ConvRunner(const ConvKind& kind) : kind_(kind) {}
+
+  static std::vector<int64_t> Words(const std::string& text) { return ParseWords(text, kWords, kSpecVersion, "a convolution spec"); }
 
   void CheckKind(const std::vector<int64_t>& w) const {
     const int64_t wanted[] = {kind_.operand_type, kind_.output_type, kind_.has_bias, kind_.has_residual, kind_.activation};
@@ -55,6 +49,12 @@ class ConvRunner {
   }
 
   int Arity() const { return 3 + static_cast<int>(kind_.has_bias) + static_cast<int>(kind_.has_residual); }
+
+  void CheckOutput(const std::vector<int64_t>& w, const DLTensor* out) const {
+    int64_t elements = 1;
+    for (int axis = 0; axis < out->ndim; ++axis) elements *= out->shape[axis];
+    if (elements != w[kN] * w[kP] * w[kQ] * w[kK]) Fail("the output's size is not the one the spec names");
+  }
 
   static ProblemShape Problem(const std::vector<int64_t>& w) {
     auto i = [&](int word) { return static_cast<int>(w[word]); };
@@ -101,141 +101,49 @@ class ConvRunner {
     return args;
   }
 
-  std::string Refusal(const typename Conv::Arguments& args) const {
-    if (Conv::can_implement(args) != cutlass::Status::kSuccess) return "CUTLASS cannot run this convolution kernel on this problem (can_implement)";
-    if (Conv::get_workspace_size(args) > kWorkspaceBytes) return "the kernel needs more workspace than " + std::to_string(kWorkspaceBytes) + " bytes";
-    return "";
-  }
-
-  void Prepare(Conv& conv, const typename Conv::Arguments& args, int device, cudaStream_t stream) const {
-    std::string refusal = Refusal(args);
-    if (!refusal.empty()) Fail(refusal);
-    auto status = conv.initialize(args, Workspace(device), stream);
-    if (status != cutlass::Status::kSuccess) Fail(std::string("initialize failed: ") + cutlassGetStatusString(status));
-  }
-
-  static void Run(Conv& conv, cudaStream_t stream) {
-    auto status = conv.run(stream);
-    if (status != cutlass::Status::kSuccess) Fail(std::string("launch failed: ") + cutlassGetStatusString(status));
-  }
-
   void Launch(const std::vector<int64_t>& w, const void* x, const void* f, const void* bias, const void* residual, void* y,
               int device, cudaStream_t stream) const {
     CheckAligned(w, x, f, residual, y);
     Conv conv;
-    Prepare(conv, Arguments(w, x, f, bias, residual, y, device), device, stream);
+    Prepare(conv, Arguments(w, x, f, bias, residual, y, device), "convolution", device, stream);
     Run(conv, stream);
     Check(cudaGetLastError(), "the kernel launch");
   }
 
  private:
-  template <class Thread, class = void>
-  struct TakesBias : std::false_type {};
-  template <class Thread>
-  struct TakesBias<Thread, std::void_t<decltype(std::declval<Thread&>().bias_ptr)>> : std::true_type {};
-
-  template <class Args>
-  static void SetBias(Args& args, const void* bias) {
-    using Thread = std::remove_reference_t<decltype(args.epilogue.thread)>;
-    if constexpr (TakesBias<Thread>::value) {
-      args.epilogue.thread.bias_ptr = static_cast<decltype(args.epilogue.thread.bias_ptr)>(bias);
-    }
-  }
-
   ConvKind kind_;
 };
-
-template <class Conv>
-void RunPacked(const ConvRunner<Conv>& runner, tvm::ffi::PackedArgs args) {
-  if (args.size() < 2) Fail("a kernel call needs a spec and tensors");
-  std::vector<int64_t> w = ParseSpec(SpecText(args[0]));
-  runner.CheckKind(w);
-  std::vector<DLTensor*> tensors;
-  for (int i = 1; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
-  if (static_cast<int>(tensors.size()) != runner.Arity()) {
-    Fail("the kernel takes " + std::to_string(runner.Arity()) + " tensors but was passed " + std::to_string(tensors.size()));
-  }
-  DLTensor* out = tensors.back();
-  if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
-  int64_t elements = 1;
-  for (int axis = 0; axis < out->ndim; ++axis) elements *= out->shape[axis];
-  if (elements != w[kN] * w[kP] * w[kQ] * w[kK]) Fail("the output's size is not the one the spec names");
-  int device = out->device.device_id;
-  Check(cudaSetDevice(device), "cudaSetDevice");
-  size_t at = 2;
-  const void* bias = w[kHasBias] ? DataOf(tensors[at++], device, w[kOutputType]) : nullptr;
-  const void* residual = w[kHasResidual] ? DataOf(tensors[at++], device, w[kOutputType]) : nullptr;
-  auto stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device));
-  runner.Launch(w, DataOf(tensors[0], device, w[kOperandType]), DataOf(tensors[1], device, w[kOperandType]), bias, residual,
-                const_cast<void*>(DataOf(out, device, w[kOutputType])), device, stream);
-}
 
 // Median milliseconds of the kernel on scratch buffers for `spec`, kCannotRun or kHung, as the GEMM runner's Time.
 template <class Conv>
 double Time(const ConvRunner<Conv>& runner, const std::string& text) {
-  std::vector<int64_t> w = ParseSpec(text);
+  std::vector<int64_t> w = ConvRunner<Conv>::Words(text);
   runner.CheckKind(w);
   Check(cudaSetDevice(0), "cudaSetDevice");
-  if (!runner.Refusal(runner.Arguments(w, nullptr, nullptr, nullptr, nullptr, nullptr, 0)).empty()) return kCannotRun;
+  if (!Refusal<Conv>(runner.Arguments(w, nullptr, nullptr, nullptr, nullptr, nullptr, 0), "convolution").empty()) return kCannotRun;
   int64_t in_bytes = BytesOf(w[kOperandType]), out_bytes = BytesOf(w[kOutputType]);
   int64_t x = w[kN] * w[kH] * w[kW] * w[kC], f = w[kK] * w[kR] * w[kS] * w[kC], y = w[kN] * w[kP] * w[kQ] * w[kK];
-  void *x_ptr = nullptr, *f_ptr = nullptr, *bias_ptr = nullptr, *c_ptr = nullptr, *y_ptr = nullptr;
-  Check(cudaMalloc(&x_ptr, x * in_bytes), "cudaMalloc");
-  Check(cudaMalloc(&f_ptr, f * in_bytes), "cudaMalloc");
-  Check(cudaMalloc(&y_ptr, y * out_bytes), "cudaMalloc");
-  Check(cudaMemset(x_ptr, 0x3c, x * in_bytes), "cudaMemset");
-  Check(cudaMemset(f_ptr, 0x3c, f * in_bytes), "cudaMemset");
-  if (w[kHasBias]) {
-    Check(cudaMalloc(&bias_ptr, w[kK] * out_bytes), "cudaMalloc");
-    Check(cudaMemset(bias_ptr, 0, w[kK] * out_bytes), "cudaMemset");
-  }
-  if (w[kHasResidual]) {
-    Check(cudaMalloc(&c_ptr, y * out_bytes), "cudaMalloc");
-    Check(cudaMemset(c_ptr, 0, y * out_bytes), "cudaMemset");
-  }
+  Scratch scratch;
+  void* x_ptr = scratch.Take(x * in_bytes, 0x3c);
+  void* f_ptr = scratch.Take(f * in_bytes, 0x3c);
+  void* y_ptr = scratch.Take(y * out_bytes, 0);
+  void* bias_ptr = w[kHasBias] ? scratch.Take(w[kK] * out_bytes, 0) : nullptr;
+  void* c_ptr = w[kHasResidual] ? scratch.Take(y * out_bytes, 0) : nullptr;
   cudaStream_t stream;
   Check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
-  constexpr int kSamples = 23, kWarmUps = 3, kRepeats = 10;
   ConvRunner<Conv>::CheckAligned(w, x_ptr, f_ptr, c_ptr, y_ptr);
   Conv conv;
-  runner.Prepare(conv, runner.Arguments(w, x_ptr, f_ptr, bias_ptr, c_ptr, y_ptr, 0), 0, stream);
-  std::vector<float> times;
-  for (int i = 0; i < kSamples; ++i) {
-    Check(cudaEventRecord(start, stream), "cudaEventRecord");
-    for (int repeat = 0; repeat < kRepeats; ++repeat) ConvRunner<Conv>::Run(conv, stream);
-    Check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kHangSeconds);
-    cudaError_t state;
-    while ((state = cudaEventQuery(stop)) == cudaErrorNotReady) {
-      if (std::chrono::steady_clock::now() > deadline) return kHung;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    Check(state, "the timed kernel");
-    float ms = 0;
-    Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (i >= kWarmUps) times.push_back(ms / kRepeats);
-  }
-  for (void* p : {x_ptr, f_ptr, bias_ptr, c_ptr, y_ptr}) cudaFree(p);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  Prepare(conv, runner.Arguments(w, x_ptr, f_ptr, bias_ptr, c_ptr, y_ptr, 0), "convolution", 0, stream);
+  double ms = MedianMilliseconds(stream, [&] { Run(conv, stream); });
+  if (ms == kHung) return kHung;  // its buffers stay allocated, as the kernel may still use them
+  scratch.Release();
   cudaStreamDestroy(stream);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return ms;
 }
 
 }  // namespace collage_cutlass::conv2d
 
 // Registers `collage_cutlass.<NAME>` (the call) and `collage_cutlass.time.<NAME>` (the timing) for `Conv`.
-#define COLLAGE_CUTLASS_REGISTER_CONV(NAME, CONV, ...)                                                             \
-  TVM_FFI_STATIC_INIT_BLOCK() {                                                                                    \
-    static const collage_cutlass::conv2d::ConvRunner<CONV> runner(collage_cutlass::conv2d::ConvKind{__VA_ARGS__}); \
-    tvm::ffi::reflection::GlobalDef()                                                                              \
-        .def_packed("collage_cutlass." NAME,                                                                       \
-                    [](tvm::ffi::PackedArgs args, tvm::ffi::Any*) { collage_cutlass::conv2d::RunPacked(runner, args); }) \
-        .def("collage_cutlass.time." NAME, [](tvm::ffi::String spec) {                                             \
-          return collage_cutlass::conv2d::Time(runner, std::string(spec.data(), spec.size()));                    \
-        });                                                                                                        \
-  }
+#define COLLAGE_CUTLASS_REGISTER_CONV(NAME, CONV, ...)                                                   \
+  COLLAGE_CUTLASS_REGISTER_RUNNER(NAME, collage_cutlass::conv2d::ConvRunner<CONV>, collage_cutlass::conv2d::Time, \
+                                  __VA_ARGS__)
