@@ -220,8 +220,10 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
             print(f"{name} b{batch}: {mode} at {', '.join(asked)}", flush=True)
             done = subprocess.run([sys.executable, "-c", GPU_PEER_CODE, name, str(batch), mode, str(ROOT / "scripts"),
                                    ",".join(asked)], cwd=ROOT, capture_output=True, text=True)
-            record["peers"][mode] = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else
-                                     {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]})
+            measured = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else
+                        {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]})
+            # The precisions measured before stay: a run asking for others adds to them.
+            record["peers"][mode] = {**{p: r for p, r in record["peers"].get(mode, {}).items() if p != "error"}, **measured}
             keep()
     for spec in precisions:  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
         if spec not in record["collage"]:

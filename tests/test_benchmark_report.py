@@ -237,3 +237,26 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
     assert [c[0] for c in cells] == ["fp16", "fp16 + cutlass"]
     assert cells[1][1] == "0.800" and cells[1][3] == "cublas 36, cutlass 60" and cells[1][6] == "0.50"  # 0.8 / 1.6
     assert cells[0][6] == "0.62"
+
+
+def test_measuring_the_gpu_peers_at_another_precision_keeps_the_ones_measured_before(tmp_path, monkeypatch):
+    """A run asking for tf32 where the raw record already holds the peers at fp32 adds tf32 beside them (the
+    peers' process is replaced here by one answering tf32 alone; Collage's run is not made)."""
+    import subprocess as real_subprocess
+    import types
+
+    import precision
+
+    stem = precision._stem("resnet50", 8)
+    fp32 = {"median_s": 0.004, "error": 0.0}
+    (tmp_path / f"{stem}.json").write_text(json.dumps({
+        "model": "resnet50", "batch": 8, "backends": "tvm,cublas,cudnn", "collage": {"tf32": {"wall_s": 1.0}},
+        "peers": {mode: {"fp32": fp32} for mode in precision.GPU_MODES}}))
+    monkeypatch.setattr(precision, "_onnx_file", lambda name, batch: tmp_path / "model.onnx")
+    answered = json.dumps({"tf32": {"median_s": 0.001, "error": 5e-4}})
+    monkeypatch.setattr(precision, "subprocess", types.SimpleNamespace(
+        run=lambda *args, **kwargs: real_subprocess.CompletedProcess(args, 0, stdout=answered + "\n", stderr="")))
+    record = precision.measure_on_gpu("resnet50", 8, "tvm,cublas,cudnn", tmp_path, precisions=("tf32",))
+    for mode in precision.GPU_MODES:
+        assert record["peers"][mode] == {"fp32": fp32, "tf32": {"median_s": 0.001, "error": 5e-4}}
+    assert json.loads((tmp_path / f"{stem}.json").read_text())["peers"] == record["peers"]
