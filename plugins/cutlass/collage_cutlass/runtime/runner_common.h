@@ -4,6 +4,7 @@
 // A runner (gemm_runner.h's Runner, conv_runner.h's ConvRunner) knows its spec's words and its kernel's
 // arguments; it gives RunPacked and the timing these members:
 //     static std::vector<int64_t> Words(const std::string& text);   // the spec's words, version checked
+//     using KindWords = ...;                                        // what COLLAGE_CUTLASS_REGISTER_RUNNER builds it from
 //     void CheckKind(const std::vector<int64_t>& w) const;          // the spec names this kernel's kind
 //     int Arity() const;                                            // tensors per call, output included
 //     static constexpr SpecFields kFields;                          // where types, bias and residual are
