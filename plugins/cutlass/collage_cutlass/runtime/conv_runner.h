@@ -121,19 +121,14 @@ double Time(const ConvRunner<Conv>& runner, const std::string& text) {
   runner.CheckKind(w);
   Check(cudaSetDevice(0), "cudaSetDevice");
   if (!Refusal<Conv>(runner.Arguments(w, nullptr, nullptr, nullptr, nullptr, nullptr, 0), "convolution").empty()) return kCannotRun;
-  int64_t in_bytes = BytesOf(w[kOperandType]), out_bytes = BytesOf(w[kOutputType]);
   int64_t x = w[kN] * w[kH] * w[kW] * w[kC], f = w[kK] * w[kR] * w[kS] * w[kC], y = w[kN] * w[kP] * w[kQ] * w[kK];
   Scratch scratch;
-  void* x_ptr = scratch.Take(x * in_bytes, 0x3c);
-  void* f_ptr = scratch.Take(f * in_bytes, 0x3c);
-  void* y_ptr = scratch.Take(y * out_bytes, 0);
-  void* bias_ptr = w[kHasBias] ? scratch.Take(w[kK] * out_bytes, 0) : nullptr;
-  void* c_ptr = w[kHasResidual] ? scratch.Take(y * out_bytes, 0) : nullptr;
+  TimingBuffers t = TakeTimingBuffers(scratch, w, ConvRunner<Conv>::kFields, x, f, y, w[kK]);
   cudaStream_t stream;
   Check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  ConvRunner<Conv>::CheckAligned(w, x_ptr, f_ptr, c_ptr, y_ptr);
+  ConvRunner<Conv>::CheckAligned(w, t.operand0, t.operand1, t.residual, t.out);
   Conv conv;
-  Prepare(conv, runner.Arguments(w, x_ptr, f_ptr, bias_ptr, c_ptr, y_ptr, 0), "convolution", 0, stream);
+  Prepare(conv, runner.Arguments(w, t.operand0, t.operand1, t.bias, t.residual, t.out, 0), "convolution", 0, stream);
   double ms = MedianMilliseconds(stream, [&] { Run(conv, stream); });
   if (ms == kHung) return kHung;  // its buffers stay allocated, as the kernel may still use them
   scratch.Release();

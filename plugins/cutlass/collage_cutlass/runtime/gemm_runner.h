@@ -160,24 +160,19 @@ double Time(const Runner<Gemm>& runner, const std::string& text) {
   runner.CheckKind(w);
   Check(cudaSetDevice(0), "cudaSetDevice");
   if (!Refusal<Gemm>(runner.Arguments(w, 0, nullptr, nullptr, nullptr, nullptr, nullptr, 0), "GEMM").empty()) return kCannotRun;
-  int64_t in_bytes = BytesOf(w[kOperandType]), out_bytes = BytesOf(w[kOutputType]);
   // A is M x K (rows lead when K-major), B is N x K (rows lead when K-major), D is M x N, rows leading.
   int64_t a = Extent(w[kM], w[kK], w[kLeadA], w[kLayoutA] == 0, w[kL], w[kBatchA], w[kOuter], w[kOuterA]);
   int64_t b = Extent(w[kN], w[kK], w[kLeadB], w[kLayoutB] == 0, w[kL], w[kBatchB], w[kOuter], w[kOuterB]);
   int64_t d = Extent(w[kM], w[kN], w[kLeadD], true, w[kL], w[kBatchD], w[kOuter], w[kOuterD]);
   Scratch scratch;
-  void* a_ptr = scratch.Take(a * in_bytes, 0x3c);
-  void* b_ptr = scratch.Take(b * in_bytes, 0x3c);
-  void* d_ptr = scratch.Take(d * out_bytes, 0);
-  void* bias_ptr = w[kHasBias] ? scratch.Take(w[kN] * out_bytes, 0) : nullptr;
-  void* c_ptr = w[kHasResidual] ? scratch.Take(d * out_bytes, 0) : nullptr;
+  TimingBuffers t = TakeTimingBuffers(scratch, w, Runner<Gemm>::kFields, a, b, d, w[kN]);
   cudaStream_t stream;
   Check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  Runner<Gemm>::CheckAligned(w, a_ptr, b_ptr, c_ptr, d_ptr);
+  Runner<Gemm>::CheckAligned(w, t.operand0, t.operand1, t.residual, t.out);
   std::vector<Gemm> gemms(w[kOuter]);
   std::vector<typename Gemm::Arguments> arguments;
   for (int64_t outer = 0; outer < w[kOuter]; ++outer) {
-    arguments.push_back(runner.Arguments(w, outer, a_ptr, b_ptr, bias_ptr, c_ptr, d_ptr, 0));
+    arguments.push_back(runner.Arguments(w, outer, t.operand0, t.operand1, t.bias, t.residual, t.out, 0));
     Prepare(gemms[outer], arguments.back(), "GEMM", 0, stream);
   }
   double ms = MedianMilliseconds(stream, [&] {

@@ -200,6 +200,25 @@ class Scratch {
   std::vector<void*> buffers_;
 };
 
+// The tensors of one timed call, taken from `scratch`: the two operands (filled), the output, and the
+// bias (`bias_elements` long) and residual (shaped as the output) where the spec `w` has them.
+struct TimingBuffers {
+  void *operand0, *operand1, *out, *bias, *residual;
+};
+
+inline TimingBuffers TakeTimingBuffers(Scratch& scratch, const std::vector<int64_t>& w, const SpecFields& fields,
+                                       int64_t operand0_elements, int64_t operand1_elements, int64_t out_elements,
+                                       int64_t bias_elements) {
+  int64_t in_bytes = BytesOf(w[fields.operand_type]), out_bytes = BytesOf(w[fields.output_type]);
+  TimingBuffers buffers;
+  buffers.operand0 = scratch.Take(operand0_elements * in_bytes, 0x3c);
+  buffers.operand1 = scratch.Take(operand1_elements * in_bytes, 0x3c);
+  buffers.out = scratch.Take(out_elements * out_bytes, 0);
+  buffers.bias = w[fields.has_bias] ? scratch.Take(bias_elements * out_bytes, 0) : nullptr;
+  buffers.residual = w[fields.has_residual] ? scratch.Take(out_elements * out_bytes, 0) : nullptr;
+  return buffers;
+}
+
 // Median milliseconds of one `launch()` on `stream`, timed as a replayed CUDA graph runs kernels:
 // kRepeats back-to-back launches per sample, the first kWarmUps samples dropped; kHung when a sample
 // did not finish within kHangSeconds (a kernel that never finishes is reported, not waited on forever;
