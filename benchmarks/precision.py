@@ -20,7 +20,8 @@ fp16 (and at tf32, float32 with PyTorch's TF32 flags on), each timed in its own 
 ``P@E`` among ``--precisions`` adds a Collage run at precision P
 held to ``--accuracy-budget E``, compared with the peers at P; ``P+B`` adds a run at P with backend B
 besides ``--backends`` (``fp16+cutlass``: what CUTLASS adds, in the same run and cost database). The GPU is not shared, so nothing there needs timing in turns. Raw results in ``<raw>-cuda/``; the
-report goes to ``benchmarks/PRECISION-cuda.md``.
+report goes to ``benchmarks/PRECISION-cuda.md``, with ``<raw>/about.md`` (the machine, the leases, what ran where)
+under its title when that file exists.
 """
 
 from __future__ import annotations
@@ -197,6 +198,9 @@ def run_label(spec: str) -> str:
     return (f"{precision}, budget {budget}" if budget else precision) + "".join(f" + {b}" for b in added)
 
 
+ABOUT_FILE = "about.md"  # beside a GPU run's raw records: what the report says under its title
+
+
 def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=DEFAULT_GPU_PRECISIONS, compare: bool = False) -> dict:
     """Collage at each precision on the GPU and the PyTorch peers at each precision, kept as each is measured.
 
@@ -242,11 +246,17 @@ def _placed(run: dict) -> dict:
 
 
 def gpu_report(records: list[dict], command: str = "python benchmarks/precision.py --device cuda",
-               raw: str = "benchmarks/raw-precision-cuda/") -> str:
+               raw: str = "benchmarks/raw-precision-cuda/", about: str = "") -> str:
+    """The GPU report of ``records``; ``about`` (the raw directory's about.md: the machine, the leases, what
+    ran where) goes under the title, and its first line is the title where it starts with "# "."""
     added = sorted({b for record in records for spec in record["collage"] for b in spec.split("+")[1:]})
     title = ("Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions" if not added else
              f"Collage on the GPU with and without {', '.join(added)}, beside PyTorch at the same precisions")
-    lines = [f"# {title}", "", f"Command: `{command}` (raw results in `{raw}`).", "",
+    about = about.strip()
+    if about.startswith("# "):  # a title of its own
+        title, _, about = about[2:].partition("\n")
+        about = about.strip()
+    lines = [f"# {title}", "", *([about, ""] if about else []), f"Command: `{command}` (raw results in `{raw}`).", "",
              "- Collage: `collage optimize --target cuda --precision P --backends B` (op-level search), its placement's "
              "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
              "over max |ref|, against ONNX Runtime at fp32 on its random inputs).",
@@ -376,8 +386,10 @@ def main() -> None:
                     records.append(measure_on_gpu(name, batch, args.backends or "tvm,cublas,cudnn", raw,
                                                   args.precisions.split(","), args.compare))
         shown = [a for a in sys.argv[1:] if a != "--only-report"]
+        about = raw / ABOUT_FILE
         text = gpu_report(records, " ".join(["python benchmarks/precision.py", *shown]),
-                          f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/")
+                          f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/",
+                          about.read_text() if about.is_file() else "")
         (args.report or HERE / "PRECISION-cuda.md").write_text(text + "\n")
         print(text)
         return

@@ -237,6 +237,11 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
     assert [c[0] for c in cells] == ["fp16", "fp16 + cutlass"]
     assert cells[1][1] == "0.800" and cells[1][3] == "cublas 36, cutlass 60" and cells[1][6] == "0.50"  # 0.8 / 1.6
     assert cells[0][6] == "0.62"
+    lines = precision.gpu_report([record], about="One H200, two leases.\n").splitlines()
+    assert lines[:4] == [lines[0], "", "One H200, two leases.", ""] and lines[4].startswith("Command:")
+    assert precision.gpu_report([record]).splitlines()[2].startswith("Command:")
+    titled = precision.gpu_report([record], about="# fp16 on one H200\n\nTwo leases.").splitlines()
+    assert titled[:4] == ["# fp16 on one H200", "", "Two leases.", ""]
 
 
 def test_measuring_the_gpu_peers_at_another_precision_keeps_the_ones_measured_before(tmp_path, monkeypatch):
