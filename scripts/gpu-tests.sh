@@ -15,7 +15,9 @@ parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 status=0
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugins/cublas/tests plugins/cudnn/tests "$@" || status=$?
-# CUTLASS kernels compile with nvcc (a minute or two each, in parallel): one process, so each is compiled once.
+# CUTLASS kernels compile with nvcc (a minute or two each): all the tests' kernels at once and in parallel first,
+# then the tests in one process, which find them built.
+python3 plugins/cutlass/tests/gpu_test_kernels.py || status=$?
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider plugins/cutlass/tests "$@" || status=$?
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_cuda_graphs.py tests/test_gpu_placements.py tests/test_gpu_faults.py "$@" || status=$?
 exit $status

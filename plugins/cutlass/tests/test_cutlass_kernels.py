@@ -81,9 +81,8 @@ def test_kernel_matches_pytorch_on_cuda(pm, backends, cuda, pattern_name, dtype)
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
 
 
-# On an H200, dense_t_bias_add_gelu_erf (M-major left, N-major right) and batch_matmul_nt_scale (both K-major) passed;
-# dense_bias, dense_relu and batch_matmul, in the layout CUTLASS's TF32 builder swaps (K-major left, N-major
-# right), did not, before that layout was refused and dense weights were transposed to K-major (not run there since).
+# dense_bias, dense_relu and batch_matmul, in the layout CUTLASS's TF32 builder swaps (K-major left, N-major right),
+# failed on an H200 until that layout was refused and dense weights were transposed to K-major; all five pass since.
 TF32_CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_relu", "batch_matmul_nt_scale", "batch_matmul_tt_scale"]
 
 
@@ -100,9 +99,14 @@ def test_a_tf32_kernel_matches_float64_within_tf32_rounding_and_does_round(pm, b
     assert EXACT_FLOAT32_ATOL < error <= tf32_atol(spec.words[10]), f"max error {error:.3g}"
 
 
-def test_sixteen_bit_operands_may_write_a_float32_result(pm, backends, cuda):
+def sixteen_bit_product_to_float32():
+    """A bfloat16 product written in float32, and its weight."""
     weight = rounded_to(np.random.default_rng(3).uniform(-1, 1, size=(64, 32)).astype(F), "bfloat16")
-    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16")
+    return function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16"), weight
+
+
+def test_sixteen_bit_operands_may_write_a_float32_result(pm, backends, cuda):
+    mod, weight = sixteen_bit_product_to_float32()
     got, inputs, _ = _run_on_cutlass(pm, backends, cuda, mod, "dense")
     assert got.dtype == np.float32
     expected = inputs[0].astype(np.float64) @ weight.astype(np.float64)
@@ -125,17 +129,24 @@ def test_tuning_is_remembered_so_a_second_lowering_compiles_and_times_nothing(pm
     _run_on_cutlass(pm, backends, cuda, mod, "dense_bias")
 
 
+def stream_k_problem(rng):
+    """A float16 product (128x768x3072: 12 output tiles) as TVM's mixed-precision pass writes it, its weight,
+    and the stream-K kernel that runs it."""
+    streamk = next(config for config in tuning.TILE_CONFIGS if config.scheduler == "streamk")
+    weight = rounded_to(rng.uniform(-1, 1, size=(3072, 768)).astype(F), "float16")
+    mod = function_module(lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072),
+                          dtype="float16")
+    return mod, weight, Kernel(specs.recognize(Group.from_function(mod["main"])).kind, streamk)
+
+
 def test_a_stream_k_kernel_that_splits_k_runs_again_and_again(pm, backends, cuda, monkeypatch):
     """With fewer output tiles than SMs (12 here) stream-K splits K across blocks and counts their arrivals
     in the workspace, never resetting the counts: unless the workspace is zeroed before every launch, the
     second launch waits forever. Timed twice, then called three times, each call against float64."""
-    streamk = next(config for config in tuning.TILE_CONFIGS if config.scheduler == "streamk")
     rng = np.random.default_rng(5)
-    weight = rounded_to(rng.uniform(-1, 1, size=(3072, 768)).astype(F), "float16")
-    mod = function_module(lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072),
-                          dtype="float16")  # as TVM's mixed-precision pass writes a 16-bit product
+    mod, weight, kernel = stream_k_problem(rng)
     spec = specs.recognize(Group.from_function(mod["main"]))
-    kernel = Kernel(spec.kind, streamk)
+    streamk = kernel.config
     library.load(kernel)
     time_kernel = tvm.get_global_func(f"collage_cutlass.time.{kernel.name}")
     for _ in range(2):
@@ -164,9 +175,13 @@ def test_a_convolution_kernel_matches_pytorch_on_cuda(pm, backends, cuda, case):
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
 
 
-def test_a_tf32_convolution_matches_float64_within_tf32_rounding(pm, backends, cuda):
+def tf32_convolution():
     filters = relax.const(np.random.default_rng(4).uniform(-0.5, 0.5, size=(16, 32, 3, 3)).astype(F))
-    mod = function_module(lambda bb, x: R.nn.relu(R.nn.conv2d(x, filters, padding=[1, 1, 1, 1])), (2, 32, 10, 10))
+    return function_module(lambda bb, x: R.nn.relu(R.nn.conv2d(x, filters, padding=[1, 1, 1, 1])), (2, 32, 10, 10))
+
+
+def test_a_tf32_convolution_matches_float64_within_tf32_rounding(pm, backends, cuda):
+    mod = tf32_convolution()
     got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, "conv2d_relu", tf32=True)
     expected = conv_reference(spec, operand_arrays(spec.operands, mod["main"].params, inputs))
     error = np.max(np.abs(got.astype(np.float64) - expected))

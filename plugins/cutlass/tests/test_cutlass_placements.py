@@ -11,6 +11,7 @@ the tuning are remembered on this machine.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,13 @@ from collage_cutlass import library
 pytestmark = pytest.mark.gpu
 MODELS = Path(__file__).resolve().parents[3] / "models"
 BACKENDS = ["tvm", "cublas", "cutlass"]
+
+
+@pytest.fixture(autouse=True)
+def two_configurations(monkeypatch):
+    """Tuning and its memory are the question here, not the fastest kernel: two configurations unless told otherwise."""
+    if "COLLAGE_CUTLASS_TILES" not in os.environ:
+        monkeypatch.setenv("COLLAGE_CUTLASS_TILES", "2")
 
 
 def _cache_state() -> tuple[str, str]:

@@ -62,3 +62,19 @@ def test_a_resnet_names_its_convolution_kernels_each_in_the_convolution_configur
     wanted = prebuild.kernels_for(kinds)
     assert len(wanted) == 2 * len(kinds) and all(kernel.name.startswith("conv2d_") for kernel in wanted)
     assert {kernel.config for kernel in wanted} == set(CONV_TILE_CONFIGS[:2])
+
+
+def test_the_gpu_tests_kernels_cover_every_problem_they_place_and_a_dry_run_compiles_nothing(tmp_path, monkeypatch, capsys):
+    import gpu_test_kernels
+    import test_cutlass_kernels as tests
+
+    monkeypatch.delenv("COLLAGE_CUTLASS_TILES", raising=False)
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    kinds = gpu_test_kernels.kinds()
+    assert {kind.operand_dtype for kind in kinds} == {"bfloat16", "float16", "float32"}
+    assert sum(kind.op == "conv2d" for kind in kinds) >= len(tests.CONV_CASES) - 1  # one case may share a kind
+    wanted = gpu_test_kernels.kernels()
+    assert len(wanted) == 2 * len(kinds) + 1 and any(kernel.config.scheduler == "streamk" for kernel in wanted)
+    assert gpu_test_kernels.main(["--dry-run"]) == 0
+    assert f"{len(wanted)} kernels for the GPU tests, {len(wanted)} to compile" in capsys.readouterr().out
+    assert not list(tmp_path.glob("cutlass/gemm_*"))

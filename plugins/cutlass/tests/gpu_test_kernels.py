@@ -1,0 +1,95 @@
+"""The CUTLASS kernels this plugin's GPU tests compile, compiled ahead of time (nvcc, no GPU needed).
+
+    python plugins/cutlass/tests/gpu_test_kernels.py [--dry-run]
+
+The GPU tests (test_cutlass_kernels.py, test_cutlass_placements.py) compile each kernel when it is first
+lowered, one test after another; compiled here first, all at once and in parallel, into
+``$COLLAGE_CACHE_DIR/cutlass/``, the tests find them built (``scripts/gpu-tests.sh`` does this; copied to
+a GPU machine with the same nvcc, CUTLASS and TVM FFI, the cache spares it the compiling). The kernels are
+those of every problem the tests place on CUTLASS, each in the configurations the tests try (the first two,
+or ``$COLLAGE_CUTLASS_TILES``), and the stream-K kernel one test runs by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from collage_core.fused_groups import Group
+from collage_core.model_import import load_model
+from collage_core.precision import at_precision
+from collage_core.testing import function_module, product_case, whole_candidate
+from collage_cutlass import library, patterns, prebuild, specs
+
+TESTS_CONFIGURATIONS = "2"  # what the GPU tests try unless COLLAGE_CUTLASS_TILES says otherwise
+MODELS = Path(__file__).resolve().parents[3] / "models"
+PLACEMENT_MODELS = ("tiny_bert", "tiny_gpt2")  # test_cutlass_placements.py's, at fp16
+
+
+def _kind(mod, pattern_name: str, tf32: bool = False):
+    graph, candidate = whole_candidate(mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{'_tf32' if tf32 else ''}")
+    if candidate is None:
+        raise LookupError(f"no cutlass.{pattern_name} candidate")
+    return specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=tf32).kind
+
+
+def kinds() -> set:
+    """The kernel kinds of every problem the GPU tests place on CUTLASS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_cutlass_kernels as tests
+
+    found = set()
+    for dtype in ("bfloat16", "float16"):
+        for name in tests.CASES:
+            make, shapes = product_case(name, cast_to=dtype)
+            found.add(_kind(function_module(make, *shapes, dtype=dtype), name))
+    for name in tests.TF32_CASES:
+        make, shapes = product_case(name)
+        found.add(_kind(function_module(make, *shapes), name, tf32=True))
+    found.add(_kind(tests.sixteen_bit_product_to_float32()[0], "dense"))
+    for case, (make, shapes, dtype) in tests.CONV_CASES.items():
+        found.add(_kind(function_module(make, *shapes, dtype=dtype), case.split("__")[0]))
+    found.add(_kind(tests.tf32_convolution(), "conv2d_relu", tf32=True))
+    for model in PLACEMENT_MODELS:
+        found |= prebuild.kinds_in(at_precision(load_model(str(MODELS / f"{model}.onnx")), "fp16").mod["main"])
+    return found
+
+
+def kernels() -> list:
+    """Each kind in the configurations the tests try, and the stream-K kernel."""
+    os.environ.setdefault("COLLAGE_CUTLASS_TILES", TESTS_CONFIGURATIONS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import numpy as np
+    import test_cutlass_kernels as tests
+
+    wanted = prebuild.kernels_for(kinds())
+    streamk = tests.stream_k_problem(np.random.default_rng(5))[2]
+    return wanted + ([streamk] if streamk not in wanted else [])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="count the kernels, compile nothing")
+    args = parser.parse_args(argv)
+    wanted = kernels()
+    try:
+        missing = [kernel for kernel in wanted if not library.native_library(kernel).path().exists()]
+    except library.CutlassUnavailable as unavailable:
+        print(f"error: {unavailable}", file=sys.stderr)
+        return 0 if args.dry_run else 2
+    print(f"{len(wanted)} kernels for the GPU tests, {len(missing)} to compile into {library.cache_dir()}")
+    if args.dry_run or not missing:
+        return 0
+    started = time.monotonic()
+    failed = {kernel: why for kernel, why in library.build_all(missing).items() if isinstance(why, Exception)}
+    for kernel, why in failed.items():
+        print(f"did not compile: {kernel.config.name} ({kernel.kind.describe()}): {why}", file=sys.stderr)
+    print(f"compiled {len(missing) - len(failed)} of {len(missing)} in {time.monotonic() - started:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
