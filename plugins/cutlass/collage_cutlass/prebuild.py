@@ -63,14 +63,21 @@ def main(argv=None) -> int:
         print(f"{model}: {len(found)} kernel kinds at {args.precision}: " + "; ".join(sorted(k.describe() for k in found)))
         kinds |= found
     wanted = kernels_for(kinds)
-    print(f"{len(wanted)} kernels ({len(kinds)} kinds, each in up to {len(tuning.configs())} configurations)")
+    return compile_kernels(wanted, f"{len(wanted)} kernels ({len(kinds)} kinds, each in up to {len(tuning.configs())} configurations)",
+                           args.dry_run)
+
+
+def compile_kernels(wanted, heading: str, dry_run: bool = False) -> int:
+    """Compile those of ``wanted`` not built yet, in parallel with progress, saying ``heading`` and how many
+    are missing first; the exit code: 0 done (or a dry run), 1 some did not compile, 2 CUTLASS unavailable."""
     try:
         missing = [kernel for kernel in wanted if not library.native_library(kernel).path().exists()]
     except library.CutlassUnavailable as unavailable:
+        print(heading)
         print(f"error: {unavailable}", file=sys.stderr)
-        return 0 if args.dry_run else 2
-    print(f"{len(missing)} to compile into {library.cache_dir()}, {library.compile_jobs(max(1, len(missing)))} at a time")
-    if args.dry_run or not missing:
+        return 0 if dry_run else 2
+    print(f"{heading}, {len(missing)} to compile into {library.cache_dir()}, {library.compile_jobs(max(1, len(missing)))} at a time")
+    if dry_run or not missing:
         return 0
     started = time.monotonic()
     try:
@@ -83,7 +90,6 @@ def main(argv=None) -> int:
         print(f"did not compile: {kernel.config.name} ({kernel.kind.describe()}): {why}", file=sys.stderr)
     print(f"compiled {len(missing) - len(failed)} of {len(missing)} in {time.monotonic() - started:.0f} s")
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from collage_core.fused_groups import Group
 from collage_core.model_import import load_model
 from collage_core.precision import at_precision
 from collage_core.testing import function_module, product_case, whole_candidate
-from collage_cutlass import library, patterns, prebuild, specs
+from collage_cutlass import patterns, prebuild, specs
 
 TESTS_CONFIGURATIONS = "2"  # what the GPU tests try unless COLLAGE_CUTLASS_TILES says otherwise
 MODELS = Path(__file__).resolve().parents[3] / "models"
@@ -36,11 +35,17 @@ def _kind(mod, pattern_name: str, tf32: bool = False):
     return specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=tf32).kind
 
 
+def _kernel_tests():
+    """test_cutlass_kernels.py, whose problems these are (this folder is not a package)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_cutlass_kernels
+
+    return test_cutlass_kernels
+
+
 def kinds() -> set:
     """The kernel kinds of every problem the GPU tests place on CUTLASS."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import test_cutlass_kernels as tests
-
+    tests = _kernel_tests()
     found = set()
     for dtype in ("bfloat16", "float16"):
         for name in tests.CASES:
@@ -60,13 +65,11 @@ def kinds() -> set:
 
 def kernels() -> list:
     """Each kind in the configurations the tests try, and the stream-K kernel."""
-    os.environ.setdefault("COLLAGE_CUTLASS_TILES", TESTS_CONFIGURATIONS)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import numpy as np
-    import test_cutlass_kernels as tests
 
+    os.environ.setdefault("COLLAGE_CUTLASS_TILES", TESTS_CONFIGURATIONS)
     wanted = prebuild.kernels_for(kinds())
-    streamk = tests.stream_k_problem(np.random.default_rng(5))[2]
+    streamk = _kernel_tests().stream_k_problem(np.random.default_rng(5))[2]
     return wanted + ([streamk] if streamk not in wanted else [])
 
 
@@ -75,21 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="count the kernels, compile nothing")
     args = parser.parse_args(argv)
     wanted = kernels()
-    try:
-        missing = [kernel for kernel in wanted if not library.native_library(kernel).path().exists()]
-    except library.CutlassUnavailable as unavailable:
-        print(f"error: {unavailable}", file=sys.stderr)
-        return 0 if args.dry_run else 2
-    print(f"{len(wanted)} kernels for the GPU tests, {len(missing)} to compile into {library.cache_dir()}")
-    if args.dry_run or not missing:
-        return 0
-    started = time.monotonic()
-    failed = {kernel: why for kernel, why in library.build_all(missing).items() if isinstance(why, Exception)}
-    for kernel, why in failed.items():
-        print(f"did not compile: {kernel.config.name} ({kernel.kind.describe()}): {why}", file=sys.stderr)
-    print(f"compiled {len(missing) - len(failed)} of {len(missing)} in {time.monotonic() - started:.0f} s")
-    return 1 if failed else 0
-
+    return prebuild.compile_kernels(wanted, f"{len(wanted)} kernels for the GPU tests", args.dry_run)
 
 if __name__ == "__main__":
     sys.exit(main())
