@@ -6,11 +6,21 @@ and 4.3 ms in the next. Two placements within that drift can only be told apart 
 Each library is loaded in measurement workers of its own (``workers_per_library``) and run once;
 then the workers take turns, a burst of runs each (about ``burst_s``), for ``rounds`` rounds, the
 first of each round rotating. Only the running worker works; the others wait for their next
-request. A library's cost is the median and interquartile range of all its workers' runs.
-After ``min_rounds`` the turns stop early once the fastest library is clear: its runs' upper
-quartile under every other library's lower quartile. At batch 8, where a run of GPT-2 takes
-seconds on 2 cores, seven rounds of every worker cost minutes that could not change the winner.
-"""
+request.
+
+A library's cost is the median and interquartile range of the runs of its fastest worker (the
+one with the lowest median). A process keeps its own luck, and on these machines the luck only
+ever slows: on a 2-core Xeon, GPT-2 at batch 8 in OpenVINO ran 0.92 s a run back to back in one
+process, while of four processes taking turns with ONNX Runtime's, one ran 1.27 s a run round
+after round and the others 0.92-0.94 s; a single process that waited 4 s between runs slowed
+from 0.92 to 1.3 s (ONNX Runtime's stayed at 1.0-1.1 s). Pooling the workers' runs would charge
+a library for its unluckiest process; its fastest worker measures it as it runs when nothing
+holds it back, as it ran alone, and every library is measured the same way.
+
+After ``min_rounds`` the turns stop early once the fastest library is clear: its fastest worker's
+upper quartile under every other library's fastest worker's lower quartile. At batch 8, where a
+run of GPT-2 takes seconds on 2 cores, seven rounds of every worker cost minutes that could not
+change the winner."""
 
 from __future__ import annotations
 
@@ -31,9 +41,8 @@ class TurnSettings:
     min_rounds: int = 3
     burst_s: float = 0.3
     timeout_s: float = 600.0
-    # Workers per library. Each process keeps its own luck (where its memory and threads land): the
-    # same pair timed in turns in other processes disagreed by a tenth. Pooling the runs of two
-    # workers per library averages that out.
+    # Workers per library. Each process keeps its own luck: the same pair timed in turns in other
+    # processes disagreed by a tenth. A library is costed by its fastest worker.
     workers_per_library: int = 2
 
 
@@ -45,7 +54,7 @@ def time_in_turns(
     disabled: Sequence[str],
     settings: TurnSettings = TurnSettings(),
 ) -> dict[str, Cost]:
-    """Each library's cost, by name, from the pooled runs of its workers on ``inputs`` (an ``.npz``),
+    """Each library's cost, by name, from the runs of its fastest worker on ``inputs`` (an ``.npz``),
     every worker of every library taking its turns.
 
     Raises :class:`~collage_core.worker_client.WorkerFailure` if a library cannot be loaded or run.
@@ -58,17 +67,27 @@ def time_in_turns(
                 request = {"op": "load_library", "library": str(library), "inputs": str(inputs), "target": target_json}
                 once_s[name, copy] = max(worker.request(request, settings.timeout_s)["once_s"], 1e-6)
                 workers[name, copy] = worker
-        samples: dict[str, list[float]] = {name: [] for name in libraries}
+        samples: dict[tuple[str, int], list[float]] = {key: [] for key in workers}
         keys = list(workers)
         for round_index in range(settings.rounds):
             shift = round_index % len(keys)
             for key in keys[shift:] + keys[:shift]:
                 count = max(1, int(settings.burst_s / once_s[key]))
                 response = workers[key].request({"op": "time_turn", "count": count}, settings.timeout_s)
-                samples[key[0]] += response["samples_s"]
-            if round_index + 1 >= settings.min_rounds and leader_is_clear(samples):
+                samples[key] += response["samples_s"]
+            if round_index + 1 >= settings.min_rounds and leader_is_clear(fastest_workers_runs(samples)):
                 break
-    return {name: _cost(values) for name, values in samples.items()}
+    return {name: _cost(runs) for name, runs in fastest_workers_runs(samples).items()}
+
+
+def fastest_workers_runs(samples: Mapping[tuple[str, int], Sequence[float]]) -> dict[str, list[float]]:
+    """Each library's runs in its fastest worker (the lowest median), from runs keyed by
+    ``(library, worker)``; a library whose workers have not run yet has none."""
+    by_library: dict[str, list[list[float]]] = {}
+    for (name, _), runs in samples.items():
+        by_library.setdefault(name, []).append(list(runs))
+    return {name: min((runs for runs in workers if runs), key=np.median, default=[])
+            for name, workers in by_library.items()}
 
 
 def leader_is_clear(samples: Mapping[str, Sequence[float]]) -> bool:
