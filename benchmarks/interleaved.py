@@ -6,7 +6,9 @@ come from here: each contender is set up once in each of its processes (ONNX Run
 session, PyTorch eager, ``torch.compile``, and Collage's exported library loaded with
 ``collage_core.deploy.load_vm``), then the processes take turns, a short burst each, for several
 rounds. Only the running process works; the others wait on a pipe, so their threads sleep. Each
-contender's median and interquartile range are over all the runs of all its processes.
+contender's median and interquartile range are over all the runs of all its processes, and each
+process's median is kept: the report (``peers_report.py``) times a contender by its fastest process,
+as a process keeps its own luck and that luck only slows.
 
     python benchmarks/interleaved.py MODEL BATCH LIBRARY [--single LIBRARY] [--rounds 9] [--processes 2]
                                                                         (prints one JSON line)
@@ -38,9 +40,8 @@ SINGLE = "best single backend library"
 LIBRARIES = (COLLAGE, SINGLE)  # contenders that are libraries `collage optimize` wrote
 BURST_S = 0.4  # each turn runs a contender about this long (at least one run)
 ROUNDS = 9
-# Processes per contender. Each process keeps its own luck (where its memory and threads land): the
-# same library timed in two processes side by side differs by up to a tenth. Pooling the runs of
-# several processes averages that out; each one's median is kept too.
+# Processes per contender. Each process keeps its own luck: the same library timed in two processes
+# side by side differs by up to a tenth, and GPT-2 b8 in OpenVINO by a third. Each one's median is kept.
 PROCESSES = 2
 # Peers at lower precision (benchmarks/precision.py): PyTorch's CPU autocast, OpenVINO's inference precision hint.
 TORCH_BF16 = "pytorch eager, bf16 autocast"
