@@ -112,7 +112,7 @@ def best_single_in_turns(directory: Path, collage_s: Optional[float]) -> tuple[O
     name = data.get("single")
     if not name or collage_s is None:
         return None, None
-    timed = seconds_of(data.get("contenders", {}).get("best single backend library"))
+    timed = seconds_of(interleaved_rows(directory).get(SINGLE_IN_TURNS))
     if timed is not None:
         return single_backend_row(name), collage_s / timed
     if "best single backend library" not in data.get("contenders", {}):
