@@ -13,7 +13,8 @@ one with the lowest median). A process keeps its own luck, and on these machines
 ever slows: on a 2-core Xeon, GPT-2 at batch 8 in OpenVINO ran 0.92 s a run back to back in one
 process, while of four processes taking turns with ONNX Runtime's, one ran 1.27 s a run round
 after round and the others 0.92-0.94 s; a single process that waited 4 s between runs slowed
-from 0.92 to 1.3 s (ONNX Runtime's stayed at 1.0-1.1 s). Pooling the workers' runs would charge
+from 0.92 to 1.3 s (ONNX Runtime's stayed at 1.0-1.1 s; OpenVINO's slowing after a pause is known
+upstream, openvinotoolkit/openvino#31145). Pooling the workers' runs would charge
 a library for its unluckiest process; its fastest worker measures it as it runs when nothing
 holds it back, as it ran alone, and every library is measured the same way.
 
