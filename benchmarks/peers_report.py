@@ -105,17 +105,17 @@ def fastest_process(row: dict) -> dict:
     return {**row, "median_s": min(medians), "pooled_median_s": row["median_s"]}
 
 
-def best_single_in_turns(directory: Path, collage_s: Optional[float]) -> tuple[Optional[str], Optional[float]]:
-    """The best single backend and Collage's ratio to it, both timed in turns: its library was one
-    of the contenders, or it is Collage's own placement (ratio 1). (None, None) if neither."""
-    data = load_raw(directory, "interleaved") or {}
-    name = data.get("single")
+def best_single_in_turns(directory: Path, turns: dict[str, dict], collage_s: Optional[float]) -> tuple[Optional[str], Optional[float]]:
+    """The best single backend and Collage's ratio to it, both timed in turns (``turns``, the model's
+    :func:`interleaved_rows`): its library was one of the contenders, or it is Collage's own placement
+    (ratio 1). (None, None) if neither."""
+    name = (load_raw(directory, "interleaved") or {}).get("single")
     if not name or collage_s is None:
         return None, None
-    timed = seconds_of(interleaved_rows(directory).get(SINGLE_IN_TURNS))
+    timed = seconds_of(turns.get(SINGLE_IN_TURNS))
     if timed is not None:
         return single_backend_row(name), collage_s / timed
-    if "best single backend library" not in data.get("contenders", {}):
+    if SINGLE_IN_TURNS not in turns:
         return f"{single_backend_row(name)} (Collage's own placement)", 1.0
     return None, None
 
@@ -275,7 +275,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         # end-to-end measurements, taken minutes apart.
         single_name, best_single = _best(rows, SINGLE_BACKENDS)
         placement = seconds_of(rows.get(COLLAGE))
-        turns_name, single_ratio = best_single_in_turns(directory, collage)
+        turns_name, single_ratio = best_single_in_turns(directory, turns, collage)
         if single_ratio is None:
             single_ratio = None if placement is None or best_single is None else placement / best_single
         else:
@@ -298,7 +298,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
                         "median of each process (ms) | median of all runs (ms) |",
                         "|---|---|---|---|---|---|"]
             details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {ratio_text(seconds_of(row), collage)} | "
-                        f"{', '.join(f'{s * 1e3:.2f}' for s in row.get('process_medians_s', []))} | "
+                        f"{', '.join(_milliseconds(s) for s in row.get('process_medians_s', []))} | "
                         f"{_milliseconds(row.get('pooled_median_s'))} |"
                         for name, row in turns.items()]
             details += ["", "Each configuration in its own process, one after another:", ""]
