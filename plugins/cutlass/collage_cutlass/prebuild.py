@@ -91,5 +91,6 @@ def compile_kernels(wanted, heading: str, dry_run: bool = False) -> int:
     print(f"compiled {len(missing) - len(failed)} of {len(missing)} in {time.monotonic() - started:.0f} s")
     return 1 if failed else 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

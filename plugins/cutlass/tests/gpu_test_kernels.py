@@ -80,5 +80,6 @@ def main(argv=None) -> int:
     wanted = kernels()
     return prebuild.compile_kernels(wanted, f"{len(wanted)} kernels for the GPU tests", args.dry_run)
 
+
 if __name__ == "__main__":
     sys.exit(main())
