@@ -122,9 +122,10 @@ def test_deny_list_leaves_out_the_named_plugins():
 
 
 def _replay(placement: Path) -> subprocess.CompletedProcess:
+    """The ``collage`` command replaying ``placement``, run in the placement's folder (its default output goes there)."""
     return subprocess.run(
         ["collage", "optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        capture_output=True, text=True, timeout=600, cwd=placement.parent,
     )
 
 
