@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -20,6 +21,16 @@ Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
 class ModelImportError(CollageError):
     """The model cannot be read, or uses something Collage cannot handle."""
+
+
+class UncheckableModel(ModelImportError):
+    """Collage cannot compare the imported model's outputs with its reference's: the reference fails on
+    inputs of the model's shapes or gives different outputs for the same inputs, an output is not a
+    tensor, or the two disagree in how many outputs there are or in their shapes or dtypes."""
+
+
+class ImportNumericsError(ModelImportError):
+    """TVM's plain build of the imported model computes other numbers than its reference."""
 
 
 @attrs.frozen
@@ -51,6 +62,8 @@ class ImportedModel:
     precision: str = "fp32"
     # The units of the converted model given back float32 arithmetic (see collage_core.widening).
     float32_units: tuple[int, ...] = ()
+    # Where each output comes from, in order (a PyTorch module's: ``output['logits']``); empty when unnamed.
+    output_names: tuple[str, ...] = ()
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs for checks: uniform floats, and small non-negative integers (valid token ids)."""
@@ -68,7 +81,13 @@ class ImportedModel:
 
 def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name: Optional[str] = None) -> ImportedModel:
     """Import an ONNX path, an ``onnx.ModelProto``, a ``torch.nn.Module`` (with example inputs) or a Relax
-    IRModule; a model already imported is returned as it is."""
+    IRModule; a model already imported is returned as it is.
+
+    A PyTorch module's outputs are the tensors it returns, flattened in the order ``torch.export``
+    gives them (see :mod:`collage_core.torch_outputs`): tuple and list items by index, dict entries
+    in insertion order, dataclass and ``ModelOutput`` fields in declaration order, nested containers
+    depth first, None left out. An output that is not a tensor is refused (:class:`UncheckableModel`).
+    """
     if isinstance(model, ImportedModel):
         return model
     if isinstance(model, (str, os.PathLike)):
@@ -196,14 +215,24 @@ def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
     return reference
 
 
+TENSORS_ONLY = ("a module's outputs must be tensors, or tuples, lists, dicts, dataclasses or transformers ModelOutputs "
+                "of them (None is left out)")
+
+
 def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     import torch
 
+    from collage_core.torch_outputs import Flattened, NotATensor, flatten
+
     module = module.eval()
+    flattened = Flattened(module)
     try:
         with torch.no_grad():
-            program = torch.export.export(module, example_inputs)
+            program = torch.export.export(flattened, example_inputs)
             mod = tvm_compat.from_exported_program(program)
+    except NotATensor as output:
+        raise UncheckableModel(f"PyTorch module {name}: Collage cannot check its outputs: {output}; "
+                               f"{TENSORS_ONLY}") from None
     except tvm_compat.TorchNodeFailure as failure:
         verdict = _onnx_route_verdict(module, example_inputs, name)
         where = f" (made by {failure.source})" if failure.source else ""
@@ -220,10 +249,8 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
 
     def reference(arrays):
         with torch.no_grad():
-            outputs = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
-        if isinstance(outputs, torch.Tensor):
-            outputs = (outputs,)
-        return [o.detach().numpy() for o in outputs]
+            returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        return [tensor.detach().numpy() for _, tensor in flatten(returned)]
 
     canonical = canonicalize(mod, f"PyTorch module {name}")
     return ImportedModel(
@@ -234,6 +261,7 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
         fingerprint=tvm_compat.structural_key(canonical["main"]),
         reference=reference,
         reference_name=f"pytorch {torch.__version__}",
+        output_names=flattened.last.names,
     )
 
 
@@ -292,6 +320,114 @@ def canonicalize(mod, origin: str):
         except ValueError as error:
             raise ModelImportError(f"{origin}: input {param.name}: {error}; only static shapes are supported") from None
     return mod
+
+
+# TVM's plain build (tvm.compile's CPU pipeline, nothing scheduled) ran ResNet-50's 4.1 G multiply-adds in 3.6 s
+# and BERT-base's 11 G (128 tokens) in 50 s on 2 cores: up to this many, checking its numerics first takes seconds.
+CHECK_BUILD_MULTIPLY_ADDS = 10**9
+
+
+def check_against_reference(imported: ImportedModel) -> str:
+    """Compare the imported model with its reference on the inputs the verification at the end uses,
+    before anything is measured; says, in a line, what was checked.
+
+    The reference's outputs are compared with ``main``'s declared outputs in count, shapes and dtypes,
+    then with the outputs of TVM's plain build of ``main`` within float32's tolerance, for a model of
+    at most :data:`CHECK_BUILD_MULTIPLY_ADDS` multiply-adds (a larger one's numbers are checked at the
+    end only). Raises :class:`UncheckableModel` or :class:`ImportNumericsError`, naming the model and
+    the output.
+    """
+    from collage_core.precision import FP32, tolerance
+    from collage_core.verify import compare_outputs
+
+    label = _label(imported)
+    if imported.reference is None:
+        return f"{label}: no reference to check against"
+    inputs = imported.random_inputs()
+    try:
+        expected = [np.asarray(array) for array in imported.reference(inputs)]
+    except Exception as error:
+        raise UncheckableModel(f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's "
+                               f"shapes: {_first_line(error)}") from None
+    declared = tvm_compat.return_type(imported.mod["main"])
+    declared = list(declared.fields) if isinstance(declared, relax.TupleType) else [declared]
+    if len(declared) != len(expected):
+        raise UncheckableModel(f"{label}: {imported.reference_name} gives {len(expected)} outputs, the imported model "
+                               f"{len(declared)}")
+    for index, (ty, array) in enumerate(zip(declared, expected)):
+        try:
+            shape, dtype = tvm_compat.type_shape_dtype(ty)
+        except ValueError as error:
+            raise UncheckableModel(f"{label}: {_output(imported, index)} of the imported model is {error}") from None
+        if (shape, dtype) != (array.shape, array.dtype.name):
+            raise UncheckableModel(f"{label}: {_output(imported, index)} is {dtype}{list(shape)} in the imported model, "
+                                   f"{array.dtype.name}{list(array.shape)} from {imported.reference_name}")
+    outputs_agree = "its output agrees" if len(expected) == 1 else f"its {len(expected)} outputs agree"
+    agree = f"{label}: {outputs_agree} with {imported.reference_name}'s in shape and dtype"
+    work = _multiply_adds(imported.mod["main"])
+    if work > CHECK_BUILD_MULTIPLY_ADDS:
+        return (f"{agree}; numerics are verified at the end only ({work / 1e9:.1f} G multiply-adds, too many to run "
+                f"TVM's unscheduled build first)")
+    try:
+        outputs = _run_plain_build(imported.mod, inputs)
+    except Exception as error:
+        return f"{agree}; numerics are verified at the end only (TVM's plain build failed: {_first_line(error)})"
+    held_to = tolerance(FP32)
+    verification = compare_outputs(outputs, expected, imported.reference_name, held_to.rtol, held_to.atol)
+    if verification.passed:
+        return f"{agree}; TVM's plain build: {verification.describe()}"
+    again = compare_outputs(imported.reference(inputs), expected, imported.reference_name, held_to.rtol, held_to.atol)
+    if not again.passed:
+        raise UncheckableModel(f"{label}: {imported.reference_name} gives other outputs each time on the same inputs "
+                               f"(max error relative to output scale {again.max_rel_error:.3g} between two runs)")
+    off = next(index for index, (out, ref) in enumerate(zip(outputs, expected))
+               if not compare_outputs([out], [ref], "", held_to.rtol, held_to.atol).passed)
+    raise ImportNumericsError(
+        f"{label}: TVM's plain build of the imported model disagrees with {imported.reference_name} at "
+        f"{_output(imported, off)} (max abs error {verification.max_abs_error:.3g}, max error relative to output "
+        f"scale {verification.max_rel_error:.3g}; tolerance atol {held_to.atol:g} + rtol {held_to.rtol:g} x "
+        f"max|reference|): every placement of it would fail the verification")
+
+
+def _label(imported: ImportedModel) -> str:
+    kind = {"torch": "PyTorch module", "onnx": "ONNX model", "relax": "Relax module"}.get(imported.source, "model")
+    return f"{kind} {imported.name}"
+
+
+def _output(imported: ImportedModel, index: int) -> str:
+    named = f" ({imported.output_names[index]})" if index < len(imported.output_names) else ""
+    return f"output {index}{named}"
+
+
+def _multiply_adds(func) -> int:
+    """The multiply-adds of ``func``'s products and convolutions: what a build left unscheduled spends its time on."""
+    total = 0
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not tvm_compat.is_op_call(call):
+                continue
+            op = tvm_compat.op_name(call)
+            if op != "relax.matmul" and not op.startswith("relax.nn.conv"):
+                continue
+            try:
+                out_shape, _ = tvm_compat.tensor_shape_dtype(binding.var)
+                operand_shape, _ = tvm_compat.tensor_shape_dtype(call.args[0 if op == "relax.matmul" else 1])
+            except ValueError:
+                continue
+            if op == "relax.matmul":
+                summed = operand_shape[-1]
+            else:  # over the weight but its output channels (a transposed convolution's overcounted by the stride)
+                summed = math.prod(operand_shape) // operand_shape[str(call.attrs.kernel_layout).index("O")]
+            total += math.prod(out_shape) * summed
+    return total
+
+
+def _run_plain_build(mod, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    device = tvm.cpu(0)
+    vm = tvm_compat.virtual_machine(relax.build(mod, tvm_compat.host_cpu_target()), device)
+    result = vm["main"](*[tvm_compat.to_tensor(array, device) for array in inputs])
+    return [tvm_compat.to_numpy(value) for value in ([result] if hasattr(result, "numpy") else result)]
 
 
 def _first_line(error: BaseException) -> str:

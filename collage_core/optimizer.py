@@ -23,7 +23,7 @@ from collage_core.cost_db import CostDatabase, default_cost_db_path
 from collage_core.errors import CollageError
 from collage_core.finished_build import FinishedBuild, finish_key, load_finished, save_finished
 from collage_core.job import FINISHED_PROTOCOL, Job
-from collage_core.model_import import load_model
+from collage_core.model_import import check_against_reference, load_model
 from collage_core.partition import partition_module
 from collage_core.placement_file import load_placement
 from collage_core.plugins import get_plugin_manager
@@ -87,6 +87,8 @@ def optimize(
     say = _Narrator(show_progress)
     clock = PhaseClock()
     original = load_model(model, example_inputs)
+    if verify:  # a model whose outputs cannot be checked fails here, before anything is measured
+        say(check_against_reference(original))
     target = tvm_compat.make_target(target)
     replayed = load_placement(placement) if placement is not None else None
     precision = _precision_wanted(precision, replayed, placement)

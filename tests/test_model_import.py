@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import onnx
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from onnx import TensorProto, helper
+from transformers.utils import ModelOutput
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
+import collage_core
 from collage_core import tvm_compat
-from collage_core.model_import import ModelImportError, TensorSpec, load_model
+from collage_core.model_import import (ImportNumericsError, ModelImportError, TensorSpec, UncheckableModel,
+                                       check_against_reference, load_model)
 from collage_core.verify import compare_outputs
 
 MODELS = Path(__file__).parent.parent / "models"
@@ -24,7 +30,8 @@ TINY_BERT = MODELS / "tiny_bert.onnx"
 OPSET = 17
 # An ONNX operator that is in the standard opset but that TVM's Relax frontend cannot convert.
 UNSUPPORTED_ONNX_OP = "Det"
-# float32 kernels of TVM and ONNX Runtime differ in summation order only: errors near 1e-7 of the output scale.
+# float32 kernels of TVM and of ONNX Runtime or PyTorch differ in summation order only: errors near 1e-7 of the
+# output scale.
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -342,3 +349,176 @@ def test_a_torch_node_tvm_cannot_convert_is_named_with_its_source_line(monkeypat
     assert "\n" not in message
     assert message.startswith("PyTorch module ConvReluLinear: TVM's importer cannot convert relu.default node 'relu' (made by ")
     assert "ValueError: relu is not supported here; the ONNX route " in message
+
+
+# What PyTorch modules return, flattened (collage_core.torch_outputs). Each output has a shape of its own, so
+# that the order of the imported outputs shows in their shapes.
+@dataclasses.dataclass
+class Pair:
+    second: torch.Tensor
+    absent: Optional[torch.Tensor]
+    first: torch.Tensor
+
+
+@dataclasses.dataclass
+class RegisteredPair:  # Pair's twin, registered with torch.export: the order torch.export gives a dataclass
+    second: torch.Tensor
+    absent: Optional[torch.Tensor]
+    first: torch.Tensor
+
+
+torch.export.register_dataclass(RegisteredPair)
+
+
+@dataclasses.dataclass
+class Classified(ModelOutput):
+    loss: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
+    hidden_states: Optional[tuple[torch.Tensor, ...]] = None
+
+
+class Returning(torch.nn.Module):
+    """Returns ``make(pieces)``, where ``pieces[i]`` is computed from ``x``'s first ``i + 1`` rows: its shape says which it is."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.make([torch.tanh(self.linear(x[: i + 1])) * (i + 1) for i in range(5)])
+
+
+# What the module returns, from its pieces (``p``); where each output is, in order; which piece each is.
+RETURNED = {
+    "tensor": (lambda p: p[2], ["output"], [2]),
+    "tuple": (lambda p: (p[0], p[1]), ["output[0]", "output[1]"], [0, 1]),
+    "list": (lambda p: [p[1], None, p[0]], ["output[0]", "output[2]"], [1, 0]),
+    "nested dict": (lambda p: {"z": p[0], "a": [p[1], {"y": p[2], "b": (p[3], None)}], "none": None},
+                    ["output['z']", "output['a'][0]", "output['a'][1]['y']", "output['a'][1]['b'][0]"], [0, 1, 2, 3]),
+    "dataclass": (lambda p: Pair(p[1], None, p[0]), ["output.second", "output.first"], [1, 0]),
+    "ModelOutput": (lambda p: Classified(logits=p[4], hidden_states=(p[1], p[2])),
+                    ["output['logits']", "output['hidden_states'][0]", "output['hidden_states'][1]"], [4, 1, 2]),
+    "nested": (lambda p: (Classified(logits=p[3]), {"pair": Pair(p[2], None, p[1])}, [p[0]]),
+               ["output[0]['logits']", "output[1]['pair'].second", "output[1]['pair'].first", "output[2][0]"], [3, 2, 1, 0]),
+}
+
+
+def exported_order(module, example) -> list[tuple[int, ...]]:
+    """The shapes of the outputs torch.export alone makes of ``module``'s, in its order (each Pair returned as
+    its registered twin, as torch.export needs)."""
+    class Exportable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return pytree.tree_map(lambda leaf: RegisteredPair(leaf.second, leaf.absent, leaf.first)
+                                   if isinstance(leaf, Pair) else leaf, self.module(x))
+
+    program = torch.export.export(Exportable(), (example,))
+    (outputs,) = [node.args[0] for node in program.graph.nodes if node.op == "output"]
+    return [tuple(node.meta["val"].shape) for node in outputs if node is not None]
+
+
+def declared_shapes(imported) -> list[tuple[int, ...]]:
+    declared = tvm_compat.return_type(imported.mod["main"])
+    return [tvm_compat.type_shape_dtype(ty)[0] for ty in (declared.fields if isinstance(declared, relax.TupleType) else [declared])]
+
+
+@pytest.mark.parametrize("returned", list(RETURNED))
+def test_outputs_are_the_returned_tensors_in_torch_exports_order_and_match_pytorch(returned):
+    make, names, pieces = RETURNED[returned]
+    torch.manual_seed(0)
+    module, example = Returning(make), torch.randn(5, 4)
+    in_order = [(piece + 1, 4) for piece in pieces]
+    assert exported_order(module, example) == in_order
+    imported = load_model(module, example_inputs=(example,))
+    assert imported.output_names == tuple(names)
+    assert declared_shapes(imported) == in_order
+    inputs = imported.random_inputs(seed=5)
+    expected = imported.reference(inputs)
+    assert [array.shape for array in expected] == in_order
+    target = tvm_compat.host_cpu_target()
+    outputs = run_relax(relax.build(imported.mod, target), target, inputs)
+    verification = compare_outputs(outputs, expected, imported.reference_name, RTOL, ATOL)
+    assert verification.passed, verification.describe()
+    assert "numerics passed" in check_against_reference(imported)
+
+
+class CountsToo(torch.nn.Module):
+    def forward(self, x):
+        return x * 2.0, {"count": 3}
+
+
+def test_an_output_that_is_not_a_tensor_is_refused_naming_where_it_is():
+    with pytest.raises(UncheckableModel) as raised:
+        load_model(CountsToo(), example_inputs=(torch.ones(2, 3),))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("PyTorch module CountsToo: Collage cannot check its outputs: output[1]['count'] is not a "
+                              "tensor (type int); a module's outputs must be tensors, or tuples, lists, ")
+
+
+class ExportedDifferently(torch.nn.Module):
+    """What torch.export sees is not what runs: ``exported`` and ``run`` make the outputs of each."""
+
+    def __init__(self, exported, run):
+        super().__init__()
+        self.exported, self.run = exported, run
+
+    def forward(self, x):
+        return self.exported(x) if torch.compiler.is_exporting() else self.run(x)
+
+
+def _refuse(x):
+    raise ValueError("inputs of this kind are refused")
+
+
+@pytest.mark.parametrize("exported, run, error, message", [
+    (lambda x: x + 1, lambda x: (x + 1, x * 2), UncheckableModel, "pytorch .* gives 2 outputs, the imported model 1$"),
+    (lambda x: {"a": x[:1], "b": x}, lambda x: {"a": x, "b": x}, UncheckableModel,
+     r"output 0 \(output\['a'\]\) is float32\[1, 3\] in the imported model, float32\[2, 3\] from pytorch"),
+    (lambda x: x + 1, lambda x: (x + 1).double(), UncheckableModel, r"output 0 \(output\) is float32\[2, 3\] in the imported "
+     r"model, float64\[2, 3\] from pytorch"),
+    (lambda x: x + 1, _refuse, UncheckableModel, r"its reference \(pytorch .*\) fails on inputs of the model's shapes: "
+     r"ValueError: inputs of this kind are refused$"),
+    (lambda x: x + 1, lambda x: x + torch.rand_like(x), UncheckableModel, "gives other outputs each time on the same inputs"),
+    (lambda x: (x * 2, x + 1), lambda x: (x * 2, x + 2), ImportNumericsError,
+     r"TVM's plain build of the imported model disagrees with pytorch .* at output 1 \(output\[1\]\) \(max abs error 1,"),
+], ids=["count", "shape", "dtype", "reference fails", "reference varies", "numerics"])
+def test_a_model_collage_cannot_check_fails_before_anything_is_measured(monkeypatch, tmp_path, exported, run, error,
+                                                                        message):
+    from collage_core import search_stage
+
+    def measure(*args, **kwargs):
+        raise AssertionError("candidates were measured")
+
+    monkeypatch.setattr(search_stage, "measure", measure)
+    with pytest.raises(error, match=f"^PyTorch module ExportedDifferently: .*{message}") as raised:
+        collage_core.optimize(ExportedDifferently(exported, run), example_inputs=(torch.ones(2, 3),), backends=["tvm"],
+                              output_dir=tmp_path, cost_db=tmp_path / "costs.sqlite", show_progress=False)
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "costs.sqlite").exists()
+
+
+def test_the_check_before_measuring_runs_an_onnx_model_too(tiny_resnet):
+    assert check_against_reference(tiny_resnet).startswith(
+        "ONNX model tiny_resnet: its output agrees with onnxruntime")
+
+
+def test_a_model_too_large_to_run_unscheduled_is_checked_in_shapes_only_before_measuring(monkeypatch):
+    """ConvReluLinear: a 3x3 convolution from 3 to 4 channels at 8x8 (256 x 27 multiply-adds) and 256 to 5 (5 x 256)."""
+    from collage_core import model_import
+
+    imported = load_model(ConvReluLinear(), example_inputs=(torch.randn(1, 3, 8, 8),))
+    assert model_import._multiply_adds(imported.mod["main"]) == 256 * 27 + 5 * 256
+
+    def build(*args):
+        raise AssertionError("built")
+
+    monkeypatch.setattr(model_import, "CHECK_BUILD_MULTIPLY_ADDS", 256 * 27)
+    monkeypatch.setattr(model_import, "_run_plain_build", build)
+    assert check_against_reference(imported).endswith(
+        "its output agrees with " + imported.reference_name + "'s in shape and dtype; numerics are verified at the end "
+        "only (0.0 G multiply-adds, too many to run TVM's unscheduled build first)")
