@@ -12,6 +12,12 @@ Backends whose partitions call native kernels name their shared libraries
 (``collage_runtime_libraries``); exports carry copies in ``<library>.libs/``, listed in the
 runtime file, so that a process with TVM's runtime alone (no compiler, no Collage plugins, as
 on a deployment machine) loads those instead of asking the plugins.
+
+A library built with other backend versions than those installed says so when it is loaded (a
+warning through the ``collage`` logger, or an error with ``strict``): its partitions then run on
+the installed backends' runtimes. Versions are compared as whole strings (``kernels-1`` is not
+``kernels-1+threads-1``). With TVM's runtime alone nothing is compared: the carried kernels are
+the ones the library was built with.
 """
 
 from __future__ import annotations
@@ -130,6 +136,39 @@ def read_runtime_file(library: os.PathLike) -> dict:
     return record
 
 
+def other_versions(recorded: Mapping[str, str], installed: Mapping) -> list[tuple[str, str, str]]:
+    """``(backend, recorded version, installed version)`` for each backend in ``recorded`` (name ->
+    version) that ``installed`` (name -> Backend record) holds at another version."""
+    return [
+        (name, str(version), installed[name].version)
+        for name, version in sorted(recorded.items())
+        if name in installed and version is not None and str(version) != installed[name].version
+    ]
+
+
+# The version messages already given in this process: a placement file is read several times by one run.
+_versions_told: set[str] = set()
+
+
+def tell_other_versions(origin: str, recorded: Mapping[str, str], installed: Mapping, consequence: str,
+                        made: str = "built", strict: bool = False) -> None:
+    """For each backend ``origin`` was ``made`` with at another version than is installed here, a
+    warning through the ``collage`` logger naming the backend and both versions (once per process),
+    or with ``strict`` a :class:`LibraryLoadError` for the first."""
+    for name, then, now in other_versions(recorded, installed):
+        message = f"{origin} was {made} with {name} {then}, and {name} {now} is installed here: {consequence}"
+        if strict:
+            raise LibraryLoadError(message)
+        if message not in _versions_told:
+            _versions_told.add(message)
+            log.warning("%s", message)
+
+
+def recorded_versions(backends: Mapping[str, Mapping]) -> dict[str, str]:
+    """Each backend's version as a runtime file, an executor configuration or a placement records it."""
+    return {name: entry.get("version") for name, entry in backends.items() if isinstance(entry, Mapping)}
+
+
 def prepare_runtime(library: os.PathLike, pm=None) -> dict:
     """Make this process able to run ``library``'s partitions; the runtime record.
 
@@ -142,7 +181,7 @@ def prepare_runtime(library: os.PathLike, pm=None) -> dict:
 
     record = read_runtime_file(library)
     runtime_only = not tvm_compat.has_compiler()
-    installed = {} if runtime_only else _installed_backends(pm)
+    installed = {} if runtime_only else installed_backends(pm)
     for name, needs in sorted(record["backends"].items()):
         wanted = needs.get("needs") or "its Collage plugin"
         if runtime_only and needs.get("carried") is not None:
@@ -159,7 +198,8 @@ def prepare_runtime(library: os.PathLike, pm=None) -> dict:
     return record
 
 
-def _installed_backends(pm) -> dict:
+def installed_backends(pm=None) -> dict:
+    """The backends installed here (Backend records by name)."""
     from collage_core.backends import discover_backends
     from collage_core.plugins import get_plugin_manager
 
@@ -205,13 +245,19 @@ def _load_carried(library, name: str, carried: list) -> None:
     _carried_loaded[name] = digests
 
 
-def load_library(library: os.PathLike, *, pm=None, device=None):
+def load_library(library: os.PathLike, *, pm=None, device=None, strict: bool = False, origin: Optional[str] = None):
     """``library`` loaded with TVM's runtime after preparing every backend it needs (and TVM's
-    runtime for ``device``, where runtime-only TVM does not load it by itself)."""
+    runtime for ``device``, where runtime-only TVM does not load it by itself). Built with other
+    backend versions than those installed, it is loaded with a warning, or with ``strict`` refused;
+    ``origin`` is how those messages name it (default: its path)."""
     import tvm
 
     from collage_core import tvm_compat
 
+    if tvm_compat.has_compiler():  # the plugins prepare the backends: their versions are the ones that run
+        record = read_runtime_file(library)
+        tell_other_versions(origin or str(library), recorded_versions(record["backends"]), installed_backends(pm),
+                            "its partitions run on the installed version", strict=strict)
     prepare_runtime(library, pm)
     if device is not None:
         try:
@@ -221,11 +267,14 @@ def load_library(library: os.PathLike, *, pm=None, device=None):
     return tvm.runtime.load_module(str(library))
 
 
-def load_vm(library: os.PathLike, device=None, *, pm=None):
-    """A Relax virtual machine over ``library`` (on the CPU unless ``device`` is given); needs only TVM's runtime."""
+def load_vm(library: os.PathLike, device=None, *, pm=None, strict: bool = False, origin: Optional[str] = None):
+    """A Relax virtual machine over ``library`` (on the CPU unless ``device`` is given); needs only TVM's
+    runtime. Call its entry function with TVM tensors, ``vm["main"](tvm.runtime.tensor(x))``; it gives a
+    tensor (``.numpy()``), or a tuple of them for several outputs. ``strict`` and ``origin`` as for
+    :func:`load_library`."""
     import tvm
 
     from collage_core import tvm_compat
 
     device = device or tvm.cpu(0)
-    return tvm_compat.virtual_machine(load_library(library, pm=pm, device=device), device)
+    return tvm_compat.virtual_machine(load_library(library, pm=pm, device=device, strict=strict, origin=origin), device)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import attrs
 
+from collage_core.deploy import installed_backends, recorded_versions, tell_other_versions
 from collage_core.errors import CollageError
 from collage_core.graph import OpGraph
 from collage_core.precision import DTYPES, FP32, PRECISIONS
@@ -119,8 +120,10 @@ def _finite_or_none(value: float):
     return value if math.isfinite(value) else None
 
 
-def load_placement(path: os.PathLike) -> Placement:
-    """Read a placement file; any problem is a ``PlacementFileError`` naming the file and the problem."""
+def load_placement(path: os.PathLike, pm=None) -> Placement:
+    """Read a placement file; any problem is a ``PlacementFileError`` naming the file and the problem.
+    A placement measured with other versions of the backends it uses than those installed (by ``pm``,
+    default every plugin) is read with a warning naming each such backend and both versions."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -128,7 +131,11 @@ def load_placement(path: os.PathLike) -> Placement:
         raise PlacementFileError(f"{path}: no such placement file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise PlacementFileError(f"{path}: not JSON ({error})") from None
-    return placement_from_json(data, str(path))
+    placement = placement_from_json(data, str(path))
+    used = {part.backend for part in placement.partitions}
+    recorded = {name: version for name, version in recorded_versions(placement.backends).items() if name in used}
+    tell_other_versions(str(path), recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured")
+    return placement
 
 
 def placement_from_json(data: Any, origin: str) -> Placement:

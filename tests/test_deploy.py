@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -17,7 +19,8 @@ from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build import build
 from collage_core.deploy import (
-    LibraryLoadError, backend_needs, carried_dir, load_vm, prepare_runtime, runtime_file, runtime_libraries, write_runtime_file,
+    LibraryLoadError, backend_needs, carried_dir, copy_library, load_vm, prepare_runtime, runtime_file, runtime_libraries,
+    write_runtime_file,
 )
 from collage_core.partition import partition_module
 from collage_core.plugins import first_result, get_plugin_manager
@@ -92,7 +95,43 @@ def test_library_runs_in_a_fresh_process_loaded_by_its_runtime_file(exported, tm
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    # Exported before any VM ran on its executable: TVM's VM records an empty memory scope for each constant
+    # it reads into the executable it runs, and a library exported after that logs "Scope Loaded" for each.
+    assert "Scope Loaded" not in result.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+# Versions a library may have been built with, from the installed one: the reported case was a library built
+# with kernels-1 loaded silently under kernels-1+threads-1.
+OTHER_VERSIONS = {"shorter": lambda installed: installed.rsplit("+", 1)[0], "longer": lambda installed: f"{installed}+threads-1"}
+
+
+@pytest.mark.parametrize("other", OTHER_VERSIONS)
+def test_a_library_built_with_other_backend_versions_warns_naming_both_or_with_strict_is_refused(
+    exported, tmp_path, caplog, other
+):
+    library, x, expected = exported
+    older = tmp_path / "older.so"
+    copy_library(library, older)
+    record = json.loads(runtime_file(older).read_text())
+    installed = record["backends"]["dnnl"]["version"]  # exported in this session: the installed version
+    recorded = record["backends"]["dnnl"]["version"] = OTHER_VERSIONS[other](installed)
+    runtime_file(older).write_text(json.dumps(record))
+    said = f"was built with dnnl {recorded}, and dnnl {installed} is installed here: its partitions run on the installed version"
+    with pytest.raises(LibraryLoadError, match=re.escape(f"{older} {said}")):
+        load_vm(older, strict=True)
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        vm = load_vm(older, origin="the shipped model")
+    assert [r.getMessage() for r in caplog.records if "was built with" in r.getMessage()] == [f"the shipped model {said}"]
+    out = vm["main"](tvm_compat.to_tensor(x, tvm.cpu(0)))
+    np.testing.assert_array_equal(tvm_compat.to_numpy(out), expected)
+
+
+def test_a_library_built_with_the_installed_versions_loads_without_a_word(exported, caplog):
+    library, _, _ = exported
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        load_vm(library, strict=True)
+    assert not [r for r in caplog.records if "was built with" in r.getMessage()]
 
 
 RUN_LIBRARY = (
