@@ -144,11 +144,13 @@ def _parser() -> argparse.ArgumentParser:
                                "CUDA graphs (by default the report gives the placement's latency both ways)")
     optimize.set_defaults(command=_optimize)
 
-    export = commands.add_parser("export", help="rebuild a placement (no measuring) and export it for deployment")
+    export = commands.add_parser("export", parents=[strict], help="rebuild a placement (no measuring), export it for "
+                                 "deployment, and load and run what was written once in a new process")
     export.add_argument("model", help="the ONNX file the placement was made for")
     export.add_argument("--placement", required=True, help="a placement.json written by collage optimize")
     export.add_argument("--format", choices=["mlf"], default="mlf", help="mlf: Model Library Format tar (default)")
-    export.add_argument("-o", "--output", required=True, help="the tar to write, e.g. model.tar")
+    export.add_argument("-o", "--output", required=True, help="the tar to write, e.g. model.tar (one that does not load "
+                        "and run is left as model.tar.partial)")
     export.add_argument("--target", default=None, help="a TVM target as JSON (default: this CPU)")
     export.set_defaults(command=_export)
 
@@ -236,8 +238,9 @@ def _export(args) -> int:
         args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,
         show_progress=False,
     )
-    path = export_mlf(result, args.output)
-    print(f"saved: {path} (Model Library Format; load it with collage_core.mlf.load_mlf)")
+    path = export_mlf(result, args.output, check_inputs=result.model.random_inputs())
+    print(f"saved: {path} (Model Library Format; loaded and run once in a new process; load it with "
+          "collage_core.mlf.load_mlf)")
     if result.verification is not None and not result.verification.passed:
         print(result.verification.describe(), file=sys.stderr)
         return EXIT_NUMERICS

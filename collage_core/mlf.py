@@ -4,21 +4,33 @@ TVM's Model Library Format (MLF) handed a compiled model to build systems as one
 TVM with microTVM. This is its layout adapted to Relax executables:
 
     metadata.json                  format version, model, export time (UTC), targets, executor,
-                                   memory map, placement summary, every file with its SHA-256
+                                   memory map, placement summary, what each partition calls,
+                                   every file with its SHA-256
     codegen/host/lib/lib0.o ...    the compiled host code, one object file per module
                                    (``devc.o`` holds the VM bytecode and constants)
     parameters/<model>.params      the weights, in TVM's parameter serialization
     runtime/<backend>/<library>    native libraries partitions call (``collage_runtime_libraries``),
                                    so the model loads with TVM's runtime alone
     src/relax.txt                  the partitioned Relax IR (each partition's backend in its attributes)
+    src/lowered/NNN-<function>.txt each function of the model lowered: what a partition calls (packed
+                                   functions, external functions, TIR) and the TIR it calls;
+                                   numbered, with names reduced to letters, digits and ``_``
     executor-config/relax-vm.json  entry function, inputs and outputs, device, runtime needs
     placement.json                 the placement, as ``collage optimize`` writes it
 
+Host code is always object files, compiled at export: a placement with no TIR for the host (ONNX
+Runtime or OpenVINO alone) leaves TVM with C sources, which are compiled then with TVM's own
+compiler driver (see :func:`tvm_compat.host_objects`). So loading needs a linker and never a
+compiler that would have to agree with the exporter's, every tar loads the same way, and a tar's
+host code is checked once, where it was made.
+
 The tar is deterministic: sorted members, owner root (uid/gid 0), fixed mode, and every
 timestamp set to ``SOURCE_DATE_EPOCH`` when that is set (the export time too), else to 0 in
-the tar. :func:`load_mlf` checks the format version and every file against the metadata,
-links the objects with the host compiler, prepares the backends' runtimes and returns a model
-that runs on the placement's device.
+the tar. :func:`export_mlf` with ``check_inputs`` loads what it wrote in a new process and runs
+it once before giving it its name (:func:`check_in_new_process`). :func:`load_mlf` checks the
+format version and every file against the metadata, links the objects with the host compiler,
+prepares the backends' runtimes and returns a model that runs on the placement's device; its
+errors name the tar, never the files it is unpacked to.
 """
 
 from __future__ import annotations
@@ -29,10 +41,13 @@ import io
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import attrs
 import numpy as np
@@ -47,8 +62,17 @@ EXECUTOR = "relax-vm"
 EXECUTOR_CONFIG = "executor-config/relax-vm.json"
 OBJECTS_DIR = "codegen/host/lib/"
 RELAX_TEXT = "src/relax.txt"
+LOWERED_DIR = "src/lowered/"
 PLACEMENT = "placement.json"
 RUNTIME_DIR = "runtime/"
+# The packed functions of TVM's own VM (memory, shapes) that every lowered function calls: not listed.
+VM_BUILTINS = "vm.builtin."
+CALL_KINDS = {"packed_functions": "packed functions", "external_functions": "external functions",
+              "tir_functions": "TIR functions"}
+# What a new process runs to check an exported tar: load it as a user would and run it once.
+RUN_ONCE = "import sys\nfrom collage_core.mlf import _run_once\nsys.exit(_run_once(*sys.argv[1:]))\n"
+# Inductor compiles its partitions when they first run: minutes for a large model.
+CHECK_TIMEOUT_S = 1800.0
 
 
 class MLFError(CollageError):
@@ -156,23 +180,76 @@ def _json_bytes(value) -> bytes:
     return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
 
 
-def _object_files(executable, scratch: Path) -> dict[str, bytes]:
-    """The executable's host code as object files, as ``export_library`` writes them for a tar."""
-    objects_tar = scratch / "objects.tar"
-    executable.export_library(str(objects_tar))
-    with tarfile.open(objects_tar) as archive:
-        return {
-            member.name.rsplit("/", 1)[-1]: archive.extractfile(member).read()
-            for member in archive.getmembers()
-            if member.isfile() and member.name.endswith(".o")
-        }
+def _function_order(name: str) -> tuple:
+    """Partition functions in the order of their numbers (``collage_tvm_2`` before ``collage_tvm_10``), ``main`` first."""
+    number = re.search(r"(\d+)$", name)
+    return (name != "main", int(number.group(1)) if number else -1, name)
+
+
+def _member_name(number: int, function: str) -> str:
+    """A member for a function's lowered IR: numbered, so that no name from the model chooses a path."""
+    return f"{LOWERED_DIR}{number:03d}-{re.sub(r'[^A-Za-z0-9_]+', '_', function)[:64]}.txt"
+
+
+def _calls(func, module) -> dict:
+    """What a function of a module lowered for the build calls: packed functions (registered at run
+    time by a backend), external functions (compiled into the library by a TVM codegen) and TIR functions."""
+    from tvm import ir, relax
+
+    externals = list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
+    symbols, tir = set(), set()
+
+    def visit(node):
+        if isinstance(node, relax.ExternFunc) and not str(node.global_symbol).startswith(VM_BUILTINS):
+            symbols.add(str(node.global_symbol))
+        elif isinstance(node, ir.GlobalVar) and tvm_compat.is_tir_function(module[node]):
+            tir.add(node.name_hint)
+
+    if func is not None:  # None: a function the build inlined into its caller
+        relax.analysis.post_order_visit(func.body, visit)
+    external = {name for name in symbols if any(m.implements_function(name) for m in externals)}
+    return {"packed_functions": sorted(symbols - external), "external_functions": sorted(external), "tir_functions": sorted(tir)}
+
+
+def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool) -> tuple[dict[str, bytes], list[dict]]:
+    """Each Relax function of the partitioned module as its backend lowered it, with what it calls once
+    built and those TIR functions: ``({member: text}, [summary per function])``."""
+    from tvm import relax
+
+    from collage_core.build import lower_partitions
+    from collage_core.partition import BACKEND_ATTR, pattern_of
+
+    # Lowered again beside the build, which keeps what it lowered to itself; lowering is deterministic
+    # (DNNL's layout choices are kept in its kernel cache), so this is what the build compiled.
+    lowered = lower_partitions(pm, partitioned, backends, target)
+    built = tvm_compat.lowered_for_build(lowered, target)
+    names = sorted((gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)),
+                   key=_function_order)
+    built_names = {gvar.name_hint for gvar in built.get_global_vars()}
+    files, summary = {}, []
+    for number, name in enumerate(names):
+        func = lowered[name]
+        backend = str(func.attrs[BACKEND_ATTR]) if func.attrs is not None and BACKEND_ATTR in func.attrs else ""
+        calls = _calls(built[name] if name in built_names else None, built)
+        member = _member_name(number, name)
+        about = f"a partition placed on {backend} (pattern {pattern_of(func)})" if backend else "the entry function"
+        lines = [f"# {name}: {about}"]
+        lines += [f"# {CALL_KINDS[kind]} it calls: {', '.join(found) or 'none'}" for kind, found in calls.items()]
+        if name == "main" and replays_cuda_graphs:
+            lines.append("# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)")
+        lines += ["", "# as lowered by its backend:", func.script(name=name)]
+        for tir_name in calls["tir_functions"]:
+            lines += ["", f"# TIR function {tir_name}, as TVM compiles it:", built[tir_name].script(name=tir_name)]
+        files[member] = ("\n".join(lines) + "\n").encode()
+        summary.append({"function": name, "backend": backend, "pattern": pattern_of(func), "member": member, **calls})
+    return files, summary
 
 
 def _write_tar(path: Path, files: dict[str, bytes]) -> None:
     directories = sorted({name.rsplit("/", 1)[0] + "/" for name in files if "/" in name} | {
         "/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))
     })
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(path.name + ".writing")
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
         for name in directories + sorted(files):
             info = tarfile.TarInfo(name.rstrip("/") if name.endswith("/") else name)
@@ -188,9 +265,15 @@ def _write_tar(path: Path, files: dict[str, bytes]) -> None:
     partial.replace(path)
 
 
-def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True) -> Path:
+def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
+               check_inputs: Optional[Sequence[np.ndarray]] = None) -> Path:
     """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path.
-    On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it."""
+    On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it.
+
+    With ``check_inputs``, the tar is loaded in a new process and run once on them before it takes
+    its name (:func:`check_in_new_process`); one that fails is left as ``<path>.partial``, nothing is
+    left at ``path`` (an earlier export there is removed), and :class:`MLFError` says why in one line.
+    """
     from collage_core.backends import discover_backends
     from collage_core.build import build
     from collage_core.plugins import get_plugin_manager
@@ -207,12 +290,15 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True) 
     partitioned = optimized.partitioned_mod
     with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
         executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
-        objects = _object_files(executable, Path(scratch))
+        objects = tvm_compat.host_objects(executable, optimized.target, scratch)
+    lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target,
+                                      cuda_graphs and tvm_compat.is_cuda(optimized.target))
     name = placement.model_name
     main = partitioned["main"]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
     files[f"parameters/{name}.params"] = tvm_compat.save_params(_parameters(partitioned))
     files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
+    files.update(lowered_files)
     runtime = backend_needs(backends.values(), used)
     for backend_name, paths in runtime_libraries(pm, backends.values()).items():
         members = [f"{RUNTIME_DIR}{backend_name}/{Path(source).name}" for source in paths]
@@ -245,12 +331,71 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True) 
         "executor": EXECUTOR,
         "memory": memory_map(partitioned),
         "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
+        "lowered": lowered,
         "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
     }
     files["metadata.json"] = _json_bytes(metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_tar(path, files)
+    if check_inputs is None:
+        _write_tar(path, files)
+        return path
+    partial = path.with_name(path.name + ".partial")
+    _write_tar(partial, files)
+    try:
+        check_in_new_process(partial, check_inputs)
+    except MLFError as error:
+        path.unlink(missing_ok=True)  # an earlier export must not pass for this one
+        problem = str(error).removeprefix(f"{partial}: ")
+        raise MLFError(f"{path}: the exported tar does not load and run in a new process: {problem} "
+                       f"(left as {partial.name})") from None
+    partial.replace(path)
     return path
+
+
+def check_in_new_process(path: os.PathLike, inputs: Sequence[np.ndarray], timeout_s: float = CHECK_TIMEOUT_S) -> list[np.ndarray]:
+    """Load the tar at ``path`` in a new Python process as a user would (:func:`load_mlf` with every
+    installed plugin) and run its entry function once on ``inputs``; its outputs, once they are checked
+    to be those its executor configuration declares. A crash there cannot take this process down;
+    whatever went wrong is an :class:`MLFError` naming ``path`` and the problem in one line."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix="collage-mlf-check-") as scratch:
+        given, taken = Path(scratch) / "inputs.npz", Path(scratch) / "outputs.npz"
+        np.savez(given, *inputs)
+        try:
+            result = subprocess.run([sys.executable, "-c", RUN_ONCE, str(path), str(given), str(taken)],
+                                    capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise MLFError(f"{path}: loading it and running it once took over {timeout_s:g} s in a new process") from None
+        problem = _last_line(result.stderr).removeprefix(f"{path}: ")
+        if result.returncode < 0:
+            raise MLFError(f"{path}: the process loading it died of {signal.Signals(-result.returncode).name}"
+                           + (f" ({problem})" if problem else ""))
+        if result.returncode != 0:
+            raise MLFError(f"{path}: {problem or f'the process loading it ended with exit status {result.returncode}'}")
+        with np.load(taken) as saved:
+            return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _run_once(path: str, inputs: str, outputs: str) -> int:
+    """In the process :func:`check_in_new_process` starts: load, run once, check the outputs' shapes and dtypes."""
+    try:
+        loaded = load_mlf(path)
+        with np.load(inputs) as saved:
+            results = loaded.run(*[saved[f"arr_{i}"] for i in range(len(saved.files))])
+        declared = [(tuple(o["shape"]), o["dtype"]) for o in loaded.executor_config["outputs"]]
+        given = [(tuple(o.shape), str(o.dtype)) for o in results]
+        if given != declared:
+            raise MLFError(f"{path}: its run gave outputs {given}, and its executor configuration declares {declared}")
+    except CollageError as error:
+        print(error, file=sys.stderr)
+        return 1
+    np.savez(outputs, *results)
+    return 0
 
 
 @attrs.define
@@ -264,7 +409,28 @@ class LoadedMLF:
     library: Path
     device: object = attrs.field(repr=False)
 
+    @property
+    def input_specs(self) -> list[dict]:
+        """Each input ``main`` takes, in order: ``{"name": ..., "shape": [...], "dtype": ...}``."""
+        return self.executor_config["inputs"]
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs of the model's shapes and dtypes, made as ``ImportedModel.random_inputs`` makes them (the
+        same seed gives the same arrays): uniform floats in [-1, 1), integers 0 or 1, booleans true."""
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for spec in self.input_specs:
+            shape, dtype = tuple(spec["shape"]), spec["dtype"]
+            if dtype.startswith(("int", "uint")):
+                arrays.append(rng.integers(0, 2, size=shape).astype(dtype))
+            elif dtype == "bool":
+                arrays.append(np.ones(shape, dtype=bool))
+            else:
+                arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+        return arrays
+
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """``main`` on numpy arrays (one per input, as :attr:`input_specs` lists them); its outputs as numpy arrays."""
         result = self.vm["main"](*[tvm_compat.to_tensor(a, self.device) for a in inputs])
         results = result if not hasattr(result, "numpy") else [result]
         return [tvm_compat.to_numpy(r) for r in results]
@@ -307,9 +473,11 @@ def _checked_metadata(path: Path, files: dict[str, bytes]) -> dict:
     return metadata
 
 
-def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) -> LoadedMLF:
+def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, strict: bool = False) -> LoadedMLF:
     """Check, link and load a Model Library Format tar written by :func:`export_mlf`; needs TVM's
-    runtime and a host linker, not TVM's compiler."""
+    runtime and a host linker, not TVM's compiler. A tar built with other backend versions than
+    those installed is loaded with a warning naming each such backend and both versions (through the
+    ``collage`` logger), or with ``strict`` refused."""
     path = Path(path)
     files = _read_members(path)
     metadata = _checked_metadata(path, files)
@@ -334,13 +502,23 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None) 
             partial.write_bytes(data)
             os.replace(partial, workdir / member)  # a new file, never one a process has loaded
     library = workdir / f"{metadata['model_name']}.so"
+
+    def named_by_the_tar(error) -> str:
+        """The last line of an error, with the files the tar was unpacked to named as the tar and its members."""
+        return _last_line(str(error)).replace(str(library), str(path)).replace(f"{workdir}{os.sep}", "")
+
     try:
         tvm_compat.link_shared(str(library), objects)
-    except Exception as error:  # the host compiler's message, in one line
-        raise MLFError(f"{path}: linking the host code failed ({str(error).strip().splitlines()[-1]})") from None
+    except Exception as error:  # the host compiler's message in one line, without the command line TVM appends
+        raise MLFError(f"{path}: linking the host code failed ({named_by_the_tar(str(error).split('Command line:')[0])})") from None
     write_runtime_file(library, config["runtime_backends"])
     device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
-    vm = load_vm(library, device, pm=pm)
+    try:
+        vm = load_vm(library, device, pm=pm, strict=strict, origin=str(path))
+    except CollageError as error:
+        raise MLFError(named_by_the_tar(error)) from None
+    except Exception as error:  # TVM's runtime, or a backend's, refusing the library
+        raise MLFError(f"{path}: the library does not load ({type(error).__name__}: {named_by_the_tar(error)})") from None
     parameters_member = f"parameters/{metadata['model_name']}.params"
     parameters = tvm_compat.load_params(files[parameters_member]) if parameters_member in files else {}
     return LoadedMLF(metadata, config, parameters, vm, library, device)

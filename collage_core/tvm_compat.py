@@ -253,6 +253,56 @@ def link_shared(output: str, objects: list[str]) -> None:
     cc.create_shared(output, objects)
 
 
+def host_objects(executable, target: tvm.target.Target, workspace: str) -> dict[str, bytes]:
+    """The executable's host code as object files by name, unlinked: what ``export_library`` would
+    link into a shared library (``lib0.o``, ...; ``devc.o`` holds the VM bytecode and constants).
+
+    A placement with no TIR for the host (ONNX Runtime or OpenVINO alone) leaves TVM with a C source
+    module (``lib0.c``), which is compiled here with TVM's compiler driver (``tvm.support.cc``;
+    ``tvm.contrib.cc`` before 0.27). The VM bytecode and constants are always packed by LLVM for the
+    target's host: TVM writes them as C source when no LLVM module gives it a triple, and a model's
+    weights as a C array would take a compiler minutes.
+    """
+    from pathlib import Path
+
+    from tvm.support import cc
+
+    objects = {}
+
+    def compile_to_objects(_output, files, options=None, **_ignored):
+        for path in map(Path, files):
+            if path.suffix != ".o":
+                source, path = path, path.with_suffix(".o")
+                cc.create_executable(str(path), [str(source)], options=["-c", "-fPIC", *(options or [])])
+            objects[path.name] = path.read_bytes()
+
+    compile_to_objects.get_target_triple = lambda: _host_triple(target)
+    executable.export_library(str(Path(workspace) / "host"), fcompile=compile_to_objects, workspace_dir=workspace)
+    return objects
+
+
+def _host_triple(target: tvm.target.Target) -> str:
+    """The LLVM triple of ``target``'s host: its own for a CPU target, this machine's otherwise."""
+    host = target.host if target.host is not None else target
+    if host.kind.name == "llvm" and "mtriple" in host.attrs:
+        return str(host.attrs["mtriple"])
+    return str(tvm.target.codegen.llvm_get_system_triple())
+
+
+def lowered_for_build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """What ``relax.build`` compiles for ``target``, stopped before VM code generation: Relax functions
+    that call TIR functions and packed functions. 0.27's build runs the target's own pipeline on
+    GPUs (dlight schedules) and the generic one elsewhere."""
+    pipeline = relax.get_default_pipeline(target) if "gpu" in target.keys else relax.get_pipeline("default")
+    with target:
+        return pipeline(mod)
+
+
+def is_tir_function(func) -> bool:
+    """Whether a module's function is TIR (``tvm.tir`` before 0.27)."""
+    return isinstance(func, tvm.tirx.PrimFunc)
+
+
 def save_params(params: dict) -> bytes:
     """TVM's parameter serialization of name -> numpy array."""
     return bytes(tvm.runtime.save_param_dict({name: tvm.runtime.tensor(value) for name, value in params.items()}))

@@ -1,10 +1,20 @@
-"""Model Library Format: the tar's layout and determinism, loading it back in a new process, and refusing broken tars."""
+"""Model Library Format: the tar's layout and determinism, loading it back in a new process, and refusing broken tars.
+
+Placements are made without measuring (:func:`placement_file`): graph-level regions named by hand,
+op-level placements searched over made-up costs that favour one backend, and replayed by
+``collage_core.optimize(..., placement=...)``. Every kind of placement is exported, loaded in a new
+process and compared with ONNX Runtime on the original model within rtol 1e-4 and atol 1e-5 (the
+model's outputs are of order 1; the backends' float32 kernels differ from ONNX Runtime's by about
+1e-6 there). The CUDA test is marked ``gpu`` (run with ``--run-gpu``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import logging
+import re
 import subprocess
 import sys
 import tarfile
@@ -15,25 +25,97 @@ import pytest
 from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
-from collage_core.backends import discover_backends
-from collage_core.mlf import MLFError, export_mlf, load_mlf
+from collage_core import mlf, tvm_compat
+from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.candidates import enumerate_candidates
+from collage_core.cli import EXIT_WARNINGS, main
+from collage_core.mlf import MLFError, check_in_new_process, export_mlf, load_mlf
+from collage_core.model_import import load_model
+from collage_core.placement_file import Placement, load_placement
 from collage_core.plugins import get_plugin_manager
+from collage_core.records import Cost, Partition
+from collage_core.regions import region_pattern
+from collage_core.relax_graph import RelaxGraph
+from collage_core.search import search_op_level
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "tiny_resnet.onnx"
+RTOL, ATOL = 1e-4, 1e-5
 
 
-def _backends() -> list[str]:
+def available(*names: str) -> bool:
     infos = discover_backends(get_plugin_manager())
-    return [name for name in ("dnnl", "tvm") if name in infos and infos[name].availability.available]
+    return all(name in infos and infos[name].availability.available for name in names)
+
+
+def whole(backend: str):
+    """Every operator in one region of a graph-level backend."""
+    return lambda graph, pm, target: [region(backend, range(len(graph.graph)))]
+
+
+def region(backend: str, nodes) -> Partition:
+    nodes = tuple(nodes)
+    return Partition(backend, region_pattern(backend), nodes, f"{region_pattern(backend)}:{min(nodes)}", Cost.unknown())
+
+
+def halves(first: str, second: str):
+    """The operators before the middle (in execution order) in a region of ``first``, the rest in one of ``second``."""
+    def parts(graph, pm, target):
+        middle = len(graph.graph) // 2
+        return [region(first, range(middle)), region(second, range(middle, len(graph.graph)))]
+    return parts
+
+
+def tail_region(backend: str, tail: int, rest: str):
+    """The last ``tail`` operators in a region of ``backend``, each other operator alone on ``rest``."""
+    def parts(graph, pm, target):
+        start = len(graph.graph) - tail
+        singles = [Partition(rest, f"{rest}.op", (n,), f"{rest}.op:{n}", Cost.unknown()) for n in range(start)]
+        return [*singles, region(backend, range(start, len(graph.graph)))]
+    return parts
+
+
+def op_level(favoured: str, rest: str):
+    """The op-level placement searched over made-up costs: a partition of ``favoured`` costs half one of ``rest``."""
+    def parts(graph, pm, target):
+        installed = {name: info.backend for name, info in discover_backends(pm).items()}
+        candidates = [c for name in (favoured, rest)
+                      for c in enumerate_candidates(graph, contribute_patterns(pm, installed[name], target))]
+        costs = {c.key: Cost.measured(1e-3 if c.backend == favoured else 2e-3, 0.0, 1) for c in candidates}
+        return [Partition.from_candidate(c, costs[c.key]) for c in search_op_level(graph.graph, candidates, costs)]
+    return parts
+
+
+def placement_file(path: Path, parts, model: Path = MODEL, target=None) -> Path:
+    """A placement of ``model`` made without measuring (``parts(graph, pm, target)`` gives its partitions),
+    recorded with the installed versions of its backends, as ``collage optimize`` writes one."""
+    pm = get_plugin_manager()
+    target = tvm_compat.make_target(target)
+    imported = load_model(str(model))
+    graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
+    partitions = parts(graph, pm, target)
+    installed = {name: info.backend for name, info in discover_backends(pm).items()}
+    return Placement(
+        model_name=imported.name, model_fingerprint=imported.fingerprint, operators=graph.graph.ops,
+        target=tvm_compat.target_to_dict(target), device=tvm_compat.device_name(target),
+        backends={p.backend: {"version": installed[p.backend].version, "kind": installed[p.backend].kind} for p in partitions},
+        search="made for a test, nothing measured", partitions=partitions,
+    ).save(path)
+
+
+def replayed(path: Path, model: Path = MODEL, target=None):
+    """The placement file at ``path`` rebuilt and verified by ``optimize``, nothing measured but its end-to-end run."""
+    backends = sorted({p.backend for p in load_placement(path).partitions})
+    return collage_core.optimize(str(model), target=target, backends=backends, placement=path, compare_backends=False,
+                                 show_progress=False)
 
 
 @pytest.fixture(scope="module")
-def optimized(shared_cost_db):
-    return collage_core.optimize(
-        str(MODEL), backends=_backends(), search="op-level", cost_db=shared_cost_db, compare_backends=False,
-        calibration_rounds=0, show_progress=False,
-    )
+def optimized(tmp_path_factory):
+    """tiny_resnet op-level on DNNL where its patterns cover the operators, TVM for the rest."""
+    if not available("dnnl", "tvm"):
+        pytest.skip("the DNNL backend is not available here")
+    return replayed(placement_file(tmp_path_factory.mktemp("placement") / "placement.json", op_level("dnnl", "tvm")))
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +252,8 @@ def test_cli_export_writes_a_tar_that_loads(optimized, tmp_path):
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "loaded and run once in a new process" in result.stdout and "Scope Loaded" not in result.stderr
+    assert not (tmp_path / "out.tar.partial").exists()
     loaded = load_mlf(tmp_path / "out.tar")
     inputs = optimized.model.random_inputs()
     for actual, expected in zip(loaded.run(*inputs), optimized.run(*inputs)):
@@ -185,3 +269,166 @@ def test_cli_export_of_a_placement_for_another_model_fails_in_one_line(optimized
     assert result.returncode == 1 and not (tmp_path / "x.tar").exists()
     errors = [line for line in result.stderr.splitlines() if line.startswith("collage: error:")]
     assert len(errors) == 1 and "placement.json: operator 0 is relax.nn.conv2d in the placement" in errors[0]
+
+
+KINDS = {
+    "onnxruntime alone": (whole("onnxruntime"), ("onnxruntime",)),
+    "openvino alone": (whole("openvino"), ("openvino",)),
+    "onnxruntime then openvino": (halves("onnxruntime", "openvino"), ("onnxruntime", "openvino")),
+    "inductor region beside tvm": (tail_region("inductor", 4, "tvm"), ("inductor", "tvm")),
+    "dnnl and tvm": (op_level("dnnl", "tvm"), ("dnnl", "tvm")),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_placement_exports_and_loads_in_a_new_process(kind, tmp_path):
+    parts, backends = KINDS[kind]
+    if not available(*backends):
+        pytest.skip(f"not every backend of {kind} is available here")
+    placed = replayed(placement_file(tmp_path / "placement.json", parts))
+    assert {p.backend for p in placed.placement.partitions} == set(backends)
+    tar = export_mlf(placed, tmp_path / "model.tar")
+    names = set(members(tar))
+    assert {"codegen/host/lib/lib0.o", "codegen/host/lib/devc.o"} <= names  # compiled host code, whatever the placement
+    assert not [name for name in names if name.startswith("codegen/") and name.endswith((".c", ".cc"))]
+    inputs = placed.model.random_inputs(seed=3)
+    outputs = check_in_new_process(tar, inputs)
+    reference = placed.model.reference(inputs)
+    assert len(outputs) == len(reference)
+    for actual, expected in zip(outputs, reference):
+        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_the_lowered_ir_says_what_each_partition_calls_under_numbered_names(exported, optimized):
+    with tarfile.open(exported) as archive:
+        metadata = json.loads(archive.extractfile("metadata.json").read())
+        texts = {m.name: archive.extractfile(m).read().decode() for m in archive.getmembers() if m.name.startswith("src/lowered/") and m.isfile()}
+        relax_text = archive.extractfile("src/relax.txt").read().decode()
+    lowered = {entry["function"]: entry for entry in metadata["lowered"]}
+    assert lowered["main"]["member"] == "src/lowered/000-main.txt"
+    functions = set(re.findall(r"def (collage_\w+)\(", relax_text))
+    assert set(lowered) == functions | {"main"} and set(texts) == {entry["member"] for entry in lowered.values()}
+    assert all(re.fullmatch(r"src/lowered/\d{3}-[A-Za-z0-9_]+\.txt", member) for member in texts)
+    for name, entry in lowered.items():
+        text = texts[entry["member"]]
+        assert text.startswith(f"# {name}: ") and f"def {name}(" in text
+        if entry["backend"] == "dnnl":
+            assert entry["packed_functions"] == ["collage_dnnl.run"] and entry["tir_functions"] == []
+            assert "# packed functions it calls: collage_dnnl.run" in text
+        elif entry["backend"] == "tvm":
+            assert entry["tir_functions"] and entry["packed_functions"] == []
+            assert all(f"@T.prim_func" in text and f"def {tir}(" in text for tir in entry["tir_functions"])
+    assert {entry["backend"] for entry in lowered.values()} == {"", "dnnl", "tvm"}
+
+
+def test_names_from_the_model_never_choose_a_member_path():
+    assert mlf._member_name(7, "../../etc/passwd x") == "src/lowered/007-_etc_passwd_x.txt"
+    assert mlf._member_name(8, "a/" * 100).count("/") == 2
+
+
+def with_files(source: Path, target: Path, change) -> Path:
+    """A copy of the tar ``source`` with ``change(files)`` applied to its {name: bytes}, its metadata's digests updated."""
+    def changed_and_listed(files):
+        change(files)
+        metadata = json.loads(files["metadata.json"])
+        metadata["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "metadata.json"}
+        files["metadata.json"] = json.dumps(metadata).encode()
+    return rewritten(source, target, changed_and_listed)
+
+
+def with_config(change):
+    def apply(files):
+        config = json.loads(files["executor-config/relax-vm.json"])
+        change(config)
+        files["executor-config/relax-vm.json"] = json.dumps(config).encode()
+    return apply
+
+
+@pytest.mark.parametrize("other", ["shorter", "longer"])
+def test_a_tar_built_with_other_backend_versions_warns_naming_both_or_with_strict_is_refused(
+    exported, tmp_path, caplog, other
+):
+    installed = discover_backends(get_plugin_manager())["dnnl"].backend.version
+    recorded = {"shorter": installed.rsplit("+", 1)[0], "longer": f"{installed}+threads-1"}[other]
+    tar = with_files(exported, tmp_path / "older.tar", with_config(
+        lambda config: config["runtime_backends"]["dnnl"].update(version=recorded)))
+    expected = f"{tar} was built with dnnl {recorded}, and dnnl {installed} is installed here"
+    with pytest.raises(MLFError, match=re.escape(expected)):
+        load_mlf(tar, strict=True)
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        loaded = load_mlf(tar)
+    assert [r.getMessage() for r in caplog.records if "was built with" in r.getMessage()] == [
+        f"{expected}: its partitions run on the installed version"]
+    assert loaded.run(*loaded.random_inputs())[0].shape == (1, 10)
+
+
+def test_load_errors_name_the_tar_and_its_members_never_the_files_it_was_unpacked_to(exported, tmp_path):
+    with pytest.raises(MLFError) as refused:
+        load_mlf(exported, pm=get_plugin_manager(disabled=["dnnl"]))
+    assert str(refused.value).startswith(f"{exported}: partitions run on backend dnnl, which is not installed here")
+    assert "collage-mlf-" not in str(refused.value)
+    broken = with_files(exported, tmp_path / "broken.tar", lambda files: files.update({"codegen/host/lib/devc.o": b"\0" * 64}))
+    with pytest.raises(MLFError) as refused:
+        load_mlf(broken)
+    assert str(refused.value).startswith(f"{broken}: ") and "collage-mlf-" not in str(refused.value)
+
+
+def test_a_tar_that_does_not_load_in_a_new_process_is_named_with_the_problem_in_one_line(exported, tmp_path):
+    unknown = with_files(exported, tmp_path / "model.tar", with_config(lambda config: config["runtime_backends"].update(
+        nosuch={"kind": "op-level", "version": "1", "needs": "pip install collage-nosuch"})))
+    with pytest.raises(MLFError) as refused:
+        check_in_new_process(unknown, [np.zeros((1, 3, 32, 32), "float32")])
+    message = str(refused.value)
+    assert message == (f"{unknown}: partitions run on backend nosuch, which is not installed here: it needs "
+                       "pip install collage-nosuch")
+
+
+def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(exported, optimized):
+    loaded = load_mlf(exported)
+    assert loaded.input_specs == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    for made, expected in zip(loaded.random_inputs(seed=4), optimized.model.random_inputs(seed=4)):
+        np.testing.assert_array_equal(made, expected)
+
+
+def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_partial(optimized, tmp_path, monkeypatch, capsys):
+    placement = optimized.placement.save(tmp_path / "placement.json")
+    (tmp_path / "out.tar").write_bytes(b"an earlier export")
+    monkeypatch.setattr(mlf, "RUN_ONCE", "import os; os.abort()")  # the process loading the tar crashes
+    status = main(["export", str(MODEL), "--placement", str(placement), "-o", str(tmp_path / "out.tar")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("collage: error:")]
+    assert status == 1 and errors == [
+        f"collage: error: {tmp_path / 'out.tar'}: the exported tar does not load and run in a new process: the process "
+        "loading it died of SIGABRT (left as out.tar.partial)"]
+    assert not (tmp_path / "out.tar").exists() and tarfile.is_tarfile(tmp_path / "out.tar.partial")
+
+
+def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_strict_exits_4(optimized, tmp_path):
+    data = optimized.placement.to_json()
+    installed = data["backends"]["dnnl"]["version"]
+    data["backends"]["dnnl"]["version"] = "onednn-2.6.3+kernels-1"
+    placement = tmp_path / "placement.json"
+    placement.write_text(json.dumps(data))
+    result = subprocess.run(
+        ["collage", "export", str(MODEL), "--placement", str(placement), "-o", str(tmp_path / "out.tar"), "--strict"],
+        capture_output=True, text=True, timeout=600,
+    )
+    warned = f"warning: {placement} was measured with dnnl onednn-2.6.3+kernels-1, and dnnl {installed} is installed here"
+    assert result.returncode == EXIT_WARNINGS, result.stderr[-2000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("warning:")] == [
+        f"{warned}: its costs and choices may not hold here"]
+    assert load_mlf(tmp_path / "out.tar").metadata["model_name"] == "tiny_resnet"
+
+
+@pytest.mark.gpu
+def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
+    """tiny_resnet on cuDNN where its patterns cover the operators, TVM for the rest, replaying CUDA graphs."""
+    placed = replayed(placement_file(tmp_path / "placement.json", op_level("cudnn", "tvm"), target="cuda"), target="cuda")
+    assert {p.backend for p in placed.placement.partitions} == {"cudnn", "tvm"}
+    tar = export_mlf(placed, tmp_path / "model.tar")
+    inputs = placed.model.random_inputs(seed=3)
+    outputs = check_in_new_process(tar, inputs)
+    for actual, expected in zip(outputs, placed.model.reference(inputs)):
+        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
+    with tarfile.open(tar) as archive:
+        lowered = json.loads(archive.extractfile("metadata.json").read())["lowered"]
+    assert {"collage_cudnn.run"} == {name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]}
