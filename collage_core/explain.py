@@ -114,15 +114,15 @@ def summarise(placement: Placement, numbers: dict) -> str:
          f"{100 * part.cost.median_s / total:.1f}%"]
         for rank, part in enumerate(most_expensive(placement), start=1)
     ]
-    lines = [
+    heading = [
         f"{placement.model_name}: {counted(len(placement.operators), 'operator')} in "
         f"{counted(len(placement.partitions), 'partition')}, "
         f"{placement.search} search on {placement.device}",
-        "",
-        *_table(["backend", "partitions", "operators", "summed cost", "share"], rows),
+        *([f"why this placement: {placement.why_chosen}"] if placement.why_chosen else []),
     ]
     if placement.precision != FP32:
-        lines[1:1] = ["", precision_line(placement)]
+        heading += ["", precision_line(placement)]
+    lines = [*heading, "", *_table(["backend", "partitions", "operators", "summed cost", "share"], rows)]
     if top_rows:
         lines += [
             "",
@@ -169,7 +169,7 @@ def explain_partition(placement: Placement, part: Partition, number: int, rank: 
     lines += _table(["", "backend", "pattern", "operators", "cost"], rows, indent="    ")
     if len(listed) > len(shown):
         lines.append(f"    ... and {len(listed) - len(shown)} more")
-    lines += ["  " + line for line in why(part, rivals)]
+    lines += ["  " + line for line in why(part, rivals, placement.why_chosen)]
     return "\n".join(lines)
 
 
@@ -185,9 +185,13 @@ def _cheapest_first(part: Partition) -> tuple:
     return (order, part.cost.seconds, part.nodes, part.backend, part.pattern)
 
 
-def why(part: Partition, rivals: Sequence[Partition]) -> list[str]:
-    """Why ``part`` won against ``rivals``, the candidates touching its operators: one line, or two or three."""
+def why(part: Partition, rivals: Sequence[Partition], placement_why: str = "") -> list[str]:
+    """Why ``part`` won against ``rivals``, the candidates touching its operators: one line, or two or three.
+    A graph-level region won with its whole placement: ``placement_why`` says how, when the file says."""
     if not part.cost.is_measured:
+        if placement_why:
+            return ["why: a graph-level region, measured end to end only: it came with the whole placement "
+                    "(see why this placement, above)"]
         return ["why: a graph-level region, measured end to end only: the two-level search kept it because the "
                 "whole placement measured faster with it"]
     inside = [c for c in rivals if set(c.nodes) <= set(part.nodes)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import textwrap
 
 from collage_core.explain import (
     TOP_COUNT,
@@ -26,6 +27,8 @@ NODE_ATTRIBUTES = (
     'shape=box, style="filled,rounded", fontname="Helvetica", fontsize=8, width=0, height=0, margin="0.05,0.02", penwidth=0.5'
 )
 EDGE_ATTRIBUTES = 'arrowsize=0.4, penwidth=0.6, color="#606060"'
+# The title's why-line is wrapped at this many characters, so that it does not set the picture's width.
+TITLE_CHARACTERS = 90
 
 
 def backend_colours(placement: Placement) -> dict[str, str]:
@@ -87,7 +90,9 @@ def _title(placement: Placement, total_s: float) -> str:
         f"{counted(len(placement.partitions), 'partition')}, "
         f"{placement.search} search"
     )
-    return title + (f"; measured partitions sum to {total_s * 1e3:.3f} ms" if total_s else "")
+    title += f"; measured partitions sum to {total_s * 1e3:.3f} ms" if total_s else ""
+    why = textwrap.wrap(f"why this placement: {placement.why_chosen}", TITLE_CHARACTERS) if placement.why_chosen else []
+    return "\n".join([title, *why])
 
 
 def _legend(placement: Placement, colours: dict[str, str], top_count: int) -> str:

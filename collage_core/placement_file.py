@@ -51,6 +51,8 @@ class Placement:
     # With an accuracy budget: the budget and the error the placement's outputs measured against the reference.
     accuracy_budget: Optional[float] = attrs.field(default=None, eq=False)
     measured_error: Optional[float] = attrs.field(default=None, eq=False)
+    # Why this placement was returned: the search that found it, or the contest in turns it won (see optimize).
+    why_chosen: str = attrs.field(default="", eq=False)
 
     def precision_of(self, part: Partition) -> str:
         """The precision ``part`` computes at: the placement's where it touches 16-bit values, else fp32."""
@@ -81,6 +83,7 @@ class Placement:
             **({"sixteen_bit_operators": list(self.sixteen_bit_operators)} if self.sixteen_bit_operators else {}),
             **({"accuracy_budget": self.accuracy_budget, "measured_error": _finite_or_none(self.measured_error)}
                if self.accuracy_budget is not None else {}),
+            **({"why_chosen": self.why_chosen} if self.why_chosen else {}),
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
             "partitions": [_partition_json(p, self.operators) for p in self.partitions],
         }
@@ -191,6 +194,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
             partitions=tuple(partitions),
             inputs_of=inputs_of,
             considered=considered,
+            why_chosen=str(data.get("why_chosen", "")),
         )
     except PlacementFileError:
         raise

@@ -159,6 +159,36 @@ def test_graph_level_region_is_drawn_and_explained_as_measured_end_to_end_only(s
     assert "why: a graph-level region, measured end to end only" in explanation
 
 
+WON_CONTEST = ("onnxruntime alone won the contest in turns: 0.214 ms against the searched placement's 0.631 ms, "
+               "2.95x; the searched placement (found by the two-level search) is saved as searched-placement.json")
+
+
+@pytest.mark.parametrize("why_chosen", [
+    "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's 0.700 ms, 1.11x",
+    "found by the op-level search; not compared with baselines",
+    WON_CONTEST,
+], ids=["two-level search", "op-level search", "a baseline won the contest"])
+def test_show_says_why_the_placement_was_chosen_as_its_file_says(small, tmp_path, capsys, why_chosen):
+    saved = attrs.evolve(small, why_chosen=why_chosen).save(tmp_path / "placement.json")
+    assert load_placement(saved).why_chosen == why_chosen
+    assert main(["show", str(saved)]) == 0
+    summary = blocks_of(capsys.readouterr().out)[0].splitlines()
+    assert summary[:2] == ["hand_built: 6 operators in 3 partitions, op-level search on cpu",
+                           f"why this placement: {why_chosen}"]
+    title = re.search(r'graph \[.*label="([^"]*)"\];', placement_dot(load_placement(saved))).group(1)
+    assert " ".join(title.split("\\n")[1:]) == f"why this placement: {why_chosen}"
+
+
+def test_a_region_of_a_baseline_that_won_the_contest_is_not_said_to_be_kept_by_the_two_level_search(small):
+    region = part("onnxruntime", "onnxruntime.region", range(6), Cost.unknown())
+    won = attrs.evolve(small, partitions=(region,), search="two-level", why_chosen=WON_CONTEST)
+    explanation = explain(won)
+    assert "two-level search kept it" not in explanation
+    assert ("why: a graph-level region, measured end to end only: it came with the whole placement (see why this "
+            "placement, above)") in explanation
+    assert "the two-level search kept it" in explain(attrs.evolve(won, why_chosen=""))  # a file that does not say
+
+
 def test_explanation_of_a_real_placement_covers_every_partition(optimized):
     placement = load_placement(optimized)
     assert placement.considered, "optimize should record the candidates it considered"
