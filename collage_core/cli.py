@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("model", help="an ONNX file")
     optimize.add_argument("--target", default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
     optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one, except those `collage backends` says run only when named)")
-    optimize.add_argument("--output", default=None, help="directory for placement.json, the library and report.txt")
+    optimize.add_argument("-o", "--output", default=None, help="directory for placement.json, the library and report.txt")
     optimize.add_argument("--placement", default=None, help="replay this placement file instead of measuring")
     optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
     optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,

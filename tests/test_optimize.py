@@ -184,6 +184,13 @@ def test_cli_optimize_reuses_measured_costs(optimized, workspace, costs):
     assert (workspace / "cli" / "placement.json").exists() and (workspace / "cli" / "tiny_resnet.so").exists()
 
 
+def test_dash_o_and_double_dash_output_name_the_same_directory():
+    from collage_core.cli import _parser
+
+    for spelling in ("-o", "--output"):
+        assert _parser().parse_args(["optimize", "model.onnx", spelling, "somewhere"]).output == "somewhere"
+
+
 def test_cli_backends_lists_tvm():
     result = subprocess.run([sys.executable, "-m", "collage_core.cli", "backends"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
