@@ -421,14 +421,15 @@ def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_s
 
 @pytest.mark.gpu
 def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
-    """tiny_resnet on cuDNN where its patterns cover the operators, TVM for the rest, replaying CUDA graphs."""
+    """tiny_resnet on cuDNN where its patterns cover the operators, TVM for the rest, replaying CUDA graphs;
+    compared with ONNX Runtime on the CPU within rtol 1e-4 and atol 1e-4, as tests/test_gpu_placements.py does."""
     placed = replayed(placement_file(tmp_path / "placement.json", op_level("cudnn", "tvm"), target="cuda"), target="cuda")
     assert {p.backend for p in placed.placement.partitions} == {"cudnn", "tvm"}
     tar = export_mlf(placed, tmp_path / "model.tar")
     inputs = placed.model.random_inputs(seed=3)
     outputs = check_in_new_process(tar, inputs)
     for actual, expected in zip(outputs, placed.model.reference(inputs)):
-        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
     with tarfile.open(tar) as archive:
         lowered = json.loads(archive.extractfile("metadata.json").read())["lowered"]
     assert {"collage_cudnn.run"} == {name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]}
