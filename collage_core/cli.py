@@ -99,8 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("model", help="an ONNX file")
     optimize.add_argument("--target", default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
     optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one, except those `collage backends` says run only when named)")
-    optimize.add_argument("-o", "--output", default=None, help="directory for placement.json, the library and report.txt")
-    optimize.add_argument("--placement", default=None, help="replay this placement file instead of measuring")
+    optimize.add_argument("-o", "--output", default=None,
+                          help="directory for placement.json, the library and report.txt (default: collage-out/MODEL, "
+                               "and collage-out/MODEL/replay with --placement)")
+    optimize.add_argument("--placement", default=None,
+                          help="replay this placement file instead of searching: build, verify and measure it, and "
+                               "nothing else (no baselines, no contest, unless --compare)")
+    optimize.add_argument("--compare", action="store_true",
+                          help="with --placement: measure the baselines too and time the closest in turns beside the "
+                               "replayed placement (which is returned whatever wins)")
     optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
     optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,
                           help="two-level (default when a graph-level backend is selected) also evolves which op groups "
@@ -119,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--build-every-genome", action="store_true",
                           help="two-level: build and measure every genome, predicting none")
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
-    optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines")
+    optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines "
+                          "(the default with --placement)")
     optimize.add_argument("--baseline-limit", type=float, default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
                           help="stop a baseline whose one run takes longer than S seconds and report it as "
                                f"stopped (default {DEFAULT_BASELINE_LIMIT_S:g}; 0: no limit)")
@@ -186,9 +194,15 @@ def _optimize(args) -> int:
     from collage_core.deploy import carried_dir
     from collage_core.optimizer import optimize
     from collage_core.report import render_report
-    from collage_core.result import SEARCH_PICTURE
+    from collage_core.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
 
+    if args.compare and not args.placement:
+        raise CollageError("--compare is for --placement: a search compares its placement with the baselines unless --no-compare")
+    if args.compare and args.no_compare:
+        raise CollageError("--compare and --no-compare contradict each other")
     output = Path(args.output) if args.output else Path("collage-out") / Path(args.model).stem
+    if args.placement and not args.output:
+        output = output / "replay"  # a replay leaves the searched run's files as they are
     result = optimize(
         args.model,
         target=args.target,
@@ -196,7 +210,7 @@ def _optimize(args) -> int:
         placement=args.placement,
         cost_db=args.cost_db,
         output_dir=output,
-        compare_backends=not args.no_compare,
+        compare_backends=args.compare or (not args.placement and not args.no_compare),
         baseline_limit_s=args.baseline_limit or None,
         calibration_rounds=args.calibration_rounds,
         settings=MeasureSettings(build_workers=args.jobs, cuda_graphs=not args.no_cuda_graphs),
@@ -211,6 +225,8 @@ def _optimize(args) -> int:
     print(render_report(result))
     saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
     saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
+    saved += [f"{output / SEARCHED_PLACEMENT_FILE} (the search's placement, which lost the contest; replay it with "
+              f"--placement)"] * (result.searched_placement is not None)
     carried = carried_dir(output / f"{result.model.name}.so")
     saved += [f"{carried}/ (the native kernels the library carries)"] * carried.is_dir()
     print(f"\nsaved: {', '.join(str(path) for path in saved)}")

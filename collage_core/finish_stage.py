@@ -1,6 +1,7 @@
 """The finishing stage: build the searched placement, measure the baselines beside it (each backend
 alone, TVM's unpartitioned build, the placement without CUDA graphs) and time the closest of them
-in turns with it, so that what is returned is never slower than what was measured beside it."""
+in turns with it, so that what is returned is never slower than what was measured beside it; then
+say why what is returned won, with the latency it was chosen by as the headline."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.baselines import TURNS_MARGIN, op_groups, operators_by_backend, predicted_cost, single_backend_parts
+from collage_core.baselines import (
+    IN_TURNS,
+    TURNS_MARGIN,
+    closest_rivals,
+    faster_baseline,
+    op_groups,
+    operators_by_backend,
+    predicted_cost,
+    single_backend_parts,
+)
 from collage_core.calibration import signature
 from collage_core.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
@@ -22,7 +32,7 @@ from collage_core.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, describe_cos
 from collage_core.partition import partition_module
 from collage_core.records import OP_LEVEL, Cost, Partition
 from collage_core.regions import decode
-from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, WITHOUT_CUDA_GRAPHS, EndToEnd
 from collage_core.timing import stopped, stopped_limit
 from collage_core.two_level import seed_genomes
 from collage_core.worker_client import StageTooSlow, WorkerFailure
@@ -46,6 +56,19 @@ class Contest:
     turns: dict
     winner: Optional[int] = None
     winner_build: Optional[Built] = None
+
+
+@attrs.frozen
+class Outcome:
+    """What the finishing stage decided: the end-to-end rows (the returned placement's first, with the
+    latency it was chosen by; then the others timed in turns; then those measured one after another),
+    the baseline returned instead of the searched placement (``(EndToEnd, parts)`` and its build; None:
+    the searched placement is returned) and why the returned placement won, in a sentence."""
+
+    rows: list
+    why: str
+    replacement: Optional[tuple] = None
+    replacement_build: Optional[Built] = None
 
 
 
@@ -119,10 +142,87 @@ def build_placement(job: Job, parts, library: Path) -> Built:
     return Built(partitioned, outputs, cost)
 
 
-def contest(job: Job, library: Path, rivals) -> Optional[Contest]:
+def found_by(search: str, replayed_from=None, replayed_why: str = "") -> str:
+    """Where the placement a run builds came from, the start of why it was returned: the search that
+    found it, or the placement file replayed (with why that file's placement had been chosen)."""
+    if replayed_from is None:
+        return f"found by the {search} search"
+    return f"replayed from {replayed_from}" + (f" (the file says why it was chosen: {replayed_why})" if replayed_why else "")
+
+
+def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines, may_replace: bool = True) -> Outcome:
+    """Time the placement (``parts``, built into ``library``) in turns with the closest of ``baselines``
+    (``(EndToEnd, parts)`` pairs); with ``may_replace``, the fastest of them by TURNS_MARGIN is
+    returned instead (its build replaces ``library``). Where none could be timed in turns, a baseline
+    measured faster one after another by SWITCH_MARGIN is. ``origin`` says where the placement came
+    from (:func:`found_by`)."""
+    rivals = closest_rivals(baselines, parts, built.cost, job.settings)
+    timed = contest(job, library, rivals, may_replace) if rivals else None
+    if timed is not None:
+        return after_contest(origin, parts, built, baselines, rivals, timed)
+    mix, sequential = operators_by_backend(parts), [entry for entry, _ in baselines]
+    faster = faster_baseline(baselines, built.cost) if may_replace else None
+    if faster is None:
+        measured = "no baseline measured faster one after another" if sequential else "no baseline was measured"
+        return Outcome([EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)")
+    entry, rival_parts = faster
+    rebuilt = build_placement(job, rival_parts, library)
+    why = (f"{entry.name} measured faster one after another (none could be timed in turns): "
+           f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
+           f"the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
+    rows = [EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)), EndToEnd(SEARCHED, built.cost, mix),
+            *sequential]
+    return Outcome(rows, why, faster, rebuilt)
+
+
+def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Contest) -> Outcome:
+    """The rows and the why of a contest in turns between the placement (``parts``, its build ``built``)
+    and ``rivals``: the returned placement's row carries its latency in turns."""
+    turns, mix = timed.turns, operators_by_backend(parts)
+    in_turns = {entry.name: EndToEnd(f"{entry.name}, {IN_TURNS}", turns[entry.name], entry.operators_by_backend, True)
+                for entry, _ in rivals}
+    sequential = [entry for entry, _ in baselines]
+    fastest, _ = min(rivals, key=lambda pair: turns[pair[0].name].seconds)
+    placed, best = turns[PLACEMENT], turns[fastest.name]
+    if timed.winner is None:
+        if best.seconds >= placed.seconds:
+            why = (f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, "
+                   f"{_times(best, placed)}")
+        elif best.seconds >= placed.seconds * (1 - TURNS_MARGIN):
+            why = (f"{origin}; kept: in the contest in turns {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
+                   f"within the {TURNS_MARGIN:.0%} a baseline must win by")
+        else:
+            why = (f"{origin}; a replay returns its placement, though in the contest in turns {fastest.name} ran "
+                   f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}")
+        rows = [EndToEnd(PLACEMENT, placed, mix, True), *in_turns.values(),
+                EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
+        return Outcome(rows, why)
+    entry, rival_parts = rivals[timed.winner]
+    rival_mix = operators_by_backend(rival_parts)
+    why = (f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
+           f"{_ms(placed)}, {_times(placed, turns[entry.name])}; the searched placement ({origin}) is saved as "
+           f"{SEARCHED_PLACEMENT_FILE}")
+    rows = [EndToEnd(PLACEMENT, turns[entry.name], rival_mix, True), EndToEnd(f"{SEARCHED}, {IN_TURNS}", placed, mix, True),
+            *(row for name, row in in_turns.items() if name != entry.name),
+            EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
+            EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
+    return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
+
+
+def _ms(cost: Cost) -> str:
+    return f"{cost.median_s * 1e3:.3f} ms"
+
+
+def _times(slower: Cost, faster: Cost) -> str:
+    """How many times faster ``faster`` ran: ``1.05x``."""
+    return f"{slower.median_s / faster.median_s:.2f}x"
+
+
+def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Optional[Contest]:
     """The placement's ``library`` and a build of each rival (``(EndToEnd, parts)`` pairs) timed in
     turns (see :mod:`collage_core.in_turns`); None if that failed. When the fastest rival beat the
-    placement by TURNS_MARGIN, its build replaces ``library`` and is the contest's winner."""
+    placement by TURNS_MARGIN and ``may_replace``, its build replaces ``library`` and is the contest's
+    winner."""
     names = ", ".join(entry.name for entry, _ in rivals)
     job.say(f"timing the placement and {names} in turns")
     rivals_dir = job.workdir / "rivals"
@@ -139,7 +239,7 @@ def contest(job: Job, library: Path, rivals) -> Optional[Contest]:
                               job.disabled)
         job.say("  in turns: " + ", ".join(f"{name} {describe_cost(cost)}" for name, cost in turns.items()))
         fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].seconds)
-        if turns[rivals[fastest][0].name].seconds >= turns[PLACEMENT].seconds * (1 - TURNS_MARGIN):
+        if not may_replace or turns[rivals[fastest][0].name].seconds >= turns[PLACEMENT].seconds * (1 - TURNS_MARGIN):
             return Contest(turns)
         won = rivals_dir / str(fastest) / library.name
         copy_library(won, library, move=True)

@@ -3,10 +3,11 @@
 After the search, ``optimize`` builds the placement, verifies it, measures the baselines and times
 the closest of them in turns: on a warm cost database that tail is nearly all a rerun costs. The
 output directory keeps its outcome in ``finished.json``, keyed by everything that could change it
-(the searched placement, the model, the target, the backends and their versions, the settings and
-Collage's version) and tied to the library it describes (its size and modification time). When a
-later run reaches the same searched placement with the same key and the library is untouched, the
-library, the placement it returned, the verification and the end-to-end rows are reused.
+(the model, the target, the backends and their versions, the searched placement, the settings and
+Collage's code, part by part) and tied to the library it describes (its size and modification
+time). When a later run reaches the same searched placement with the same key and the library is
+untouched, the library, the placement it returned, the verification and the end-to-end rows are
+reused; otherwise the lookup says which part differed, so that a slow rerun says why it was slow.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import attrs
 
 from collage_core.errors import CollageError
 from collage_core.placement_file import Placement, placement_from_json
-from collage_core.records import Cost
 from collage_core.result import EndToEnd
 from collage_core.verify import Verification
 
@@ -31,17 +31,86 @@ log = logging.getLogger("collage")
 
 FILE_NAME = "finished.json"
 FORMAT = "collage-finished-build"
-VERSION = 1
+# 2: the key kept part by part; rows say whether they were timed in turns; the search's placement
+# kept when a baseline won the contest.
+VERSION = 2
+
+
+@attrs.frozen
+class FinishKey:
+    """Everything a run's end depends on, part by part, so that a mismatch can be named."""
+
+    model: str  # the imported model's fingerprint
+    target: str
+    backends: dict  # name -> version
+    searched: str  # the searched placement's end-to-end key
+    settings: dict
+    code: str  # code_digest of Collage and the plugins in use
+
+    def to_json(self) -> dict:
+        """As kept in ``finished.json`` (JSON's own types, so that a key read back compares equal)."""
+        return json.loads(json.dumps(attrs.asdict(self)))
+
+    def differences(self, kept: dict) -> list[str]:
+        """What differs between this key and ``kept`` (a key's JSON), in words; the searched placement
+        only when nothing before it does (its key covers the model, the target and the backends)."""
+        mine = self.to_json()
+        changed = {name for name in mine if kept.get(name) != mine[name]}
+        said = []
+        if "model" in changed:
+            said.append("the model changed")
+        if "target" in changed:
+            said.append(f"another target (was {kept.get('target')})")
+        if "backends" in changed:
+            said.append(f"other backends or versions (was {_versions(kept.get('backends'))}, now {_versions(self.backends)})")
+        if "settings" in changed:
+            said.append(f"other settings ({', '.join(_changed_settings(kept.get('settings'), mine['settings']))})")
+        if "code" in changed:
+            said.append("Collage's code or a plugin's changed")
+        if not said and "searched" in changed:
+            said.append("the search ended at another placement")
+        return said
+
+
+def _versions(backends) -> str:
+    if not isinstance(backends, dict):
+        return "unknown"
+    return ", ".join(f"{name} {version}" for name, version in sorted(backends.items()))
+
+
+def _changed_settings(kept, mine: dict) -> list[str]:
+    """The names of the settings that differ, one level into nested settings (``settings.single_run_s``)."""
+    kept = kept if isinstance(kept, dict) else {}
+    changed = []
+    for name in sorted(set(kept) | set(mine)):
+        before, now = kept.get(name), mine.get(name)
+        if before == now:
+            continue
+        if isinstance(before, dict) and isinstance(now, dict):
+            changed += [f"{name}.{inner}" for inner in sorted(set(before) | set(now)) if before.get(inner) != now.get(inner)]
+        else:
+            changed.append(name)
+    return changed
 
 
 @attrs.frozen
 class FinishedBuild:
-    """What a run ended with: the placement it returned, its end-to-end rows and its verification."""
+    """What a run ended with: the placement it returned, its end-to-end rows and its verification,
+    and the search's own placement when a baseline won the contest and was returned instead."""
 
-    key: str
+    key: FinishKey
     placement: Placement = attrs.field(eq=False)
     end_to_end: list = attrs.field(eq=False)
     verification: Optional[Verification]
+    searched_placement: Optional[Placement] = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class Lookup:
+    """The run end kept in a directory, if it can be reused; else why not ("": nothing was kept)."""
+
+    finished: Optional[FinishedBuild] = None
+    why_not: str = ""
 
 
 def finish_key(searched_key: str, settings: dict, code_modules) -> str:
@@ -72,13 +141,11 @@ def save_finished(directory: os.PathLike, library: os.PathLike, finished: Finish
     record = {
         "format": FORMAT,
         "version": VERSION,
-        "key": finished.key,
+        "key": finished.key.to_json(),
         "library": {"name": Path(library).name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
         "placement": finished.placement.to_json(),
-        "end_to_end": [
-            {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}
-            for row in finished.end_to_end
-        ],
+        "searched_placement": None if finished.searched_placement is None else finished.searched_placement.to_json(),
+        "end_to_end": [row.to_json() for row in finished.end_to_end],
         "verification": None if finished.verification is None else attrs.asdict(finished.verification),
     }
     path = Path(directory) / FILE_NAME
@@ -86,28 +153,37 @@ def save_finished(directory: os.PathLike, library: os.PathLike, finished: Finish
     return path
 
 
-def load_finished(directory: os.PathLike, library: os.PathLike, key: str) -> Optional[FinishedBuild]:
-    """The run end kept in ``directory`` if it has ``key`` and ``library`` is the one it describes, else None.
+def load_finished(directory: os.PathLike, library: os.PathLike, key: FinishKey) -> Lookup:
+    """The run end kept in ``directory`` if it has ``key`` and ``library`` is the one it describes;
+    else why not, in words (nothing when no record is kept).
 
-    A record that is missing, unreadable, of another key or of a changed library is not reused (and
-    is overwritten when this run ends); nothing is raised.
+    A record that is unreadable, of another key or of a changed library is not reused (and is
+    overwritten when this run ends); nothing is raised.
     """
     path = Path(directory) / FILE_NAME
     try:
         record = json.loads(path.read_text())
-        if record.get("format") != FORMAT or record.get("version") != VERSION or record.get("key") != key:
-            return None
-        stat = Path(library).stat()
+        if record.get("format") != FORMAT or record.get("version") != VERSION:
+            return Lookup(why_not=f"{path.name} was written by another version of Collage")
+        differences = key.differences(record.get("key") if isinstance(record.get("key"), dict) else {})
+        if differences:
+            return Lookup(why_not="; ".join(differences))
         kept = record["library"]
+        try:
+            stat = Path(library).stat()
+        except FileNotFoundError:
+            return Lookup(why_not=f"its library {Path(library).name} is missing")
         if (kept["name"], kept["size"], kept["mtime_ns"]) != (Path(library).name, stat.st_size, stat.st_mtime_ns):
-            return None
-        rows = [EndToEnd(row["name"], Cost.from_json(row["cost"]), dict(row["operators_by_backend"]))
-                for row in record["end_to_end"]]
+            return Lookup(why_not=f"its library {Path(library).name} was written again after it ended "
+                                  "(by another run into the same directory?)")
+        rows = [EndToEnd.from_json(row) for row in record["end_to_end"]]
         verification = None if record["verification"] is None else Verification(**record["verification"])
         placement = placement_from_json(record["placement"], str(path))
+        searched = record.get("searched_placement")
+        searched = None if searched is None else placement_from_json(searched, str(path))
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, CollageError) as error:
+        return Lookup()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, CollageError) as error:
         log.warning("%s: not reused (%s: %s)", path, type(error).__name__, error)
-        return None
-    return FinishedBuild(key, placement, rows, verification)
+        return Lookup(why_not=f"{path.name} could not be read ({type(error).__name__})")
+    return Lookup(FinishedBuild(key, placement, rows, verification, searched))

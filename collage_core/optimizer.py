@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -16,12 +17,12 @@ import attrs
 from collage_core import finish_stage, search_stage, tvm_compat
 from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
-from collage_core.baselines import IN_TURNS, baseline_file, closest_rivals, faster_baseline, operators_by_backend
+from collage_core.baselines import baseline_file, operators_by_backend
 from collage_core.calibration import DEFAULT_ROUNDS
 from collage_core.candidates import enumerate_candidates
 from collage_core.cost_db import CostDatabase, default_cost_db_path
 from collage_core.errors import CollageError
-from collage_core.finished_build import FinishedBuild, finish_key, load_finished, save_finished
+from collage_core.finished_build import FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
 from collage_core.job import FINISHED_PROTOCOL, Job
 from collage_core.model_import import check_against_reference, load_model
 from collage_core.partition import partition_module
@@ -39,7 +40,6 @@ from collage_core.verify import Verification, compare_outputs
 from collage_core.widening import units
 
 log = logging.getLogger("collage")
-SEARCHED = "searched placement (measured slower, not returned)"
 FIT_FILE = "accuracy-budget.json"  # the accuracy budget's probes, reused by a rerun into the same directory
 
 
@@ -55,7 +55,7 @@ def optimize(
     cost_db: Optional[os.PathLike] = None,
     output_dir: Optional[os.PathLike] = None,
     settings: MeasureSettings = MeasureSettings(),
-    compare_backends: bool = True,
+    compare_backends: Optional[bool] = None,
     baseline_limit_s: Optional[float] = DEFAULT_BASELINE_LIMIT_S,
     calibration_rounds: int = DEFAULT_ROUNDS,
     verify: bool = True,
@@ -68,14 +68,17 @@ def optimize(
 
     ``model`` is an ONNX path or ModelProto, a ``torch.nn.Module`` with ``example_inputs``, or a
     Relax IRModule. ``search`` is ``"op-level"`` or ``"two-level"`` (the default when a
-    graph-level backend is selected). With ``placement`` (a placement file) nothing is measured:
-    the file's placement is rebuilt. Measured costs are kept in ``cost_db`` (default: the user
-    cache); with ``output_dir`` the best placement so far is saved there as the search goes.
-    ``calibration_rounds`` re-searches of the op-level placement with per-partition charges
-    measured end to end are tried (0: none; see :mod:`collage_core.calibration`). With
-    ``compare_backends`` each backend alone and TVM's unpartitioned build are measured too; one
-    whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such
-    (None: no limit). With ``output_dir`` too, each baseline's placement is saved there (see
+    graph-level backend is selected). With ``placement`` (a placement file) nothing is searched:
+    the file's placement is built, verified, measured end to end and returned. Measured costs are
+    kept in ``cost_db`` (default: the user cache); with ``output_dir`` the best placement so far is
+    saved there as the search goes. ``calibration_rounds`` re-searches of the op-level placement
+    with per-partition charges measured end to end are tried (0: none; see
+    :mod:`collage_core.calibration`). With ``compare_backends`` (default: when searching, not when
+    replaying) each backend alone and TVM's unpartitioned build are measured too, and the closest
+    of them timed in turns with the placement: the fastest by a margin is returned instead (never
+    in a replay), and the searched placement is kept as ``searched-placement.json``. A baseline
+    whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such (None:
+    no limit). With ``output_dir`` too, each baseline's placement is saved there (see
     :func:`baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.precision`;
     default fp32, or the placement file's) converts the model once before anything is placed; outputs
     are verified against the float32 reference within that precision's tolerance. With
@@ -86,6 +89,8 @@ def optimize(
     """
     say = _Narrator(show_progress)
     clock = PhaseClock()
+    if compare_backends is None:
+        compare_backends = placement is None
     original = load_model(model, example_inputs)
     if verify:  # a model whose outputs cannot be checked fails here, before anything is measured
         say(check_against_reference(original))
@@ -147,15 +152,23 @@ def optimize(
         chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
     library = workdir / f"{imported.name}.so"
+    if output_dir:
+        _say_what_is_overwritten(workdir, placement, say)
     finish = None
     if output_dir and placement is None:
-        finish = finish_key(
-            job.end_to_end_key(parts, FINISHED_PROTOCOL),
-            {"accuracy_budget": accuracy_budget, "compare_backends": compare_backends, "baseline_limit_s": baseline_limit_s, "verify": verify,
-             "reference": imported.reference_name, "settings": attrs.evolve(settings, build_workers=0).to_json()},
-            job.plugin_modules,
+        finish = FinishKey(
+            model=imported.fingerprint, target=tvm_compat.target_to_json(target),
+            backends={name: backend.version for name, backend in sorted(job.backends.items())},
+            searched=job.end_to_end_key(parts, FINISHED_PROTOCOL),
+            settings={"accuracy_budget": accuracy_budget, "compare_backends": compare_backends,
+                      "baseline_limit_s": baseline_limit_s, "verify": verify, "reference": imported.reference_name,
+                      "settings": attrs.evolve(settings, build_workers=0).to_json()},
+            code=code_digest(job.plugin_modules),
         )
-        previous = load_finished(workdir, library, finish)
+        kept = load_finished(workdir, library, finish)
+        if kept.why_not:
+            say(f"the run before in {workdir} is not reused: {kept.why_not}")
+        previous = kept.finished
         if previous is not None:
             say(f"the run before in {workdir} ended from this same searched placement (same model, target, backends, "
                 f"settings and code): its library, verification and end-to-end measurements are reused")
@@ -163,7 +176,7 @@ def optimize(
             optimized = OptimizedModel(
                 imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
                 len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
-                phases_s=clock.phases_s, accuracy=fitted,
+                phases_s=clock.phases_s, accuracy=fitted, searched_placement=previous.searched_placement,
             )
             optimized.save(workdir)
             return optimized
@@ -181,44 +194,42 @@ def optimize(
     built = finish_stage.build_placement(job, parts, library)
     verification = verified(built)
     clock.lap("building and verifying")
-    results = [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))]
-    if compare_backends:
+    origin = finish_stage.found_by(search, placement, replayed.why_chosen if replayed is not None else "")
+    searched_placement = None
+    if not compare_backends:
+        outcome = finish_stage.Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
+                                       origin if placement is not None else f"{origin}; not compared with baselines")
+    else:
         # A replayed placement measures its baselines afresh: replaying reads no cost database.
         with opened_again(cost_db, placement) as db:
             baselines = finish_stage.baselines(job, parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
                                       baseline_limit_s, db)
-        results += [entry for entry, _ in baselines]
         clock.lap("baselines")
         if output_dir:
             for entry, baseline_parts in baselines:
                 if baseline_parts is not None:
                     job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
-        faster, rivals = None, closest_rivals(baselines, parts, built.cost, settings)
-        contest = finish_stage.contest(job, library, rivals) if rivals else None
+        # A replay returns the placement it was given, whatever ran faster beside it.
+        outcome = finish_stage.finish(job, library, origin, parts, built, baselines, may_replace=placement is None)
         clock.lap("contest in turns")
-        if contest is not None:
-            results.append(EndToEnd(f"{PLACEMENT}, {IN_TURNS}", contest.turns[PLACEMENT], operators_by_backend(parts)))
-            results += [EndToEnd(f"{entry.name}, {IN_TURNS}", contest.turns[entry.name], operators_by_backend(rival_parts))
-                        for entry, rival_parts in rivals]
-            if contest.winner is not None:
-                faster, built = rivals[contest.winner], contest.winner_build
-        else:
-            faster = faster_baseline(baselines, built.cost)
-            if faster is not None:
-                built = finish_stage.build_placement(job, faster[1], library)
-        if faster is not None:
-            # What ran faster beside it is the result, with the cost its own build measured.
-            entry, parts = faster
-            say(f"{entry.name} measured faster than the searched placement: it is the result")
+        if outcome.replacement is not None:
+            # What ran faster beside it is the result, with the cost it was chosen by.
+            entry, parts = outcome.replacement
+            say(f"{entry.name} ran faster than the searched placement: it is the result")
+            searched_placement = attrs.evolve(
+                chosen_placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)")
             chosen_placement = job.placement(parts, search, candidates, measurement.costs if measurement else None)
+            built = outcome.replacement_build
             verification = verified(built)
             clock.lap("building and verifying")
-            results[0] = attrs.evolve(results[0], name=SEARCHED)
-            results.insert(0, EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts)))
+    results = list(outcome.rows)
+    chosen_placement = attrs.evolve(chosen_placement, why_chosen=outcome.why)
+    say(f"why this placement: {outcome.why}")
+    if compare_backends:
         with opened_again(cost_db, placement) as db:
             plain = finish_stage.without_cuda_graphs(job, parts, baseline_limit_s, db)
         if plain is not None:
-            results.insert(1, plain)
+            results.insert(next(i for i, row in enumerate(results) if not row.timed_in_turns), plain)
             clock.lap("without CUDA graphs")
     if fitted is not None and verification is not None:
         chosen_placement = attrs.evolve(chosen_placement, accuracy_budget=fitted.budget,
@@ -226,12 +237,28 @@ def optimize(
     optimized = OptimizedModel(
         imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
         built.partitioned, two_level_result, phases_s=clock.phases_s, accuracy=fitted,
+        searched_placement=searched_placement, replayed_from=None if placement is None else str(placement),
     )
     if output_dir:
         optimized.save(output_dir)
         if finish is not None:
-            save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification))
+            save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification, searched_placement))
     return optimized
+
+
+def _say_what_is_overwritten(workdir: Path, placement, say) -> None:
+    """One line when this run writes over another kind of run's files in ``workdir``: a replay over a
+    search's (or over another file's replay), a search over a replay's. A search over a search says
+    whether it reuses it (see load_finished)."""
+    try:
+        before = json.loads((workdir / "results.json").read_text()).get("replayed_from")
+    except (OSError, ValueError, AttributeError):
+        return
+    replaying = None if placement is None else str(placement)
+    if before == replaying or (before is None and replaying is None):
+        return
+    kind = "searched run" if before is None else f"replay of {before}"
+    say(f"overwriting the {kind} in {workdir} (its placement.json, report.txt, results.json and library)")
 
 
 def _precision_wanted(precision: Optional[str], replayed, placement) -> str:

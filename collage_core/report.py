@@ -5,17 +5,48 @@ from __future__ import annotations
 from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
 from collage_core.precision import FP32
 from collage_core.precision import describe as describe_precision
-from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
+from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, WITHOUT_CUDA_GRAPHS
 from collage_core.timing import STOPPED_PREFIX
 from collage_core.two_level import history_text
 
+# A latency whose runs' interquartile range is over this fraction of its median is marked noisy, its
+# spread not printed as a ± that could read as "anywhere from zero": on a busy 2-core machine one
+# baseline measured 8.8 ms with its quartiles 23 ms apart.
+NOISY_SPREAD = 0.5
+IN_TURNS_HEADING = ("timed in turns, side by side in one sitting (the choice was made on these; compare them "
+                    "only with each other):")
+ONE_AFTER_ANOTHER_HEADING = ("measured one after another, each build alone in its own worker (the machine's speed "
+                             "drifts between them; compare them only with each other):")
+
+
+def is_noisy(cost) -> bool:
+    return cost.is_measured and cost.spread_s > NOISY_SPREAD * cost.median_s
+
 
 def _ms(cost) -> str:
+    if is_noisy(cost):
+        return f"{cost.median_s * 1e3:10.3f} ms noisy (quartiles {cost.spread_s * 1e3:.3f} ms apart)"
     if cost.is_measured:
         return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}"
     if cost.reason.startswith((PREDICTED_PREFIX, STOPPED_PREFIX)):
         return cost.reason  # a baseline left unbuilt or stopped, not one that failed
     return f"invalid: {cost.reason}"
+
+
+def shown_name(entry) -> str:
+    """A row's name in its section, whose heading says how it was timed."""
+    return entry.name.removesuffix(f", {IN_TURNS}").removesuffix(f", {ONE_AFTER_ANOTHER}")
+
+
+def headline(entries) -> str:
+    """The returned placement's latency and how it was timed: the line a user reads first."""
+    placed = next((entry for entry in entries if entry.name == PLACEMENT), None)
+    if placed is None:
+        return ""
+    rivals = sum(1 for entry in entries if entry.timed_in_turns) - 1
+    how = (f"timed in turns with {rivals} rival build{'s' if rivals != 1 else ''}" if placed.timed_in_turns
+           else "measured one after another")
+    return f"latency: {_ms(placed.cost).strip()}, {how}"
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -29,19 +60,49 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 def _best_other_build(entry, entries):
     """The fastest measured latency of a different build (another mix of backends) timed the same way
     as ``entry`` (in turns, or one after the other), or None: a library is not compared with itself."""
-    in_turns = entry.name.endswith(IN_TURNS)
     return min(
         (other.cost.median_s for other in entries
-         if other.cost.is_measured and other.name.endswith(IN_TURNS) == in_turns
+         if other.cost.is_measured and other.timed_in_turns == entry.timed_in_turns
          and other.operators_by_backend != entry.operators_by_backend),
         default=None,
     )
 
 
+def _end_to_end_table(entries) -> str:
+    rows = []
+    for entry in entries:
+        best_other = _best_other_build(entry, entries)
+        ratio = f"{entry.cost.median_s / best_other:.3f}" if best_other and entry.cost.is_measured else "-"
+        mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
+        rows.append([shown_name(entry), _ms(entry.cost), ratio, mix])
+    return format_table(["end to end", "median latency", "vs best other build", "operators"], rows)
+
+
+def _end_to_end_sections(entries) -> list[str]:
+    """The rows timed in turns, then those measured one after another, each under a heading that says
+    so; with no contest in turns, the one table alone."""
+    in_turns = [entry for entry in entries if entry.timed_in_turns]
+    one_after_another = [entry for entry in entries if not entry.timed_in_turns]
+    if not in_turns:
+        return [_end_to_end_table(one_after_another)]
+    sections = [IN_TURNS_HEADING, _end_to_end_table(in_turns)]
+    if one_after_another:
+        sections += ["", ONE_AFTER_ANOTHER_HEADING, _end_to_end_table(one_after_another)]
+    return sections
+
+
+def _measured_alone(entries):
+    """The returned placement's row measured one after another (the headline's, when no contest ran)."""
+    by_name = {entry.name: entry for entry in entries}
+    return by_name.get(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}") or by_name.get(PLACEMENT)
+
+
 def _cuda_graphs_line(entries) -> str:
-    """What replaying the placement as CUDA graphs gained, when it was also measured without them."""
+    """What replaying the placement as CUDA graphs gained, when it was also measured without them (both
+    one after another)."""
     by_name = {entry.name: entry.cost for entry in entries}
-    with_graphs, without = by_name.get(PLACEMENT), by_name.get(WITHOUT_CUDA_GRAPHS)
+    alone = _measured_alone(entries)
+    with_graphs, without = alone.cost if alone is not None else None, by_name.get(WITHOUT_CUDA_GRAPHS)
     if with_graphs is None or without is None or not (with_graphs.is_measured and without.is_measured):
         return ""
     return (f"CUDA graphs: {with_graphs.median_s * 1e3:.3f} ms replayed as graphs, {without.median_s * 1e3:.3f} ms "
@@ -66,23 +127,20 @@ def render_report(optimized) -> str:
     sections = [
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
+        *[line for line in (headline(optimized.end_to_end), why_line(placement)) if line],
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
     ]
     converted = describe_precision(placement.precision)
     if converted:
         sections.insert(1, converted + sixteen_bit_summary(placement, optimized.accuracy))
-    placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
+    alone = _measured_alone(optimized.end_to_end)
+    placed = None if alone is None else alone.cost
     if total and placed is not None and placed.is_measured and all(p.cost.is_measured for p in placement.partitions):
         sections.append(f"the partitions' costs add up to {total * 1e3:.3f} ms; the placement measured "
-                        f"{placed.median_s * 1e3:.3f} ms end to end ({100 * total / placed.median_s:.0f}% of it)")
+                        f"{placed.median_s * 1e3:.3f} ms end to end one after another, as they were "
+                        f"({100 * total / placed.median_s:.0f}% of it)")
     sections.append("")
-    e2e_rows = []
-    for entry in optimized.end_to_end:
-        best_other = _best_other_build(entry, optimized.end_to_end)
-        ratio = f"{entry.cost.median_s / best_other:.3f}" if best_other and entry.cost.is_measured else "-"
-        mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
-        e2e_rows.append([entry.name, _ms(entry.cost), ratio, mix])
-    sections.append(format_table(["end to end", "median latency", "vs best other build", "operators"], e2e_rows))
+    sections += _end_to_end_sections(optimized.end_to_end)
     graphs_line = _cuda_graphs_line(optimized.end_to_end)
     if graphs_line:
         sections.append(graphs_line)
@@ -109,6 +167,11 @@ def render_report(optimized) -> str:
         spent = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in optimized.phases_s.items())
         sections.append(f"time: {spent}; {sum(optimized.phases_s.values()):.1f} s in all")
     return "\n".join(sections)
+
+
+def why_line(placement) -> str:
+    """Why the placement was returned (see collage_core.finish_stage), when its file says."""
+    return f"why this placement: {placement.why_chosen}" if placement.why_chosen else ""
 
 
 def sixteen_bit_summary(placement, accuracy) -> str:

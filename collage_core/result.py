@@ -19,20 +19,38 @@ from collage_core.records import Cost
 from collage_core.two_level import TwoLevelResult
 from collage_core.verify import Verification
 
+# The returned placement's row: timed in turns with its closest rivals when they were, else one after another.
 PLACEMENT = "placement"
+# The search's own placement, when a baseline beat it in the contest in turns and was returned instead.
+SEARCHED = "searched placement"
+# How the rows of a contest's entrants measured one after another are told from their rows timed in turns.
+ONE_AFTER_ANOTHER = "one after another"
 # The returned placement built to launch kernel by kernel, on a CUDA target whose builds replay CUDA graphs.
 WITHOUT_CUDA_GRAPHS = "placement without CUDA graphs"
 
 SEARCH_PICTURE = "two-level-search.svg"  # the two-level search, generation by generation
+# Beside placement.json when a baseline won the contest: what the search found, to replay or export.
+SEARCHED_PLACEMENT_FILE = "searched-placement.json"
 
 
 @attrs.frozen
 class EndToEnd:
-    """The measured latency of one whole build: the chosen placement or a single-backend baseline."""
+    """The measured latency of one whole build: the chosen placement or a single-backend baseline,
+    timed in turns with its rivals (side by side in one sitting) or one after another (each alone)."""
 
     name: str
     cost: Cost
     operators_by_backend: dict = attrs.field(eq=False)
+    timed_in_turns: bool = False
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "cost": self.cost.to_json(), "operators_by_backend": self.operators_by_backend,
+                "timed_in_turns": self.timed_in_turns}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EndToEnd":
+        return cls(str(data["name"]), Cost.from_json(data["cost"]), dict(data["operators_by_backend"]),
+                   bool(data.get("timed_in_turns", False)))
 
 
 @attrs.define
@@ -54,6 +72,10 @@ class OptimizedModel:
     phases_s: dict = attrs.field(factory=dict, repr=False)
     # With an accuracy budget: the units kept in float32 and the probes that chose them (collage_core.accuracy_budget).
     accuracy: Any = attrs.field(default=None, repr=False)
+    # The search's own placement when a baseline won the contest in turns and is ``placement`` instead.
+    searched_placement: Optional[Placement] = attrs.field(default=None, repr=False)
+    # The placement file a replay rebuilt (None: this run searched).
+    replayed_from: Optional[str] = None
     _vm: Any = attrs.field(default=None, repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -75,12 +97,18 @@ class OptimizedModel:
 
     def save(self, directory: os.PathLike) -> Path:
         """Write ``placement.json``, the compiled library, the report table, ``results.json`` and, after
-        a two-level search, its picture (``two-level-search.svg``) into ``directory``."""
+        a two-level search, its picture (``two-level-search.svg``) into ``directory``; after a search
+        whose placement lost the contest in turns, that placement as ``searched-placement.json`` (a
+        search's directory holds one only then)."""
         from collage_core.report import render_report
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.placement.save(directory / "placement.json")
+        if self.searched_placement is not None:
+            self.searched_placement.save(directory / SEARCHED_PLACEMENT_FILE)
+        elif self.replayed_from is None:
+            (directory / SEARCHED_PLACEMENT_FILE).unlink(missing_ok=True)
         library = directory / f"{self.model.name}.so"
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
@@ -90,21 +118,25 @@ class OptimizedModel:
             from collage_core.picture import backend_colours
             from collage_core.search_picture import history_svg
 
-            (directory / SEARCH_PICTURE).write_text(history_svg(self.two_level.history, backend_colours(self.placement)))
+            lost = "" if self.searched_placement is None else (
+                f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
+            (directory / SEARCH_PICTURE).write_text(
+                history_svg(self.two_level.history, backend_colours(self.placement), caption=lost))
         return directory
 
     def results_json(self) -> dict:
         """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
+        from collage_core.report import is_noisy
+
         measurement = self.measurement
         return {
             "model": self.model.name,
             "precision": self.model.precision,
             "accuracy_budget": None if self.accuracy is None else self.accuracy.to_json(),
             "search": self.placement.search,
-            "end_to_end": [
-                {"name": row.name, "cost": row.cost.to_json(), "operators_by_backend": row.operators_by_backend}
-                for row in self.end_to_end
-            ],
+            "why_chosen": self.placement.why_chosen,
+            "replayed_from": self.replayed_from,
+            "end_to_end": [{**row.to_json(), "noisy": is_noisy(row.cost)} for row in self.end_to_end],
             "candidates": self.candidates,
             "measurement": None if measurement is None else {
                 "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,

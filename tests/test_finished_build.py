@@ -1,4 +1,5 @@
-"""The end of a run kept beside its library: reused only under the same key and for the same library."""
+"""The end of a run kept beside its library: reused only under the same key and for the same library,
+and when not reused, the lookup says which part differed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import os
 
 import pytest
 
-from collage_core.finished_build import FILE_NAME, FinishedBuild, code_digest, finish_key, load_finished, save_finished
+import attrs
+
+from collage_core.finished_build import (
+    FILE_NAME,
+    FinishedBuild,
+    FinishKey,
+    code_digest,
+    finish_key,
+    load_finished,
+    save_finished,
+)
 from collage_core.placement_file import Placement
 from collage_core.records import Cost, Partition
 from collage_core.result import EndToEnd
@@ -25,15 +36,22 @@ def placement() -> Placement:
     )
 
 
+KEY = FinishKey(model="fingerprint-1", target='{"kind": "llvm"}', backends={"onnxruntime": "1.31.0", "tvm": "0.22"},
+                searched="searched-1", settings={"verify": True, "settings": {"single_run_s": 5.0, "warmup": 1}},
+                code="code-1")
+
+
 @pytest.fixture
 def kept(tmp_path):
     library = tmp_path / "m.so"
     library.write_bytes(b"a library")
     finished = FinishedBuild(
-        "key-1", placement(),
-        [EndToEnd("placement", Cost.measured(3e-6, 1e-7, 5), {"tvm": 2}),
+        KEY, placement(),
+        [EndToEnd("placement", Cost.measured(2e-6, 1e-7, 99), {"tvm": 2}, timed_in_turns=True),
+         EndToEnd("placement, one after another", Cost.measured(3e-6, 1e-7, 5), {"tvm": 2}),
          EndToEnd("tvm alone", Cost.invalid("stopped: one run takes longer than 60 s"), {"tvm": 2})],
         Verification("onnxruntime 1.0", True, 1e-7, 1e-6, 1e-3, 1e-4),
+        searched_placement=attrs.evolve(placement(), why_chosen="found by the op-level search; not returned"),
     )
     save_finished(tmp_path, library, finished)
     return tmp_path, library, finished
@@ -41,32 +59,54 @@ def kept(tmp_path):
 
 def test_a_kept_end_is_read_back_whole_under_its_key(kept):
     directory, library, finished = kept
-    again = load_finished(directory, library, "key-1")
-    assert again == finished
+    lookup = load_finished(directory, library, KEY)
+    again = lookup.finished
+    assert again == finished and lookup.why_not == ""
     assert again.end_to_end == finished.end_to_end
-    assert [row.operators_by_backend for row in again.end_to_end] == [{"tvm": 2}, {"tvm": 2}]
+    assert [row.timed_in_turns for row in again.end_to_end] == [True, False, False]
+    assert [row.operators_by_backend for row in again.end_to_end] == [{"tvm": 2}] * 3
     assert again.placement.partitions == finished.placement.partitions
+    assert again.searched_placement.why_chosen == "found by the op-level search; not returned"
 
 
-def test_another_key_or_a_changed_library_is_not_reused(kept):
+@pytest.mark.parametrize("change, reason", [
+    ({"model": "fingerprint-2"}, "the model changed"),
+    ({"target": '{"kind": "cuda"}'}, 'another target (was {"kind": "llvm"})'),
+    ({"backends": {"onnxruntime": "1.32.0", "tvm": "0.22"}},
+     "other backends or versions (was onnxruntime 1.31.0, tvm 0.22, now onnxruntime 1.32.0, tvm 0.22)"),
+    ({"settings": {"verify": False, "settings": {"single_run_s": 1.0, "warmup": 1}}},
+     "other settings (settings.single_run_s, verify)"),
+    ({"code": "code-2"}, "Collage's code or a plugin's changed"),
+    ({"searched": "searched-2"}, "the search ended at another placement"),
+    ({"code": "code-2", "searched": "searched-2"}, "Collage's code or a plugin's changed"),
+], ids=["model", "target", "backends", "settings", "code", "searched", "code and so searched"])
+def test_a_run_end_under_another_key_is_not_reused_and_the_part_that_differs_is_named(kept, change, reason):
     directory, library, _ = kept
-    assert load_finished(directory, library, "key-2") is None
+    lookup = load_finished(directory, library, attrs.evolve(KEY, **change))
+    assert lookup.finished is None and lookup.why_not == reason
+
+
+def test_a_changed_library_is_not_reused_and_says_so(kept):
+    directory, library, _ = kept
     library.write_bytes(b"another library")
-    assert load_finished(directory, library, "key-1") is None
+    lookup = load_finished(directory, library, KEY)
+    assert lookup.finished is None
+    assert lookup.why_not == "its library m.so was written again after it ended (by another run into the same directory?)"
 
 
 def test_a_library_rewritten_with_the_same_size_is_not_reused(kept):
     directory, library, _ = kept
     stat = library.stat()
     os.utime(library, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert load_finished(directory, library, "key-1") is None
+    assert "was written again" in load_finished(directory, library, KEY).why_not
 
 
 def test_a_missing_library_or_record_is_not_reused(kept, tmp_path):
     directory, library, _ = kept
-    assert load_finished(tmp_path / "elsewhere", library, "key-1") is None
+    nothing = load_finished(tmp_path / "elsewhere", library, KEY)
+    assert nothing.finished is None and nothing.why_not == ""  # nothing kept: nothing to say
     library.unlink()
-    assert load_finished(directory, library, "key-1") is None
+    assert load_finished(directory, library, KEY).why_not == "its library m.so is missing"
 
 
 @pytest.mark.parametrize("damage", [
@@ -80,15 +120,17 @@ def test_a_damaged_record_is_not_reused_and_says_why(kept, damage, caplog):
     path = directory / FILE_NAME
     path.write_text(damage(json.loads(path.read_text())))
     with caplog.at_level(logging.WARNING, logger="collage"):
-        assert load_finished(directory, library, "key-1") is None
+        lookup = load_finished(directory, library, KEY)
+    assert lookup.finished is None and lookup.why_not.startswith(f"{FILE_NAME} could not be read")
     assert f"{path}: not reused" in caplog.text
 
 
 def test_a_record_of_another_format_version_is_passed_over(kept):
     directory, library, _ = kept
     path = directory / FILE_NAME
-    path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99}))
-    assert load_finished(directory, library, "key-1") is None
+    path.write_text(json.dumps({**json.loads(path.read_text()), "version": 1, "key": "a digest"}))
+    lookup = load_finished(directory, library, KEY)
+    assert lookup.finished is None and lookup.why_not == f"{FILE_NAME} was written by another version of Collage"
 
 
 def test_the_key_follows_the_searched_placement_the_settings_and_the_code(tmp_path, monkeypatch):

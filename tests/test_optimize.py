@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import sqlite3
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from collage_core import tvm_compat
-from collage_core.baselines import MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
+from collage_core.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
+from collage_core.records import Cost
 from collage_core.report import render_report
-from collage_core.result import EndToEnd
+from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, EndToEnd
 
 import collage_core
 from collage_core.placement_file import PlacementFileError
@@ -282,13 +284,14 @@ def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, cost
         settings=MeasureSettings(single_run_s=0.0), compare_backends=False, calibration_rounds=0, show_progress=False,
     )
     assert once.end_to_end[0].cost.repeats == 1 and once.end_to_end[0].cost.median_s > 0
+    assert once.placement.why_chosen == "found by the op-level search; not compared with baselines"
 
 
 @pytest.mark.slow  # a minute on 2 cores; the turns are also covered by the tests after it, with fewer rounds
 def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, costs, monkeypatch):
     """Timed in turns, each in workers of its own; the result is the fastest of them, or the searched
     placement when none beat it by the margin."""
-    from collage_core import finish_stage, in_turns, optimizer
+    from collage_core import finish_stage, in_turns
 
     # Default rounds and bursts, one worker per library, not two (two workers' runs are pooled in
     # test_each_library_is_timed_in_turns_by_its_own_workers[2]): half the workers to start and turns to take.
@@ -298,13 +301,16 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "turns",
         search="op-level", calibration_rounds=0, show_progress=False,
     )
-    turns = {e.name: e for e in result.end_to_end if e.name.endswith(optimizer.IN_TURNS)}
+    turns = {e.name: e for e in result.end_to_end if e.timed_in_turns}
     assert 2 <= len(turns) <= 1 + MAX_RIVALS and all(e.cost.repeats >= 7 for e in turns.values())
-    placement = turns.pop(f"{optimizer.PLACEMENT}, {optimizer.IN_TURNS}")
-    fastest = min(turns.values(), key=lambda e: e.cost.seconds)
-    swapped = result.end_to_end[1].name == optimizer.SEARCHED
-    assert swapped == (fastest.cost.seconds < placement.cost.seconds * (1 - TURNS_MARGIN))
-    assert result.end_to_end[0].operators_by_backend == (fastest if swapped else placement).operators_by_backend
+    returned = turns.pop(PLACEMENT)
+    assert result.end_to_end[0] == returned and result.latency() == returned.cost  # the headline is timed in turns
+    searched = turns.pop(f"{SEARCHED}, {IN_TURNS}", None)
+    if searched is None:  # the searched placement was returned: no rival beat it by the margin
+        assert all(e.cost.seconds >= returned.cost.seconds * (1 - TURNS_MARGIN) for e in turns.values())
+    else:  # the fastest rival was returned
+        assert returned.cost.seconds < searched.cost.seconds * (1 - TURNS_MARGIN)
+        assert all(e.cost.seconds >= returned.cost.seconds for e in turns.values())
     assert not (workspace / "turns" / "rivals").exists()
 
 
@@ -325,8 +331,7 @@ def recorded_builds(monkeypatch) -> list:
 def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, costs, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
-    from collage_core import finish_stage, optimizer
-    from collage_core.records import Cost
+    from collage_core import finish_stage
 
     def last_rival_fastest(libraries, *args, **kwargs):
         *others, last = libraries
@@ -339,8 +344,10 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
         search="op-level", calibration_rounds=0, show_progress=False,
     )
     names = [entry.name for entry in result.end_to_end]
-    assert names[0] == optimizer.PLACEMENT and names[1] == optimizer.SEARCHED
-    rival = [e for e in result.end_to_end if e.name.endswith(optimizer.IN_TURNS)][-1]
+    assert names[:2] == [PLACEMENT, f"{SEARCHED}, {IN_TURNS}"]
+    assert result.latency() == Cost.measured(1e-3, 1e-5, 20)  # what it won by, in turns
+    rival = [e for e in result.end_to_end if e.name.endswith(ONE_AFTER_ANOTHER)][0]
+    assert rival.name == f"{PLACEMENT}, {ONE_AFTER_ANOTHER}"
     assert result.end_to_end[0].operators_by_backend == rival.operators_by_backend != result.end_to_end[1].operators_by_backend
     library = workspace / "drift" / f"{result.model.name}.so"
     assert [b for b in builds if b is not None][-1].parent.parent.name == "rivals"  # not built again
@@ -371,7 +378,6 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     read or measured TVM's (so they are not measured again here: test_cli_optimize_reuses_measured_costs
     reads them back), and no searched placements or baselines."""
     pytest.importorskip("onnxruntime")
-    from collage_core import optimizer
     from collage_core.two_level import TwoLevelSettings
 
     candidate_costs_only(costs, tmp_path / "costs.sqlite")
@@ -385,7 +391,16 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
 
     quick_turns(monkeypatch)
     cold = run()
-    assert (tmp_path / "out" / "two-level-search.svg").read_text().count('class="generation"') == len(cold.two_level.history)
+    svg = (tmp_path / "out" / "two-level-search.svg").read_text()
+    assert svg.count('class="generation"') == len(cold.two_level.history)
+    # Whichever won the contest in turns here, the run says so, and the picture says when the search's best lost it.
+    lost = cold.searched_placement is not None
+    assert ('class="caption"' in svg) == lost == (tmp_path / "out" / SEARCHED_PLACEMENT_FILE).exists()
+    if lost:
+        assert cold.placement.why_chosen.endswith(
+            f"the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}")
+    else:
+        assert cold.placement.why_chosen.startswith("found by the two-level search; ")
     builds = recorded_builds(monkeypatch)
     library = tmp_path / "out" / f"{cold.model.name}.so"
     built_at = library.stat().st_mtime_ns
@@ -405,14 +420,16 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     assert cold.two_level.from_database == 0 and warm.two_level.from_database == warm.two_level.measured > 0
     assert (warm.two_level.genome, warm.two_level.generations) == (cold.two_level.genome, cold.two_level.generations)
 
-    placed = [e.operators_by_backend for e in cold.end_to_end + warm.end_to_end
-              if e.name in (optimizer.PLACEMENT, optimizer.SEARCHED)]
+    def entrant(name):
+        """The returned placement's rows and the searched placement's, however timed."""
+        return name.split(",")[0] in (PLACEMENT, SEARCHED)
+
+    placed = [e.operators_by_backend for e in cold.end_to_end + warm.end_to_end if entrant(e.name)]
 
     def baselines(result):
         """Baselines other than the placements measured in either run (those share a fresh cost)."""
         return [(e.name, e.cost) for e in result.end_to_end
-                if e.name not in (optimizer.PLACEMENT, optimizer.SEARCHED) and e.operators_by_backend not in placed
-                and not e.name.endswith(optimizer.IN_TURNS)]
+                if not entrant(e.name) and e.operators_by_backend not in placed and not e.timed_in_turns]
 
     assert len(baselines(cold)) >= 3 and baselines(warm) == baselines(cold)
     # Each baseline's placement is kept beside the result, and replays into that baseline's build.
@@ -573,3 +590,194 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
 
     report = render_report(result)
     assert next(line for line in report.splitlines() if line.startswith("tvm alone ")).split()[2:4] == ["not", "built:"]
+
+
+def forced_turns(fastest: str):
+    """A contest in turns whose ``fastest`` entrant ("placement" or "last rival") runs 1 ms and every other
+    2 ms: what the contest decides, whatever this machine's load does to the libraries' speeds."""
+    def time_in_turns(libraries, *args, **kwargs):
+        winner = PLACEMENT if fastest == "placement" else list(libraries)[-1]
+        return {name: Cost.measured(1e-3 if name == winner else 2e-3, 1e-5, 20) for name in libraries}
+
+    return time_in_turns
+
+
+def contest_on_tvm(output_dir, costs, monkeypatch, fastest: str, **options):
+    """tiny_resnet on TVM alone, searched at the op level: its one rival is TVM's unpartitioned build."""
+    from collage_core import finish_stage
+
+    monkeypatch.setattr(finish_stage, "time_in_turns", forced_turns(fastest))
+    return collage_core.optimize(str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=output_dir,
+                                 search="op-level", calibration_rounds=0, **{"show_progress": False, **options})
+
+
+def said(line: str) -> str:
+    """A progress line without the minutes and seconds it came at."""
+    return re.sub(r"^\[\d\d:\d\d\] ", "", line)
+
+
+BASELINE_WON = ("unpartitioned relax.build won the contest in turns: 1.000 ms against the searched placement's 2.000 ms, "
+                f"2.00x; the searched placement (found by the op-level search) is saved as {SEARCHED_PLACEMENT_FILE}")
+
+
+def code_held_still(monkeypatch) -> None:
+    """Collage's source is part of the key a run's end is kept under: held still for tests that rerun a
+    command into the same directory, since other files of the working tree may be edited meanwhile."""
+    from collage_core import optimizer
+
+    monkeypatch.setattr(optimizer, "code_digest", lambda modules: "this code")
+
+
+@pytest.fixture(scope="module")
+def baseline_won(optimized, workspace, costs):
+    """A run whose baseline (TVM's unpartitioned build) won the contest in turns, made so."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        code_held_still(monkeypatch)
+        return contest_on_tvm(workspace / "baseline-won", costs, monkeypatch, "last rival")
+
+
+def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_and_every_file_says_why(
+        baseline_won, workspace, capsys):
+    out = workspace / "baseline-won"
+    headline = baseline_won.end_to_end[0]
+    assert headline == EndToEnd(PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, timed_in_turns=True)
+    assert baseline_won.latency() == headline.cost
+    assert [(e.name, e.timed_in_turns) for e in baseline_won.end_to_end[:4]] == [
+        (PLACEMENT, True), (f"{SEARCHED}, {IN_TURNS}", True), (f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", False),
+        (f"{SEARCHED}, {ONE_AFTER_ANOTHER}", False)]
+    assert baseline_won.placement.why_chosen == BASELINE_WON
+    report = (out / "report.txt").read_text().splitlines()
+    assert report[1:3] == ["latency: 1.000 ms ±0.010, timed in turns with 1 rival build", f"why this placement: {BASELINE_WON}"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["why_chosen"] == BASELINE_WON and results["replayed_from"] is None
+    assert results["end_to_end"][0] == {**headline.to_json(), "noisy": False}
+    assert json.loads((out / "placement.json").read_text())["why_chosen"] == BASELINE_WON
+    from collage_core.cli import main
+
+    assert main(["show", str(out / "placement.json")]) == 0
+    assert f"why this placement: {BASELINE_WON}\n" in capsys.readouterr().out
+
+
+def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_directory_measuring_nothing_else(
+        baseline_won, workspace, monkeypatch, capsys):
+    """A replay builds, verifies and times its placement: no baselines, no contest, and the run whose
+    file it replays is left as it was."""
+    from collage_core import finish_stage
+    from collage_core.placement_file import load_placement
+
+    out = workspace / "baseline-won"
+    searched = load_placement(out / SEARCHED_PLACEMENT_FILE)
+    assert searched.why_chosen.startswith("found by the op-level search; not returned: unpartitioned relax.build")
+    assert searched.partitions != baseline_won.placement.partitions and len(searched.partitions) > 1
+    assert searched.partitions == baseline_won.searched_placement.partitions
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a replay measures no baselines and times no contest")
+
+    monkeypatch.setattr(finish_stage, "baselines", must_not_run)
+    monkeypatch.setattr(finish_stage, "contest", must_not_run)
+    before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
+    replayed = collage_core.optimize(str(TINY_RESNET), placement=out / SEARCHED_PLACEMENT_FILE, backends=["tvm"],
+                                     output_dir=out / "replay")
+    assert {path.name: path.stat().st_mtime_ns for path in out.iterdir() if path.name != "replay"} == before
+    assert replayed.placement.partitions == searched.partitions and replayed.verification.passed
+    assert [(e.name, e.timed_in_turns) for e in replayed.end_to_end] == [(PLACEMENT, False)]
+    assert replayed.placement.why_chosen.startswith(f"replayed from {out / SEARCHED_PLACEMENT_FILE} (the file says why")
+    assert json.loads((out / "replay" / "results.json").read_text())["replayed_from"] == str(out / SEARCHED_PLACEMENT_FILE)
+    assert not (out / "replay" / SEARCHED_PLACEMENT_FILE).exists() and not (out / "replay" / "finished.json").exists()
+    assert "overwriting" not in capsys.readouterr().err
+
+
+def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_files_it_overwrites(
+        baseline_won, workspace, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from collage_core import finish_stage
+    from collage_core.cli import main
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a replay measures no baselines unless --compare")
+
+    monkeypatch.setattr(finish_stage, "baselines", must_not_run)
+    monkeypatch.chdir(tmp_path)
+    searched = workspace / "baseline-won" / SEARCHED_PLACEMENT_FILE
+    assert main(["optimize", str(TINY_RESNET), "--placement", str(searched), "--backends", "tvm"]) == 0
+    assert (tmp_path / "collage-out" / "tiny_resnet" / "replay" / "placement.json").exists()
+    assert "saved: collage-out/tiny_resnet/replay/placement.json" in capsys.readouterr().out
+
+    copy = tmp_path / "a-searched-run"
+    shutil.copytree(workspace / "baseline-won", copy, ignore=shutil.ignore_patterns("replay"))
+    assert main(["optimize", str(TINY_RESNET), "--placement", str(searched), "--backends", "tvm", "-o", str(copy)]) == 0
+    err = capsys.readouterr().err
+    assert [said(line) for line in err.splitlines() if "overwriting" in line] == [
+        f"overwriting the searched run in {copy} (its placement.json, report.txt, results.json and library)"]
+    assert json.loads((copy / "results.json").read_text())["replayed_from"] == str(searched)
+
+
+def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placement_that_wins_leaves_no_stale_file(
+        baseline_won, workspace, costs, tmp_path, monkeypatch, capsys):
+    """The same command into the same directory reuses the run before; a changed setting or a library
+    written again since is named in one line. The searched placement winning this time, the run before's
+    searched-placement.json goes."""
+    import os
+    import shutil
+
+    code_held_still(monkeypatch)
+    copy = tmp_path / "again"
+    shutil.copytree(workspace / "baseline-won", copy, ignore=shutil.ignore_patterns("replay"))
+    library = copy / "tiny_resnet.so"
+    stat = library.stat()
+    os.utime(library, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    touched = contest_on_tvm(copy, costs, monkeypatch, "last rival", show_progress=True)
+    lines = [said(line) for line in capsys.readouterr().err.splitlines() if "is not reused" in line]
+    assert lines == [f"the run before in {copy} is not reused: its library tiny_resnet.so was written again after it "
+                     "ended (by another run into the same directory?)"]
+    assert touched.placement.why_chosen == BASELINE_WON
+
+    placement_won = contest_on_tvm(copy, costs, monkeypatch, "placement", show_progress=True, baseline_limit_s=30.0)
+    lines = [said(line) for line in capsys.readouterr().err.splitlines() if "is not reused" in line]
+    assert lines == [f"the run before in {copy} is not reused: other settings (baseline_limit_s)"]
+    assert placement_won.placement.why_chosen == ("found by the op-level search; it won the contest in turns: 1.000 ms "
+                                                 "against unpartitioned relax.build's 2.000 ms, 2.00x")
+    assert placement_won.latency() == Cost.measured(1e-3, 1e-5, 20) and placement_won.searched_placement is None
+    assert not (copy / SEARCHED_PLACEMENT_FILE).exists()
+    why = placement_won.placement.why_chosen
+    assert json.loads((copy / "results.json").read_text())["why_chosen"] == why
+    assert json.loads((copy / "placement.json").read_text())["why_chosen"] == why
+    assert f"why this placement: {why}" in (copy / "report.txt").read_text().splitlines()
+
+
+@pytest.mark.parametrize("placement_ms, rival_ms, why", [
+    (0.631, 0.700, "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's "
+                   "0.700 ms, 1.11x"),
+    (0.631, 0.625, "found by the two-level search; kept: in the contest in turns onnxruntime alone ran 0.625 ms against "
+                   "its 0.631 ms, within the 2% a baseline must win by"),
+    (0.631, 0.214, "onnxruntime alone won the contest in turns: 0.214 ms against the searched placement's 0.631 ms, "
+                   f"2.95x; the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}"),
+], ids=["the search won", "the search kept within the margin", "a baseline won"])
+def test_why_a_placement_won_the_contest_is_said_with_the_latencies_in_turns(placement_ms, rival_ms, why):
+    from collage_core.finish_stage import Built, Contest, after_contest, found_by
+    from collage_core.records import Partition
+
+    def parts(backend):
+        return [Partition(backend, f"{backend}.region", (0, 1), backend, Cost.unknown())]
+
+    rival = (EndToEnd("onnxruntime alone", Cost.measured(0.4e-3, 1e-6, 5), {"onnxruntime": 2}), parts("onnxruntime"))
+    turns = {PLACEMENT: Cost.measured(placement_ms / 1e3, 1e-6, 99), "onnxruntime alone": Cost.measured(rival_ms / 1e3, 1e-6, 99)}
+    won = rival_ms < placement_ms * (1 - TURNS_MARGIN)
+    built = Built(None, [], Cost.measured(0.3e-3, 1e-6, 5))
+    contest = Contest(turns, 0, Built(None, [], Cost.measured(0.5e-3, 1e-6, 5))) if won else Contest(turns)
+    outcome = after_contest(found_by("two-level"), parts("openvino"), built, [rival], [rival], contest)
+    assert outcome.why == why and (outcome.replacement is not None) == won
+    headline = outcome.rows[0]
+    assert (headline.name, headline.cost, headline.timed_in_turns) == (PLACEMENT, turns["onnxruntime alone" if won else PLACEMENT], True)
+    assert [row.timed_in_turns for row in outcome.rows] == [True, True, False, False] + [False] * won
+
+
+def test_where_the_placement_came_from_starts_why_it_was_returned():
+    from collage_core.finish_stage import found_by
+
+    assert found_by("op-level") == "found by the op-level search"
+    assert found_by("two-level", "p.json", "") == "replayed from p.json"
+    assert found_by("two-level", "p.json", "found by the two-level search") == \
+        "replayed from p.json (the file says why it was chosen: found by the two-level search)"

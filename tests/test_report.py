@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 from collage_core.records import Cost
-from collage_core.report import render_report
+from collage_core.report import IN_TURNS_HEADING, ONE_AFTER_ANOTHER_HEADING, is_noisy, render_report
 from collage_core.result import EndToEnd
 
 
@@ -14,30 +15,83 @@ def _row(text: str, name: str) -> list[str]:
     return line[len(name):].split()
 
 
+def _sections(text: str) -> tuple[str, str]:
+    """The report's end-to-end rows timed in turns, and those measured one after another."""
+    in_turns = text.split(IN_TURNS_HEADING, 1)[1]
+    in_turns, one_after_another = in_turns.split(ONE_AFTER_ANOTHER_HEADING, 1)
+    return in_turns, one_after_another
+
+
+def _placement(**fields) -> SimpleNamespace:
+    return SimpleNamespace(**{"partitions": [], "model_name": "m", "operators": [0] * 415, "device": "cuda:sm_90a",
+                              "search": "op-level", "ran_on": "", "precision": "fp32", "why_chosen": "", **fields})
+
+
+def _report(entries, **placement_fields) -> str:
+    return render_report(SimpleNamespace(placement=_placement(**placement_fields), end_to_end=entries, measurement=None,
+                                         two_level=None, verification=None, phases_s={}))
+
+
 def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_itself():
     mix, alone = {"cublas": 240, "tvm": 175}, {"tvm": 415}
     entries = [
-        EndToEnd("placement", Cost.measured(1.8e-3, 1e-6, 5), mix),
+        EndToEnd("placement", Cost.measured(2.0e-3, 1e-4, 99), mix, timed_in_turns=True),
+        EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-4, 99), alone, timed_in_turns=True),
+        EndToEnd("placement, one after another", Cost.measured(1.8e-3, 1e-6, 5), mix),
         EndToEnd("tvm alone", Cost.measured(5.4e-3, 1e-6, 5), alone),
         EndToEnd("cublas + tvm for the rest", Cost.measured(1.7e-3, 1e-6, 5), mix),  # the same library as the placement
-        EndToEnd("placement, timed in turns", Cost.measured(2.0e-3, 1e-4, 99), mix),
-        EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-4, 99), alone),
     ]
-    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level", ran_on="", precision="fp32")
-    text = render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None, verification=None, phases_s={}))
-    assert "vs best other build" in text
-    assert _row(text, "placement")[3] == "0.333"  # 1.8 against tvm alone's 5.4, not against its own 1.7
-    assert _row(text, "tvm alone")[3] == "3.176"  # 5.4 against the mix's fastest, 1.7
-    assert _row(text, "placement, timed in turns")[3] == "0.500"  # in turns against in turns: 2.0 / 4.0
+    in_turns, one_after_another = _sections(_report(entries))
+    assert "vs best other build" in in_turns and "vs best other build" in one_after_another
+    assert _row(in_turns, "placement")[3] == "0.500"  # in turns against in turns: 2.0 / 4.0
+    assert _row(in_turns, "tvm alone")[3] == "2.000"
+    assert _row(one_after_another, "placement")[3] == "0.333"  # 1.8 against tvm alone's 5.4, not against its own 1.7
+    assert _row(one_after_another, "tvm alone")[3] == "3.176"  # 5.4 against the mix's fastest, 1.7
+    assert "tvm alone, timed in turns" not in in_turns  # the heading says how the rows were timed
+
+
+def test_the_headline_is_the_latency_in_turns_when_a_contest_ran():
+    """The returned placement's latency is the one it was chosen by: in turns with its rivals, not the
+    one its build measured alone; without a contest, the one measured one after another."""
+    mix, alone = {"dnnl": 30, "tvm": 15}, {"onnxruntime": 45}
+    contest = [
+        EndToEnd("placement", Cost.measured(0.214e-3, 1e-6, 99), alone, timed_in_turns=True),
+        EndToEnd("searched placement, timed in turns", Cost.measured(0.631e-3, 1e-6, 99), mix, timed_in_turns=True),
+        EndToEnd("placement, one after another", Cost.measured(0.964e-3, 1e-6, 5), alone),
+        EndToEnd("searched placement, one after another", Cost.measured(0.443e-3, 1e-6, 5), mix),
+    ]
+    text = _report(contest, why_chosen="onnxruntime alone won the contest in turns")
+    lines = text.splitlines()
+    assert lines[1] == "latency: 0.214 ms ±0.001, timed in turns with 1 rival build"
+    assert lines[2] == "why this placement: onnxruntime alone won the contest in turns"
+    in_turns, one_after_another = _sections(text)
+    assert _row(in_turns, "placement")[:2] == ["0.214", "ms"] and _row(in_turns, "searched placement")[3] == "2.949"
+    assert _row(one_after_another, "placement")[:2] == ["0.964", "ms"]
+    alone_only = _report([EndToEnd("placement", Cost.measured(0.5e-3, 1e-6, 5), mix)])
+    assert alone_only.splitlines()[1] == "latency: 0.500 ms ±0.001, measured one after another"
+    assert IN_TURNS_HEADING not in alone_only and "why this placement" not in alone_only
+
+
+def test_no_spread_over_half_the_median_is_printed_as_a_bare_plus_minus():
+    rows = [EndToEnd("placement", Cost.measured(0.631e-3, 3.050e-3, 5), {"tvm": 1}),
+            EndToEnd("tvm alone", Cost.measured(8.815e-3, 23.123e-3, 5), {"dnnl": 1}),
+            EndToEnd("dnnl alone", Cost.measured(10e-3, 5.1e-3, 5), {"onnxruntime": 1}),
+            EndToEnd("onnxruntime alone", Cost.measured(10e-3, 4.9e-3, 5), {"openvino": 1})]
+    text = _report(rows)
+    for median, spread in re.findall(r"([\d.]+) ms ±([\d.]+)", text):
+        assert float(spread) <= float(median) / 2, (median, spread)
+    assert "0.631 ms noisy (quartiles 3.050 ms apart), measured one after another" in text.splitlines()[1]
+    assert _row(text, "tvm alone")[:6] == ["8.815", "ms", "noisy", "(quartiles", "23.123", "ms"]
+    assert _row(text, "dnnl alone")[2] == "noisy"
+    assert _row(text, "onnxruntime alone")[2] == "±4.900"
+    assert [is_noisy(row.cost) for row in rows] == [True, True, True, False]
 
 
 def test_the_report_gives_what_cuda_graphs_gained_when_the_placement_was_measured_both_ways():
     mix = {"cublas": 240, "tvm": 175}
-    placement = SimpleNamespace(partitions=[], model_name="m", operators=[0] * 415, device="cuda:sm_90a", search="op-level", ran_on="", precision="fp32")
 
     def report(entries):
-        return render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None,
-                                             verification=None, phases_s={}))
+        return _report(entries)
 
     graphs = EndToEnd("placement", Cost.measured(1.5e-3, 1e-6, 5), mix)
     launched = EndToEnd("placement without CUDA graphs", Cost.measured(2.4e-3, 1e-6, 5), mix)
@@ -52,10 +106,10 @@ def test_the_report_gives_what_cuda_graphs_gained_when_the_placement_was_measure
 def test_the_report_says_how_much_of_the_measured_latency_the_partitions_costs_explain():
     parts = [SimpleNamespace(backend="dnnl", nodes=(0, 1), cost=Cost.measured(60e-6, 1e-6, 5)),
              SimpleNamespace(backend="tvm", nodes=(2,), cost=Cost.measured(35e-6, 1e-6, 5))]
-    placement = SimpleNamespace(partitions=parts, model_name="m", operators=[0] * 3, device="llvm:znver3",
-                                search="op-level", ran_on="", precision="fp32")
-    entries = [EndToEnd("placement", Cost.measured(98e-6, 1e-6, 5), {"dnnl": 2, "tvm": 1})]
-    text = render_report(SimpleNamespace(placement=placement, end_to_end=entries, measurement=None, two_level=None,
-                                         verification=None, phases_s={}))
-    assert "the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end (97% of it)" in text
+    entries = [EndToEnd("placement", Cost.measured(90e-6, 1e-6, 99), {"dnnl": 2, "tvm": 1}, timed_in_turns=True),
+               EndToEnd("placement, one after another", Cost.measured(98e-6, 1e-6, 5), {"dnnl": 2, "tvm": 1})]
+    text = _report(entries, partitions=parts, operators=[0] * 3, device="llvm:znver3")
+    # The partitions were measured one after another: so is the end-to-end latency they are held against.
+    assert ("the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end one after another, "
+            "as they were (97% of it)") in text
     assert _row(text, "dnnl")[2:4] == ["0.060", "ms"] and _row(text, "tvm")[4] == "36.8%"
