@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every GPU test (marked `gpu`) from a clean checkout on a machine with an NVIDIA GPU:
 # the cuBLAS, cuDNN and CUTLASS kernels against PyTorch on CUDA (CUTLASS's on a Hopper only), and the shipped models placed over TVM,
-# cuBLAS and cuDNN, replaying CUDA graphs. Needs what ./scripts/setup.sh installs plus NVIDIA's libraries (PyTorch's CUDA
+# cuBLAS and cuDNN, replaying CUDA graphs and exported to a tar that loads in a new process. Needs what ./scripts/setup.sh installs plus NVIDIA's libraries (PyTorch's CUDA
 # wheels bring cuBLAS, cuDNN, NVRTC and the CUDA runtime; add nvidia-cudnn-frontend) and g++.
 #
 #   ./scripts/gpu-tests.sh [pytest options]
@@ -19,5 +19,5 @@ python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugi
 # then the tests in one process, which find them built.
 python3 plugins/cutlass/tests/gpu_test_kernels.py || status=$?
 python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider plugins/cutlass/tests "$@" || status=$?
-python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_cuda_graphs.py tests/test_gpu_placements.py tests/test_gpu_faults.py "$@" || status=$?
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider tests/test_cuda_graphs.py tests/test_gpu_placements.py tests/test_gpu_faults.py tests/test_mlf.py "$@" || status=$?
 exit $status
