@@ -10,7 +10,9 @@ import contextlib
 import logging
 import os
 import pathlib
+import shutil
 import sqlite3
+import tempfile
 import time
 from typing import Iterable, Iterator, Optional
 
@@ -101,6 +103,8 @@ class CostDatabase:
     busy_timeout_s: float
     read_only: bool
     _connection: sqlite3.Connection = attrs.field(repr=False)
+    # A read-only file's copy with its write-ahead log, read in its place (see _read_with_its_log).
+    _private_copy: Optional[tempfile.TemporaryDirectory] = attrs.field(default=None, repr=False)
     _unsaved: dict[CostKey, Cost] = attrs.field(factory=dict, repr=False)
     _unsaved_end_to_end: dict[str, tuple[Cost, float]] = attrs.field(factory=dict, repr=False)
     _has_effort: bool = attrs.field(default=True, repr=False)
@@ -114,9 +118,14 @@ class CostDatabase:
         """
         path = pathlib.Path(path).absolute()
         read_only = _is_read_only(path)
+        private_copy = _read_with_its_log(path) if read_only else None
         with _reported_as(path, busy_timeout_s, "open"):
-            connection = _connect(path, read_only, busy_timeout_s)
-        database = cls(path, busy_timeout_s, read_only, connection)
+            if private_copy is not None:
+                copied = pathlib.Path(private_copy.name) / path.name
+                connection = sqlite3.connect(f"{copied.as_uri()}?mode=ro", uri=True, isolation_level=None)
+            else:
+                connection = _connect(path, read_only, busy_timeout_s)
+        database = cls(path, busy_timeout_s, read_only, connection, private_copy=private_copy)
         try:
             with database._reported("open"):
                 database._check_or_create_schema()
@@ -124,7 +133,7 @@ class CostDatabase:
                     # FULL makes each commit survive a power cut too; a measurement costs far more than the fsync.
                     connection.execute("PRAGMA synchronous = FULL")
         except BaseException:
-            connection.close()
+            database.close()
             raise
         if read_only:
             log.warning(
@@ -203,6 +212,8 @@ class CostDatabase:
 
     def close(self) -> None:
         self._connection.close()
+        if self._private_copy is not None:
+            self._private_copy.cleanup()
 
     def __enter__(self) -> "CostDatabase":
         return self
@@ -340,14 +351,18 @@ def _is_read_only(path: pathlib.Path) -> bool:
             f"cannot create the directory of cost database {path}: {error.strerror}; {_USE_ANOTHER_FILE}"
         ) from error
     # SQLite's write-ahead log lives in files beside the database, so writing needs the directory too.
-    directory_writable = os.access(path.parent, os.W_OK)
+    directory_writable = _may_write(path.parent)
     if not path.exists():
         if not directory_writable:
             raise CostDatabaseError(f"cannot create cost database {path}: directory not writable; {_USE_ANOTHER_FILE}")
         return False
     if not os.access(path, os.R_OK):
         raise CostDatabaseError(f"cannot read cost database {path}: permission denied; {_USE_ANOTHER_FILE}")
-    return not (directory_writable and os.access(path, os.W_OK))
+    return not (directory_writable and _may_write(path))
+
+
+def _may_write(path: pathlib.Path) -> bool:
+    return os.access(path, os.W_OK)
 
 
 def _connect(path: pathlib.Path, read_only: bool, busy_timeout_s: float) -> sqlite3.Connection:
@@ -356,8 +371,35 @@ def _connect(path: pathlib.Path, read_only: bool, busy_timeout_s: float) -> sqli
         return sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
     # mode=ro still needs to create the log's shared-memory file beside the database; where the
     # directory forbids that, immutable=1 reads without it (and without seeing concurrent writers).
-    mode = "mode=ro" if os.access(path.parent, os.W_OK) else "immutable=1"
+    mode = "mode=ro" if _may_write(path.parent) else "immutable=1"
     return sqlite3.connect(f"{path.as_uri()}?{mode}", uri=True, timeout=busy_timeout_s, isolation_level=None)
+
+
+def _read_with_its_log(path: pathlib.Path) -> Optional[tempfile.TemporaryDirectory]:
+    """For a read-only ``path`` in a folder that cannot be written, with a write-ahead log beside it:
+    a private folder holding copies of both, to be read in its place; None when there is no log to
+    read, or when it cannot be copied (said in one warning).
+
+    SQLite reads such a file only as immutable, which ignores the log and with it every cost
+    committed since the log was last copied into the file (a run that was killed leaves them there).
+    """
+    log_path = path.with_name(path.name + "-wal")
+    if _may_write(path.parent) or not log_path.exists() or log_path.stat().st_size == 0:
+        return None
+    private = tempfile.TemporaryDirectory(prefix="collage-cost-db-")
+    try:
+        for source in (path, log_path):  # the database first: the log's frames are checked against it
+            shutil.copyfile(source, pathlib.Path(private.name) / source.name)
+    except OSError as error:
+        private.cleanup()
+        log.warning(
+            "cost database %s: its write-ahead log cannot be read in this read-only folder (%s), so the costs "
+            "committed since the log was last written into the database are not used",
+            path,
+            error.strerror or error,
+        )
+        return None
+    return private
 
 
 def _checked_storable(cost: Cost) -> Cost:
