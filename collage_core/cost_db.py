@@ -1,19 +1,24 @@
 """The cost database: measured costs kept on disk so that no candidate is measured twice.
 
 One SQLite file, shared by every Collage run of the user. SQLite's transactions make it safe
-for two runs at once and for a run killed in the middle of a write.
+for two runs at once and for a run killed in the middle of a write. Runs measuring at the same
+time divide the work: each claims a candidate just before measuring it (:meth:`CostDatabase.claim`),
+and a claim lapses with the process that made it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pathlib
 import shutil
+import socket
 import sqlite3
 import tempfile
 import time
+import uuid
 from typing import Iterable, Iterator, Optional
 
 import attrs
@@ -52,6 +57,15 @@ _SCHEMA = (
 # effort they do not write reads as 0).
 _ADD_EFFORT = "ALTER TABLE end_to_end_costs ADD COLUMN effort_s REAL NOT NULL DEFAULT 0"
 
+# Who is measuring what right now. Added to version-1 files in place (earlier Collage versions
+# neither read nor mind it). A claim names its process (host, pid and the kernel's start time of
+# that pid, so that a pid used again is not taken for the claimer) and when it lapses.
+_CLAIMS_TABLE = "collage_claims"
+_CREATE_CLAIMS = f"""CREATE TABLE IF NOT EXISTS {_CLAIMS_TABLE} (
+    key TEXT NOT NULL PRIMARY KEY, holder TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    process_started TEXT NOT NULL, expires_at REAL NOT NULL
+) WITHOUT ROWID"""
+
 # SQLite versions before 3.32 allow at most 999 parameters per statement; a key takes five.
 _KEYS_PER_QUERY = 999 // 5
 
@@ -86,6 +100,15 @@ class CostKey:
     candidate: str
 
 
+@attrs.frozen
+class Claim:
+    """What :meth:`CostDatabase.claim` found: the ``cost`` another run stored meanwhile; or
+    ``granted``, this run is to measure it; or neither, another live run is measuring it now."""
+
+    cost: Optional[Cost] = None
+    granted: bool = False
+
+
 @attrs.define
 class CostDatabase:
     """Costs of candidates (by :class:`CostKey`) and of whole placements (by an opaque string).
@@ -103,6 +126,8 @@ class CostDatabase:
     busy_timeout_s: float
     read_only: bool
     _connection: sqlite3.Connection = attrs.field(repr=False)
+    # Who claims candidates through this object: two runs in one process divide the work as well.
+    _holder: str = attrs.field(factory=lambda: uuid.uuid4().hex, repr=False)
     # A read-only file's copy with its write-ahead log, read in its place (see _read_with_its_log).
     _private_copy: Optional[tempfile.TemporaryDirectory] = attrs.field(default=None, repr=False)
     _unsaved: dict[CostKey, Cost] = attrs.field(factory=dict, repr=False)
@@ -155,17 +180,76 @@ class CostDatabase:
         return found
 
     def put(self, key: CostKey, cost: Cost, *, measured_at: Optional[float] = None) -> None:
-        """Store ``cost`` for ``key``, replacing any earlier one; ``measured_at`` is epoch seconds (default now)."""
+        """Store ``cost`` for ``key``, replacing any earlier one, and end this run's claim on it;
+        ``measured_at`` is epoch seconds (default now)."""
+        cost = _checked_storable(cost)
         if self.read_only:
-            self._unsaved[key] = _checked_storable(cost)
+            self._unsaved[key] = cost
             return
-        self._write(
-            f"INSERT OR REPLACE INTO costs ({_KEY_COLUMNS}, {_COST_COLUMNS}, measured_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            attrs.astuple(key),
-            cost,
-            measured_at,
-        )
+        when = time.time() if measured_at is None else measured_at
+        with self._reported("write"), self._immediate():
+            self._connection.execute(
+                f"INSERT OR REPLACE INTO costs ({_KEY_COLUMNS}, {_COST_COLUMNS}, measured_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*attrs.astuple(key), *_row_from_cost(cost), when),
+            )
+            self._connection.execute(
+                f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (_claim_key(key), self._holder)
+            )
+
+    def claim(self, key: CostKey, lifetime_s: float) -> Claim:
+        """Look ``key`` up again just before measuring it, and claim it for this run unless another
+        run claimed it first and is still measuring it.
+
+        The claim lasts until :meth:`put` stores the cost, :meth:`release` gives it up, or
+        ``lifetime_s`` passes: the longest its measurement may take. A claim whose process no longer
+        exists lapses at once. A read-only database has no claims: every run measures what it misses.
+        """
+        if self.read_only:
+            cost = self.get(key)
+            return Claim(cost, granted=cost is None)
+        now = time.time()
+        # Looked at first without the write lock, so that runs waiting for each other only read.
+        found = self._claimed_or_measured(key, now)
+        if found is not None:
+            return found
+        with self._reported("write"), self._immediate():
+            found = self._claimed_or_measured(key, now)
+            if found is not None:
+                return found
+            self._connection.execute(
+                f"INSERT OR REPLACE INTO {_CLAIMS_TABLE} VALUES (?, ?, ?, ?, ?, ?)",
+                (_claim_key(key), self._holder, *_this_process(), now + lifetime_s),
+            )
+        return Claim(granted=True)
+
+    def _claimed_or_measured(self, key: CostKey, now: float) -> Optional[Claim]:
+        """``key``'s cost, or that another live run claims it; None when it is free to claim."""
+        cost = self._stored([key]).get(key)
+        if cost is not None:
+            return Claim(cost)
+        with self._reported("read"):
+            other = self._connection.execute(
+                f"SELECT holder, host, pid, process_started, expires_at FROM {_CLAIMS_TABLE} WHERE key = ?",
+                (_claim_key(key),),
+            ).fetchone()
+        if other is not None and other[0] != self._holder and other[4] > now and _alive(*other[1:4]):
+            return Claim()
+        return None
+
+    def release(self, key: CostKey) -> None:
+        """Give up this run's claim on ``key`` without storing a cost: another run may measure it."""
+        if not self.read_only:
+            with self._reported("write"):
+                self._connection.execute(
+                    f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (_claim_key(key), self._holder)
+                )
+
+    def release_claims(self) -> None:
+        """Give up every claim this run still holds."""
+        if not self.read_only:
+            with self._reported("write"):
+                self._connection.execute(f"DELETE FROM {_CLAIMS_TABLE} WHERE holder = ?", (self._holder,))
 
     def get_end_to_end(self, key: str) -> Optional[Cost]:
         """The stored cost of a whole placement, by the caller's ``key``, or None."""
@@ -236,16 +320,21 @@ class CostDatabase:
                 stored.update((CostKey(*row[:5]), _cost_from_row(row[5:])) for row in rows)
         return stored
 
-    def _write(self, sql: str, key_fields: tuple, cost: Cost, measured_at: Optional[float]) -> None:
-        cost = _checked_storable(cost)
-        when = time.time() if measured_at is None else measured_at
-        with self._reported("write"):
-            # Autocommit: the statement is one transaction, committed before put returns.
-            self._connection.execute(sql, (*key_fields, *_row_from_cost(cost), when))
+    @contextlib.contextmanager
+    def _immediate(self) -> Iterator[None]:
+        """One write transaction, taking the write lock at once: what it reads stays true until it commits."""
+        self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._connection.execute("COMMIT")
+        finally:
+            if self._connection.in_transaction:
+                self._connection.execute("ROLLBACK")
 
     def _check_or_create_schema(self) -> None:
         if self._has_schema():
             self._add_effort_column()
+            self._add_claims_table()
             return
         if self.read_only:
             raise CostDatabaseError(f"cost database {self.path} is empty and read-only; {_USE_ANOTHER_FILE}")
@@ -254,7 +343,7 @@ class CostDatabase:
         self._connection.execute("BEGIN IMMEDIATE")
         try:
             if not self._has_schema():
-                for statement in _SCHEMA:
+                for statement in (*_SCHEMA, _CREATE_CLAIMS):
                     self._connection.execute(statement)
             self._connection.execute("COMMIT")
         finally:
@@ -273,6 +362,15 @@ class CostDatabase:
         except sqlite3.OperationalError as error:
             if "duplicate column" not in str(error):  # another process added it first
                 raise
+
+    def _add_claims_table(self) -> None:
+        if self.read_only:
+            return
+        (present,) = self._connection.execute(
+            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'table' AND name = ?", (_CLAIMS_TABLE,)
+        ).fetchone()
+        if not present:  # IF NOT EXISTS: another process may add it first
+            self._connection.execute(_CREATE_CLAIMS)
 
     def _switch_to_write_ahead_log(self) -> None:
         # SQLite does not wait out the busy timeout here: the switch fails at once while another
@@ -400,6 +498,41 @@ def _read_with_its_log(path: pathlib.Path) -> Optional[tempfile.TemporaryDirecto
         )
         return None
     return private
+
+
+def _claim_key(key: CostKey) -> str:
+    return json.dumps(["candidate", *attrs.astuple(key)])
+
+
+def _this_process() -> tuple[str, int, str]:
+    """(host, pid, start time) naming this process in a claim."""
+    return socket.gethostname(), os.getpid(), _process_started(os.getpid()) or ""
+
+
+def _alive(host: str, pid: int, started: str) -> bool:
+    """Whether the process that made a claim may still be measuring: one on another host is
+    taken to be until its claim lapses."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    now_started = _process_started(pid)
+    return now_started is None or not started or now_started == started
+
+
+def _process_started(pid: int) -> Optional[str]:
+    """When ``pid`` started, in the kernel's clock ticks since boot; "" for a process that has ended
+    but was not reaped yet (a zombie), None where /proc does not say."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
+    return "" if fields[0] in ("Z", "X") else fields[19]
 
 
 def _checked_storable(cost: Cost) -> Cost:

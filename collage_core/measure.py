@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import threading
@@ -12,13 +13,13 @@ from typing import Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
-from collage_core.cost_db import CostDatabase, CostKey
+from collage_core.cost_db import CostDatabase, CostDatabaseError, CostKey
 from collage_core.worker import OUT_OF_GPU_MEMORY_REASON
 from collage_core.progress import ProgressBar
 from collage_core.records import Candidate, Cost
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings
-from collage_core.worker_client import MeasurementWorker, WorkerFailure
+from collage_core.worker_client import START_TIMEOUT_S, MeasurementWorker, WorkerFailure
 
 log = logging.getLogger("collage")
 
@@ -121,6 +122,9 @@ def measure_candidates(
     timed by that one run. Candidates of backends whose
     lowering runs nothing on the device are built ``settings.parallel_builds()`` at a time first
     (when that is more than one), then timed one by one like the rest.
+
+    Runs sharing ``db`` divide the work: each candidate is claimed (or found measured) just before
+    it is measured, one claimed by another run is left to it, and its cost is waited for at the end.
     """
     started = time.perf_counter()
     representatives: dict[str, Candidate] = {}
@@ -129,61 +133,105 @@ def measure_candidates(
     keys = {key: cost_key(backends[c.backend], target, key) for key, c in representatives.items()}
     known = db.get_many(keys.values())
     costs = {key: known[db_key] for key, db_key in keys.items() if db_key in known}
-    missing = [representatives[key] for key in sorted(representatives) if key not in costs]
+    missing = sorted((representatives[key] for key in representatives if key not in costs),
+                     key=lambda c: (c.backend, len(c.nodes), c.sort_key))
     alternatives = KnownAlternatives()
     for key, cost in costs.items():
         alternatives.add(representatives[key], cost)
-    by_backend: dict[str, list[Candidate]] = {}
-    for candidate in sorted(missing, key=lambda c: (c.backend, len(c.nodes), c.sort_key)):
-        by_backend.setdefault(candidate.backend, []).append(candidate)
     workers = settings.parallel_builds()
     noisy: list[str] = []
+    measured: list[str] = []
     parallel = [c for c in missing if not backends[c.backend].lowering_uses_device] if workers > 1 else []
-    with tempfile.TemporaryDirectory() as tmp:
-        libraries, failed = _build_in_parallel(parallel, graph, target, settings, plugin_modules, disabled, Path(tmp),
-                                               workers, show_progress)
-        with ProgressBar(len(missing), "measuring", enabled=show_progress) as bar:
-            for backend_name, todo in by_backend.items():
-                with MeasurementWorker(plugin_modules, disabled) as worker:
-                    for candidate in todo:
-                        if candidate.key in failed:
-                            cost = failed[candidate.key]
-                        else:
-                            timing = attrs.evolve(settings, cutoff_s=alternatives.cutoff_s(candidate))
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        stack.callback(_release_claims, db)
+        # Those built at once are claimed before their build: a run holds them until all are built and timed.
+        built_lifetime_s = (len(parallel) + 4) * claim_lifetime_s(settings)
+        ours = {c.key for c in parallel if db.claim(keys[c.key], built_lifetime_s).granted}
+        libraries, failed = _build_in_parallel([c for c in parallel if c.key in ours], graph, target, settings,
+                                               plugin_modules, disabled, tmp, workers, show_progress)
+        bar = stack.enter_context(ProgressBar(len(missing), "measuring", enabled=show_progress))
+        measuring = {name: stack.enter_context(MeasurementWorker(plugin_modules, disabled))
+                     for name in dict.fromkeys(c.backend for c in missing)}
+        in_use: Optional[MeasurementWorker] = None
+        todo, left_to_others = list(missing), []
+        while todo or left_to_others:
+            if not todo:  # what is left is being measured by other runs: look again in a while
+                time.sleep(CLAIM_POLL_S)
+                todo, left_to_others = left_to_others, []
+            candidate = todo.pop(0)
+            if candidate.key not in ours:
+                claim = db.claim(keys[candidate.key], claim_lifetime_s(settings))
+                if claim.cost is not None:
+                    costs[candidate.key] = claim.cost
+                    alternatives.add(candidate, claim.cost)
+                    bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): measured by another run")
+                    continue
+                if not claim.granted:
+                    left_to_others.append(candidate)
+                    continue
+            worker = measuring[candidate.backend]
+            if in_use is not None and in_use is not worker:
+                in_use.close()  # one worker at a time: the idle one would only take memory
+            in_use = worker
+            if candidate.key in failed:
+                cost = failed[candidate.key]
+            else:
+                timing = attrs.evolve(settings, cutoff_s=alternatives.cutoff_s(candidate))
 
-                            def measure():
-                                if candidate.key in libraries:
-                                    module, library = libraries[candidate.key]
-                                    return _send(worker, candidate, module, target, timing,
-                                                 {"op": "time_candidate", "library": str(library)})
-                                return _measure_one(worker, graph, candidate, target, timing, Path(tmp))
+                def measure():
+                    if candidate.key in libraries:
+                        module, library = libraries[candidate.key]
+                        return _send(worker, candidate, module, target, timing,
+                                     {"op": "time_candidate", "library": str(library)})
+                    return _measure_one(worker, graph, candidate, target, timing, tmp)
 
-                            cost = measure()
-                            if is_noisy(cost, settings):
-                                cost = _steadier(cost, measure())
-                                if is_noisy(cost, settings):
-                                    noisy.append(candidate.key)
-                            if not cost.is_measured:
-                                # A candidate that failed may leave its process unusable (a faulting GPU
-                                # kernel poisons the CUDA context): the next one gets a fresh worker.
-                                worker.close()
-                        if not cost.reason.startswith(OUT_OF_GPU_MEMORY_REASON):
-                            db.put(keys[candidate.key], cost)  # memory another process held is not the candidate's fault
-                        costs[candidate.key] = cost
-                        alternatives.add(candidate, cost)
-                        shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
-                        if cost.is_measured and cost.repeats == 1:
-                            shown += f" (one run, over {CANDIDATE_CUTOFF_FACTOR:g}x the cheapest known)"
-                        bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
+                cost = measure()
+                if is_noisy(cost, settings):
+                    cost = _steadier(cost, measure())
+                    if is_noisy(cost, settings):
+                        noisy.append(candidate.key)
+                if not cost.is_measured:
+                    # A candidate that failed may leave its process unusable (a faulting GPU
+                    # kernel poisons the CUDA context): the next one gets a fresh worker.
+                    worker.close()
+            if cost.reason.startswith(OUT_OF_GPU_MEMORY_REASON):
+                db.release(keys[candidate.key])  # memory another process held is not the candidate's fault
+            else:
+                db.put(keys[candidate.key], cost)
+            costs[candidate.key] = cost
+            measured.append(candidate.key)
+            alternatives.add(candidate, cost)
+            shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
+            if cost.is_measured and cost.repeats == 1:
+                shown += f" (one run, over {CANDIDATE_CUTOFF_FACTOR:g}x the cheapest known)"
+            bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
     return MeasurementReport(
         costs=costs,
         distinct=len(representatives),
-        from_database=len(representatives) - len(missing),
-        measured=len(missing),
+        from_database=len(representatives) - len(measured),
+        measured=len(measured),
         invalid=sum(1 for key in representatives if not costs[key].is_measured),
         seconds=time.perf_counter() - started,
         noisy=tuple(noisy),
     )
+
+
+def _release_claims(db: CostDatabase) -> None:
+    """Give up the claims left when measuring stops early (an interrupt). They lapse with this
+    process anyway, so a database that cannot be written now costs nothing."""
+    with contextlib.suppress(CostDatabaseError):
+        db.release_claims()
+
+
+# How often a run waiting for the candidates other runs are measuring looks again.
+CLAIM_POLL_S = 0.25
+
+
+def claim_lifetime_s(settings: MeasureSettings) -> float:
+    """The longest measuring one candidate may take, and so its claim: twice when its cost is noisy,
+    each time in a worker that may have to start first."""
+    return 2 * (settings.timeout_s + START_TIMEOUT_S)
 
 
 def _build_in_parallel(todo, graph, target, settings, plugin_modules, disabled, tmp: Path, workers: int,

@@ -14,6 +14,8 @@ from typing import Optional, Sequence
 
 from collage_core import zygote
 
+# How long a fresh worker may take to load its plugins.
+START_TIMEOUT_S = 120.0
 
 class WorkerFailure(Exception):
     """The worker crashed, hung or answered with an error; the message says which and why."""
@@ -89,7 +91,8 @@ class MeasurementWorker:
         )
         self.lines = queue.Queue()
         threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
-        response = self._exchange({"op": "init", "plugins": self.plugin_modules, "disabled": self.disabled}, 120.0)
+        response = self._exchange({"op": "init", "plugins": self.plugin_modules, "disabled": self.disabled},
+                                   START_TIMEOUT_S)
         if "error" in response:
             self.close()
             raise WorkerFailure(f"worker could not load its plugins: {response['error']}")

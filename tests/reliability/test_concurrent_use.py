@@ -1,14 +1,23 @@
-"""Two `collage optimize` processes sharing one cost database at the same time."""
+"""Runs sharing one cost database at the same time: they divide the candidates between them, and
+a claim on a candidate does not outlive the run that made it."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import multiprocessing
+import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from collage_core.cost_db import Claim, CostDatabase, CostKey
+from collage_core.records import Cost
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
@@ -53,3 +62,125 @@ def test_two_processes_share_a_cost_database_and_both_finish(tmp_path):
         stored = connection.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
     assert stored == distinct  # every candidate once, whichever process measured it
     assert all(int(s.group(2)) + int(s.group(3)) == distinct for s in summaries)
+    assert sum(int(s.group(2)) for s in summaries) == distinct  # and measured once in all
+
+
+RENDEZVOUS = "plugins_for_tests.rendezvous_cost_plugin"
+UNARY_OPS = ("sigmoid", "tanh", "exp", "negative", "abs", "sin", "cos", "square", "floor", "ceil")
+
+
+def chain_of_distinct_operators():
+    """Ten different elementwise operators in a row: ten distinct single-operator candidates."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            value = x
+            for name in UNARY_OPS:
+                value = bb.emit(getattr(relax.op, name)(value))
+            output = bb.emit_output(value)
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+def measure_as(run: str, db_path: str, report_path: str) -> None:
+    """A run in a process of its own: measures the chain's candidates on the rendezvous backend and
+    writes how many it measured, how many are distinct and how many have a measured cost."""
+    os.environ["RENDEZVOUS_RUN"] = run
+    from collage_core import tvm_compat
+    from collage_core.backends import contribute_patterns, discover_backends
+    from collage_core.candidates import enumerate_candidates
+    from collage_core.measure import measure_candidates
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.relax_graph import RelaxGraph
+    from collage_core.timing import MeasureSettings
+
+    pm = get_plugin_manager(disabled=(), extra_modules=[RENDEZVOUS])
+    backend = discover_backends(pm)["together"].backend
+    target = tvm_compat.host_cpu_target()
+    graph = RelaxGraph.from_function(chain_of_distinct_operators()["main"])
+    candidates = enumerate_candidates(graph, contribute_patterns(pm, backend, target))
+    with CostDatabase.open(db_path) as db:
+        report = measure_candidates(graph, candidates, {"together": backend}, target, db,
+                                    MeasureSettings(timeout_s=60.0, build_workers=1), [RENDEZVOUS], show_progress=False)
+    counts = [report.measured, report.distinct, sum(1 for cost in report.costs.values() if cost.is_measured)]
+    Path(report_path).write_text(json.dumps(counts))
+
+
+def test_two_runs_measuring_at_once_measure_each_candidate_once_in_all(load_test_plugin, tmp_path, monkeypatch):
+    """Each run's first measurement waits until the other run is measuring too, so both have looked
+    their costs up before either stored one."""
+    load_test_plugin(RENDEZVOUS)  # for PYTHONPATH, which the runs and their workers inherit
+    (tmp_path / "rendezvous").mkdir()
+    monkeypatch.setenv("RENDEZVOUS_DIR", str(tmp_path / "rendezvous"))
+    monkeypatch.setenv("RENDEZVOUS_RUNS", "a,b")
+    spawn = multiprocessing.get_context("spawn")
+    runs = [spawn.Process(target=measure_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path / f"{run}.json")))
+            for run in "ab"]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(timeout=300)
+        assert run.exitcode == 0
+    reports = [json.loads((tmp_path / f"{run}.json").read_text()) for run in "ab"]
+    distinct = len(UNARY_OPS)
+    assert [counts[1:] for counts in reports] == [[distinct, distinct]] * 2  # both end with every cost
+    assert sum(counts[0] for counts in reports) == distinct, reports  # each candidate measured by one of them
+
+
+def key(candidate: int) -> CostKey:
+    return CostKey("tvm", "0.27.0", '{"kind": "llvm"}', "cpu", f"{candidate:064x}")
+
+
+MEASURED = Cost.measured(1.5e-3, 2e-5, 20)
+
+
+def test_a_claim_holds_until_its_cost_is_stored_or_it_is_released(tmp_path):
+    with CostDatabase.open(tmp_path / "c.sqlite") as first, CostDatabase.open(tmp_path / "c.sqlite") as second:
+        assert first.claim(key(1), 3600).granted and first.claim(key(2), 3600).granted
+        assert second.claim(key(1), 3600) == second.claim(key(2), 3600) == Claim()  # neither cost nor grant
+        first.put(key(1), MEASURED)
+        assert second.claim(key(1), 3600).cost == MEASURED  # looked up again
+        first.release(key(2))
+        assert second.claim(key(2), 3600).granted
+
+
+def test_a_claim_past_its_lifetime_is_free_again(tmp_path):
+    with CostDatabase.open(tmp_path / "c.sqlite") as first, CostDatabase.open(tmp_path / "c.sqlite") as second:
+        assert first.claim(key(1), -1.0).granted  # it lapsed the moment it was made
+        assert second.claim(key(1), 3600).granted
+
+
+def claim_and_wait(db_path: str, claimed) -> None:
+    """A run that claims candidate 1 and then hangs until it is killed."""
+    with CostDatabase.open(db_path) as db:
+        assert db.claim(key(1), 3600).granted
+        claimed.set()
+        signal.pause()
+
+
+def test_a_claim_of_a_process_that_no_longer_exists_is_free_again(tmp_path):
+    spawn = multiprocessing.get_context("spawn")
+    claimed = spawn.Event()
+    holder = spawn.Process(target=claim_and_wait, args=(str(tmp_path / "c.sqlite"), claimed))
+    holder.start()
+    try:
+        assert claimed.wait(timeout=60)
+        with CostDatabase.open(tmp_path / "c.sqlite") as db:
+            assert not db.claim(key(1), 3600).granted  # its run is still measuring it
+            os.kill(holder.pid, signal.SIGKILL)
+            os.waitid(os.P_PID, holder.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie is no live run
+            assert db.claim(key(1), 3600).granted
+    finally:
+        holder.kill()
+        holder.join()
+
+
+def test_a_claim_of_another_process_under_a_reused_pid_is_free_again(tmp_path):
+    with CostDatabase.open(tmp_path / "c.sqlite") as first, CostDatabase.open(tmp_path / "c.sqlite") as second:
+        assert first.claim(key(1), 3600).granted
+        with contextlib.closing(sqlite3.connect(tmp_path / "c.sqlite", isolation_level=None)) as raw:
+            raw.execute("UPDATE collage_claims SET process_started = '1'")  # as if the pid had been another's then
+        assert second.claim(key(1), 3600).granted
