@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, Optional
 import attrs
 
 from collage_core.errors import CollageError
-from collage_core.records import UNKNOWN, Cost
+from collage_core.records import INVALID, UNKNOWN, Cost
 
 log = logging.getLogger("collage")
 
@@ -66,12 +66,23 @@ _CREATE_CLAIMS = f"""CREATE TABLE IF NOT EXISTS {_CLAIMS_TABLE} (
     process_started TEXT NOT NULL, expires_at REAL NOT NULL
 ) WITHOUT ROWID"""
 
+# A failure that says nothing about what was measured (its worker was killed from outside, or ran
+# out of time while the machine kept it waiting; see collage_core.worker_client) carries this in
+# its reason. It is stored like any invalid cost, so that older Collage versions read it as one,
+# but a run that opens the database later finds nothing there and measures it again.
+TRANSIENT_REASON = "transient failure"
+
 # SQLite versions before 3.32 allow at most 999 parameters per statement; a key takes five.
 _KEYS_PER_QUERY = 999 // 5
 
 
 class CostDatabaseError(CollageError):
     """The cost database cannot be opened, read or written; the message names the file."""
+
+
+def is_transient(cost: Cost) -> bool:
+    """Whether ``cost`` is a failure that was not the measured thing's doing (see TRANSIENT_REASON)."""
+    return cost.kind == INVALID and TRANSIENT_REASON in cost.reason
 
 
 def default_cost_db_path() -> pathlib.Path:
@@ -120,12 +131,18 @@ class CostDatabase:
     ``get`` reads it, and ``put`` keeps the new costs in memory for the rest of this run,
     announced by one warning at open. Raising instead would throw away measurements that took
     minutes, and the run's result does not depend on where its costs are kept.
+
+    Failures that were not the measured thing's doing (:func:`is_transient`) stored before this
+    database was opened are not found: this run measures them again. With ``remeasure_invalid``,
+    neither is any invalid cost stored before.
     """
 
     path: pathlib.Path
     busy_timeout_s: float
     read_only: bool
     _connection: sqlite3.Connection = attrs.field(repr=False)
+    remeasure_invalid: bool = False
+    _opened_at: float = attrs.field(factory=time.time, repr=False)
     # Who claims candidates through this object: two runs in one process divide the work as well.
     _holder: str = attrs.field(factory=lambda: uuid.uuid4().hex, repr=False)
     # A read-only file's copy with its write-ahead log, read in its place (see _read_with_its_log).
@@ -135,11 +152,19 @@ class CostDatabase:
     _has_effort: bool = attrs.field(default=True, repr=False)
 
     @classmethod
-    def open(cls, path: os.PathLike | str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> "CostDatabase":
+    def open(
+        cls,
+        path: os.PathLike | str,
+        *,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        remeasure_invalid: bool = False,
+    ) -> "CostDatabase":
         """Open the database at ``path``, creating it (and its directory) if it does not exist.
 
         ``busy_timeout_s`` is how long to wait for another process that holds the write lock.
-        Never modifies a file that is not a Collage cost database of this schema version.
+        With ``remeasure_invalid``, invalid costs stored before now are not found, so they are
+        measured again. Never modifies a file that is not a Collage cost database of this schema
+        version.
         """
         path = pathlib.Path(path).absolute()
         read_only = _is_read_only(path)
@@ -150,7 +175,7 @@ class CostDatabase:
                 connection = sqlite3.connect(f"{copied.as_uri()}?mode=ro", uri=True, isolation_level=None)
             else:
                 connection = _connect(path, read_only, busy_timeout_s)
-        database = cls(path, busy_timeout_s, read_only, connection, private_copy=private_copy)
+        database = cls(path, busy_timeout_s, read_only, connection, remeasure_invalid, private_copy=private_copy)
         try:
             with database._reported("open"):
                 database._check_or_create_schema()
@@ -264,9 +289,11 @@ class CostDatabase:
         effort = "effort_s" if self._has_effort else "0"
         with self._reported("read"):
             row = self._connection.execute(
-                f"SELECT {_COST_COLUMNS}, {effort} FROM end_to_end_costs WHERE key = ?", (key,)
+                f"SELECT {_COST_COLUMNS}, measured_at, {effort} FROM end_to_end_costs WHERE key = ?", (key,)
             ).fetchone()
-        return None if row is None else (_cost_from_row(row[:5]), float(row[5]))
+        if row is None or not self._usable(_cost_from_row(row[:5]), row[5]):
+            return None
+        return _cost_from_row(row[:5]), float(row[6])
 
     def put_end_to_end(
         self, key: str, cost: Cost, *, effort_s: float = 0.0, measured_at: Optional[float] = None
@@ -314,11 +341,21 @@ class CostDatabase:
                 # in a join, but scans the whole table for the IN.
                 rows = self._connection.execute(
                     f"WITH wanted ({_KEY_COLUMNS}) AS (VALUES {', '.join(['(?, ?, ?, ?, ?)'] * len(chunk))}) "
-                    f"SELECT {_KEY_COLUMNS}, {_COST_COLUMNS} FROM wanted JOIN costs USING ({_KEY_COLUMNS})",
+                    f"SELECT {_KEY_COLUMNS}, {_COST_COLUMNS}, measured_at FROM wanted JOIN costs USING ({_KEY_COLUMNS})",
                     [field for key in chunk for field in attrs.astuple(key)],
                 )
-                stored.update((CostKey(*row[:5]), _cost_from_row(row[5:])) for row in rows)
+                for row in rows:
+                    cost = _cost_from_row(row[5:10])
+                    if self._usable(cost, row[10]):
+                        stored[CostKey(*row[:5])] = cost
         return stored
+
+    def _usable(self, cost: Cost, measured_at: float) -> bool:
+        """Whether a stored cost is found: a failure stored before this database was opened is
+        measured again when it was transient, and any is with ``remeasure_invalid``."""
+        if cost.is_measured or measured_at >= self._opened_at:
+            return True
+        return not (self.remeasure_invalid or is_transient(cost))
 
     @contextlib.contextmanager
     def _immediate(self) -> Iterator[None]:

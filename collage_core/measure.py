@@ -19,7 +19,7 @@ from collage_core.progress import ProgressBar
 from collage_core.records import Candidate, Cost
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings
-from collage_core.worker_client import START_TIMEOUT_S, MeasurementWorker, WorkerFailure
+from collage_core.worker_client import START_TIMEOUT_S, MeasurementWorker, TransientFailure, WorkerFailure
 
 log = logging.getLogger("collage")
 
@@ -230,8 +230,8 @@ CLAIM_POLL_S = 0.25
 
 def claim_lifetime_s(settings: MeasureSettings) -> float:
     """The longest measuring one candidate may take, and so its claim: twice when its cost is noisy,
-    each time in a worker that may have to start first."""
-    return 2 * (settings.timeout_s + START_TIMEOUT_S)
+    each time once more after a transient failure, each in a worker that may have to start first."""
+    return 4 * (settings.timeout_s + START_TIMEOUT_S)
 
 
 def _build_in_parallel(todo, graph, target, settings, plugin_modules, disabled, tmp: Path, workers: int,
@@ -296,6 +296,7 @@ def _send(worker, candidate, module_path: Path, target, settings, extra: dict) -
     """Send ``candidate``'s module to ``worker`` with ``extra``; the cost it answers, an invalid cost
     when it failed, or None when it answered without one (a build)."""
     request = {
+        "what": f"{candidate.backend} candidate {candidate.key}",
         "backend": candidate.backend,
         "pattern": candidate.pattern,
         "module": str(module_path),
@@ -306,6 +307,7 @@ def _send(worker, candidate, module_path: Path, target, settings, extra: dict) -
     try:
         response = worker.request(request, settings.timeout_s)
     except WorkerFailure as failure:
-        log.warning("%s candidate %s: %s", candidate.backend, candidate.key, failure)
+        if not isinstance(failure, TransientFailure):  # the worker client named those already
+            log.warning("%s candidate %s: %s", candidate.backend, candidate.key, failure)
         return Cost.invalid(str(failure))
     return Cost.from_json(response["cost"]) if "cost" in response else None
