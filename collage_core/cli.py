@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="with --placement: measure the baselines too and time the closest in turns beside the "
                                "replayed placement (which is returned whatever wins)")
     optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
+    optimize.add_argument("--remeasure-invalid", action="store_true",
+                          help="measure again every candidate and placement whose stored cost is invalid (a build error, "
+                               "a crash, a hang) instead of reading it; transient failures are measured again anyway")
     optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,
                           help="two-level (default when a graph-level backend is selected) also evolves which op groups "
                           "go to graph-level backends, scored by end-to-end latency")
@@ -217,6 +220,7 @@ def _optimize(args) -> int:
         search=args.search,
         precision=args.precision,
         accuracy_budget=args.accuracy_budget,
+        remeasure_invalid=args.remeasure_invalid,
         two_level=TwoLevelSettings(
             population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
             min_gain=args.min_gain, seed=args.seed, predict_margin=None if args.build_every_genome else args.predict_margin,

@@ -63,6 +63,7 @@ def optimize(
     precision: Optional[str] = None,
     accuracy_budget: Optional[float] = None,
     accuracy_blocks: int = DEFAULT_BLOCKS,
+    remeasure_invalid: bool = False,
 ) -> OptimizedModel:
     """Place ``model`` on the fastest mix of ``backends`` (default: every available one) for ``target``.
 
@@ -85,7 +86,8 @@ def optimize(
     ``accuracy_budget`` (bf16 or fp16 only), units of the converted model go back to float32 until the
     placement's measured error (largest |out - ref| over largest |ref|) is within the budget, and the
     outputs are verified against the budget (see :mod:`collage_core.accuracy_budget`; ``accuracy_blocks``
-    is how many blocks the units are probed in).
+    is how many blocks the units are probed in). With ``remeasure_invalid``, every candidate and placement
+    whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read.
     """
     say = _Narrator(show_progress)
     clock = PhaseClock()
@@ -120,7 +122,7 @@ def optimize(
         say(f"holding {imported.name} at {imported.precision} to accuracy budget {accuracy_budget:g}: probing which units "
             f"need float32")
         fitted = _fit_budget(imported, original, accuracy_budget, accuracy_blocks, target, pm, chosen, settings, workdir,
-                             cost_db, say)
+                             cost_db, say, remeasure_invalid)
         say(fitted.describe())
         imported = with_float32_units(imported, fitted.float32_units, original)
         clock.lap("accuracy budget")
@@ -135,7 +137,7 @@ def optimize(
         clock.lap("import and placement file")
     else:
         candidates = _all_candidates(pm, graph, chosen, target, imported.precision)
-        with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
+        with open_costs(cost_db, remeasure_invalid) as db:
             say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
             clock.lap("import and candidates")
             measurement = search_stage.measure(job, candidates, db)
@@ -201,7 +203,7 @@ def optimize(
                                        origin if placement is not None else f"{origin}; not compared with baselines")
     else:
         # A replayed placement measures its baselines afresh: replaying reads no cost database.
-        with opened_again(cost_db, placement) as db:
+        with opened_again(cost_db, placement, remeasure_invalid) as db:
             baselines = finish_stage.baselines(job, parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
                                       baseline_limit_s, db)
         clock.lap("baselines")
@@ -226,7 +228,7 @@ def optimize(
     chosen_placement = attrs.evolve(chosen_placement, why_chosen=outcome.why)
     say(f"why this placement: {outcome.why}")
     if compare_backends:
-        with opened_again(cost_db, placement) as db:
+        with opened_again(cost_db, placement, remeasure_invalid) as db:
             plain = finish_stage.without_cuda_graphs(job, parts, baseline_limit_s, db)
         if plain is not None:
             results.insert(next(i for i, row in enumerate(results) if not row.timed_in_turns), plain)
@@ -286,7 +288,7 @@ def _require_budget_applies(imported, placement, verify: bool) -> None:
 
 
 def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chosen, settings, workdir: Path, cost_db,
-                say) -> Fit:
+                say, remeasure_invalid: bool = False) -> Fit:
     """Which units go back to float32: each probe places the model by the op-level search, builds it and
     measures its outputs' error against the reference (see collage_core.accuracy_budget)."""
     def job_for(float32_units) -> Job:
@@ -316,17 +318,23 @@ def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chos
     if previous is not None:
         say(f"the accuracy budget's probes of the run before in {workdir} are reused (same model, budget, backends and code)")
         return previous
-    with CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path()) as db:
+    with open_costs(cost_db, remeasure_invalid) as db:
         fitted = fit(len(units(imported.mod)), budget, errors_of, blocks, say)
     save_fit(record, key, fitted)
     return fitted
 
 
-def opened_again(cost_db, placement):
+def open_costs(cost_db, remeasure_invalid: bool = False) -> CostDatabase:
+    """The cost database ``cost_db`` (default: the user cache's); with ``remeasure_invalid``, the invalid
+    costs stored before it is opened are not read, so they are measured again."""
+    return CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path(), remeasure_invalid=remeasure_invalid)
+
+
+def opened_again(cost_db, placement, remeasure_invalid: bool = False):
     """The cost database for the baselines; none when replaying a placement file (it reads no database)."""
     if placement is not None:
         return contextlib.nullcontext()
-    return CostDatabase.open(Path(cost_db) if cost_db else default_cost_db_path())
+    return open_costs(cost_db, remeasure_invalid)
 
 
 class PhaseClock:

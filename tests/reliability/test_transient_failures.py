@@ -136,3 +136,32 @@ def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measure
         assert evaluate(placed_on(HELD_UP_TWICE)).is_measured  # measured again: its third attempt lowers
         assert "twice in a row" in evaluate(placed_on(KILLED_ALWAYS)).reason
         assert evaluate.from_database == 1  # the placement killed every time: the placement's own
+
+
+def test_collage_optimize_remeasure_invalid_measures_a_stored_failure_again(load_test_plugin, tmp_path, monkeypatch):
+    """``--remeasure-invalid`` reaches the cost database: a candidate whose stored cost is a failure is read
+    as stored by a plain run and measured again by one with the option."""
+    import collage_core
+    from collage_core import cli, optimizer
+    from collage_core.errors import CollageError
+
+    pm, _ = load_test_plugin("plugins_for_tests.faulty_backends")
+    monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: pm)
+    path = tmp_path / "costs.sqlite"
+
+    def run(**options):
+        return collage_core.optimize(one_relu(), backends=["raising", "tvm"], cost_db=path, settings=QUICK,
+                                     search="op-level", calibration_rounds=0, compare_backends=False,
+                                     show_progress=False, **options).measurement
+
+    first = run()
+    assert first.invalid == 1 and first.measured == 2
+    assert (run().measured, run(remeasure_invalid=True).measured) == (0, 1)
+
+    def refused(model, **options):
+        raise CollageError(f"remeasure_invalid={options['remeasure_invalid']}")
+
+    monkeypatch.setattr(optimizer, "optimize", refused)
+    for flag, passed in (([], False), (["--remeasure-invalid"], True)):
+        with pytest.raises(CollageError, match=f"remeasure_invalid={passed}"):
+            cli._optimize(cli._parser().parse_args(["optimize", "model.onnx", "-o", str(tmp_path / "out"), *flag]))
