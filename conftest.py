@@ -1,6 +1,11 @@
-"""Slow (real large models) and GPU tests are skipped unless asked for."""
+"""Slow (real large models) and GPU tests are skipped unless asked for; the suite writes nothing into the checkout."""
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis keeps failing examples in ./.hypothesis/ by default; the checkout stays as it was.
+settings.register_profile("collage", database=None)
+settings.load_profile("collage")
 
 
 def pytest_addoption(parser):
