@@ -1,11 +1,13 @@
 """Slow (real large models) and GPU tests are skipped unless asked for; the suite writes nothing into the checkout."""
 
-import pytest
-from hypothesis import settings
+import tempfile
 
-# Hypothesis keeps failing examples in ./.hypothesis/ by default; the checkout stays as it was.
-settings.register_profile("collage", database=None)
-settings.load_profile("collage")
+import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
+
+# Hypothesis keeps its examples and constants in ./.hypothesis/ by default; here, in a folder of the session's own.
+_hypothesis_home = tempfile.TemporaryDirectory(prefix="collage-hypothesis-")
+set_hypothesis_home_dir(_hypothesis_home.name)
 
 
 def pytest_addoption(parser):
