@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+from collage_core.api_checks import TWO_LEVEL_LEAST, count_problem, number_problem, unwritable_because
 from collage_core.calibration import DEFAULT_ROUNDS
 from collage_core.errors import CollageError
 from collage_core.precision import FP32, PRECISIONS
@@ -19,6 +23,8 @@ DEFAULT_TWO_LEVEL = TwoLevelSettings()
 EXIT_ERROR = 1
 EXIT_NUMERICS = 3
 EXIT_WARNINGS = 4
+# A file system full (or over quota) or read-only: one line naming the file, whatever was writing it.
+STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -32,6 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("collage").addHandler(warnings)
     try:
         status = args.command(args)
+        sys.stdout.flush()  # a reader that went away (collage show | head) shows here, not as Python exits
         if warnings.messages:
             print(f"collage: {len(warnings.messages)} warning(s) in this run, the first: {warnings.messages[0]}"
                   + ("" if getattr(args, "strict", False) else " (--strict makes warnings fail the run)"), file=sys.stderr)
@@ -47,6 +54,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("collage: interrupted; costs measured so far are kept in the cost database", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # Stop quietly, as Unix tools do, with the status of a process SIGPIPE ended; what is left to print goes nowhere.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except OSError as error:
+        if error.errno not in STORAGE_ERRORS:
+            raise
+        print(f"collage: error: writing {error.filename or 'a file'} failed: {error.strerror}", file=sys.stderr)
+        return EXIT_ERROR
     finally:
         logging.getLogger("collage").removeHandler(warnings)
 
@@ -73,6 +90,45 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
+def _whole(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least``."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+        problem = count_problem(value, least)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+    return whole
+
+
+def _number(least: float = 0.0, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number of at least ``least`` (``above``: more than it)."""
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+        problem = number_problem(value, least, above)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+    return number
+
+
+def _target(text: str) -> str:
+    """An argparse type: a target TVM makes (a name such as llvm or cuda, or JSON)."""
+    from collage_core import tvm_compat
+
+    try:
+        tvm_compat.make_target(text)
+    except CollageError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="collage", description="Place each part of a model on the fastest backend.")
     commands = parser.add_subparsers()
@@ -88,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", parents=[strict], help="the imported Relax and what each backend's patterns "
                                   "match and refuse, without measuring")
     inspect.add_argument("model", help="an ONNX file")
-    inspect.add_argument("--target", default=None, help="a TVM target as JSON, or cuda (default: this CPU)")
+    inspect.add_argument("--target", type=_target, default=None, help="a TVM target as JSON, or cuda (default: this CPU)")
     inspect.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
     inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
     inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
@@ -97,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
 
     optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
     optimize.add_argument("model", help="an ONNX file")
-    optimize.add_argument("--target", default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
+    optimize.add_argument("--target", type=_target, default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
     optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one, except those `collage backends` says run only when named)")
     optimize.add_argument("-o", "--output", default=None,
                           help="directory for placement.json, the library and report.txt (default: collage-out/MODEL, "
@@ -115,15 +171,15 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,
                           help="two-level (default when a graph-level backend is selected) also evolves which op groups "
                           "go to graph-level backends, scored by end-to-end latency")
-    optimize.add_argument("--budget", type=float, default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search budget: seconds of end-to-end measurement, those read from the cost database counted at what they took")
-    optimize.add_argument("--population", type=int, default=DEFAULT_TWO_LEVEL.population, help="two-level population")
-    optimize.add_argument("--generations", type=int, default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
-    optimize.add_argument("--patience", type=int, default=DEFAULT_TWO_LEVEL.patience,
+    optimize.add_argument("--budget", type=_number(0), default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search budget: seconds of end-to-end measurement, those read from the cost database counted at what they took")
+    optimize.add_argument("--population", type=_whole(TWO_LEVEL_LEAST["population"]), default=DEFAULT_TWO_LEVEL.population, help="two-level population")
+    optimize.add_argument("--generations", type=_whole(TWO_LEVEL_LEAST["generations"]), default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
+    optimize.add_argument("--patience", type=_whole(TWO_LEVEL_LEAST["patience"]), default=DEFAULT_TWO_LEVEL.patience,
                           help="two-level: stop after this many generations without a faster placement")
-    optimize.add_argument("--min-gain", type=float, default=DEFAULT_TWO_LEVEL.min_gain, metavar="F",
+    optimize.add_argument("--min-gain", type=_number(0), default=DEFAULT_TWO_LEVEL.min_gain, metavar="F",
                           help="two-level: a generation counts as faster only when its best beats the one before by more "
                                "than the measurements' spread and by this fraction of it (default %(default)g)")
-    optimize.add_argument("--predict-margin", type=float, default=DEFAULT_TWO_LEVEL.predict_margin, metavar="F",
+    optimize.add_argument("--predict-margin", type=_number(0), default=DEFAULT_TWO_LEVEL.predict_margin, metavar="F",
                           help="two-level: a genome whose latency, predicted from the placements measured so far, is over "
                                "the best by more than this fraction is not built (default %(default)g)")
     optimize.add_argument("--build-every-genome", action="store_true",
@@ -131,14 +187,14 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
     optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines "
                           "(the default with --placement)")
-    optimize.add_argument("--baseline-limit", type=float, default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
+    optimize.add_argument("--baseline-limit", type=_number(0), default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
                           help="stop a baseline whose one run takes longer than S seconds and report it as "
                                f"stopped (default {DEFAULT_BASELINE_LIMIT_S:g}; 0: no limit)")
     optimize.add_argument(
-        "--calibration-rounds", type=int, default=DEFAULT_ROUNDS,
+        "--calibration-rounds", type=_whole(0), default=DEFAULT_ROUNDS,
         help="re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
     )
-    optimize.add_argument("--jobs", type=int, default=0, metavar="N",
+    optimize.add_argument("--jobs", type=_whole(0), default=0, metavar="N",
                           help="build N candidates at once (default 0: half the cores, at most "
                                f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
     optimize.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -146,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
                                "is converted once by TVM's mixed-precision pass and verified within that precision's "
                                "tolerance; tf32 (GPUs): float32, with TF32 tensor-core kernels competing where a backend "
                                "has them; a replayed placement keeps its own")
-    optimize.add_argument("--accuracy-budget", type=float, default=None, metavar="E",
+    optimize.add_argument("--accuracy-budget", type=_number(0, above=True), default=None, metavar="E",
                           help="with --precision bf16 or fp16: the largest error allowed, as max |out - ref| over max |ref| "
                                "against the float32 reference on the verification inputs; parts of the model go back "
                                "to float32, chosen by measured error, until the placement holds it")
@@ -162,7 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["mlf"], default="mlf", help="mlf: Model Library Format tar (default)")
     export.add_argument("-o", "--output", required=True, help="the tar to write, e.g. model.tar (one that does not load "
                         "and run is left as model.tar.partial)")
-    export.add_argument("--target", default=None, help="a TVM target as JSON (default: this CPU)")
+    export.add_argument("--target", type=_target, default=None, help="a TVM target as JSON (default: this CPU)")
     export.set_defaults(command=_export)
 
     show = commands.add_parser("show", help="draw a placement, or explain why each partition was chosen")
@@ -253,6 +309,9 @@ def _export(args) -> int:
     from collage_core.optimizer import optimize
     from collage_core.placement_file import load_placement
 
+    problem = unwritable_because(Path(args.output).parent)
+    if problem:
+        raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")
     backends = sorted({p.backend for p in load_placement(args.placement).partitions})
     result = optimize(
         args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,

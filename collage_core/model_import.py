@@ -103,6 +103,23 @@ def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name:
     raise ModelImportError(f"cannot import a {type(model).__name__}: pass an ONNX file, a torch.nn.Module or a Relax IRModule")
 
 
+# Collage makes an array of each input's shape to check and time a model: a larger input is refused before any is made.
+MAX_INPUT_BYTES = 4 * 2**30
+
+
+def _checked_size(spec: TensorSpec, origin: str) -> TensorSpec:
+    """``spec``, an input of a size Collage can make: no negative dimension, at most :data:`MAX_INPUT_BYTES`."""
+    shown = f"{spec.dtype}{list(spec.shape)}"
+    if any(dim < 0 for dim in spec.shape):
+        raise ModelImportError(f"{origin}: input {spec.name!r} is {shown}, with a negative dimension")
+    elements = math.prod(spec.shape)
+    size = elements * np.dtype(spec.dtype).itemsize
+    if size > MAX_INPUT_BYTES:
+        raise ModelImportError(f"{origin}: input {spec.name!r} is {shown}, {elements:.3g} elements ({size / 2**30:.3g} GiB); "
+                               f"Collage makes inputs of at most {MAX_INPUT_BYTES / 2**30:g} GiB to check and time a model")
+    return spec
+
+
 def _is_torch_module(model) -> bool:
     return any(cls.__module__ == "torch.nn.modules.module" and cls.__name__ == "Module" for cls in type(model).__mro__)
 
@@ -112,6 +129,8 @@ def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
 
     if not path.exists():
         raise ModelImportError(f"{path}: no such file")
+    if not path.is_file():  # a folder, or a device such as /dev/zero that reads without end
+        raise ModelImportError(f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not an ONNX file")
     data = path.read_bytes()
     try:
         proto = onnx.load_from_string(data)
@@ -163,7 +182,10 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
             shown = [dim.dim_param or "?" if not dim.HasField("dim_value") else dim.dim_value for dim in dims]
             raise ModelImportError(f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
-        inputs.append(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype))
+        if any(dim.dim_value == 0 for dim in dims):  # TVM's importer would take it for a dynamic dimension
+            raise ModelImportError(f"{origin}: input {value.name!r} is {dtype}{[dim.dim_value for dim in dims]}, zero-sized: "
+                                   "it holds no data to place a model on; export it with every dimension at least 1")
+        inputs.append(_checked_size(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype), origin))
     fingerprint = hashlib.sha256(data).hexdigest()
     reference = _onnx_reference(data, inputs)
     reference_name = f"onnxruntime {onnxruntime.__version__}"
@@ -292,7 +314,7 @@ def _from_relax(mod, name: str) -> ImportedModel:
             shape, dtype = tvm_compat.tensor_shape_dtype(param)
         except ValueError as error:
             raise ModelImportError(f"Relax module {name}: parameter {param.name}: {error}") from None
-        inputs.append(TensorSpec(param.name, shape, dtype))
+        inputs.append(_checked_size(TensorSpec(param.name, shape, dtype), f"Relax module {name}"))
     return ImportedModel(name, "relax", canonical, tuple(inputs), tvm_compat.structural_key(canonical["main"]))
 
 

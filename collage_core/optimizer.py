@@ -16,6 +16,7 @@ import attrs
 
 from collage_core import finish_stage, search_stage, tvm_compat
 from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
+from collage_core.api_checks import check_optimize_arguments
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
 from collage_core.baselines import baseline_file, operators_by_backend
 from collage_core.calibration import DEFAULT_ROUNDS
@@ -89,6 +90,7 @@ def optimize(
     is how many blocks the units are probed in). With ``remeasure_invalid``, every candidate and placement
     whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read.
     """
+    check_optimize_arguments(locals())
     say = _Narrator(show_progress)
     clock = PhaseClock()
     if compare_backends is None:

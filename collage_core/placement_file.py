@@ -128,12 +128,18 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
     A placement measured with other versions of the backends it uses than those installed (by ``pm``,
     default every plugin) is read with a warning naming each such backend and both versions."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a folder, or a device such as /dev/zero that reads without end
+        raise PlacementFileError(f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not a placement file")
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise PlacementFileError(f"{path}: no such placement file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise PlacementFileError(f"{path}: not JSON ({error})") from None
+    except RecursionError:
+        raise PlacementFileError(f"{path}: not a placement (its JSON is nested too deeply to read)") from None
+    except OSError as error:
+        raise PlacementFileError(f"{path}: cannot be read ({error.strerror})") from None
     placement = placement_from_json(data, str(path))
     used = {part.backend for part in placement.partitions}
     recorded = {name: version for name, version in recorded_versions(placement.backends).items() if name in used}
@@ -159,7 +165,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
                 nodes = [int(n) for n in item["operators"]]
                 if not nodes or any(not 0 <= n < len(operators) for n in nodes):
                     fail(f"{what} {number} names operators outside 0..{len(operators) - 1}")
-                cost = Cost.from_json(item["cost"])
+                cost = _checked_cost(Cost.from_json(item["cost"]), f"{what} {number}", fail)
                 read.append(Partition(str(item["backend"]), str(item["pattern"]), nodes, str(item["key"]), cost))
             return read
 
@@ -198,12 +204,20 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         )
     except PlacementFileError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
         fail(f"malformed placement ({type(error).__name__}: {error})")
     covered = sorted(n for p in placement.partitions for n in p.nodes)
     if covered != list(range(len(placement.operators))):
         fail("partitions do not cover every operator exactly once")
     return placement
+
+
+def _checked_cost(cost: Cost, where: str, fail) -> Cost:
+    """A measured cost's numbers are finite and not negative: the search adds them up and compares them."""
+    if cost.is_measured and not (0 <= cost.median_s < math.inf and 0 <= cost.spread_s < math.inf and cost.repeats >= 0):
+        fail(f"{where}'s cost is measured as median {cost.median_s} s, spread {cost.spread_s} s, {cost.repeats} repeats; "
+             "a measured cost is a finite, non-negative number of seconds")
+    return cost
 
 
 def _numbers(value, field: str, fail) -> tuple[int, ...]:

@@ -54,8 +54,11 @@ def write_picture(placement: Placement, path: os.PathLike, origin: str = "placem
         content = html_page(placement, render(dot_text, "svg").decode()).encode()
     else:
         content = render(dot_text, suffix[1:])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    except OSError as error:
+        raise CollageError(f"{path}: cannot write it ({error.strerror}: {error.filename})") from None
     return path
 
 

@@ -10,6 +10,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from collage_core.errors import CollageError
+
 try:
     from tvm import relax
 except (ImportError, AttributeError):
@@ -27,15 +29,33 @@ def host_cpu_target() -> tvm.target.Target:
     return tvm.target.Target.from_device(tvm.cpu())
 
 
+class TargetError(CollageError):
+    """A target TVM cannot make; the message names it and says why."""
+
+
 def make_target(spec: TargetSpec) -> tvm.target.Target:
-    """A target from None or ``"cpu"`` (this CPU), a JSON/dict spec, or a ``Target``."""
-    if spec is None or spec in ("cpu", "llvm", "host"):
+    """A target from None or ``"cpu"`` (this CPU), a JSON/dict spec, or a ``Target``; anything else is
+    a :class:`TargetError`."""
+    if spec is None or (isinstance(spec, str) and spec in ("cpu", "llvm", "host")):
         return host_cpu_target()
     if isinstance(spec, tvm.target.Target):
         return spec
-    if isinstance(spec, str):
-        spec = json.loads(spec) if spec.lstrip().startswith("{") else {"kind": spec}
-    return tvm.target.Target(spec)
+    given = spec
+    if isinstance(spec, str) and spec.lstrip().startswith("{"):
+        try:
+            spec = json.loads(spec)
+        except (json.JSONDecodeError, RecursionError) as error:
+            raise TargetError(f"target {given!r} is not JSON ({error})") from None
+    elif isinstance(spec, str):
+        spec = {"kind": spec}
+    if not isinstance(spec, dict):
+        raise TargetError(f"a target is a name (llvm, cuda), a JSON object or a tvm.target.Target, not {given!r:.80}")
+    try:
+        return tvm.target.Target(spec)
+    except Exception as error:  # TVM's message, in its first line
+        hint = " (TVM 0.27 takes a target as JSON: '{\"kind\": \"llvm\", \"mcpu\": ...}')" if " " in str(spec.get("kind")) else ""
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise TargetError(f"target {given!r}: {first.split(' Target creation from config dict failed')[0]}{hint}") from None
 
 
 def target_to_json(target: tvm.target.Target) -> str:

@@ -187,3 +187,40 @@ def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path, m
             errors = [line for line in stderr.splitlines() if line.startswith("collage: error:")]
             assert code == 1 and len(errors) == 1, stderr[-1000:]
             assert f"{path}: {message}" in errors[0]
+
+
+def _show_here(path: Path, capfd) -> tuple[int, list[str]]:
+    """What ``collage show`` returns and its error lines, run by ``cli.main`` in this process."""
+    previous = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
+    try:
+        code = main(["show", str(path)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return code, [line for line in capfd.readouterr().err.splitlines() if line.startswith("collage: error:")]
+
+
+def test_placements_nested_too_deeply_or_with_numbers_past_floats_are_refused_in_one_line(tmp_path, capfd):
+    cases = {
+        "deep.json": ("[" * 100_000 + "]" * 100_000, "not a placement (its JSON is nested too deeply to read)"),
+        "huge-operator.json": (json.dumps(VALID).replace('"operators": [0]', '"operators": [1e999]'),
+                               "malformed placement (OverflowError: cannot convert float infinity to integer)"),
+        "huge-repeats.json": (json.dumps(VALID).replace('"repeats": 3', '"repeats": 1e999', 1),
+                              "malformed placement (OverflowError: cannot convert float infinity to integer)"),
+        "infinite-cost.json": (json.dumps(VALID).replace('"median_s": 0.001', '"median_s": 1e999', 1),
+                               "partition 0's cost is measured as median inf s"),
+        "nan-cost.json": (json.dumps(VALID).replace('"median_s": 0.001', '"median_s": NaN', 1),
+                          "partition 0's cost is measured as median nan s"),
+        "negative-cost.json": (json.dumps(VALID).replace('"spread_s": 0.0', '"spread_s": -1', 1),
+                               "partition 0's cost is measured as median 0.001 s, spread -1.0 s"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        code, errors = _show_here(path, capfd)
+        assert code == 1 and len(errors) == 1 and errors[0].startswith(f"collage: error: {path}: {message}"), (name, errors)
+
+
+def test_a_folder_or_a_device_as_a_placement_is_refused_without_reading_it(tmp_path, capfd):
+    for path, what in ((tmp_path, "a folder"), (Path("/dev/zero"), "not a regular file")):
+        code, errors = _show_here(path, capfd)
+        assert code == 1 and errors == [f"collage: error: {path}: {what}, not a placement file"]
