@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -313,11 +314,13 @@ def _export(args) -> int:
     if problem:
         raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")
     backends = sorted({p.backend for p in load_placement(args.placement).partitions})
-    result = optimize(
-        args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,
-        show_progress=False,
-    )
-    path = export_mlf(result, args.output, check_inputs=result.model.random_inputs())
+    # The replay's library and files are only a means to the tar: kept in a folder removed however the export ends.
+    with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
+        result = optimize(
+            args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,
+            show_progress=False, output_dir=replay,
+        )
+        path = export_mlf(result, args.output, check_inputs=result.model.random_inputs())
     print(f"saved: {path} (Model Library Format; loaded and run once in a new process; load it with "
           "collage_core.mlf.load_mlf)")
     if result.verification is not None and not result.verification.passed:

@@ -5,7 +5,7 @@ TVM with microTVM. This is its layout adapted to Relax executables:
 
     metadata.json                  format version, model, export time (UTC), targets, executor,
                                    memory map, placement summary, what each partition calls,
-                                   every file with its SHA-256
+                                   every file with its SHA-256 and its size
     codegen/host/lib/lib0.o ...    the compiled host code, one object file per module
                                    (``devc.o`` holds the VM bytecode and constants)
     parameters/<model>.params      the weights, in TVM's parameter serialization
@@ -28,24 +28,31 @@ The tar is deterministic: sorted members, owner root (uid/gid 0), fixed mode, an
 timestamp set to ``SOURCE_DATE_EPOCH`` when that is set (the export time too), else to 0 in
 the tar. :func:`export_mlf` with ``check_inputs`` loads what it wrote in a new process and runs
 it once before giving it its name (:func:`check_in_new_process`). :func:`load_mlf` checks the
-format version and every file against the metadata, links the objects with the host compiler,
-prepares the backends' runtimes and returns a model that runs on the placement's device; its
-errors name the tar, never the files it is unpacked to.
+format version and every file against the metadata, reading only the files the metadata lists,
+streamed to disk and hashed as they are read, within bounds on the tar's size; it links the objects
+with the host compiler, prepares the backends' runtimes and returns a model that runs on the
+placement's device. Its errors name the tar, never the files it is unpacked to.
 """
 
 from __future__ import annotations
 
+import bz2
 import datetime
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import weakref
+import zlib
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -73,6 +80,18 @@ CALL_KINDS = {"packed_functions": "packed functions", "external_functions": "ext
 RUN_ONCE = "import sys\nfrom collage_core.mlf import _run_once\nsys.exit(_run_once(*sys.argv[1:]))\n"
 # Inductor compiles its partitions when they first run: minutes for a large model.
 CHECK_TIMEOUT_S = 1800.0
+# Bounds on a tar the loader reads, checked from its headers before any member is: a model's tar is
+# megabytes to a few gigabytes (a 7-billion-parameter model's float16 weights are 14 GB).
+MAX_UNPACKED_BYTES = 16 * 2**30
+MAX_MEMBERS = 100_000
+# tarfile reads each header whole, a long name or PAX extension too: 512 bytes a member, rarely more.
+MAX_HEADER_BYTES = 256 * 2**20
+# metadata.json and the executor configuration are read whole; a large model's are a few megabytes.
+MAX_JSON_BYTES = 64 * 2**20
+# Members are streamed to disk in pieces of this size.
+READ_CHUNK = 2**20
+# The compressions tarfile reads (its "r:*"), by their first bytes.
+COMPRESSIONS = ((b"\x1f\x8b", gzip.GzipFile), (b"BZh", bz2.BZ2File), (b"\xfd7zXZ\x00", lzma.LZMAFile))
 
 
 class MLFError(CollageError):
@@ -333,6 +352,7 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
         "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
         "lowered": lowered,
         "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
+        "sizes": {member: len(data) for member, data in sorted(files.items())},
     }
     files["metadata.json"] = _json_bytes(metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -356,13 +376,14 @@ def check_in_new_process(path: os.PathLike, inputs: Sequence[np.ndarray], timeou
     """Load the tar at ``path`` in a new Python process as a user would (:func:`load_mlf` with every
     installed plugin) and run its entry function once on ``inputs``; its outputs, once they are checked
     to be those its executor configuration declares. A crash there cannot take this process down;
-    whatever went wrong is an :class:`MLFError` naming ``path`` and the problem in one line."""
+    whatever went wrong is an :class:`MLFError` naming ``path`` and the problem in one line. The tar is
+    unpacked in a folder of this process's, removed however the new one ends."""
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="collage-mlf-check-") as scratch:
-        given, taken = Path(scratch) / "inputs.npz", Path(scratch) / "outputs.npz"
+        given, taken, unpacked = Path(scratch) / "inputs.npz", Path(scratch) / "outputs.npz", Path(scratch) / "unpacked"
         np.savez(given, *inputs)
         try:
-            result = subprocess.run([sys.executable, "-c", RUN_ONCE, str(path), str(given), str(taken)],
+            result = subprocess.run([sys.executable, "-c", RUN_ONCE, str(path), str(given), str(taken), str(unpacked)],
                                     capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise MLFError(f"{path}: loading it and running it once took over {timeout_s:g} s in a new process") from None
@@ -381,10 +402,11 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _run_once(path: str, inputs: str, outputs: str) -> int:
-    """In the process :func:`check_in_new_process` starts: load, run once, check the outputs' shapes and dtypes."""
+def _run_once(path: str, inputs: str, outputs: str, workdir: str) -> int:
+    """In the process :func:`check_in_new_process` starts: load (unpacked in ``workdir``), run once, check the
+    outputs' shapes and dtypes."""
     try:
-        loaded = load_mlf(path)
+        loaded = load_mlf(path, workdir)
         with np.load(inputs) as saved:
             results = loaded.run(*[saved[f"arr_{i}"] for i in range(len(saved.files))])
         declared = [(tuple(o["shape"]), o["dtype"]) for o in loaded.executor_config["outputs"]]
@@ -436,71 +458,232 @@ class LoadedMLF:
         return [tvm_compat.to_numpy(r) for r in results]
 
 
-def _read_members(path: Path) -> dict[str, bytes]:
-    try:
-        with tarfile.open(path) as archive:
-            return {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
-    except FileNotFoundError:
-        raise MLFError(f"{path}: no such file") from None
-    except (tarfile.TarError, EOFError, OSError) as error:
-        raise MLFError(f"{path}: not a readable tar ({error})") from None
+class _TarStream:
+    """A tar's uncompressed bytes as tarfile reads them. While the headers are read, what tarfile asks
+    for is counted against :data:`MAX_HEADER_BYTES`: tarfile reads a header's extension (a long name,
+    PAX records) whole into memory, so a crafted header declaring 64 GiB would be allocated."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.header_bytes_left: Optional[int] = MAX_HEADER_BYTES
+
+    def read(self, size: int = -1) -> bytes:
+        if self.header_bytes_left is not None:
+            if size is None or size < 0 or size > self.header_bytes_left:
+                raise _TooLarge(f"its headers take more than {_size(MAX_HEADER_BYTES)}")
+            self.header_bytes_left -= size
+        return self.stream.read(size)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.stream.tell()
 
 
-def _checked_metadata(path: Path, files: dict[str, bytes]) -> dict:
-    if "metadata.json" not in files:
-        raise MLFError(f"{path}: no metadata.json (not a Model Library Format tar)")
+class _TooLarge(Exception):
+    """A tar over one of the loader's bounds; the message says which."""
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:g} GiB" if count >= 2**30 else f"{count / 2**20:g} MiB"
+
+
+def _uncompressed(raw) -> object:
+    """The tar's bytes from ``raw`` (its file), uncompressed as ``tarfile.open(mode="r:*")`` would."""
+    magic = raw.read(6)
+    raw.seek(0)
+    for prefix, opener in COMPRESSIONS:
+        if magic.startswith(prefix):
+            return opener(fileobj=raw)
+    return raw
+
+
+def _headers(path: Path, archive: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """Every regular file of the tar by name, its headers read within the loader's bounds."""
+    found, unpacked = {}, 0
+    for count, info in enumerate(iter(archive.next, None), 1):
+        unpacked += info.size
+        if count > MAX_MEMBERS:
+            raise _TooLarge(f"it has more than {MAX_MEMBERS} members")
+        if unpacked > MAX_UNPACKED_BYTES:
+            raise _TooLarge(f"its members unpack to more than {_size(MAX_UNPACKED_BYTES)}")
+        if info.isreg():
+            if info.name in found:
+                raise MLFError(f"{path}: {info.name} is in the tar twice")
+            found[info.name] = info
+    return found
+
+
+def _within_json_bound(path: Path, member: str, size: int) -> None:
+    if size > MAX_JSON_BYTES:
+        raise MLFError(f"{path}: {member} is {size} bytes, over the {_size(MAX_JSON_BYTES)} Collage reads of it")
+
+
+def _read_whole(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    _within_json_bound(path, info.name, info.size)
+    with archive.extractfile(info) as source:
+        return source.read(info.size)
+
+
+def _json(path: Path, member: str, data: bytes):
+    """``data`` (the member ``member``) parsed as JSON; anything else is an :class:`MLFError` naming both."""
     try:
-        metadata = json.loads(files["metadata.json"])
+        return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise MLFError(f"{path}: metadata.json is not JSON ({error})") from None
-    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise MLFError(f"{path}: {member} is not JSON ({error})") from None
+    except RecursionError:
+        raise MLFError(f"{path}: {member} is not JSON Collage reads (nested too deeply)") from None
+
+
+def _checked_metadata(path: Path, metadata) -> dict:
+    if not isinstance(metadata, dict):
+        raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (a JSON {type(metadata).__name__}, "
+                       "not an object)")
+    if metadata.get("format") != FORMAT:
         raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (format {metadata.get('format')!r})")
     if metadata.get("version") != VERSION:
         raise MLFError(f"{path}: Model Library Format version {metadata.get('version')!r} (this Collage reads version {VERSION})")
     listed = metadata.get("files")
     if not isinstance(listed, dict) or not listed:
         raise MLFError(f"{path}: metadata.json lists no files")
-    for member, digest in sorted(listed.items()):
-        if member not in files:
-            raise MLFError(f"{path}: {member} is listed in metadata.json but missing from the tar")
-        if hashlib.sha256(files[member]).hexdigest() != digest:
-            raise MLFError(f"{path}: {member} does not match its SHA-256 in metadata.json")
+    if not all(isinstance(member, str) and isinstance(digest, str) for member, digest in listed.items()):
+        raise MLFError(f"{path}: metadata.json's files must map each member to its SHA-256 as text")
+    sizes = metadata.get("sizes", {})
+    if not isinstance(sizes, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes.values()):
+        raise MLFError(f"{path}: metadata.json's sizes must map members to their sizes in bytes")
+    for member in listed:
+        parts = member.split("/")
+        if member.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise MLFError(f"{path}: member {member} points outside the tar")
     for required in (EXECUTOR_CONFIG, PLACEMENT, RELAX_TEXT):
         if required not in listed:
             raise MLFError(f"{path}: {required} is missing")
     if not any(member.startswith(OBJECTS_DIR) for member in listed):
         raise MLFError(f"{path}: no compiled host code under {OBJECTS_DIR}")
+    name = metadata.get("model_name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("."):
+        raise MLFError(f"{path}: model name {name!r} in metadata.json is not a plain file name")
     return metadata
+
+
+def _checked_config(path: Path, config) -> dict:
+    """The executor configuration, each field the loader and :class:`LoadedMLF` read of the type they read."""
+    def fail(problem: str):
+        raise MLFError(f"{path}: {EXECUTOR_CONFIG}: {problem}")
+
+    if not isinstance(config, dict):
+        fail(f"a JSON object is wanted, not {type(config).__name__}")
+    if config.get("executor") != EXECUTOR:
+        raise MLFError(f"{path}: executor {config.get('executor')!r} (this Collage runs {EXECUTOR})")
+    backends = config.get("runtime_backends")
+    if not isinstance(backends, dict) or not all(isinstance(needs, dict) for needs in backends.values()):
+        fail("runtime_backends must map each backend to what it needs")
+    if not isinstance(config.get("device", "cpu"), (str, type(None))):
+        fail(f"device must be a name such as cpu or cuda, not {config['device']!r}")
+    for kind in ("inputs", "outputs"):
+        tensors = config.get(kind)
+        if not isinstance(tensors, list) or not all(_is_tensor_spec(spec) for spec in tensors):
+            fail(f"{kind} must list each tensor's name, shape (non-negative integers) and dtype")
+    return config
+
+
+def _is_tensor_spec(spec) -> bool:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("dtype"), str):
+        return False
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return False
+    try:
+        np.dtype(spec["dtype"])
+    except TypeError:
+        return False
+    return True
+
+
+def _unpack(path: Path, workdir: Path) -> dict:
+    """Check the tar at ``path`` against its metadata.json and write what it lists into ``workdir``, each
+    member at its name there, hashed as it is read; the metadata. Members it does not list are never read."""
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise MLFError(f"{path}: no such file") from None
+    except OSError as error:
+        raise MLFError(f"{path}: not a readable tar ({error.strerror})") from None
+    try:
+        stream = _TarStream(_uncompressed(raw))
+        with raw, tarfile.open(fileobj=stream, mode="r:") as archive:
+            found = _headers(path, archive)
+            stream.header_bytes_left = None  # what follows is member data, read a chunk at a time
+            if "metadata.json" not in found:
+                raise MLFError(f"{path}: no metadata.json (not a Model Library Format tar)")
+            metadata = _checked_metadata(path, _json(path, "metadata.json", _read_whole(path, archive, found["metadata.json"])))
+            listed, sizes = metadata["files"], metadata.get("sizes", {})
+            for member in sorted(listed):
+                if member not in found:
+                    raise MLFError(f"{path}: {member} is listed in metadata.json but missing from the tar")
+                if member in sizes and found[member].size != sizes[member]:
+                    raise MLFError(f"{path}: {member} is {found[member].size} bytes in the tar, and metadata.json "
+                                   f"declares {sizes[member]}")
+            for member in sorted(listed, key=lambda name: found[name].offset):  # in the tar's order: no going back
+                _stream(path, archive, found[member], workdir / member, listed[member])
+    except _TooLarge as error:
+        raise MLFError(f"{path}: {error}; Collage refuses such a tar (collage_core.mlf bounds it)") from None
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+        raise MLFError(f"{path}: not a readable tar ({type(error).__name__}: {error})") from None
+    return metadata
+
+
+def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destination: Path, digest: str) -> None:
+    """Copy one member to ``destination``, a chunk at a time, as a new file (never one a process has loaded)."""
+    hashed = hashlib.sha256()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".partial")
+    with archive.extractfile(info) as source, open(partial, "wb") as written:
+        while chunk := source.read(READ_CHUNK):
+            hashed.update(chunk)
+            try:
+                written.write(chunk)
+            except OSError as error:
+                raise MLFError(f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})") from None
+    if hashed.hexdigest() != digest:
+        partial.unlink()
+        raise MLFError(f"{path}: {info.name} does not match its SHA-256 in metadata.json")
+    os.replace(partial, destination)
 
 
 def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, strict: bool = False) -> LoadedMLF:
     """Check, link and load a Model Library Format tar written by :func:`export_mlf`; needs TVM's
     runtime and a host linker, not TVM's compiler. A tar built with other backend versions than
     those installed is loaded with a warning naming each such backend and both versions (through the
-    ``collage`` logger), or with ``strict`` refused."""
+    ``collage`` logger), or with ``strict`` refused.
+
+    Only the members metadata.json lists are read, each streamed into ``workdir`` and hashed as it is
+    written; a tar over the loader's bounds (:data:`MAX_UNPACKED_BYTES`, :data:`MAX_MEMBERS`,
+    :data:`MAX_HEADER_BYTES`) is refused before its members are read. Without ``workdir``, the tar is
+    unpacked into a temporary folder, removed when loading fails, or else when the returned model is
+    garbage collected or the process exits (what it loaded stays loaded)."""
     path = Path(path)
-    files = _read_members(path)
-    metadata = _checked_metadata(path, files)
-    config = json.loads(files[EXECUTOR_CONFIG])
-    if config.get("executor") != EXECUTOR:
-        raise MLFError(f"{path}: executor {config.get('executor')!r} (this Collage runs {EXECUTOR})")
-    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="collage-mlf-"))
-    objects = []
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(metadata.get("model_name", ""))) or metadata["model_name"].startswith("."):
-        raise MLFError(f"{path}: model name {metadata.get('model_name')!r} in metadata.json is not a plain file name")
-    for member in sorted(metadata["files"]):  # only what metadata.json lists (and _checked_metadata verified)
-        data = files[member]
-        if member.startswith(OBJECTS_DIR):
-            target = workdir / member.rsplit("/", 1)[-1]
-            target.write_bytes(data)
-            objects.append(str(target))
-        elif member.startswith(RUNTIME_DIR):
-            if ".." in Path(member).parts:
-                raise MLFError(f"{path}: member {member} points outside the tar")
-            (workdir / member).parent.mkdir(parents=True, exist_ok=True)
-            partial = workdir / (member + ".partial")
-            partial.write_bytes(data)
-            os.replace(partial, workdir / member)  # a new file, never one a process has loaded
+    made = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="collage-mlf-")) if made else Path(workdir)
+    try:
+        loaded = _load(path, workdir, pm, strict)
+    except BaseException:
+        if made:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    if made:
+        weakref.finalize(loaded, shutil.rmtree, str(workdir), True)
+    return loaded
+
+
+def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
+    workdir.mkdir(parents=True, exist_ok=True)
+    metadata = _unpack(path, workdir)
+    unpacked_config = workdir / EXECUTOR_CONFIG
+    _within_json_bound(path, EXECUTOR_CONFIG, unpacked_config.stat().st_size)
+    config = _checked_config(path, _json(path, EXECUTOR_CONFIG, unpacked_config.read_bytes()))
+    objects = [str(workdir / member) for member in sorted(metadata["files"]) if member.startswith(OBJECTS_DIR)]
     library = workdir / f"{metadata['model_name']}.so"
 
     def named_by_the_tar(error) -> str:
@@ -512,7 +695,10 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, 
     except Exception as error:  # the host compiler's message in one line, without the command line TVM appends
         raise MLFError(f"{path}: linking the host code failed ({named_by_the_tar(str(error).split('Command line:')[0])})") from None
     write_runtime_file(library, config["runtime_backends"])
-    device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
+    try:
+        device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
+    except ValueError:
+        raise MLFError(f"{path}: {EXECUTOR_CONFIG}: device {config['device']!r} is not one TVM knows") from None
     try:
         vm = load_vm(library, device, pm=pm, strict=strict, origin=str(path))
     except CollageError as error:
@@ -520,5 +706,11 @@ def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, 
     except Exception as error:  # TVM's runtime, or a backend's, refusing the library
         raise MLFError(f"{path}: the library does not load ({type(error).__name__}: {named_by_the_tar(error)})") from None
     parameters_member = f"parameters/{metadata['model_name']}.params"
-    parameters = tvm_compat.load_params(files[parameters_member]) if parameters_member in files else {}
+    parameters = {}
+    if parameters_member in metadata["files"]:
+        try:
+            parameters = tvm_compat.load_params((workdir / parameters_member).read_bytes())
+        except Exception as error:  # TVM's deserializer: the member matched its digest, so the exporter wrote it so
+            raise MLFError(f"{path}: {parameters_member} is not in TVM's parameter serialization "
+                           f"({type(error).__name__}: {named_by_the_tar(error)})") from None
     return LoadedMLF(metadata, config, parameters, vm, library, device)

@@ -14,10 +14,12 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -227,10 +229,13 @@ def _set_version(files, version):
     [
         (lambda files: _set_version(files, 2), r"Model Library Format version 2 \(this Collage reads version 1\)"),
         (lambda files: files.pop("placement.json"), r"placement\.json is listed in metadata\.json but missing"),
-        (lambda files: files.update({"codegen/host/lib/lib0.o": b"\0" * 64}), r"codegen/host/lib/lib0\.o does not match its SHA-256"),
+        (lambda files: files.update({"codegen/host/lib/lib0.o": bytes(len(files["codegen/host/lib/lib0.o"]))}),
+         r"codegen/host/lib/lib0\.o does not match its SHA-256"),
+        (lambda files: files.update({"codegen/host/lib/lib0.o": b"\0" * 64}),
+         r"codegen/host/lib/lib0\.o is 64 bytes in the tar, and metadata\.json declares \d+"),
         (lambda files: files.pop("metadata.json"), r"no metadata\.json"),
     ],
-    ids=["other-version", "missing-part", "corrupt-object", "no-metadata"],
+    ids=["other-version", "missing-part", "corrupt-object", "other-size", "no-metadata"],
 )
 def test_broken_tars_are_refused_saying_what_is_wrong(exported, tmp_path, change, message):
     broken = rewritten(exported, tmp_path / "broken.tar", change)
@@ -245,15 +250,18 @@ def test_a_file_that_is_not_a_tar_is_refused(tmp_path):
         load_mlf(not_tar)
 
 
-def test_cli_export_writes_a_tar_that_loads(optimized, tmp_path):
+def test_cli_export_writes_a_tar_that_loads_and_leaves_no_temporary_files(optimized, tmp_path):
     placement = optimized.placement.save(tmp_path / "placement.json")
+    (tmp_path / "tmp").mkdir()
     result = subprocess.run(
         ["collage", "export", str(MODEL), "--placement", str(placement), "--format", "mlf", "-o", str(tmp_path / "out.tar")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "loaded and run once in a new process" in result.stdout and "Scope Loaded" not in result.stderr
     assert not (tmp_path / "out.tar.partial").exists()
+    # No folder of the replay's library, of the check's inputs or of its unpacked tar (a backend's telemetry leaves a file).
+    assert [entry.name for entry in (tmp_path / "tmp").iterdir() if entry.is_dir()] == []
     loaded = load_mlf(tmp_path / "out.tar")
     inputs = optimized.model.random_inputs()
     for actual, expected in zip(loaded.run(*inputs), optimized.run(*inputs)):
@@ -327,11 +335,13 @@ def test_names_from_the_model_never_choose_a_member_path():
 
 
 def with_files(source: Path, target: Path, change) -> Path:
-    """A copy of the tar ``source`` with ``change(files)`` applied to its {name: bytes}, its metadata's digests updated."""
+    """A copy of the tar ``source`` with ``change(files)`` applied to its {name: bytes}, its metadata's digests and
+    sizes updated."""
     def changed_and_listed(files):
         change(files)
         metadata = json.loads(files["metadata.json"])
         metadata["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "metadata.json"}
+        metadata["sizes"] = {name: len(data) for name, data in files.items() if name != "metadata.json"}
         files["metadata.json"] = json.dumps(metadata).encode()
     return rewritten(source, target, changed_and_listed)
 
@@ -393,6 +403,8 @@ def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(
 def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_partial(optimized, tmp_path, monkeypatch, capsys):
     placement = optimized.placement.save(tmp_path / "placement.json")
     (tmp_path / "out.tar").write_bytes(b"an earlier export")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.setattr(mlf, "RUN_ONCE", "import os; os.abort()")  # the process loading the tar crashes
     status = main(["export", str(MODEL), "--placement", str(placement), "-o", str(tmp_path / "out.tar")])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("collage: error:")]
@@ -400,6 +412,7 @@ def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_
         f"collage: error: {tmp_path / 'out.tar'}: the exported tar does not load and run in a new process: the process "
         "loading it died of SIGABRT (left as out.tar.partial)"]
     assert not (tmp_path / "out.tar").exists() and tarfile.is_tarfile(tmp_path / "out.tar.partial")
+    assert [entry.name for entry in (tmp_path / "tmp").iterdir() if entry.is_dir()] == []
 
 
 def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_strict_exits_4(optimized, tmp_path):
