@@ -4,10 +4,11 @@ After the search, ``optimize`` builds the placement, verifies it, measures the b
 the closest of them in turns: on a warm cost database that tail is nearly all a rerun costs. The
 output directory keeps its outcome in ``finished.json``, keyed by everything that could change it
 (the model, the target, the backends and their versions, the searched placement, the settings and
-Collage's code, part by part) and tied to the library it describes (its size and modification
-time). When a later run reaches the same searched placement with the same key and the library is
-untouched, the library, the placement it returned, the verification and the end-to-end rows are
-reused; otherwise the lookup says which part differed, so that a slow rerun says why it was slow.
+Collage's code, part by part) and tied to the library it describes (its size, modification time and
+SHA-256: a library of the same size and time but other bytes is not the one that was verified). When a
+later run reaches the same searched placement with the same key and the library is untouched, the
+library, the placement it returned, the verification and the end-to-end rows are reused; otherwise the
+lookup says which part differed, so that a slow rerun says why it was slow.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ log = logging.getLogger("collage")
 FILE_NAME = "finished.json"
 FORMAT = "collage-finished-build"
 # 2: the key kept part by part; rows say whether they were timed in turns; the search's placement
-# kept when a baseline won the contest.
-VERSION = 2
+# kept when a baseline won the contest. 3: the library's SHA-256.
+VERSION = 3
 
 
 @attrs.frozen
@@ -142,7 +143,8 @@ def save_finished(directory: os.PathLike, library: os.PathLike, finished: Finish
         "format": FORMAT,
         "version": VERSION,
         "key": finished.key.to_json(),
-        "library": {"name": Path(library).name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+        "library": {"name": Path(library).name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                    "sha256": _sha256(library)},
         "placement": finished.placement.to_json(),
         "searched_placement": None if finished.searched_placement is None else finished.searched_placement.to_json(),
         "end_to_end": [row.to_json() for row in finished.end_to_end],
@@ -176,6 +178,9 @@ def load_finished(directory: os.PathLike, library: os.PathLike, key: FinishKey) 
         if (kept["name"], kept["size"], kept["mtime_ns"]) != (Path(library).name, stat.st_size, stat.st_mtime_ns):
             return Lookup(why_not=f"its library {Path(library).name} was written again after it ended "
                                   "(by another run into the same directory?)")
+        if kept["sha256"] != _sha256(library):
+            return Lookup(why_not=f"its library {Path(library).name} has other bytes than the one it ended with "
+                                  "(its SHA-256 differs, though its size and time do not)")
         rows = [EndToEnd.from_json(row) for row in record["end_to_end"]]
         verification = None if record["verification"] is None else Verification(**record["verification"])
         placement = placement_from_json(record["placement"], str(path))
@@ -187,3 +192,11 @@ def load_finished(directory: os.PathLike, library: os.PathLike, key: FinishKey) 
         log.warning("%s: not reused (%s: %s)", path, type(error).__name__, error)
         return Lookup(why_not=f"{path.name} could not be read ({type(error).__name__})")
     return Lookup(FinishedBuild(key, placement, rows, verification, searched))
+
+
+def _sha256(path: os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -101,6 +101,20 @@ def test_a_library_rewritten_with_the_same_size_is_not_reused(kept):
     assert "was written again" in load_finished(directory, library, KEY).why_not
 
 
+def test_a_library_of_the_same_size_and_time_but_other_bytes_is_not_reused(kept):
+    """Size and time are cheap to forge (a copy with ``touch -r``, a file system that rounds times):
+    only the bytes say the library is the one that was verified."""
+    directory, library, _ = kept
+    stat = library.stat()
+    library.write_bytes(b"garbage!!")
+    os.utime(library, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (library.stat().st_size, library.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    lookup = load_finished(directory, library, KEY)
+    assert lookup.finished is None
+    assert lookup.why_not == ("its library m.so has other bytes than the one it ended with (its SHA-256 differs, "
+                              "though its size and time do not)")
+
+
 def test_a_missing_library_or_record_is_not_reused(kept, tmp_path):
     directory, library, _ = kept
     nothing = load_finished(tmp_path / "elsewhere", library, KEY)
