@@ -32,6 +32,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
+from collage_core import output_folder
 from collage_core.errors import CollageError
 
 FORMAT = "collage-runtime"
@@ -90,7 +91,8 @@ def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapp
             continue
         relative = []
         for path in paths:
-            destination = carried_dir(library) / name / Path(path).name
+            # A backend's name is a plugin's to choose: it may not lead out of <library>.libs/.
+            destination = carried_dir(library) / output_folder.safe_file_name(name, "backend") / Path(path).name
             destination.parent.mkdir(parents=True, exist_ok=True)
             partial = destination.with_name(destination.name + ".partial")
             shutil.copyfile(path, partial)

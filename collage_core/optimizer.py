@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
-from collage_core import finish_stage, search_stage, tvm_compat
+from collage_core import finish_stage, output_folder, search_stage, tvm_compat
 from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
 from collage_core.api_checks import check_optimize_arguments
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
@@ -155,7 +155,9 @@ def optimize(
             clock.lap("search and calibration")
         chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
-    library = workdir / f"{imported.name}.so"
+    library = output_folder.library_file(workdir, imported.name)
+    if library.name != f"{imported.name}.so":
+        say(f"the model's name {imported.name!r} is not a safe file name: its library is {library.name}")
     if output_dir:
         _say_what_is_overwritten(workdir, placement, say)
     finish = None

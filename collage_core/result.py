@@ -10,7 +10,7 @@ from typing import Any, Optional
 import attrs
 import numpy as np
 
-from collage_core import tvm_compat
+from collage_core import output_folder, tvm_compat
 from collage_core.deploy import copy_library
 from collage_core.measure import MeasurementReport
 from collage_core.model_import import ImportedModel
@@ -109,7 +109,7 @@ class OptimizedModel:
             self.searched_placement.save(directory / SEARCHED_PLACEMENT_FILE)
         elif self.replayed_from is None:
             (directory / SEARCHED_PLACEMENT_FILE).unlink(missing_ok=True)
-        library = directory / f"{self.model.name}.so"
+        library = output_folder.library_file(directory, self.model.name)
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
         (directory / "report.txt").write_text(render_report(self) + "\n")
