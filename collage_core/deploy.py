@@ -94,29 +94,28 @@ def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapp
             # A backend's name is a plugin's to choose: it may not lead out of <library>.libs/.
             destination = carried_dir(library) / output_folder.safe_file_name(name, "backend") / Path(path).name
             destination.parent.mkdir(parents=True, exist_ok=True)
-            partial = destination.with_name(destination.name + ".partial")
-            shutil.copyfile(path, partial)
-            os.replace(partial, destination)  # a new file: a process that loaded the old copy keeps it intact
+            output_folder.copy_file(path, destination)  # a new file: a process that loaded the old copy keeps it intact
             relative.append(destination.relative_to(Path(library).parent).as_posix())
         needs[name]["carried"] = relative
     record = {"format": FORMAT, "version": VERSION, "library": Path(library).name, "backends": needs}
-    path = runtime_file(library)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return path
+    return output_folder.write_text(runtime_file(library), json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def copy_library(source: os.PathLike, destination: os.PathLike, move: bool = False) -> None:
-    """Copy (or move) ``source`` to ``destination`` with its runtime file and the native libraries it carries."""
+    """Copy (or move) ``source`` to ``destination`` with its runtime file and the native libraries it carries;
+    each file is replaced whole, never truncated in place."""
     record = read_runtime_file(source)
     needs, carried = {}, {}
     for name, entry in record["backends"].items():
         needs[name] = {key: value for key, value in entry.items() if key != "carried"}
         if "carried" in entry:
             carried[name] = [Path(source).parent / relative for relative in entry["carried"]]
-    shutil.copyfile(source, destination)
+    if move:
+        output_folder.move_file(source, destination)
+    else:
+        output_folder.copy_file(source, destination)
     write_runtime_file(destination, needs, carried)
     if move:
-        os.remove(source)
         os.remove(runtime_file(source))
         shutil.rmtree(carried_dir(source), ignore_errors=True)
 

@@ -225,7 +225,7 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
     winner."""
     names = ", ".join(entry.name for entry, _ in rivals)
     job.say(f"timing the placement and {names} in turns")
-    rivals_dir = job.workdir / "rivals"
+    rivals_dir = job.scratch / "rivals"
     try:
         builds = []
         for index, (_, rival_parts) in enumerate(rivals):

@@ -24,6 +24,7 @@ from typing import Optional
 import attrs
 
 from collage_core.errors import CollageError
+from collage_core.output_folder import write_text
 from collage_core.placement_file import Placement, placement_from_json
 from collage_core.result import EndToEnd
 from collage_core.verify import Verification
@@ -150,9 +151,7 @@ def save_finished(directory: os.PathLike, library: os.PathLike, finished: Finish
         "end_to_end": [row.to_json() for row in finished.end_to_end],
         "verification": None if finished.verification is None else attrs.asdict(finished.verification),
     }
-    path = Path(directory) / FILE_NAME
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return path
+    return write_text(Path(directory) / FILE_NAME, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def load_finished(directory: os.PathLike, library: os.PathLike, key: FinishKey) -> Lookup:

@@ -63,6 +63,9 @@ class Job:
     workdir: Path
     say: Any
     show_progress: bool
+    # Where the files sent to and from workers go: the run's own folder (see output_folder.held), removed
+    # when it ends; default ``workdir``.
+    scratch: Path = attrs.field(default=attrs.Factory(lambda self: self.workdir, takes_self=True))
     inputs: list = attrs.field(init=False)
     # The key under which the zygote holds this job's model (weights included: unique to the job).
     held_key: str = attrs.field(init=False, factory=lambda: uuid.uuid4().hex)
@@ -155,7 +158,7 @@ class Job:
         :class:`StageTooSlow`. The first run, which pays one-time setup, has SETUP_GRACE_S more
         (see :func:`_run_limits`). ``cuda_graphs`` overrides the settings' choice for this build.
         """
-        module_path, inputs_path, outputs_path = (self.workdir / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
+        module_path, inputs_path, outputs_path = (self.scratch / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
         np.savez(inputs_path, *self.inputs)
         request = {
             "op": "run_placement",
@@ -167,7 +170,7 @@ class Job:
             "library": str(library) if library else None,
         }
         held = parts is not None and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
-        (self.workdir / "model.json").unlink(missing_ok=True)
+        (self.scratch / "model.json").unlink(missing_ok=True)
         response = None
         if held:
             try:
@@ -202,7 +205,7 @@ class Job:
 
     def _write_model(self) -> Path:
         """The model saved as IR JSON for a zygote to hold (it reads it at once; see :meth:`run_built`)."""
-        path = self.workdir / "model.json"
+        path = self.scratch / "model.json"
         path.write_text(tvm_compat.save_ir_json(self.imported.mod))
         return path
 

@@ -93,163 +93,165 @@ def optimize(
     check_optimize_arguments(locals())
     say = _Narrator(show_progress)
     clock = PhaseClock()
-    if compare_backends is None:
-        compare_backends = placement is None
-    original = load_model(model, example_inputs)
-    if verify:  # a model whose outputs cannot be checked fails here, before anything is measured
-        say(check_against_reference(original))
-    target = tvm_compat.make_target(target)
-    replayed = load_placement(placement) if placement is not None else None
-    precision = _precision_wanted(precision, replayed, placement)
-    check_precision(precision, target)
-    imported = at_precision(original, precision)
-    if replayed is not None:
-        imported = with_float32_units(imported, replayed.float32_units, original)
-    pm = get_plugin_manager()
-    infos = discover_backends(pm)
-    for failure in pm.failures:
-        log.warning("plugin %s: %s", failure.name, failure.reason)
-    chosen = [info for info in select_backends(infos, backends) if serves(info, target)]
-    if not chosen:
-        raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
-    search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)
-    if search not in (OP_LEVEL_SEARCH, TWO_LEVEL):
-        raise CollageError(f"unknown search {search!r} (choose {OP_LEVEL_SEARCH} or {TWO_LEVEL})")
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    fitted = None
-    if accuracy_budget is not None:
-        clock.lap("import and candidates")
-        _require_budget_applies(imported, placement, verify)
-        say(f"holding {imported.name} at {imported.precision} to accuracy budget {accuracy_budget:g}: probing which units "
-            f"need float32")
-        fitted = _fit_budget(imported, original, accuracy_budget, accuracy_blocks, target, pm, chosen, settings, workdir,
-                             cost_db, say, remeasure_invalid)
-        say(fitted.describe())
-        imported = with_float32_units(imported, fitted.float32_units, original)
-        clock.lap("accuracy budget")
-    graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
-    say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in chosen)}; target {target}")
-    job = Job(imported, graph, target, pm, chosen, settings, workdir, say, show_progress)
-
-    measurement, candidates, search_s, op_level_parts, two_level_result = None, [], 0.0, None, None
-    if placement is not None:
-        chosen_placement = job.replayed(placement)
-        parts = list(chosen_placement.partitions)
-        clock.lap("import and placement file")
-    else:
-        candidates = _all_candidates(pm, graph, chosen, target, imported.precision)
-        with open_costs(cost_db, remeasure_invalid) as db:
-            say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
+    # Held first, so that a second run into the folder stops before it imports anything.
+    with output_folder.held(workdir) as scratch:
+        if compare_backends is None:
+            compare_backends = placement is None
+        original = load_model(model, example_inputs)
+        if verify:  # a model whose outputs cannot be checked fails here, before anything is measured
+            say(check_against_reference(original))
+        target = tvm_compat.make_target(target)
+        replayed = load_placement(placement) if placement is not None else None
+        precision = _precision_wanted(precision, replayed, placement)
+        check_precision(precision, target)
+        imported = at_precision(original, precision)
+        if replayed is not None:
+            imported = with_float32_units(imported, replayed.float32_units, original)
+        pm = get_plugin_manager()
+        infos = discover_backends(pm)
+        for failure in pm.failures:
+            log.warning("plugin %s: %s", failure.name, failure.reason)
+        chosen = [info for info in select_backends(infos, backends) if serves(info, target)]
+        if not chosen:
+            raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
+        search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)
+        if search not in (OP_LEVEL_SEARCH, TWO_LEVEL):
+            raise CollageError(f"unknown search {search!r} (choose {OP_LEVEL_SEARCH} or {TWO_LEVEL})")
+        fitted = None
+        if accuracy_budget is not None:
             clock.lap("import and candidates")
-            measurement = search_stage.measure(job, candidates, db)
-            clock.lap("measuring candidates")
-            started = time.perf_counter()
-            parts = op_level_parts = search_stage.op_level_search(job, candidates, measurement.costs)
-            search_s = time.perf_counter() - started
-            parts = op_level_parts = search_stage.calibrated_op_level(job, parts, candidates, measurement.costs, db, calibration_rounds)
-            if search == TWO_LEVEL:
-                two_level_result = search_stage.two_level_search(job, op_level_parts, candidates, db, two_level)
-                parts = list(two_level_result.parts)
-                search_s += two_level_result.seconds
-            clock.lap("search and calibration")
-        chosen_placement = job.placement(parts, search, candidates, measurement.costs)
+            _require_budget_applies(imported, placement, verify)
+            say(f"holding {imported.name} at {imported.precision} to accuracy budget {accuracy_budget:g}: probing which units "
+                f"need float32")
+            fitted = _fit_budget(imported, original, accuracy_budget, accuracy_blocks, target, pm, chosen, settings, workdir,
+                                 scratch, cost_db, say, remeasure_invalid)
+            say(fitted.describe())
+            imported = with_float32_units(imported, fitted.float32_units, original)
+            clock.lap("accuracy budget")
+        graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
+        say(f"{imported.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in chosen)}; target {target}")
+        job = Job(imported, graph, target, pm, chosen, settings, workdir, say, show_progress, scratch)
 
-    library = output_folder.library_file(workdir, imported.name)
-    if library.name != f"{imported.name}.so":
-        say(f"the model's name {imported.name!r} is not a safe file name: its library is {library.name}")
-    if output_dir:
-        _say_what_is_overwritten(workdir, placement, say)
-    finish = None
-    if output_dir and placement is None:
-        finish = FinishKey(
-            model=imported.fingerprint, target=tvm_compat.target_to_json(target),
-            backends={name: backend.version for name, backend in sorted(job.backends.items())},
-            searched=job.end_to_end_key(parts, FINISHED_PROTOCOL),
-            settings={"accuracy_budget": accuracy_budget, "compare_backends": compare_backends,
-                      "baseline_limit_s": baseline_limit_s, "verify": verify, "reference": imported.reference_name,
-                      "settings": attrs.evolve(settings, build_workers=0).to_json()},
-            code=code_digest(job.plugin_modules),
-        )
-        kept = load_finished(workdir, library, finish)
-        if kept.why_not:
-            say(f"the run before in {workdir} is not reused: {kept.why_not}")
-        previous = kept.finished
-        if previous is not None:
-            say(f"the run before in {workdir} ended from this same searched placement (same model, target, backends, "
-                f"settings and code): its library, verification and end-to-end measurements are reused")
-            clock.lap("reusing the run before")
-            optimized = OptimizedModel(
-                imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
-                len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
-                phases_s=clock.phases_s, accuracy=fitted, searched_placement=previous.searched_placement,
-            )
-            optimized.save(workdir)
-            return optimized
+        measurement, candidates, search_s, op_level_parts, two_level_result = None, [], 0.0, None, None
+        if placement is not None:
+            chosen_placement = job.replayed(placement)
+            parts = list(chosen_placement.partitions)
+            clock.lap("import and placement file")
+        else:
+            candidates = _all_candidates(pm, graph, chosen, target, imported.precision)
+            with open_costs(cost_db, remeasure_invalid) as db:
+                say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
+                clock.lap("import and candidates")
+                measurement = search_stage.measure(job, candidates, db)
+                clock.lap("measuring candidates")
+                started = time.perf_counter()
+                parts = op_level_parts = search_stage.op_level_search(job, candidates, measurement.costs)
+                search_s = time.perf_counter() - started
+                parts = op_level_parts = search_stage.calibrated_op_level(job, parts, candidates, measurement.costs, db, calibration_rounds)
+                if search == TWO_LEVEL:
+                    two_level_result = search_stage.two_level_search(job, op_level_parts, candidates, db, two_level)
+                    parts = list(two_level_result.parts)
+                    search_s += two_level_result.seconds
+                clock.lap("search and calibration")
+            chosen_placement = job.placement(parts, search, candidates, measurement.costs)
 
-    def verified(built: finish_stage.Built) -> Optional[Verification]:
-        if not verify or imported.reference is None:
-            return None
-        held_to = tolerance(imported.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
-        verification = compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name,
-                                       rtol=held_to.rtol, atol=held_to.atol)
-        say(verification.describe())
-        return verification
-
-    say("building the placement and measuring it end to end")
-    built = finish_stage.build_placement(job, parts, library)
-    verification = verified(built)
-    clock.lap("building and verifying")
-    origin = finish_stage.found_by(search, placement, replayed.why_chosen if replayed is not None else "")
-    searched_placement = None
-    if not compare_backends:
-        outcome = finish_stage.Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
-                                       origin if placement is not None else f"{origin}; not compared with baselines")
-    else:
-        # A replayed placement measures its baselines afresh: replaying reads no cost database.
-        with opened_again(cost_db, placement, remeasure_invalid) as db:
-            baselines = finish_stage.baselines(job, parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
-                                      baseline_limit_s, db)
-        clock.lap("baselines")
+        library = output_folder.library_file(workdir, imported.name)
+        if library.name != f"{imported.name}.so":
+            say(f"the model's name {imported.name!r} is not a safe file name: its library is {library.name}")
         if output_dir:
-            for entry, baseline_parts in baselines:
-                if baseline_parts is not None:
-                    job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
-        # A replay returns the placement it was given, whatever ran faster beside it.
-        outcome = finish_stage.finish(job, library, origin, parts, built, baselines, may_replace=placement is None)
-        clock.lap("contest in turns")
-        if outcome.replacement is not None:
-            # What ran faster beside it is the result, with the cost it was chosen by.
-            entry, parts = outcome.replacement
-            say(f"{entry.name} ran faster than the searched placement: it is the result")
-            searched_placement = attrs.evolve(
-                chosen_placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)")
-            chosen_placement = job.placement(parts, search, candidates, measurement.costs if measurement else None)
-            built = outcome.replacement_build
-            verification = verified(built)
-            clock.lap("building and verifying")
-    results = list(outcome.rows)
-    chosen_placement = attrs.evolve(chosen_placement, why_chosen=outcome.why)
-    say(f"why this placement: {outcome.why}")
-    if compare_backends:
-        with opened_again(cost_db, placement, remeasure_invalid) as db:
-            plain = finish_stage.without_cuda_graphs(job, parts, baseline_limit_s, db)
-        if plain is not None:
-            results.insert(next(i for i, row in enumerate(results) if not row.timed_in_turns), plain)
-            clock.lap("without CUDA graphs")
-    if fitted is not None and verification is not None:
-        chosen_placement = attrs.evolve(chosen_placement, accuracy_budget=fitted.budget,
-                                        measured_error=verification.max_rel_error)
-    optimized = OptimizedModel(
-        imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
-        built.partitioned, two_level_result, phases_s=clock.phases_s, accuracy=fitted,
-        searched_placement=searched_placement, replayed_from=None if placement is None else str(placement),
-    )
-    if output_dir:
-        optimized.save(output_dir)
-        if finish is not None:
-            save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification, searched_placement))
-    return optimized
+            _say_what_is_overwritten(workdir, placement, say)
+        finish = None
+        if output_dir and placement is None:
+            finish = FinishKey(
+                model=imported.fingerprint, target=tvm_compat.target_to_json(target),
+                backends={name: backend.version for name, backend in sorted(job.backends.items())},
+                searched=job.end_to_end_key(parts, FINISHED_PROTOCOL),
+                settings={"accuracy_budget": accuracy_budget, "compare_backends": compare_backends,
+                          "baseline_limit_s": baseline_limit_s, "verify": verify, "reference": imported.reference_name,
+                          "settings": attrs.evolve(settings, build_workers=0).to_json()},
+                code=code_digest(job.plugin_modules),
+            )
+            kept = load_finished(workdir, library, finish)
+            if kept.why_not:
+                say(f"the run before in {workdir} is not reused: {kept.why_not}")
+            previous = kept.finished
+            if previous is not None:
+                say(f"the run before in {workdir} ended from this same searched placement (same model, target, backends, "
+                    f"settings and code): its library, verification and end-to-end measurements are reused")
+                clock.lap("reusing the run before")
+                optimized = OptimizedModel(
+                    imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
+                    len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
+                    phases_s=clock.phases_s, accuracy=fitted, searched_placement=previous.searched_placement,
+                )
+                optimized.save(workdir)
+                return optimized
+
+        def verified(built: finish_stage.Built) -> Optional[Verification]:
+            if not verify or imported.reference is None:
+                return None
+            held_to = tolerance(imported.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
+            verification = compare_outputs(built.outputs, imported.reference(job.inputs), imported.reference_name,
+                                           rtol=held_to.rtol, atol=held_to.atol)
+            say(verification.describe())
+            return verification
+
+        say("building the placement and measuring it end to end")
+        built = finish_stage.build_placement(job, parts, library)
+        verification = verified(built)
+        clock.lap("building and verifying")
+        origin = finish_stage.found_by(search, placement, replayed.why_chosen if replayed is not None else "")
+        searched_placement = None
+        if not compare_backends:
+            outcome = finish_stage.Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
+                                           origin if placement is not None else f"{origin}; not compared with baselines")
+        else:
+            # A replayed placement measures its baselines afresh: replaying reads no cost database.
+            with opened_again(cost_db, placement, remeasure_invalid) as db:
+                baselines = finish_stage.baselines(job, parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
+                                          baseline_limit_s, db)
+            clock.lap("baselines")
+            if output_dir:
+                for entry, baseline_parts in baselines:
+                    if baseline_parts is not None:
+                        job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
+            # A replay returns the placement it was given, whatever ran faster beside it.
+            outcome = finish_stage.finish(job, library, origin, parts, built, baselines, may_replace=placement is None)
+            clock.lap("contest in turns")
+            if outcome.replacement is not None:
+                # What ran faster beside it is the result, with the cost it was chosen by.
+                entry, parts = outcome.replacement
+                say(f"{entry.name} ran faster than the searched placement: it is the result")
+                searched_placement = attrs.evolve(
+                    chosen_placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)")
+                chosen_placement = job.placement(parts, search, candidates, measurement.costs if measurement else None)
+                built = outcome.replacement_build
+                verification = verified(built)
+                clock.lap("building and verifying")
+        results = list(outcome.rows)
+        chosen_placement = attrs.evolve(chosen_placement, why_chosen=outcome.why)
+        say(f"why this placement: {outcome.why}")
+        if compare_backends:
+            with opened_again(cost_db, placement, remeasure_invalid) as db:
+                plain = finish_stage.without_cuda_graphs(job, parts, baseline_limit_s, db)
+            if plain is not None:
+                results.insert(next(i for i, row in enumerate(results) if not row.timed_in_turns), plain)
+                clock.lap("without CUDA graphs")
+        if fitted is not None and verification is not None:
+            chosen_placement = attrs.evolve(chosen_placement, accuracy_budget=fitted.budget,
+                                            measured_error=verification.max_rel_error)
+        optimized = OptimizedModel(
+            imported, chosen_placement, library, target, results, verification, measurement, len(candidates), search_s,
+            built.partitioned, two_level_result, phases_s=clock.phases_s, accuracy=fitted,
+            searched_placement=searched_placement, replayed_from=None if placement is None else str(placement),
+        )
+        if output_dir:
+            optimized.save(output_dir)
+            if finish is not None:
+                save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification, searched_placement))
+        return optimized
 
 
 def _say_what_is_overwritten(workdir: Path, placement, say) -> None:
@@ -291,14 +293,16 @@ def _require_budget_applies(imported, placement, verify: bool) -> None:
                                   "verification and a model with a reference (ONNX or PyTorch)")
 
 
-def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chosen, settings, workdir: Path, cost_db,
-                say, remeasure_invalid: bool = False) -> Fit:
+def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chosen, settings, workdir: Path,
+                scratch: Path, cost_db, say, remeasure_invalid: bool = False) -> Fit:
     """Which units go back to float32: each probe places the model by the op-level search, builds it and
-    measures its outputs' error against the reference (see collage_core.accuracy_budget)."""
+    measures its outputs' error against the reference (see collage_core.accuracy_budget). The fit is kept
+    in ``workdir``; the probes' files go to ``scratch``."""
     def job_for(float32_units) -> Job:
         variant = with_float32_units(imported, float32_units, original)
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
-        return Job(variant, graph, target, pm, chosen, settings, workdir, lambda message: None, False)
+        # Nothing of a probe is kept: its job's folder is the run's scratch.
+        return Job(variant, graph, target, pm, chosen, settings, scratch, lambda message: None, False)
 
     base = job_for(())
     reference = imported.reference(base.inputs)

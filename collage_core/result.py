@@ -99,7 +99,8 @@ class OptimizedModel:
         """Write ``placement.json``, the compiled library, the report table, ``results.json`` and, after
         a two-level search, its picture (``two-level-search.svg``) into ``directory``; after a search
         whose placement lost the contest in turns, that placement as ``searched-placement.json`` (a
-        search's directory holds one only then)."""
+        search's directory holds one only then). Each file is written whole under a temporary name and renamed
+        into place."""
         from collage_core.report import render_report
 
         directory = Path(directory)
@@ -112,16 +113,16 @@ class OptimizedModel:
         library = output_folder.library_file(directory, self.model.name)
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
-        (directory / "report.txt").write_text(render_report(self) + "\n")
-        (directory / "results.json").write_text(json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
+        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
         if self.two_level is not None and self.two_level.history:
             from collage_core.picture import backend_colours
             from collage_core.search_picture import history_svg
 
             lost = "" if self.searched_placement is None else (
                 f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
-            (directory / SEARCH_PICTURE).write_text(
-                history_svg(self.two_level.history, backend_colours(self.placement), caption=lost))
+            output_folder.write_text(directory / SEARCH_PICTURE,
+                                     history_svg(self.two_level.history, backend_colours(self.placement), caption=lost))
         return directory
 
     def results_json(self) -> dict:

@@ -158,12 +158,13 @@ def _build_candidate(state, request):
     (``time_candidate``), so that no build disturbs a timing.
     """
     from collage_core.deploy import backend_needs, write_runtime_file
+    from collage_core.output_folder import export_library
     from collage_core.partition import placed_whole
 
     mod, target = _load(request)
     backend = state["backends"][request["backend"]]
     executable, build_s = _build(state, placed_whole(mod, backend.name, request["pattern"]), target)
-    executable.export_library(request["library"])
+    export_library(executable, request["library"])
     write_runtime_file(request["library"], backend_needs([backend], [backend.name]))
     return {"build_s": build_s}
 
@@ -245,6 +246,7 @@ def random_arguments(func) -> list[np.ndarray]:
 def _run_placement(state, request):
     """Build a placed module, run it on given inputs, time it, and optionally export the library."""
     from collage_core import tvm_compat
+    from collage_core.output_folder import export_library
     from collage_core.records import Cost
     from collage_core.timing import MeasureSettings
 
@@ -254,7 +256,7 @@ def _run_placement(state, request):
     if request.get("library"):
         # Before any VM exists: making one fills the executable's memory-scope map with an entry per
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
-        executable.export_library(request["library"])
+        export_library(executable, request["library"])
     vm, device = _vm(executable, target)
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]

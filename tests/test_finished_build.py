@@ -115,6 +115,15 @@ def test_a_library_of_the_same_size_and_time_but_other_bytes_is_not_reused(kept)
                               "though its size and time do not)")
 
 
+def test_the_record_is_replaced_whole(kept):
+    """Written under a temporary name and renamed: a run killed meanwhile leaves the record before whole."""
+    directory, library, finished = kept
+    before = (directory / FILE_NAME).stat().st_ino
+    save_finished(directory, library, finished)
+    assert (directory / FILE_NAME).stat().st_ino != before
+    assert sorted(path.name for path in directory.iterdir()) == [FILE_NAME, "m.so"]
+
+
 def test_a_missing_library_or_record_is_not_reused(kept, tmp_path):
     directory, library, _ = kept
     nothing = load_finished(tmp_path / "elsewhere", library, KEY)

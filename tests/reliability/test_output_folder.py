@@ -1,21 +1,36 @@
-"""Names from inputs never lead out of the output folder.
+"""The output folder is safe to kill and to share: names from inputs never lead out of it, a library
+being written never harms the one before it, a second run into a folder in use stops in one line, and
+a run's scratch files go with it, however it ends.
 
 The model is one ReLU (a run takes seconds), placed on TVM alone at the op level, with no baselines and
-no calibration.
+no calibration. Runs are stopped at a known point, the export of their library, by the test plugin
+``plugins_for_tests.broken_export``: nothing here depends on how fast anything runs.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import collage_core
+from collage_core import optimizer
 from collage_core.deploy import carried_dir, read_runtime_file, write_runtime_file
-from collage_core.output_folder import NAME_BYTES, library_file, safe_file_name
+from collage_core.errors import CollageError
+from collage_core.output_folder import LOCK_FILE, NAME_BYTES, SCRATCH_PREFIX, held, library_file, safe_file_name
+from plugins_for_tests.broken_export import START_OF_A_LIBRARY
 
 onnx = pytest.importorskip("onnx")
 
+TESTS = Path(__file__).resolve().parents[1]
+PLUGIN = "plugins_for_tests.broken_export"
+# What a finished run leaves in its folder (for a model called relu).
+FINISHED = {LOCK_FILE, "finished.json", "placement.json", "relu.so", "relu.so.runtime.json", "report.txt", "results.json"}
 HOSTILE = {
     "parent": "../../escaped",
     "absolute": "ABSOLUTE",  # a path in the test's own folder, outside the output folder
@@ -38,6 +53,13 @@ def relu_model(graph_name: str = "relu"):
 
 
 @pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "relu.onnx"
+    onnx.save(relu_model(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def cost_db(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("costs") / "costs.sqlite"
 
@@ -45,6 +67,10 @@ def cost_db(tmp_path_factory) -> Path:
 def optimize_into(out: Path, model, cost_db: Path):
     return collage_core.optimize(model, backends=["tvm"], search="op-level", compare_backends=False,
                                  calibration_rounds=0, output_dir=out, cost_db=cost_db, show_progress=False)
+
+
+def names_in(folder: Path) -> set[str]:
+    return {path.name for path in folder.iterdir()}
 
 
 def files_under(folder: Path) -> set[Path]:
@@ -87,3 +113,156 @@ def test_a_backend_name_does_not_lead_out_of_the_carried_libraries(tmp_path):
     (carried,) = read_runtime_file(library)["backends"]["../../evil"]["carried"]
     assert (library.parent / carried).resolve().is_relative_to(carried_dir(library).resolve())
     assert files_under(tmp_path) == {kernels, library, library.parent / "m.so.runtime.json", library.parent / carried}
+
+
+def test_an_export_that_breaks_midway_leaves_the_library_before_intact_and_no_scratch(
+        model, cost_db, tmp_path, load_test_plugin, monkeypatch):
+    out = tmp_path / "out"
+    pm, _ = load_test_plugin(PLUGIN)
+    monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: pm)
+    first = optimize_into(out, model, cost_db)
+    before = first.library_path.read_bytes()
+    (out / "finished.json").unlink()  # so that the next run builds again
+    monkeypatch.setenv("BROKEN_EXPORT", "raise")
+    monkeypatch.setenv("BROKEN_EXPORT_INTO", str(out))
+    with pytest.raises(CollageError, match="building or running the placement failed: .*broke midway"):
+        optimize_into(out, model, cost_db)
+    assert first.library_path.read_bytes() == before
+    assert names_in(out) == FINISHED - {"finished.json"}  # no scratch, inputs or half-written file
+
+
+class PausedRun:
+    """``collage optimize`` of the ReLU into ``out`` in a process of its own, its workers' library exports
+    paused (see plugins_for_tests.broken_export) until :meth:`go` or :meth:`stop`."""
+
+    def __init__(self, out: Path, model: Path, cost_db: Path, handshake: Path):
+        handshake.mkdir()
+        self.handshake = handshake
+        code = (
+            "import sys\n"
+            "from collage_core import optimizer\n"
+            "from collage_core.cli import main\n"
+            "from collage_core.plugins import get_plugin_manager\n"
+            f"pm = get_plugin_manager(extra_modules=[{PLUGIN!r}])\n"
+            "optimizer.get_plugin_manager = lambda: pm\n"
+            "sys.exit(main(sys.argv[1:]))\n"
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+               "BROKEN_EXPORT": "pause", "BROKEN_EXPORT_INTO": str(out), "BROKEN_EXPORT_DIR": str(handshake)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, "optimize", str(model), "--backends", "tvm", "--search", "op-level",
+             "--no-compare", "--calibration-rounds", "0", "--cost-db", str(cost_db), "-o", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        )
+
+    def wait_until_exporting(self) -> Path:
+        """The path the run's library is being written to, once it is."""
+        deadline = time.monotonic() + 300
+        while not (self.handshake / "exporting").exists() or not (self.handshake / "exporting").read_text():
+            assert self.process.poll() is None, self.process.communicate()
+            assert time.monotonic() < deadline, "the run never exported its library"
+            time.sleep(0.05)
+        return Path((self.handshake / "exporting").read_text())
+
+    def go(self) -> None:
+        (self.handshake / "go").touch()
+
+    def stop(self) -> None:
+        (self.handshake / "stop").touch()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.communicate()
+
+
+@pytest.fixture
+def paused(model, cost_db, tmp_path):
+    runs = []
+
+    def start(out: Path) -> PausedRun:
+        runs.append(PausedRun(out, model, cost_db, tmp_path / f"handshake-{len(runs)}"))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+def test_a_run_killed_while_it_writes_the_library_leaves_the_library_before_intact(model, cost_db, tmp_path, paused):
+    out = tmp_path / "out"
+    first = optimize_into(out, model, cost_db)
+    before = first.library_path.read_bytes()
+    (out / "finished.json").unlink()
+    run = paused(out)
+    assert run.wait_until_exporting().read_bytes() == START_OF_A_LIBRARY
+    os.killpg(run.process.pid, signal.SIGKILL)
+    run.process.wait()
+    assert first.library_path.read_bytes() == before
+    # The next run into the folder clears what the killed one left (its scratch, the library half written).
+    optimize_into(out, model, cost_db)
+    assert names_in(out) == FINISHED
+
+
+def test_a_second_run_into_a_folder_in_use_stops_in_one_line_and_the_first_finishes(
+        model, cost_db, tmp_path, paused, capsys):
+    from collage_core.cli import main
+
+    out = tmp_path / "out"
+    first = paused(out)
+    first.wait_until_exporting()
+    status = main(["optimize", str(model), "--backends", "tvm", "--search", "op-level", "--no-compare",
+                   "--cost-db", str(cost_db), "-o", str(out)])
+    assert status == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"collage: error: {out} is in use by another Collage run (pid {first.process.pid}); wait for it to end or "
+        "choose another output directory"]
+    first.go()
+    _, err = first.process.communicate(timeout=300)
+    assert first.process.returncode == 0 and "Traceback" not in err, err
+    assert names_in(out) == FINISHED
+    # Its lock went with it: the same command now runs.
+    assert main(["optimize", str(model), "--backends", "tvm", "--search", "op-level", "--no-compare",
+                 "--cost-db", str(cost_db), "-o", str(out)]) == 0
+
+
+def test_sigterm_leaves_nothing_of_the_runs_scratch(model, cost_db, tmp_path, paused):
+    out = tmp_path / "out"
+    run = paused(out)
+    run.wait_until_exporting()
+    assert [name for name in names_in(out) if name.startswith(SCRATCH_PREFIX)]  # the run's inputs are in there
+    run.process.send_signal(signal.SIGTERM)
+    _, err = run.process.communicate(timeout=120)
+    assert run.process.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert err.splitlines()[-1] == "collage: terminated; costs measured so far are kept in the cost database"
+    assert names_in(out) == {LOCK_FILE}
+
+
+def test_a_dead_runs_lock_is_free_and_its_scratch_is_cleared(tmp_path):
+    """A holder killed by SIGKILL: the kernel drops its lock, and the next holder removes what it left."""
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("import sys, time\nfrom collage_core.output_folder import held\n"
+            "with held(sys.argv[1]) as scratch:\n"
+            "    (scratch / 'inputs.npz').write_bytes(b'inputs')\n"
+            "    print(scratch, flush=True)\n"
+            "    time.sleep(300)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        scratch = Path(holder.stdout.readline().strip())
+        assert (scratch / "inputs.npz").is_file()
+        with pytest.raises(CollageError, match=f"in use by another Collage run \\(pid {holder.pid}\\)"):
+            with held(out):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with held(out) as mine:
+        assert not scratch.exists() and names_in(out) == {LOCK_FILE, mine.name}
+    assert names_in(out) == {LOCK_FILE}
+
+
+def test_a_write_that_fails_names_the_file_not_its_temporary(tmp_path):
+    from collage_core.output_folder import write_text
+
+    with pytest.raises(FileNotFoundError) as raised:
+        write_text(tmp_path / "gone" / "report.txt", "text")
+    assert raised.value.filename == str(tmp_path / "gone" / "report.txt")
