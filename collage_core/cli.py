@@ -250,6 +250,14 @@ def _backends(args) -> int:
     return 0
 
 
+def default_output(model: str) -> Path:
+    """``collage-out/<the model file's name>``, that name as a file name that stays in ``collage-out``
+    (a model file called ``...onnx`` has the stem ``..``)."""
+    from collage_core.output_folder import safe_file_name
+
+    return Path("collage-out") / safe_file_name(Path(model).stem)
+
+
 def _optimize(args) -> int:
     from collage_core.deploy import carried_dir
     from collage_core.optimizer import optimize
@@ -260,7 +268,7 @@ def _optimize(args) -> int:
         raise CollageError("--compare is for --placement: a search compares its placement with the baselines unless --no-compare")
     if args.compare and args.no_compare:
         raise CollageError("--compare and --no-compare contradict each other")
-    output = Path(args.output) if args.output else Path("collage-out") / Path(args.model).stem
+    output = Path(args.output) if args.output else default_output(args.model)
     if args.placement and not args.output:
         output = output / "replay"  # a replay leaves the searched run's files as they are
     result = optimize(

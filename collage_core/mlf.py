@@ -62,6 +62,7 @@ import numpy as np
 from collage_core import tvm_compat
 from collage_core.deploy import backend_needs, load_vm, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
+from collage_core.output_folder import library_file, safe_file_name
 
 FORMAT = "collage-model-library-format"
 VERSION = 1
@@ -315,7 +316,7 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
     name = placement.model_name
     main = partitioned["main"]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
-    files[f"parameters/{name}.params"] = tvm_compat.save_params(_parameters(partitioned))
+    files[_parameters_member(name)] = tvm_compat.save_params(_parameters(partitioned))
     files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
     files.update(lowered_files)
     runtime = backend_needs(backends.values(), used)
@@ -562,9 +563,15 @@ def _checked_metadata(path: Path, metadata) -> dict:
     if not any(member.startswith(OBJECTS_DIR) for member in listed):
         raise MLFError(f"{path}: no compiled host code under {OBJECTS_DIR}")
     name = metadata.get("model_name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith("."):
-        raise MLFError(f"{path}: model name {name!r} in metadata.json is not a plain file name")
+    if not isinstance(name, str) or not name:
+        raise MLFError(f"{path}: model name {name!r} in metadata.json is not a name")
     return metadata
+
+
+def _parameters_member(model_name: str) -> str:
+    """The tar member of the model's weights, named after the model as a file name that stays in its
+    folder (a model's name may hold spaces, non-ASCII letters, or slashes that must choose no path)."""
+    return f"parameters/{safe_file_name(model_name)}.params"
 
 
 def _checked_config(path: Path, config) -> dict:
@@ -684,7 +691,7 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
     _within_json_bound(path, EXECUTOR_CONFIG, unpacked_config.stat().st_size)
     config = _checked_config(path, _json(path, EXECUTOR_CONFIG, unpacked_config.read_bytes()))
     objects = [str(workdir / member) for member in sorted(metadata["files"]) if member.startswith(OBJECTS_DIR)]
-    library = workdir / f"{metadata['model_name']}.so"
+    library = library_file(workdir, metadata["model_name"])
 
     def named_by_the_tar(error) -> str:
         """The last line of an error, with the files the tar was unpacked to named as the tar and its members."""
@@ -705,7 +712,7 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
         raise MLFError(named_by_the_tar(error)) from None
     except Exception as error:  # TVM's runtime, or a backend's, refusing the library
         raise MLFError(f"{path}: the library does not load ({type(error).__name__}: {named_by_the_tar(error)})") from None
-    parameters_member = f"parameters/{metadata['model_name']}.params"
+    parameters_member = _parameters_member(metadata["model_name"])
     parameters = {}
     if parameters_member in metadata["files"]:
         try:

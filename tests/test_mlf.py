@@ -329,7 +329,24 @@ def test_the_lowered_ir_says_what_each_partition_calls_under_numbered_names(expo
     assert {entry["backend"] for entry in lowered.values()} == {"", "dnnl", "tvm"}
 
 
+def test_a_model_named_with_spaces_and_accents_exports_and_loads(tmp_path):
+    """Its name is kept in the metadata, and names its weights' member and the library it is linked to."""
+    import shutil
+
+    renamed = tmp_path / "tiny résnet v2.onnx"
+    shutil.copy(MODEL, renamed)
+    placed = replayed(placement_file(tmp_path / "placement.json", op_level("tvm", "tvm"), model=renamed), model=renamed)
+    tar = export_mlf(placed, tmp_path / "model.tar")
+    assert "parameters/tiny résnet v2.params" in set(members(tar))
+    loaded = load_mlf(tar, workdir=tmp_path / "unpacked")
+    assert loaded.metadata["model_name"] == "tiny résnet v2" and loaded.library == tmp_path / "unpacked" / "tiny résnet v2.so"
+    assert loaded.parameters
+    inputs = placed.model.random_inputs(seed=5)
+    np.testing.assert_allclose(loaded.run(*inputs)[0], placed.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
+
+
 def test_names_from_the_model_never_choose_a_member_path():
+    assert mlf._parameters_member("../../etc/passwd") == "parameters/_.._etc_passwd.params"
     assert mlf._member_name(7, "../../etc/passwd x") == "src/lowered/007-_etc_passwd_x.txt"
     assert mlf._member_name(8, "a/" * 100).count("/") == 2
 

@@ -170,7 +170,7 @@ def broken_config(text: bytes) -> dict:
      "executor-config/relax-vm.json: inputs must list each tensor's name, shape (non-negative integers) and dtype"),
     (broken_config(json.dumps(dict(CONFIG, outputs=[{"name": "y", "shape": [1], "dtype": "no such type"}])).encode()), {},
      "executor-config/relax-vm.json: outputs must list each tensor's name, shape (non-negative integers) and dtype"),
-    ({}, {"model_name": None}, "model name None in metadata.json is not a plain file name"),
+    ({}, {"model_name": None}, "model name None in metadata.json is not a name"),
     ({}, {"files": {"placement.json": 7}}, "metadata.json's files must map each member to its SHA-256 as text"),
     ({}, {"sizes": {"placement.json": "two"}}, "metadata.json's sizes must map members to their sizes in bytes"),
     ({"../escape.txt": b"x"}, {}, "member ../escape.txt points outside the tar"),

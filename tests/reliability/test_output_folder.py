@@ -266,3 +266,12 @@ def test_a_write_that_fails_names_the_file_not_its_temporary(tmp_path):
     with pytest.raises(FileNotFoundError) as raised:
         write_text(tmp_path / "gone" / "report.txt", "text")
     assert raised.value.filename == str(tmp_path / "gone" / "report.txt")
+
+
+def test_the_default_output_folder_stays_in_collage_out_whatever_the_model_file_is_called():
+    from collage_core.cli import default_output
+
+    assert default_output("models/tiny_resnet.onnx") == Path("collage-out/tiny_resnet")
+    for hostile in ("...onnx", "../x/..onnx", ".onnx"):
+        folder = default_output(hostile)
+        assert folder.parent == Path("collage-out") and folder.name not in ("", ".", ".."), (hostile, folder)
