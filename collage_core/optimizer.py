@@ -6,9 +6,11 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -96,7 +98,7 @@ def optimize(
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
     workdir.mkdir(parents=True, exist_ok=True)
     # Held first, so that a second run into the folder stops before it imports anything.
-    with output_folder.held(workdir) as scratch:
+    with _removed_on_failure(None if output_dir else workdir), output_folder.held(workdir) as scratch:
         if compare_backends is None:
             compare_backends = placement is None
         original = load_model(model, example_inputs)
@@ -251,6 +253,8 @@ def optimize(
             optimized.save(output_dir)
             if finish is not None:
                 save_finished(workdir, library, FinishedBuild(finish, chosen_placement, results, verification, searched_placement))
+        else:  # the library lives in a temporary folder as long as the result that runs it
+            weakref.finalize(optimized, shutil.rmtree, str(workdir), True)
         return optimized
 
 
@@ -267,6 +271,17 @@ def _say_what_is_overwritten(workdir: Path, placement, say) -> None:
         return
     kind = "searched run" if before is None else f"replay of {before}"
     say(f"overwriting the {kind} in {workdir} (its placement.json, report.txt, results.json and library)")
+
+
+@contextlib.contextmanager
+def _removed_on_failure(temporary: Optional[Path]):
+    """Removes the temporary folder a run without an output folder made, if the run fails."""
+    try:
+        yield
+    except BaseException:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
 
 
 def _precision_wanted(precision: Optional[str], replayed, placement) -> str:

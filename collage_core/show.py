@@ -10,6 +10,7 @@ from pathlib import Path
 
 from collage_core.errors import CollageError
 from collage_core.explain import explain
+from collage_core.output_folder import replacing
 from collage_core.picture import backend_colours, placement_dot
 from collage_core.placement_file import Placement
 
@@ -56,7 +57,8 @@ def write_picture(placement: Placement, path: os.PathLike, origin: str = "placem
         content = render(dot_text, suffix[1:])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+        with replacing(path) as temporary:  # whole: a page open in a browser never reads half a picture
+            temporary.write_bytes(content)
     except OSError as error:
         raise CollageError(f"{path}: cannot write it ({error.strerror}: {error.filename})") from None
     return path

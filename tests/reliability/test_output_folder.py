@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import collage_core
@@ -275,3 +276,31 @@ def test_the_default_output_folder_stays_in_collage_out_whatever_the_model_file_
     for hostile in ("...onnx", "../x/..onnx", ".onnx"):
         folder = default_output(hostile)
         assert folder.parent == Path("collage-out") and folder.name not in ("", ".", ".."), (hostile, folder)
+
+
+def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """Its library lives in a temporary folder as long as the result that runs it; a failed run removes it at once."""
+    import gc
+    import tempfile
+
+    import collage_core
+    from tvm import relax
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            output = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(output)
+    options = dict(backends=["tvm"], search="op-level", compare_backends=False, calibration_rounds=0,
+                   cost_db=tmp_path / "costs.sqlite", show_progress=False)
+    result = collage_core.optimize(bb.get(), **options)
+    (folder,) = [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
+    assert result.library_path.parent == folder and result.run(np.ones((2, 8), "float32"))[0].shape == (2, 8)
+    del result
+    gc.collect()
+    assert not folder.exists()
+    with pytest.raises(Exception):
+        collage_core.optimize(bb.get(), placement=tmp_path / "no such placement.json", **options)
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
