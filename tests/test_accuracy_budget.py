@@ -220,7 +220,7 @@ def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_who
     placed = []
     for units in [(), (0, count - 1), tuple(range(count))]:  # placed by the search on equal costs: any valid placement
         job = job_of(precision.with_float32_units(converted, units, original))
-        candidates = optimizer._all_candidates(pm, job.graph, chosen, CPU)
+        candidates = optimizer._all_candidates(pm, job.graph, chosen, CPU, converted.precision)
         placed.append((units, searched_parts(job.graph, candidates, {c.key: Cost.measured(1e-3, 0.0, 1) for c in candidates})))
     base = job_of(converted)
     at_once = outputs_of_variants(base, original, placed, workers=2)
