@@ -323,6 +323,26 @@ def is_tir_function(func) -> bool:
     return isinstance(func, tvm.tirx.PrimFunc)
 
 
+def tir_call(call):
+    """``(callee, arguments)`` of a ``relax.call_tir`` (the callee a GlobalVar, the arguments its inline tuple's
+    fields), or None for any other expression and for a call passing TIR variables too."""
+    if not is_op_call(call) or op_name(call) != "relax.call_tir" or len(call.args) != 2:
+        return None
+    if not isinstance(call.args[1], relax.Tuple):
+        return None
+    return call.args[0], list(call.args[1].fields)
+
+
+def te_prim_func(compute, specs):
+    """The TIR function Relax's importers make of the TE ``compute`` (``bb.emit_te``) over placeholders of
+    ``specs`` ((shape, dtype) each): int64 indices and no global symbol, so that ``structural_equal`` with a
+    ``call_tir``'s callee says whether the callee is that computation."""
+    from tvm import te
+
+    placeholders = [te.placeholder(shape, dtype, name=f"input_{index}") for index, (shape, dtype) in enumerate(specs)]
+    return te.create_prim_func([*placeholders, compute(*placeholders)], "int64").without_attr("global_symbol")
+
+
 def save_params(params: dict) -> bytes:
     """TVM's parameter serialization of name -> numpy array."""
     return bytes(tvm.runtime.save_param_dict({name: tvm.runtime.tensor(value) for name, value in params.items()}))
