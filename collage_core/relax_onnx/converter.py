@@ -182,30 +182,52 @@ def _conv2d(g: _Graph, call) -> str:
     )
 
 
-def _max_pool2d(g: _Graph, call) -> str:
-    attrs = call.attrs
-    return g.node(
-        "MaxPool",
-        [g.value(call.args[0])],
-        kernel_shape=_ints(attrs.pool_size),
-        strides=_ints(attrs.strides),
-        pads=_ints(attrs.padding),
-        dilations=_ints(attrs.dilation),
-        ceil_mode=int(bool(attrs.ceil_mode)),
-    )
+def _pool2d(g: _Graph, call) -> str:
+    """In floor mode over the end padding the windows reach, so every runtime computes Relax's windows (ceil mode's
+    among them); an average counts explicit padding (count_include_pad) as the zeros of a Pad, never ceil mode's
+    overhang, as Relax does."""
+    axes = support.pool_axes(call)
+    x, is_max = g.value(call.args[0]), call.op.name == "relax.nn.max_pool2d"
+    include = not is_max and bool(call.attrs.count_include_pad)
+    if support.is_global_pool(call):
+        if is_max:
+            return g.node("GlobalMaxPool", [x])
+        mean = g.node("GlobalAveragePool", [x])
+        area = axes[0].size * axes[1].size
+        counted = axes[0].divisor(-axes[0].begin, include) * axes[1].divisor(-axes[1].begin, include)
+        return mean if counted == area else g.node("Mul", [mean, g.scalar(area / counted, _out_dtype(call))])
+    begins, ends = [axis.begin for axis in axes], [axis.reached_end() for axis in axes]
+    zeros = [min(axis.end, end) for axis, end in zip(axes, ends)]  # the explicit end padding the windows reach
+    if include and any(begins + zeros):
+        x = g.node("Pad", [x, g.int64s([0, 0, *begins, 0, 0, *zeros])], mode="constant")
+        begins, ends = [0, 0], [end - zero for end, zero in zip(ends, zeros)]
+    attributes = dict(kernel_shape=[axis.kernel for axis in axes], strides=[axis.stride for axis in axes],
+                      pads=begins + ends, ceil_mode=0)
+    if is_max:
+        return g.node("MaxPool", [x], dilations=[axis.dilation for axis in axes], **attributes)
+    return g.node("AveragePool", [x], count_include_pad=0, **attributes)
 
 
-def _avg_pool2d(g: _Graph, call) -> str:
+def _resize2d(g: _Graph, call) -> str:
     attrs = call.attrs
-    return g.node(
-        "AveragePool",
-        [g.value(call.args[0])],
-        kernel_shape=_ints(attrs.pool_size),
-        strides=_ints(attrs.strides),
-        pads=_ints(attrs.padding),
-        ceil_mode=int(bool(attrs.ceil_mode)),
-        count_include_pad=int(bool(attrs.count_include_pad)),
-    )
+    method, mode = str(attrs.method), str(attrs.coordinate_transformation_mode)
+    extra = {}
+    if method == "nearest_neighbor":
+        extra["nearest_mode"] = support.NEAREST_MODES[support.resize_rounding(call)]
+    elif method == "cubic":
+        extra.update(cubic_coeff_a=float(attrs.cubic_alpha), exclude_outside=int(attrs.cubic_exclude))
+    # Sizes, not scales: the runtimes derive the scale from the lengths, as TVM does.
+    return g.node("Resize", [g.value(call.args[0]), "", "", g.int64s(_out_shape(call))],
+                  mode=support.RESIZE_METHODS[method], coordinate_transformation_mode=mode, **extra)
+
+
+def _pad(g: _Graph, call) -> str:
+    before, after = support.pad_widths(call)
+    mode = str(call.attrs.pad_mode)
+    inputs = [g.value(call.args[0]), g.int64s(before + after)]
+    if mode == "constant":
+        inputs.append(g.scalar(float(call.attrs.pad_value), _out_dtype(call)))
+    return g.node("Pad", inputs, mode=support.PAD_MODES[mode])
 
 
 def _reduce(op_type: str) -> Callable:
@@ -316,9 +338,11 @@ CONVERTERS: dict[str, Callable] = {
     "relax.nn.gelu_tanh": _gelu_tanh,
     "relax.clip": _clip,
     "relax.nn.conv2d": _conv2d,
-    "relax.nn.max_pool2d": _max_pool2d,
-    "relax.nn.avg_pool2d": _avg_pool2d,
+    "relax.nn.max_pool2d": _pool2d,
+    "relax.nn.avg_pool2d": _pool2d,
     "relax.nn.adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "relax.image.resize2d": _resize2d,
+    "relax.nn.pad": _pad,
     "relax.mean": _reduce("ReduceMean"),
     "relax.sum": _reduce("ReduceSum"),
     "relax.max": _reduce("ReduceMax"),

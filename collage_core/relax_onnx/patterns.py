@@ -18,7 +18,8 @@ from collage_core.relax_onnx import support
 # ``varg_default_wildcard`` when a call has more arguments than its pattern, so each count is spelt out.)
 ARGUMENT_COUNTS = {
     **{op: (2,) for op in support.BINARY_NUMERIC + support.BINARY_FLOAT + support.COMPARISONS},
-    **{op: (2,) for op in ("relax.nn.conv2d", "relax.matmul", "relax.reshape", "relax.broadcast_to", "relax.take")},
+    **{op: (2,) for op in ("relax.nn.conv2d", "relax.matmul", "relax.reshape", "relax.broadcast_to", "relax.take",
+                           "relax.image.resize2d")},
     **{op: (3,) for op in ("relax.clip", "relax.nn.layer_norm", "relax.where")},
     "relax.strided_slice": (4, 5),  # data, axes, begin, end, and strides unless all are 1
 }

@@ -7,7 +7,9 @@ reproduce faithfully is refused, never miscomputed.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+from fractions import Fraction
+from typing import Callable, NamedTuple, Optional
 
 from tvm import relax
 
@@ -77,23 +79,68 @@ def _check_clip(call) -> Optional[str]:
     return None
 
 
-def _pool_axis_refusal(call, axis: int, pad_begin: int, pad_end: int) -> Optional[str]:
-    attrs, size = call.attrs, _shape(call.args[0])[2 + axis]
-    stride = int(attrs.strides[axis])
-    span = size + pad_begin + pad_end - int(attrs.dilation[axis]) * (int(attrs.pool_size[axis]) - 1) - 1
-    floor_length, ceil_length = span // stride + 1, -(-span // stride) + 1
-    if attrs.ceil_mode and ceil_length != floor_length:
-        if (ceil_length - 1) * stride >= size + pad_begin:
-            # ONNX's shape inference keeps a last window that starts in the end padding; TVM and
-            # newer ONNX Runtime releases drop it.
-            return "pooling in ceil mode whose last window starts in the padding"
-        if call.op.name == "relax.nn.avg_pool2d" and attrs.count_include_pad:
-            # The runtimes divide a window that overhangs the padding by different counts.
-            return "avg_pool2d with ceil_mode and count_include_pad, where ceil mode adds a window"
-    expected = ceil_length if attrs.ceil_mode else floor_length
-    if expected != _shape(call)[2 + axis]:
-        return f"pooling output length {_shape(call)[2 + axis]} where ONNX gives {expected}"
+class PoolAxis(NamedTuple):
+    """One spatial axis of a pooling: its explicit padding, and the windows Relax computes (``length`` of them, the
+    i-th starting at ``i * stride - begin``, in ceil mode or not)."""
+
+    size: int
+    kernel: int
+    stride: int
+    dilation: int
+    begin: int
+    end: int
+    length: int
+
+    def windows(self):
+        """Each window's taps, in the input's coordinates (negative or past the end: padding)."""
+        for index in range(self.length):
+            start = index * self.stride - self.begin
+            yield [start + tap * self.dilation for tap in range(self.kernel)]
+
+    def reached_end(self) -> int:
+        """The end padding the windows reach: with it, floor mode gives exactly ``length`` windows (ceil mode's
+        overhang included, the padding past the last window left out)."""
+        reach = (self.length - 1) * self.stride + self.dilation * (self.kernel - 1) + 1
+        return max(0, reach - self.size - self.begin)
+
+    def covers_input(self) -> bool:
+        """One contiguous window over the whole input: the pooling is a global one."""
+        return self.length == 1 and (self.dilation == 1 or self.kernel == 1) and self.kernel - self.begin >= self.size
+
+    def divisor(self, start: int, count_include_pad: bool) -> int:
+        """How many elements of the window starting at ``start`` an average divides by, as Relax (and PyTorch) count: the
+        explicit padding when ``count_include_pad``, never ceil mode's overhang."""
+        low, high = (-self.begin, self.size + self.end) if count_include_pad else (0, self.size)
+        return max(0, min(start + self.kernel, high) - max(start, low))
+
+
+def pool_axes(call) -> tuple[PoolAxis, PoolAxis]:
+    """The pooling's height and width axes (its static shapes; Relax padding is top, left, bottom, right)."""
+    attrs, padding = call.attrs, _ints(call.attrs.padding)
+    return tuple(
+        PoolAxis(_shape(call.args[0])[2 + axis], int(attrs.pool_size[axis]), int(attrs.strides[axis]),
+                 int(attrs.dilation[axis]), padding[axis], padding[axis + 2], _shape(call)[2 + axis])
+        for axis in (0, 1)
+    )
+
+
+def _pool_axis_refusal(axis: PoolAxis) -> Optional[str]:
+    if axis.length < 1:
+        return "pooling to an empty output"
+    for taps in axis.windows():
+        if not any(0 <= tap < axis.size for tap in taps):
+            return "pooling with a window wholly in the padding"
+    if axis.covers_input():
+        return None
+    if max(axis.begin, axis.reached_end()) >= axis.kernel:
+        # ONNX Runtime refuses pads as wide as the kernel.
+        return "pooling with padding as wide as the window (ONNX takes pads narrower than the kernel)"
     return None
+
+
+def is_global_pool(call) -> bool:
+    """Whether the pooling's one window covers its whole input (each axis)."""
+    return all(axis.covers_input() for axis in pool_axes(call))
 
 
 def _check_pool2d(call) -> Optional[str]:
@@ -104,8 +151,121 @@ def _check_pool2d(call) -> Optional[str]:
         return "pooling on other than 4-d tensors"
     if call.op.name == "relax.nn.avg_pool2d" and _ints(call.attrs.dilation) != (1, 1):
         return "avg_pool2d with dilation (ONNX AveragePool has none before opset 19)"
-    top, left, bottom, right = _ints(call.attrs.padding)
-    return _pool_axis_refusal(call, 0, top, bottom) or _pool_axis_refusal(call, 1, left, right)
+    return next(filter(None, (_pool_axis_refusal(axis) for axis in pool_axes(call))), None)
+
+
+# Relax's resize2d methods and coordinate transformations -> ONNX Resize-13's (opset 17 has no tf_half_pixel_for_nn).
+RESIZE_METHODS = {"nearest_neighbor": "nearest", "linear": "linear", "cubic": "cubic"}
+RESIZE_COORDINATES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
+# Relax's nearest rounding methods -> ONNX's nearest_mode. Relax's "round" rounds halves to even, which ONNX cannot:
+# it is taken where no source coordinate is a half (then every rounding of halves agrees).
+NEAREST_MODES = {"round": "round_prefer_floor", "round_prefer_floor": "round_prefer_floor",
+                 "round_prefer_ceil": "round_prefer_ceil", "floor": "floor", "ceil": "ceil"}
+# TVM floors ``x + 1e-5`` and ceils ``x - 1e-5``; a source coordinate nearer a rounding boundary than this (and
+# not on it) may round either way in float32.
+NEAREST_MARGIN = 1e-4
+
+
+def resize_rounding(call) -> str:
+    """The rounding method TVM applies to a nearest resize (its default where the attribute is empty)."""
+    method = str(call.attrs.rounding_method)
+    if method:
+        return method
+    return "round" if str(call.attrs.coordinate_transformation_mode) == "align_corners" else "floor"
+
+
+def resize_source(mode: str, size: int, length: int, index: int) -> Fraction:
+    """The exact source coordinate of output ``index`` (ONNX's formulas, which are TVM's in exact arithmetic)."""
+    if mode == "align_corners":
+        return Fraction(index * (size - 1), length - 1) if length > 1 else Fraction(0)
+    if mode == "asymmetric":
+        return Fraction(index * size, length)
+    if mode == "pytorch_half_pixel" and length == 1:
+        return Fraction(0)
+    return (index + Fraction(1, 2)) * Fraction(size, length) - Fraction(1, 2)
+
+
+def _exactly_computed(mode: str, size: int, length: int, rounding: str) -> bool:
+    """Whether every runtime computes the source coordinates exactly in float32: the ratio is a power of two, or
+    TVM divides integers (an asymmetric, floored upscale by a whole factor, which ONNX divides by exactly)."""
+    ratio = Fraction(size - 1, length - 1) if mode == "align_corners" else Fraction(size, length)
+    power_of_two = ratio.numerator & (ratio.numerator - 1) == 0 and ratio.denominator & (ratio.denominator - 1) == 0
+    return power_of_two or (mode == "asymmetric" and rounding == "floor" and length % size == 0)
+
+
+def _nearest_axis_refusal(mode: str, size: int, length: int, rounding: str) -> Optional[str]:
+    halves = rounding not in ("floor", "ceil")
+    for index in range(length):
+        source = resize_source(mode, size, length, index)
+        # The nearest boundary where the rounding changes, and the index just below it.
+        boundary = math.floor(source) + Fraction(1, 2) if halves else Fraction(round(source))
+        below = math.floor(boundary) if halves else int(boundary) - 1
+        if below + 1 <= 0 or below >= size - 1:
+            continue  # both sides of the boundary read the same clamped edge pixel
+        distance = abs(source - boundary)
+        if distance == 0 and rounding == "round":
+            return f"nearest resize rounding the half {float(source)} to even (ONNX rounds halves one way)"
+        if distance == 0 and not _exactly_computed(mode, size, length, rounding):
+            return (f"nearest resize {size} -> {length} ({mode}) whose source coordinate {float(source)} is a "
+                    "rounding boundary the runtimes compute inexactly")
+        if 0 < distance < NEAREST_MARGIN * max(1, abs(source)):
+            return (f"nearest resize {size} -> {length} ({mode}) with a source coordinate within float32 error of a "
+                    "rounding boundary")
+    return None
+
+
+def _check_resize2d(call) -> Optional[str]:
+    attrs = call.attrs
+    if str(attrs.layout) != "NCHW":
+        return f"resize2d layout {attrs.layout} (only NCHW)"
+    if len(_shape(call.args[0])) != 4:
+        return "resize2d on other than a 4-d tensor"
+    if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void", _dtype(call.args[0])):
+        return f"resize2d out_dtype {attrs.out_dtype} differs from the input's"
+    method, mode = str(attrs.method), str(attrs.coordinate_transformation_mode)
+    if method not in RESIZE_METHODS:
+        return f"resize2d method {method}"
+    if mode not in RESIZE_COORDINATES:
+        return f"resize2d coordinate_transformation_mode {mode} (ONNX Resize-13 takes {', '.join(RESIZE_COORDINATES)})"
+    sizes, lengths = _shape(call.args[0])[2:], _shape(call)[2:]
+    if mode == "align_corners" and any(length == 1 < size for size, length in zip(sizes, lengths)):
+        return "resize2d with align_corners to a length of 1 (TVM divides by zero)"
+    if method == "cubic" and int(attrs.cubic_exclude):
+        # ONNX Runtime renormalizes as TVM does; OpenVINO 2026.4 gives other numbers (off by up to 0.4).
+        return "cubic resize with exclude_outside (the runtimes renormalize the weights differently)"
+    if method == "nearest_neighbor":
+        rounding = resize_rounding(call)
+        if rounding not in NEAREST_MODES:
+            return f"resize2d rounding_method {rounding}"
+        return next(filter(None, (_nearest_axis_refusal(mode, size, length, rounding)
+                                  for size, length in zip(sizes, lengths))), None)
+    return None
+
+
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+def pad_widths(call) -> tuple[list[int], list[int]]:
+    """``nn.pad``'s widths before and after each axis (Relax interleaves them: before_0, after_0, before_1, ...)."""
+    widths = _ints(call.attrs.pad_width)
+    return list(widths[0::2]), list(widths[1::2])
+
+
+def _check_pad(call) -> Optional[str]:
+    mode = str(call.attrs.pad_mode)
+    if mode not in PAD_MODES:
+        return f"pad in mode {mode} (ONNX Pad-13 takes constant, reflect and edge)"
+    shape = _shape(call.args[0])
+    before, after = pad_widths(call)
+    if len(before) != len(shape) or len(after) != len(shape):
+        return f"pad widths {_ints(call.attrs.pad_width)} for a {len(shape)}-d tensor"
+    if min(before + after) < 0:
+        return "pad with negative widths"
+    if mode == "reflect" and any(max(b, a) >= size for b, a, size in zip(before, after, shape)):
+        return "reflect pad as wide as the axis it mirrors"
+    if mode == "constant" and _dtype(call) in INDEX and not float(call.attrs.pad_value).is_integer():
+        return f"pad of {_dtype(call)} with the value {float(call.attrs.pad_value)}"
+    return None
 
 
 def _check_adaptive_avg_pool2d(call) -> Optional[str]:
@@ -264,6 +424,8 @@ RULES: dict[str, tuple[frozenset, Check]] = {
     "relax.nn.max_pool2d": (FLOAT, _check_pool2d),
     "relax.nn.avg_pool2d": (FLOAT, _check_pool2d),
     "relax.nn.adaptive_avg_pool2d": (FLOAT, _check_adaptive_avg_pool2d),
+    "relax.image.resize2d": (FLOAT, _check_resize2d),
+    "relax.nn.pad": (MOVABLE - BOOL, _check_pad),
     "relax.mean": (FLOAT, _check_reduce),
     "relax.sum": (NUMERIC, _check_reduce),
     "relax.max": (NUMERIC, _check_reduce),
@@ -306,6 +468,11 @@ def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
     if not tvm_compat.is_op_call(call):
         return "not an operator call"
     name = tvm_compat.op_name(call)
+    tir_call = tvm_compat.tir_call(call)
+    if tir_call is not None:
+        # What a TIR function computes is not known from the call; collage_core.rewrites turns the kernels TVM's
+        # ONNX importer writes for Pad back into relax.nn.pad before partitioning.
+        return f"relax.call_tir of {tir_call[0].name_hint} (a TIR function, not an operator) has no ONNX conversion"
     if name not in RULES:
         return f"{name} has no ONNX conversion"
     dtypes, check = RULES[name]

@@ -10,6 +10,8 @@ is easy to get wrong), then PyTorch's own (:data:`TORCH_REFUSALS`).
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Callable, Optional
 
 import numpy as np
@@ -33,21 +35,9 @@ def _ints(values) -> list[int]:
     return [int(v) for v in values]
 
 
-def _pool_padding_refusal(call) -> Optional[str]:
-    top, left, bottom, right = _ints(call.attrs.padding)
-    kernel = _ints(call.attrs.pool_size)
-    if (top, left) != (bottom, right):
-        return "pooling with padding that differs at the two ends (PyTorch pads both ends alike)"
-    if top > kernel[0] // 2 or left > kernel[1] // 2:
-        return "pooling with padding over half the window (PyTorch refuses it)"
-    return None
-
-
-# Operator name -> what PyTorch computes differently although the ONNX converter takes it.
-TORCH_REFUSALS: dict[str, Callable] = {
-    "relax.nn.max_pool2d": _pool_padding_refusal,
-    "relax.nn.avg_pool2d": _pool_padding_refusal,
-}
+# Operator name -> what PyTorch computes differently although the ONNX converter takes it (nothing, now: pooling
+# pads explicitly and resizing interpolates with its own weights, so PyTorch's own rules never decide).
+TORCH_REFUSALS: dict[str, Callable] = {}
 
 SUPPORTED_OPS = support.SUPPORTED_OPS
 
@@ -93,18 +83,104 @@ def _conv2d(call):
     return lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0, dilation, groups)
 
 
-def _max_pool2d(call):
-    attrs = call.attrs
-    kernel, strides, dilation = _ints(attrs.pool_size), _ints(attrs.strides), _ints(attrs.dilation)
-    padding, ceil_mode = _ints(attrs.padding)[:2], bool(attrs.ceil_mode)
-    return lambda x: F.max_pool2d(x, kernel, strides, padding, dilation, ceil_mode)
+def _pool2d(call):
+    """Explicit padding over the windows' reach (ceil mode's overhang included) and a pooling without any, so that
+    PyTorch's rules for padding never decide; an average divides each window's sum by Relax's count."""
+    axes = support.pool_axes(call)
+    is_max = call.op.name == "relax.nn.max_pool2d"
+    include = not is_max and bool(call.attrs.count_include_pad)
+    if support.is_global_pool(call):
+        if is_max:
+            return lambda x: torch.amax(x, dim=(2, 3), keepdim=True)
+        counted = float(axes[0].divisor(-axes[0].begin, include) * axes[1].divisor(-axes[1].begin, include))
+        return lambda x: torch.sum(x, dim=(2, 3), keepdim=True) / counted
+    height, width = axes
+    padding = [width.begin, width.reached_end(), height.begin, height.reached_end()]
+    kernel, strides = [height.kernel, width.kernel], [height.stride, width.stride]
+    if is_max:
+        dilation = [height.dilation, width.dilation]
+        return lambda x: F.max_pool2d(F.pad(x, padding, value=float("-inf")), kernel, strides, 0, dilation)
+    counts = np.outer(*[[axis.divisor(index * axis.stride - axis.begin, include) for index in range(axis.length)]
+                        for axis in axes])
+    divisor = torch.from_numpy(counts.astype(tvm_compat.tensor_shape_dtype(call)[1]))
+    return lambda x: F.avg_pool2d(F.pad(x, padding), kernel, strides, 0, divisor_override=1) / divisor
 
 
-def _avg_pool2d(call):
+def _interpolation(call, axis: int) -> np.ndarray:
+    """The (output length, input length) matrix of weights resize2d reads each output from along ``axis``, in float64
+    from the exact source coordinates; each tap's index clamped to the input, as TVM reads the edge again."""
     attrs = call.attrs
-    kernel, strides = _ints(attrs.pool_size), _ints(attrs.strides)
-    padding, ceil_mode, include = _ints(attrs.padding)[:2], bool(attrs.ceil_mode), bool(attrs.count_include_pad)
-    return lambda x: F.avg_pool2d(x, kernel, strides, padding, ceil_mode, include)
+    size, length = _shape(call.args[0])[axis], _shape(call)[axis]
+    weights = np.zeros((length, size))
+    for index in range(length):
+        source = support.resize_source(str(attrs.coordinate_transformation_mode), size, length, index)
+        base = math.floor(source)
+        t = float(source - base)
+        if str(attrs.method) == "linear":
+            taps = {base: 1 - t, base + 1: t}
+        else:  # cubic: TVM's spline weights for the four taps around the coordinate
+            a = float(attrs.cubic_alpha)
+            taps = {base - 1: a * (t**3 - 2 * t**2 + t), base: (a + 2) * t**3 - (3 + a) * t**2 + 1,
+                    base + 1: -(a + 2) * t**3 + (3 + 2 * a) * t**2 - a * t, base + 2: -a * t**3 + a * t**2}
+        for tap, weight in taps.items():
+            weights[index, min(max(tap, 0), size - 1)] += weight
+    return weights
+
+
+def _nearest_indices(call, axis: int) -> list[int]:
+    """The input index each output reads along ``axis`` (the support check has left no coordinate whose rounding
+    is in doubt), clamped to the input."""
+    attrs = call.attrs
+    size, length = _shape(call.args[0])[axis], _shape(call)[axis]
+    rounding = support.resize_rounding(call)
+    indices = []
+    for index in range(length):
+        source = support.resize_source(str(attrs.coordinate_transformation_mode), size, length, index)
+        if rounding == "floor":
+            nearest = math.floor(source)
+        elif rounding in ("ceil",):
+            nearest = math.ceil(source)
+        elif rounding == "round_prefer_ceil":
+            nearest = math.floor(source + Fraction(1, 2))
+        else:  # round_prefer_floor, and round where no coordinate is a half
+            nearest = math.ceil(source - Fraction(1, 2))
+        indices.append(min(max(nearest, 0), size - 1))
+    return indices
+
+
+def _resize2d(call):
+    if str(call.attrs.method) == "nearest_neighbor":
+        rows, columns = (torch.tensor(_nearest_indices(call, axis)) for axis in (2, 3))
+        return lambda x, *_: x.index_select(2, rows).index_select(3, columns)
+    dtype = _torch_dtype(tvm_compat.tensor_shape_dtype(call)[1])
+    rows, columns = (torch.from_numpy(_interpolation(call, axis)).to(dtype) for axis in (2, 3))
+    return lambda x, *_: torch.matmul(torch.matmul(rows, x), columns.T)
+
+
+def _pad(call):
+    before, after = support.pad_widths(call)
+    mode = str(call.attrs.pad_mode)
+    if mode == "constant":
+        widths = [width for pair in zip(reversed(before), reversed(after)) for width in pair]  # last axis first
+        value = float(call.attrs.pad_value)
+        return lambda x: F.pad(x, widths, value=value)
+    # Reflect and replicate as a gather along each padded axis (F.pad takes them on the last three axes only).
+    gathers = []
+    for axis, (size, low, high) in enumerate(zip(_shape(call.args[0]), before, after)):
+        if low or high:
+            sources = [index - low for index in range(low + size + high)]
+            if mode == "reflect":
+                sources = [abs(source) if source < 0 else min(source, 2 * (size - 1) - source) for source in sources]
+            else:
+                sources = [min(max(source, 0), size - 1) for source in sources]
+            gathers.append((axis, torch.tensor(sources)))
+
+    def pad(x):
+        for axis, sources in gathers:
+            x = x.index_select(axis, sources)
+        return x
+
+    return pad
 
 
 def _adaptive_avg_pool2d(call):
@@ -237,9 +313,11 @@ CONVERTERS: dict[str, Callable] = {
     "relax.clip": _clip,
     "relax.nn.conv2d": _conv2d,
     "relax.matmul": _elementwise(torch.matmul),
-    "relax.nn.max_pool2d": _max_pool2d,
-    "relax.nn.avg_pool2d": _avg_pool2d,
+    "relax.nn.max_pool2d": _pool2d,
+    "relax.nn.avg_pool2d": _pool2d,
     "relax.nn.adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "relax.image.resize2d": _resize2d,
+    "relax.nn.pad": _pad,
     "relax.mean": _reduce(torch.mean, lambda x, dims, keepdim: torch.mean(x, dim=dims, keepdim=keepdim)),
     "relax.sum": _reduce(torch.sum, lambda x, dims, keepdim: torch.sum(x, dim=dims, keepdim=keepdim)),
     "relax.max": _reduce(torch.amax, lambda x, dims, keepdim: torch.amax(x, dim=dims, keepdim=keepdim)),
@@ -261,7 +339,8 @@ CONVERTERS: dict[str, Callable] = {
 }
 
 
-STATIC_AFTER_FIRST = frozenset({"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip"})
+STATIC_AFTER_FIRST = frozenset({"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip",
+                                "relax.image.resize2d"})
 
 
 class RelaxProgram(torch.nn.Module):

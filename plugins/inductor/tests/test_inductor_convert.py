@@ -35,31 +35,16 @@ def test_every_operator_has_a_converter():
 
 
 def test_pooling_is_refused_or_matches_tvm():
-    accepted = refused = 0
+    accepted = 0
     for config in pool_configurations(60):
         op, size = config.pop("op"), config.pop("size")
         func = function(lambda x: op(x, **config), ((1, 2, *size), F))
         if relax_to_torch.refusal(func.body.blocks[0].bindings[0].value) is not None:
-            refused += 1
             continue
         accepted += 1
         data = random_input((1, 2, *size), F, np.random.default_rng(accepted))
         assert_same(run_torch(func, [data]), run_tvm(func, [data]))
-    assert accepted >= 15 and refused >= 15
-
-
-TORCH_REFUSED = [
-    ("max_pool2d_uneven_padding", lambda x: R.nn.max_pool2d(x, 3, padding=(1, 1, 0, 0)), "differs at the two ends"),
-    ("avg_pool2d_padding_over_half", lambda x: R.nn.avg_pool2d(x, 2, padding=2), "over half the window"),
-]
-
-
-@pytest.mark.parametrize("make, reason", [case[1:] for case in TORCH_REFUSED], ids=[case[0] for case in TORCH_REFUSED])
-def test_what_pytorch_pools_differently_is_refused(make, reason):
-    func = function(make, ((1, 2, 9, 9), F))
-    assert reason in relax_to_torch.refusal(func.body.blocks[0].bindings[0].value)
-    with pytest.raises(relax_to_torch.UnsupportedError, match=reason):
-        relax_to_torch.convert(func)
+    assert accepted >= 40
 
 
 @pytest.mark.parametrize("make, specs, reason", [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED])
