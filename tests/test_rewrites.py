@@ -1,0 +1,140 @@
+"""collage_core.rewrites: each rewrite leaves TVM's build computing the same numbers (float32 within the operator
+cases' RTOL/ATOL, pads exactly), and leaves the operators the ONNX converter takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import helper
+from tvm import relax, topi
+
+from collage_core import rewrites, tvm_compat
+from collage_core.relax_onnx import support
+from collage_core.relax_onnx.operator_cases import F, R, assert_same, random_input
+
+RNG = np.random.default_rng(7)
+
+
+def module(make, *specs) -> tvm.IRModule:
+    """A module whose main binds ``make(bb, *params)`` (BlockBuilder emits, as TVM's importers make them)."""
+    params = [relax.Var(f"p{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            output = bb.emit_output(make(bb, *params))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+def run(mod, arrays):
+    executable = relax.build(mod, tvm_compat.host_cpu_target())
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return [tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(a, tvm.cpu()) for a in arrays]))]
+
+
+def calls(mod) -> list:
+    return [b.value for block in mod["main"].body.blocks for b in block.bindings if tvm_compat.is_op_call(b.value)]
+
+
+def op_names(mod) -> list[str]:
+    return [tvm_compat.op_name(call) for call in calls(mod)]
+
+
+# A pooling whose one window covers its input, (input shape, attributes): ceil mode makes the one window in each.
+WHOLE_WINDOW_POOLS = [
+    ("efficientnet_pooler", (1, 8, 7, 7), dict(op="avg", pool_size=20, strides=20, ceil_mode=True, count_include_pad=True)),
+    ("exclude_pad_padded", (1, 3, 5, 6), dict(op="avg", pool_size=7, strides=7, padding=(1, 1, 2, 0), ceil_mode=True)),
+    ("include_pad_padded", (1, 3, 5, 6), dict(op="avg", pool_size=7, strides=7, padding=(1, 1, 2, 0), ceil_mode=True,
+                                              count_include_pad=True)),
+    ("kernel_as_input", (2, 4, 5, 6), dict(op="avg", pool_size=(5, 6))),
+    ("max_ceil", (1, 3, 5, 6), dict(op="max", pool_size=8, strides=3, padding=(1, 0, 0, 0), ceil_mode=True)),
+    ("nhwc", (1, 5, 6, 3), dict(op="avg", pool_size=9, strides=9, ceil_mode=True, layout="NHWC")),
+]
+
+
+def pooling(attributes):
+    attributes = dict(attributes)
+    op = {"avg": R.nn.avg_pool2d, "max": R.nn.max_pool2d}[attributes.pop("op")]
+    return lambda bb, x: op(x, **attributes)
+
+
+@pytest.mark.parametrize("shape, attributes", [case[1:] for case in WHOLE_WINDOW_POOLS],
+                         ids=[case[0] for case in WHOLE_WINDOW_POOLS])
+def test_whole_window_pooling_becomes_global_with_the_same_numbers(shape, attributes):
+    mod = module(pooling(attributes), (shape, F))
+    rewritten = rewrites.global_pooling(mod)
+    names = op_names(rewritten)
+    assert not {"relax.nn.avg_pool2d", "relax.nn.max_pool2d"} & set(names)
+    assert names[0] == {"avg": "relax.mean", "max": "relax.max"}[attributes["op"]] or names == ["relax.sum", "relax.divide"]
+    data = random_input(shape, F, RNG)
+    assert_same(run(rewritten, [data]), run(mod, [data]))
+    assert all(support.supports(call) for call in calls(rewritten))
+
+
+@pytest.mark.parametrize("attributes", [
+    dict(op="avg", pool_size=3, strides=2, ceil_mode=True),  # several windows
+    dict(op="avg", pool_size=7, padding=(2, 0, 0, 0), ceil_mode=True),  # the padding shifts the window off the end
+    dict(op="max", pool_size=3, dilation=3),  # a dilated window skips rows
+], ids=["several_windows", "window_off_the_end", "dilated"])
+def test_pooling_that_is_not_global_stays(attributes):
+    mod = module(pooling(attributes), ((1, 2, 7, 7), F))
+    assert tvm_compat.structural_equal(rewrites.global_pooling(mod), mod)
+
+
+def emit_pad(compute, *arguments):
+    return lambda bb, x: bb.emit_te(compute, x, *arguments)
+
+
+# TOPI kernels as TVM's ONNX importer emits them for Pad and for Conv's auto_pad, and what each becomes.
+IMPORTER_PADS = [
+    ("asymmetric_zero", emit_pad(topi.nn.pad, [0, 0, 0, 1], [0, 0, 1, 1], 0.0), ["relax.nn.pad"]),
+    ("conv_same_one_by_one", emit_pad(topi.nn.pad, [0, 0, 0, 0], [0, 0, 0, 0], 0.0), []),
+    ("reflect", emit_pad(topi.nn.mirror_pad, [0, 0, 2, 1], [0, 0, 1, 2], "REFLECT"), ["relax.nn.pad"]),
+    ("edge", emit_pad(topi.nn.replicate_pad, [0, 1, 2, 0], [0, 0, 1, 3]), ["relax.nn.pad"]),
+]
+
+
+@pytest.mark.parametrize("make, expected", [case[1:] for case in IMPORTER_PADS], ids=[case[0] for case in IMPORTER_PADS])
+def test_importer_pad_kernels_become_nn_pad_with_the_same_numbers(make, expected):
+    shape = (1, 3, 5, 6)
+    mod = module(make, (shape, F))
+    assert op_names(mod) == ["relax.call_tir"]
+    rewritten = rewrites.importer_pads(mod)
+    assert op_names(rewritten) == expected
+    assert all(support.supports(call) for call in calls(rewritten))
+    data = random_input(shape, F, RNG)
+    np.testing.assert_array_equal(run(rewritten, [data])[0], run(mod, [data])[0])
+
+
+def test_a_kernel_the_rewrite_does_not_know_stays_and_the_converter_names_it():
+    mod = module(emit_pad(topi.nn.pad, [0, 0, 1, 1], [0, 0, 1, 1], -1.0), ((1, 3, 5, 6), F))
+    rewritten = rewrites.for_backends(mod)
+    (call,) = calls(rewritten)
+    assert tvm_compat.op_name(call) == "relax.call_tir"
+    assert support.refusal(call) == "relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion"
+
+
+def test_an_onnx_model_with_same_padding_and_a_ceil_mode_pooler_converts_whole():
+    """TVM's ONNX importer pads each Conv with auto_pad SAME_UPPER by a TOPI kernel, as for EfficientNet's
+    TorchScript export, whose pooler is an AveragePool as wide as the input or wider, in ceil mode."""
+    weight = RNG.uniform(-1, 1, (4, 3, 3, 3)).astype(F)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        helper.make_node("Pad", ["c", "pads"], ["p"], mode="constant"),
+        helper.make_node("AveragePool", ["p"], ["y"], kernel_shape=[16, 16], strides=[16, 16], ceil_mode=1,
+                         count_include_pad=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "same_padding", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 9, 10])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 1, 1])],
+        initializer=[onnx.numpy_helper.from_array(weight, "w"),
+                     onnx.numpy_helper.from_array(np.array([0, 0, 0, 1, 0, 0, 1, 0], "int64"), "pads")])
+    mod = tvm_compat.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert op_names(mod).count("relax.call_tir") == 2
+    rewritten = rewrites.for_backends(mod)
+    assert op_names(rewritten) == ["relax.nn.pad", "relax.nn.conv2d", "relax.nn.pad", "relax.mean"]
+    assert all(support.supports(call) for call in calls(rewritten))
+    data = random_input((1, 3, 9, 10), F, RNG)
+    assert_same(run(rewritten, [data]), run(mod, [data]))
