@@ -362,6 +362,7 @@ CONVERTERS: dict[str, Callable] = {
     "relax.broadcast_to": _broadcast_to,
     "relax.split": _split,
     "relax.isnan": _simple("IsNaN"),
+    "relax.logical_not": _simple("Not"),
 }
 
 

@@ -190,6 +190,7 @@ CASES = [
     ("split_indices_negative_axis", lambda x: R.split(x, [1, 3], axis=-1), [((2, 3, 5), "int64")], "any"),
     ("split_pieces_used", lambda x: [R.add(x[0], x[1]) for x in [R.split(x, 2, axis=0)]][0], [ROWS], "any"),
     ("isnan", R.isnan, [ROWS], "nan"),
+    ("logical_not", R.logical_not, [((2, 3), "bool")], "any"),
 ]
 
 
@@ -244,6 +245,7 @@ REFUSED = [
     ("clip_min_above_max", lambda x: R.clip(x, 3.0, 1.0), [ROWS], "above max"),
     ("split_empty_piece", lambda x: R.split(x, [0, 2], axis=1), [((2, 6), F)], "split into pieces of"),
     ("isnan_int64", R.isnan, [((2, 3), "int64")], "isnan of int64"),
+    ("logical_not_int64", R.logical_not, [((2, 3), "int64")], "logical_not on int64"),
     ("cumsum", lambda x: R.cumsum(x, axis=0), [ROWS], "no ONNX conversion"),
     ("conv1d", lambda x: R.nn.conv1d(x, const(np.ones((4, 3, 3), F))), [((1, 3, 9), F)], "no ONNX conversion"),
 ]

@@ -417,6 +417,7 @@ RULES: dict[str, tuple[frozenset, Check]] = {
     **{op: (FLOAT, None) for op in UNARY_FLOAT + BINARY_FLOAT},
     **{op: (NUMERIC, None) for op in BINARY_NUMERIC},
     **{op: (BOOL, _check_comparison) for op in COMPARISONS},
+    "relax.logical_not": (BOOL, None),
     **{op: (MOVABLE, None) for op in RESHAPES + ("relax.permute_dims", "relax.broadcast_to")},
     "relax.nn.conv2d": (FLOAT, _check_conv2d),
     "relax.matmul": (FLOAT, _check_matmul),

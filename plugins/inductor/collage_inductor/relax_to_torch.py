@@ -310,6 +310,7 @@ CONVERTERS: dict[str, Callable] = {
     "relax.negative": _elementwise(torch.neg),
     "relax.abs": _elementwise(torch.abs),
     "relax.isnan": _elementwise(torch.isnan),
+    "relax.logical_not": _elementwise(torch.logical_not),
     "relax.clip": _clip,
     "relax.nn.conv2d": _conv2d,
     "relax.matmul": _elementwise(torch.matmul),
