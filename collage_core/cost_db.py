@@ -3,7 +3,8 @@
 One SQLite file, shared by every Collage run of the user. SQLite's transactions make it safe
 for two runs at once and for a run killed in the middle of a write. Runs measuring at the same
 time divide the work: each claims a candidate just before measuring it (:meth:`CostDatabase.claim`),
-and a claim lapses with the process that made it.
+or a whole placement (:meth:`CostDatabase.claim_end_to_end`), and a claim lapses with the process
+that made it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sqlite3
 import tempfile
 import time
 import uuid
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import attrs
 
@@ -114,10 +115,12 @@ class CostKey:
 @attrs.frozen
 class Claim:
     """What :meth:`CostDatabase.claim` found: the ``cost`` another run stored meanwhile; or
-    ``granted``, this run is to measure it; or neither, another live run is measuring it now."""
+    ``granted``, this run is to measure it; or neither, another live run is measuring it now.
+    A whole placement's cost comes with the seconds its measurement took (``effort_s``)."""
 
     cost: Optional[Cost] = None
     granted: bool = False
+    effort_s: float = 0.0
 
 
 @attrs.define
@@ -230,33 +233,49 @@ class CostDatabase:
         ``lifetime_s`` passes: the longest its measurement may take. A claim whose process no longer
         exists lapses at once. A read-only database has no claims: every run measures what it misses.
         """
+        return self._claim(_claim_key(key), lambda: self._found(key), lifetime_s)
+
+    def claim_end_to_end(self, key: str, lifetime_s: float) -> Claim:
+        """As :meth:`claim`, for a whole placement by the caller's ``key``: the claim lasts until
+        :meth:`put_end_to_end` stores its cost, :meth:`release_end_to_end` gives it up, or
+        ``lifetime_s`` passes."""
+        return self._claim(_end_to_end_claim_key(key), lambda: self._found_end_to_end(key), lifetime_s)
+
+    def _claim(self, claim_key: str, found: Callable[[], Optional[Claim]], lifetime_s: float) -> Claim:
         if self.read_only:
-            cost = self.get(key)
-            return Claim(cost, granted=cost is None)
+            return found() or Claim(granted=True)
         now = time.time()
         # Looked at first without the write lock, so that runs waiting for each other only read.
-        found = self._claimed_or_measured(key, now)
-        if found is not None:
-            return found
+        claimed = self._claimed_or_measured(claim_key, found, now)
+        if claimed is not None:
+            return claimed
         with self._reported("write"), self._immediate():
-            found = self._claimed_or_measured(key, now)
-            if found is not None:
-                return found
+            claimed = self._claimed_or_measured(claim_key, found, now)
+            if claimed is not None:
+                return claimed
             self._connection.execute(
                 f"INSERT OR REPLACE INTO {_CLAIMS_TABLE} VALUES (?, ?, ?, ?, ?, ?)",
-                (_claim_key(key), self._holder, *_this_process(), now + lifetime_s),
+                (claim_key, self._holder, *_this_process(), now + lifetime_s),
             )
         return Claim(granted=True)
 
-    def _claimed_or_measured(self, key: CostKey, now: float) -> Optional[Claim]:
-        """``key``'s cost, or that another live run claims it; None when it is free to claim."""
-        cost = self._stored([key]).get(key)
-        if cost is not None:
-            return Claim(cost)
+    def _found(self, key: CostKey) -> Optional[Claim]:
+        cost = self.get(key)
+        return None if cost is None else Claim(cost)
+
+    def _found_end_to_end(self, key: str) -> Optional[Claim]:
+        entry = self.get_end_to_end_entry(key)
+        return None if entry is None else Claim(entry[0], effort_s=entry[1])
+
+    def _claimed_or_measured(self, claim_key: str, found: Callable[[], Optional[Claim]], now: float) -> Optional[Claim]:
+        """The stored cost, or that another live run claims it; None when it is free to claim."""
+        stored = found()
+        if stored is not None:
+            return stored
         with self._reported("read"):
             other = self._connection.execute(
                 f"SELECT holder, host, pid, process_started, expires_at FROM {_CLAIMS_TABLE} WHERE key = ?",
-                (_claim_key(key),),
+                (claim_key,),
             ).fetchone()
         if other is not None and other[0] != self._holder and other[4] > now and _alive(*other[1:4]):
             return Claim()
@@ -264,10 +283,17 @@ class CostDatabase:
 
     def release(self, key: CostKey) -> None:
         """Give up this run's claim on ``key`` without storing a cost: another run may measure it."""
+        self._release(_claim_key(key))
+
+    def release_end_to_end(self, key: str) -> None:
+        """Give up this run's claim on a whole placement without storing its cost."""
+        self._release(_end_to_end_claim_key(key))
+
+    def _release(self, claim_key: str) -> None:
         if not self.read_only:
             with self._reported("write"):
                 self._connection.execute(
-                    f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (_claim_key(key), self._holder)
+                    f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (claim_key, self._holder)
                 )
 
     def release_claims(self) -> None:
@@ -298,7 +324,8 @@ class CostDatabase:
     def put_end_to_end(
         self, key: str, cost: Cost, *, effort_s: float = 0.0, measured_at: Optional[float] = None
     ) -> None:
-        """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one.
+        """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one,
+        and end this run's claim on it.
 
         ``effort_s`` is what measuring it took; a search whose budget is charged with it replays
         the same way from the database as it ran when it measured.
@@ -308,11 +335,14 @@ class CostDatabase:
             return
         cost = _checked_storable(cost)
         when = time.time() if measured_at is None else measured_at
-        with self._reported("write"):
+        with self._reported("write"), self._immediate():
             self._connection.execute(
                 f"INSERT OR REPLACE INTO end_to_end_costs (key, {_COST_COLUMNS}, measured_at, effort_s) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (key, *_row_from_cost(cost), when, float(effort_s)),
+            )
+            self._connection.execute(
+                f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (_end_to_end_claim_key(key), self._holder)
             )
 
     def __len__(self) -> int:
@@ -539,6 +569,10 @@ def _read_with_its_log(path: pathlib.Path) -> Optional[tempfile.TemporaryDirecto
 
 def _claim_key(key: CostKey) -> str:
     return json.dumps(["candidate", *attrs.astuple(key)])
+
+
+def _end_to_end_claim_key(key: str) -> str:
+    return json.dumps(["end-to-end", key])
 
 
 def _this_process() -> tuple[str, int, str]:

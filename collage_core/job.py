@@ -3,6 +3,7 @@ key its end-to-end cost, measure it once per placement, describe the placement i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -16,7 +17,9 @@ import numpy as np
 
 from collage_core import tvm_compat, zygote
 from collage_core.calibration import signature
+from collage_core.cost_db import Claim, CostDatabaseError
 from collage_core.errors import CollageError
+from collage_core.measure import CLAIM_POLL_S
 from collage_core.model_import import ImportedModel
 from collage_core.partition import partition_module
 from collage_core.placement_file import Placement, load_placement
@@ -25,7 +28,7 @@ from collage_core.records import OP_LEVEL, Candidate, Cost, Partition
 from collage_core.regions import genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings, stopped
-from collage_core.worker_client import MeasurementWorker, StageTooSlow, WorkerFailure
+from collage_core.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
 
 log = logging.getLogger("collage")
 # How an end-to-end cost was measured; part of its database key, so a change of method re-measures.
@@ -108,7 +111,7 @@ class Job:
         far is not timed further. Its ``spent_s`` is what the measurements took, counting those read
         from ``db`` at what they took when measured.
         """
-        return EndToEndEvaluator(self, db, cut_off)
+        return EndToEndEvaluator(self, db, cut_off, placement_claim_lifetime_s(self.settings))
 
     def end_to_end_key(self, parts, protocol: str = END_TO_END_PROTOCOL, cuda_graphs: Optional[bool] = None) -> str:
         """The database key of ``parts`` measured by ``protocol``; None for parts: TVM's unpartitioned build.
@@ -220,16 +223,29 @@ class HeldElsewhere(Exception):
     """The worker came from a zygote that does not hold the model: the placed module is sent."""
 
 
+def placement_claim_lifetime_s(settings: MeasureSettings) -> float:
+    """The longest building and measuring one placement may take, and so its claim: its worker's
+    start, build and runs, once more after a transient failure."""
+    return 2 * (START_TIMEOUT_S + BUILD_TIMEOUT_S + settings.timeout_s)
+
+
 class EndToEndEvaluator:
     """Measures a placement end to end in a fresh worker, once per placement (kept in the cost database).
 
     ``spent_s`` adds up what each measurement took, those read from the database at what they
     took when measured: a search budgeted by it stops at the same point on a warm database as it
     did when it measured, and so returns the same placement.
+
+    Runs sharing the database measure each placement once in all: a placement is claimed (or
+    found measured) just before it is measured, and one another live run claimed is waited for,
+    up to ``claim_lifetime_s`` (default: :func:`placement_claim_lifetime_s` of default settings),
+    then measured here.
     """
 
-    def __init__(self, job: "Job", db, cut_off: bool):
+    def __init__(self, job: "Job", db, cut_off: bool, claim_lifetime_s: Optional[float] = None):
         self.job, self.db, self.cut_off = job, db, cut_off
+        self.claim_lifetime_s = (placement_claim_lifetime_s(MeasureSettings()) if claim_lifetime_s is None
+                                 else claim_lifetime_s)
         self.best_s = math.inf
         self.spent_s = 0.0
         self.from_database = 0
@@ -237,15 +253,46 @@ class EndToEndEvaluator:
     def __call__(self, parts) -> Cost:
         job = self.job
         key = job.end_to_end_key(parts)
-        known = self.db.get_end_to_end_entry(key)
-        if known is not None:
-            cost, effort_s = known
+        claim = self._claimed(key, parts)
+        if claim.cost is not None:
+            cost = claim.cost
             self.from_database += 1
             self.best_s = min(self.best_s, cost.seconds)
-            self.spent_s += effort_s
+            self.spent_s += claim.effort_s
             if cost.repeats > 1:
                 job.measured_end_to_end[signature(parts)] = cost
             return cost
+        try:
+            cost, effort_s = self._measured(parts)
+        except BaseException:
+            if claim.granted:  # it lapses with this process anyway: a database that cannot be written costs nothing
+                with contextlib.suppress(CostDatabaseError):
+                    self.db.release_end_to_end(key)
+            raise
+        self.spent_s += effort_s
+        self.db.put_end_to_end(key, cost, effort_s=effort_s)
+        return cost
+
+    def _claimed(self, key: str, parts) -> Claim:
+        """The placement's cost, measured by this run or another; or the claim to measure it here,
+        granted unless another live run held it for longer than its measurement may take."""
+        claim = self.db.claim_end_to_end(key, self.claim_lifetime_s)
+        if claim.cost is not None or claim.granted:
+            return claim
+        self.job.say(f"  placement of {len(parts)} partitions: another run is measuring it, waiting for its cost")
+        deadline = time.monotonic() + self.claim_lifetime_s
+        while time.monotonic() < deadline:
+            time.sleep(CLAIM_POLL_S)
+            claim = self.db.claim_end_to_end(key, self.claim_lifetime_s)
+            if claim.cost is not None or claim.granted:
+                return claim
+        log.warning("placement of %d partitions: another run has been measuring it for over %g s; measured here",
+                    len(parts), self.claim_lifetime_s)
+        return claim
+
+    def _measured(self, parts) -> tuple[Cost, float]:
+        """The placement measured here, and the seconds that took."""
+        job = self.job
         cutoff = CUTOFF_FACTOR * self.best_s if self.cut_off and math.isfinite(self.best_s) else None
         started = time.perf_counter()
         try:
@@ -263,10 +310,7 @@ class EndToEndEvaluator:
                     f"best {self.best_s * 1e3:.3f} ms")
         except CollageError as error:
             cost = Cost.invalid(str(error))
-        effort_s = time.perf_counter() - started
-        self.spent_s += effort_s
-        self.db.put_end_to_end(key, cost, effort_s=effort_s)
-        return cost
+        return cost, time.perf_counter() - started
 
 
 

@@ -1,5 +1,5 @@
-"""Runs sharing one cost database at the same time: they divide the candidates between them, and
-a claim on a candidate does not outlive the run that made it."""
+"""Runs sharing one cost database at the same time: they divide the candidates and the placements
+measured end to end between them, and a claim does not outlive the run that made it."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from collage_core.cost_db import Claim, CostDatabase, CostKey
 from collage_core.records import Cost
+from collage_core.relax_graph import RelaxGraph
+from collage_core.timing import MeasureSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
@@ -94,8 +97,6 @@ def measure_as(run: str, db_path: str, report_path: str) -> None:
     from collage_core.candidates import enumerate_candidates
     from collage_core.measure import measure_candidates
     from collage_core.plugins import get_plugin_manager
-    from collage_core.relax_graph import RelaxGraph
-    from collage_core.timing import MeasureSettings
 
     pm = get_plugin_manager(disabled=(), extra_modules=[RENDEZVOUS])
     backend = discover_backends(pm)["together"].backend
@@ -184,3 +185,146 @@ def test_a_claim_of_another_process_under_a_reused_pid_is_free_again(tmp_path):
         with contextlib.closing(sqlite3.connect(tmp_path / "c.sqlite", isolation_level=None)) as raw:
             raw.execute("UPDATE collage_claims SET process_started = '1'")  # as if the pid had been another's then
         assert second.claim(key(1), 3600).granted
+
+
+FIXED = "plugins_for_tests.fixed_cost_plugin"
+# A placement of one tiny operator builds and runs well within these, however busy the machine.
+QUICK = MeasureSettings(warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=60.0)
+# Past this, a run measures without waiting for the other (one that never came).
+RENDEZVOUS_LIMIT_S = 120.0
+
+
+def three_operators():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            value = x
+            for name in UNARY_OPS[:3]:
+                value = bb.emit(getattr(relax.op, name)(value))
+            output = bb.emit_output(value)
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+def placements() -> list:
+    """One operator on the fixed-cost backend, the others on TVM: three different placements."""
+    from collage_core.records import Partition
+
+    def on(backend, node):
+        return Partition(backend, f"{backend}.op", (node,), "", Cost.unknown())
+
+    return [[on("fixedcost" if node == chosen else "tvm", node) for node in range(3)] for chosen in range(3)]
+
+
+def evaluate_as(run: str, db_path: str, folder: str, report_path: str) -> None:
+    """A run in a process of its own: measures the three placements end to end, one after another.
+
+    It says it has begun once its first claim is answered, and its first build waits until the
+    other run has begun too: so the other has looked the first placement up before it is stored,
+    however the machine schedules the two."""
+    from collage_core import tvm_compat
+    from collage_core.backends import discover_backends, select_backends
+    from collage_core.job import Job
+    from collage_core.model_import import load_model
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.regions import genome_key
+
+    began, others = Path(folder) / run, [Path(folder) / other for other in "ab" if other != run]
+    workdir = Path(folder) / f"work-{run}"
+    workdir.mkdir()
+    claim_end_to_end, run_built = CostDatabase.claim_end_to_end, Job.run_built
+
+    def claimed(db, key, lifetime_s):
+        claim = claim_end_to_end(db, key, lifetime_s)
+        began.touch()
+        return claim
+
+    built = []
+
+    def built_together(job, parts, *args, **kwargs):
+        built.append(genome_key(parts))
+        deadline = time.monotonic() + RENDEZVOUS_LIMIT_S
+        while not all(other.exists() for other in others) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return run_built(job, parts, *args, **kwargs)
+
+    CostDatabase.claim_end_to_end, Job.run_built = claimed, built_together
+    pm = get_plugin_manager(disabled=(), extra_modules=[FIXED])
+    model = load_model(three_operators())
+    job = Job(model, RelaxGraph.from_function(model.mod["main"], model.mod), tvm_compat.host_cpu_target(), pm,
+              select_backends(discover_backends(pm), ["fixedcost", "tvm"]), QUICK, workdir, lambda _: None, False)
+    with CostDatabase.open(db_path) as db:
+        evaluate = job.end_to_end_evaluator(db, cut_off=False)
+        costs = [evaluate(parts).to_json() for parts in placements()]
+    Path(report_path).write_text(json.dumps({"built": built, "costs": costs, "from_database": evaluate.from_database}))
+
+
+def test_two_runs_measuring_placements_at_once_measure_each_once_in_all(load_test_plugin, tmp_path):
+    load_test_plugin(FIXED)  # for PYTHONPATH, which the runs and their workers inherit
+    spawn = multiprocessing.get_context("spawn")
+    runs = [spawn.Process(target=evaluate_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path),
+                                                    str(tmp_path / f"{run}.json"))) for run in "ab"]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(timeout=600)
+        assert run.exitcode == 0
+    reports = [json.loads((tmp_path / f"{run}.json").read_text()) for run in "ab"]
+    built = [key for report in reports for key in report["built"]]
+    assert sorted(built) == sorted(set(built)) and len(built) == len(placements()), reports  # each once in all
+    assert reports[0]["costs"] == reports[1]["costs"]  # both end with every cost: the one measured
+    assert all(Cost.from_json(cost).is_measured for cost in reports[0]["costs"]), reports
+    assert sum(report["from_database"] for report in reports) == len(placements())
+    with sqlite3.connect(tmp_path / "costs.sqlite") as connection:
+        assert connection.execute("SELECT COUNT(*) FROM end_to_end_costs").fetchone()[0] == len(placements())
+        assert connection.execute("SELECT COUNT(*) FROM collage_claims").fetchone()[0] == 0  # none left behind
+
+
+def test_a_placement_claim_holds_until_its_cost_is_stored_or_it_is_released(tmp_path):
+    with CostDatabase.open(tmp_path / "c.sqlite") as first, CostDatabase.open(tmp_path / "c.sqlite") as second:
+        assert first.claim_end_to_end("p1", 3600).granted and first.claim_end_to_end("p2", 3600).granted
+        assert second.claim_end_to_end("p1", 3600) == second.claim_end_to_end("p2", 3600) == Claim()
+        assert second.claim(key(1), 3600).granted  # a candidate's claim is another thing
+        first.put_end_to_end("p1", MEASURED, effort_s=2.5)
+        assert second.claim_end_to_end("p1", 3600) == Claim(MEASURED, effort_s=2.5)
+        first.release_end_to_end("p2")
+        assert second.claim_end_to_end("p2", 3600).granted
+
+
+def test_a_placement_claimed_by_a_dead_run_is_measured_and_one_held_too_long_is_measured_anyway(tmp_path):
+    from collage_core.job import EndToEndEvaluator
+    from collage_core.records import Partition
+
+    class Job:  # what the evaluator asks of a job
+        def __init__(self):
+            self.runs, self.said, self.measured_end_to_end = [], [], {}
+
+        def end_to_end_key(self, parts):
+            return parts[0].backend
+
+        def run_built(self, parts, library, cutoff_s=None, run_limit_s=None):
+            self.runs.append(parts[0].backend)
+            return [], MEASURED
+
+        def say(self, message):
+            self.said.append(message)
+
+    def placed_on(backend):
+        return [Partition(backend, f"{backend}.op", (0,), "", Cost.unknown())]
+
+    job = Job()
+    with CostDatabase.open(tmp_path / "c.sqlite") as holder, CostDatabase.open(tmp_path / "c.sqlite") as db:
+        assert holder.claim_end_to_end("held", 3600).granted and holder.claim_end_to_end("dead", 3600).granted
+        with contextlib.closing(sqlite3.connect(tmp_path / "c.sqlite", isolation_level=None)) as raw:
+            raw.execute("UPDATE collage_claims SET process_started = '1' WHERE key LIKE '%dead%'")  # its run is gone
+        evaluate = EndToEndEvaluator(job, db, cut_off=False, claim_lifetime_s=0.5)
+        started = time.monotonic()
+        assert evaluate(placed_on("dead")) == MEASURED
+        assert time.monotonic() - started < 0.5  # not waited for
+        assert evaluate(placed_on("held")) == MEASURED  # waited for half a second, then measured here
+        assert job.runs == ["dead", "held"]
+        assert "another run is measuring it, waiting for its cost" in job.said[-2]
+        assert evaluate(placed_on("held")) == MEASURED and evaluate.from_database == 1
