@@ -21,7 +21,8 @@ import attrs
 from collage_core.native import cache_root, sources_digest
 
 LARGEST_KEPT_BYTES = 16 << 20
-_CODE = (Path(__file__).parent / "model_import.py", Path(__file__).parent / "tvm_compat.py", Path(__file__))
+_CODE = (Path(__file__).parent / "model_import.py", Path(__file__).parent / "rewrites.py", Path(__file__).parent / "tvm_compat.py",
+         Path(__file__))
 
 
 @attrs.frozen

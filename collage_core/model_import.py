@@ -13,7 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import import_cache, tvm_compat
+from collage_core import import_cache, rewrites, tvm_compat
 from collage_core.errors import CollageError
 
 Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
@@ -322,6 +322,9 @@ def canonicalize(mod, origin: str):
     """Inference form: batch norm decomposed, constants folded, one dataflow block in ``main``."""
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ModelImportError(f"{origin}: the module has no 'main' function")
+    # What the importer writes as opaque kernels (pads) or as a pathological window (a pooling over the
+    # whole input) becomes the operator it computes, which backends and their converters can take.
+    mod = rewrites.for_backends(mod)
     passes = tvm.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),

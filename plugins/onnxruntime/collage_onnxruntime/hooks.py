@@ -29,9 +29,9 @@ def _import_onnxruntime():
         return error
 
 
-# How partitions are lowered and run (revision 2: sessions spin when they run the whole
-# executable). Part of the backend's version, so costs measured with other code are never reused.
-LOWERING_REVISION = 2
+# How partitions are lowered and run (revision 2: sessions spin when they run the whole executable; 3: ceil-mode
+# pooling, resize and pad converted). Part of the backend's version, so costs measured with other code are never reused.
+LOWERING_REVISION = 3
 
 
 @hookimpl

@@ -22,7 +22,7 @@ BACKEND = "openvino"
 INSTALL_HINT = "pip install openvino"
 # How partitions are lowered and run. Part of the backend's version, so costs measured with other
 # code are never reused.
-LOWERING_REVISION = 3
+LOWERING_REVISION = 4
 
 
 def sixteen_bit() -> frozenset:
