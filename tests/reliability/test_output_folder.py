@@ -284,23 +284,19 @@ def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, mon
     import tempfile
 
     import collage_core
+    from collage_core.testing import function_module
     from tvm import relax
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            output = bb.emit_output(relax.op.nn.relu(x))
-        bb.emit_func_output(output)
+    relu = function_module(lambda bb, x: relax.op.nn.relu(x), (2, 8))
     options = dict(backends=["tvm"], search="op-level", compare_backends=False, calibration_rounds=0,
                    cost_db=tmp_path / "costs.sqlite", show_progress=False)
-    result = collage_core.optimize(bb.get(), **options)
+    result = collage_core.optimize(relu, **options)
     (folder,) = [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
     assert result.library_path.parent == folder and result.run(np.ones((2, 8), "float32"))[0].shape == (2, 8)
     del result
     gc.collect()
     assert not folder.exists()
     with pytest.raises(Exception):
-        collage_core.optimize(bb.get(), placement=tmp_path / "no such placement.json", **options)
+        collage_core.optimize(relu, placement=tmp_path / "no such placement.json", **options)
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
