@@ -1,0 +1,47 @@
+"""scripts/chaos.py, briefly: two kills among runs of tiny_resnet sharing a cost database and an
+output folder, and its table reports no trouble."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ZERO_ROWS = ("lost costs", "transient failures kept as permanent", "truncated or mismatched artifacts",
+             "runs failed otherwise", "processes outliving their run", "killed processes slow to end")
+# Files a killed run leaves in $TMPDIR, outside its output folder (see docs/reliability.md): the
+# candidates' scratch folder of collage_core.measure (tempfile.TemporaryDirectory(), not the run's own
+# .run-* folder), and the folders TVM's export_library and Executable.jit build a library in, inside a
+# worker killed meanwhile.
+KNOWN_LEFTOVERS = re.compile(r"tmp/tmp[^/]+(/(candidate[-\d]*\.(json|so)|(lib\d+|devc)\.[co]|exported\.so))?")
+
+
+def table_of(stdout: str) -> dict[str, str]:
+    rows = stdout.split("\n\n", 1)[-1].splitlines()[2:]
+    return dict(re.split(r"\s{2,}", row.strip(), maxsplit=1) for row in rows if re.search(r"\S\s{2,}\S", row))
+
+
+def test_two_kills_leave_no_loss_no_torn_file_and_a_rerun_that_passes(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--kills", "2", "--seed", "0", "--models", "tiny_resnet",
+         "--backends", "tvm", "--graph-level", "", "--folders", "1", "--min-delay", "2", "--max-delay", "5", "--grace", "60",
+         "--root", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    table = table_of(done.stdout)
+    assert table.get("kills in all") == "2", done.stdout + done.stderr[-3000:]
+    assert {row: table[row] for row in ZERO_ROWS} == {row: "0" for row in ZERO_ROWS}, done.stdout
+    assert table["reruns passed"] == "1/1" and table["database"] == "ok", done.stdout
+    if done.returncode == 0:
+        return
+    outside = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("outside: ")]
+    unclean = [line for line in done.stdout.splitlines() if line.startswith("unclean on SIGTERM: ")]
+    assert all(KNOWN_LEFTOVERS.fullmatch(path) for path in outside), done.stdout
+    assert all("ImportError: initialization failed" in line for line in unclean), done.stdout
+    pytest.xfail("known, outside the cost database and the output folder: a killed run leaves its candidates' "
+                 "scratch folder, or TVM's build folder, in $TMPDIR; a run terminated while it imports ONNX Runtime "
+                 f"ends with a traceback: {outside + unclean}")
