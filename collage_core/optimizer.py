@@ -96,9 +96,10 @@ def optimize(
     say = _Narrator(show_progress)
     clock = PhaseClock()
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
+    made_here = _first_missing(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     # Held first, so that a second run into the folder stops before it imports anything.
-    with _removed_on_failure(None if output_dir else workdir), output_folder.held(workdir) as scratch:
+    with _removed_on_failure(workdir, made_here, temporary=output_dir is None), output_folder.held(workdir) as scratch:
         if compare_backends is None:
             compare_backends = placement is None
         original = load_model(model, example_inputs)
@@ -273,14 +274,27 @@ def _say_what_is_overwritten(workdir: Path, placement, say) -> None:
     say(f"overwriting the {kind} in {workdir} (its placement.json, report.txt, results.json and library)")
 
 
+def _first_missing(folder: Path) -> Optional[Path]:
+    """The outermost of ``folder`` and the folders above it that do not exist yet (None when it exists)."""
+    missing = None
+    while not folder.exists() and folder != folder.parent:
+        missing, folder = folder, folder.parent
+    return missing
+
+
 @contextlib.contextmanager
-def _removed_on_failure(temporary: Optional[Path]):
-    """Removes the temporary folder a run without an output folder made, if the run fails."""
+def _removed_on_failure(folder: Path, made_here: Optional[Path], temporary: bool):
+    """If the run fails: the temporary folder a run without an output folder made is removed, and the
+    folders this run made for its output (``made_here`` and below) are removed if nothing but the lock
+    is in them (a model that does not exist leaves no folder behind)."""
     try:
         yield
     except BaseException:
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
+        if temporary:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif made_here is not None and all(path.is_dir() or path.name == output_folder.LOCK_FILE
+                                           for path in made_here.rglob("*")):
+            shutil.rmtree(made_here, ignore_errors=True)
         raise
 
 

@@ -204,12 +204,14 @@ def test_cli_backends_lists_tvm():
     assert "op-level" in row and "yes" in row
 
 
-def test_cli_reports_a_missing_model_in_one_line(tmp_path):
+def test_cli_reports_a_missing_model_in_one_line_and_leaves_no_output_folder(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "collage_core.cli", "optimize", str(tmp_path / "nope.onnx")], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(tmp_path / "nope.onnx")], capture_output=True, text=True,
+        timeout=120, cwd=tmp_path,
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [f"collage: error: {tmp_path / 'nope.onnx'}: no such file"]
+    assert not (tmp_path / "collage-out").exists()
 
 
 def test_optimize_torch_module_is_verified_against_pytorch(costs):
