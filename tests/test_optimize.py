@@ -346,6 +346,9 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
         return {**{name: Cost.measured(2e-3, 1e-5, 20) for name in others}, last: Cost.measured(1e-3, 1e-5, 20)}
 
     monkeypatch.setattr(finish_stage, "time_in_turns", last_rival_fastest)
+    # DNNL's candidates cost half TVM's (a deterministic cost model): the search places DNNL wherever it
+    # can, and TVM alone stays a rival of another placement, whatever the machine's load.
+    op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3 if candidate.backend == "dnnl" else 2e-3, 0.0, 1))
     builds = recorded_builds(monkeypatch)
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "drift",
@@ -556,32 +559,43 @@ def test_a_baseline_whose_partitions_add_up_to_ten_times_the_placement_is_not_bu
     assert predicted_cost([part(60.0)], [region]) is None
 
 
+def op_level_costs_from(monkeypatch, cost_of) -> None:
+    """The op-level candidates' costs taken from a deterministic cost model, ``cost_of(candidate, ops)``,
+    instead of the measurements (which move with the machine's load); for tests of what the stages after
+    the search decide, never a default."""
+    import attrs
+
+    from collage_core import search_stage
+
+    measure = search_stage.measure
+
+    def deterministically(job, candidates, db):
+        report = measure(job, candidates, db)
+        by_key = {c.key: cost_of(c, job.graph.graph.ops) for c in job.op_level_candidates(candidates)}
+        return attrs.evolve(report, costs={**report.costs, **by_key})
+
+    monkeypatch.setattr(search_stage, "measure", deterministically)
+
+
 def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they_cannot_win(workspace, costs, monkeypatch):
     """When TVM's partitions add up to far more than the placement with DNNL beside it, neither TVM alone
     nor TVM's unpartitioned build is built, and the report says why. The candidates' costs come from a
     deterministic cost model, never the machine (how slow untuned TVM is against DNNL, and DNNL's own
     costs, move with the machine's load): a TVM convolution costs a second, any other TVM candidate 0.1 ms,
     a DNNL candidate 1 ms."""
-    import attrs
     from collage_core.baselines import PREDICTED_PREFIX
     from collage_core.records import Cost
 
-    from collage_core import finish_stage, search_stage
+    from collage_core import finish_stage
 
     quick_turns(monkeypatch)
-    measure = search_stage.measure
 
     def deterministic_cost(candidate, ops) -> Cost:
         if candidate.backend == "dnnl":
             return Cost.measured(1e-3, 0.0, 1)
         return Cost.measured(1.0 if any("conv2d" in ops[n] for n in candidate.nodes) else 1e-4, 0.0, 1)
 
-    def deterministically(job, candidates, db):
-        report = measure(job, candidates, db)
-        by_key = {c.key: deterministic_cost(c, job.graph.graph.ops) for c in job.op_level_candidates(candidates)}
-        return attrs.evolve(report, costs={**report.costs, **by_key})
-
-    monkeypatch.setattr(search_stage, "measure", deterministically)
+    op_level_costs_from(monkeypatch, deterministic_cost)
     baseline_cost, measured = finish_stage.baseline_cost, []
 
     def recorded(job, name, *args, **kwargs):
