@@ -151,8 +151,11 @@ class MeasurementWorker:
 
     @staticmethod
     def _read(stream, lines):
-        for line in stream:
-            lines.put(line)
+        try:
+            for line in stream:
+                lines.put(line)
+        except (ValueError, OSError):  # the stream closed under it (close() on an interrupt): the end, as EOF is
+            pass
         lines.put(None)
 
     def _exchange(self, message: dict, timeout_s: float) -> dict:

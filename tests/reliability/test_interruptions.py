@@ -160,3 +160,19 @@ def test_signal_during_the_evolutionary_search_keeps_measured_placements(model, 
     # Placements measured before the signal come from the database; only new ones are measured.
     measured_again = len(re.findall(rf"^{STEP}  placement of \d+ partitions:", stderr, flags=re.M))
     assert measured_again == _count(db, "end_to_end_costs") - placements
+
+
+def test_a_worker_stream_closed_under_its_reader_ends_the_reading_quietly():
+    """On SIGTERM the run closes its workers' pipes while their reader threads iterate them: the closed
+    stream ends the reading as end of file does, with no traceback on stderr."""
+    import io
+    import queue
+
+    from collage_core.worker_client import MeasurementWorker
+
+    stream = io.StringIO("first\nsecond\n")
+    lines: queue.Queue = queue.Queue()
+    next(stream)
+    stream.close()
+    MeasurementWorker._read(stream, lines)
+    assert lines.get_nowait() is None
