@@ -13,19 +13,9 @@ from tvm import relax, topi
 from collage_core import rewrites, tvm_compat
 from collage_core.relax_onnx import support
 from collage_core.relax_onnx.operator_cases import F, R, assert_same, random_input
+from collage_core.relax_onnx.placement_cases import module
 
 RNG = np.random.default_rng(7)
-
-
-def module(make, *specs) -> tvm.IRModule:
-    """A module whose main binds ``make(bb, *params)`` (BlockBuilder emits, as TVM's importers make them)."""
-    params = [relax.Var(f"p{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            output = bb.emit_output(make(bb, *params))
-        bb.emit_func_output(output)
-    return bb.get()
 
 
 def run(mod, arrays):
