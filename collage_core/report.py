@@ -109,6 +109,21 @@ def _cuda_graphs_line(entries) -> str:
             f"launching kernel by kernel ({without.median_s / with_graphs.median_s:.2f}x)")
 
 
+def placement_throughput(optimized):
+    """The FLOPs of one run of the model over the returned placement's latency (the headline's), against the
+    device's peak at the placement's precision (collage_core.peak), or None when it has no measured latency."""
+    from collage_core.flops import count_flops
+    from collage_core.peak import throughput
+
+    model = getattr(optimized, "model", None)
+    placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
+    if model is None or placed is None or not placed.is_measured or placed.median_s <= 0:
+        return None
+    flops = count_flops(model.mod).flops
+    placement = optimized.placement
+    return throughput(flops, placed.median_s, placement.ran_on or placement.device, placement.precision) if flops else None
+
+
 def render_report(optimized) -> str:
     """Per backend: operators, partitions and share of measured time; then end-to-end latencies."""
     placement = optimized.placement
@@ -128,6 +143,7 @@ def render_report(optimized) -> str:
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         *[line for line in (headline(optimized.end_to_end), why_line(placement)) if line],
+        *[work.describe() for work in [placement_throughput(optimized)] if work is not None],
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),
     ]
     converted = describe_precision(placement.precision)

@@ -127,9 +127,10 @@ class OptimizedModel:
 
     def results_json(self) -> dict:
         """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
-        from collage_core.report import is_noisy
+        from collage_core.report import is_noisy, placement_throughput
 
         measurement = self.measurement
+        work = placement_throughput(self)
         return {
             "model": self.model.name,
             "precision": self.model.precision,
@@ -152,4 +153,5 @@ class OptimizedModel:
             "search_s": self.search_s,
             "phases_s": self.phases_s,
             "numerics": None if self.verification is None else attrs.asdict(self.verification),
+            "throughput": None if work is None else work.to_json(),
         }

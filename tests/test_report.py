@@ -113,3 +113,32 @@ def test_the_report_says_how_much_of_the_measured_latency_the_partitions_costs_e
     assert ("the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end one after another, "
             "as they were (97% of it)") in text
     assert _row(text, "dnnl")[2:4] == ["0.060", "ms"] and _row(text, "tvm")[4] == "36.8%"
+
+
+def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches():
+    """FLOPs counted from the model over the headline's latency, against the peak of the GPU Collage recorded."""
+    from tvm import relax
+
+    from collage_core.testing import function_module
+
+    model = SimpleNamespace(mod=function_module(lambda bb, a, b: relax.op.matmul(a, b), (1024, 2048), (2048, 4096)))
+    mix = {"cublas": 1}
+    entries = [EndToEnd("placement", Cost.measured(1.0e-3, 1e-6, 99), mix, timed_in_turns=True),
+               EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-6, 99), {"tvm": 1}, timed_in_turns=True)]
+    h200 = "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"
+
+    def report(**placement_fields):
+        return render_report(SimpleNamespace(placement=_placement(**placement_fields), end_to_end=entries, measurement=None,
+                                             two_level=None, verification=None, phases_s={}, model=model,
+                                             accuracy=None))
+
+    # 2 x 1024 x 2048 x 4096 = 17.2 GFLOP in 1 ms: 17.18 TFLOP/s, 25.6% of 67, 1.7% of bf16's dense 989.5.
+    line = report(device=h200).splitlines()[2]
+    assert line.startswith("17.2 GFLOP per run (") and "): 17.18 TFLOP/s, 25.6% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak (NVIDIA H200" in line
+    assert "1.7% of the H200's 989.5 TFLOP/s bf16 dense tensor-core peak" in report(device=h200, precision="bf16",
+                                                                                    sixteen_bit_operators=())
+    # Replayed on another GPU: the latency is that GPU's, and so is the peak.
+    replayed = report(device=h200, ran_on="cuda:sm_90a (NVIDIA H100 80GB HBM3, compute capability 9.0, CUDA 13.0)")
+    assert "25.6% of the H100 SXM's 67 TFLOP/s" in replayed
+    assert report(device="llvm:znver3").splitlines()[2].endswith(": 17.18 TFLOP/s, peak of llvm:znver3 unknown")
+    assert "GFLOP per run" not in _report(entries)  # no model to count
