@@ -13,6 +13,9 @@ replaced whole, one run writes into it at a time, and each run's scratch files a
   own ``.run-<pid>-<random>/`` in the folder, removed when the run ends, fails or is interrupted (as
   are half-written files of its workers); those of a killed run (SIGKILL) are removed by the next run
   that holds the folder.
+- While a run holds the folder, temporary files go to its scratch too (:func:`temporary_files_in`):
+  ``TMPDIR`` and ``tempfile.tempdir`` name ``.run-*/tmp``, so what its workers and the libraries
+  they call make there (TVM's links, a killed worker's files) goes with the scratch.
 """
 
 from __future__ import annotations
@@ -123,10 +126,31 @@ def held(directory: os.PathLike) -> Iterator[Path]:
         _remove_leftovers(directory)
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=directory))
         try:
-            yield scratch
+            with temporary_files_in(scratch / "tmp"):
+                yield scratch
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
             _remove_leftovers(directory)
+
+
+@contextlib.contextmanager
+def temporary_files_in(folder: os.PathLike) -> Iterator[Path]:
+    """Within the block, this process's temporary files and those of the processes it starts go to
+    ``folder`` (made here): ``TMPDIR`` and ``tempfile.tempdir`` name it, and are restored after.
+    Workers forked from a zygote started earlier take the folder in their fork request
+    (``collage_core.zygote``)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    before_env, before_module = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = before_module
+        if before_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before_env
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ def serve(control: socket.socket) -> None:
             elif request["op"] == "hold":
                 reply = _hold(state, request)
             elif request["op"] == "fork":
-                reply = {"pid": _fork(state, control, fds)}
+                reply = {"pid": _fork(state, control, fds, request.get("tmpdir"))}
             else:
                 reply = {"status": _wait(int(request["pid"]), float(request["timeout_s"]))}
         except Exception as error:  # reported to the parent, which starts workers the slow way
@@ -114,7 +114,7 @@ def _gpu_files() -> list[str]:
     return held
 
 
-def _fork(state: dict, control: socket.socket, fds: Sequence[int]) -> int:
+def _fork(state: dict, control: socket.socket, fds: Sequence[int], tmpdir: Optional[str] = None) -> int:
     if len(fds) != 3:
         raise ValueError(f"a fork needs stdin, stdout and stderr; got {len(fds)} descriptors")
     if "pm" not in state:
@@ -126,6 +126,8 @@ def _fork(state: dict, control: socket.socket, fds: Sequence[int]) -> int:
     try:  # the child: a measurement worker
         os.setsid()
         control.close()
+        if tmpdir:  # the temporary folder of the run that asked for the worker (it may not be the zygote's)
+            os.environ["TMPDIR"] = tempfile.tempdir = tmpdir
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -218,7 +220,8 @@ class Zygote:
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
         try:
-            reply = self._call({"op": "fork"}, (stdin_read, stdout_write, stderr_fd), REQUEST_TIMEOUT_S)
+            reply = self._call({"op": "fork", "tmpdir": tempfile.gettempdir()}, (stdin_read, stdout_write, stderr_fd),
+                               REQUEST_TIMEOUT_S)
         finally:
             os.close(stdin_read)
             os.close(stdout_write)
@@ -290,7 +293,8 @@ _zygotes: dict[tuple, Zygote] = {}
 _refused: set[tuple] = set()
 _registry_lock = threading.Lock()
 # Variables that change while nothing a worker does depends on them (pytest names the running test in one).
-IGNORED_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
+# TMPDIR travels in each fork request instead: a run's temporary files go to its own scratch folder.
+IGNORED_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "TMPDIR"})
 # Zygotes kept at once; the least recently started goes when another is needed (tests change the environment).
 KEPT = 2
 

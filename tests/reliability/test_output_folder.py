@@ -300,3 +300,34 @@ def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, mon
     with pytest.raises(Exception):
         collage_core.optimize(relu, placement=tmp_path / "no such placement.json", **options)
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
+
+
+def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(model, tmp_path, load_test_plugin, monkeypatch):
+    """What the run and its workers leave in their temporary folder (a killed linker's files) lands in
+    the run's scratch, removed with it; the second run's workers come from the zygote the first
+    started, under the first run's TMPDIR, and still use the second's."""
+    import tempfile
+
+    pm, _ = load_test_plugin("plugins_for_tests.leaky_temporary_files")
+    monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: pm)
+    monkeypatch.delenv("COLLAGE_FRESH_WORKERS", raising=False)
+    out = tmp_path / "out"
+    scratches, zygotes, log, seen = [], set(), tmp_path / "leaks.txt", 0
+    monkeypatch.setenv("LEAKY_TEMPORARY_FILES", str(log))
+    for run in ("first", "second"):
+        outside = tmp_path / f"tmp-{run}"
+        outside.mkdir()
+        monkeypatch.setenv("TMPDIR", str(outside))
+        monkeypatch.setattr(tempfile, "tempdir", str(outside))
+        optimize_into(out, model, tmp_path / f"{run}.sqlite")  # a database of its own: its workers build
+        assert not list(outside.iterdir()), run
+        assert tempfile.gettempdir() == str(outside) and os.environ["TMPDIR"] == str(outside)  # restored
+        lines = log.read_text().splitlines()
+        leaks, seen = [line.split(" ", 2) for line in lines[seen:]], len(lines)
+        zygotes |= {parent for pid, parent, _ in leaks if pid != str(os.getpid())}
+        (scratch,) = {Path(path).parent.parent for _, _, path in leaks}  # <scratch>/tmp/<file>
+        assert scratch.parent == out and scratch.name.startswith(SCRATCH_PREFIX) and not scratch.exists()
+        scratches.append(scratch)
+    assert scratches[0] != scratches[1]
+    assert len(zygotes) == 1, "the second run's workers should come from the zygote the first run started"
+    assert not [name for name in names_in(out) if name.startswith(SCRATCH_PREFIX)]
