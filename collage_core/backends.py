@@ -6,7 +6,7 @@ import logging
 
 import attrs
 
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.precision import FP32, TF32, computes_tf32
 from collage_core.plugins import CollagePluginManager, PluginFailure, call_each, first_result
 from collage_core.records import Availability, Backend, Pattern
@@ -76,6 +76,7 @@ def _registering(pm, registered):
         except BackendError:
             raise
         except Exception as error:
+            reraise_interrupt(error)
             yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
 
 
@@ -88,11 +89,12 @@ def _availability(pm, backend: Backend, plugin_name: str) -> Availability:
     return availability
 
 
-def select_backends(infos: dict[str, BackendInfo], names=None) -> list[BackendInfo]:
-    """The backends to place on: the named ones (each must be available) or every available one
-    that is chosen by default."""
+def select_backends(infos: dict[str, BackendInfo], names=None, target=None) -> list[BackendInfo]:
+    """The backends to place on: the named ones (each must be available) or every available one that
+    is chosen by default on ``target``'s kind of device (without a target: every available one chosen
+    by default on all its devices)."""
     if names is None:
-        chosen = [info for info in infos.values() if info.availability.available and info.backend.chosen_by_default]
+        chosen = [info for info in infos.values() if info.availability.available and chosen_by_default(info, target)]
         if not chosen:
             raise BackendError("no backend is available; run `collage backends` to see why")
         return chosen
@@ -107,10 +109,23 @@ def select_backends(infos: dict[str, BackendInfo], names=None) -> list[BackendIn
     return chosen
 
 
+def device_kind(target) -> str:
+    """The kind of device ``target`` runs on, as backends name it in ``device_kinds`` (``llvm`` is the CPU)."""
+    return "cpu" if target.kind.name == "llvm" else target.kind.name
+
+
+def chosen_by_default(info: BackendInfo, target=None) -> bool:
+    """Whether the backend is placed on without being named, on ``target``'s kind of device (without a
+    target: only a backend chosen by default on every device it serves)."""
+    default = info.backend.chosen_by_default
+    if isinstance(default, bool):
+        return default
+    return target is not None and device_kind(target) in default
+
+
 def serves(info: BackendInfo, target) -> bool:
     """Whether the backend runs on ``target``'s kind of device (``llvm`` is the CPU)."""
-    kind = "cpu" if target.kind.name == "llvm" else target.kind.name
-    return kind in info.backend.device_kinds
+    return device_kind(target) in info.backend.device_kinds
 
 
 def contribute_patterns(pm: CollagePluginManager, backend: Backend, target, precision: str = FP32) -> list[Pattern]:

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 from collage_core.api_checks import TWO_LEVEL_LEAST, count_problem, number_problem, unwritable_because
 from collage_core.calibration import DEFAULT_ROUNDS
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, interrupt_within
 from collage_core.precision import FP32, PRECISIONS
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
 from collage_core.two_level import TwoLevelSettings
@@ -62,11 +62,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 128 + signal.SIGPIPE
     except OSError as error:
         if error.errno not in STORAGE_ERRORS:
-            raise
+            return _interrupted(error)
         print(f"collage: error: writing {error.filename or 'a file'} failed: {error.strerror}", file=sys.stderr)
         return EXIT_ERROR
+    except Exception as error:
+        return _interrupted(error)
     finally:
         logging.getLogger("collage").removeHandler(warnings)
+
+
+def _interrupted(error: Exception) -> int:
+    """The exit of a run that an interrupt stopped where it surfaced as another error (SIGTERM while a
+    C extension imports gives a ``SystemError`` over ``Terminated``); any other error is raised again."""
+    interrupt = interrupt_within(error)
+    if interrupt is None:
+        raise error
+    if isinstance(interrupt, Terminated):
+        print("collage: terminated; costs measured so far are kept in the cost database", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    print("collage: interrupted; costs measured so far are kept in the cost database", file=sys.stderr)
+    return 128 + signal.SIGINT
 
 
 class _WarningsKept(logging.Handler):

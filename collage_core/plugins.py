@@ -11,6 +11,7 @@ import attrs
 import pluggy
 
 from collage_core import hookspecs
+from collage_core.errors import reraise_interrupt
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
 ALLOW_ENV = "COLLAGE_PLUGINS"
@@ -48,6 +49,7 @@ def call_each(hook, **kwargs):
         try:
             yield impl.plugin_name, impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs}), None
         except Exception as error:
+            reraise_interrupt(error)
             yield impl.plugin_name, None, f"{type(error).__name__}: {error}"
 
 
@@ -100,6 +102,7 @@ def get_plugin_manager(
             try:
                 plugin = entry_point.load()
             except Exception as error:  # a broken plugin must not take the others down
+                reraise_interrupt(error)
                 pm.failures.append(PluginFailure(entry_point.name, f"import failed: {type(error).__name__}: {error}"))
                 continue
             if plugin.__name__ not in blocked:
@@ -110,6 +113,7 @@ def get_plugin_manager(
         try:
             pm.register(importlib.import_module(module_name), name=module_name)
         except Exception as error:
+            reraise_interrupt(error)
             pm.failures.append(PluginFailure(module_name, f"import failed: {type(error).__name__}: {error}"))
     pm.check_pending()
     return pm

@@ -176,3 +176,44 @@ def test_a_worker_stream_closed_under_its_reader_ends_the_reading_quietly():
     stream.close()
     MeasurementWorker._read(stream, lines)
     assert lines.get_nowait() is None
+
+
+def test_an_interrupt_that_surfaces_as_another_error_still_stops_the_run_in_one_line(monkeypatch, capsys):
+    """SIGTERM while a C extension initialises (``import onnxruntime``) reaches Python as a
+    ``SystemError`` over ``Terminated``: the run ends as terminated (status 143, one line), and a plugin
+    whose import it broke is not taken for a broken plugin."""
+    from collage_core import cli, plugins
+    from collage_core.errors import interrupt_within
+
+    def raises_over_an_interrupt(interrupt):
+        try:
+            raise interrupt
+        except KeyboardInterrupt:
+            raise SystemError("initialization of _pybind_state raised unreported exception")
+
+    with pytest.raises(SystemError) as surfaced:
+        raises_over_an_interrupt(cli.Terminated())
+    assert isinstance(interrupt_within(surfaced.value), cli.Terminated)
+    assert interrupt_within(ValueError("plain")) is None
+
+    def command(args):
+        raises_over_an_interrupt(cli.Terminated())
+
+    monkeypatch.setattr(cli, "_parser", lambda: _parser_running(command))
+    assert cli.main(["run"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip() == "collage: terminated; costs measured so far are kept in the cost database"
+
+    def importing(name):
+        raises_over_an_interrupt(cli.Terminated())
+
+    monkeypatch.setattr(plugins.importlib, "import_module", importing)
+    with pytest.raises(cli.Terminated):
+        plugins.get_plugin_manager(disabled=(), extra_modules=["a_plugin_being_imported"])
+
+
+def _parser_running(command):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_subparsers().add_parser("run").set_defaults(command=command)
+    return parser
