@@ -5,6 +5,7 @@ say why what is returned won, with the latency it was chosen by as the headline.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -28,7 +29,15 @@ from collage_core.calibration import signature
 from collage_core.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.in_turns import time_in_turns
-from collage_core.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, describe_cost
+from collage_core.cost_db import CostDatabaseError
+from collage_core.job import (
+    BASELINE_PROTOCOL,
+    UNPARTITIONED,
+    Job,
+    claimed_end_to_end,
+    describe_cost,
+    placement_claim_lifetime_s,
+)
 from collage_core.partition import partition_module
 from collage_core.records import OP_LEVEL, Cost, Partition
 from collage_core.regions import decode
@@ -267,7 +276,11 @@ def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda
     measured before and slower than ``limit_s`` is stopped without building it again.
     """
     key = job.end_to_end_key(parts, BASELINE_PROTOCOL, cuda_graphs)
-    known = None if db is None else db.get_end_to_end(key)
+    claim = None
+    if db is not None:  # runs sharing the database measure each baseline once in all
+        lifetime_s = placement_claim_lifetime_s(job.settings) + (limit_s or 0.0)
+        claim = claimed_end_to_end(db, key, lifetime_s, job.say, name)
+    known = None if claim is None else claim.cost
     if known is not None and limit_s is not None and known.seconds > limit_s and known.is_measured:
         job.say(f"{name}: stopped, it measured {describe_cost(known)} before (from the cost database)")
         return stopped(limit_s)
@@ -283,8 +296,13 @@ def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda
     except StageTooSlow as slow:
         job.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
         cost = stopped(slow.limit_s)
-    except CollageError as error:
-        return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
+    except BaseException as error:
+        if claim is not None and claim.granted:  # it lapses with this process anyway
+            with contextlib.suppress(CostDatabaseError):
+                db.release_end_to_end(key)
+        if isinstance(error, CollageError):
+            return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
+        raise
     if db is not None:
         db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
     return cost

@@ -229,6 +229,24 @@ def placement_claim_lifetime_s(settings: MeasureSettings) -> float:
     return 2 * (START_TIMEOUT_S + BUILD_TIMEOUT_S + settings.timeout_s)
 
 
+def claimed_end_to_end(db, key: str, lifetime_s: float, say, what: str) -> Claim:
+    """The cost of the whole placement under ``key`` in ``db``, measured by this run or another; or the
+    claim to measure it here, granted unless another live run held it for longer than ``lifetime_s``
+    (then it is measured here too, with a warning). ``what`` names it in what is said."""
+    claim = db.claim_end_to_end(key, lifetime_s)
+    if claim.cost is not None or claim.granted:
+        return claim
+    say(f"  {what}: another run is measuring it, waiting for its cost")
+    deadline = time.monotonic() + lifetime_s
+    while time.monotonic() < deadline:
+        time.sleep(CLAIM_POLL_S)
+        claim = db.claim_end_to_end(key, lifetime_s)
+        if claim.cost is not None or claim.granted:
+            return claim
+    log.warning("%s: another run has been measuring it for over %g s; measured here", what, lifetime_s)
+    return claim
+
+
 class EndToEndEvaluator:
     """Measures a placement end to end in a fresh worker, once per placement (kept in the cost database).
 
@@ -276,19 +294,8 @@ class EndToEndEvaluator:
     def _claimed(self, key: str, parts) -> Claim:
         """The placement's cost, measured by this run or another; or the claim to measure it here,
         granted unless another live run held it for longer than its measurement may take."""
-        claim = self.db.claim_end_to_end(key, self.claim_lifetime_s)
-        if claim.cost is not None or claim.granted:
-            return claim
-        self.job.say(f"  placement of {len(parts)} partitions: another run is measuring it, waiting for its cost")
-        deadline = time.monotonic() + self.claim_lifetime_s
-        while time.monotonic() < deadline:
-            time.sleep(CLAIM_POLL_S)
-            claim = self.db.claim_end_to_end(key, self.claim_lifetime_s)
-            if claim.cost is not None or claim.granted:
-                return claim
-        log.warning("placement of %d partitions: another run has been measuring it for over %g s; measured here",
-                    len(parts), self.claim_lifetime_s)
-        return claim
+        return claimed_end_to_end(self.db, key, self.claim_lifetime_s, self.job.say,
+                                  f"placement of {len(parts)} partitions")
 
     def _measured(self, parts) -> tuple[Cost, float]:
         """The placement measured here, and the seconds that took."""

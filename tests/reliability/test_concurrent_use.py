@@ -328,3 +328,51 @@ def test_a_placement_claimed_by_a_dead_run_is_measured_and_one_held_too_long_is_
         assert job.runs == ["dead", "held"]
         assert "another run is measuring it, waiting for its cost" in job.said[-2]
         assert evaluate(placed_on("held")) == MEASURED and evaluate.from_database == 1
+
+
+def test_a_baseline_another_run_is_measuring_is_waited_for_not_measured_again(tmp_path):
+    """The baselines (each backend alone, TVM's unpartitioned build) are claimed as placements are: a
+    run finding one claimed waits for its cost; one whose build fails gives its claim up."""
+    import threading
+
+    from collage_core.errors import CollageError
+    from collage_core.finish_stage import baseline_cost
+    from collage_core.job import BASELINE_PROTOCOL
+
+    class Job:  # what baseline_cost asks of a job
+        settings = MeasureSettings()
+
+        def __init__(self, fails=False):
+            self.runs, self.said, self.fails = [], [], fails
+
+        def end_to_end_key(self, parts, protocol, cuda_graphs):
+            return f"{parts}-{protocol}"
+
+        def run_built(self, parts, library, run_limit_s=None, cuda_graphs=None):
+            self.runs.append(parts)
+            if self.fails:
+                raise CollageError("the build failed")
+            return [], MEASURED
+
+        def say(self, message):
+            self.said.append(message)
+
+    with CostDatabase.open(tmp_path / "c.sqlite") as other, CostDatabase.open(tmp_path / "c.sqlite") as db:
+        key = Job().end_to_end_key("tvm alone", BASELINE_PROTOCOL, None)
+        assert other.claim_end_to_end(key, 3600).granted
+
+        def store():  # the other run's measurement ends (a connection of its own: this is another thread)
+            with CostDatabase.open(tmp_path / "c.sqlite") as late:
+                late.put_end_to_end(key, MEASURED, effort_s=1.0)
+
+        storing = threading.Timer(0.3, store)
+        storing.start()
+        job = Job()
+        assert baseline_cost(job, "tvm alone", "tvm alone", None, db) == MEASURED
+        storing.join()
+        assert job.runs == [] and any("another run is measuring it" in said for said in job.said)
+
+        failing = Job(fails=True)
+        assert baseline_cost(failing, "dnnl alone", "dnnl alone", None, db).kind == "invalid"
+        assert failing.runs == ["dnnl alone"]
+        assert other.claim_end_to_end(failing.end_to_end_key("dnnl alone", BASELINE_PROTOCOL, None), 3600).granted  # given up
