@@ -50,8 +50,6 @@ SIGNALS = (signal.SIGKILL, signal.SIGTERM)
 # What a failure from outside says in its reason (see collage_core.worker_client).
 FROM_OUTSIDE = re.compile(r"SIGKILL|SIGTERM|waiting for a processor")
 IN_USE = "is in use by another Collage run"
-# Files a library writes outside the output folders whatever Collage does: named in their own row.
-WRITTEN_BY_LIBRARIES = {"tmp/.ses": "ONNX Runtime's telemetry session, written into $TMPDIR on import"}
 POLL_S = 0.1
 # How long a kind of process chosen to be killed is waited for before another kind is taken.
 KIND_WAIT_S = 5.0
@@ -518,8 +516,7 @@ class Chaos:
                                                 self.check_env)]
         outlived = marked_processes(self.mark)
         new_files = listing(self.watched, (self.outputs, self.db.parent)) - watched_before
-        outside = sorted(new_files - set(WRITTEN_BY_LIBRARIES))
-        by_libraries = sorted(new_files & set(WRITTEN_BY_LIBRARIES))
+        outside = sorted(new_files)
 
         table = [
             *((f"kills: {kind}", str(count)) for kind, count in self.kills.items()),
@@ -529,8 +526,6 @@ class Chaos:
             ("transient failures kept as permanent", str(len(transient))),
             ("truncated or mismatched artifacts", str(len(torn))),
             ("files outside the output and database folders", str(len(outside))),
-            ("files libraries write there whatever Collage does",
-             "; ".join(f"{name} ({WRITTEN_BY_LIBRARIES[name]})" for name in by_libraries) or "none"),
             ("reruns passed", f"{sum(passed for passed, _ in reruns)}/{len(reruns)}"),
             ("runs failed otherwise", str(len(failed))),
             ("runs not ending cleanly on SIGTERM", str(len(unclean))),
