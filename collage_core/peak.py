@@ -97,8 +97,8 @@ class Throughput:
         return None if self.peak is None else self.tflops / self.peak.tflops
 
     def describe(self) -> str:
-        """``12.3 GFLOP per run: 4.6 TFLOP/s, 6.9% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak (...)``."""
-        text = f"{self.flops / 1e9:.1f} GFLOP per run ({COUNTED}): {self.tflops:.2f} TFLOP/s"
+        """``12.3 GFLOP per run (...): 4.60 TFLOP/s, 6.9% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak (...)``."""
+        text = f"{_si(self.flops)}FLOP per run ({COUNTED}): {_si(self.flops / self.seconds)}FLOP/s"
         if self.peak is None:
             return text + f", peak of {gpu_name(self.device) or self.device} unknown"
         return text + f", {100 * self.fraction_of_peak:.1f}% of {self.peak.describe()}"
@@ -107,6 +107,14 @@ class Throughput:
         return {"flops": self.flops, "seconds": self.seconds, "tflops": self.tflops, "device": self.device,
                 "precision": self.precision, "fraction_of_peak": self.fraction_of_peak,
                 "peak": None if self.peak is None else attrs.asdict(self.peak)}
+
+
+def _si(value: float) -> str:
+    """``12.3 G``, ``4.60 T``, ``850.0 M``: three significant figures or more, with an SI prefix."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.{2 if prefix == 'T' else 1}f} {prefix}"
+    return f"{value:.0f} "
 
 
 def throughput(flops: int, seconds: float, device: str, precision: str) -> Throughput:

@@ -112,4 +112,4 @@ def test_the_throughput_line_names_the_rate_the_fraction_of_peak_and_its_source(
                          "(NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/)")
     assert "989.5 TFLOP/s bf16 dense tensor-core peak" in throughput(10**12, 1e-3, H200, "bf16").describe()
     cpu = throughput(4 * 10**9, 0.02, "llvm:znver3", "fp32")
-    assert cpu.describe().endswith(": 0.20 TFLOP/s, peak of llvm:znver3 unknown") and cpu.to_json()["fraction_of_peak"] is None
+    assert cpu.describe().endswith(": 200.0 GFLOP/s, peak of llvm:znver3 unknown") and cpu.to_json()["fraction_of_peak"] is None
