@@ -330,6 +330,14 @@ def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budg
 # What benchmarks/precision.py --device cuda wrote, appended to RESULTS.md: the precisions, CUTLASS's rows, TF32's.
 GPU_PRECISION_REPORTS = (ROOT / "benchmarks" / "PRECISION-cuda.md", ROOT / "benchmarks" / "CUTLASS-cuda.md",
                          ROOT / "benchmarks" / "TF32-cuda.md")
+# Every torch.compile mode against Collage at fp32 and bf16 (precision.py --device cuda --modes all): the GPU part's first table.
+TORCH_COMPILE_REPORT = ROOT / "benchmarks" / "TORCH-COMPILE-cuda.md"
+
+
+def append_file(report: Path, written: Path) -> None:
+    """``written`` (a report of its own) at the end of ``report``, when it exists."""
+    if written.exists():
+        report.write_text(report.read_text().rstrip("\n") + "\n\n" + written.read_text())
 
 
 def main() -> None:
@@ -370,11 +378,11 @@ def main() -> None:
         return  # measured somewhere else: the report is written from the project's raw folders
     command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
     report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
+    append_file(report, TORCH_COMPILE_REPORT)
     if gpu_raw.is_dir():
         append_gpu_section(gpu_raw, report, ROOT / "benchmarks" / "results-cuda.png")
     for written in GPU_PRECISION_REPORTS:  # written by benchmarks/precision.py --device cuda
-        if written.exists():
-            report.write_text(report.read_text().rstrip("\n") + "\n\n" + written.read_text())
+        append_file(report, written)
     print(f"wrote {report} and its charts")
 
 

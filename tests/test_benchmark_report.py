@@ -253,22 +253,163 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
 
 def test_measuring_the_gpu_peers_at_another_precision_keeps_the_ones_measured_before(tmp_path, monkeypatch):
     """A run asking for tf32 where the raw record already holds the peers at fp32 adds tf32 beside them (the
-    peers' process is replaced here by one answering tf32 alone; Collage's run is not made)."""
-    import subprocess as real_subprocess
-    import types
-
+    peers' processes are replaced here by one answering tf32; Collage's run is not made)."""
     import precision
 
     stem = precision._stem("resnet50", 8)
     fp32 = {"median_s": 0.004, "error": 0.0}
     (tmp_path / f"{stem}.json").write_text(json.dumps({
         "model": "resnet50", "batch": 8, "backends": "tvm,cublas,cudnn", "collage": {"tf32": {"wall_s": 1.0}},
-        "peers": {mode: {"fp32": fp32} for mode in precision.GPU_MODES}}))
-    monkeypatch.setattr(precision, "_onnx_file", lambda name, batch: tmp_path / "model.onnx")
-    answered = json.dumps({"tf32": {"median_s": 0.001, "error": 5e-4}})
-    monkeypatch.setattr(precision, "subprocess", types.SimpleNamespace(
-        run=lambda *args, **kwargs: real_subprocess.CompletedProcess(args, 0, stdout=answered + "\n", stderr="")))
+        "peers": {mode: {"fp32": fp32} for mode in precision.DEFAULT_GPU_MODES}}))
+    asked = []
+
+    def run_peer(name, batch, mode, precision_, timeout_s, device="cuda"):
+        asked.append((mode, precision_))
+        return {"median_s": 0.001, "error": 5e-4}
+
+    monkeypatch.setattr(precision, "run_peer", run_peer)
     record = precision.measure_on_gpu("resnet50", 8, "tvm,cublas,cudnn", tmp_path, precisions=("tf32",))
-    for mode in precision.GPU_MODES:
+    assert asked == [(mode, "tf32") for mode in precision.DEFAULT_GPU_MODES]
+    for mode in precision.DEFAULT_GPU_MODES:
         assert record["peers"][mode] == {"fp32": fp32, "tf32": {"median_s": 0.001, "error": 5e-4}}
     assert json.loads((tmp_path / f"{stem}.json").read_text())["peers"] == record["peers"]
+
+
+def _gpu_run(ms: float, mix: dict, tflops: float = 0.0, fraction: float | None = None) -> dict:
+    """A Collage run as precision.py keeps it: its results.json, with the throughput its report gives."""
+    throughput = {"flops": int(tflops * 1e12 * ms / 1e3), "tflops": tflops, "fraction_of_peak": fraction,
+                  "device": "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0)",
+                  "peak": {"gpu": "H200", "precision": "fp32", "tflops": 67.0, "source": "NVIDIA H200 Tensor Core GPU datasheet",
+                           "url": "https://www.nvidia.com/en-us/data-center/h200/"}}
+    return {"results": {"end_to_end": [{"name": "placement", "cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
+                        "numerics": {"max_rel_error": 1e-6}, "throughput": throughput}, "wall_s": 120.0}
+
+
+def _peer_ms(ms: float, compile_s: float = 30.0) -> dict:
+    return {"median_s": ms / 1e3, "spread_s": 1e-5, "repeats": 50, "compile_s": compile_s, "error": 1e-6}
+
+
+def _torch_compile_records() -> list[dict]:
+    import precision
+
+    eager, default, reduced, autotuned, autotuned_alone = precision.GPU_MODES
+    resnet = {"model": "resnet50", "batch": 1, "backends": "tvm,cublas,cudnn",
+              "collage": {"fp32": _gpu_run(2.0, {"cudnn": 139, "tvm": 37}, tflops=4.1, fraction=0.0612)},
+              "peers": {eager: {"fp32": _peer_ms(3.5, 0.2)}, default: {"fp32": _peer_ms(3.0, 40.0)},
+                        reduced: {"fp32": _peer_ms(2.5, 45.0)},
+                        autotuned: {"fp32": {"error": "timed out after 420 s", "timed_out_s": 420.0}},
+                        autotuned_alone: {"fp32": {"error": "RuntimeError: out of resource: shared memory"}}}}
+    bert = {"model": "bert-base", "batch": 8, "backends": "tvm,cublas,cudnn",
+            "collage": {"fp32": _gpu_run(4.4, {"cublas": 180, "tvm": 235}, tflops=36.0, fraction=0.537),
+                        "bf16": {"error": "ValueError: no bf16 here"}},
+            "peers": {mode: {"fp32": _peer_ms(ms), "bf16": _peer_ms(ms / 3)}
+                      for mode, ms in zip(precision.GPU_MODES, (9.6, 6.0, 6.0, 4.0, 4.5))}}
+    return [resnet, bert]
+
+
+def test_the_torch_compile_table_has_one_row_per_model_batch_and_precision_with_every_mode_and_the_geomean():
+    import precision
+
+    text = precision.gpu_report(_torch_compile_records(), "python benchmarks/precision.py --device cuda --modes all")
+    header = next(line for line in text.splitlines() if line.startswith("| model | batch | precision |"))
+    assert header.startswith("| model | batch | precision | eager (ms) | default (ms) | reduce-overhead (ms) | max-autotune (ms) | "
+                             "max-autotune-no-cudagraphs (ms) | fastest peer | Collage (ms) | Collage / fastest peer |")
+    rows = {tuple(cells[:3]): cells for line in text.splitlines() if line.startswith("| resnet50 |") or line.startswith("| bert-base |")
+            for cells in [[cell.strip() for cell in line.strip("|").split("|")]] if len(cells) == len(header.strip("|").split("|"))}
+    resnet = rows[("resnet50", "1", "fp32")]
+    assert resnet[3:8] == ["3.500", "3.000 (40 s)", "2.500 (45 s)", "timed out (420 s)", "failed (1)"]  # eager: no compile time
+    assert resnet[8:11] == ["reduce-overhead", "2.000", "0.80"]  # the fastest of the peers that ran: 2.0 / 2.5
+    assert resnet[11:] == ["cudnn 139, tvm 37", "8.2", "4.10", "6.1%"]
+    bert = rows[("bert-base", "8", "fp32")]
+    assert bert[8:10] == ["max-autotune", "4.400"] and bert[10] == "1.10"  # 4.4 / 4.0
+    assert bert[-1] == "53.7%"
+    assert rows[("bert-base", "8", "bf16")][9:11] == ["failed (2)", "-"]
+    geomean = math.sqrt(0.8 * 1.1)
+    assert f"Geomean of Collage / fastest peer over 2 of 3 rows: {geomean:.2f} (Collage {1 / geomean:.2f}x faster)." in text
+    assert "1. resnet50 b1 fp32, max-autotune-no-cudagraphs: RuntimeError: out of resource: shared memory" in text
+    assert "2. bert-base b8 bf16, Collage: ValueError: no bf16 here" in text
+    assert ("Peaks: H200 fp32 67 TFLOP/s (NVIDIA H200 Tensor Core GPU datasheet, "
+            "https://www.nvidia.com/en-us/data-center/h200/).") in text
+    assert "recorded the device as cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0)." in text
+    # The per-model tables show every mode too.
+    section = text.split("## resnet50, batch 1", 1)[1]
+    assert "| eager (ms) | default (ms) | reduce-overhead (ms) | max-autotune (ms) | max-autotune-no-cudagraphs (ms) | Collage / best peer |" in section
+
+
+def test_no_ratio_is_claimed_while_a_peer_is_still_to_be_measured():
+    import precision
+
+    records = _torch_compile_records()
+    del records[1]["peers"]["torch.compile max-autotune"]["fp32"]
+    text = precision.gpu_report(records)
+    row = next(line for line in text.splitlines() if line.startswith("| bert-base | 8 | fp32 |"))
+    assert [cell.strip() for cell in row.strip("|").split("|")][6:11] == ["-", "4.500 (30 s)", "-", "4.400", "-"]
+    assert "over 1 of 3 rows: 0.80" in text
+
+
+def test_records_of_two_peers_keep_their_columns():
+    """Reports made before the other torch.compile modes (PRECISION-cuda.md, TF32-cuda.md) are written as they were."""
+    import precision
+
+    record = {"model": "resnet50", "batch": 8, "backends": "tvm,cublas,cudnn", "collage": {"fp32": _gpu_run(3.46, {"cudnn": 127})},
+              "peers": {"pytorch eager": {"fp32": {"median_s": 4.287e-3, "error": 0.0}},
+                        "torch.compile reduce-overhead": {"error": "RuntimeError: compile failed"}}}
+    text = precision.gpu_report([record])
+    assert ("| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
+            "Collage / best peer | Collage error | eager error | reduce-overhead error | Collage's run (s) |") in text
+    row = next(line for line in text.splitlines() if line.startswith("| fp32 | 3.460"))
+    assert "| 4.287 | RuntimeError: compile failed | 0.81 |" in row  # the failed peer is no contender
+
+
+def test_the_gpu_benchmark_resumes_and_records_a_timeout_but_not_a_run_its_budget_cut_short(tmp_path, monkeypatch):
+    import precision
+
+    calls = []
+
+    def run_peer(name, batch, mode, precision_, timeout_s, device="cuda"):
+        calls.append((mode, precision_, timeout_s))
+        if mode == "torch.compile max-autotune":
+            return {"error": f"timed out after {timeout_s:.0f} s", "timed_out_s": timeout_s}
+        return _peer_ms(1.0)
+
+    made = []
+    monkeypatch.setattr(precision, "run_peer", run_peer)
+    monkeypatch.setattr(precision, "_onnx_file", lambda name, batch: tmp_path / "model.onnx")
+    monkeypatch.setattr(precision, "optimize", lambda onnx, p, backends, out, extra, cost_db, timeout_s: made.append(p) or _gpu_run(0.9, {"tvm": 1}))
+    modes = ("pytorch eager", "torch.compile max-autotune")
+
+    class Spent(precision.Budget):  # the second peer finds 100 s left, less than its 420 s
+        def __init__(self):
+            self.lefts = iter([1000.0, 100.0])
+
+        def left(self):
+            return next(self.lefts, 0.0)
+
+    record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes, budget=Spent())
+    assert calls == [("pytorch eager", "fp32", 420.0), ("torch.compile max-autotune", "fp32", 100.0)] and not made
+    assert "torch.compile max-autotune" not in record["peers"]  # cut short by the budget: measured next time
+    assert precision.left_to_measure(record, ("fp32",), modes) == ["resnet50 b1 torch.compile max-autotune fp32",
+                                                                   "resnet50 b1 Collage fp32"]
+    calls.clear()
+    record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes, only="peers")
+    assert calls == [("torch.compile max-autotune", "fp32", 420.0)] and not made  # the eager run is kept
+    assert record["peers"]["torch.compile max-autotune"]["fp32"]["timed_out_s"] == 420.0
+    calls.clear()
+    record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes)
+    assert calls == [] and made == ["fp32"]  # a time-out is a result: not measured again
+    assert precision.left_to_measure(record, ("fp32",), modes) == []
+    assert precision.left_to_measure(record, ("fp32",), modes, retry_failed=True) == ["resnet50 b1 torch.compile max-autotune fp32"]
+    assert json.loads((tmp_path / "resnet50_b1.json").read_text()) == record
+    assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.slow  # 25 s eager, a minute compiled, on 2 cores
+@pytest.mark.parametrize("mode", ["pytorch eager", "torch.compile default"])
+def test_a_gpu_peer_process_runs_on_the_cpu(mode):
+    """The peers' process code, on the CPU with a 4-layer BERT: its latency, compile time and error against eager."""
+    pytest.importorskip("transformers")
+    import precision
+
+    result = precision.run_peer("bert", 1, mode, "fp32", timeout_s=600, device="cpu")
+    assert result["median_s"] > 0 and result["compile_s"] > 0 and result["repeats"] >= 1, result
+    assert result["error"] < 1e-4
