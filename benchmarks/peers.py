@@ -9,7 +9,9 @@ eager, torch.compile and torch.compile's "reduce-overhead" mode (its CUDA graphs
 TF32 off) and Collage's cold run with ``--target cuda --backends tvm,cublas,cudnn``, whose placement
 replays as CUDA graphs and which measures beside it the same placement without graphs, each backend
 alone (cuBLAS and cuDNN with TVM for the rest) and TVM's unpartitioned build. RESULTS.md gets a section of
-its own for the GPU rows, with the GPU and the library versions the run recorded.
+its own for the GPU rows, with the GPU and the library versions the run recorded, after the table of every
+torch.compile mode against Collage at fp32 and bf16 (``benchmarks/TORCH-COMPILE-cuda.md``, written by
+``precision.py --device cuda --modes all``) and before the other reports ``precision.py --device cuda`` wrote.
 
 For each batch size, each model (every model at batch 1 first), in this order and each in a fresh process:
   peers            ONNX Runtime and OpenVINO (default sessions; OpenVINO in fp32), PyTorch eager, torch.compile (inductor)
