@@ -347,6 +347,7 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
     cost_db.parent.mkdir(parents=True, exist_ok=True)
     for spec in precisions if only != "peers" else ():  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
         if wanted(record["collage"].get(spec)):
+            onnx = _onnx_file(name, batch) if budget.left() >= 60 else None  # made by scripts/make_hf_models.py once
             left = budget.left()
             if left < 60:
                 print(f"{name} b{batch}: Collage at {spec} not started: the budget is spent", flush=True)
@@ -356,7 +357,7 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
                      *(() if compare else ("--no-compare",)))
             print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}", flush=True)
             out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-").replace("+", "-")
-            run = optimize(_onnx_file(name, batch), precision, run_backends, out, extra, cost_db,
+            run = optimize(onnx, precision, run_backends, out, extra, cost_db,
                            None if left == float("inf") else left)
             if run is None:
                 print(f"{name} b{batch}: Collage at {spec} cut short by the budget: made again in a later call", flush=True)
