@@ -50,6 +50,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -659,7 +660,7 @@ def main() -> None:
                   "nothing left to measure", flush=True)
         shown = [a for a in sys.argv[1:] if a not in ("--only-report", "--retry-failed")]
         about = raw / ABOUT_FILE
-        text = gpu_report(records, " ".join(["python benchmarks/precision.py", *shown]),
+        text = gpu_report(records, shlex.join(["python", "benchmarks/precision.py", *shown]),
                           f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/",
                           about.read_text() if about.is_file() else "")
         (args.report or HERE / "PRECISION-cuda.md").write_text(text + "\n")
