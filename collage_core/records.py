@@ -28,10 +28,11 @@ class Backend:
     # cuBLAS and cuDNN do). When it does not, the core builds its candidates several at once and
     # times them one by one afterwards; when it does, each is built and timed alone.
     lowering_uses_device: bool = True
-    # Whether Collage places on it when the user names no backends. A backend whose compilation
-    # costs seconds per partition (TorchInductor) is placed on only when named (``--backends``),
-    # so that the default run stays quick.
-    chosen_by_default: bool = True
+    # Whether Collage places on it when the user names no backends: True (on every device it serves),
+    # False (only when named, ``--backends``), or the device kinds where it is chosen by default.
+    # TorchInductor compiles each region for seconds, quick enough beside a GPU's other costs but not
+    # on the CPU, so it says ("cuda",) and the default CPU run stays quick.
+    chosen_by_default: bool | tuple[str, ...] = True
 
 
 @attrs.frozen

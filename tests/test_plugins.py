@@ -228,6 +228,28 @@ def test_select_backends_unavailable_name_gives_the_reason(pm):
     assert [info.name for info in select_backends(infos)] == ["alpha"]
 
 
+def test_a_backend_chosen_by_default_on_some_devices_is_placed_on_there_without_being_named(pm):
+    class GpuByDefault(Provides):
+        @hookimpl
+        def collage_register_backends(self, register):
+            register(Backend(self.name, OP_LEVEL, ("cpu", "cuda"), "1", chosen_by_default=("cuda",)))
+
+    class OnlyWhenNamed(Provides):
+        @hookimpl
+        def collage_register_backends(self, register):
+            register(Backend(self.name, OP_LEVEL, ("cpu", "cuda"), "1", chosen_by_default=False))
+
+    pm.register(Provides("alpha"), name="alpha_plugin")
+    pm.register(GpuByDefault("compiled"), name="compiled_plugin")
+    pm.register(OnlyWhenNamed("slow"), name="slow_plugin")
+    infos = discover_backends(pm)
+    cpu, cuda = tvm_compat.make_target({"kind": "llvm"}), tvm_compat.make_target({"kind": "cuda"})
+    assert [info.name for info in select_backends(infos, target=cuda)] == ["alpha", "compiled"]
+    assert [info.name for info in select_backends(infos, target=cpu)] == ["alpha"]
+    assert [info.name for info in select_backends(infos)] == ["alpha"]  # no target: only those chosen everywhere
+    assert [info.name for info in select_backends(infos, ["slow", "compiled"], target=cpu)] == ["slow", "compiled"]
+
+
 # --- collage_contribute_patterns
 
 
