@@ -6,6 +6,15 @@ the module's buffers. ``torch.export`` traces it into the FX graph that torch.co
 Each operator is converted only after :func:`refusal` has accepted it: the ONNX converter's
 refusals (``collage_core.relax_onnx.support``: the attribute combinations where Relax's meaning
 is easy to get wrong), then PyTorch's own (:data:`TORCH_REFUSALS`).
+
+The program holds no device: :func:`exported` traces it at the partition's shapes and dtypes with
+CPU tensors, and the runtime moves it to the device it runs on (``move_to_device_pass``), so one
+lowering serves any device and needs none. Its dtypes are the partition's: float32, and on a GPU
+the 16-bit types of ``collage optimize --precision bf16|fp16`` (:data:`SIXTEEN_BIT`). A product of
+16-bit operands that Relax accumulates into a float32 result runs as PyTorch's 16-bit product
+(tensor cores, float32 accumulation) widened to float32: the result rounded once to 16 bits. TVM's
+mixed-precision pass casts nearly every such product back to 16 bits, where the two agree; elsewhere
+they differ by that rounding, within the precision's tolerance.
 """
 
 from __future__ import annotations
@@ -42,9 +51,14 @@ TORCH_REFUSALS: dict[str, Callable] = {}
 SUPPORTED_OPS = support.SUPPORTED_OPS
 
 
-def refusal(call) -> Optional[str]:
-    """Why ``call`` cannot be converted to PyTorch faithfully, or None when it can."""
-    refused = support.refusal(call)
+# The 16-bit floating types the converter takes besides float32 where the backend opts in (on CUDA).
+SIXTEEN_BIT = support.SIXTEEN_BIT
+
+
+def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
+    """Why ``call`` cannot be converted to PyTorch faithfully, or None when it can; ``sixteen_bit``: the
+    16-bit types taken besides float32 (see ``collage_core.relax_onnx.support.refusal``)."""
+    refused = support.refusal(call, sixteen_bit)
     if refused:
         return refused
     check = TORCH_REFUSALS.get(tvm_compat.op_name(call))
@@ -54,6 +68,28 @@ def refusal(call) -> Optional[str]:
 def _torch_dtype(dtype: str) -> torch.dtype:
     """``float32`` -> ``torch.float32`` (the converter's dtypes are named alike in both)."""
     return getattr(torch, dtype)
+
+
+def _as_tensor(array) -> torch.Tensor:
+    """A numpy array (ml_dtypes' bfloat16 too, which torch.from_numpy does not know) as a CPU tensor of its dtype."""
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":  # every bfloat16 value is a float32 value: widen, then narrow exactly
+        return torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+def _accumulating(call, fn) -> Callable:
+    """``fn`` for a product whose 16-bit operands Relax accumulates into a wider result (``out_dtype``): PyTorch's
+    16-bit product (float32 accumulation, the result in the operands' type) widened to that result's dtype."""
+    result, operands = (tvm_compat.tensor_shape_dtype(expr)[1] for expr in (call, call.args[0]))
+    if result == operands:
+        return fn
+    dtype = _torch_dtype(result)
+    return lambda *args: fn(*args).to(dtype)
+
+
+def _matmul(call):
+    return _accumulating(call, torch.matmul)
 
 
 def _elementwise(fn) -> Callable:
@@ -79,8 +115,9 @@ def _conv2d(call):
     top, left, bottom, right = _ints(attrs.padding)
     strides, dilation, groups = _ints(attrs.strides), _ints(attrs.dilation), int(attrs.groups)
     if (top, left) == (bottom, right):
-        return lambda x, w: F.conv2d(x, w, None, strides, [top, left], dilation, groups)
-    return lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0, dilation, groups)
+        return _accumulating(call, lambda x, w: F.conv2d(x, w, None, strides, [top, left], dilation, groups))
+    return _accumulating(call, lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0,
+                                                     dilation, groups))
 
 
 def _pool2d(call):
@@ -102,7 +139,7 @@ def _pool2d(call):
         return lambda x: F.max_pool2d(F.pad(x, padding, value=float("-inf")), kernel, strides, 0, dilation)
     counts = np.outer(*[[axis.divisor(index * axis.stride - axis.begin, include) for index in range(axis.length)]
                         for axis in axes])
-    divisor = torch.from_numpy(counts.astype(tvm_compat.tensor_shape_dtype(call)[1]))
+    divisor = torch.from_numpy(counts.astype(np.float32)).to(_torch_dtype(tvm_compat.tensor_shape_dtype(call)[1]))
     return lambda x: F.avg_pool2d(F.pad(x, padding), kernel, strides, 0, divisor_override=1) / divisor
 
 
@@ -313,7 +350,7 @@ CONVERTERS: dict[str, Callable] = {
     "relax.logical_not": _elementwise(torch.logical_not),
     "relax.clip": _clip,
     "relax.nn.conv2d": _conv2d,
-    "relax.matmul": _elementwise(torch.matmul),
+    "relax.matmul": _matmul,
     "relax.nn.max_pool2d": _pool2d,
     "relax.nn.avg_pool2d": _pool2d,
     "relax.nn.adaptive_avg_pool2d": _adaptive_avg_pool2d,
@@ -353,7 +390,7 @@ class RelaxProgram(torch.nn.Module):
         super().__init__()
         self.steps, self.outputs = steps, outputs
         for name, array in constants.items():
-            self.register_buffer(name, torch.from_numpy(np.array(array, copy=True)), persistent=True)
+            self.register_buffer(name, _as_tensor(array), persistent=True)
 
     def _resolve(self, reference, inputs, values):
         kind = reference[0]
@@ -375,7 +412,8 @@ class RelaxProgram(torch.nn.Module):
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self, sixteen_bit: frozenset):
+        self.sixteen_bit = sixteen_bit
         self.steps: list = []
         self.references: dict = {}  # Relax expression -> reference
         self.constants: dict[str, np.ndarray] = {}
@@ -394,7 +432,7 @@ class _Builder:
         raise UnsupportedError(f"argument {type(expr).__name__} {expr} is neither a converted value nor a constant")
 
     def call(self, call):
-        refused = refusal(call)
+        refused = refusal(call, self.sixteen_bit)
         if refused:
             raise UnsupportedError(refused)
         fn = CONVERTERS[tvm_compat.op_name(call)](call)
@@ -405,9 +443,10 @@ class _Builder:
         return ("value", len(self.steps) - 1)
 
 
-def convert(func: relax.Function) -> RelaxProgram:
-    """``func`` as a PyTorch module; raises :class:`UnsupportedError` for anything it cannot reproduce."""
-    b = _Builder()
+def convert(func: relax.Function, sixteen_bit: frozenset = frozenset()) -> RelaxProgram:
+    """``func`` as a PyTorch module; raises :class:`UnsupportedError` for anything it cannot reproduce.
+    ``sixteen_bit``: the 16-bit types (of :data:`SIXTEEN_BIT`) taken besides float32."""
+    b = _Builder(sixteen_bit)
     for index, param in enumerate(func.params):
         try:
             tvm_compat.tensor_shape_dtype(param)
@@ -442,7 +481,7 @@ def convert(func: relax.Function) -> RelaxProgram:
 
 
 def example_inputs(func: relax.Function) -> tuple[torch.Tensor, ...]:
-    """Zero tensors of the parameters' static shapes and dtypes (what ``torch.export`` traces with)."""
+    """Zero CPU tensors of the parameters' static shapes and dtypes (what ``torch.export`` traces with)."""
     inputs = []
     for param in func.params:
         shape, dtype = tvm_compat.tensor_shape_dtype(param)
@@ -450,7 +489,8 @@ def example_inputs(func: relax.Function) -> tuple[torch.Tensor, ...]:
     return tuple(inputs)
 
 
-def exported(func: relax.Function) -> "torch.export.ExportedProgram":
-    """``func`` converted and traced by ``torch.export`` at its static shapes."""
-    return torch.export.export(convert(func), example_inputs(func), strict=False)
+def exported(func: relax.Function, sixteen_bit: frozenset = frozenset()) -> "torch.export.ExportedProgram":
+    """``func`` converted and traced by ``torch.export`` at its static shapes and dtypes, on the CPU (the
+    runtime moves it to its device)."""
+    return torch.export.export(convert(func, sixteen_bit), example_inputs(func), strict=False)
 

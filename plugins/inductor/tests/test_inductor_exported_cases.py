@@ -41,7 +41,7 @@ def test_compiled_by_inductor_matches_tvm():
         R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),
     ], NCHW4)
     x = random_input(NCHW4[0], F, np.random.default_rng(2))
-    compiled = runtime._compile(saved_and_loaded(func), 0).compiled
+    compiled = runtime._compile(saved_and_loaded(func), (runtime.CPU, 0)).compiled
     with torch.inference_mode():
         results = compiled(torch.from_numpy(x))
     assert_same([result.numpy() for result in results], run_tvm(func, [x]))
