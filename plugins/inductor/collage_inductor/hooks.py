@@ -1,9 +1,12 @@
-"""TorchInductor (torch.compile) as a Collage backend, graph level, on the CPU.
+"""TorchInductor (torch.compile) as a Collage backend, graph level, on the CPU and on NVIDIA GPUs.
 
 Each partition is converted to a PyTorch program (``relax_to_torch``), traced by ``torch.export``
 and replaced by a call to the packed function ``collage_inductor.run`` that carries the exported
 program as a constant, so the built executable is self-contained: running it needs only
-``import collage_inductor``, and the program is compiled by inductor when it first runs.
+``import collage_inductor``, and the program is compiled by inductor (C++ on the CPU, Triton on
+CUDA) when it first runs, on the device it runs on (``runtime`` says how it runs on TVM's CUDA
+stream and inside Collage's CUDA graphs). Chosen by default on CUDA only: compiling a region takes
+seconds, small beside a GPU run's other costs, too slow for the default CPU run.
 """
 
 from __future__ import annotations
@@ -16,17 +19,24 @@ import os
 import shutil
 from typing import Optional
 
-from collage_core.build import replace_functions
+from pathlib import Path
+
+from tvm import relax
+
+from collage_core import cuda_libraries
+from collage_core.build import packed_call_function, replace_functions
 from collage_core.hookspecs import hookimpl
 from collage_core.records import GRAPH_LEVEL, Availability, Backend
-from collage_core.relax_onnx import lowering, patterns
+from collage_core.relax_onnx import lowering, patterns, support
 from collage_inductor import runtime
 
 BACKEND = "inductor"
 INSTALL_HINT = "pip install torch==2.13.0"
+CUDA_INSTALL_HINT = "pip install torch --index-url https://download.pytorch.org/whl/cu130"
+TRITON_INSTALL_HINT = "pip install triton"
 # How partitions are lowered and run. Part of the backend's version, so costs measured with other
 # code are never reused.
-LOWERING_REVISION = 2
+LOWERING_REVISION = 3
 
 
 def _import_torch():
@@ -44,6 +54,28 @@ def _torch_version() -> str:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def _torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build, read from its files without importing it."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    return any((Path(spec.origin).parent / "lib").glob("libtorch_cuda*.so*"))
+
+
+def _cuda_refusal() -> Optional[str]:
+    """Why inductor cannot run on this machine's NVIDIA GPU, or None (also where there is no GPU)."""
+    try:
+        cuda_libraries.first_gpu()
+    except cuda_libraries.CudaUnavailable:
+        return None
+    if not _torch_has_cuda():
+        return (f"this machine has an NVIDIA GPU but torch {_torch_version()} is built without CUDA: "
+                f"{CUDA_INSTALL_HINT}")
+    if importlib.util.find_spec("triton") is None:
+        return f"TorchInductor's CUDA kernels are Triton's and triton is not installed: {TRITON_INSTALL_HINT}"
+    return None
 
 
 def _cpp_compiler() -> Optional[str]:
@@ -64,13 +96,16 @@ def collage_register_backends(register):
         Backend(
             name=BACKEND,
             kind=GRAPH_LEVEL,
-            device_kinds=("cpu",),
+            device_kinds=("cpu", "cuda"),
             version=f"torch-{_torch_version()}+lowering-{LOWERING_REVISION}",
-            description="TorchInductor: torch.compile of partitions converted to PyTorch programs (CPU)",
-            runtime_needs=f"the collage-inductor plugin (pip install -e plugins/inductor), torch ({INSTALL_HINT}) "
-                          "and a C++ compiler",
+            description="TorchInductor: torch.compile of partitions converted to PyTorch programs "
+                        "(C++ kernels on the CPU, Triton kernels on CUDA; fp32, and bf16/fp16 on CUDA)",
+            runtime_needs=f"the collage-inductor plugin (pip install -e plugins/inductor), torch ({INSTALL_HINT}; "
+                          f"on CUDA a CUDA build, {CUDA_INSTALL_HINT}, and triton) and a C++ compiler",
             lowering_uses_device=False,  # converts and traces only; inductor compiles when the partition first runs
-            chosen_by_default=False,  # inductor compiles each region for seconds: only when named
+            # Inductor compiles each region for seconds: by default on CUDA, where that is small beside the
+            # run's other costs; on the CPU only when named.
+            chosen_by_default=("cuda",),
         )
     )
 
@@ -84,6 +119,9 @@ def collage_check_availability(backend):
     if _cpp_compiler() is None:
         return Availability.no(f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on "
                                "the PATH: apt-get install g++")
+    cuda_refusal = _cuda_refusal()
+    if cuda_refusal is not None:
+        return Availability.no(cuda_refusal)
     return Availability.yes()
 
 
@@ -91,27 +129,37 @@ def collage_check_availability(backend):
 def collage_contribute_patterns(backend, target):
     if backend.name != BACKEND:
         return None
-    if target.kind.name not in ("llvm", "c"):
+    if target.kind.name not in ("llvm", "c", "cuda"):
         return []
-    return patterns.operator_patterns(BACKEND, _torch_only_refusal)
+    return patterns.operator_patterns(BACKEND, _torch_only_refusal, sixteen_bit(target))
 
 
-def lower_function(func, name: str):
-    """``func`` with its body replaced by one ``collage_inductor.run`` call on its exported program."""
+def sixteen_bit(target) -> frozenset:
+    """The 16-bit types partitions may hold besides float32 on ``target``: bfloat16 and float16 on CUDA (tensor
+    cores), none on the CPU."""
+    return support.SIXTEEN_BIT if target.kind.name == "cuda" else frozenset()
+
+
+def lower_function(func, name: str, taken: frozenset = frozenset()):
+    """``func`` with its body replaced by one ``collage_inductor.run`` call on its exported program (taking
+    the 16-bit types ``taken``): ``run(key, program, *params)``, the key a string that stays on the host."""
     import torch
 
     from collage_inductor import relax_to_torch
 
     buffer = io.BytesIO()
-    torch.export.save(relax_to_torch.exported(func), buffer)
-    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, lowering.pack_blob(buffer.getvalue()))
+    torch.export.save(relax_to_torch.exported(func, taken), buffer)
+    blob = lowering.pack_blob(buffer.getvalue())
+    return packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.key_of(blob),
+                                [relax.const(blob), *func.params])
 
 
 @hookimpl
 def collage_lower_partitions(backend, mod, function_names, target):
     if backend.name != BACKEND:
         return None
-    return replace_functions(mod, function_names, lower_function)
+    taken = sixteen_bit(target)
+    return replace_functions(mod, function_names, lambda func, name: lower_function(func, name, taken))
 
 
 @hookimpl

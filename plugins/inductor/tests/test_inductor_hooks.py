@@ -6,6 +6,7 @@ Relax's VM and compared with numpy, as ``collage_core.relax_onnx.placement_cases
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 
@@ -16,7 +17,7 @@ import tvm
 from tvm import relax
 
 import collage_inductor
-from collage_core import tvm_compat
+from collage_core import cuda_libraries, tvm_compat
 from collage_core.backends import contribute_patterns
 from collage_core.build import partitions_by_backend
 from collage_core.candidates import enumerate_candidates
@@ -30,13 +31,15 @@ from collage_core.relax_onnx.placement_cases import (
 from collage_inductor import hooks, relax_to_torch, runtime
 
 TARGET = tvm_compat.host_cpu_target()
+CUDA = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
 
 
-def test_collage_register_backends_registers_a_graph_level_cpu_backend(backends):
+def test_collage_register_backends_registers_a_graph_level_backend_for_the_cpu_and_cuda(backends):
     backend = backends["inductor"]
-    assert backend.kind == GRAPH_LEVEL and backend.device_kinds == ("cpu",)
+    assert backend.kind == GRAPH_LEVEL and backend.device_kinds == ("cpu", "cuda")
     assert backend.version == f"torch-{torch.__version__}+lowering-{hooks.LOWERING_REVISION}"
-    assert not backend.lowering_uses_device and not backend.chosen_by_default
+    assert not backend.lowering_uses_device and backend.chosen_by_default == ("cuda",)
+    assert "CPU only" not in backend.description and "Triton kernels on CUDA" in backend.description
 
 
 def test_collage_check_availability_says_what_is_missing(backends, monkeypatch):
@@ -52,18 +55,49 @@ def test_collage_check_availability_says_what_is_missing(backends, monkeypatch):
     assert availability.reason == "torch is not installed: pip install torch==2.13.0"
 
 
-def test_inductor_is_placed_on_only_when_named(pm):
+def as_if_there_were_a_gpu(monkeypatch):
+    monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000, "580"))
+
+
+def test_on_a_machine_with_a_gpu_inductor_needs_torch_built_with_cuda(backends, monkeypatch):
+    as_if_there_were_a_gpu(monkeypatch)
+    monkeypatch.setattr(hooks, "_torch_has_cuda", lambda: False)
+    availability = hooks.collage_check_availability(backends["inductor"])
+    assert availability.reason == (f"this machine has an NVIDIA GPU but torch {torch.__version__} is built without "
+                                   "CUDA: pip install torch --index-url https://download.pytorch.org/whl/cu130")
+
+
+def test_on_a_machine_with_a_gpu_inductor_needs_triton(backends, monkeypatch):
+    as_if_there_were_a_gpu(monkeypatch)
+    monkeypatch.setattr(hooks, "_torch_has_cuda", lambda: True)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "triton" else find_spec(name))
+    availability = hooks.collage_check_availability(backends["inductor"])
+    assert availability.reason == ("TorchInductor's CUDA kernels are Triton's and triton is not installed: "
+                                   "pip install triton")
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert hooks.collage_check_availability(backends["inductor"]).available == (find_spec("triton") is not None)
+
+
+def test_a_cpu_build_of_torch_is_told_apart_from_a_cuda_build():
+    assert hooks._torch_has_cuda() == (torch.version.cuda is not None)
+
+
+def test_inductor_is_chosen_by_default_on_cuda_and_only_when_named_on_the_cpu(pm):
     from collage_core.backends import discover_backends, select_backends
 
     infos = discover_backends(pm)
+    assert "inductor" not in [info.name for info in select_backends(infos, target=TARGET)]
     assert "inductor" not in [info.name for info in select_backends(infos)]
+    assert "inductor" in [info.name for info in select_backends(infos, target=CUDA)]
     assert [info.name for info in select_backends(infos, ["inductor", "tvm"])] == ["inductor", "tvm"]
 
 
 def test_collage_contribute_patterns_one_checked_pattern_per_convertible_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["inductor"], TARGET)
     assert [p.name for p in patterns] == [f"inductor.{op.rsplit('.', 1)[1]}" for op in support.SUPPORTED_OPS]
-    assert hooks.collage_contribute_patterns(backends["inductor"], tvm.target.Target({"kind": "cuda"})) == []
+    assert [p.name for p in contribute_patterns(pm, backends["inductor"], CUDA)] == [p.name for p in patterns]
+    assert hooks.collage_contribute_patterns(backends["inductor"], tvm.target.Target({"kind": "vulkan"})) == []
 
     def make(bb, x):
         conv = bb.emit(R.nn.conv2d(x, relax.const(np.ones((8, 3, 3, 3), F))))
@@ -81,7 +115,9 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
     assert hooks.collage_lower_partitions(backends["tvm"], placed, [name], TARGET) is None
     (binding,) = lowered[name].body.blocks[0].bindings
     assert str(binding.value.args[0].global_symbol) == runtime.RUN_FUNCTION
-    blob = tvm_compat.constant_array(binding.value.args[1].fields[0])
+    key, program_constant, operand = binding.value.args[1].fields
+    blob = tvm_compat.constant_array(program_constant)
+    assert key.value == runtime.key_of(blob) and operand.same_as(lowered[name].params[0])
     program = torch.export.load(io.BytesIO(lowering.unpack_blob(blob)[0]))
     x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
     (result,) = program.module()(torch.from_numpy(x))
@@ -98,28 +134,44 @@ def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
 
 
 def relu_blob():
+    """The key and the program of a lowered ReLU of a (2, 3) float32 tensor, the program as the VM passes it."""
     buffer = io.BytesIO()
     torch.export.save(relax_to_torch.exported(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"]), buffer)
-    return tvm_compat.to_tensor(lowering.pack_blob(buffer.getvalue()), DEVICE)
+    blob = lowering.pack_blob(buffer.getvalue())
+    return runtime.key_of(blob), tvm_compat.to_tensor(blob, DEVICE)
 
 
 def test_runtime_compiles_once_and_registers_idempotently():
     runtime.PROGRAMS.clear()
-    blob = relu_blob()
+    key, blob = relu_blob()
     x, out = (tvm_compat.to_tensor(np.full((2, 3), value, F), DEVICE) for value in (-1.0, 7.0))
-    runtime.run(blob, x, out)
+    runtime.run(key, blob, x, out)
     runtime.register()
-    tvm.get_global_func(runtime.RUN_FUNCTION)(blob, x, out)
+    tvm.get_global_func(runtime.RUN_FUNCTION)(key, blob, x, out)
     assert len(runtime.PROGRAMS) == 1 and collage_inductor.runtime is runtime
     assert torch.get_num_threads() == runtime.threads()
 
 
 def test_runtime_reads_and_writes_the_tensors_in_place():
-    check_runs_in_place(runtime.run, relu_blob(), runtime.VIEWS_PER_THREAD)
+    key, blob = relu_blob()
+    check_runs_in_place(functools.partial(runtime.run, key), blob, runtime.VIEWS_PER_THREAD)
 
 
-def test_runtime_refuses_a_blob_that_does_not_match_its_digest():
+def test_runtime_refuses_a_blob_that_does_not_match_its_digest_or_its_key():
     blob = lowering.pack_blob(b"not really a model").copy()
+    key = runtime.key_of(blob)
     blob[-1] ^= 1
     with pytest.raises(ValueError, match="collage_inductor: the model blob does not match its digest"):
-        runtime.PROGRAMS.get(blob)
+        runtime.PROGRAMS.load(key, tvm_compat.to_tensor(blob, DEVICE), (runtime.CPU, 0))
+    _, relu = relu_blob()
+    with pytest.raises(ValueError, match=f"collage_inductor: the program does not match its key {key}"):
+        runtime.PROGRAMS.load(key, relu, (runtime.CPU, 0))
+
+
+def test_a_program_met_first_inside_a_cuda_graph_capture_is_refused_before_anything_is_read():
+    class Unreadable:
+        def numpy(self):
+            raise AssertionError("the program was read inside a capture")
+
+    with pytest.raises(runtime.CaptureError, match="met for the first time inside a CUDA graph capture"):
+        runtime._program("0" * 64, Unreadable(), (runtime.CUDA, 0), capturing=True)
