@@ -255,8 +255,13 @@ def _backends(args) -> int:
     rows = []
     for name, info in discover_backends(pm).items():
         availability = "yes" if info.availability.available else f"no: {info.availability.reason}"
-        if info.availability.available and not info.backend.chosen_by_default:
+        default = info.backend.chosen_by_default
+        if info.availability.available and not default:
             availability = f"yes, when named (--backends ...,{name})"
+        elif info.availability.available and not isinstance(default, bool):
+            named_on = [kind for kind in info.backend.device_kinds if kind not in default]
+            availability = (f"yes, by default on {','.join(default)}; on {','.join(named_on)} when named "
+                            f"(--backends ...,{name})")
         backend = info.backend
         rows.append([name, backend.kind, ",".join(backend.device_kinds), backend.version, info.plugin, availability])
     print(format_table(["backend", "kind", "devices", "version", "plugin", "available"], rows))

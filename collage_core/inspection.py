@@ -63,7 +63,7 @@ def inspect_model(model, target: Any = None, backends: Optional[Sequence[str]] =
     unavailable = tuple((name, info.availability.reason) for name, info in infos.items()
                         if not info.availability.available and (backends is None or name in backends))
     if backends is None:
-        chosen = [info for info in select_backends(infos) if serves(info, target)]
+        chosen = [info for info in select_backends(infos, target=target) if serves(info, target)]
     else:  # a named backend is inspected even where it cannot run: matching patterns needs no device
         unknown = [name for name in backends if name not in infos]
         if unknown:

@@ -116,7 +116,7 @@ def optimize(
         infos = discover_backends(pm)
         for failure in pm.failures:
             log.warning("plugin %s: %s", failure.name, failure.reason)
-        chosen = [info for info in select_backends(infos, backends) if serves(info, target)]
+        chosen = [info for info in select_backends(infos, backends, target) if serves(info, target)]
         if not chosen:
             raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
         search = search or (TWO_LEVEL if any(i.backend.kind == GRAPH_LEVEL for i in chosen) else OP_LEVEL_SEARCH)

@@ -79,3 +79,18 @@ def test_python_m_collage_core_runs_the_cli():
                           "--backends", "tvm", "--no-relax"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "tvm.op" in run.stdout and "45 of 45" in run.stdout
+
+
+def test_a_backend_chosen_by_default_on_cuda_only_is_inspected_by_default_there_only():
+    """TorchInductor is placed on by default on CUDA and only when named on the CPU; inspecting needs no GPU."""
+    from collage_core.backends import discover_backends
+    from collage_core.inspection import inspect_model
+    from collage_core.plugins import get_plugin_manager
+
+    infos = discover_backends(get_plugin_manager())
+    if "inductor" not in infos or not infos["inductor"].availability.available:
+        pytest.skip("the inductor plugin is not available here")
+    model = Path(__file__).resolve().parents[1] / "models" / "tiny_resnet.onnx"
+    on_cuda = {view.name for view in inspect_model(model, target="cuda").views}
+    on_cpu = {view.name for view in inspect_model(model, target="llvm").views}
+    assert "inductor" in on_cuda and "inductor" not in on_cpu
