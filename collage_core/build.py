@@ -25,10 +25,23 @@ def partitions_by_backend(mod: tvm.IRModule) -> dict[str, list[str]]:
 
 
 def lower_partitions(pm, mod: tvm.IRModule, backends: dict, target) -> tvm.IRModule:
-    """Hand each backend its partitions; ``backends`` maps names to ``Backend`` records."""
+    """Hand each backend its partitions; ``backends`` maps names to ``Backend`` records. An engine's own
+    session over the original model file was lowered where the file was (``collage_core.original_model``):
+    its backend's runtime is only prepared here."""
+    from collage_core.original_model import is_lowered_already
+
     for backend_name, names in partitions_by_backend(mod).items():
         if backend_name not in backends:
             raise BuildError(f"partitions are placed on backend {backend_name!r}, which is not installed")
+        sessions = [name for name in names if is_lowered_already(mod[name])]
+        if sessions:
+            ready, errors = first_result(pm.hook.collage_prepare_runtime, backend=backends[backend_name])
+            if not ready:
+                reason = "; ".join(_last_line_of(e) for e in errors) or "no plugin prepares its runtime"
+                raise BuildError(f"backend {backend_name}: its own session cannot run here: {reason}")
+            names = [name for name in names if name not in sessions]
+            if not names:
+                continue
         lowered, errors = first_result(
             pm.hook.collage_lower_partitions, backend=backends[backend_name], mod=mod, function_names=names, target=target
         )

@@ -57,7 +57,11 @@ class CalibrationResult:
 
 
 def signature(parts: Sequence[Partition]) -> tuple:
-    return tuple(sorted((p.backend, p.nodes) for p in parts))
+    """What tells placements apart: which backend runs which operators, and whether an engine runs the
+    original model file rather than Collage's conversion of the same operators."""
+    from collage_core.original_model import ORIGINAL_MODEL, runs_original
+
+    return tuple(sorted((p.backend, p.nodes) + ((ORIGINAL_MODEL,) if runs_original(p) else ()) for p in parts))
 
 
 def charged(costs: dict, charge_s: float) -> dict:

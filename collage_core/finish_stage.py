@@ -1,5 +1,6 @@
 """The finishing stage: build the searched placement, measure the baselines beside it (each backend
-alone, TVM's unpartitioned build, the placement without CUDA graphs) and time the closest of them
+alone, TVM's unpartitioned build, each engine's own session over the original model file, the
+placement without CUDA graphs) and time the closest of them
 in turns with it, so that what is returned is never slower than what was measured beside it; then
 say why what is returned won, with the latency it was chosen by as the headline."""
 
@@ -14,7 +15,7 @@ from typing import Any, Optional
 import attrs
 import numpy as np
 
-from collage_core import tvm_compat
+from collage_core import original_model, tvm_compat
 from collage_core.baselines import (
     IN_TURNS,
     TURNS_MARGIN,
@@ -38,8 +39,8 @@ from collage_core.job import (
     describe_cost,
     placement_claim_lifetime_s,
 )
-from collage_core.partition import partition_module
-from collage_core.records import OP_LEVEL, Cost, Partition
+from collage_core.precision import FP32
+from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.regions import decode
 from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, WITHOUT_CUDA_GRAPHS, EndToEnd
 from collage_core.timing import stopped, stopped_limit
@@ -83,9 +84,10 @@ class Outcome:
 
 def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
               limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
-    """TVM's unpartitioned build, the op-level placement, and each backend alone (or with a fallback),
-    each with its partitions (TVM's unpartitioned build as one TVM partition of the whole model; None
-    where TVM is not selected), so that whichever measures fastest can be returned.
+    """TVM's unpartitioned build, the op-level placement, each backend alone (or with a fallback) and each
+    engine's own session over the original model file (:func:`own_sessions`), each with its partitions
+    (TVM's unpartitioned build as one TVM partition of the whole model; None where TVM is not selected),
+    so that whichever measures fastest can be returned.
 
     A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
     and says so. With ``db``, baselines measured before are read from it, not measured again.
@@ -128,7 +130,40 @@ def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level
             measured[baseline_signature] = cannot_win or baseline_cost(job, name, baseline_parts, limit_s, db)
         results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
                         baseline_parts))
-    return results
+    return results + own_sessions(job, limit_s, db)
+
+
+def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
+    """Each engine whose plugin runs the original model file whole (``collage_lower_whole_model``), in its
+    own session as its users run it, measured like the other baselines (see collage_core.original_model).
+    None for a model that is not a file, nor at a precision other than fp32 (the file computes in float32):
+    one line says so when a graph-level engine was selected."""
+    imported, operators = job.imported, len(job.graph.graph)
+    why_none = None
+    if imported.original is None:
+        why_none = f"the model is {original_model.kind_of(imported)}, not a file they read (export it to ONNX and give Collage the file to have them)"
+    elif imported.precision != FP32:
+        why_none = f"the original file computes in float32, and this run places the model at {imported.precision}"
+    if why_none is not None:
+        if any(backend.kind == GRAPH_LEVEL for backend in job.backends.values()):
+            job.say(f"no engine's own session over the original model is a contender: {why_none}")
+        return []
+    rows = []
+    for name in job.backends:
+        entry = original_model.contender_name(name)
+        try:
+            mod = job.own_session_module(name)
+        except CollageError as error:
+            rows.append((EndToEnd(entry, Cost.invalid(str(error)), {name: operators}), None))
+            continue
+        if mod is None:
+            continue
+        parts = original_model.placement_parts(name, operators, imported.original)
+        cost = baseline_cost(job, entry, parts, limit_s, db)
+        if cost.is_measured:  # its one partition costs what the whole measured
+            parts = [attrs.evolve(parts[0], cost=cost)]
+        rows.append((EndToEnd(entry, cost, {name: operators}), parts))
+    return rows
 
 
 def whole_model_on_tvm(job: Job) -> Optional[list[Partition]]:
@@ -143,7 +178,7 @@ def whole_model_on_tvm(job: Job) -> Optional[list[Partition]]:
 
 def build_placement(job: Job, parts, library: Path) -> Built:
     """``parts`` built into ``library`` (with its runtime file beside it), run on the job's inputs and timed."""
-    partitioned = partition_module(job.graph, parts)
+    partitioned = job.partitioned(parts)
     outputs, cost = job.run_built(parts, library, mod=partitioned)
     used = {p.backend for p in parts}
     carried = runtime_libraries(job.pm, [backend for name, backend in job.backends.items() if name in used])
@@ -178,7 +213,7 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     rebuilt = build_placement(job, rival_parts, library)
     why = (f"{entry.name} measured faster one after another (none could be timed in turns): "
            f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
-           f"the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
+           f"{_what_it_runs(rival_parts)}the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
     rows = [EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)), EndToEnd(SEARCHED, built.cost, mix),
             *sequential]
     return Outcome(rows, why, faster, rebuilt)
@@ -209,13 +244,19 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     entry, rival_parts = rivals[timed.winner]
     rival_mix = operators_by_backend(rival_parts)
     why = (f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
-           f"{_ms(placed)}, {_times(placed, turns[entry.name])}; the searched placement ({origin}) is saved as "
-           f"{SEARCHED_PLACEMENT_FILE}")
+           f"{_ms(placed)}, {_times(placed, turns[entry.name])}; {_what_it_runs(rival_parts)}the searched placement "
+           f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
     rows = [EndToEnd(PLACEMENT, turns[entry.name], rival_mix, True), EndToEnd(f"{SEARCHED}, {IN_TURNS}", placed, mix, True),
             *(row for name, row in in_turns.items() if name != entry.name),
             EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
             EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
     return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
+
+
+def _what_it_runs(parts) -> str:
+    """For a returned engine's own session: what it runs, as the start of a clause; else nothing."""
+    engine = original_model.engine_of(parts)
+    return "" if engine is None else f"{original_model.what_it_runs(engine)}; "
 
 
 def _ms(cost: Cost) -> str:

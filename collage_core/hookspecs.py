@@ -65,6 +65,23 @@ def collage_lower_partitions(backend, mod, function_names, target):
 
 
 @hookspec(firstresult=True)
+def collage_lower_whole_model(backend, model, model_format, func, name, target):
+    """Run the whole model file the user gave Collage in ``backend``'s own session, as its users run it.
+
+    Optional, for engines that read model files (ONNX Runtime, OpenVINO). ``model`` is the file's
+    bytes, in ``model_format`` (``"onnx"``); ``func`` is the imported model's ``main`` as a partition
+    (named ``name``, carrying the attributes ``collage.backend`` and ``collage.pattern``): its
+    parameters are the file's inputs and it returns the file's outputs, in the file's order. Return
+    a ``relax.Function`` with ``func``'s parameters, return type and attributes whose body runs
+    ``model`` in the engine's default session with ``collage_core.threads.backend_threads()``
+    threads (usually ``R.call_dps_packed`` of the function your partitions call, the bytes packed as
+    a constant), or None if ``backend`` is not yours or does not run this format on ``target``.
+    Called in the process that holds the file; the function it returns runs in any process where
+    ``collage_prepare_runtime(backend)`` answered. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
 def collage_measure_candidate(backend, mod, target, settings):
     """Measure the latency of ``mod["main"]`` (one candidate, standalone) on ``backend``.
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import attrs
 import numpy as np
 
-from collage_core import tvm_compat, zygote
+from collage_core import original_model, tvm_compat, zygote
 from collage_core.calibration import signature
 from collage_core.cost_db import Claim, CostDatabaseError
 from collage_core.errors import CollageError
@@ -76,6 +76,8 @@ class Job:
     disabled: list = attrs.field(init=False)
     # Placements measured end to end in full during this job (not cut off), by signature.
     measured_end_to_end: dict = attrs.field(init=False, factory=dict)
+    # Each engine's own session over the original model file, lowered once (see collage_core.original_model).
+    original_modules: dict = attrs.field(init=False, factory=dict, repr=False)
 
     def __attrs_post_init__(self):
         self.inputs = self.imported.random_inputs()
@@ -88,6 +90,7 @@ class Job:
 
     def replayed(self, path) -> Placement:
         placement = load_placement(path)
+        original_model.check_same_file(placement, self.imported, str(path))
         placement.check_fits(self.graph.graph, str(path))
         missing = sorted({p.backend for p in placement.partitions} - set(self.backends))
         if missing:
@@ -117,7 +120,12 @@ class Job:
         """The database key of ``parts`` measured by ``protocol``; None for parts: TVM's unpartitioned build.
         On a CUDA target, a build replaying CUDA graphs (``cuda_graphs``, default the settings') has keys of its own."""
         versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
-        placed = UNPARTITIONED if parts is None else genome_key(parts)
+        if parts is None:
+            placed = UNPARTITIONED
+        elif original_model.engine_of(parts):
+            placed = original_model.key_part(parts, self.backends)
+        else:
+            placed = genome_key(parts)
         fields = [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
         if tvm_compat.is_cuda(self.target):
             fields.append(tvm_compat.device_name(self.target))
@@ -143,7 +151,34 @@ class Job:
             partitions=parts,
             inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
             considered=[Partition.from_candidate(c, costs.get(c.key, Cost.unknown())) for c in candidates],
+            original_model=self._original_record(parts),
         )
+
+    def _original_record(self, parts) -> Optional[dict]:
+        engine = original_model.engine_of(parts)
+        if engine is None:
+            return None
+        original = self.imported.original
+        return {"engine": engine, "format": original.format, "sha256": original.digest}
+
+    def own_session_module(self, backend: str):
+        """The module running the original model file in ``backend``'s own session (see
+        collage_core.original_model), lowered once per job; None when no plugin runs it."""
+        if backend not in self.original_modules:
+            self.original_modules[backend] = original_model.lowered_module(
+                self.pm, self.imported, self.backends[backend], self.target)
+        return self.original_modules[backend]
+
+    def partitioned(self, parts):
+        """``parts`` applied to the model: each partition a function annotated with its backend, or, for an
+        engine's own session over the original model file, that session lowered."""
+        engine = original_model.engine_of(parts)
+        if engine is None:
+            return partition_module(self.graph, parts)
+        mod = self.own_session_module(engine)
+        if mod is None:
+            raise CollageError(f"no plugin runs the original model file of {self.imported.name} on {engine}")
+        return mod
 
     def replays_cuda_graphs(self, cuda_graphs: Optional[bool] = None) -> bool:
         wanted = self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
@@ -172,7 +207,9 @@ class Job:
                                      cuda_graphs=self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs).to_json(),
             "library": str(library) if library else None,
         }
-        held = parts is not None and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
+        # A worker holding the model has Relax, not the original file an engine's own session runs: that is sent lowered.
+        held = parts is not None and not original_model.engine_of(parts) and zygote.hold_model(
+            self.plugin_modules, self.disabled, self.held_key, self._write_model)
         (self.scratch / "model.json").unlink(missing_ok=True)
         response = None
         if held:
@@ -183,7 +220,7 @@ class Job:
         try:
             if response is None:
                 if mod is None:
-                    mod = self.imported.mod if parts is None else partition_module(self.graph, parts)
+                    mod = self.imported.mod if parts is None else self.partitioned(parts)
                 module_path.write_text(tvm_compat.save_ir_json(mod))
                 response = self._run_in_worker({**request, "module": str(module_path)}, run_limit_s)
         finally:

@@ -15,6 +15,7 @@ from tvm import relax
 
 from collage_core import import_cache, rewrites, tvm_compat
 from collage_core.errors import CollageError
+from collage_core.original_model import ONNX, OriginalModel
 
 Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
@@ -64,6 +65,9 @@ class ImportedModel:
     float32_units: tuple[int, ...] = ()
     # Where each output comes from, in order (a PyTorch module's: ``output['logits']``); empty when unnamed.
     output_names: tuple[str, ...] = ()
+    # The model file as given (an ONNX file's or ModelProto's bytes), which engines' own sessions run whole
+    # (see collage_core.original_model); None for a PyTorch or Relax module.
+    original: Optional[OriginalModel] = attrs.field(default=None, eq=False, repr=False)
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs for checks: uniform floats, and small non-negative integers (valid token ids)."""
@@ -187,12 +191,14 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
                                    "it holds no data to place a model on; export it with every dimension at least 1")
         inputs.append(_checked_size(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype), origin))
     fingerprint = hashlib.sha256(data).hexdigest()
+    original = OriginalModel(ONNX, data, fingerprint)
     reference = _onnx_reference(data, inputs)
     reference_name = f"onnxruntime {onnxruntime.__version__}"
     cache_name = import_cache.key(fingerprint)
     cached = import_cache.load(cache_name)
     if cached is not None:
-        return ImportedModel(name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name)
+        return ImportedModel(name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name,
+                             original=original)
     fold_failure = ""
     if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
         try:  # what TVM imports; the original stays the numerics reference
@@ -216,7 +222,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
     canonical = canonicalize(mod, origin)
     import_cache.store(cache_name, canonical, fingerprint, len(data))
-    return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name)
+    return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original)
 
 
 def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:

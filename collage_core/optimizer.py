@@ -28,7 +28,6 @@ from collage_core.errors import CollageError
 from collage_core.finished_build import FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
 from collage_core.job import FINISHED_PROTOCOL, Job
 from collage_core.model_import import check_against_reference, load_model
-from collage_core.partition import partition_module
 from collage_core.placement_file import load_placement
 from collage_core.plugins import get_plugin_manager
 from collage_core.precision import DTYPES, FP32, Tolerance, at_precision, check_precision, tolerance, with_float32_units
@@ -186,7 +185,7 @@ def optimize(
                 clock.lap("reusing the run before")
                 optimized = OptimizedModel(
                     imported, previous.placement, library, target, previous.end_to_end, previous.verification, measurement,
-                    len(candidates), search_s, partition_module(graph, list(previous.placement.partitions)), two_level_result,
+                    len(candidates), search_s, job.partitioned(list(previous.placement.partitions)), two_level_result,
                     phases_s=clock.phases_s, accuracy=fitted, searched_placement=previous.searched_placement,
                 )
                 optimized.save(workdir)

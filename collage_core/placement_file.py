@@ -53,6 +53,9 @@ class Placement:
     measured_error: Optional[float] = attrs.field(default=None, eq=False)
     # Why this placement was returned: the search that found it, or the contest in turns it won (see optimize).
     why_chosen: str = attrs.field(default="", eq=False)
+    # Set when the placement is an engine's own session over the original model file (collage_core.original_model):
+    # {"engine": backend, "format": "onnx", "sha256": the file's digest}; a replay refuses any other file.
+    original_model: Optional[dict] = attrs.field(default=None, eq=False)
 
     def precision_of(self, part: Partition) -> str:
         """The precision ``part`` computes at: the placement's where it touches 16-bit values, else fp32."""
@@ -84,6 +87,7 @@ class Placement:
             **({"accuracy_budget": self.accuracy_budget, "measured_error": _finite_or_none(self.measured_error)}
                if self.accuracy_budget is not None else {}),
             **({"why_chosen": self.why_chosen} if self.why_chosen else {}),
+            **({"original_model": self.original_model} if self.original_model is not None else {}),
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
             "partitions": [_partition_json(p, self.operators) for p in self.partitions],
         }
@@ -201,6 +205,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
             inputs_of=inputs_of,
             considered=considered,
             why_chosen=str(data.get("why_chosen", "")),
+            original_model=_original_model(data.get("original_model"), partitions, fail),
         )
     except PlacementFileError:
         raise
@@ -210,6 +215,22 @@ def placement_from_json(data: Any, origin: str) -> Placement:
     if covered != list(range(len(placement.operators))):
         fail("partitions do not cover every operator exactly once")
     return placement
+
+
+def _original_model(value, partitions, fail) -> Optional[dict]:
+    """The ``original_model`` record, checked against the partitions: such a placement is one partition
+    of that engine's own session, and a partition of an engine's own session belongs to such a placement."""
+    from collage_core.original_model import engine_of, runs_original
+
+    if value is None:
+        if any(runs_original(part) for part in partitions):
+            fail("a partition runs the original model file, but the placement does not say which file (original_model)")
+        return None
+    if not isinstance(value, dict) or not all(isinstance(value.get(field), str) for field in ("engine", "format", "sha256")):
+        fail('original_model must say the engine, format and sha256 of the file its placement runs')
+    if engine_of(partitions) != value["engine"]:
+        fail(f"original_model says the file runs on {value['engine']}'s own session, but the partitions are not that one session")
+    return {field: value[field] for field in ("engine", "format", "sha256")}
 
 
 def _checked_cost(cost: Cost, where: str, fail) -> Cost:

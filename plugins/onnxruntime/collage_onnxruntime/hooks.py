@@ -87,6 +87,15 @@ def collage_lower_partitions(backend, mod, function_names, target):
 
 
 @hookimpl
+def collage_lower_whole_model(backend, model, model_format, func, name, target):
+    if backend.name != BACKEND or model_format != "onnx" or target.kind.name not in ("llvm", "c"):
+        return None
+    # The model file as its users run it: ONNX Runtime's default session (all graph optimizations, idle threads
+    # spinning: nothing else runs beside it) with Collage's threads.
+    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model, spinning=True))
+
+
+@hookimpl
 def collage_prepare_runtime(backend):
     if backend.name != BACKEND:
         return None

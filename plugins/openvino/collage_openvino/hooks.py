@@ -114,6 +114,15 @@ def collage_lower_partitions(backend, mod, function_names, target):
 
 
 @hookimpl
+def collage_lower_whole_model(backend, model, model_format, func, name, target):
+    if backend.name != BACKEND or model_format != "onnx" or target.kind.name not in ("llvm", "c"):
+        return None
+    # The model file as its users run it, read by OpenVINO's ONNX frontend and compiled as every partition is
+    # (latency hint, one stream, Collage's threads, f32 inference precision: a float32 file stays exact).
+    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, lowering.pack_blob(model))
+
+
+@hookimpl
 def collage_prepare_runtime(backend):
     if backend.name != BACKEND:
         return None

@@ -1,0 +1,214 @@
+"""Each engine's own session over the original model file: a contender Collage measures beside its
+placements and returns when it wins (collage_core.original_model), and the hook that makes it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tvm import relax
+
+import collage_core
+from collage_core import original_model, tvm_compat
+from collage_core.backends import discover_backends
+from collage_core.baselines import IN_TURNS, MAX_RIVALS, closest_rivals
+from collage_core.calibration import signature
+from collage_core.hookspecs import hookimpl
+from collage_core.model_import import load_model
+from collage_core.placement_file import PlacementFileError, placement_from_json
+from collage_core.plugins import get_plugin_manager
+from collage_core.records import GRAPH_LEVEL, Cost, Partition
+from collage_core.result import PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, EndToEnd
+from collage_core.timing import MeasureSettings
+from test_optimize import op_level_costs_from
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+TINY_RESNET = MODELS / "tiny_resnet.onnx"
+TINY_BERT = MODELS / "tiny_bert.onnx"
+TARGET = tvm_compat.host_cpu_target()
+SESSION = original_model.contender_name("onnxruntime")
+# ONNX Runtime's session against ONNX Runtime's reference: the same kernels, with Collage's thread count.
+RTOL, ATOL = 1e-5, 1e-5
+
+
+@pytest.fixture(scope="module")
+def engines():
+    pm = get_plugin_manager()
+    infos = discover_backends(pm)
+    if "onnxruntime" not in infos or not infos["onnxruntime"].availability.available:
+        pytest.skip("ONNX Runtime's plugin is not installed or cannot run here")
+    return pm, {name: info.backend for name, info in infos.items()}
+
+
+class WrongSignature:
+    """A plugin whose own session of the model takes no inputs: a broken contract."""
+
+    @hookimpl(tryfirst=True)
+    def collage_lower_whole_model(self, backend, func, name):
+        return relax.Function([], relax.const(np.zeros((1,), "float32")))
+
+
+class Raises:
+    @hookimpl(tryfirst=True)
+    def collage_lower_whole_model(self, backend):
+        raise RuntimeError("cannot read this file")
+
+
+def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_which_plugin_broke_the_contract(engines):
+    """The module calls one function, the engine's session lowered from the file's bytes, with the model's
+    inputs and outputs; a model without a file gets none, and a plugin that raises or returns a function of
+    other inputs and outputs is named in one error."""
+    pm, backends = engines
+    model = load_model(TINY_RESNET)
+    mod = original_model.lowered_module(pm, model, backends["onnxruntime"], TARGET)
+    assert sorted(gvar.name_hint for gvar in mod.functions) == ["collage_onnxruntime_0", "main"]
+    session = mod["collage_onnxruntime_0"]
+    assert original_model.is_lowered_already(session) and not original_model.is_lowered_already(mod["main"])
+    assert tvm_compat.structural_equal(tvm_compat.return_type(mod["main"]), tvm_compat.return_type(model.mod["main"]))
+    assert [tvm_compat.tensor_shape_dtype(p) for p in mod["main"].params] == [(s.shape, s.dtype) for s in model.inputs]
+
+    relax_only = load_model(model.mod, name="relax_module")
+    assert relax_only.original is None
+    assert original_model.lowered_module(pm, relax_only, backends["onnxruntime"], TARGET) is None
+    assert original_model.lowered_module(pm, model, backends["tvm"], TARGET) is None  # TVM reads no model files
+
+    # A plugin that raises leaves the answer to the others: here none runs files for TVM.
+    for plugin, backend, complaint in (
+            (WrongSignature(), "onnxruntime", "backend onnxruntime: collage_lower_whole_model returned a function that does "
+                                              "not take the model's inputs and give its outputs"),
+            (Raises(), "tvm", "backend tvm: running the original model failed: plugin broken: collage_lower_whole_model "
+                              "raised RuntimeError: cannot read this file")):
+        pm.register(plugin, name="broken")
+        try:
+            with pytest.raises(original_model.OriginalModelError, match=re.escape(complaint)):
+                original_model.lowered_module(pm, model, backends[backend], TARGET)
+        finally:
+            pm.unregister(name="broken")
+
+
+def test_an_engines_own_session_is_another_placement_than_its_conversion_and_always_a_rival():
+    """Its one partition holds the same operators as the engine alone over Collage's conversion: the two are
+    told apart; and the fastest own session is timed in turns even when the closest baselines are others."""
+    def parts(backend, pattern="region", seconds=1e-3):
+        return [Partition(backend, f"{backend}.{pattern}", (0, 1), "key", Cost.measured(seconds, 0.0, 1))]
+
+    def row(name, seconds, rival_parts):
+        return EndToEnd(name, Cost.measured(seconds, 0.0, 5), {}), rival_parts
+
+    converted, own = parts("onnxruntime"), parts("onnxruntime", original_model.ORIGINAL_MODEL)
+    assert signature(converted) != signature(own) and original_model.engine_of(own) == "onnxruntime"
+    assert original_model.engine_of(converted) is None
+    crowd = [row(f"near {i}", 0.1 + 0.001 * i, parts(backend)) for i, backend in enumerate("abcdefg")]
+    sessions = [row("openvino's own session", 0.3, parts("openvino", original_model.ORIGINAL_MODEL)),
+                row(SESSION, 0.2, own)]
+    rivals = closest_rivals(crowd + sessions, converted, Cost.measured(0.1, 0.0, 5), MeasureSettings())
+    assert len(rivals) == MAX_RIVALS and [entry.name for entry, _ in rivals][-1] == SESSION
+    # The searched placement being the engine alone over the conversion leaves its own session a rival.
+    rivals = closest_rivals([row(SESSION, 0.2, own)], converted, Cost.measured(0.1, 0.0, 5), MeasureSettings())
+    assert [entry.name for entry, _ in rivals] == [SESSION]
+
+
+def placement_json(**changes) -> dict:
+    data = {"format": "collage-placement", "version": 1,
+            "model": {"name": "m", "fingerprint": "f", "operators": ["relax.nn.relu", "relax.add"]},
+            "target": {"kind": "llvm"}, "device": "llvm", "backends": {}, "search": "op-level",
+            "partitions": [{"backend": "onnxruntime", "pattern": "onnxruntime.original_model", "operators": [0, 1],
+                            "key": "onnxruntime.original_model:abc", "cost": Cost.unknown().to_json()}],
+            "original_model": {"engine": "onnxruntime", "format": "onnx", "sha256": "abc"}}
+    return {**data, **changes}
+
+
+def test_a_placement_file_says_which_file_an_engines_own_session_runs():
+    placement = placement_from_json(placement_json(), "p.json")
+    assert placement.original_model == {"engine": "onnxruntime", "format": "onnx", "sha256": "abc"}
+    assert placement_from_json(placement.to_json(), "again") == placement
+    with pytest.raises(PlacementFileError, match="does not say which file"):
+        placement_from_json({k: v for k, v in placement_json().items() if k != "original_model"}, "p.json")
+    with pytest.raises(PlacementFileError, match="not that one session"):
+        placement_from_json(placement_json(original_model={"engine": "openvino", "format": "onnx", "sha256": "abc"}), "p.json")
+
+
+def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
+    from collage_core.finish_stage import own_sessions
+
+    said = []
+    engine = SimpleNamespace(kind=GRAPH_LEVEL)
+    job = SimpleNamespace(imported=SimpleNamespace(original=None, source="torch", precision="fp32"),
+                          graph=SimpleNamespace(graph=[0, 1]), backends={"onnxruntime": engine}, say=said.append)
+    assert own_sessions(job, None, None) == []
+    assert said == ["no engine's own session over the original model is a contender: the model is a PyTorch module, "
+                    "not a file they read (export it to ONNX and give Collage the file to have them)"]
+
+
+def own_session_fastest(libraries, *args, **kwargs):
+    """A contest in turns that ONNX Runtime's own session wins, 1 ms against 2 ms, whatever the machine does."""
+    return {name: Cost.measured(1e-3 if name == SESSION else 2e-3, 1e-5, 20) for name in libraries}
+
+
+@pytest.fixture(scope="module")
+def session_won(engines, tmp_path_factory, shared_cost_db):
+    """tiny_resnet over TVM and ONNX Runtime, TVM's candidates costed by a deterministic model, in a contest
+    that ONNX Runtime's own session wins."""
+    from collage_core import finish_stage
+
+    out = tmp_path_factory.mktemp("own-session") / "out"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(finish_stage, "time_in_turns", own_session_fastest)
+        op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3, 0.0, 1))
+        result = collage_core.optimize(str(TINY_RESNET), backends=["tvm", "onnxruntime"], cost_db=shared_cost_db,
+                                       output_dir=out, search="op-level", calibration_rounds=0, show_progress=False)
+    return result, out
+
+
+def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replayed_and_exported(
+        session_won, engines, tmp_path, monkeypatch, capsys):
+    from collage_core import finish_stage
+    from collage_core.cli import main
+    from collage_core.mlf import load_mlf
+
+    result, out = session_won
+    digest = result.model.original.digest
+    assert result.placement.partitions == (Partition("onnxruntime", "onnxruntime.original_model", range(45),
+                                                     f"onnxruntime.original_model:{digest}", result.placement.partitions[0].cost),)
+    assert result.placement.original_model == {"engine": "onnxruntime", "format": "onnx", "sha256": digest}
+    assert [(e.name, e.timed_in_turns) for e in result.end_to_end[:2]] == [(PLACEMENT, True), (f"{SEARCHED}, {IN_TURNS}", True)]
+    assert result.latency() == Cost.measured(1e-3, 1e-5, 20)
+    assert any(e.name == SESSION and not e.timed_in_turns and e.cost.is_measured for e in result.end_to_end)
+    why = result.placement.why_chosen
+    assert why.startswith(f"{SESSION} won the contest in turns: 1.000 ms against the searched placement's 2.000 ms, 2.00x; "
+                          f"{SESSION} runs the original model file as its users run it")
+    assert result.verification.passed
+    inputs = result.model.random_inputs(seed=6)
+    np.testing.assert_allclose(result.run(*inputs)[0], result.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
+    saved = json.loads((out / "placement.json").read_text())
+    assert saved["original_model"]["sha256"] == digest and saved["why_chosen"] == why
+    assert f"why this placement: {why}" in (out / "report.txt").read_text().splitlines()
+    assert json.loads((out / "results.json").read_text())["why_chosen"] == why
+    assert (out / SEARCHED_PLACEMENT_FILE).exists()
+    assert json.loads((out / f"{result.model.name}.so.runtime.json").read_text())["backends"].keys() == {"onnxruntime"}
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a replay measures no baselines and times no contest")
+
+    monkeypatch.setattr(finish_stage, "baselines", must_not_run)
+    replayed = collage_core.optimize(str(TINY_RESNET), placement=out / "placement.json", backends=["tvm", "onnxruntime"],
+                                     output_dir=tmp_path / "replay", show_progress=False)
+    assert replayed.placement.partitions == result.placement.partitions and replayed.verification.passed
+    assert [(e.name, e.operators_by_backend) for e in replayed.end_to_end] == [(PLACEMENT, {"onnxruntime": 45})]
+
+    tar = tmp_path / "tiny_resnet.tar"
+    assert main(["export", str(TINY_RESNET), "--placement", str(out / "placement.json"), "-o", str(tar)]) == 0
+    exported = load_mlf(tar)
+    assert exported.metadata["placement"]["backends"] == {"onnxruntime": {"partitions": 1, "operators": 45}}
+    np.testing.assert_allclose(exported.run(*inputs)[0], result.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
+    capsys.readouterr()
+
+    assert main(["optimize", str(TINY_BERT), "--placement", str(out / "placement.json"), "-o", str(tmp_path / "bert")]) != 0
+    error = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[")]
+    assert error == [f"collage: error: {out / 'placement.json'}: runs the original model file on {SESSION}, made from a "
+                     f"file of SHA-256 {digest[:12]}..., and this model's is {load_model(TINY_BERT).original.digest[:12]}...: "
+                     "it is another model; optimize this one"]
