@@ -4,6 +4,10 @@ It reads one JSON request per line on stdin and answers one JSON line on its own
 stdout, after ``{"progress": stage}`` lines for the stages a request passes (a placement
 ``built``, ``set up`` after a first run that pays one-time setup, then ``ran once``) so the parent can bound each; whatever libraries print goes to stderr. Its parent kills and replaces it when it
 crashes or hangs, so a broken backend costs one candidate, not the run.
+
+A worker ends with the run it serves: should the run die without closing its stdin (SIGKILL, while
+the worker is busy building or timing), a watch thread sees the run's process gone within
+RUN_WATCH_S and ends the worker, so no worker outlives its run.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -21,11 +27,17 @@ import numpy as np
 # placement after the first off on that one call). Longer runs are judged as they ran: a second run
 # of seconds costs more than the call's overhead could mislead.
 REJUDGE_BELOW_S = 0.05
+# How often a worker looks whether the run it serves is still there.
+RUN_WATCH_S = 1.0
+# The exit status of a worker whose run went away.
+EXIT_RUN_GONE = 3
 
 
-def main(state: dict | None = None) -> None:
+def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
     """Serve requests until stdin closes; ``state`` is what an ``init`` request left (a zygote's
-    forked child starts with its parent's)."""
+    forked child starts with its parent's). ``run_pid`` is the run's process (default: the parent);
+    the worker ends when it is gone."""
+    end_with(os.getppid() if run_pid is None else run_pid)
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     state = {} if state is None else state
@@ -43,6 +55,32 @@ def main(state: dict | None = None) -> None:
             response = {"error": describe_failure(error)}
         protocol.write(json.dumps(response) + "\n")
         protocol.flush()
+
+
+def process_start(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot, from /proc), or None when there is no such
+    process (or no /proc): with the pid, it names one process, whose pid may later be reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def end_with(pid: int) -> None:
+    """End this process (status EXIT_RUN_GONE) once process ``pid`` is gone; not watched without /proc."""
+    started = process_start(pid)
+    if started is None:
+        return
+
+    def watch() -> None:
+        while process_start(pid) == started:
+            time.sleep(RUN_WATCH_S)
+        os._exit(EXIT_RUN_GONE)
+
+    threading.Thread(target=watch, name="collage-run-watch", daemon=True).start()
 
 
 # What CUDA's runtime (through TVM or PyTorch), cuBLAS and cuDNN say when device memory runs out.

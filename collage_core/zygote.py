@@ -119,6 +119,7 @@ def _fork(state: dict, control: socket.socket, fds: Sequence[int], tmpdir: Optio
         raise ValueError(f"a fork needs stdin, stdout and stderr; got {len(fds)} descriptors")
     if "pm" not in state:
         raise ZygoteUnusable("the zygote was not initialised")
+    run_pid = os.getppid()  # the run that started this zygote: its workers end with it
     pid = os.fork()
     if pid:
         return pid
@@ -137,7 +138,7 @@ def _fork(state: dict, control: socket.socket, fds: Sequence[int], tmpdir: Optio
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         from collage_core import worker
 
-        worker.main(state)
+        worker.main(state, run_pid)
     except BaseException:
         traceback.print_exc()
         code = 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,3 +127,45 @@ def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
     np.testing.assert_array_equal(held[0], sent[0])
     with pytest.raises(WorkerFailure, match="does not hold model"):
         run_placement(tmp_path, "unknown", held="another-model", parts=[])
+
+
+RUN_THAT_DIES = r"""
+import os, sys
+from collage_core.worker_client import MeasurementWorker
+worker = MeasurementWorker([], [], env=dict(os.environ) if sys.argv[1] == "exec" else None)
+worker._start()
+print(worker.process.pid, flush=True)
+worker.request({"op": "init", "plugins": ["plugins_for_tests.slow_import"], "disabled": []}, 600)
+"""
+
+
+@pytest.mark.parametrize("started", ["forked", "exec"])
+def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plugin, tmp_path):
+    """A run killed by SIGKILL cannot stop its workers, and a busy worker does not read its closed
+    stdin: it sees its run gone and ends within seconds (it would otherwise finish its request first)."""
+    import sys
+    import time
+
+    def process_start(pid):  # None once the process is gone (or a zombie)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat[stat.rindex(")") + 2:].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+
+    load_test_plugin("plugins_for_tests.slow_import")  # PYTHONPATH for the run and its workers
+    env = {**os.environ, "SLOW_IMPORT_S": "120"}
+    run = subprocess.Popen([sys.executable, "-c", RUN_THAT_DIES, started], stdout=subprocess.PIPE, text=True, env=env,
+                           cwd=tmp_path)
+    worker_pid = int(run.stdout.readline())
+    time.sleep(1.0)  # the worker is importing the slow plugin now
+    assert process_start(worker_pid) is not None
+    run.kill()
+    run.wait()
+    deadline = time.monotonic() + 20
+    while process_start(worker_pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process_start(worker_pid) is not None:
+        os.kill(worker_pid, signal.SIGKILL)
+        pytest.fail(f"the {started} worker outlived its run")
