@@ -225,7 +225,7 @@ def test_optimize_for_cuda_with_tvm_cublas_and_inductor_passes_numerics(tmp_path
         compare_backends=False,
         show_progress=False,
     )
-    assert result.verification.passed, result.verification.describe()
+    assert result.verification is None  # a Relax module has no reference to verify against: numpy below is it
     assert result.two_level is not None and result.two_level.measured >= 1
     assert {p.backend for p in result.placement.partitions} <= {"tvm", "cublas", "inductor"}
     (x,) = result.model.random_inputs(seed=4)
