@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import faulthandler
 import logging
 import os
 import signal
@@ -35,6 +36,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 2
     signal.signal(signal.SIGTERM, _terminated)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where every thread is, to stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     warnings = _WarningsKept()
     logging.getLogger("collage").addHandler(warnings)
     try:

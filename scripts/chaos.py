@@ -444,6 +444,9 @@ class Chaos:
         ended = self.wait_gone(pid, entry[2])
         if not ended:
             self.slow_deaths.append(f"{kind} {pid} of run {run.number} still there {DEATH_LIMIT_S:g} s after {sig.name}")
+            if kind == "main":  # where it is stuck: `collage` prints every thread's stack on SIGUSR1 (into its log)
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(1.0)
             os.kill(pid, signal.SIGKILL)
             self.wait_gone(pid, entry[2])
         after = database_rows(self.db)
