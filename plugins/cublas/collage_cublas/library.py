@@ -1,6 +1,6 @@
 """Building the plugin's cuBLASLt kernels against the installed NVIDIA libraries once, and loading them.
 
-``runtime/collage_cublas.cc`` is compiled on first use (see :mod:`collage_core.native`) against
+``runtime/collage_cublas.cc`` is compiled on first use (see :mod:`collage_core.kit` (its native build)) against
 the headers and shared objects of cuBLASLt and the CUDA runtime that NVIDIA's wheels or a CUDA
 toolkit installed; the paths of those libraries are part of the build digest. Loading it
 registers ``collage_cublas.run`` and ``collage_cublas.tune`` with TVM FFI.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from collage_core import cuda_libraries
-from collage_core.cuda_libraries import CudaUnavailable, Requirement
-from collage_core.native import NativeBuildError, NativeLibrary, cache_root, find_compiler
+from collage_core.kit import (
+    CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries, find_compiler,
+)
 
 SOURCE = Path(__file__).parent / "runtime" / "collage_cublas.cc"
 INSTALL_HINT = "pip install nvidia-cublas nvidia-cuda-runtime (what PyTorch's CUDA wheels bring), and g++"

@@ -12,12 +12,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from collage_core import cuda_libraries
-from collage_core.build import packed_call_function
-from collage_core.choices import ChoiceStore
-from collage_core.fused_groups import Group, Refused
-from collage_core.partition import pattern_of
-from collage_core.precision import computes_tf32
+from collage_core.kit import (
+    ChoiceStore, Group, Refused, computes_tf32, cuda_libraries, packed_call_function, pattern_of,
+)
 from collage_cublas import library, specs
 
 RUN_FUNCTION = "collage_cublas.run"

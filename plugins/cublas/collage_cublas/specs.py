@@ -26,12 +26,11 @@ import attrs
 import numpy as np
 from tvm import relax
 
-from collage_core.fused_groups import (
-    FLOAT32, as_dtype, Group, Refused, StridedOperand, expect_plain_out_dtype, read_epilogue, shape_of,
+from collage_core.kit import (
+    FLOAT32, Group, Refused, StridedOperand, as_dtype, batch_loops, expect_plain_out_dtype, read_epilogue, shape_of,
     strided_operand, uniform_operand_dtype,
 )
-from collage_core.native import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
-from collage_core.strided_products import batch_loops
+from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
 SPEC_VERSION = 3
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as

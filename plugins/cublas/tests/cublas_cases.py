@@ -1,5 +1,5 @@
 """What cuBLASLt computes for a spec, in PyTorch (the functions each pattern covers come from
-:func:`collage_core.testing.product_case`).
+:func:`collage_core.kit.testing.product_case`).
 
 ``reference`` follows cuBLASLt's contract (column-major matrices read through leading dimensions and batch strides,
 ``D = act(alpha * op(a) op(b) + beta * C + bias)``) with PyTorch, on the CPU in float64 for the
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tvm import relax
 
-from collage_core.testing import rounded_to
+from collage_core.kit.testing import rounded_to
 from collage_cublas import specs
 
 R = relax.op

@@ -15,13 +15,10 @@ import torch
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.build import build, lower_partitions
-from collage_core.fused_groups import Group
-from collage_core.partition import partition_module
-from collage_core.testing import (
-    EXACT_FLOAT32_ATOL, function_module, operand_arrays, product_case as case, rounded_to, sixteen_bit_atol, tf32_atol,
-    whole_candidate,
+from collage_core.kit import Group, tvm_compat
+from collage_core.kit.testing import (
+    EXACT_FLOAT32_ATOL, build, function_module, lower_partitions, operand_arrays, partition_module,
+    product_case as case, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
 )
 from collage_cublas import lowering, patterns, specs
 from cublas_cases import reference

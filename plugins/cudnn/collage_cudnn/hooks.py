@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core import fused_groups
-from collage_core.build import replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.precision import TF32
-from collage_core.native import sources_digest
-from collage_core.records import OP_LEVEL, Availability, Backend
+from collage_core.kit import (
+    OP_LEVEL, TF32, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions, sources_digest,
+)
 from collage_cudnn import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
@@ -39,10 +36,8 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     try:
         library.load()
     except library.CudnnUnavailable as unavailable:
@@ -50,32 +45,24 @@ def collage_check_availability(backend):
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target, precision):
-    if backend.name != BACKEND:
-        return None
     if target.kind.name != "cuda":
         return []
     return patterns.patterns(tf32=precision == TF32)
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
     return replace_functions(mod, function_names, lowering.lower_function)
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     library.load()  # registers collage_cudnn.run; raises CudnnUnavailable saying what is missing
     return True
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_runtime_libraries(backend):
-    if backend.name != BACKEND:
-        return None
     return [library.native_library().build()]  # exports carry the kernels (no GPU needed to build them)

@@ -1,7 +1,7 @@
 """Building the plugin's cuDNN kernels against the installed NVIDIA libraries once, and loading them.
 
 ``runtime/collage_cudnn.cc`` uses cuDNN's graph API through NVIDIA's header-only C++ frontend
-(``nvidia-cudnn-frontend``). It is compiled on first use (see :mod:`collage_core.native`)
+(``nvidia-cudnn-frontend``). It is compiled on first use (see :mod:`collage_core.kit` (its native build))
 against cuDNN, NVRTC (which the frontend's runtime-compiled engines use) and the CUDA runtime
 from NVIDIA's wheels or a CUDA toolkit; their paths and versions are part of the build digest.
 Loading it registers ``collage_cudnn.run`` and ``collage_cudnn.tune`` with TVM FFI.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from collage_core import cuda_libraries
-from collage_core.cuda_libraries import CudaUnavailable, Requirement
-from collage_core.native import NativeBuildError, NativeLibrary, cache_root, find_compiler
+from collage_core.kit import (
+    CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries, find_compiler,
+)
 
 SOURCE = Path(__file__).parent / "runtime" / "collage_cudnn.cc"
 INSTALL_HINT = "pip install nvidia-cudnn-cu13 nvidia-cudnn-frontend nvidia-cuda-nvrtc nvidia-cuda-runtime, and g++"

@@ -10,9 +10,9 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.fused_groups import activation_pattern, bias_pattern, cast_pattern, recognizer_check
-from collage_core.precision import TF32_PATTERN_SUFFIX
-from collage_core.records import Pattern
+from collage_core.kit import (
+    TF32_PATTERN_SUFFIX, Pattern, activation_pattern, bias_pattern, cast_pattern, recognizer_check,
+)
 from collage_cudnn import specs
 
 BACKEND = "cudnn"

@@ -19,12 +19,11 @@ import attrs
 import numpy as np
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.fused_groups import (
-    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, plain_strides, read_epilogue,
-    shape_of, strided_operand, uniform_operand_dtype,
+from collage_core.kit import (
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, plain_strides,
+    read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
 )
-from collage_core.native import spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
+from collage_core.kit import spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
 SPEC_VERSION = 3
 # The words after the activation: what x and w are (16-bit ones accumulate into a float32 result, as

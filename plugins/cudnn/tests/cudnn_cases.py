@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from tvm import relax
 
-from collage_core.fused_groups import ACTIVATIONS
-from collage_core.testing import rounded_to
+from collage_core.kit import ACTIVATIONS
+from collage_core.kit.testing import rounded_to
 from collage_cudnn import specs
 
 R = relax.op

@@ -16,11 +16,11 @@ import torch
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.build import build, lower_partitions
-from collage_core.fused_groups import Group
-from collage_core.partition import partition_module
-from collage_core.testing import function_module, operand_arrays, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate
+from collage_core.kit import Group, tvm_compat
+from collage_core.kit.testing import (
+    build, function_module, lower_partitions, operand_arrays, partition_module, rounded_to, sixteen_bit_atol,
+    tf32_atol, whole_candidate,
+)
 from collage_cudnn import lowering, patterns, specs
 from cudnn_cases import case, case_ids, cast_dtype, reference
 

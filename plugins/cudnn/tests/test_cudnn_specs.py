@@ -15,13 +15,10 @@ import pytest
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.candidates import enumerate_candidates
-from collage_core.fused_groups import Group, Refused
-from collage_core.model_import import load_model
-from collage_core.precision import DTYPES, at_precision
-from collage_core.relax_graph import RelaxGraph
-from collage_core.testing import function_module, operand_arrays, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate
+from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
+from collage_core.kit.testing import (
+    DTYPES, function_module, operand_arrays, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate,
+)
 from collage_cudnn import patterns, specs
 from cudnn_cases import case, case_ids, cast_dtype, reference
 

@@ -22,10 +22,9 @@ import attrs
 import numpy as np
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.fused_groups import (
+from collage_core.kit import (
     FLOAT32, Group, Refused, as_dtype, expect_plain_out_dtype, external, ints, padding4, read_epilogue, shape_of,
-    uniform_operand_dtype,
+    tvm_compat, uniform_operand_dtype,
 )
 from collage_cutlass.conv_kernels import ConvKind
 from collage_cutlass.kernels import BYTES, OPERAND_ALIGNMENT_BYTES, OPERAND_DTYPES, expect_kernel_operands

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core import fused_groups, strided_products
-from collage_core.build import replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.native import sources_digest
-from collage_core.precision import TF32
-from collage_core.records import OP_LEVEL, Availability, Backend
+from collage_core.kit import (
+    OP_LEVEL, TF32, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions, sources_digest,
+    strided_products,
+)
 from collage_cutlass import conv_kernels, conv_specs, kernels, library, lowering, patterns, specs, tuning
 
 BACKEND = patterns.BACKEND
@@ -47,10 +45,8 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     try:
         library.check_gpu()
         library.cutlass_includes()
@@ -60,35 +56,27 @@ def collage_check_availability(backend):
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target, precision):
-    if backend.name != BACKEND:
-        return None
     if target.kind.name != "cuda":
         return []
     return patterns.patterns(tf32=precision == TF32)
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
     return replace_functions(mod, function_names, lowering.lower_function)
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     library.check_gpu()
     for kernel in library.chosen_kernels():  # every kernel chosen on this machine: what a library built here calls
         library.load(kernel)
     return True
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_runtime_libraries(backend):
-    if backend.name != BACKEND:
-        return None
     built = library.build_all(library.chosen_kernels(), progress=False)
     return [path for path in built.values() if isinstance(path, Path)]

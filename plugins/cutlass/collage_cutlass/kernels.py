@@ -15,7 +15,7 @@ from typing import Optional
 
 import attrs
 
-from collage_core.fused_groups import Refused
+from collage_core.kit import Refused
 
 ELEMENTS = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t", "float32": "float"}
 TYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}  # the runtime's Type enum

@@ -1,7 +1,7 @@
 """Compiling CUTLASS kernels with nvcc once per machine, in parallel, and loading them.
 
 Each :class:`~collage_cutlass.kernels.Kernel`'s source is written to
-``$COLLAGE_CACHE_DIR/cutlass/sources/<name>.cu`` and compiled by :mod:`collage_core.native` into
+``$COLLAGE_CACHE_DIR/cutlass/sources/<name>.cu`` and compiled by :mod:`collage_core.kit` (its native build) into
 ``$COLLAGE_CACHE_DIR/cutlass/<name>/<digest>/``; the digest covers the generated source, nvcc's
 command line, nvcc's and CUTLASS's versions, the runtime header and TVM FFI's version, so a second
 run compiles nothing and a changed input never reuses a stale build. The GPU's architecture is part
@@ -25,11 +25,10 @@ from pathlib import Path
 
 import attrs
 
-from collage_core import cuda_libraries
-from collage_core.choices import ChoiceStore
-from collage_core.cuda_libraries import CudaUnavailable
-from collage_core.native import NativeBuildError, NativeLibrary, cache_root, sources_digest
-from collage_core.progress import ProgressBar
+from collage_core.kit import (
+    ChoiceStore, CudaUnavailable, NativeBuildError, NativeLibrary, ProgressBar, cache_root, cuda_libraries,
+    sources_digest,
+)
 from collage_cutlass.conv_kernels import ConvKind
 from collage_cutlass.kernels import Kernel, KernelKind, TileConfig
 

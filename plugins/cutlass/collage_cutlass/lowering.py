@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.build import packed_call_function
-from collage_core.fused_groups import Group, Refused
-from collage_core.partition import pattern_of
-from collage_core.precision import computes_tf32
+from collage_core.kit import Group, Refused, computes_tf32, packed_call_function, pattern_of, tvm_compat
 from collage_cutlass import conv_specs, library, specs, tuning
 
 

@@ -12,9 +12,9 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.fused_groups import cast_pattern, product_epilogues, recognizer_check, scale_pattern
-from collage_core.precision import TF32_PATTERN_SUFFIX
-from collage_core.records import Pattern
+from collage_core.kit import (
+    TF32_PATTERN_SUFFIX, Pattern, cast_pattern, product_epilogues, recognizer_check, scale_pattern,
+)
 from collage_cutlass import specs
 
 BACKEND = "cutlass"

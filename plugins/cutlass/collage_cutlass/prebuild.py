@@ -18,11 +18,7 @@ import os
 import sys
 import time
 
-from collage_core.candidates import enumerate_candidates
-from collage_core.fused_groups import Group, Refused
-from collage_core.model_import import load_model
-from collage_core.precision import at_precision
-from collage_core.relax_graph import RelaxGraph
+from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model
 from collage_cutlass import library, patterns, specs, tuning
 
 

@@ -4,7 +4,7 @@ Relax's ``matmul`` is row-major: ``out[b, i, j] = sum_k lhs[b, i, k] * rhs[b, k,
 ``D (M x N) = A (M x K) . B (N x K)ᵀ`` over a batch mode L, each operand with one unit stride: A is
 the left operand (K-major as it lies, M-major through a ``permute_dims``), B the right one seen as
 ``N x K`` (N-major as a ``K x N`` weight lies, K-major for ``x @ Wᵀ``), D the row-major output.
-Batches merge into M or into one strided batch where strides allow (:mod:`collage_core.strided_products`);
+Batches merge into M or into one strided batch where strides allow (:mod:`collage_core.kit.strided_products`);
 one more batch level is looped over on the host. The epilogue (scale as alpha, a bias per output
 column, a residual as C with beta 1, then ReLU, erf or tanh GELU, or SiLU) runs in float32 and
 rounds once to the output's type. The operands are bfloat16 or float16, accumulating into float32;
@@ -25,13 +25,11 @@ import attrs
 import numpy as np
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.fused_groups import (
-    FLOAT32, Group, Refused, StridedOperand, as_dtype, expect_plain_out_dtype, read_epilogue, shape_of, strided_operand,
-    uniform_operand_dtype,
+from collage_core.kit import (
+    FLOAT32, Axis, Group, Refused, StridedOperand, as_dtype, batch_loops, expect_plain_out_dtype, read_epilogue,
+    shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
 )
-from collage_core.native import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
-from collage_core.strided_products import Axis, batch_loops
+from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 from collage_cutlass import conv_specs
 from collage_cutlass.kernels import BYTES, OPERAND_ALIGNMENT_BYTES, OPERAND_DTYPES, KernelKind, expect_kernel_operands
 

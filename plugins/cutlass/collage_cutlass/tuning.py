@@ -19,9 +19,7 @@ import time
 
 import tvm
 
-from collage_core import cuda_libraries
-from collage_core.choices import ChoiceStore
-from collage_core.cuda_libraries import CudaUnavailable
+from collage_core.kit import ChoiceStore, CudaUnavailable, cuda_libraries
 from collage_cutlass import library, specs
 from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS
 from collage_cutlass.kernels import TILE_CONFIGS, TileConfig

@@ -1,5 +1,5 @@
 """What a CUTLASS kernel computes for a spec, in PyTorch (the functions each pattern covers come from
-:func:`collage_core.testing.product_case`).
+:func:`collage_core.kit.testing.product_case`).
 
 ``reference`` follows the kernels' contract (``runtime/gemm_runner.h``): A (M x K) and B (N x K) read
 through their leading and batch strides, ``D = act(alpha * A Bᵀ + bias + C)`` for each batch and outer
@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import torch
 
-from collage_core.testing import rounded_to
+from collage_core.kit.testing import rounded_to
 from collage_cutlass import conv_specs, kernels, specs
 
 OUT_DTYPES = {code: dtype for dtype, code in kernels.TYPE_CODES.items()}

@@ -17,10 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from collage_core.fused_groups import Group
-from collage_core.model_import import load_model
-from collage_core.precision import at_precision
-from collage_core.testing import function_module, product_case, whole_candidate
+from collage_core.kit import Group, at_precision, load_model
+from collage_core.kit.testing import function_module, product_case, whole_candidate
 from collage_cutlass import patterns, prebuild, specs
 
 TESTS_CONFIGURATIONS = "2"  # what the GPU tests try unless COLLAGE_CUTLASS_TILES says otherwise

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tvm
 
-from collage_core.native import NativeBuildError
+from collage_core.kit import NativeBuildError
 from collage_cutlass import kernels, library
 from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS, ConvKind
 from collage_cutlass.kernels import TILE_CONFIGS, Kernel, KernelKind
@@ -79,8 +79,8 @@ def test_a_kernel_compiles_with_nvcc_loads_and_registers_its_call_and_timing_fun
 
 
 def _spec():
-    from collage_core.fused_groups import Group
-    from collage_core.testing import function_module, product_case
+    from collage_core.kit import Group
+    from collage_core.kit.testing import function_module, product_case
     from collage_cutlass import specs
 
     make, shapes = product_case("dense_bias", cast_to="float16")
@@ -169,8 +169,8 @@ def test_a_bad_tile_count_is_refused_with_what_to_give(monkeypatch):
 def _conv_spec():
     from tvm import relax
 
-    from collage_core.fused_groups import Group
-    from collage_core.testing import function_module
+    from collage_core.kit import Group
+    from collage_core.kit.testing import function_module
     from collage_cutlass import specs
 
     filters = relax.const(np.ones((16, 8, 3, 3), "float16"))

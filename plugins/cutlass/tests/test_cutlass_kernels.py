@@ -1,7 +1,7 @@
 """CUTLASS kernels compiled with nvcc, built into TVM executables for CUDA and run on a Hopper GPU, against PyTorch on CUDA.
 
 Marked ``gpu`` (run with ``--run-gpu`` on a machine with an H100/H200; scripts/gpu-tests.sh). Each case
-(``collage_core.testing.product_case``) is placed whole on CUTLASS, lowered (compiling and tuning its
+(``collage_core.kit.testing.product_case``) is placed whole on CUTLASS, lowered (compiling and tuning its
 kernel), built the way Collage builds placements and run on Relax's VM; PyTorch computes the same
 problem on CUDA in float32 from the same 16-bit values (``cutlass_cases.reference``). The kernel computes
 its epilogue in float32 and rounds once, as the reference does; the two may round apart by a unit in
@@ -18,12 +18,10 @@ import torch
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.build import build, lower_partitions
-from collage_core.fused_groups import Group
-from collage_core.partition import partition_module
-from collage_core.testing import (
-    EXACT_FLOAT32_ATOL, function_module, operand_arrays, product_case, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
+from collage_core.kit import Group, tvm_compat
+from collage_core.kit.testing import (
+    EXACT_FLOAT32_ATOL, build, function_module, lower_partitions, operand_arrays, partition_module, product_case,
+    rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
 )
 from collage_cutlass import library, patterns, specs, tuning
 from collage_cutlass.kernels import Kernel

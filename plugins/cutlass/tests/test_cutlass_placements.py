@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import collage_core
-from collage_core.precision import tolerance
+from collage_core.kit.testing import tolerance
 from collage_cutlass import library
 
 pytestmark = pytest.mark.gpu

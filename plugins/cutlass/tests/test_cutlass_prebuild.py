@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core.candidates import enumerate_candidates
-from collage_core.fused_groups import Group, Refused
-from collage_core.model_import import load_model
-from collage_core.precision import at_precision
-from collage_core.relax_graph import RelaxGraph
+from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model
 from collage_cutlass import patterns, prebuild, specs, tuning
 from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS
 

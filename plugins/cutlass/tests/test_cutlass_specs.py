@@ -14,13 +14,8 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.candidates import enumerate_candidates
-from collage_core.fused_groups import Group, Refused
-from collage_core.model_import import load_model
-from collage_core.precision import at_precision
-from collage_core.relax_graph import RelaxGraph
-from collage_core.testing import (
+from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
+from collage_core.kit.testing import (
     function_module, operand_arrays, product_case, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate,
 )
 from collage_cutlass import kernels, patterns, specs

@@ -19,13 +19,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.backends import discover_backends
-from collage_core.build import build
-from collage_core.partition import partition_module
-from collage_core.plugins import get_plugin_manager
-from collage_core.relax_graph import RelaxGraph
-from collage_core.timing import MeasureSettings, time_callable
+from collage_core.kit import RelaxGraph, tvm_compat
+from collage_core.kit.testing import (
+    MeasureSettings, build, discover_backends, get_plugin_manager, partition_module, time_callable,
+)
 from collage_dnnl import lowering, specs
 
 SETTINGS = MeasureSettings(warmup=20, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=50.0, time_bound_s=10.0)

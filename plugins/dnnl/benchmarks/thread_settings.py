@@ -18,23 +18,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collage_core.report import format_table
+from collage_core.kit.testing import format_table
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICIES = ("libgomp default", "PASSIVE", "ACTIVE")
 MEASURE = r"""
 import json, sys
-from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns, discover_backends
-from collage_core.build import build
-from collage_core.candidates import enumerate_candidates
-from collage_core.model_import import load_model
-from collage_core.partition import partition_module
-from collage_core.plugins import get_plugin_manager
-from collage_core.records import Cost, Partition
-from collage_core.relax_graph import RelaxGraph
-from collage_core.search import search_op_level
-from collage_core.timing import MeasureSettings, time_callable
+from collage_core.kit import Cost, Partition, RelaxGraph, enumerate_candidates, load_model, tvm_compat
+from collage_core.kit.testing import (
+    MeasureSettings, build, contribute_patterns, discover_backends, get_plugin_manager, partition_module,
+    search_op_level, time_callable,
+)
 from tvm import relax
 
 model_path, mix = sys.argv[1], sys.argv[2]

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core import fused_groups
-from collage_core.build import replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.native import sources_digest
-from collage_core.records import OP_LEVEL, Availability, Backend
+from collage_core.kit import (
+    OP_LEVEL, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions, sources_digest,
+)
 from collage_dnnl import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
@@ -46,10 +44,8 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     try:
         library.load()
     except library.OneDNNUnavailable as unavailable:
@@ -57,32 +53,24 @@ def collage_check_availability(backend):
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target):
-    if backend.name != BACKEND:
-        return None
     if target.kind.name not in ("llvm", "c"):
         return []
     return patterns.patterns()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
     return replace_functions(mod, function_names, lowering.lower_function)
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     library.load()  # registers collage_dnnl.run; raises OneDNNUnavailable saying what to install
     return True
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_runtime_libraries(backend):
-    if backend.name != BACKEND:
-        return None
     return [library.build(library.find_onednn())]  # exports carry the kernels, linked against oneDNN

@@ -19,7 +19,7 @@ from typing import Optional
 
 import attrs
 
-from collage_core.native import NativeBuildError, NativeLibrary, cache_root, find_compiler
+from collage_core.kit import NativeBuildError, NativeLibrary, cache_root, find_compiler
 
 SOURCE = Path(__file__).parent / "runtime" / "collage_dnnl.cc"
 INSTALL_HINT = "apt-get install libdnnl-dev g++"

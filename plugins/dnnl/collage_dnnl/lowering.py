@@ -10,9 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.build import packed_call_function
-from collage_core.choices import ChoiceStore
+from collage_core.kit import ChoiceStore, packed_call_function, tvm_compat
 from collage_dnnl import library, specs
 
 RUN_FUNCTION = "collage_dnnl.run"

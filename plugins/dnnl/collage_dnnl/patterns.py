@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.fused_groups import recognizer_check
-from collage_core.records import Pattern
+from collage_core.kit import Pattern, recognizer_check
 from collage_dnnl import specs
 
 BACKEND = "dnnl"

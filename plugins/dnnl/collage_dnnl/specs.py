@@ -14,13 +14,10 @@ import attrs
 import numpy as np
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.fused_groups import (
-    Group, Refused, expect_float32, expect_plain_out_dtype, external, ints, padding4, read_epilogue,
-    shape_of, strided_operand, uniform_operand_dtype,
+from collage_core.kit import (
+    Group, Refused, expect_float32, expect_plain_out_dtype, external, float_word, has_fast_bf16, ints, padding4,
+    read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
 )
-from collage_core.native import float_word
-from collage_core.precision import has_fast_bf16
 
 SPEC_VERSION = 2
 CONV2D, MATMUL, POOL2D, SOFTMAX, LAYER_NORM = 1, 2, 3, 4, 5
@@ -57,7 +54,7 @@ def operand_dtypes() -> tuple[str, ...]:
 
 
 def _operand_type(anchor, operands) -> int:
-    """The spec word for the anchor's operand type (see :func:`collage_core.fused_groups.uniform_operand_dtype`)."""
+    """The spec word for the anchor's operand type (see :func:`collage_core.kit.uniform_operand_dtype`)."""
     return OPERAND_TYPES[uniform_operand_dtype(anchor, operands, operand_dtypes())]
 
 

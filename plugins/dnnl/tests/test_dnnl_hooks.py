@@ -12,12 +12,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns
-from collage_core.build import build, lower_partitions
-from collage_core.partition import partition_module
-from collage_core.records import OP_LEVEL
-from collage_core.relax_graph import RelaxGraph
+from collage_core.kit import OP_LEVEL, RelaxGraph, tvm_compat
+from collage_core.kit.testing import build, contribute_patterns, lower_partitions, partition_module
 from collage_dnnl import hooks, library, lowering, patterns, specs
 
 from test_dnnl_kernels import DEVICE, TARGET, W8, dnnl_candidates, module, np_conv2d, uniform, whole_candidate

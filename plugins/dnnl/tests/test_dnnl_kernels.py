@@ -16,12 +16,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.build import build
-from collage_core.candidates import enumerate_candidates
-from collage_core.partition import partition_module
-from collage_core.relax_graph import RelaxGraph
-from collage_core.testing import rounded_to
+from collage_core.kit import RelaxGraph, enumerate_candidates, tvm_compat
+from collage_core.kit.testing import build, partition_module, rounded_to
 from collage_dnnl import patterns, specs
 
 R = relax.op
@@ -70,7 +66,7 @@ def run_on_dnnl(pm, backends, mod, pattern_name, *arrays):
 
 
 def placed_calls(executable, placed, backends, pm) -> str:
-    from collage_core.build import lower_partitions
+    from collage_core.kit.testing import lower_partitions
 
     return lower_partitions(pm, placed, backends, TARGET).script()
 
@@ -315,7 +311,7 @@ def test_bfloat16_matmuls_run_on_onednn_bfloat16_kernels():
 
 
 def test_bfloat16_operands_with_a_bfloat16_result_are_refused(monkeypatch):
-    from collage_core.fused_groups import Group, Refused
+    from collage_core.kit import Group, Refused
 
     monkeypatch.setattr(specs, "operand_dtypes", lambda: (specs.FLOAT32, BF16))
     x = relax.Var("x", relax.TensorType((3, 32), BF16))
@@ -329,7 +325,7 @@ def test_bfloat16_operands_with_a_bfloat16_result_are_refused(monkeypatch):
 
 
 def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16(monkeypatch):
-    from collage_core import precision
+    from collage_core.kit.testing import precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})
     assert specs.operand_dtypes() == (specs.FLOAT32,)

@@ -23,11 +23,10 @@ from pathlib import Path
 
 from tvm import relax
 
-from collage_core import cuda_libraries
-from collage_core.build import packed_call_function, replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.records import GRAPH_LEVEL, Availability, Backend
-from collage_core.relax_onnx import lowering, patterns, support
+from collage_core.kit import (
+    GRAPH_LEVEL, Availability, Backend, cuda_libraries, engine_lowering, engine_operators, engine_patterns, hookimpl,
+    hookimpl_for, packed_call_function, replace_functions,
+)
 from collage_inductor import runtime
 
 BACKEND = "inductor"
@@ -110,10 +109,8 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     if importlib.util.find_spec("torch") is None:
         return Availability.no(f"torch is not installed: {INSTALL_HINT}")
     if _cpp_compiler() is None:
@@ -125,19 +122,17 @@ def collage_check_availability(backend):
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target):
-    if backend.name != BACKEND:
-        return None
     if target.kind.name not in ("llvm", "c", "cuda"):
         return []
-    return patterns.operator_patterns(BACKEND, _torch_only_refusal, sixteen_bit(target))
+    return engine_patterns.operator_patterns(BACKEND, _torch_only_refusal, sixteen_bit(target))
 
 
 def sixteen_bit(target) -> frozenset:
     """The 16-bit types partitions may hold besides float32 on ``target``: bfloat16 and float16 on CUDA (tensor
     cores), none on the CPU."""
-    return support.SIXTEEN_BIT if target.kind.name == "cuda" else frozenset()
+    return engine_operators.SIXTEEN_BIT if target.kind.name == "cuda" else frozenset()
 
 
 def lower_function(func, name: str, taken: frozenset = frozenset()):
@@ -149,23 +144,19 @@ def lower_function(func, name: str, taken: frozenset = frozenset()):
 
     buffer = io.BytesIO()
     torch.export.save(relax_to_torch.exported(func, taken), buffer)
-    blob = lowering.pack_blob(buffer.getvalue())
+    blob = engine_lowering.pack_blob(buffer.getvalue())
     return packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.key_of(blob),
                                 [relax.const(blob), *func.params])
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
     taken = sixteen_bit(target)
     return replace_functions(mod, function_names, lambda func, name: lower_function(func, name, taken))
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     torch = _import_torch()
     if isinstance(torch, ImportError):
         raise RuntimeError(f"torch cannot be imported ({torch}): {INSTALL_HINT}")

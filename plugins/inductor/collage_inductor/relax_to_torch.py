@@ -4,7 +4,7 @@
 and returns its results as a tuple of tensors (a tuple's fields in order); Relax constants become
 the module's buffers. ``torch.export`` traces it into the FX graph that torch.compile compiles.
 Each operator is converted only after :func:`refusal` has accepted it: the ONNX converter's
-refusals (``collage_core.relax_onnx.support``: the attribute combinations where Relax's meaning
+refusals (``collage_core.kit.engine_operators``: the attribute combinations where Relax's meaning
 is easy to get wrong), then PyTorch's own (:data:`TORCH_REFUSALS`).
 
 The program holds no device: :func:`exported` traces it at the partition's shapes and dtypes with
@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from tvm import relax
 
-from collage_core import tvm_compat
-from collage_core.relax_onnx import support
+from collage_core.kit import engine_operators, tvm_compat
 
 
 class UnsupportedError(ValueError):
@@ -48,17 +47,17 @@ def _ints(values) -> list[int]:
 # pads explicitly and resizing interpolates with its own weights, so PyTorch's own rules never decide).
 TORCH_REFUSALS: dict[str, Callable] = {}
 
-SUPPORTED_OPS = support.SUPPORTED_OPS
+SUPPORTED_OPS = engine_operators.SUPPORTED_OPS
 
 
 # The 16-bit floating types the converter takes besides float32 where the backend opts in (on CUDA).
-SIXTEEN_BIT = support.SIXTEEN_BIT
+SIXTEEN_BIT = engine_operators.SIXTEEN_BIT
 
 
 def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
     """Why ``call`` cannot be converted to PyTorch faithfully, or None when it can; ``sixteen_bit``: the
-    16-bit types taken besides float32 (see ``collage_core.relax_onnx.support.refusal``)."""
-    refused = support.refusal(call, sixteen_bit)
+    16-bit types taken besides float32 (see ``collage_core.kit.engine_operators.refusal``)."""
+    refused = engine_operators.refusal(call, sixteen_bit)
     if refused:
         return refused
     check = TORCH_REFUSALS.get(tvm_compat.op_name(call))
@@ -123,10 +122,10 @@ def _conv2d(call):
 def _pool2d(call):
     """Explicit padding over the windows' reach (ceil mode's overhang included) and a pooling without any, so that
     PyTorch's rules for padding never decide; an average divides each window's sum by Relax's count."""
-    axes = support.pool_axes(call)
+    axes = engine_operators.pool_axes(call)
     is_max = call.op.name == "relax.nn.max_pool2d"
     include = not is_max and bool(call.attrs.count_include_pad)
-    if support.is_global_pool(call):
+    if engine_operators.is_global_pool(call):
         if is_max:
             return lambda x: torch.amax(x, dim=(2, 3), keepdim=True)
         counted = float(axes[0].divisor(-axes[0].begin, include) * axes[1].divisor(-axes[1].begin, include))
@@ -150,7 +149,7 @@ def _interpolation(call, axis: int) -> np.ndarray:
     size, length = _shape(call.args[0])[axis], _shape(call)[axis]
     weights = np.zeros((length, size))
     for index in range(length):
-        source = support.resize_source(str(attrs.coordinate_transformation_mode), size, length, index)
+        source = engine_operators.resize_source(str(attrs.coordinate_transformation_mode), size, length, index)
         base = math.floor(source)
         t = float(source - base)
         if str(attrs.method) == "linear":
@@ -169,10 +168,10 @@ def _nearest_indices(call, axis: int) -> list[int]:
     is in doubt), clamped to the input."""
     attrs = call.attrs
     size, length = _shape(call.args[0])[axis], _shape(call)[axis]
-    rounding = support.resize_rounding(call)
+    rounding = engine_operators.resize_rounding(call)
     indices = []
     for index in range(length):
-        source = support.resize_source(str(attrs.coordinate_transformation_mode), size, length, index)
+        source = engine_operators.resize_source(str(attrs.coordinate_transformation_mode), size, length, index)
         if rounding == "floor":
             nearest = math.floor(source)
         elif rounding in ("ceil",):
@@ -195,7 +194,7 @@ def _resize2d(call):
 
 
 def _pad(call):
-    before, after = support.pad_widths(call)
+    before, after = engine_operators.pad_widths(call)
     mode = str(call.attrs.pad_mode)
     if mode == "constant":
         widths = [width for pair in zip(reversed(before), reversed(after)) for width in pair]  # last axis first
@@ -275,7 +274,7 @@ def _concat(call):
 
 
 def _strided_slice(call):
-    bounds = support.strided_slice_bounds(call)
+    bounds = engine_operators.strided_slice_bounds(call)
     rank = len(_shape(call.args[0]))
     index = [slice(None)] * rank
     for axis, start, stop, step in bounds:
@@ -305,7 +304,7 @@ def _astype(call):
 
 
 def _split(call):
-    axis, sizes = support.split_axis_and_sizes(call)
+    axis, sizes = engine_operators.split_axis_and_sizes(call)
     return lambda x: tuple(torch.split(x, sizes, dim=axis))
 
 

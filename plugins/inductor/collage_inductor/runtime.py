@@ -1,7 +1,7 @@
 """The packed function a lowered partition calls: run its PyTorch program compiled by TorchInductor.
 
 A lowered partition is ``R.call_dps_packed("collage_inductor.run", [key, program, *inputs], ...)``:
-``program`` is a uint8 constant (``collage_core.relax_onnx.lowering.pack_blob``: a digest, an options
+``program`` is a uint8 constant (``collage_core.kit.engine_lowering.pack_blob``: a digest, an options
 byte, none defined yet, then the partition as a ``torch.export`` program, ``torch.export.save``) and
 ``key`` is its digest in hexadecimal, a string. The VM copies constant tensors to the device it runs
 on, so on a GPU the program arrives in device memory; reading it there would be a copy to the host
@@ -53,8 +53,7 @@ from pathlib import Path
 
 import tvm
 
-from collage_core.relax_onnx import lowering, runtime_caches
-from collage_core.threads import backend_threads
+from collage_core.kit import backend_threads, engine_caches, engine_lowering
 
 RUN_FUNCTION = "collage_inductor.run"
 OWNER = "collage_inductor"
@@ -75,13 +74,13 @@ def cache_dir() -> Path:
 
 
 def threads() -> int:
-    """PyTorch's intra-op threads for Inductor's kernels (``collage_core.threads.backend_threads``)."""
+    """PyTorch's intra-op threads for Inductor's kernels (``collage_core.kit.backend_threads``)."""
     return backend_threads()
 
 
 def key_of(blob) -> str:
     """The key a lowered partition names its program by: the blob's digest in hexadecimal."""
-    return lowering.blob_key(blob).hex()
+    return engine_lowering.blob_key(blob).hex()
 
 
 class CaptureError(RuntimeError):
@@ -97,7 +96,7 @@ class _Program:
         self.compiled, self.inputs, self.outputs, self.device = compiled, inputs, outputs, device
         self.has_run = False
         self.captures: list = []  # (pool, results): memory a captured graph replays into
-        self._views = runtime_caches.BindingsByAddress(VIEWS_PER_THREAD, self._view)
+        self._views = engine_caches.BindingsByAddress(VIEWS_PER_THREAD, self._view)
 
     def _view(self, tensors, _dropped):
         import torch
@@ -163,7 +162,7 @@ class Programs:
     def load(self, key: str, blob, device) -> _Program:
         """Compile the program ``blob`` carries for ``device`` (the blob is read from wherever it is) and keep it."""
         host = blob.numpy()
-        serialized, _options = lowering.unpack_blob(host, OWNER)
+        serialized, _options = engine_lowering.unpack_blob(host, OWNER)
         if key_of(host) != key:
             raise ValueError(f"{OWNER}: the program does not match its key {key}")
         program = _compile(serialized, device)

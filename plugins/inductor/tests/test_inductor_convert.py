@@ -1,5 +1,5 @@
 """The Relax-to-PyTorch converter, operator by operator: each case of
-``collage_core.relax_onnx.operator_cases`` converted and run by PyTorch, compared with TVM's own
+``collage_core.kit.testing.operator_cases`` converted and run by PyTorch, compared with TVM's own
 build (the cases say how closely), and each refusal refused. The converted programs run eagerly
 here; ``test_inductor_hooks`` runs them compiled by inductor."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from tvm import relax
 
-from collage_core.relax_onnx import support
-from collage_core.relax_onnx.operator_cases import (
-    CASES, F, REFUSED, R, assert_same, function, pool_configurations, random_input, run_tvm,
+from collage_core.kit import engine_operators
+from collage_core.kit.testing.operator_cases import (
+    CASES, F, R, REFUSED, assert_same, function, pool_configurations, random_input, run_tvm,
 )
 from collage_inductor import relax_to_torch
 
@@ -31,7 +31,7 @@ def test_operator_matches_tvm(make, specs, kind):
 
 
 def test_every_operator_has_a_converter():
-    assert set(relax_to_torch.CONVERTERS) == set(support.SUPPORTED_OPS)
+    assert set(relax_to_torch.CONVERTERS) == set(engine_operators.SUPPORTED_OPS)
 
 
 def test_pooling_is_refused_or_matches_tvm():

@@ -21,21 +21,16 @@ import tvm
 from tvm import relax
 
 import collage_core
-from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns
-from collage_core.build import build, lower_partitions, partitions_by_backend
-from collage_core.candidates import enumerate_candidates
-from collage_core.partition import partition_module
-from collage_core.relax_graph import RelaxGraph
-from collage_core.relax_onnx import lowering
-from collage_core.relax_onnx.operator_cases import CASES, function
-from collage_core.relax_onnx.placement_cases import (
+from collage_core.kit import RelaxGraph, engine_lowering, enumerate_candidates, tvm_compat
+from collage_core.kit.testing import (
+    MeasureSettings, TwoLevelSettings, build, contribute_patterns, lower_partitions, partition_module,
+    partitions_by_backend, rounded_to, sixteen_bit_atol,
+)
+from collage_core.kit.testing.operator_cases import CASES, function
+from collage_core.kit.testing.placement_cases import (
     CONV_INPUT, F, HIDDEN, R, TOKENS, attention, conv_bias_relu_scale, module, numpy_attention,
     numpy_conv_bias_relu_scale, place,
 )
-from collage_core.testing import rounded_to, sixteen_bit_atol
-from collage_core.timing import MeasureSettings
-from collage_core.two_level import TwoLevelSettings
 from collage_inductor import hooks, relax_to_torch, runtime
 
 CUDA = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
@@ -71,7 +66,7 @@ def lowered_program(lowered, name):
     (binding,) = lowered[name].body.blocks[0].bindings
     key, program, *_ = binding.value.args[1].fields
     blob = tvm_compat.constant_array(program)
-    return key.value, blob, torch.export.load(io.BytesIO(lowering.unpack_blob(blob)[0]))
+    return key.value, blob, torch.export.load(io.BytesIO(engine_lowering.unpack_blob(blob)[0]))
 
 
 # --- what a CUDA target gets, checked without a GPU

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from collage_core.relax_onnx.operator_cases import CASES, F, NCHW4, R, assert_same, function, random_input, run_tvm
+from collage_core.kit.testing.operator_cases import CASES, F, NCHW4, R, assert_same, function, random_input, run_tvm
 from collage_inductor import relax_to_torch, runtime
 
 EXPORTED = [case for case in CASES if case[0].startswith(("max_pool2d", "avg_pool2d", "resize2d", "pad_"))]

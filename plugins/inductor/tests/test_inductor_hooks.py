@@ -1,7 +1,7 @@
 """The backend's hooks, and partitions lowered to TorchInductor inside a mixed TVM executable.
 
 Placements are built the way Collage builds them (``partition_module`` then ``build``), run on
-Relax's VM and compared with numpy, as ``collage_core.relax_onnx.placement_cases`` says.
+Relax's VM and compared with numpy, as ``collage_core.kit.testing.placement_cases`` says.
 """
 
 from __future__ import annotations
@@ -17,15 +17,12 @@ import tvm
 from tvm import relax
 
 import collage_inductor
-from collage_core import cuda_libraries, tvm_compat
-from collage_core.backends import contribute_patterns
-from collage_core.build import partitions_by_backend
-from collage_core.candidates import enumerate_candidates
-from collage_core.records import GRAPH_LEVEL
-from collage_core.relax_graph import RelaxGraph
-from collage_core.relax_onnx import lowering, support
-from collage_core.relax_onnx.placement_cases import (
-    ATOL, CONV_INPUT, DEVICE, RNG, RTOL, F, R, check_exported_library_runs_in_a_fresh_process, check_mixed_placements,
+from collage_core.kit import (
+    GRAPH_LEVEL, RelaxGraph, cuda_libraries, engine_lowering, engine_operators, enumerate_candidates, tvm_compat,
+)
+from collage_core.kit.testing import contribute_patterns, partitions_by_backend
+from collage_core.kit.testing.placement_cases import (
+    ATOL, CONV_INPUT, DEVICE, F, R, RNG, RTOL, check_exported_library_runs_in_a_fresh_process, check_mixed_placements,
     check_runs_in_place, conv_bias_relu_scale, module, numpy_conv_bias_relu_scale, place,
 )
 from collage_inductor import hooks, relax_to_torch, runtime
@@ -84,7 +81,7 @@ def test_a_cpu_build_of_torch_is_told_apart_from_a_cuda_build():
 
 
 def test_inductor_is_chosen_by_default_on_cuda_and_only_when_named_on_the_cpu(pm):
-    from collage_core.backends import discover_backends, select_backends
+    from collage_core.kit.testing import discover_backends, select_backends
 
     infos = discover_backends(pm)
     assert "inductor" not in [info.name for info in select_backends(infos, target=TARGET)]
@@ -95,7 +92,7 @@ def test_inductor_is_chosen_by_default_on_cuda_and_only_when_named_on_the_cpu(pm
 
 def test_collage_contribute_patterns_one_checked_pattern_per_convertible_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["inductor"], TARGET)
-    assert [p.name for p in patterns] == [f"inductor.{op.rsplit('.', 1)[1]}" for op in support.SUPPORTED_OPS]
+    assert [p.name for p in patterns] == [f"inductor.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
     assert [p.name for p in contribute_patterns(pm, backends["inductor"], CUDA)] == [p.name for p in patterns]
     assert hooks.collage_contribute_patterns(backends["inductor"], tvm.target.Target({"kind": "vulkan"})) == []
 
@@ -118,7 +115,7 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
     key, program_constant, operand = binding.value.args[1].fields
     blob = tvm_compat.constant_array(program_constant)
     assert key.value == runtime.key_of(blob) and operand.same_as(lowered[name].params[0])
-    program = torch.export.load(io.BytesIO(lowering.unpack_blob(blob)[0]))
+    program = torch.export.load(io.BytesIO(engine_lowering.unpack_blob(blob)[0]))
     x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
     (result,) = program.module()(torch.from_numpy(x))
     np.testing.assert_allclose(result.numpy() * 0.5, numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
@@ -137,7 +134,7 @@ def relu_blob():
     """The key and the program of a lowered ReLU of a (2, 3) float32 tensor, the program as the VM passes it."""
     buffer = io.BytesIO()
     torch.export.save(relax_to_torch.exported(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"]), buffer)
-    blob = lowering.pack_blob(buffer.getvalue())
+    blob = engine_lowering.pack_blob(buffer.getvalue())
     return runtime.key_of(blob), tvm_compat.to_tensor(blob, DEVICE)
 
 
@@ -158,7 +155,7 @@ def test_runtime_reads_and_writes_the_tensors_in_place():
 
 
 def test_runtime_refuses_a_blob_that_does_not_match_its_digest_or_its_key():
-    blob = lowering.pack_blob(b"not really a model").copy()
+    blob = engine_lowering.pack_blob(b"not really a model").copy()
     key = runtime.key_of(blob)
     blob[-1] ^= 1
     with pytest.raises(ValueError, match="collage_inductor: the model blob does not match its digest"):

@@ -17,14 +17,9 @@ import tvm
 from tvm import relax
 
 import collage_core
-from collage_core import tvm_compat
-from collage_core.build import build
-from collage_core.model_import import load_model
-from collage_core.partition import partition_module
-from collage_core.relax_graph import RelaxGraph
-from collage_core.relax_onnx.placement_cases import F, R, module
-from collage_core.timing import MeasureSettings
-from collage_core.two_level import TwoLevelSettings
+from collage_core.kit import RelaxGraph, load_model, tvm_compat
+from collage_core.kit.testing import MeasureSettings, TwoLevelSettings, build, partition_module
+from collage_core.kit.testing.placement_cases import F, R, module
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 TARGET = tvm_compat.host_cpu_target()

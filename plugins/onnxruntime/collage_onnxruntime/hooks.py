@@ -1,6 +1,6 @@
 """ONNX Runtime's CPU execution provider as a Collage backend.
 
-Each partition is converted to an ONNX model (``collage_core.relax_onnx``) and replaced by a call to the
+Each partition is converted to an ONNX model (``collage_core.kit.relax_to_onnx``) and replaced by a call to the
 packed function ``collage_onnxruntime.run`` that carries the model as a constant, so the built
 executable is self-contained: running it needs only ``import collage_onnxruntime``.
 """
@@ -11,10 +11,10 @@ import importlib
 
 from tvm import relax
 
-from collage_core.build import replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.records import GRAPH_LEVEL, Availability, Backend
-from collage_core.relax_onnx import converter, lowering, patterns
+from collage_core.kit import (
+    GRAPH_LEVEL, Availability, Backend, engine_lowering, engine_patterns, hookimpl, hookimpl_for, relax_to_onnx,
+    replace_functions,
+)
 from collage_onnxruntime import runtime
 
 BACKEND = "onnxruntime"
@@ -50,10 +50,8 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     onnxruntime = _import_onnxruntime()
     if isinstance(onnxruntime, ImportError):
         return Availability.no(f"onnxruntime cannot be imported ({onnxruntime}): {INSTALL_HINT}")
@@ -62,43 +60,37 @@ def collage_check_availability(backend):
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target):
-    if backend.name != BACKEND:
-        return None
     if target.kind.name not in ("llvm", "c"):
         return []
-    return patterns.operator_patterns(BACKEND)
+    return engine_patterns.operator_patterns(BACKEND)
 
 
 def lower_function(func: relax.Function, name: str, spinning: bool = False) -> relax.Function:
     """``func`` with its body replaced by one ``collage_onnxruntime.run`` call on its ONNX model
     (run by a session whose idle threads spin, with ``spinning``)."""
-    model = converter.convert(func, name)
-    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model.SerializeToString(), spinning))
+    model = relax_to_onnx.convert(func, name)
+    return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model.SerializeToString(), spinning))
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
-    spinning = lowering.runs_alone(mod, function_names)
+    spinning = engine_lowering.runs_alone(mod, function_names)
     return replace_functions(mod, function_names, lambda func, name: lower_function(func, name, spinning))
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_whole_model(backend, model, model_format, func, name, target):
-    if backend.name != BACKEND or model_format != "onnx" or target.kind.name not in ("llvm", "c"):
+    if model_format != "onnx" or target.kind.name not in ("llvm", "c"):
         return None
     # The model file as its users run it: ONNX Runtime's default session (all graph optimizations, idle threads
     # spinning: nothing else runs beside it) with Collage's threads.
-    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model, spinning=True))
+    return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model, spinning=True))
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     onnxruntime = _import_onnxruntime()
     if isinstance(onnxruntime, ImportError):
         raise RuntimeError(f"onnxruntime cannot be imported ({onnxruntime}): {INSTALL_HINT}")

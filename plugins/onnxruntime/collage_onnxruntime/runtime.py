@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from collage_core.relax_onnx import lowering, runtime_caches
-from collage_core.threads import backend_threads
+from collage_core.kit import backend_threads, engine_caches, engine_lowering
 
 RUN_FUNCTION = "collage_onnxruntime.run"
 # Sessions kept alive: far more than the ONNX Runtime partitions of one model, so none is rebuilt
@@ -28,14 +27,14 @@ SPINNING = 1  # the options byte's flag: the session's idle threads spin
 
 
 def pack_model(serialized: bytes, spinning: bool = False) -> np.ndarray:
-    """The blob a lowered partition carries (``collage_core.relax_onnx.lowering.pack_blob``); its
+    """The blob a lowered partition carries (``collage_core.kit.engine_lowering.pack_blob``); its
     options byte says whether the session's idle threads spin."""
-    return lowering.pack_blob(serialized, SPINNING if spinning else 0)
+    return engine_lowering.pack_blob(serialized, SPINNING if spinning else 0)
 
 
 def unpack_blob(blob: np.ndarray) -> tuple[bytes, bool]:
     """The serialized model and whether its session's idle threads spin."""
-    serialized, options = lowering.unpack_blob(blob, "collage_onnxruntime")
+    serialized, options = engine_lowering.unpack_blob(blob, "collage_onnxruntime")
     return serialized, bool(options & SPINNING)
 
 
@@ -44,7 +43,7 @@ def unpack_model(blob: np.ndarray) -> bytes:
 
 
 def session_options(spinning: bool = False):
-    """All graph optimizations, ``collage_core.threads.backend_threads()`` threads, and no spinning
+    """All graph optimizations, ``collage_core.kit.backend_threads()`` threads, and no spinning
     unless ``spinning``.
 
     ONNX Runtime's worker threads spin while waiting for work by default. Between two ONNX
@@ -76,7 +75,7 @@ class _Model:
         self.input_names = [value.name for value in session.get_inputs()]
         self.output_names = [value.name for value in session.get_outputs()]
         self.arity = len(self.input_names) + len(self.output_names)
-        self._bindings = runtime_caches.BindingsByAddress(BINDINGS_PER_THREAD, self._bind)
+        self._bindings = engine_caches.BindingsByAddress(BINDINGS_PER_THREAD, self._bind)
 
     def run(self, tensors) -> None:
         if len(tensors) != self.arity:
@@ -103,7 +102,7 @@ def _compile(serialized: bytes, options: int) -> _Model:
     return _Model(onnxruntime.InferenceSession(serialized, session_options(spinning), providers=["CPUExecutionProvider"]))
 
 
-SESSIONS = runtime_caches.CompiledModels(MAX_SESSIONS, _compile, "collage_onnxruntime")
+SESSIONS = engine_caches.CompiledModels(MAX_SESSIONS, _compile, "collage_onnxruntime")
 
 
 def session_for(serialized: bytes, spinning: bool = False):

@@ -1,16 +1,3 @@
 """Fixtures shared by the ONNX Runtime plugin's tests."""
 
-import pytest
-
-from collage_core.backends import discover_backends
-from collage_core.plugins import get_plugin_manager
-
-
-@pytest.fixture(scope="module")
-def pm():
-    return get_plugin_manager()
-
-
-@pytest.fixture(scope="module")
-def backends(pm):
-    return {name: info.backend for name, info in discover_backends(pm).items()}
+from collage_core.kit.testing import backends, pm  # noqa: F401 (the fixtures every plugin's tests share)

@@ -1,7 +1,7 @@
 """The backend's hooks, and partitions lowered to ONNX Runtime inside a mixed TVM executable.
 
 Placements are built the way Collage builds them (``partition_module`` then ``build``), run on
-Relax's VM and compared with numpy, as ``collage_core.relax_onnx.placement_cases`` says.
+Relax's VM and compared with numpy, as ``collage_core.kit.testing.placement_cases`` says.
 """
 
 from __future__ import annotations
@@ -15,17 +15,13 @@ import tvm
 from tvm import relax
 
 import collage_onnxruntime
-from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns
-from collage_core.build import build, partitions_by_backend
-from collage_core.candidates import enumerate_candidates
-from collage_core.records import GRAPH_LEVEL
-from collage_core.relax_graph import RelaxGraph
-from collage_core.relax_onnx import converter as relax_to_onnx, lowering, support
-from collage_core.relax_onnx.placement_cases import (
-    ATOL, DEVICE, RNG, RTOL, TOKENS, HIDDEN, F, R, attention, check_exported_library_runs_in_a_fresh_process,
-    check_runs_in_place, conv_bias_relu_scale, module, numpy_attention,
-    numpy_conv_bias_relu_scale, place, run_vm,
+from collage_core.kit import (
+    GRAPH_LEVEL, RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat,
+)
+from collage_core.kit.testing import build, contribute_patterns, partitions_by_backend
+from collage_core.kit.testing.placement_cases import (
+    ATOL, DEVICE, F, HIDDEN, R, RNG, RTOL, TOKENS, attention, check_exported_library_runs_in_a_fresh_process,
+    check_runs_in_place, conv_bias_relu_scale, module, numpy_attention, numpy_conv_bias_relu_scale, place, run_vm,
 )
 from collage_onnxruntime import hooks, runtime
 
@@ -53,7 +49,7 @@ def test_collage_check_availability_asks_for_the_cpu_provider(backends, monkeypa
 
 def test_collage_contribute_patterns_one_checked_pattern_per_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["onnxruntime"], TARGET)
-    assert [p.name for p in patterns] == [f"onnxruntime.{op.rsplit('.', 1)[1]}" for op in support.SUPPORTED_OPS]
+    assert [p.name for p in patterns] == [f"onnxruntime.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
     assert len({p.name for p in patterns}) == len(patterns)
     assert all(p.check is not None for p in patterns)
     assert hooks.collage_contribute_patterns(backends["tvm"], TARGET) is None
@@ -160,7 +156,7 @@ def test_idle_threads_spin_only_when_onnx_runtime_runs_the_whole_executable(back
     would take the cores from them. Either way the session computes the same."""
     _, placed = place(module(conv_bias_relu_scale, ((1, 3, 8, 8), F)), "onnxruntime", ort_nodes)
     (name,) = partitions_by_backend(placed)["onnxruntime"]
-    assert lowering.runs_alone(placed, [name]) == spins
+    assert engine_lowering.runs_alone(placed, [name]) == spins
     lowered = hooks.collage_lower_partitions(backends["onnxruntime"], placed, [name], TARGET)
     serialized, spinning = runtime.unpack_blob(lowered_blob(lowered, name))
     assert spinning == spins and serialized == relax_to_onnx.convert(placed[name], name).SerializeToString()

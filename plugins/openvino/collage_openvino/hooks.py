@@ -1,6 +1,6 @@
 """OpenVINO's CPU plugin as a Collage backend (graph level; fp32, and bf16 on CPUs with AMX or AVX512-BF16).
 
-Each partition is converted to an ONNX model (``collage_core.relax_onnx``), which OpenVINO reads
+Each partition is converted to an ONNX model (``collage_core.kit.relax_to_onnx``), which OpenVINO reads
 and compiles, and replaced by a call to the packed function ``collage_openvino.run`` that carries
 the model as a constant, so the built executable is self-contained: running it needs only
 ``import collage_openvino``. With ``collage optimize --precision bf16`` on a CPU with bf16 units, regions
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import importlib
 
-from collage_core.build import replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.precision import has_fast_bf16
-from collage_core.records import GRAPH_LEVEL, Availability, Backend
-from collage_core.relax_onnx import converter, lowering, patterns
+from collage_core.kit import (
+    GRAPH_LEVEL, Availability, Backend, engine_lowering, engine_patterns, has_fast_bf16, hookimpl, hookimpl_for,
+    relax_to_onnx, replace_functions, tvm_compat,
+)
 from collage_openvino import runtime
 
 BACKEND = "openvino"
@@ -55,10 +54,8 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     openvino = _import_openvino()
     if isinstance(openvino, ImportError):
         return Availability.no(f"openvino cannot be imported ({openvino}): {INSTALL_HINT}")
@@ -71,13 +68,11 @@ def collage_check_availability(backend):
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target):
-    if backend.name != BACKEND:
-        return None
     if target.kind.name not in ("llvm", "c"):
         return []
-    return patterns.operator_patterns(BACKEND, sixteen_bit=sixteen_bit())
+    return engine_patterns.operator_patterns(BACKEND, sixteen_bit=sixteen_bit())
 
 
 def lower_function(func, name: str):
@@ -86,16 +81,14 @@ def lower_function(func, name: str):
     holds_16_bit = any(dtype in taken for dtype in _dtypes(func))
     # A bfloat16 partition goes to OpenVINO as float32 arithmetic compiled under its bf16 inference precision:
     # OpenVINO then chooses what runs in bf16 (as its own bf16 mode does), without TVM's casts around every product.
-    model = converter.convert(func, name, taken, widened=taken if holds_16_bit else frozenset())
+    model = relax_to_onnx.convert(func, name, taken, widened=taken if holds_16_bit else frozenset())
     options = runtime.BF16_INFERENCE if holds_16_bit else 0
-    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION,
-                                         lowering.pack_blob(model.SerializeToString(), options))
+    blob = engine_lowering.pack_blob(model.SerializeToString(), options)
+    return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, blob)
 
 
 def _dtypes(func) -> set:
     """The dtypes of ``func``'s parameters and of every value its bindings compute."""
-    from collage_core import tvm_compat
-
     found = set()
     values = list(func.params) + [b.var for block in func.body.blocks for b in block.bindings]
     for value in values:
@@ -106,26 +99,22 @@ def _dtypes(func) -> set:
     return found
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
     return replace_functions(mod, function_names, lower_function)
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_whole_model(backend, model, model_format, func, name, target):
-    if backend.name != BACKEND or model_format != "onnx" or target.kind.name not in ("llvm", "c"):
+    if model_format != "onnx" or target.kind.name not in ("llvm", "c"):
         return None
     # The model file as its users run it, read by OpenVINO's ONNX frontend and compiled as every partition is
     # (latency hint, one stream, Collage's threads, f32 inference precision: a float32 file stays exact).
-    return lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, lowering.pack_blob(model))
+    return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, engine_lowering.pack_blob(model))
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     openvino = _import_openvino()
     if isinstance(openvino, ImportError):
         raise RuntimeError(f"openvino cannot be imported ({openvino}): {INSTALL_HINT}")

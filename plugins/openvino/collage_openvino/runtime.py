@@ -1,7 +1,7 @@
 """The packed function a lowered partition calls: run its model in OpenVINO, in place.
 
 A lowered partition is ``R.call_dps_packed("collage_openvino.run", [model, *inputs], ...)`` where
-``model`` is a uint8 constant (``collage_core.relax_onnx.lowering.pack_blob``): a digest, an
+``model`` is a uint8 constant (``collage_core.kit.engine_lowering.pack_blob``): a digest, an
 options byte (none are defined yet), then the partition as an ONNX model. The model is read and
 compiled for the CPU once per process (OpenVINO's own model cache, under
 ``$COLLAGE_CACHE_DIR/openvino``, keeps the compiled form across processes). Each call's tensors
@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from collage_core.relax_onnx import runtime_caches
-from collage_core.threads import backend_threads
+from collage_core.kit import backend_threads, engine_caches
 
 RUN_FUNCTION = "collage_openvino.run"
 # Compiled models kept alive: far more than the OpenVINO partitions of one model, yet a measurement
@@ -37,7 +36,7 @@ CPU = tvm.cpu(0).dlpack_device_type()
 
 def compile_config(threads: int | None = None, precision: str = "f32") -> dict:
     """The CPU plugin's settings for a partition: latency, one stream, ``threads`` (default:
-    ``collage_core.threads.backend_threads()``) and ``precision`` arithmetic (f32 unless the partition holds bf16)."""
+    ``collage_core.kit.backend_threads()``) and ``precision`` arithmetic (f32 unless the partition holds bf16)."""
     return {
         "PERFORMANCE_HINT": "LATENCY",
         "NUM_STREAMS": 1,
@@ -87,7 +86,7 @@ class _Model:
         self.compiled = compiled
         self.inputs = len(compiled.inputs)
         self.outputs = len(compiled.outputs)
-        self._requests = runtime_caches.BindingsByAddress(REQUESTS_PER_THREAD, self._bind)
+        self._requests = engine_caches.BindingsByAddress(REQUESTS_PER_THREAD, self._bind)
 
     def run(self, tensors) -> None:
         if len(tensors) != self.inputs + self.outputs:
@@ -125,7 +124,7 @@ def _compile(serialized: bytes, options: int) -> _Model:
     return _Model(core().compile_model(model, "CPU", compile_config(precision=inference_precision(options))))
 
 
-MODELS = runtime_caches.CompiledModels(MAX_MODELS, _compile, "collage_openvino")
+MODELS = engine_caches.CompiledModels(MAX_MODELS, _compile, "collage_openvino")
 
 
 def run(blob, *tensors) -> None:

@@ -9,14 +9,11 @@ import onnx
 import pytest
 from tvm import relax
 
-from collage_core import precision, tvm_compat
-from collage_core.backends import contribute_patterns
-from collage_core.build import build
-from collage_core.candidates import enumerate_candidates
-from collage_core.relax_graph import RelaxGraph
-from collage_core.testing import rounded_to
-from collage_core.relax_onnx import converter, lowering, support
-from collage_core.relax_onnx.placement_cases import module, place, run_vm
+from collage_core.kit import (
+    RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat,
+)
+from collage_core.kit.testing import build, contribute_patterns, precision, rounded_to
+from collage_core.kit.testing.placement_cases import module, place, run_vm
 from collage_openvino import hooks, runtime
 
 TARGET = tvm_compat.host_cpu_target()
@@ -57,15 +54,15 @@ def test_a_bfloat16_region_with_bfloat16_boundaries_runs_on_openvino_in_bf16_and
     # float32 inside, OpenVINO's bf16 policy deciding what runs in bf16: bfloat16 only where the region's
     # input enters and its output leaves, and TVM's casts around the product are identities.
     casts = [node for node in onnx_model.graph.node if node.op_type == "Cast"]
-    assert [c.input[0] for c in casts][:1] == [converter.input_name(0)] and casts[-1].output[0] == converter.output_name(0)
+    assert [c.input[0] for c in casts][:1] == [relax_to_onnx.input_name(0)] and casts[-1].output[0] == relax_to_onnx.output_name(0)
     assert len(casts) == 2
-    exact = converter.convert(mod["main"], "m", frozenset({BF16}))  # as TVM's pass wrote it, products widened exactly
+    exact = relax_to_onnx.convert(mod["main"], "m", frozenset({BF16}))  # as TVM's pass wrote it, products widened exactly
     assert len([node for node in exact.graph.node if node.op_type == "Cast"]) > 2
 
 
 def blob_of(lowered):
     (binding,) = lowered.body.blocks[0].bindings
-    return lowering.unpack_blob(tvm_compat.constant_array(binding.value.args[1].fields[0]))
+    return engine_lowering.unpack_blob(tvm_compat.constant_array(binding.value.args[1].fields[0]))
 
 
 def test_float32_partitions_stay_exact_in_f32():
@@ -80,8 +77,8 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16_and_by_backends_
     product = graph.graph.ops.index("relax.matmul")
     call = next(b.value for b in module(mixed_dense, ((4, 32), BF16))["main"].body.blocks[0].bindings
                 if tvm_compat.op_name(b.value) == "relax.matmul")
-    assert support.refusal(call) == "relax.matmul mixes bfloat16, float32"
-    assert support.refusal(call, frozenset({BF16})) is None
+    assert engine_operators.refusal(call) == "relax.matmul mixes bfloat16, float32"
+    assert engine_operators.refusal(call, frozenset({BF16})) is None
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})
     refused: list = []
     candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["openvino"], TARGET), refused)

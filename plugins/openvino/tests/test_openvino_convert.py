@@ -1,5 +1,5 @@
 """Each operator the ONNX converter takes, run by OpenVINO and compared with TVM's own build
-(``collage_core.relax_onnx.operator_cases`` gives the cases and how closely they must agree).
+(``collage_core.kit.testing.operator_cases`` gives the cases and how closely they must agree).
 OpenVINO computes every one of them as Relax does, so the backend adds no refusal of its own."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collage_core.relax_onnx import converter, support
-from collage_core.relax_onnx.operator_cases import (
+from collage_core.kit import engine_operators, relax_to_onnx
+from collage_core.kit.testing.operator_cases import (
     CASES, F, assert_same, function, pool_configurations, random_input, run_tvm,
 )
 from collage_openvino import runtime
 
 
 def run_openvino(func, arrays):
-    model = runtime.core().read_model(model=converter.convert(func).SerializeToString(), weights=b"")
+    model = runtime.core().read_model(model=relax_to_onnx.convert(func).SerializeToString(), weights=b"")
     compiled = runtime.core().compile_model(model, "CPU", runtime.compile_config(threads=1))
     results = compiled.create_infer_request().infer(arrays)
     return [np.asarray(results[output]) for output in compiled.outputs]
@@ -34,7 +34,7 @@ def test_pooling_the_converter_takes_matches_tvm():
     for config in pool_configurations(60):
         op, size = config.pop("op"), config.pop("size")
         func = function(lambda x: op(x, **config), ((1, 2, *size), F))
-        if not support.supports(func.body.blocks[0].bindings[0].value):
+        if not engine_operators.supports(func.body.blocks[0].bindings[0].value):
             continue
         accepted += 1
         data = random_input((1, 2, *size), F, np.random.default_rng(accepted))

@@ -1,7 +1,7 @@
 """The backend's hooks, and partitions lowered to OpenVINO inside a mixed TVM executable.
 
 Placements are built the way Collage builds them (``partition_module`` then ``build``), run on
-Relax's VM and compared with numpy, as ``collage_core.relax_onnx.placement_cases`` says.
+Relax's VM and compared with numpy, as ``collage_core.kit.testing.placement_cases`` says.
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ import tvm
 from tvm import relax
 
 import collage_openvino
-from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns
-from collage_core.build import partitions_by_backend
-from collage_core.candidates import enumerate_candidates
-from collage_core.records import GRAPH_LEVEL
-from collage_core.relax_graph import RelaxGraph
-from collage_core.relax_onnx import converter, lowering, support
-from collage_core.relax_onnx.placement_cases import (
+from collage_core.kit import (
+    GRAPH_LEVEL, RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat,
+)
+from collage_core.kit.testing import contribute_patterns, partitions_by_backend
+from collage_core.kit.testing.placement_cases import (
     CONV_INPUT, DEVICE, F, R, check_exported_library_runs_in_a_fresh_process, check_mixed_placements,
     check_runs_in_place, conv_bias_relu_scale, module, place,
 )
@@ -52,7 +49,7 @@ def test_collage_check_availability_says_what_is_missing(backends, monkeypatch):
 
 def test_collage_contribute_patterns_one_checked_pattern_per_convertible_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["openvino"], TARGET)
-    assert [p.name for p in patterns] == [f"openvino.{op.rsplit('.', 1)[1]}" for op in support.SUPPORTED_OPS]
+    assert [p.name for p in patterns] == [f"openvino.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
     assert hooks.collage_contribute_patterns(backends["openvino"], tvm.target.Target({"kind": "cuda"})) == []
 
     def make(bb, x):
@@ -72,7 +69,7 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
     (binding,) = lowered[name].body.blocks[0].bindings
     assert str(binding.value.args[0].global_symbol) == runtime.RUN_FUNCTION
     blob = tvm_compat.constant_array(binding.value.args[1].fields[0])
-    assert lowering.unpack_blob(blob)[0] == converter.convert(placed[name], name).SerializeToString()
+    assert engine_lowering.unpack_blob(blob)[0] == relax_to_onnx.convert(placed[name], name).SerializeToString()
 
 
 def test_mixed_placements_beside_tvm_match_numpy(pm, backends):
@@ -84,8 +81,8 @@ def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
 
 
 def relu_blob():
-    model = converter.convert(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"])
-    return tvm_compat.to_tensor(lowering.pack_blob(model.SerializeToString()), DEVICE)
+    model = relax_to_onnx.convert(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"])
+    return tvm_compat.to_tensor(engine_lowering.pack_blob(model.SerializeToString()), DEVICE)
 
 
 def test_runtime_compiles_once_in_fp32_with_the_latency_hint_and_registers_idempotently():
@@ -106,7 +103,7 @@ def test_runtime_reads_and_writes_the_tensors_in_place():
 
 
 def test_runtime_refuses_a_blob_that_does_not_match_its_digest():
-    blob = lowering.pack_blob(b"not really a model").copy()
+    blob = engine_lowering.pack_blob(b"not really a model").copy()
     blob[-1] ^= 1
     with pytest.raises(ValueError, match="collage_openvino: the model blob does not match its digest"):
         runtime.MODELS.get(blob)

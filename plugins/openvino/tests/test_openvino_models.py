@@ -16,14 +16,9 @@ import tvm
 from tvm import relax
 
 import collage_core
-from collage_core import tvm_compat
-from collage_core.build import build
-from collage_core.model_import import load_model
-from collage_core.partition import partition_module
-from collage_core.relax_graph import RelaxGraph
-from collage_core.relax_onnx.placement_cases import F, R, module
-from collage_core.timing import MeasureSettings
-from collage_core.two_level import TwoLevelSettings
+from collage_core.kit import RelaxGraph, load_model, tvm_compat
+from collage_core.kit.testing import MeasureSettings, TwoLevelSettings, build, partition_module
+from collage_core.kit.testing.placement_cases import F, R, module
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 TARGET = tvm_compat.host_cpu_target()
@@ -50,15 +45,15 @@ def test_the_original_file_runs_whole_in_openvinos_own_session(pm, backends, nam
     """collage_lower_whole_model: the library whose one partition is openvino's own session over the ONNX
     file, not Collage's conversion of it, computes what ONNX Runtime's reference does within RTOL/ATOL
     (OpenVINO's kernels order float32 sums otherwise than ONNX Runtime's)."""
-    from collage_core import original_model
-    from collage_core.relax_onnx import lowering
+    from collage_core.kit import engine_lowering
+    from collage_core.kit.testing import original_model
 
     model = load_model(MODELS / f"{name}.onnx")
     mod = original_model.lowered_module(pm, model, backends["openvino"], TARGET)
     (session,) = [func for func in mod.functions.values() if original_model.is_lowered_already(func)]
     blob = next(arg for binding in session.body.blocks[0].bindings for arg in binding.value.args[1].fields
                 if tvm_compat.is_constant(arg))
-    assert lowering.unpack_blob(tvm_compat.constant_array(blob))[0] == (MODELS / f"{name}.onnx").read_bytes()
+    assert engine_lowering.unpack_blob(tvm_compat.constant_array(blob))[0] == (MODELS / f"{name}.onnx").read_bytes()
     inputs = model.random_inputs(seed=4)
     vm = relax.VirtualMachine(build(pm, mod, backends, TARGET), DEVICE)
     result = vm["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in inputs])

@@ -7,10 +7,9 @@ from pathlib import Path
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core.build import replace_functions
-from collage_core.hookspecs import hookimpl
-from collage_core.native import sources_digest
-from collage_core.records import OP_LEVEL, Availability, Backend, Pattern
+from collage_core.kit import (
+    OP_LEVEL, Availability, Backend, Pattern, hookimpl, hookimpl_for, replace_functions, sources_digest,
+)
 from collage_tvm import integer_powers
 
 BACKEND = "tvm"
@@ -90,40 +89,30 @@ def collage_register_backends(register):
     )
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_check_availability(backend):
-    if backend.name != BACKEND:
-        return None
     return Availability.yes()
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target):
-    if backend.name != BACKEND:
-        return None
     single_operator = Pattern(f"{BACKEND}.op", wildcard())
     return [single_operator, *_fused_patterns()]
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_lower_partitions(backend, mod, function_names, target):
-    if backend.name != BACKEND:
-        return None
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
     # function, so fusion never crosses a partition boundary. Small integer powers become
     # multiplications first: TVM's fast-math CUDA pow is NaN for negative bases.
     return replace_functions(mod, function_names, lambda func, _: integer_powers.as_multiplications(func))
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_prepare_runtime(backend):
-    if backend.name != BACKEND:
-        return None
     return True  # TVM's kernels are compiled into the library itself
 
 
-@hookimpl
+@hookimpl_for(BACKEND)
 def collage_runtime_libraries(backend):
-    if backend.name != BACKEND:
-        return None
     return []  # TVM's kernels are compiled into the library itself

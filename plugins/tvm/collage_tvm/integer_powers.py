@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from collage_core import tvm_compat
+from collage_core.kit import tvm_compat
 
 EXPONENTS = (2, 3, 4)
 

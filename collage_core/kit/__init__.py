@@ -1,0 +1,118 @@
+"""The plugin API: all a backend plugin imports from Collage besides ``collage_core`` itself.
+
+Everything here is defined elsewhere in the core and re-exported, so a plugin's imports do not
+follow the core's modules as they move. ``tests/test_plugin_api.py`` fails when a file under
+``plugins/`` imports any other module of the core; docs/plugins.md ("The kit") lists every name.
+A plugin's tests and benchmarks import their helpers from :mod:`collage_core.kit.testing`.
+
+Names are loaded on first use, as ``collage_core``'s are: a plugin that imports only the records
+and ``hookimpl_for`` at load does not pay for the ONNX converter or the native build.
+"""
+
+import importlib
+
+# name -> "module" (the module itself) or "module:attribute"
+_EXPORTS = {
+    # hooks
+    "hookimpl": "collage_core.hookspecs:hookimpl",
+    "hookimpl_for": "collage_core.kit.declare:hookimpl_for",
+    # records
+    "Availability": "collage_core.records:Availability",
+    "Backend": "collage_core.records:Backend",
+    "Candidate": "collage_core.records:Candidate",
+    "Cost": "collage_core.records:Cost",
+    "GRAPH_LEVEL": "collage_core.records:GRAPH_LEVEL",
+    "OP_LEVEL": "collage_core.records:OP_LEVEL",
+    "Partition": "collage_core.records:Partition",
+    "Pattern": "collage_core.records:Pattern",
+    "PatternMatch": "collage_core.records:PatternMatch",
+    "PatternRefused": "collage_core.records:PatternRefused",
+    # reading Relax IR across TVM versions
+    "tvm_compat": "collage_core.tvm_compat",
+    # precision
+    "TF32": "collage_core.precision:TF32",
+    "TF32_PATTERN_SUFFIX": "collage_core.precision:TF32_PATTERN_SUFFIX",
+    "computes_tf32": "collage_core.precision:computes_tf32",
+    "has_fast_bf16": "collage_core.precision:has_fast_bf16",
+    "at_precision": "collage_core.precision:at_precision",
+    # reading a model the way the core does (a plugin that prepares kernels ahead, as CUTLASS's prebuild)
+    "load_model": "collage_core.model_import:load_model",
+    "RelaxGraph": "collage_core.relax_graph:RelaxGraph",
+    "enumerate_candidates": "collage_core.candidates:enumerate_candidates",
+    # lowering partitions
+    "replace_functions": "collage_core.build:replace_functions",
+    "packed_call_function": "collage_core.build:packed_call_function",
+    "pattern_of": "collage_core.partition:pattern_of",
+    # fused groups: an anchor and its epilogue, one view of a match and of a partition
+    "fused_groups": "collage_core.fused_groups",
+    "Group": "collage_core.fused_groups:Group",
+    "Refused": "collage_core.fused_groups:Refused",
+    "recognizer_check": "collage_core.fused_groups:recognizer_check",
+    "read_epilogue": "collage_core.fused_groups:read_epilogue",
+    "StridedOperand": "collage_core.fused_groups:StridedOperand",
+    "strided_operand": "collage_core.fused_groups:strided_operand",
+    "ACTIVATIONS": "collage_core.fused_groups:ACTIVATIONS",
+    "FLOAT32": "collage_core.fused_groups:FLOAT32",
+    "activation_pattern": "collage_core.fused_groups:activation_pattern",
+    "bias_pattern": "collage_core.fused_groups:bias_pattern",
+    "cast_pattern": "collage_core.fused_groups:cast_pattern",
+    "scale_pattern": "collage_core.fused_groups:scale_pattern",
+    "product_epilogues": "collage_core.fused_groups:product_epilogues",
+    "as_dtype": "collage_core.fused_groups:as_dtype",
+    "expect_dtype": "collage_core.fused_groups:expect_dtype",
+    "expect_float32": "collage_core.fused_groups:expect_float32",
+    "expect_plain_out_dtype": "collage_core.fused_groups:expect_plain_out_dtype",
+    "uniform_operand_dtype": "collage_core.fused_groups:uniform_operand_dtype",
+    "external": "collage_core.fused_groups:external",
+    "ints": "collage_core.fused_groups:ints",
+    "padding4": "collage_core.fused_groups:padding4",
+    "plain_strides": "collage_core.fused_groups:plain_strides",
+    "shape_of": "collage_core.fused_groups:shape_of",
+    # strided products: batches merged into M or into one strided batch
+    "strided_products": "collage_core.strided_products",
+    "Axis": "collage_core.strided_products:Axis",
+    "batch_loops": "collage_core.strided_products:batch_loops",
+    # native kernels: build and cache, spec words, what the build chose by timing
+    "NativeLibrary": "collage_core.native:NativeLibrary",
+    "NativeBuildError": "collage_core.native:NativeBuildError",
+    "cache_root": "collage_core.native:cache_root",
+    "find_compiler": "collage_core.native:find_compiler",
+    "sources_digest": "collage_core.native:sources_digest",
+    "float_word": "collage_core.native:float_word",
+    "spec_text": "collage_core.native:spec_text",
+    "ChoiceStore": "collage_core.choices:ChoiceStore",
+    "ProgressBar": "collage_core.progress:ProgressBar",
+    # CUDA libraries
+    "cuda_libraries": "collage_core.cuda_libraries",
+    "CudaUnavailable": "collage_core.cuda_libraries:CudaUnavailable",
+    "Requirement": "collage_core.cuda_libraries:Requirement",
+    # threads
+    "backend_threads": "collage_core.threads:backend_threads",
+    # graph-level engines: the shared operator set, its patterns and lowering, and Relax to ONNX
+    "relax_to_onnx": "collage_core.relax_onnx.converter",
+    "engine_operators": "collage_core.relax_onnx.support",
+    "engine_patterns": "collage_core.relax_onnx.patterns",
+    "engine_lowering": "collage_core.relax_onnx.lowering",
+    "engine_caches": "collage_core.relax_onnx.runtime_caches",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def _resolve(exports: dict, name: str, owner: str):
+    """The object ``exports[name]`` names, imported on first use."""
+    if name not in exports:
+        raise AttributeError(f"module {owner!r} has no attribute {name!r}")
+    module_name, _, attribute = exports[name].partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
+
+def __getattr__(name):
+    value = _resolve(_EXPORTS, name, __name__)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

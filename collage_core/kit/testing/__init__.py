@@ -1,0 +1,77 @@
+"""What a plugin's tests and benchmarks import from Collage, besides :mod:`collage_core.kit`.
+
+- the helpers of :mod:`collage_core.testing` (small Relax functions, the candidate a pattern makes of
+  them, TVM's own answer, tolerances, ``contract_problems``);
+- the fixtures ``pm`` (the plugin manager of the installed plugins) and ``backends`` (their backends by
+  name): a plugin's ``tests/conftest.py`` is ``from collage_core.kit.testing import backends, pm``;
+- the pipeline, step by step, to place and build a model by hand: the plugin manager and its backends,
+  patterns, candidates, partitions, the build, the op-level search, timing;
+- for graph-level engines, :mod:`collage_core.kit.testing.operator_cases` (one small function per
+  operator, with TVM's build as the reference) and :mod:`collage_core.kit.testing.placement_cases`
+  (mixed placements with numpy references).
+
+Names are loaded on first use.
+"""
+
+import pytest
+
+from collage_core.kit import _resolve
+
+_EXPORTS = {
+    # collage_core.testing
+    "function_module": "collage_core.testing:function_module",
+    "whole_candidate": "collage_core.testing:whole_candidate",
+    "run_on_cpu": "collage_core.testing:run_on_cpu",
+    "operand_arrays": "collage_core.testing:operand_arrays",
+    "rounded_to": "collage_core.testing:rounded_to",
+    "sixteen_bit_atol": "collage_core.testing:sixteen_bit_atol",
+    "tf32_atol": "collage_core.testing:tf32_atol",
+    "EXACT_FLOAT32_ATOL": "collage_core.testing:EXACT_FLOAT32_ATOL",
+    "product_case": "collage_core.testing:product_case",
+    "contract_problems": "collage_core.testing:contract_problems",
+    # the pipeline by hand
+    "get_plugin_manager": "collage_core.plugins:get_plugin_manager",
+    "discover_backends": "collage_core.backends:discover_backends",
+    "select_backends": "collage_core.backends:select_backends",
+    "contribute_patterns": "collage_core.backends:contribute_patterns",
+    "partition_module": "collage_core.partition:partition_module",
+    "partitions_by_backend": "collage_core.build:partitions_by_backend",
+    "build": "collage_core.build:build",
+    "lower_partitions": "collage_core.build:lower_partitions",
+    "search_op_level": "collage_core.search:search_op_level",
+    "OpGroup": "collage_core.regions:OpGroup",
+    "decode": "collage_core.regions:decode",
+    "MeasureSettings": "collage_core.timing:MeasureSettings",
+    "time_callable": "collage_core.timing:time_callable",
+    "TwoLevelSettings": "collage_core.two_level:TwoLevelSettings",
+    "format_table": "collage_core.report:format_table",
+    "original_model": "collage_core.original_model",
+    # precision: the dtypes of each option, tolerances, and the module (to patch what the CPU offers)
+    "DTYPES": "collage_core.precision:DTYPES",
+    "tolerance": "collage_core.precision:tolerance",
+    "precision": "collage_core.precision",
+}
+
+__all__ = sorted([*_EXPORTS, "backends", "pm"])
+
+
+@pytest.fixture(scope="module")
+def pm():
+    """The plugin manager of the installed plugins."""
+    return _resolve(_EXPORTS, "get_plugin_manager", __name__)()
+
+
+@pytest.fixture(scope="module")
+def backends(pm):
+    """The installed plugins' backends by name."""
+    return {name: info.backend for name, info in _resolve(_EXPORTS, "discover_backends", __name__)(pm).items()}
+
+
+def __getattr__(name):
+    value = _resolve(_EXPORTS, name, __name__)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

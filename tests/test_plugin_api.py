@@ -1,0 +1,183 @@
+"""The plugin API: plugins import ``collage_core.kit`` alone, and ``hookimpl_for`` declares hooks for one backend."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import types
+from pathlib import Path
+
+import pluggy
+import pytest
+
+import collage_core
+from collage_core import hookspecs, kit
+from collage_core.kit import testing as kit_testing
+from collage_core.records import OP_LEVEL, Availability, Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = ROOT / "plugins"
+# What any plugin file may import of the core, and what its tests and benchmarks may import besides.
+PLUGIN_MODULES = {"collage_core", "collage_core.kit"}
+TEST_MODULES = {"collage_core.kit.testing", "collage_core.kit.testing.operator_cases",
+                "collage_core.kit.testing.placement_cases"}
+
+
+def plugin_files() -> list[Path]:
+    return sorted(path for path in PLUGINS.rglob("*.py") if ".egg-info" not in str(path))
+
+
+def is_test_or_benchmark(path: Path) -> bool:
+    return bool({"tests", "benchmarks"} & set(path.relative_to(PLUGINS).parts))
+
+
+def core_imports(source: str) -> list[tuple[int, str]]:
+    """Every import of the core in ``source``, at any depth (inside functions too), and in the code a
+    string holds when it parses as Python (a benchmark's child process): (line, what it imports)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "collage_core"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "collage_core":
+            if node.module == "collage_core":
+                found += [(node.lineno, f"collage_core.{alias.name}") for alias in node.names
+                          if alias.name not in collage_core.__all__]
+            else:
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "collage_core" in node.value:
+            try:
+                found += [(node.lineno + line - 1, name) for line, name in core_imports(node.value)]
+            except SyntaxError:
+                pass
+    return found
+
+
+def forbidden_imports(path: Path) -> list[str]:
+    allowed = PLUGIN_MODULES | (TEST_MODULES if is_test_or_benchmark(path) else set())
+    return [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in core_imports(path.read_text())
+            if name not in allowed]
+
+
+def test_plugins_are_found():
+    names = {path.relative_to(PLUGINS).parts[0] for path in plugin_files()}
+    assert {"tvm", "dnnl", "onnxruntime", "openvino", "cublas", "cudnn", "cutlass", "inductor"} <= names
+
+
+def test_plugins_import_nothing_of_the_core_but_the_kit():
+    assert [problem for path in plugin_files() for problem in forbidden_imports(path)] == []
+
+
+def test_the_check_sees_imports_inside_functions_strings_and_from_the_package():
+    source = '''
+import collage_core
+from collage_core import Backend, tvm_compat
+from collage_core.kit import hookimpl_for
+
+def late():
+    from collage_core.build import build
+
+CHILD = """
+from collage_core.plugins import get_plugin_manager
+"""
+'''
+    assert [name for _, name in core_imports(source)] == [
+        "collage_core", "collage_core.tvm_compat", "collage_core.kit", "collage_core.build", "collage_core.plugins"]
+
+
+def test_only_tests_and_benchmarks_may_import_the_testing_helpers():
+    assert is_test_or_benchmark(PLUGINS / "dnnl" / "tests" / "conftest.py")
+    assert is_test_or_benchmark(PLUGINS / "dnnl" / "benchmarks" / "call_overhead.py")
+    assert not is_test_or_benchmark(PLUGINS / "dnnl" / "collage_dnnl" / "hooks.py")
+
+
+@pytest.mark.parametrize("module", [kit, kit_testing])
+def test_every_name_of_the_kit_resolves(module):
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        module.nothing_here
+
+
+def test_the_case_modules_hold_what_the_core_defines():
+    from collage_core.relax_onnx import operator_cases, placement_cases
+
+    for name in ("operator_cases", "placement_cases"):
+        ours = importlib.import_module(f"collage_core.kit.testing.{name}")
+        theirs = {"operator_cases": operator_cases, "placement_cases": placement_cases}[name]
+        public = [n for n in vars(theirs) if not n.startswith("_")]
+        assert all(getattr(ours, n) is getattr(theirs, n) for n in public)
+
+
+def test_no_plugin_hook_tests_its_own_backend_name():
+    repeating = [str(path.relative_to(ROOT)) for path in PLUGINS.glob("*/collage_*/hooks.py")
+                 if "backend.name != BACKEND" in path.read_text()]
+    assert repeating == []
+
+
+# hookimpl_for
+
+
+def declared_plugin(**options):
+    plugin = types.SimpleNamespace(seen=[])
+
+    @hookspecs.hookimpl
+    def collage_register_backends(register):
+        register(Backend("mine", OP_LEVEL, ("cpu",), "1"))
+
+    @kit.hookimpl_for("mine", **options)
+    def collage_check_availability(backend):
+        plugin.seen.append(backend.name)
+        return Availability.no("declared")
+
+    @kit.hookimpl_for("mine")
+    def collage_contribute_patterns(backend, target):
+        return ["a pattern of " + str(target)]
+
+    plugin.collage_register_backends = collage_register_backends
+    plugin.collage_check_availability = collage_check_availability
+    plugin.collage_contribute_patterns = collage_contribute_patterns
+    return plugin
+
+
+def manager(*plugins):
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for plugin in plugins:
+        pm.register(plugin)
+    pm.check_pending()
+    return pm
+
+
+def test_hookimpl_for_answers_for_its_backend_and_returns_none_for_the_others():
+    plugin = declared_plugin()
+    pm = manager(plugin)
+    mine, theirs = Backend("mine", OP_LEVEL, ("cpu",), "1"), Backend("theirs", OP_LEVEL, ("cpu",), "1")
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.no("declared")
+    assert pm.hook.collage_check_availability(backend=theirs) is None
+    assert plugin.seen == ["mine"], "the function runs for its own backend only"
+    # pluggy passes only the arguments the function names: it reads them through __wrapped__.
+    assert pm.hook.collage_contribute_patterns(backend=mine, target="llvm", precision="fp32") == [["a pattern of llvm"]]
+    assert pm.hook.collage_contribute_patterns(backend=theirs, target="llvm", precision="fp32") == []
+    assert plugin.collage_contribute_patterns.__name__ == "collage_contribute_patterns"
+    assert plugin.collage_contribute_patterns.collage_backend == "mine"
+
+
+def test_hookimpl_for_passes_hookimpl_options_on():
+    first, last = declared_plugin(), declared_plugin(trylast=True)
+    pm = manager(first, last)
+    options = [(impl.plugin is last, impl.trylast) for impl in pm.hook.collage_check_availability.get_hookimpls()]
+    assert sorted(options) == [(False, False), (True, True)]
+
+
+def test_hookimpl_for_refuses_a_hook_without_a_backend_argument():
+    with pytest.raises(TypeError, match="takes no backend argument: mark it with hookimpl"):
+        kit.hookimpl_for("mine")(lambda register: None)
+
+
+def test_hookimpl_for_takes_the_backend_by_keyword_too():
+    @kit.hookimpl_for("mine")
+    def collage_prepare_runtime(backend):
+        return True
+
+    assert collage_prepare_runtime(backend=Backend("mine", OP_LEVEL, ("cpu",), "1")) is True
+    assert collage_prepare_runtime(Backend("theirs", OP_LEVEL, ("cpu",), "1")) is None
