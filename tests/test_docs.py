@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import re
 import types
@@ -220,3 +221,36 @@ def test_second_example_meets_the_plugin_contract_on_a_shipped_model(numpydense_
     from collage_core import testing
 
     assert testing.contract_problems(numpydense_pm, "numpydense", str(ROOT / "models" / "tiny_bert.onnx")) == []
+
+
+def kit_section() -> str:
+    text = DOCS.read_text()
+    start = text.index("## The kit: what a plugin imports")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+@pytest.mark.parametrize("module_name", ["collage_core.kit", "collage_core.kit.testing"])
+def test_every_name_of_the_kit_is_listed_in_the_docs(module_name):
+    module = importlib.import_module(module_name)
+    section = kit_section()
+    assert f"`{module_name}`" in section
+    assert [name for name in module.__all__ if not re.search(rf"`{name}[`(]", section)] == []
+
+
+def test_every_name_the_docs_list_for_the_kit_is_in_it():
+    from collage_core import kit
+    from collage_core.kit import testing
+    from collage_core.kit.testing import operator_cases, placement_cases
+
+    listed = set(re.findall(r"^- [^:]+:(.*?)(?=^- |^\S|\Z)", kit_section(), re.MULTILINE | re.DOTALL))
+    names = {name for item in listed for name in re.findall(r"`(\w+)(?:\(|`)", item)}
+    cases = {"operator_cases", *vars(operator_cases), "placement_cases", *vars(placement_cases)}
+    known = set(kit.__all__) | set(testing.__all__) | cases | {"collage_core"}
+    assert sorted(names - known) == []
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_example_plugins_import_the_kit_alone(index):
+    imported = {node.module for node in ast.walk(ast.parse(example_plugin_source(index)))
+                if isinstance(node, ast.ImportFrom) and node.module.startswith("collage_core")}
+    assert imported == {"collage_core.kit"}
