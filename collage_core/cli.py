@@ -37,7 +37,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _terminated)
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where every thread is, to stderr
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # a stderr without a descriptor
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     warnings = _WarningsKept()
     logging.getLogger("collage").addHandler(warnings)
     try:

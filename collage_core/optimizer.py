@@ -98,7 +98,7 @@ def optimize(
     made_here = _first_missing(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     # Held first, so that a second run into the folder stops before it imports anything.
-    with _removed_on_failure(workdir, made_here, temporary=output_dir is None), output_folder.held(workdir) as scratch:
+    with _removed_on_failure(workdir, temporary=output_dir is None), output_folder.held(workdir, made_here) as scratch:
         if compare_backends is None:
             compare_backends = placement is None
         original = load_model(model, example_inputs)
@@ -282,18 +282,14 @@ def _first_missing(folder: Path) -> Optional[Path]:
 
 
 @contextlib.contextmanager
-def _removed_on_failure(folder: Path, made_here: Optional[Path], temporary: bool):
-    """If the run fails: the temporary folder a run without an output folder made is removed, and the
-    folders this run made for its output (``made_here`` and below) are removed if nothing but the lock
-    is in them (a model that does not exist leaves no folder behind)."""
+def _removed_on_failure(folder: Path, temporary: bool):
+    """If the run fails, the temporary folder a run without an output folder made is removed (the
+    folders a run made for its given output are removed by ``output_folder.held``, while it holds them)."""
     try:
         yield
     except BaseException:
         if temporary:
             shutil.rmtree(folder, ignore_errors=True)
-        elif made_here is not None and all(path.is_dir() or path.name == output_folder.LOCK_FILE
-                                           for path in made_here.rglob("*")):
-            shutil.rmtree(made_here, ignore_errors=True)
         raise
 
 

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 from collage_core.errors import CollageError
 
@@ -118,9 +118,14 @@ def export_library(executable, path: os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def held(directory: os.PathLike) -> Iterator[Path]:
+def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator[Path]:
     """Hold ``directory`` for one run (held by another, :class:`OutputFolderInUse` is raised at once);
-    gives the run's scratch folder inside it, removed when the block ends, however it ends."""
+    gives the run's scratch folder inside it, removed when the block ends, however it ends.
+
+    ``made`` is the outermost folder the run made for ``directory`` (itself or a parent); if the block
+    fails and nothing but folders and the lock is in it, it is removed, while the folder is still
+    held: a run that fails before writing anything (a model that does not exist) leaves no folder
+    behind. A run refused because the folder is in use removes nothing."""
     directory = Path(directory)
     with _locked(directory):
         _remove_leftovers(directory)
@@ -128,9 +133,15 @@ def held(directory: os.PathLike) -> Iterator[Path]:
         try:
             with temporary_files_in(scratch / "tmp"):
                 yield scratch
+        except BaseException:
+            _remove_leftovers(directory)
+            if made is not None and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*")):
+                shutil.rmtree(made, ignore_errors=True)
+            raise
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
-            _remove_leftovers(directory)
+            if directory.is_dir():
+                _remove_leftovers(directory)
 
 
 @contextlib.contextmanager
@@ -169,11 +180,24 @@ def _locked(directory: Path) -> Iterator[None]:
                                     "or choose another output directory") from None
         except OSError as error:  # a file system without locks
             raise CollageError(f"{directory}: cannot lock {LOCK_FILE} ({error.strerror})") from None
+        if not _names(path, descriptor):  # a run that failed removed the folder, lock and all, as this one locked it
+            raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; "
+                                    "run again")
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(descriptor)  # releases the lock; the file stays, so that no two runs lock different files
+
+
+def _names(path: Path, descriptor: int) -> bool:
+    """Whether ``path`` is still the file open as ``descriptor`` (neither removed nor replaced)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return False
+    opened = os.fstat(descriptor)
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def _remove_leftovers(directory: Path) -> None:

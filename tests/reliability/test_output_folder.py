@@ -331,3 +331,60 @@ def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(model, 
     assert scratches[0] != scratches[1]
     assert len(zygotes) == 1, "the second run's workers should come from the zygote the first run started"
     assert not [name for name in names_in(out) if name.startswith(SCRATCH_PREFIX)]
+
+
+def test_a_run_refused_because_the_folder_is_in_use_removes_nothing_of_it(model, tmp_path, monkeypatch):
+    """Two runs into a folder that does not exist yet both make it; the one refused must leave it, with
+    the holder's lock and scratch, to the one that holds it."""
+    from collage_core.output_folder import OutputFolderInUse
+
+    out = tmp_path / "new" / "out"
+    out.mkdir(parents=True)  # as both runs did before either locked it
+    monkeypatch.setattr(optimizer, "_first_missing", lambda folder: tmp_path / "new")  # both saw it missing
+    with held(out) as scratch:
+        with pytest.raises(OutputFolderInUse):
+            collage_core.optimize(model, backends=["tvm"], search="op-level", output_dir=tmp_path / "new" / "out",
+                                  show_progress=False)
+        assert scratch.is_dir() and (out / LOCK_FILE).exists()
+        with pytest.raises(OutputFolderInUse):
+            with held(out, made=tmp_path / "new"):
+                pass
+        assert scratch.is_dir() and (out / LOCK_FILE).exists()
+
+
+def test_a_run_that_fails_before_writing_removes_the_folders_it_made_while_it_holds_them(tmp_path):
+    out = tmp_path / "new" / "out"
+    out.mkdir(parents=True)
+    with pytest.raises(ValueError):
+        with held(out, made=tmp_path / "new"):
+            raise ValueError("the model does not exist")
+    assert not (tmp_path / "new").exists()
+    out.mkdir(parents=True)
+    (out / "placement.json").write_text("{}")  # something of a run before: kept
+    with pytest.raises(ValueError):
+        with held(out, made=tmp_path / "new"):
+            raise ValueError("the model does not exist")
+    assert (out / "placement.json").exists()
+
+
+def test_a_lock_file_removed_as_a_run_locks_it_refuses_the_run(tmp_path, monkeypatch):
+    """A run that locked the lock file another run had just removed (with the folder it made) does not
+    take that file for the folder's lock."""
+    import fcntl
+
+    from collage_core import output_folder
+    from collage_core.output_folder import OutputFolderInUse
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    flock = fcntl.flock
+
+    def flock_after_removal(descriptor, operation):
+        (out / LOCK_FILE).unlink(missing_ok=True)  # the other run's cleanup, between this run's open and its lock
+        return flock(descriptor, operation)
+
+    monkeypatch.setattr(output_folder.fcntl, "flock", flock_after_removal)
+    with pytest.raises(OutputFolderInUse, match="was removed by another Collage run"):
+        with held(out):
+            pass
