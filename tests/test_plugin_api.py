@@ -19,16 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "plugins"
 # What any plugin file may import of the core, and what its tests and benchmarks may import besides.
 PLUGIN_MODULES = {"collage_core", "collage_core.kit"}
-TEST_MODULES = {"collage_core.kit.testing", "collage_core.kit.testing.operator_cases",
-                "collage_core.kit.testing.placement_cases"}
+TESTING = "collage_core.kit.testing"
 
 
 def plugin_files() -> list[Path]:
     return sorted(path for path in PLUGINS.rglob("*.py") if ".egg-info" not in str(path))
 
 
-def is_test_or_benchmark(path: Path) -> bool:
-    return bool({"tests", "benchmarks"} & set(path.relative_to(PLUGINS).parts))
+def is_test_or_benchmark(path: Path, plugins: Path = PLUGINS) -> bool:
+    return bool({"tests", "benchmarks"} & set(path.relative_to(plugins).parts))
 
 
 def core_imports(source: str) -> list[tuple[int, str]]:
@@ -52,10 +51,13 @@ def core_imports(source: str) -> list[tuple[int, str]]:
     return found
 
 
-def forbidden_imports(path: Path) -> list[str]:
-    allowed = PLUGIN_MODULES | (TEST_MODULES if is_test_or_benchmark(path) else set())
-    return [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in core_imports(path.read_text())
-            if name not in allowed]
+def forbidden_imports(path: Path, plugins: Path = PLUGINS) -> list[str]:
+    def allowed(name: str) -> bool:
+        testing = name == TESTING or name.startswith(f"{TESTING}.")
+        return name in PLUGIN_MODULES or (testing and is_test_or_benchmark(path, plugins))
+
+    return [f"{path.relative_to(plugins)}:{line} imports {name}" for line, name in core_imports(path.read_text())
+            if not allowed(name)]
 
 
 def test_plugins_are_found():
@@ -96,6 +98,13 @@ def test_every_name_of_the_kit_resolves(module):
         assert getattr(module, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         module.nothing_here
+
+
+def test_plugin_code_may_not_import_the_testing_helpers(tmp_path):
+    hooks = tmp_path / "plugins" / "mine" / "collage_mine" / "hooks.py"
+    hooks.parent.mkdir(parents=True)
+    hooks.write_text("from collage_core.kit.testing import build\n")
+    assert forbidden_imports(hooks, tmp_path / "plugins") == ["mine/collage_mine/hooks.py:1 imports collage_core.kit.testing"]
 
 
 def test_the_case_modules_hold_what_the_core_defines():
