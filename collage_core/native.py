@@ -24,6 +24,8 @@ from pathlib import Path
 import attrs
 
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
+# The kernel cache DNNL's, cuBLAS's and cuDNN's kernels share (``#include "collage_kernel_cache.h"``).
+KERNEL_CACHE_HEADER = Path(__file__).parent / "kit" / "include" / "collage_kernel_cache.h"
 _ABSOLUTE_PATH = re.compile(r"/(?:[^/\s,=]+/)*([^/\s,=]+)")
 
 
@@ -79,6 +81,8 @@ class NativeLibrary:
     that change the binary without changing the command (library versions), all in the digest.
     ``base_flags`` come first (a C++ compiler's by default; nvcc's for CUDA sources, whose linker
     flags then go through ``-Xlinker``). A ``name`` with slashes nests the library's directory.
+    ``headers`` are headers the source includes from outside its system's paths (the kit's
+    ``KERNEL_CACHE_HEADER``): their folders go on the include path and their text into the digest.
     """
 
     name: str
@@ -87,12 +91,14 @@ class NativeLibrary:
     flags: tuple[str, ...]
     versions: tuple[str, ...] = ()
     base_flags: tuple[str, ...] = CXXFLAGS
+    headers: tuple[Path, ...] = ()
 
     def command(self, output: Path) -> list[str]:
         ffi_flags, _ = tvm_ffi_flags()
         if Path(self.compiler).name == "nvcc":
             ffi_flags = tuple(f"-Xlinker={flag[len('-Wl,'):]}" if flag.startswith("-Wl,") else flag for flag in ffi_flags)
-        return [self.compiler, *self.base_flags, str(self.source), *self.flags, *ffi_flags, "-o", str(output)]
+        includes = [f"-I{folder}" for folder in dict.fromkeys(Path(header).parent for header in self.headers)]
+        return [self.compiler, *self.base_flags, str(self.source), *includes, *self.flags, *ffi_flags, "-o", str(output)]
 
     def path(self) -> Path:
         """Where the library for this exact source, command and versions lives (built or not).
@@ -102,6 +108,8 @@ class NativeLibrary:
         """
         _, ffi_version = tvm_ffi_flags()
         digest = hashlib.sha256(self.source.read_bytes())
+        for header in self.headers:
+            digest.update(Path(header).read_bytes())
         for part in (*map(_without_directories, self.command(Path("out"))), *self.versions, ffi_version):
             digest.update(part.encode() + b"\0")
         return cache_root() / self.name / digest.hexdigest()[:16] / f"libcollage_{self.name.replace('/', '_')}.so"

@@ -80,6 +80,7 @@ _EXPORTS = {
     "sources_digest": "collage_core.native:sources_digest",
     "float_word": "collage_core.native:float_word",
     "spec_text": "collage_core.native:spec_text",
+    "KERNEL_CACHE_HEADER": "collage_core.native:KERNEL_CACHE_HEADER",
     "ChoiceStore": "collage_core.choices:ChoiceStore",
     "ProgressBar": "collage_core.progress:ProgressBar",
     # CUDA libraries

@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from collage_core.kit import (
-    OP_LEVEL, TF32, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions, sources_digest,
+    KERNEL_CACHE_HEADER, OP_LEVEL, TF32, Availability, Backend, fused_groups, hookimpl, hookimpl_for,
+    replace_functions, sources_digest,
 )
 from collage_cublas import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides cuBLAS itself: the kernels, how groups are read, how partitions are lowered.
 KERNELS_DIGEST = sources_digest(
-    (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
+    (library.SOURCE, KERNEL_CACHE_HEADER, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
 )
 
 

@@ -12,7 +12,8 @@ import functools
 from pathlib import Path
 
 from collage_core.kit import (
-    CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries, find_compiler,
+    KERNEL_CACHE_HEADER, CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries,
+    find_compiler,
 )
 
 SOURCE = Path(__file__).parent / "runtime" / "collage_cublas.cc"
@@ -44,7 +45,7 @@ def native_library() -> NativeLibrary:
         compiler = find_compiler(INSTALL_HINT)
     except (CudaUnavailable, NativeBuildError) as missing:
         raise CublasUnavailable(str(missing)) from None
-    return NativeLibrary("cublas", SOURCE, compiler, flags, versions=(cublas_version(), *libraries))
+    return NativeLibrary("cublas", SOURCE, compiler, flags, versions=(cublas_version(), *libraries), headers=(KERNEL_CACHE_HEADER,))
 
 
 @functools.lru_cache(maxsize=None)

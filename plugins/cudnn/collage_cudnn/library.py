@@ -13,7 +13,8 @@ import functools
 from pathlib import Path
 
 from collage_core.kit import (
-    CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries, find_compiler,
+    KERNEL_CACHE_HEADER, CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries,
+    find_compiler,
 )
 
 SOURCE = Path(__file__).parent / "runtime" / "collage_cudnn.cc"
@@ -47,7 +48,7 @@ def native_library() -> NativeLibrary:
         compiler = find_compiler(INSTALL_HINT)
     except (CudaUnavailable, NativeBuildError) as missing:
         raise CudnnUnavailable(str(missing)) from None
-    return NativeLibrary("cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries))
+    return NativeLibrary("cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries), headers=(KERNEL_CACHE_HEADER,))
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from collage_core.kit import (
-    OP_LEVEL, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions, sources_digest,
+    KERNEL_CACHE_HEADER, OP_LEVEL, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions,
+    sources_digest,
 )
 from collage_dnnl import library, lowering, patterns, specs
 
@@ -18,7 +19,7 @@ BACKEND = patterns.BACKEND
 # What decides a measured cost besides oneDNN itself: the kernels, how specs are read, how
 # partitions are lowered. Part of the backend's version, so costs measured with other code are never reused.
 KERNELS_DIGEST = sources_digest(
-    (library.SOURCE, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
+    (library.SOURCE, KERNEL_CACHE_HEADER, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
 )
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 import attrs
 
-from collage_core.kit import NativeBuildError, NativeLibrary, cache_root, find_compiler
+from collage_core.kit import KERNEL_CACHE_HEADER, NativeBuildError, NativeLibrary, cache_root, find_compiler
 
 SOURCE = Path(__file__).parent / "runtime" / "collage_dnnl.cc"
 INSTALL_HINT = "apt-get install libdnnl-dev g++"
@@ -87,7 +87,7 @@ def native_library(onednn: OneDNN) -> NativeLibrary:
     except NativeBuildError as missing:
         raise OneDNNUnavailable(str(missing)) from None
     flags = (f"-I{onednn.include_dir}", f"-L{onednn.library_dir}", "-ldnnl", f"-Wl,-rpath,{onednn.library_dir}")
-    return NativeLibrary("dnnl", SOURCE, compiler, flags, versions=(onednn.version,))
+    return NativeLibrary("dnnl", SOURCE, compiler, flags, versions=(onednn.version,), headers=(KERNEL_CACHE_HEADER,))
 
 
 def cache_dir() -> Path:

@@ -33,6 +33,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "collage_kernel_cache.h"
+
 namespace collage_cudnn {
 namespace {
 
@@ -350,28 +352,11 @@ class Kernel {
   std::mutex mutex_;
 };
 
-class KernelCache {
- public:
-  Kernel* Get(const std::string& key, int device) {
-    std::string full = key + std::string(reinterpret_cast<const char*>(&device), sizeof(device));
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = kernels_.find(full);
-    if (found != kernels_.end()) return found->second.get();
-    return kernels_.emplace(full, std::make_unique<Kernel>(ParseSpec(key), device)).first->second.get();
-  }
-  size_t Size() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return kernels_.size();
-  }
+collage::KernelCache<Kernel>& Kernels() { return collage::ProcessKernels<Kernel>(); }
 
- private:
-  std::mutex mutex_;
-  std::unordered_map<std::string, std::unique_ptr<Kernel>> kernels_;
-};
-
-KernelCache& Kernels() {
-  static KernelCache* cache = new KernelCache();  // never destroyed: handles outlive static teardown order
-  return *cache;
+// The kernel of `key` (a spec) on `device`, made on first use.
+Kernel* KernelFor(const std::string& key, int device) {
+  return Kernels().Get(collage::DeviceKey(key, device), [&] { return std::make_unique<Kernel>(ParseSpec(key), device); });
 }
 
 // `tensor`'s data, which must be on `device` and of `type` (an OperandType).
@@ -395,7 +380,7 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   if (out->device.device_type != kDLCUDA) Fail("the output is not on a CUDA device");
   int device = out->device.device_id;
   Check(cudaSetDevice(device), "cudaSetDevice");
-  Kernel* kernel = Kernels().Get(SpecText(args[0]), device);
+  Kernel* kernel = KernelFor(SpecText(args[0]), device);
   const Spec& spec = kernel->spec();
   if (static_cast<int64_t>(tensors.size()) != spec.Arity()) {
     Fail("the kernel takes " + std::to_string(spec.Arity()) + " tensors but was passed " + std::to_string(tensors.size()));

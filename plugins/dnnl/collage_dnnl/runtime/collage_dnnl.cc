@@ -28,6 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "collage_kernel_cache.h"
+
 namespace collage_dnnl {
 namespace {
 
@@ -452,36 +454,14 @@ std::unique_ptr<Kernel> CreateKernel(const std::string& key) {
   }
 }
 
-class KernelCache {
- public:
-  Kernel* Get(const DLTensor* spec) {
-    std::string key = SpecKey(spec);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = kernels_.find(key);
-    if (found != kernels_.end()) return found->second.get();
-    if (kernels_.size() >= kMaxKernels) kernels_.clear();
-    return kernels_.emplace(key, CreateKernel(key)).first->second.get();
-  }
-  size_t Size() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return kernels_.size();
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<std::string, std::unique_ptr<Kernel>> kernels_;
-};
-
-KernelCache& Kernels() {
-  static KernelCache* cache = new KernelCache();  // never destroyed: primitives outlive static teardown order
-  return *cache;
-}
+collage::KernelCache<Kernel>& Kernels() { return collage::ProcessKernels<Kernel>(kMaxKernels); }
 
 void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   if (args.size() < 1) Fail("collage_dnnl.run needs a spec");
   std::vector<DLTensor*> tensors;
   for (int i = 0; i < args.size(); ++i) tensors.push_back(args[i].cast<DLTensor*>());
-  Kernel* kernel = Kernels().Get(tensors[0]);
+  std::string key = SpecKey(tensors[0]);
+  Kernel* kernel = Kernels().Get(key, [&] { return CreateKernel(key); });
   if (tensors.size() - 1 != kernel->Arity()) {
     Fail("the kernel takes " + std::to_string(kernel->Arity()) + " tensors but was passed " + std::to_string(tensors.size() - 1));
   }
