@@ -7,6 +7,7 @@ import importlib
 import types
 from pathlib import Path
 
+import attrs
 import pluggy
 import pytest
 
@@ -190,3 +191,61 @@ def test_hookimpl_for_takes_the_backend_by_keyword_too():
 
     assert collage_prepare_runtime(backend=Backend("mine", OP_LEVEL, ("cpu",), "1")) is True
     assert collage_prepare_runtime(Backend("theirs", OP_LEVEL, ("cpu",), "1")) is None
+
+
+# native_kernel_hooks
+
+
+class Missing(RuntimeError):
+    pass
+
+
+def native_plugin(loads: list, missing: str = ""):
+    def load():
+        if missing:
+            raise Missing(missing)
+        loads.append("loaded")
+
+    declared = kit.native_kernel_hooks(
+        "mine",
+        describe=lambda: Backend("mine", OP_LEVEL, ("cpu",), "1"),
+        load=load,
+        unavailable=Missing,
+        target_kinds=("llvm",),
+        patterns=lambda precision: [f"a pattern at {precision}"],
+        lower_function=lambda func, name: func,
+        built_library=lambda: Path("/kernels/libmine.so"),
+    )
+    return types.SimpleNamespace(**attrs.asdict(declared, recurse=False))
+
+
+def test_native_kernel_hooks_implement_every_hook_of_a_native_backend_for_it_alone():
+    loads = []
+    pm = manager(native_plugin(loads))
+    registered = []
+    pm.hook.collage_register_backends(register=registered.append)
+    (mine,) = registered
+    theirs = Backend("theirs", OP_LEVEL, ("cpu",), "1")
+    llvm, cuda = (types.SimpleNamespace(kind=types.SimpleNamespace(name=kind)) for kind in ("llvm", "cuda"))
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.yes()
+    assert pm.hook.collage_contribute_patterns(backend=mine, target=llvm, precision="bf16") == [["a pattern at bf16"]]
+    assert pm.hook.collage_contribute_patterns(backend=mine, target=cuda, precision="fp32") == [[]]
+    assert pm.hook.collage_prepare_runtime(backend=mine) is True
+    assert pm.hook.collage_runtime_libraries(backend=mine) == [Path("/kernels/libmine.so")]
+    assert loads == ["loaded", "loaded"]
+    for hook in ("collage_check_availability", "collage_prepare_runtime", "collage_runtime_libraries"):
+        assert getattr(pm.hook, hook)(backend=theirs) is None
+    assert pm.hook.collage_contribute_patterns(backend=theirs, target=llvm, precision="fp32") == []
+
+
+def test_native_kernel_hooks_say_what_is_missing_and_refuse_a_misnamed_backend():
+    pm = manager(native_plugin([], missing="libmine not found: apt-get install libmine-dev"))
+    mine = Backend("mine", OP_LEVEL, ("cpu",), "1")
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.no("libmine not found: apt-get install libmine-dev")
+    with pytest.raises(Missing, match="libmine not found"):
+        pm.hook.collage_prepare_runtime(backend=mine)
+    misnamed = kit.native_kernel_hooks("mine", describe=lambda: Backend("other", OP_LEVEL, ("cpu",), "1"), load=None,
+                                       unavailable=Missing, target_kinds=(), patterns=None, lower_function=None,
+                                       built_library=None)
+    with pytest.raises(ValueError, match="describes a backend named 'other'"):
+        misnamed.collage_register_backends(register=lambda backend: None)

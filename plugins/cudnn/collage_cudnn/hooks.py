@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from collage_core.kit import (
-    KERNEL_CACHE_HEADER, OP_LEVEL, TF32, Availability, Backend, fused_groups, hookimpl, hookimpl_for,
-    replace_functions, sources_digest,
+    KERNEL_CACHE_HEADER, OP_LEVEL, TF32, Backend, fused_groups, native_kernel_hooks, sources_digest,
 )
 from collage_cudnn import library, lowering, patterns, specs
 
@@ -23,47 +22,30 @@ KERNELS_DIGEST = sources_digest(
 )
 
 
-@hookimpl
-def collage_register_backends(register):
-    register(
-        Backend(
-            name=BACKEND,
-            kind=OP_LEVEL,
-            device_kinds=("cuda",),
-            version=f"cudnn-{library.cudnn_version()}+kernels-{KERNELS_DIGEST}",
-            description="cuDNN graphs: conv2d and matrix products with fused bias, residual, ReLU, GELU (erf, tanh), SiLU",
-            runtime_needs=f"the collage-cudnn plugin (pip install -e plugins/cudnn), an NVIDIA GPU and {library.INSTALL_HINT}",
-        )
+def _describe() -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=OP_LEVEL,
+        device_kinds=("cuda",),
+        version=f"cudnn-{library.cudnn_version()}+kernels-{KERNELS_DIGEST}",
+        description="cuDNN graphs: conv2d and matrix products with fused bias, residual, ReLU, GELU (erf, tanh), SiLU",
+        runtime_needs=f"the collage-cudnn plugin (pip install -e plugins/cudnn), an NVIDIA GPU and {library.INSTALL_HINT}",
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    try:
-        library.load()
-    except library.CudnnUnavailable as unavailable:
-        return Availability.no(str(unavailable))
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target, precision):
-    if target.kind.name != "cuda":
-        return []
-    return patterns.patterns(tf32=precision == TF32)
-
-
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
-    return replace_functions(mod, function_names, lowering.lower_function)
-
-
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    library.load()  # registers collage_cudnn.run; raises CudnnUnavailable saying what is missing
-    return True
-
-
-@hookimpl_for(BACKEND)
-def collage_runtime_libraries(backend):
-    return [library.native_library().build()]  # exports carry the kernels (no GPU needed to build them)
+HOOKS = native_kernel_hooks(
+    BACKEND,
+    describe=_describe,
+    load=library.load,
+    unavailable=library.CudnnUnavailable,
+    target_kinds=("cuda",),
+    patterns=lambda precision: patterns.patterns(tf32=precision == TF32),
+    lower_function=lowering.lower_function,
+    built_library=lambda: library.native_library().build(),  # exports carry the kernels (no GPU needed to build them)
+)
+collage_register_backends = HOOKS.collage_register_backends
+collage_check_availability = HOOKS.collage_check_availability
+collage_contribute_patterns = HOOKS.collage_contribute_patterns
+collage_lower_partitions = HOOKS.collage_lower_partitions
+collage_prepare_runtime = HOOKS.collage_prepare_runtime
+collage_runtime_libraries = HOOKS.collage_runtime_libraries

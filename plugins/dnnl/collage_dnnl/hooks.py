@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core.kit import (
-    KERNEL_CACHE_HEADER, OP_LEVEL, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions,
-    sources_digest,
-)
+from collage_core.kit import KERNEL_CACHE_HEADER, OP_LEVEL, Backend, fused_groups, native_kernel_hooks, sources_digest
 from collage_dnnl import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
@@ -30,48 +27,31 @@ def _onednn_version() -> str:
         return "not installed"
 
 
-@hookimpl
-def collage_register_backends(register):
-    register(
-        Backend(
-            name=BACKEND,
-            kind=OP_LEVEL,
-            device_kinds=("cpu",),
-            version=f"onednn-{_onednn_version()}+kernels-{KERNELS_DIGEST}",
-            description="oneDNN primitives (convolution, matmul, pooling, softmax, layer norm) with fused post-ops",
-            runtime_needs=f"the collage-dnnl plugin (pip install -e plugins/dnnl) and oneDNN 2.x ({library.INSTALL_HINT})",
-            lowering_uses_device=False,  # compiles only: candidates are built several at once
-        )
+def _describe() -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=OP_LEVEL,
+        device_kinds=("cpu",),
+        version=f"onednn-{_onednn_version()}+kernels-{KERNELS_DIGEST}",
+        description="oneDNN primitives (convolution, matmul, pooling, softmax, layer norm) with fused post-ops",
+        runtime_needs=f"the collage-dnnl plugin (pip install -e plugins/dnnl) and oneDNN 2.x ({library.INSTALL_HINT})",
+        lowering_uses_device=False,  # compiles only: candidates are built several at once
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    try:
-        library.load()
-    except library.OneDNNUnavailable as unavailable:
-        return Availability.no(str(unavailable))
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target):
-    if target.kind.name not in ("llvm", "c"):
-        return []
-    return patterns.patterns()
-
-
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
-    return replace_functions(mod, function_names, lowering.lower_function)
-
-
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    library.load()  # registers collage_dnnl.run; raises OneDNNUnavailable saying what to install
-    return True
-
-
-@hookimpl_for(BACKEND)
-def collage_runtime_libraries(backend):
-    return [library.build(library.find_onednn())]  # exports carry the kernels, linked against oneDNN
+HOOKS = native_kernel_hooks(
+    BACKEND,
+    describe=_describe,
+    load=library.load,
+    unavailable=library.OneDNNUnavailable,
+    target_kinds=("llvm", "c"),
+    patterns=lambda precision: patterns.patterns(),
+    lower_function=lowering.lower_function,
+    built_library=lambda: library.build(library.find_onednn()),  # exports carry the kernels, linked against oneDNN
+)
+collage_register_backends = HOOKS.collage_register_backends
+collage_check_availability = HOOKS.collage_check_availability
+collage_contribute_patterns = HOOKS.collage_contribute_patterns
+collage_lower_partitions = HOOKS.collage_lower_partitions
+collage_prepare_runtime = HOOKS.collage_prepare_runtime
+collage_runtime_libraries = HOOKS.collage_runtime_libraries

@@ -65,7 +65,8 @@ def test_library_is_built_once_per_source_and_versions(tmp_path, monkeypatch):
 def test_collage_contribute_patterns_only_on_cpu_targets(pm, backends):
     names = {p.name for p in contribute_patterns(pm, backends["dnnl"], TARGET)}
     assert {"dnnl.conv2d_bias_add_relu", "dnnl.dense_bias_gelu", "dnnl.batch_matmul_nt_scale", "dnnl.layer_norm"} <= names
-    assert hooks.collage_contribute_patterns(backend=backends["dnnl"], target=tvm_compat.make_target({"kind": "cuda"})) == []
+    cuda = tvm_compat.make_target({"kind": "cuda"})
+    assert hooks.collage_contribute_patterns(backend=backends["dnnl"], target=cuda, precision="fp32") == []
 
 
 def refused(make, *shapes, dtype=F) -> list[str]:
