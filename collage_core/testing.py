@@ -77,6 +77,23 @@ def run_on_cpu(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> np.ndarray:
     return tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0])
 
 
+def inputs_and_answer(standalone: tvm.IRModule, rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
+    """Random inputs in [-1, 1) for ``main``'s parameters (rounded to their dtypes), and what TVM's CPU build of
+    ``standalone`` answers for them, in float64: what a kernel's numpy reference of the same operators is held to."""
+    inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype("float32"), dtype)
+              for shape, dtype in map(tvm_compat.tensor_shape_dtype, standalone["main"].params)]
+    return inputs, run_on_cpu(standalone, inputs).astype(np.float64)
+
+
+def assert_matches(got: np.ndarray, expected: np.ndarray, out_dtype: str, rtol: float = 1e-4, atol: float = 1e-4) -> None:
+    """``got`` equals ``expected`` within ``rtol`` and ``atol`` for a float32 result, and within a few units in the
+    last place (``sixteen_bit_atol``) for a 16-bit one: TVM's build rounds after each step."""
+    if out_dtype == "float32":
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
+
+
 def operand_arrays(operands: Sequence, params: Sequence, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The arrays a kernel's ``operands`` stand for: constants' values, and parameters' inputs (matched by name)."""
     by_name = {param.name: array for param, array in zip(params, inputs)}

@@ -22,6 +22,8 @@ _EXPORTS = {
     "function_module": "collage_core.testing:function_module",
     "whole_candidate": "collage_core.testing:whole_candidate",
     "run_on_cpu": "collage_core.testing:run_on_cpu",
+    "inputs_and_answer": "collage_core.testing:inputs_and_answer",
+    "assert_matches": "collage_core.testing:assert_matches",
     "operand_arrays": "collage_core.testing:operand_arrays",
     "rounded_to": "collage_core.testing:rounded_to",
     "sixteen_bit_atol": "collage_core.testing:sixteen_bit_atol",

@@ -17,7 +17,7 @@ from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
 from collage_core.kit.testing import (
-    DTYPES, function_module, operand_arrays, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate,
+    DTYPES, assert_matches, function_module, inputs_and_answer, operand_arrays, whole_candidate,
 )
 from collage_cudnn import patterns, specs
 from cudnn_cases import case, case_ids, cast_dtype, reference
@@ -35,15 +35,9 @@ def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.Kerne
     standalone = graph.standalone_module(nodes)
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
-    inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
-              for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
-    expected = run_on_cpu(standalone, inputs).astype(np.float64)
+    inputs, expected = inputs_and_answer(standalone, RNG)
     got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs)).reshape(expected.shape)
-    out_dtype = specs.DTYPE_OF_TYPE[spec.words[-1]]
-    if out_dtype == F:
-        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
-    else:
-        np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
+    assert_matches(got, expected, specs.DTYPE_OF_TYPE[spec.words[-1]], RTOL, ATOL)
     return spec
 
 

@@ -16,7 +16,7 @@ from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
 from collage_core.kit.testing import (
-    function_module, operand_arrays, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate,
+    assert_matches, function_module, inputs_and_answer, operand_arrays, rounded_to, whole_candidate,
 )
 from collage_cutlass import conv_specs, lowering, patterns, specs, tuning
 from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS, ConvKind
@@ -47,13 +47,8 @@ def check_conv_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> conv_s
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
     assert isinstance(spec, conv_specs.ConvSpec)
-    inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
-              for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
-    expected = run_on_cpu(standalone, inputs).astype(np.float64)
-    got = conv_reference(spec, operand_arrays(spec.operands, func.params, inputs))
-    out_dtype = OUT_DTYPES[spec.words[2]]
-    atol = 1e-4 if out_dtype == F else sixteen_bit_atol(expected, out_dtype)
-    np.testing.assert_allclose(got, expected, rtol=1e-4 if out_dtype == F else 0, atol=atol)
+    inputs, expected = inputs_and_answer(standalone, RNG)
+    assert_matches(conv_reference(spec, operand_arrays(spec.operands, func.params, inputs)), expected, OUT_DTYPES[spec.words[2]])
     return spec
 
 

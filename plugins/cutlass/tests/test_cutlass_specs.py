@@ -16,7 +16,7 @@ from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
 from collage_core.kit.testing import (
-    function_module, operand_arrays, product_case, rounded_to, run_on_cpu, sixteen_bit_atol, whole_candidate,
+    assert_matches, function_module, inputs_and_answer, operand_arrays, product_case, rounded_to, whole_candidate,
 )
 from collage_cutlass import kernels, patterns, specs
 from cutlass_cases import OUT_DTYPES, reference
@@ -43,13 +43,9 @@ def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.Kerne
     standalone = graph.standalone_module(nodes)
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
-    inputs = [rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
-              for shape, dtype in map(tvm_compat.tensor_shape_dtype, func.params)]
-    expected = run_on_cpu(standalone, inputs).astype(np.float64)
+    inputs, expected = inputs_and_answer(standalone, RNG)
     got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(expected.shape)
-    out_dtype = OUT_DTYPES[spec.words[2]]
-    atol = 1e-4 if out_dtype == F else sixteen_bit_atol(expected, out_dtype)
-    np.testing.assert_allclose(got, expected, rtol=1e-4 if out_dtype == F else 0, atol=atol)
+    assert_matches(got, expected, OUT_DTYPES[spec.words[2]])
     return spec
 
 
