@@ -154,6 +154,30 @@ def check_exported_library_runs_in_a_fresh_process(pm, backends, backend: str, t
     np.testing.assert_allclose(np.load(out), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
 
 
+def check_original_file_runs_whole(pm, backends, backend: str, path, target, rtol: float, atol: float) -> None:
+    """``collage_lower_whole_model``: the library whose one partition is ``backend``'s own session over the ONNX
+    file at ``path`` carries the file's bytes, not Collage's conversion of it, and computes what the model's
+    reference (ONNX Runtime) does within ``rtol``/``atol``."""
+    from pathlib import Path
+
+    from collage_core import original_model
+    from collage_core.build import build
+    from collage_core.model_import import load_model
+    from collage_core.relax_onnx.lowering import unpack_blob
+
+    model = load_model(Path(path))
+    mod = original_model.lowered_module(pm, model, backends[backend], target)
+    (session,) = [func for func in mod.functions.values() if original_model.is_lowered_already(func)]
+    blob = next(arg for binding in session.body.blocks[0].bindings for arg in binding.value.args[1].fields
+                if tvm_compat.is_constant(arg))
+    assert unpack_blob(tvm_compat.constant_array(blob))[0] == Path(path).read_bytes()
+    inputs = model.random_inputs(seed=4)
+    device = tvm_compat.device_for(target)
+    vm = relax.VirtualMachine(build(pm, mod, backends, target), device)
+    result = vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs])
+    np.testing.assert_allclose(tvm_compat.to_numpy(result), model.reference(inputs)[0], rtol=rtol, atol=atol)
+
+
 def check_runs_in_place(run, relu_blob, bindings_kept: int) -> None:
     """``run(blob, *tensors)`` of a lowered ReLU reads its input and writes its output where the VM's
     tensors are, sees new contents at the same addresses, keeps each of more address sets than it

@@ -17,6 +17,7 @@ from tvm import relax
 import collage_core
 from collage_core.kit import RelaxGraph, enumerate_candidates, load_model, tvm_compat
 from collage_core.kit.testing import MeasureSettings, TwoLevelSettings, build, contribute_patterns, partition_module
+from collage_core.kit.testing.placement_cases import check_original_file_runs_whole
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 TARGET = tvm_compat.host_cpu_target()
@@ -61,19 +62,7 @@ def test_the_original_file_runs_whole_in_onnxruntimes_own_session(pm, backends, 
     """collage_lower_whole_model: the library whose one partition is onnxruntime's own session over the ONNX
     file, not Collage's conversion of it, computes what ONNX Runtime's reference does within RTOL/ATOL
     (the same engine as the reference, with Collage's thread count: sums may be split otherwise)."""
-    from collage_core.kit import engine_lowering
-    from collage_core.kit.testing import original_model
-
-    model = load_model(MODELS / f"{name}.onnx")
-    mod = original_model.lowered_module(pm, model, backends["onnxruntime"], TARGET)
-    (session,) = [func for func in mod.functions.values() if original_model.is_lowered_already(func)]
-    blob = next(arg for binding in session.body.blocks[0].bindings for arg in binding.value.args[1].fields
-                if tvm_compat.is_constant(arg))
-    assert engine_lowering.unpack_blob(tvm_compat.constant_array(blob))[0] == (MODELS / f"{name}.onnx").read_bytes()
-    inputs = model.random_inputs(seed=4)
-    vm = relax.VirtualMachine(build(pm, mod, backends, TARGET), DEVICE)
-    result = vm["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in inputs])
-    np.testing.assert_allclose(tvm_compat.to_numpy(result), model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
+    check_original_file_runs_whole(pm, backends, "onnxruntime", MODELS / f"{name}.onnx", TARGET, RTOL, ATOL)
 
 def test_optimize_measures_and_places_with_onnxruntime(tmp_path):
     mod, weight, bias = dense_norm_softmax()
