@@ -240,11 +240,11 @@ def test_every_name_of_the_kit_is_listed_in_the_docs(module_name):
 def test_every_name_the_docs_list_for_the_kit_is_in_it():
     from collage_core import kit
     from collage_core.kit import testing
-    from collage_core.kit.testing import call_overhead, operator_cases, placement_cases
+    from collage_core.kit.testing import benchmarks, operator_cases, placement_cases
 
     listed = set(re.findall(r"^- [^:]+:(.*?)(?=^- |^\S|\Z)", kit_section(), re.MULTILINE | re.DOTALL))
     names = {name for item in listed for name in re.findall(r"`(\w+)(?:\(|`)", item)}
-    cases = {"operator_cases", *vars(operator_cases), "placement_cases", *vars(placement_cases), *vars(call_overhead)}
+    cases = {"operator_cases", *vars(operator_cases), "placement_cases", *vars(placement_cases), *vars(benchmarks)}
     known = set(kit.__all__) | set(testing.__all__) | cases | {"collage_core"}
     assert sorted(names - known) == []
 

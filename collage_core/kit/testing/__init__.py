@@ -13,11 +13,12 @@
 Names are loaded on first use.
 """
 
-import pytest
-
 from collage_core.kit import _resolve
 
 _EXPORTS = {
+    # pytest's fixtures (pytest is imported only when they are)
+    "pm": "collage_core.kit.testing.fixtures:pm",
+    "backends": "collage_core.kit.testing.fixtures:backends",
     # collage_core.testing
     "function_module": "collage_core.testing:function_module",
     "whole_candidate": "collage_core.testing:whole_candidate",
@@ -54,19 +55,7 @@ _EXPORTS = {
     "precision": "collage_core.precision",
 }
 
-__all__ = sorted([*_EXPORTS, "backends", "pm"])
-
-
-@pytest.fixture(scope="module")
-def pm():
-    """The plugin manager of the installed plugins."""
-    return _resolve(_EXPORTS, "get_plugin_manager", __name__)()
-
-
-@pytest.fixture(scope="module")
-def backends(pm):
-    """The installed plugins' backends by name."""
-    return {name: info.backend for name, info in _resolve(_EXPORTS, "discover_backends", __name__)(pm).items()}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):

@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from collage_core.kit import tvm_compat
-from collage_core.kit.testing.call_overhead import OneOperator, shape_from_arguments, timed
+from collage_core.kit.testing.benchmarks import OneOperator, shape_from_arguments, timed
 from collage_dnnl import lowering, specs
 
 

@@ -12,32 +12,23 @@ spin). Prints a table; with the plugin's setting the mix should lie between its 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from collage_core.kit.testing import format_table
+from collage_core.kit.testing.benchmarks import in_fresh_process
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICIES = ("libgomp default", "PASSIVE", "ACTIVE")
 MEASURE = r"""
 import json, sys
-from collage_core.kit import Cost, Partition, RelaxGraph, enumerate_candidates, load_model, tvm_compat
-from collage_core.kit.testing import (
-    MeasureSettings, build, contribute_patterns, discover_backends, get_plugin_manager, partition_module,
-    search_op_level, time_callable,
-)
-from tvm import relax
+from collage_core.kit import Cost, Partition
+from collage_core.kit.testing import search_op_level
+from collage_core.kit.testing.benchmarks import ModelOnBackends
 
 model_path, mix = sys.argv[1], sys.argv[2]
-model = load_model(model_path)
-graph = RelaxGraph.from_function(model.mod["main"])
-pm = get_plugin_manager()
-backends = {name: info.backend for name, info in discover_backends(pm).items() if name in ("tvm", "dnnl")}
-target = tvm_compat.host_cpu_target()
-candidates = enumerate_candidates(graph, [p for b in backends.values() for p in contribute_patterns(pm, b, target)])
+placing = ModelOnBackends.load(model_path, ("tvm", "dnnl"))
+graph, candidates = placing.graph, placing.candidates
 singles = [c for c in candidates if c.pattern == "tvm.op"]
 dnnl = sorted((c for c in candidates if c.backend == "dnnl"), key=lambda c: min(c.nodes))
 anchors = sorted({min(c.nodes) for c in dnnl})
@@ -46,12 +37,7 @@ chosen = {"dnnl where it can": dnnl, "all tvm": [], "mixed": [c for c in dnnl if
 costs = {c.key: Cost.measured(10.0 * len(c.nodes), 0.0, 1) for c in singles}
 costs.update({c.key: Cost.measured(1.0, 0.0, 1) for c in chosen})
 parts = [Partition.from_candidate(c, costs[c.key]) for c in search_op_level(graph.graph, singles + chosen, costs)]
-executable = build(pm, partition_module(graph, parts), backends, target)
-device = tvm_compat.device_for(target)
-vm = relax.VirtualMachine(executable, device)
-args = [tvm_compat.to_tensor(a, device) for a in model.random_inputs()]
-settings = MeasureSettings(warmup=10, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=100.0)
-cost = time_callable(lambda n: vm.time_evaluator("main", device, number=n, repeat=1)(*args).mean, settings)
+cost = placing.latency(parts)
 print(json.dumps({"median_s": cost.median_s, "spread_s": cost.spread_s, "dnnl": sum(p.backend == "dnnl" for p in parts), "partitions": len(parts)}))
 """
 
@@ -60,10 +46,7 @@ def measure(model: Path, mix: str, policy: str) -> dict:
     env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     if policy != "libgomp default":
         env["OMP_WAIT_POLICY"] = policy
-    result = subprocess.run([sys.executable, "-c", MEASURE, str(model), mix], capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"{mix} / {policy}: {result.stderr.strip().splitlines()[-1]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return in_fresh_process(MEASURE, str(model), mix, env=env)
 
 
 def main() -> None:

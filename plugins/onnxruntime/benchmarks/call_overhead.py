@@ -19,7 +19,7 @@ import numpy as np
 from tvm import relax
 
 from collage_core.kit import relax_to_onnx, tvm_compat
-from collage_core.kit.testing.call_overhead import OneOperator, shape_from_arguments, timed
+from collage_core.kit.testing.benchmarks import OneOperator, shape_from_arguments, timed
 from collage_onnxruntime import runtime
 
 

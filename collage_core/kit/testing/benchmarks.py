@@ -1,12 +1,17 @@
-"""What a plugin's call-overhead benchmark shares: one operator, placed on a backend and built, each path timed per call.
+"""What plugins' benchmarks share: the per-call overhead of one operator, and the latency of a model's placements.
 
-A benchmark makes :class:`OneOperator` of its operator and shape, takes the VM of each placement it
-compares (``vm("dnnl", "dnnl.softmax")``, ``vm("tvm")``), and prints :func:`timed` rows, one per path.
+A call-overhead benchmark makes :class:`OneOperator` of its operator and shape, takes the VM of each
+placement it compares (``vm("dnnl", "dnnl.softmax")``, ``vm("tvm")``), and prints :func:`timed` rows,
+one per path. A thread-settings benchmark times placements of a model (:class:`ModelOnBackends`,
+``latency(parts)``), each in a fresh process (:func:`in_fresh_process`) under the settings it compares.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
@@ -16,14 +21,18 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.backends import discover_backends
+from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build import build
+from collage_core.candidates import enumerate_candidates
+from collage_core.model_import import load_model
 from collage_core.partition import partition_module
 from collage_core.plugins import get_plugin_manager
+from collage_core.records import Cost
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings, time_callable
 
 SETTINGS = MeasureSettings(warmup=20, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=50.0, time_bound_s=10.0)
+PLACEMENT_SETTINGS = MeasureSettings(warmup=10, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=100.0)
 
 
 def shape_from_arguments(description: str) -> tuple[int, ...]:
@@ -81,3 +90,41 @@ def per_call(function: Callable[[], object]) -> tuple[float, float]:
 def timed(rows: Sequence[tuple[str, Callable[[], object]]]) -> list[tuple[str, float, float]]:
     """Each ``(path, function)`` row timed: ``(path, median us, IQR us)``."""
     return [(name, *per_call(function)) for name, function in rows]
+
+
+@attrs.frozen
+class ModelOnBackends:
+    """A model, the installed backends of ``names``, and their candidates over it on this CPU."""
+
+    model: object
+    graph: RelaxGraph
+    pm: object
+    backends: dict
+    candidates: list
+    target: object = attrs.field(eq=False)
+
+    @classmethod
+    def load(cls, path, names: Sequence[str]) -> "ModelOnBackends":
+        model = load_model(path)
+        graph = RelaxGraph.from_function(model.mod["main"])
+        pm = get_plugin_manager()
+        backends = {name: info.backend for name, info in discover_backends(pm).items() if name in names}
+        target = tvm_compat.host_cpu_target()
+        patterns = [pattern for backend in backends.values() for pattern in contribute_patterns(pm, backend, target)]
+        return cls(model, graph, pm, backends, enumerate_candidates(graph, patterns), target)
+
+    def latency(self, parts) -> Cost:
+        """The placement of ``parts`` built and timed end to end on the model's random inputs."""
+        device = tvm_compat.device_for(self.target)
+        vm = relax.VirtualMachine(build(self.pm, partition_module(self.graph, parts), self.backends, self.target), device)
+        args = [tvm_compat.to_tensor(array, device) for array in self.model.random_inputs()]
+        return time_callable(lambda n: vm.time_evaluator("main", device, number=n, repeat=1)(*args).mean, PLACEMENT_SETTINGS)
+
+
+def in_fresh_process(code: str, *args: str, env: Optional[dict] = None) -> dict:
+    """Run ``code`` in a new Python process with ``args`` as ``sys.argv[1:]`` (and ``env``, if given): the JSON
+    object its last line of output prints. A process that fails stops the benchmark with its last error line."""
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"{' / '.join(args[1:])}: {result.stderr.strip().splitlines()[-1]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])

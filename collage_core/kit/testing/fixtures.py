@@ -1,0 +1,18 @@
+"""The fixtures every plugin's tests share: ``from collage_core.kit.testing import backends, pm`` in a conftest.py."""
+
+import pytest
+
+from collage_core.backends import discover_backends
+from collage_core.plugins import get_plugin_manager
+
+
+@pytest.fixture(scope="module")
+def pm():
+    """The plugin manager of the installed plugins."""
+    return get_plugin_manager()
+
+
+@pytest.fixture(scope="module")
+def backends(pm):
+    """The installed plugins' backends by name."""
+    return {name: info.backend for name, info in discover_backends(pm).items()}
