@@ -61,7 +61,8 @@ class Built:
 
 @attrs.frozen
 class Contest:
-    """Costs timed in turns by name; the index of the rival that beat the placement, and its build."""
+    """Latencies timed in turns by name (:class:`~collage_core.in_turns.LibraryTurns`: warm, and after a
+    pause); the index of the rival that beat the placement on the warm figure, and its build."""
 
     turns: dict
     winner: Optional[int] = None
@@ -222,8 +223,9 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
 def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Contest) -> Outcome:
     """The rows and the why of a contest in turns between the placement (``parts``, its build ``built``)
     and ``rivals``: the returned placement's row carries its latency in turns."""
-    turns, mix = timed.turns, operators_by_backend(parts)
-    in_turns = {entry.name: EndToEnd(f"{entry.name}, {IN_TURNS}", turns[entry.name], entry.operators_by_backend, True)
+    timed_turns, mix = timed.turns, operators_by_backend(parts)
+    turns = {name: library.warm for name, library in timed_turns.items()}
+    in_turns = {entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend)
                 for entry, _ in rivals}
     sequential = [entry for entry, _ in baselines]
     fastest, _ = min(rivals, key=lambda pair: turns[pair[0].name].seconds)
@@ -238,7 +240,7 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
         else:
             why = (f"{origin}; a replay returns its placement, though in the contest in turns {fastest.name} ran "
                    f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}")
-        rows = [EndToEnd(PLACEMENT, placed, mix, True), *in_turns.values(),
+        rows = [_in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix), *in_turns.values(),
                 EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
         return Outcome(rows, why)
     entry, rival_parts = rivals[timed.winner]
@@ -246,11 +248,17 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     why = (f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
            f"{_ms(placed)}, {_times(placed, turns[entry.name])}; {_what_it_runs(rival_parts)}the searched placement "
            f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
-    rows = [EndToEnd(PLACEMENT, turns[entry.name], rival_mix, True), EndToEnd(f"{SEARCHED}, {IN_TURNS}", placed, mix, True),
+    rows = [_in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix),
+            _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix),
             *(row for name, row in in_turns.items() if name != entry.name),
             EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
             EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
     return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
+
+
+def _in_turns_row(name: str, library, mix) -> EndToEnd:
+    """A row timed in turns: its warm latency, by which the contest chose, and its latency after a pause."""
+    return EndToEnd(name, library.warm, mix, True, library.after_pause, library.paused_s)
 
 
 def _what_it_runs(parts) -> str:
@@ -270,9 +278,9 @@ def _times(slower: Cost, faster: Cost) -> str:
 
 def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Optional[Contest]:
     """The placement's ``library`` and a build of each rival (``(EndToEnd, parts)`` pairs) timed in
-    turns (see :mod:`collage_core.in_turns`); None if that failed. When the fastest rival beat the
-    placement by TURNS_MARGIN and ``may_replace``, its build replaces ``library`` and is the contest's
-    winner."""
+    turns (see :mod:`collage_core.in_turns`); None if that failed. When the fastest rival, warm and back
+    to back, beat the placement by TURNS_MARGIN and ``may_replace``, its build replaces ``library`` and is
+    the contest's winner."""
     names = ", ".join(entry.name for entry, _ in rivals)
     job.say(f"timing the placement and {names} in turns")
     rivals_dir = job.scratch / "rivals"
@@ -287,9 +295,11 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
         libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
         turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules,
                               job.disabled)
-        job.say("  in turns: " + ", ".join(f"{name} {describe_cost(cost)}" for name, cost in turns.items()))
-        fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].seconds)
-        if not may_replace or turns[rivals[fastest][0].name].seconds >= turns[PLACEMENT].seconds * (1 - TURNS_MARGIN):
+        job.say("  in turns, warm back to back: " + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items()))
+        job.say("  in turns, after a pause: " + ", ".join(f"{name} {describe_cost(t.after_pause)} ({t.paused_s:.1f} s idle)"
+                                                          for name, t in turns.items()))
+        fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].warm.seconds)
+        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (1 - TURNS_MARGIN):
             return Contest(turns)
         won = rivals_dir / str(fastest) / library.name
         copy_library(won, library, move=True)

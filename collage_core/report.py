@@ -13,8 +13,8 @@ from collage_core.two_level import history_text
 # spread not printed as a ± that could read as "anywhere from zero": on a busy 2-core machine one
 # baseline measured 8.8 ms with its quartiles 23 ms apart.
 NOISY_SPREAD = 0.5
-IN_TURNS_HEADING = ("timed in turns, side by side in one sitting (the choice was made on these; compare them "
-                    "only with each other):")
+IN_TURNS_HEADING = ("timed in turns, side by side in one sitting (the choice was made on the warm latencies, back to "
+                    "back; compare them only with each other):")
 ONE_AFTER_ANOTHER_HEADING = ("measured one after another, each build alone in its own worker (the machine's speed "
                              "drifts between them; compare them only with each other):")
 
@@ -44,9 +44,17 @@ def headline(entries) -> str:
     if placed is None:
         return ""
     rivals = sum(1 for entry in entries if entry.timed_in_turns) - 1
-    how = (f"timed in turns with {rivals} rival build{'s' if rivals != 1 else ''}" if placed.timed_in_turns
-           else "measured one after another")
-    return f"latency: {_ms(placed.cost).strip()}, {how}"
+    if not placed.timed_in_turns:
+        return f"latency: {_ms(placed.cost).strip()}, measured one after another"
+    how = f"timed in turns with {rivals} rival build{'s' if rivals != 1 else ''}"
+    if placed.after_pause is None:  # a row kept from before the runs after a pause were kept apart
+        return f"latency: {_ms(placed.cost).strip()}, {how}"
+    return f"latency: {_ms(placed.cost).strip()} warm, back to back, {how}; {_after_pause(placed).strip()}"
+
+
+def _after_pause(entry) -> str:
+    """A row's latency after a pause, with how long it had been idle: ``     2.345 ms after 1.2 s idle``."""
+    return f"{_ms(entry.after_pause)} after {entry.paused_s:.1f} s idle"
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -69,13 +77,17 @@ def _best_other_build(entry, entries):
 
 
 def _end_to_end_table(entries) -> str:
+    """One section's rows; rows timed after a pause too (in turns) have a column for it."""
+    after_pause = any(entry.after_pause is not None for entry in entries)
     rows = []
     for entry in entries:
         best_other = _best_other_build(entry, entries)
         ratio = f"{entry.cost.median_s / best_other:.3f}" if best_other and entry.cost.is_measured else "-"
         mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
-        rows.append([shown_name(entry), _ms(entry.cost), ratio, mix])
-    return format_table(["end to end", "median latency", "vs best other build", "operators"], rows)
+        paused = [_after_pause(entry) if entry.after_pause is not None else "-"] if after_pause else []
+        rows.append([shown_name(entry), _ms(entry.cost), *paused, ratio, mix])
+    latency = ["median latency, warm", "after a pause"] if after_pause else ["median latency"]
+    return format_table(["end to end", *latency, "vs best other build", "operators"], rows)
 
 
 def _end_to_end_sections(entries) -> list[str]:

@@ -36,21 +36,30 @@ SEARCHED_PLACEMENT_FILE = "searched-placement.json"
 @attrs.frozen
 class EndToEnd:
     """The measured latency of one whole build: the chosen placement or a single-backend baseline,
-    timed in turns with its rivals (side by side in one sitting) or one after another (each alone)."""
+    timed in turns with its rivals (side by side in one sitting) or one after another (each alone).
+    Timed in turns, ``cost`` is its warm latency, back to back, and ``after_pause`` that of its first run
+    after it sat idle ``paused_s`` (see collage_core.in_turns)."""
 
     name: str
     cost: Cost
     operators_by_backend: dict = attrs.field(eq=False)
     timed_in_turns: bool = False
+    after_pause: Optional[Cost] = None
+    paused_s: Optional[float] = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "cost": self.cost.to_json(), "operators_by_backend": self.operators_by_backend,
+        data = {"name": self.name, "cost": self.cost.to_json(), "operators_by_backend": self.operators_by_backend,
                 "timed_in_turns": self.timed_in_turns}
+        if self.after_pause is not None:
+            data.update(after_pause=self.after_pause.to_json(), paused_s=self.paused_s)
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "EndToEnd":
+        after_pause = data.get("after_pause")
         return cls(str(data["name"]), Cost.from_json(data["cost"]), dict(data["operators_by_backend"]),
-                   bool(data.get("timed_in_turns", False)))
+                   bool(data.get("timed_in_turns", False)), None if after_pause is None else Cost.from_json(after_pause),
+                   data.get("paused_s"))
 
 
 @attrs.define

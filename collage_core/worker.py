@@ -347,7 +347,8 @@ def _held_placement(state, request):
 
 
 def _load_library(state, request):
-    """Load an exported library and its inputs and run it once; ``time_turn`` then times it."""
+    """Load an exported library and its inputs and run it ``warmup_runs`` times (default 1) and once more,
+    timed; ``time_turn`` then times it."""
     from collage_core import tvm_compat
     from collage_core.deploy import load_vm
 
@@ -360,21 +361,30 @@ def _load_library(state, request):
         function(*args)
         device.sync()
 
-    run()
+    for _ in range(int(request.get("warmup_runs", 1))):
+        run()
     started = time.perf_counter()
     run()
-    state["turn"] = run
-    return {"once_s": time.perf_counter() - started}
+    state["turn"], state["last_run_end"] = run, time.perf_counter()
+    return {"once_s": state["last_run_end"] - started}
 
 
 def _time_turn(state, request):
-    """Run the loaded library ``count`` times; the seconds of each run."""
+    """Run the loaded library ``count`` times; the seconds of each run. With ``pause_s``, the turn first
+    waits until the library has been idle that long since its last run, and says how long it was idle
+    (``paused_s``): the first run of the turn is then a run after a pause, the others back to back."""
     run, samples = state["turn"], []
+    if "pause_s" in request:
+        idle_s = time.perf_counter() - state["last_run_end"]
+        if idle_s < request["pause_s"]:
+            time.sleep(request["pause_s"] - idle_s)
+    paused_s = time.perf_counter() - state["last_run_end"]
     for _ in range(int(request["count"])):
         started = time.perf_counter()
         run()
         samples.append(time.perf_counter() - started)
-    return {"samples_s": samples}
+    state["last_run_end"] = time.perf_counter()
+    return {"samples_s": samples, "paused_s": paused_s}
 
 
 def _is_sequence(value) -> bool:

@@ -35,7 +35,7 @@ def quick_turns(monkeypatch) -> None:
     test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the default rounds and bursts."""
     from collage_core import finish_stage, in_turns
 
-    quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1)
+    quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1, pause_s=0.0)
     monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
 
 
@@ -343,7 +343,8 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
 
     def last_rival_fastest(libraries, *args, **kwargs):
         *others, last = libraries
-        return {**{name: Cost.measured(2e-3, 1e-5, 20) for name in others}, last: Cost.measured(1e-3, 1e-5, 20)}
+        return {**{name: alike_in_turns(Cost.measured(2e-3, 1e-5, 20)) for name in others},
+                last: alike_in_turns(Cost.measured(1e-3, 1e-5, 20))}
 
     monkeypatch.setattr(finish_stage, "time_in_turns", last_rival_fastest)
     # DNNL's candidates cost half TVM's (a deterministic cost model): the search places DNNL wherever it
@@ -487,20 +488,22 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_each_library_is_timed_in_turns_by_its_own_workers(optimized, workspace, workers):
-    """Every worker of every library takes a turn each round (one run each, with no burst time), and a
-    library's cost is its fastest worker's runs, one a round; the same library under two names costs about the same."""
+    """Every worker of every library takes a turn each round (with no burst time, a run after its pause and one
+    back to back), and a library's latencies are its fastest worker's runs, one of each a round; the same
+    library under two names costs about the same."""
     from collage_core.in_turns import TurnSettings, time_in_turns
     from collage_core.plugins import get_plugin_manager
 
     inputs = workspace / f"turn-inputs-{workers}.npz"
     np.savez(inputs, *optimized.model.random_inputs(seed=3))
     library = workspace / "out" / "tiny_resnet.so"
-    settings = TurnSettings(rounds=3, burst_s=0.0, workers_per_library=workers)
+    settings = TurnSettings(rounds=3, burst_s=0.0, workers_per_library=workers, pause_s=0.05)
     costs = time_in_turns({"a": library, "b": library}, inputs, tvm_compat.target_to_json(optimized.target),
                           get_plugin_manager().module_plugin_names(), [], settings)
     assert set(costs) == {"a", "b"}
-    assert all(cost.is_measured and cost.repeats == settings.rounds for cost in costs.values())
-    assert 0.5 < costs["a"].seconds / costs["b"].seconds < 2.0
+    assert all(turns.warm.is_measured and turns.warm.repeats == settings.rounds for turns in costs.values())
+    assert all(turns.after_pause.repeats == settings.rounds for turns in costs.values())
+    assert 0.5 < costs["a"].warm.seconds / costs["b"].warm.seconds < 2.0
 
 
 def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace, monkeypatch):
@@ -618,12 +621,19 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
     assert next(line for line in report.splitlines() if line.startswith("tvm alone ")).split()[2:4] == ["not", "built:"]
 
 
+def alike_in_turns(cost: Cost):
+    """A library's latency in turns that is ``cost`` warm and after a pause of a second alike."""
+    from collage_core.in_turns import LibraryTurns
+
+    return LibraryTurns(cost, cost, 1.0)
+
+
 def forced_turns(fastest: str):
     """A contest in turns whose ``fastest`` entrant ("placement" or "last rival") runs 1 ms and every other
     2 ms: what the contest decides, whatever this machine's load does to the libraries' speeds."""
     def time_in_turns(libraries, *args, **kwargs):
         winner = PLACEMENT if fastest == "placement" else list(libraries)[-1]
-        return {name: Cost.measured(1e-3 if name == winner else 2e-3, 1e-5, 20) for name in libraries}
+        return {name: alike_in_turns(Cost.measured(1e-3 if name == winner else 2e-3, 1e-5, 20)) for name in libraries}
 
     return time_in_turns
 
@@ -666,14 +676,15 @@ def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_a
         baseline_won, workspace, capsys):
     out = workspace / "baseline-won"
     headline = baseline_won.end_to_end[0]
-    assert headline == EndToEnd(PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, timed_in_turns=True)
+    assert headline == EndToEnd(PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, True, Cost.measured(1e-3, 1e-5, 20), 1.0)
     assert baseline_won.latency() == headline.cost
     assert [(e.name, e.timed_in_turns) for e in baseline_won.end_to_end[:4]] == [
         (PLACEMENT, True), (f"{SEARCHED}, {IN_TURNS}", True), (f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", False),
         (f"{SEARCHED}, {ONE_AFTER_ANOTHER}", False)]
     assert baseline_won.placement.why_chosen == BASELINE_WON
     report = (out / "report.txt").read_text().splitlines()
-    assert report[1:3] == ["latency: 1.000 ms ±0.010, timed in turns with 1 rival build", f"why this placement: {BASELINE_WON}"]
+    assert report[1:3] == ["latency: 1.000 ms ±0.010 warm, back to back, timed in turns with 1 rival build; "
+                           "1.000 ms ±0.010 after 1.0 s idle", f"why this placement: {BASELINE_WON}"]
     results = json.loads((out / "results.json").read_text())
     assert results["why_chosen"] == BASELINE_WON and results["replayed_from"] is None
     assert results["end_to_end"][0] == {**headline.to_json(), "noisy": False}
@@ -789,14 +800,15 @@ def test_why_a_placement_won_the_contest_is_said_with_the_latencies_in_turns(pla
         return [Partition(backend, f"{backend}.region", (0, 1), backend, Cost.unknown())]
 
     rival = (EndToEnd("onnxruntime alone", Cost.measured(0.4e-3, 1e-6, 5), {"onnxruntime": 2}), parts("onnxruntime"))
-    turns = {PLACEMENT: Cost.measured(placement_ms / 1e3, 1e-6, 99), "onnxruntime alone": Cost.measured(rival_ms / 1e3, 1e-6, 99)}
+    turns = {PLACEMENT: alike_in_turns(Cost.measured(placement_ms / 1e3, 1e-6, 99)),
+             "onnxruntime alone": alike_in_turns(Cost.measured(rival_ms / 1e3, 1e-6, 99))}
     won = rival_ms < placement_ms * (1 - TURNS_MARGIN)
     built = Built(None, [], Cost.measured(0.3e-3, 1e-6, 5))
     contest = Contest(turns, 0, Built(None, [], Cost.measured(0.5e-3, 1e-6, 5))) if won else Contest(turns)
     outcome = after_contest(found_by("two-level"), parts("openvino"), built, [rival], [rival], contest)
     assert outcome.why == why and (outcome.replacement is not None) == won
     headline = outcome.rows[0]
-    assert (headline.name, headline.cost, headline.timed_in_turns) == (PLACEMENT, turns["onnxruntime alone" if won else PLACEMENT], True)
+    assert (headline.name, headline.cost, headline.timed_in_turns) == (PLACEMENT, turns["onnxruntime alone" if won else PLACEMENT].warm, True)
     assert [row.timed_in_turns for row in outcome.rows] == [True, True, False, False] + [False] * won
 
 

@@ -72,6 +72,24 @@ def test_the_headline_is_the_latency_in_turns_when_a_contest_ran():
     assert IN_TURNS_HEADING not in alone_only and "why this placement" not in alone_only
 
 
+def test_rows_timed_in_turns_give_their_latency_after_a_pause_beside_the_warm_one_they_were_chosen_by():
+    mix, alone = {"dnnl": 30, "tvm": 15}, {"openvino": 45}
+    contest = [
+        EndToEnd("placement", Cost.measured(0.214e-3, 1e-6, 99), alone, True, Cost.measured(0.412e-3, 2e-6, 9), 1.26),
+        EndToEnd("searched placement, timed in turns", Cost.measured(0.631e-3, 1e-6, 99), mix, True,
+                 Cost.measured(0.640e-3, 1e-6, 9), 1.31),
+        EndToEnd("placement, one after another", Cost.measured(0.964e-3, 1e-6, 5), alone),
+    ]
+    text = _report(contest)
+    assert text.splitlines()[1] == ("latency: 0.214 ms ±0.001 warm, back to back, timed in turns with 1 rival build; "
+                                    "0.412 ms ±0.002 after 1.3 s idle")
+    in_turns, one_after_another = _sections(text)
+    assert _row(in_turns, "placement")[:9] == ["0.214", "ms", "±0.001", "0.412", "ms", "±0.002", "after", "1.3", "s"]
+    assert _row(in_turns, "searched placement")[10] == "2.949"  # against the warm latencies only
+    assert "after a pause" in in_turns and "after a pause" not in one_after_another
+    assert EndToEnd.from_json(contest[0].to_json()) == contest[0]
+
+
 def test_no_spread_over_half_the_median_is_printed_as_a_bare_plus_minus():
     rows = [EndToEnd("placement", Cost.measured(0.631e-3, 3.050e-3, 5), {"tvm": 1}),
             EndToEnd("tvm alone", Cost.measured(8.815e-3, 23.123e-3, 5), {"dnnl": 1}),

@@ -1,0 +1,73 @@
+"""The contest times each library warm, back to back, and after a pause, keeps the two apart in every
+row timed in turns and in the report, and chooses by the warm figure (see collage_core.in_turns).
+
+The backends here are a test plugin's (tests/plugins_for_tests/pause_sensitive.py) whose runs sleep set
+times, so which library is faster each way does not depend on this machine's load."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import os
+from pathlib import Path
+
+import pytest
+from tvm import relax
+
+import collage_core
+from collage_core.baselines import IN_TURNS
+from collage_core.result import PLACEMENT
+
+
+@pytest.fixture(scope="module")
+def contest(tmp_path_factory):
+    """A one-relu model over both test backends: the search places it on ``pausesensitive`` (faster warm),
+    and ``steady alone`` (faster after a pause) meets it in the contest, every turn after a 0.3 s pause."""
+    from collage_core import finish_stage, in_turns, optimizer
+    from collage_core.plugins import get_plugin_manager
+
+    tests = str(Path(__file__).resolve().parent)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.syspath_prepend(tests)
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+        from plugins_for_tests import pause_sensitive
+
+        module = "plugins_for_tests.pause_sensitive"
+        monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=[module]))
+        settings = in_turns.TurnSettings(rounds=3, burst_s=0.05, workers_per_library=1, pause_s=1.5 * pause_sensitive.IDLE_S)
+        monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=settings))
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                output = bb.emit_output(relax.op.nn.relu(x))
+            bb.emit_func_output(output)
+        out = tmp_path_factory.mktemp("contest-pauses")
+        result = collage_core.optimize(
+            bb.get(), backends=[pause_sensitive.PAUSE_SENSITIVE, pause_sensitive.STEADY], cost_db=out / "costs.sqlite",
+            output_dir=out / "out", calibration_rounds=0, show_progress=False,
+        )
+    return result, out / "out", pause_sensitive
+
+
+def test_the_contest_records_both_figures_and_chooses_by_the_warm_one(contest):
+    result, _, plugin = contest
+    rows = {entry.name: entry for entry in result.end_to_end if entry.timed_in_turns}
+    placed, steady = rows[PLACEMENT], rows[f"{plugin.STEADY} alone, {IN_TURNS}"]
+    assert placed.operators_by_backend == {plugin.PAUSE_SENSITIVE: 1}  # kept: the faster warm, back to back
+    assert placed.cost.median_s < plugin.STEADY_S <= steady.cost.median_s
+    assert placed.after_pause.median_s >= plugin.AFTER_PAUSE_S > steady.after_pause.median_s  # yet slower after a pause
+    assert placed.paused_s >= 1.5 * plugin.IDLE_S and steady.paused_s >= 1.5 * plugin.IDLE_S
+    assert result.placement.why_chosen.startswith("found by the op-level search; it won the contest in turns")
+
+
+def test_the_report_and_results_give_the_latency_after_a_pause_beside_the_warm_one(contest):
+    result, out, _ = contest
+    report = (out / "report.txt").read_text().splitlines()
+    assert " warm, back to back, timed in turns with 1 rival build; " in report[1] and " s idle" in report[1]
+    header = next(line for line in report if line.startswith("end to end") and "after a pause" in line)
+    assert re.split(r"\s{2,}", header)[:3] == ["end to end", "median latency, warm", "after a pause"]
+    rows = json.loads((out / "results.json").read_text())["end_to_end"]
+    placed = next(row for row in rows if row["name"] == PLACEMENT)
+    assert placed["after_pause"]["median_s"] > placed["cost"]["median_s"] and placed["paused_s"] > 0
