@@ -10,9 +10,21 @@ first time a process meets the key on a device. Compiled programs are kept by ke
 
 Compiling: the program was traced on the CPU with the partition's dtypes and holds no device; it is
 moved to the device of the tensors it is called with (``torch.export.passes.move_to_device_pass``:
-weights, constants and every device an operator names) and compiled by ``torch.compile`` (inductor,
-static shapes, one graph; C++ kernels on the CPU, Triton kernels on CUDA) when it first runs.
-Inductor's caches under ``$COLLAGE_CACHE_DIR/inductor`` keep the generated kernels across processes.
+weights, constants and every device an operator names) and compiled once per machine by AOTInductor
+(``torch._inductor.aoti_compile_and_package``: inductor, static shapes; C++ kernels on the CPU, Triton
+kernels on CUDA) into a package, ``$COLLAGE_CACHE_DIR/inductor/aoti/<key>-<build>.pt2``, where
+``<build>`` is a digest of what else decides the compiled code (:func:`build_signature`: torch's
+version, the device, on CUDA triton's version, the C++ compiler, :data:`PACKAGE_REVISION` and the
+options). Every later process loads the package (``torch._inductor.aoti_load_package``) in
+milliseconds, where ``torch.compile`` took seconds per region and process even with inductor's caches
+warm (dynamo's tracing, AOT autograd, the cache lookups), and Collage measures every placement in a
+fresh process. A package is written whole: compiled into a temporary file in the same folder, then
+renamed into place, so two processes compiling the same key at once both end with a whole package
+(the last rename wins; both are the same program's). A package that does not pass its zip CRC checks
+or that AOTInductor cannot load (truncated, corrupt) is compiled again, with a one-line warning. A
+program AOTInductor cannot compile (an operator it does not take) runs through ``torch.compile`` as
+before, with a one-line warning, and a marker beside the package path makes later processes go there
+directly. Inductor's caches under ``$COLLAGE_CACHE_DIR/inductor`` keep the generated kernels for both.
 
 Inputs reach PyTorch through DLPack without copies (the views are made once per set of addresses);
 the results PyTorch allocates are copied into the VM's output tensors (torch.compile has no
@@ -23,10 +35,20 @@ On CUDA, TVM's stream and CUDA graphs decide the rest:
 - Every kernel runs on TVM's current stream (``tvm_ffi.get_raw_stream``), made PyTorch's current
   stream for the call (``torch.cuda.ExternalStream``), so it is ordered with TVM's kernels and, while
   TVM captures ``main`` (``vm.builtin.cuda_graph.run_or_capture`` swaps in its capture stream), it
-  is captured with them. Inductor's own CUDA graphs are off (``triton.cudagraphs``): Collage captures
-  the whole ``main``, and a graph cannot be launched inside a capture.
-- Compiling, Triton's autotuning and loading the program (a copy from the device) must not happen
-  inside a capture. TVM runs each graph's function once before capturing it, so every program has
+  is captured with them. AOTInductor's runner launches on PyTorch's current stream when it is given
+  none, as :meth:`_Package.__call__` does: ``AOTIModelContainerRunnerCuda::run_impl`` takes
+  ``c10::cuda::getCurrentCUDAStream()`` when ``stream_handle`` is null
+  (``torch/csrc/inductor/aoti_runner/model_container_runner_cuda.cpp`` in pytorch/pytorch; earlier
+  versions' ``AOTIModelContainerRunnerCuda::run`` did the same), and the generated code launches every
+  kernel on the stream it is handed. The package is loaded single-threaded
+  (``aoti_load_package(run_single_threaded=True)``): the threaded runner records a CUDA event after
+  each run and queries or waits on it before the next (``AOTInductorModelContainer::run``,
+  ``reclaim_finished_models``), both illegal inside a capture; a lock keeps one call at a time
+  instead. Inductor's own CUDA graphs are off (``triton.cudagraphs``, for the ``torch.compile``
+  fallback; AOTInductor makes none): Collage captures the whole ``main``, and a graph cannot be
+  launched inside a capture.
+- Compiling, Triton's autotuning and loading the program (a copy from the device, a package's
+  kernels loaded on its first run) must not happen inside a capture. TVM runs each graph's function once before capturing it, so every program has
   run by then; a program that has not (a capture without that warm-up) is refused with an error
   saying so, which ends the capture instead of corrupting it, and a recompilation inside a capture
   (a guard that fails) is refused likewise (``torch.compiler.set_stance("fail_on_recompile")``).
@@ -46,9 +68,15 @@ On CUDA, TVM's stream and CUDA graphs decide the rest:
 from __future__ import annotations
 
 import collections
+import hashlib
 import io
+import json
+import logging
 import os
+import platform
+import shutil
 import threading
+import zipfile
 from pathlib import Path
 
 import tvm
@@ -65,12 +93,26 @@ CPU = tvm.cpu(0).dlpack_device_type()
 CUDA = tvm.cuda(0).dlpack_device_type()
 # Collage captures the whole main as CUDA graphs; inductor's own graphs would be launched inside that capture.
 COMPILE_OPTIONS = {"triton.cudagraphs": False}
+# AOTInductor's options besides the package itself (none: its defaults make no CUDA graphs).
+PACKAGE_OPTIONS: dict = {}
+# How packages are compiled and named: a new revision compiles every program again.
+PACKAGE_REVISION = 1
+FAILED_SUFFIX = ".failed"
+log = logging.getLogger("collage.inductor")
+# Inductor's cache folder when the user chose one; else ours. Read before torch can set it: inductor writes its
+# default into the environment the first time it looks (during torch.export, in the processes that lower).
+_CHOSEN_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def cache_dir() -> Path:
     """Where inductor keeps its generated kernels and compiled graphs across processes."""
     root = os.environ.get("COLLAGE_CACHE_DIR") or Path.home() / ".cache" / "collage"
     return Path(root) / "inductor"
+
+
+def package_dir() -> Path:
+    """Where AOTInductor's compiled packages are kept, one per program and build (:func:`package_path`)."""
+    return cache_dir() / "aoti"
 
 
 def threads() -> int:
@@ -160,12 +202,17 @@ class Programs:
             return program
 
     def load(self, key: str, blob, device) -> _Program:
-        """Compile the program ``blob`` carries for ``device`` (the blob is read from wherever it is) and keep it."""
-        host = blob.numpy()
-        serialized, _options = engine_lowering.unpack_blob(host, OWNER)
-        if key_of(host) != key:
-            raise ValueError(f"{OWNER}: the program does not match its key {key}")
-        program = _compile(serialized, device)
+        """The program ``blob`` carries, for ``device``, loaded from its package or compiled, and kept. The blob is
+        read (from wherever it is) only when there is no package to load."""
+
+        def read() -> bytes:
+            host = blob.numpy()
+            serialized, _options = engine_lowering.unpack_blob(host, OWNER)
+            if key_of(host) != key:
+                raise ValueError(f"{OWNER}: the program does not match its key {key}")
+            return serialized
+
+        program = _compile(key, read, device)
         with self._lock:
             self._programs[(key, device)] = program
             while len(self._programs) > self.capacity:
@@ -187,18 +234,167 @@ class Programs:
         return len(self._programs) + len(self._captured)
 
 
-def _compile(serialized: bytes, device) -> _Program:
-    import torch
-    import torch.export.passes
+def _processor() -> str:
+    """This CPU as the C++ code inductor generates depends on it: its model and the instruction sets it offers."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = [line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() in ("model name", "flags")]
+    return " / ".join(dict.fromkeys(wanted))
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
-    program = torch.export.load(io.BytesIO(serialized))
+
+def build_signature(device) -> dict:
+    """What decides a package's compiled code besides the program: torch's version, the device, the compiler."""
+    import torch
+
+    signature = {"revision": PACKAGE_REVISION, "torch": torch.__version__, "options": PACKAGE_OPTIONS,
+                 "machine": platform.machine()}
+    if device[0] == CUDA:
+        import triton
+
+        properties = torch.cuda.get_device_properties(device[1])
+        signature.update(device=f"cuda {properties.name} sm_{properties.major}{properties.minor}",
+                         cuda=torch.version.cuda, triton=triton.__version__)
+    else:
+        signature.update(device="cpu", processor=_processor())
+    signature["compiler"] = shutil.which(os.environ.get("CXX") or "g++") or ""
+    return signature
+
+
+def package_path(key: str, device) -> Path:
+    """The package of program ``key`` compiled for ``device`` on this machine (which may not exist yet)."""
+    build = hashlib.sha256(json.dumps(build_signature(device), sort_keys=True).encode()).hexdigest()[:16]
+    return package_dir() / f"{key}-{build}.pt2"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+class _Package:
+    """A program compiled by AOTInductor, called with its inputs as a list of tensors (its outputs, a list)."""
+
+    def __init__(self, loader, single_threaded: bool):
+        self.loader = loader
+        self._lock = threading.Lock() if single_threaded else None
+
+    def __call__(self, *inputs):
+        # No stream is given: the runner launches on PyTorch's current one (TVM's, see the module's docstring).
+        if self._lock is None:
+            return self.loader.boxed_run(list(inputs))
+        with self._lock:
+            return self.loader.boxed_run(list(inputs))
+
+
+def _loader(path: Path, device):
+    """AOTInductor's loader of the package at ``path`` for ``device``: made directly, as
+    ``torch._inductor.aoti_load_package`` makes it (whose import, dynamo's, costs 0.9 s in every process), in one
+    thread on CUDA (see the module's docstring)."""
+    import torch
+
+    single_threaded = device[0] == CUDA
+    index = device[1] if device[0] == CUDA else -1
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, index)
+    except TypeError:  # another torch's constructor: ask the public function
+        import torch._inductor
+
+        return torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded,
+                                                 device_index=index).loader
+
+
+def _load_package(path: Path, device):
+    """The package at ``path`` loaded for ``device``, or None when there is none or it is unreadable (then a
+    warning says so, and the caller compiles it again over it)."""
+    if not path.is_file():
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            broken = archive.testzip()
+        if broken is not None:
+            raise ValueError(f"{broken} fails its CRC check")
+        return _Package(_loader(path, device), single_threaded=device[0] == CUDA)
+    except Exception as error:  # whatever a truncated or corrupt file raises, it is compiled again
+        log.warning("%s: the compiled package %s cannot be read (%s); compiling it again", OWNER, path.name,
+                    _first_line(error))
+        return None
+
+
+def _write_whole(path: Path, write) -> None:
+    """``write(temporary)`` makes the file; it is then renamed to ``path``, so no reader sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}{path.suffix}")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _compile_package(program, path: Path, device):
+    """``program`` compiled by AOTInductor into the package at ``path`` and loaded, or None when AOTInductor cannot
+    compile it (then a marker beside ``path`` says why, and a warning)."""
+    import torch._inductor
+
+    try:
+        _write_whole(path, lambda temporary: torch._inductor.aoti_compile_and_package(
+            program, package_path=str(temporary), inductor_configs=dict(PACKAGE_OPTIONS)))
+    except Exception as error:
+        why = _first_line(error)
+        log.warning("%s: AOTInductor cannot compile program %s (%s); torch.compile runs it in each process",
+                    OWNER, path.name[:16], why)
+        _write_whole(path.with_name(path.name + FAILED_SUFFIX), lambda temporary: temporary.write_text(why + "\n"))
+        return None
+    return _load_package(path, device)
+
+
+def _prepare(device) -> None:
+    """This process's settings for running on ``device``: inductor's cache, no TF32 on CUDA, threads on the CPU."""
+    import torch
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _CHOSEN_INDUCTOR_CACHE or str(cache_dir())
     if device[0] == CUDA:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        program = torch.export.passes.move_to_device_pass(program, torch.device("cuda", device[1]))
     elif torch.get_num_threads() != threads():
         torch.set_num_threads(threads())
+
+
+def _exported(serialized: bytes, device):
+    import torch
+    import torch.export.passes
+
+    program = torch.export.load(io.BytesIO(serialized))
+    if device[0] == CUDA:
+        program = torch.export.passes.move_to_device_pass(program, torch.device("cuda", device[1]))
+    return program
+
+
+def _counts(package: _Package) -> tuple[int, int]:
+    """How many tensors the package takes and gives, from its call spec (no program read)."""
+    from torch.utils import _pytree as pytree
+
+    inputs, outputs = (pytree.treespec_loads(spec) for spec in package.loader.get_call_spec())
+    return inputs.num_leaves, outputs.num_leaves
+
+
+def _compile(key: str, read, device) -> _Program:
+    """Program ``key`` for ``device``: its package loaded, or compiled once for this machine and loaded, or
+    where AOTInductor cannot compile it, ``torch.compile``'d for this process. ``read()`` gives the program
+    serialized, read only when there is no package to load."""
+    import torch
+
+    _prepare(device)
+    path = package_path(key, device)
+    failed = path.with_name(path.name + FAILED_SUFFIX)
+    package = _load_package(path, device) if not failed.exists() else None
+    if package is None and not failed.exists():
+        package = _compile_package(_exported(read(), device), path, device)
+    if package is not None:
+        return _Program(package, *_counts(package), device)
+    program = _exported(read(), device)
     signature = program.graph_signature
     compiled = torch.compile(program.module(), backend="inductor", dynamic=False, fullgraph=True,
                              options=COMPILE_OPTIONS)

@@ -1,6 +1,6 @@
 """Pooling, resizing and padding as the inductor runtime runs them: the converted program exported by
 ``torch.export`` (its weights, indices and divisors as constants), saved and loaded as a lowered partition
-carries it, and compiled by inductor; compared with TVM's own build as ``operator_cases`` says."""
+carries it, and compiled by AOTInductor; compared with TVM's own build as ``operator_cases`` says."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from collage_core.kit import engine_lowering
 from collage_core.kit.testing.operator_cases import CASES, F, NCHW4, R, assert_same, function, random_input, run_tvm
 from collage_inductor import relax_to_torch, runtime
 
@@ -31,7 +32,8 @@ def test_exported_program_matches_tvm(make, specs, kind):
     assert_same([result.numpy() for result in results], run_tvm(func, arrays))
 
 
-def test_compiled_by_inductor_matches_tvm():
+def test_compiled_by_inductor_matches_tvm(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
     func = function(lambda x: [
         R.image.resize2d(x, (13, 17), method="cubic"),
         R.image.resize2d(x, (18, 20), method="nearest_neighbor", coordinate_transformation_mode="asymmetric",
@@ -41,7 +43,9 @@ def test_compiled_by_inductor_matches_tvm():
         R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),
     ], NCHW4)
     x = random_input(NCHW4[0], F, np.random.default_rng(2))
-    compiled = runtime._compile(saved_and_loaded(func), (runtime.CPU, 0)).compiled
+    serialized = saved_and_loaded(func)
+    key = runtime.key_of(engine_lowering.pack_blob(serialized))
+    compiled = runtime._compile(key, lambda: serialized, (runtime.CPU, 0)).compiled
     with torch.inference_mode():
         results = compiled(torch.from_numpy(x))
     assert_same([result.numpy() for result in results], run_tvm(func, [x]))
