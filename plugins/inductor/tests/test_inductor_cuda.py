@@ -1,6 +1,8 @@
 """TorchInductor on CUDA: what the lowering makes for a CUDA target (checked here, no GPU needed), and regions
-compiled by inductor running on TVM's stream, beside cuBLAS and TVM, inside Collage's CUDA graphs (marked
-``gpu``: ``python -m pytest plugins/inductor/tests/test_inductor_cuda.py --run-gpu -m gpu``).
+compiled by AOTInductor running on TVM's stream, beside cuBLAS and TVM, inside Collage's CUDA graphs (marked
+``gpu``: ``python -m pytest plugins/inductor/tests/test_inductor_cuda.py --run-gpu -m gpu``). On the GPU every
+region must run from an AOTInductor package (the ``torch.compile`` fallback would pass the numerics but not
+these tests): compiled once, loaded by a new process without compiling, launched on TVM's current stream.
 
 Tolerances: float32 regions run without TF32 (the runtime turns it off for cuDNN and cuBLAS) and are held to
 1e-4 against numpy in float64, sums over at most a few hundred products ordered differently. A bfloat16 region is
@@ -11,6 +13,10 @@ are rounded to bfloat16 before the reference sees them, and the product and the 
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +24,7 @@ import pytest
 import torch
 import torch.export.passes
 import tvm
+import tvm_ffi
 from tvm import relax
 
 import collage_core
@@ -149,6 +156,105 @@ def cuda_device():
     return tvm.cuda(0)
 
 
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache folder of the test's own (so the test compiles), and no program kept from another test."""
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    runtime.PROGRAMS.clear()
+    yield tmp_path / "cache"
+    runtime.PROGRAMS.clear()
+
+
+def cuda_conv_region(backends):
+    """conv-bias-ReLU-scale lowered whole for CUDA: the key and program of its one Inductor partition."""
+    placed = whole_on_inductor(module(conv_bias_relu_scale, CONV_INPUT))
+    (name,) = partitions_by_backend(placed)["inductor"]
+    key, blob, _ = lowered_program(hooks.collage_lower_partitions(backends["inductor"], placed, [name], CUDA), name)
+    return key, blob
+
+
+CONV_OUTPUT = (1, 8, 8, 8)
+GPU = (runtime.CUDA, 0)
+LOAD_ON_CUDA = r"""
+import json, sys, time
+import numpy as np, torch, tvm, tvm_ffi
+from collage_inductor import runtime
+
+def never(*args):
+    raise AssertionError("the package was compiled again")
+
+runtime._compile_package = never
+key, blob_path, x_path, out_path = sys.argv[1:]
+device = tvm.cuda(0)
+blob = tvm.runtime.tensor(np.load(blob_path), device)
+x = torch.from_numpy(np.load(x_path)).cuda()
+out = torch.empty(%r, device="cuda")
+started = time.perf_counter()
+runtime.run(key, blob, tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(out))
+torch.cuda.synchronize()
+first = time.perf_counter() - started
+np.save(out_path, out.cpu().numpy())
+print(json.dumps({"first_call_s": first, "package": isinstance(runtime.PROGRAMS.find(key, (runtime.CUDA, 0)).compiled,
+                                                               runtime._Package)}))
+""" % (CONV_OUTPUT,)
+
+
+@pytest.mark.gpu
+def test_a_cuda_region_is_compiled_once_into_a_package_that_a_new_process_loads(backends, cache, tmp_path):
+    cuda_device()
+    key, blob = cuda_conv_region(backends)
+    x = np.random.default_rng(5).uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
+    inputs, out = torch.from_numpy(x).cuda(), torch.empty(CONV_OUTPUT, device="cuda")
+    runtime.run(key, tvm_compat.to_tensor(blob, tvm.cuda(0)), tvm_ffi.from_dlpack(inputs), tvm_ffi.from_dlpack(out))
+    np.testing.assert_allclose(out.cpu().numpy(), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+    assert isinstance(runtime.PROGRAMS.find(key, GPU).compiled, runtime._Package), "AOTInductor did not compile it"
+    signature = runtime.build_signature(GPU)
+    assert signature["device"].startswith("cuda ") and "sm_" in signature["device"] and signature["triton"]
+    (package,) = (cache / "inductor" / "aoti").iterdir()
+    assert package == runtime.package_path(key, GPU)
+    np.save(tmp_path / "blob.npy", blob)
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", LOAD_ON_CUDA, key, str(tmp_path / "blob.npy"), str(tmp_path / "x.npy"),
+                           str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLLAGE_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded["package"] and loaded["first_call_s"] < 2.0, loaded
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), numpy_conv_bias_relu_scale(x.astype(np.float64)),
+                               rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.gpu
+def test_a_package_runs_on_tvms_current_stream(backends, cache):
+    """The input is written on a side stream behind a long sleep, and the region is called with that stream as TVM's:
+    only a program launched on it (after the write) reads the new values."""
+    cuda_device()
+    key, blob = cuda_conv_region(backends)
+    on_gpu = tvm_compat.to_tensor(blob, tvm.cuda(0))
+    inputs, out = torch.zeros(CONV_INPUT[0], device="cuda"), torch.empty(CONV_OUTPUT, device="cuda")
+    tensors = (tvm_ffi.from_dlpack(inputs), tvm_ffi.from_dlpack(out))
+    runtime.run(key, on_gpu, *tensors)  # compiled and loaded here, on the default stream
+    torch.cuda.synchronize()
+    assert isinstance(runtime.PROGRAMS.find(key, GPU).compiled, runtime._Package)
+    x = np.random.default_rng(6).uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
+    written = torch.from_numpy(x).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # some 100 ms
+        inputs.copy_(written)
+    with tvm_ffi.use_raw_stream(tvm_ffi.device("cuda:0"), side.cuda_stream):
+        runtime.run(key, on_gpu, *tensors)
+    side.synchronize()
+    np.testing.assert_allclose(out.cpu().numpy(), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+
+
+def assert_ran_from_packages():
+    """Every program this process ran came from an AOTInductor package, none from the torch.compile fallback."""
+    programs = [*runtime.PROGRAMS._programs.values(), *runtime.PROGRAMS._captured.values()]
+    assert programs and all(isinstance(program.compiled, runtime._Package) for program in programs)
+
+
 @pytest.mark.gpu
 def test_a_float32_region_alone_on_cuda_matches_numpy(pm, backends):
     device = cuda_device()
@@ -158,6 +264,7 @@ def test_a_float32_region_alone_on_cuda_matches_numpy(pm, backends):
         x = np.random.default_rng(seed).uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
         got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))
         np.testing.assert_allclose(got, numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+    assert_ran_from_packages()
 
 
 @pytest.mark.gpu
@@ -170,6 +277,7 @@ def test_a_bfloat16_region_alone_on_cuda_matches_numpy(pm, backends):
     product = rounded_to((x.astype(np.float64) @ rounded_to(DENSE_WEIGHT, BF16)).astype(F), BF16)
     expected = numpy_gelu(rounded_to((product + rounded_to(DENSE_BIAS, BF16)).astype(F), BF16).astype(np.float64))
     np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, BF16))
+    assert_ran_from_packages()
 
 
 @pytest.mark.gpu
@@ -198,6 +306,8 @@ def test_inductor_beside_cublas_and_tvm_replays_in_cuda_graphs_without_calling_p
     finally:
         runtime.register()
     assert len(calls) == 2, calls
+    assert runtime.PROGRAMS._captured
+    assert_ran_from_packages()
 
 
 def dense_norm_softmax(bb, x):
