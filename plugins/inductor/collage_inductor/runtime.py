@@ -245,7 +245,8 @@ def _processor() -> str:
 
 
 def build_signature(device) -> dict:
-    """What decides a package's compiled code besides the program: torch's version, the device, the compiler."""
+    """What decides a package's compiled code besides the program: torch's version, the device (on the CPU, the
+    processor and the threads; on CUDA, the GPU, CUDA's and triton's versions), the compiler, the options."""
     import torch
 
     signature = {"revision": PACKAGE_REVISION, "torch": torch.__version__, "options": PACKAGE_OPTIONS,
@@ -257,7 +258,8 @@ def build_signature(device) -> dict:
         signature.update(device=f"cuda {properties.name} sm_{properties.major}{properties.minor}",
                          cuda=torch.version.cuda, triton=triton.__version__)
     else:
-        signature.update(device="cpu", processor=_processor())
+        # Inductor writes the thread count into the C++ it generates (``omp parallel num_threads``).
+        signature.update(device="cpu", processor=_processor(), threads=threads())
     signature["compiler"] = shutil.which(os.environ.get("CXX") or "g++") or ""
     return signature
 
