@@ -8,7 +8,7 @@ process first (which fills the caches under ``$COLLAGE_CACHE_DIR/inductor`` if t
 time is printed as ``filling the cache``), then ``--runs`` more with the caches warm. Each process
 prints the seconds it took to import TVM and ``collage_inductor``, to load the library, to import torch
 (which the first call would otherwise do), to make the first call (where the region's program is
-compiled or loaded) and the median of 200 later calls.
+compiled or loaded) and the median and mean of 200 later calls.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ for _ in range(200):
     vm["main"](*inputs)
     later.append(time.perf_counter() - called)
 print(json.dumps({"import_s": imported - started, "load_s": loaded - imported, "torch_import_s": torch_imported - loaded,
-                  "first_call_s": first - torch_imported, "later_call_ms": 1e3 * sorted(later)[len(later) // 2]}))
+                  "first_call_s": first - torch_imported, "later_call_ms": 1e3 * sorted(later)[len(later) // 2],
+                  "later_mean_ms": 1e3 * sum(later) / len(later)}))
 """
 
 
@@ -69,7 +70,7 @@ def main() -> None:
         warm = [in_fresh_process(FIRST_CALL, str(library), str(inputs)) for _ in range(args.runs)]
     print(f"{args.model.name} whole on inductor, {len(graph.graph)} operators")
     print(f"filling the cache: first call {filling['first_call_s']:.2f} s")
-    for name in ("import_s", "load_s", "torch_import_s", "first_call_s", "later_call_ms"):
+    for name in ("import_s", "load_s", "torch_import_s", "first_call_s", "later_call_ms", "later_mean_ms"):
         values = [run[name] for run in warm]
         label, unit = name.rsplit("_", 1)
         print(f"warm cache, {label.replace('_', ' ')}: median {statistics.median(values):.3f} {unit} "

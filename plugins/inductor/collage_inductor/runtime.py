@@ -6,7 +6,8 @@ byte, none defined yet, then the partition as a ``torch.export`` program, ``torc
 ``key`` is its digest in hexadecimal, a string. The VM copies constant tensors to the device it runs
 on, so on a GPU the program arrives in device memory; reading it there would be a copy to the host
 and a synchronization on every call, so the host-side key names it and the program is read only the
-first time a process meets the key on a device. Compiled programs are kept by key and device.
+first time a process meets the key on a device, and only when no package of it is there to load.
+Compiled programs are kept by key and device.
 
 Compiling: the program was traced on the CPU with the partition's dtypes and holds no device; it is
 moved to the device of the tensors it is called with (``torch.export.passes.move_to_device_pass``:
@@ -14,21 +15,23 @@ weights, constants and every device an operator names) and compiled once per mac
 (``torch._inductor.aoti_compile_and_package``: inductor, static shapes; C++ kernels on the CPU, Triton
 kernels on CUDA) into a package, ``$COLLAGE_CACHE_DIR/inductor/aoti/<key>-<build>.pt2``, where
 ``<build>`` is a digest of what else decides the compiled code (:func:`build_signature`: torch's
-version, the device, on CUDA triton's version, the C++ compiler, :data:`PACKAGE_REVISION` and the
-options). Every later process loads the package (``torch._inductor.aoti_load_package``) in
-milliseconds, where ``torch.compile`` took seconds per region and process even with inductor's caches
-warm (dynamo's tracing, AOT autograd, the cache lookups), and Collage measures every placement in a
-fresh process. A package is written whole: compiled into a temporary file in the same folder, then
-renamed into place, so two processes compiling the same key at once both end with a whole package
-(the last rename wins; both are the same program's). A package that does not pass its zip CRC checks
+version, the device, on the CPU the processor and the thread count inductor writes into its C++, on
+CUDA the GPU and triton's version, the C++ compiler, :data:`PACKAGE_REVISION` and the options). Every
+later process loads the package (``torch._C._aoti.AOTIModelPackageLoader``, as
+``torch._inductor.aoti_load_package`` does, without importing dynamo) in milliseconds, where
+``torch.compile`` took seconds per region and process even with inductor's caches warm (dynamo's
+tracing, AOT autograd, the cache lookups), and Collage measures every placement in a fresh process.
+A package is written whole: compiled into a temporary file in the same folder, then renamed into
+place, so two processes compiling the same key at once both end with a whole package (the last
+rename wins; both are the same program's). A package that does not pass its zip CRC checks
 or that AOTInductor cannot load (truncated, corrupt) is compiled again, with a one-line warning. A
 program AOTInductor cannot compile (an operator it does not take) runs through ``torch.compile`` as
 before, with a one-line warning, and a marker beside the package path makes later processes go there
 directly. Inductor's caches under ``$COLLAGE_CACHE_DIR/inductor`` keep the generated kernels for both.
 
 Inputs reach PyTorch through DLPack without copies (the views are made once per set of addresses);
-the results PyTorch allocates are copied into the VM's output tensors (torch.compile has no
-destination-passing form).
+the results PyTorch allocates are copied into the VM's output tensors (neither AOTInductor's runner
+nor torch.compile has a destination-passing form).
 
 On CUDA, TVM's stream and CUDA graphs decide the rest:
 
@@ -41,17 +44,19 @@ On CUDA, TVM's stream and CUDA graphs decide the rest:
   (``torch/csrc/inductor/aoti_runner/model_container_runner_cuda.cpp`` in pytorch/pytorch; earlier
   versions' ``AOTIModelContainerRunnerCuda::run`` did the same), and the generated code launches every
   kernel on the stream it is handed. The package is loaded single-threaded
-  (``aoti_load_package(run_single_threaded=True)``): the threaded runner records a CUDA event after
+  (``run_single_threaded``, which ``aoti_load_package`` documents as the way to avoid conflicts with
+  CUDA graphs): the threaded runner records a CUDA event after
   each run and queries or waits on it before the next (``AOTInductorModelContainer::run``,
   ``reclaim_finished_models``), both illegal inside a capture; a lock keeps one call at a time
   instead. Inductor's own CUDA graphs are off (``triton.cudagraphs``, for the ``torch.compile``
   fallback; AOTInductor makes none): Collage captures the whole ``main``, and a graph cannot be
   launched inside a capture.
 - Compiling, Triton's autotuning and loading the program (a copy from the device, a package's
-  kernels loaded on its first run) must not happen inside a capture. TVM runs each graph's function once before capturing it, so every program has
-  run by then; a program that has not (a capture without that warm-up) is refused with an error
-  saying so, which ends the capture instead of corrupting it, and a recompilation inside a capture
-  (a guard that fails) is refused likewise (``torch.compiler.set_stance("fail_on_recompile")``).
+  kernels loaded on its first run) must not happen inside a capture. TVM runs each graph's function
+  once before capturing it, so every program has run by then; a program that has not (a capture
+  without that warm-up) is refused with an error saying so, which ends the capture instead of
+  corrupting it, and a recompilation inside a capture of the ``torch.compile`` fallback (a guard that
+  fails) is refused likewise (``torch.compiler.set_stance("fail_on_recompile")``).
 - PyTorch's caching allocator must not serve a capturing stream from its ordinary pools: it would
   query events (illegal while capturing) and hand the captured kernels memory it later gives to
   others. Each call inside a capture allocates from a private pool of its own
@@ -61,8 +66,9 @@ On CUDA, TVM's stream and CUDA graphs decide the rest:
   again. A program that ran inside a capture is therefore never dropped from the cache (the graph
   may be replayed until the process ends; the process cannot know when TVM drops it). Its
   intermediate buffers, freed back into its pool during the capture, stay reserved there.
-- Convolutions and float32 products run without TF32 (``allow_tf32`` off for cuDNN and cuBLAS),
-  so float32 partitions compute what TVM and the reference compute.
+- Convolutions and float32 products run without TF32 (``allow_tf32`` off for cuDNN and cuBLAS in
+  every process that runs a program: a package calls ATen's products and convolutions, which read
+  the flags when they run), so float32 partitions compute what TVM and the reference compute.
 """
 
 from __future__ import annotations
@@ -240,8 +246,8 @@ def _processor() -> str:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor()
-    wanted = [line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() in ("model name", "flags")]
-    return " / ".join(dict.fromkeys(wanted))
+    fields = [line.split(":", 1) for line in lines if ":" in line]
+    return " / ".join(dict.fromkeys(value.strip() for name, value in fields if name.strip() in ("model name", "flags")))
 
 
 def build_signature(device) -> dict:
