@@ -3,10 +3,11 @@
 Each partition is converted to a PyTorch program (``relax_to_torch``), traced by ``torch.export``
 and replaced by a call to the packed function ``collage_inductor.run`` that carries the exported
 program as a constant, so the built executable is self-contained: running it needs only
-``import collage_inductor``, and the program is compiled by inductor (C++ on the CPU, Triton on
-CUDA) when it first runs, on the device it runs on (``runtime`` says how it runs on TVM's CUDA
-stream and inside Collage's CUDA graphs). Chosen by default on CUDA only: compiling a region takes
-seconds, small beside a GPU run's other costs, too slow for the default CPU run.
+``import collage_inductor``. When it first runs on a machine, the program is compiled by AOTInductor
+(C++ on the CPU, Triton on CUDA) for the device it runs on into a package that later processes load
+in milliseconds (``runtime`` says how, and how it runs on TVM's CUDA stream and inside Collage's CUDA
+graphs). Chosen by default on CUDA only: compiling a new region takes seconds, small beside a GPU
+run's other costs, too slow for the default CPU run.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def collage_register_backends(register):
                         "(C++ kernels on the CPU, Triton kernels on CUDA; fp32, and bf16/fp16 on CUDA)",
             runtime_needs=f"the collage-inductor plugin (pip install -e plugins/inductor), torch ({INSTALL_HINT}; "
                           f"on CUDA a CUDA build, {CUDA_INSTALL_HINT}, and triton) and a C++ compiler",
-            lowering_uses_device=False,  # converts and traces only; inductor compiles when the partition first runs
+            lowering_uses_device=False,  # converts and traces only; AOTInductor compiles when the partition first runs
             # Inductor compiles each region for seconds: by default on CUDA, where that is small beside the
             # run's other costs; on the CPU only when named.
             chosen_by_default=("cuda",),
