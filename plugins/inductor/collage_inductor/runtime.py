@@ -353,7 +353,10 @@ def _compile_package(program, path: Path, device):
         why = _first_line(error)
         log.warning("%s: AOTInductor cannot compile program %s (%s); torch.compile runs it in each process",
                     OWNER, path.name[:16], why)
-        _write_whole(path.with_name(path.name + FAILED_SUFFIX), lambda temporary: temporary.write_text(why + "\n"))
+        try:
+            _write_whole(path.with_name(path.name + FAILED_SUFFIX), lambda temporary: temporary.write_text(why + "\n"))
+        except OSError:  # an unwritable cache: the next process tries AOTInductor again
+            pass
         return None
     return _load_package(path, device)
 
