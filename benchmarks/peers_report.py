@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
-from collage_core.result import ONE_AFTER_ANOTHER
+from collage_core.end_to_end import ONE_AFTER_ANOTHER
 from collage_core.timing import STOPPED_PREFIX
 
 OPENVINO_PEER = "openvino default session (fp32)"

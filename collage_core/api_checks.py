@@ -15,6 +15,7 @@ from collage_core.errors import CollageError
 from collage_core.precision import PRECISIONS
 from collage_core.timing import MeasureSettings
 from collage_core.two_level import TwoLevelSettings
+from collage_core import tvm_compat
 
 SEARCHES = ("op-level", "two-level")
 # Written and removed in the output folder before anything is measured: a file system that is full (or
@@ -71,8 +72,6 @@ def unwritable_because(folder: os.PathLike) -> str:
 def check_optimize_arguments(arguments: Mapping[str, Any]) -> None:
     """``optimize``'s arguments (its ``locals()`` as it starts): each of the type it takes and within
     range, the target one TVM makes, and the output folder one that can be written."""
-    from collage_core import tvm_compat
-
     given = dict(arguments)
     backends = given.get("backends")
     if isinstance(backends, str):

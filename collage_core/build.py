@@ -10,6 +10,7 @@ from collage_core import tvm_compat
 from collage_core.errors import CollageError
 from collage_core.partition import BACKEND_ATTR
 from collage_core.plugins import first_result
+from collage_core.original_model import is_lowered_already
 
 
 class BuildError(CollageError):
@@ -28,8 +29,6 @@ def lower_partitions(pm, mod: tvm.IRModule, backends: dict, target) -> tvm.IRMod
     """Hand each backend its partitions; ``backends`` maps names to ``Backend`` records. An engine's own
     session over the original model file was lowered where the file was (``collage_core.original_model``):
     its backend's runtime is only prepared here."""
-    from collage_core.original_model import is_lowered_already
-
     for backend_name, names in partitions_by_backend(mod).items():
         if backend_name not in backends:
             raise BuildError(f"partitions are placed on backend {backend_name!r}, which is not installed")

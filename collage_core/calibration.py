@@ -28,6 +28,7 @@ import attrs
 from collage_core.graph import OpGraph
 from collage_core.records import Candidate, Cost, Partition
 from collage_core.search import search_op_level
+from collage_core.original_model import ORIGINAL_MODEL, runs_original
 
 DEFAULT_ROUNDS = 2
 # An alternative predicted slower than this many times the best measured latency is not built.
@@ -59,8 +60,6 @@ class CalibrationResult:
 def signature(parts: Sequence[Partition]) -> tuple:
     """What tells placements apart: which backend runs which operators, and whether an engine runs the
     original model file rather than Collage's conversion of the same operators."""
-    from collage_core.original_model import ORIGINAL_MODEL, runs_original
-
     return tuple(sorted((p.backend, p.nodes) + ((ORIGINAL_MODEL,) if runs_original(p) else ()) for p in parts))
 
 

@@ -20,6 +20,19 @@ from collage_core.errors import CollageError, interrupt_within
 from collage_core.precision import FP32, PRECISIONS
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
 from collage_core.two_level import TwoLevelSettings
+from collage_core import tvm_compat
+from collage_core.backends import discover_backends
+from collage_core.deploy import carried_dir
+from collage_core.explain import explain
+from collage_core.inspection import inspect_model, render_inspection
+from collage_core.mlf import export_mlf
+from collage_core.optimizer import optimize
+from collage_core.output_folder import safe_file_name
+from collage_core.placement_file import load_placement
+from collage_core.plugins import get_plugin_manager
+from collage_core.report import format_table, render_report
+from collage_core.result import SEARCHED_PLACEMENT_FILE, SEARCH_PICTURE
+from collage_core.show import write_picture
 
 DEFAULT_TWO_LEVEL = TwoLevelSettings()
 EXIT_ERROR = 1
@@ -140,8 +153,6 @@ def _number(least: float = 0.0, above: bool = False) -> Callable[[str], float]:
 
 def _target(text: str) -> str:
     """An argparse type: a target TVM makes (a name such as llvm or cuda, or JSON)."""
-    from collage_core import tvm_compat
-
     try:
         tvm_compat.make_target(text)
     except CollageError as error:
@@ -251,10 +262,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _backends(args) -> int:
-    from collage_core.backends import discover_backends
-    from collage_core.plugins import get_plugin_manager
-    from collage_core.report import format_table
-
     pm = get_plugin_manager()
     rows = []
     for name, info in discover_backends(pm).items():
@@ -277,17 +284,10 @@ def _backends(args) -> int:
 def default_output(model: str) -> Path:
     """``collage-out/<the model file's name>``, that name as a file name that stays in ``collage-out``
     (a model file called ``...onnx`` has the stem ``..``)."""
-    from collage_core.output_folder import safe_file_name
-
     return Path("collage-out") / safe_file_name(Path(model).stem)
 
 
 def _optimize(args) -> int:
-    from collage_core.deploy import carried_dir
-    from collage_core.optimizer import optimize
-    from collage_core.report import render_report
-    from collage_core.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
-
     if args.compare and not args.placement:
         raise CollageError("--compare is for --placement: a search compares its placement with the baselines unless --no-compare")
     if args.compare and args.no_compare:
@@ -329,8 +329,6 @@ def _optimize(args) -> int:
 
 
 def _inspect(args) -> int:
-    from collage_core.inspection import inspect_model, render_inspection
-
     inspection = inspect_model(args.model, target=args.target,
                                backends=args.backends.split(",") if args.backends else None, precision=args.precision)
     print(render_inspection(inspection, show_relax=not args.no_relax, show_candidates=args.candidates))
@@ -338,10 +336,6 @@ def _inspect(args) -> int:
 
 
 def _export(args) -> int:
-    from collage_core.mlf import export_mlf
-    from collage_core.optimizer import optimize
-    from collage_core.placement_file import load_placement
-
     problem = unwritable_because(Path(args.output).parent)
     if problem:
         raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")
@@ -362,10 +356,6 @@ def _export(args) -> int:
 
 
 def _show(args) -> int:
-    from collage_core.explain import explain
-    from collage_core.placement_file import load_placement
-    from collage_core.show import write_picture
-
     placement = load_placement(args.placement)
     if args.output:
         written = write_picture(placement, args.output, origin=args.placement)

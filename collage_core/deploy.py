@@ -34,6 +34,9 @@ from typing import Iterable, Mapping, Optional
 
 from collage_core import output_folder
 from collage_core.errors import CollageError
+from collage_core import tvm_compat
+from collage_core.backends import discover_backends
+from collage_core.plugins import first_result, get_plugin_manager
 
 FORMAT = "collage-runtime"
 log = logging.getLogger("collage")
@@ -62,8 +65,6 @@ def backend_needs(backends: Iterable, placed_on: Iterable[str]) -> dict:
 def runtime_libraries(pm, backends: Iterable) -> dict[str, list[Path]]:
     """For each backend (Backend records) that names them, the native libraries its partitions need
     (``collage_runtime_libraries``); backends that need their plugin at run time are left out."""
-    from collage_core.plugins import first_result
-
     found = {}
     for backend in backends:
         paths, errors = first_result(pm.hook.collage_runtime_libraries, backend=backend)
@@ -178,8 +179,6 @@ def prepare_runtime(library: os.PathLike, pm=None) -> dict:
     the native libraries the export carried. One process never mixes the two, as a plugin's
     kernels and a copy of them would register the same functions twice.
     """
-    from collage_core import tvm_compat
-
     record = read_runtime_file(library)
     runtime_only = not tvm_compat.has_compiler()
     installed = {} if runtime_only else installed_backends(pm)
@@ -201,15 +200,10 @@ def prepare_runtime(library: os.PathLike, pm=None) -> dict:
 
 def installed_backends(pm=None) -> dict:
     """The backends installed here (Backend records by name)."""
-    from collage_core.backends import discover_backends
-    from collage_core.plugins import get_plugin_manager
-
     return {name: info.backend for name, info in discover_backends(pm or get_plugin_manager()).items()}
 
 
 def _prepare_by_plugin(library, name: str, backend, wanted: str, pm) -> None:
-    from collage_core.plugins import first_result, get_plugin_manager
-
     pm = pm or get_plugin_manager()
     ready, errors = first_result(pm.hook.collage_prepare_runtime, backend=backend)
     if not ready:
@@ -251,9 +245,8 @@ def load_library(library: os.PathLike, *, pm=None, device=None, strict: bool = F
     runtime for ``device``, where runtime-only TVM does not load it by itself). Built with other
     backend versions than those installed, it is loaded with a warning, or with ``strict`` refused;
     ``origin`` is how those messages name it (default: its path)."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     import tvm
-
-    from collage_core import tvm_compat
 
     if tvm_compat.has_compiler():  # the plugins prepare the backends: their versions are the ones that run
         record = read_runtime_file(library)
@@ -273,9 +266,8 @@ def load_vm(library: os.PathLike, device=None, *, pm=None, strict: bool = False,
     runtime. Call its entry function with TVM tensors, ``vm["main"](tvm.runtime.tensor(x))``; it gives a
     tensor (``.numpy()``), or a tuple of them for several outputs. ``strict`` and ``origin`` as for
     :func:`load_library`."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     import tvm
-
-    from collage_core import tvm_compat
 
     device = device or tvm.cpu(0)
     return tvm_compat.virtual_machine(load_library(library, pm=pm, device=device, strict=strict, origin=origin), device)

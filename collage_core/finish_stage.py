@@ -42,7 +42,8 @@ from collage_core.job import (
 from collage_core.precision import FP32
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.regions import decode
-from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.result import SEARCHED_PLACEMENT_FILE
 from collage_core.timing import stopped, stopped_limit
 from collage_core.two_level import seed_genomes
 from collage_core.worker_client import StageTooSlow, WorkerFailure

@@ -26,7 +26,7 @@ import attrs
 from collage_core.errors import CollageError
 from collage_core.output_folder import write_text
 from collage_core.placement_file import Placement, placement_from_json
-from collage_core.result import EndToEnd
+from collage_core.end_to_end import EndToEnd
 from collage_core.verify import Verification
 
 log = logging.getLogger("collage")

@@ -18,7 +18,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core import tvm_compat
-from collage_core.precision import DTYPES
+from collage_core.dtypes import DTYPES
 from collage_core.records import PatternRefused
 
 FLOAT32 = "float32"
@@ -268,6 +268,7 @@ class Epilogue:
 def as_dtype(values, dtype: str) -> np.ndarray:
     """``values`` as a numpy array of ``dtype`` (``bfloat16`` is ml_dtypes', which TVM's constants and tensors take)."""
     if dtype == "bfloat16":
+        # Deferred: ml_dtypes is optional: only for bfloat16 constants.
         import ml_dtypes
 
         return np.asarray(values, dtype=np.float32).astype(ml_dtypes.bfloat16)

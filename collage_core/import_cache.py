@@ -19,6 +19,7 @@ from typing import Optional
 import attrs
 
 from collage_core.native import cache_root, sources_digest
+import hashlib
 
 LARGEST_KEPT_BYTES = 16 << 20
 _CODE = (Path(__file__).parent / "model_import.py", Path(__file__).parent / "rewrites.py", Path(__file__).parent / "tvm_compat.py",
@@ -33,8 +34,7 @@ class CachedImport:
 
 def key(model_digest: str) -> str:
     """The entry's name: the model's digest with the versions and code that shape its import."""
-    import hashlib
-
+    # Deferred: ONNX Runtime is optional and slow to import: loaded only where it runs.
     import onnxruntime
     import tvm
 
@@ -48,6 +48,7 @@ def _entry(name: str) -> Path:
 
 def load(name: str) -> Optional[CachedImport]:
     """The cached import under ``name``, or None (absent or damaged)."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     import tvm
 
     entry = _entry(name)
@@ -63,6 +64,7 @@ def store(name: str, mod, fingerprint: str, model_bytes: int) -> bool:
     """Keep ``mod`` under ``name`` if its JSON is small enough; whether it was kept. Never raises on a full disk.
     A model of over half the limit (``model_bytes``, its weights mostly) is not even serialized: that alone
     took BERT-base longer than its import."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     import tvm
 
     if model_bytes > LARGEST_KEPT_BYTES // 2:

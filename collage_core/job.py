@@ -15,7 +15,7 @@ from typing import Any, Optional
 import attrs
 import numpy as np
 
-from collage_core import original_model, tvm_compat, zygote
+from collage_core import original_model, placement_file, tvm_compat, zygote
 from collage_core.calibration import signature
 from collage_core.cost_db import Claim, CostDatabaseError
 from collage_core.errors import CollageError
@@ -29,6 +29,7 @@ from collage_core.regions import genome_key
 from collage_core.relax_graph import RelaxGraph
 from collage_core.timing import MeasureSettings, stopped
 from collage_core.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
+from collage_core.widening import touches_sixteen_bit
 
 log = logging.getLogger("collage")
 # How an end-to-end cost was measured; part of its database key, so a change of method re-measures.
@@ -90,7 +91,7 @@ class Job:
 
     def replayed(self, path) -> Placement:
         placement = load_placement(path)
-        original_model.check_same_file(placement, self.imported, str(path))
+        placement_file.check_same_file(placement, self.imported, str(path))
         placement.check_fits(self.graph.graph, str(path))
         missing = sorted({p.backend for p in placement.partitions} - set(self.backends))
         if missing:
@@ -373,6 +374,4 @@ def describe_cost(cost: Cost) -> str:
 
 def sixteen_bit_operators(graph) -> list[int]:
     """The operators of ``graph`` that read or write 16-bit values (none in a float32 model)."""
-    from collage_core.widening import touches_sixteen_bit
-
     return [node for node in range(len(graph.graph.ops)) if touches_sixteen_bit(graph.call(node))]

@@ -63,6 +63,10 @@ from collage_core import tvm_compat
 from collage_core.deploy import backend_needs, load_vm, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.output_folder import library_file, safe_file_name
+from collage_core.backends import discover_backends
+from collage_core.build import build, lower_partitions
+from collage_core.partition import BACKEND_ATTR, pattern_of
+from collage_core.plugins import get_plugin_manager
 
 FORMAT = "collage-model-library-format"
 VERSION = 1
@@ -112,6 +116,7 @@ def _tensor_bytes(expr) -> int:
 
 
 def _constants(func) -> list:
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import relax
 
     found = []
@@ -136,6 +141,7 @@ def _function_memory(name: str, func) -> dict:
 
 
 def _output_vars(func) -> list:
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import relax
 
     body = func.body.body
@@ -144,6 +150,7 @@ def _output_vars(func) -> list:
 
 def memory_map(partitioned) -> dict:
     """Per function of the partitioned module: input, output, constant and intermediate bytes."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import relax
 
     functions = [
@@ -160,6 +167,7 @@ def memory_map(partitioned) -> dict:
 
 def _io(vars_) -> list[dict]:
     """Name, shape and dtype of each tensor; a tuple-typed value is described field by field."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import relax
 
     described = []
@@ -175,6 +183,7 @@ def _io(vars_) -> list[dict]:
 
 def _parameters(partitioned) -> dict:
     """Every constant of the partitioned module, named ``p<i>`` in order of appearance, as numpy."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import relax
 
     params = {}
@@ -214,6 +223,7 @@ def _member_name(number: int, function: str) -> str:
 def _calls(func, module) -> dict:
     """What a function of a module lowered for the build calls: packed functions (registered at run
     time by a backend), external functions (compiled into the library by a TVM codegen) and TIR functions."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import ir, relax
 
     externals = list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
@@ -234,10 +244,8 @@ def _calls(func, module) -> dict:
 def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool) -> tuple[dict[str, bytes], list[dict]]:
     """Each Relax function of the partitioned module as its backend lowered it, with what it calls once
     built and those TIR functions: ``({member: text}, [summary per function])``."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import relax
-
-    from collage_core.build import lower_partitions
-    from collage_core.partition import BACKEND_ATTR, pattern_of
 
     # Lowered again beside the build, which keeps what it lowered to itself; lowering is deterministic
     # (DNNL's layout choices are kept in its kernel cache), so this is what the build compiled.
@@ -294,10 +302,6 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
     its name (:func:`check_in_new_process`); one that fails is left as ``<path>.partial``, nothing is
     left at ``path`` (an earlier export there is removed), and :class:`MLFError` says why in one line.
     """
-    from collage_core.backends import discover_backends
-    from collage_core.build import build
-    from collage_core.plugins import get_plugin_manager
-
     path = Path(path)
     pm = pm or get_plugin_manager()
     placement = optimized.placement

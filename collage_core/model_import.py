@@ -16,6 +16,11 @@ from tvm import relax
 from collage_core import import_cache, rewrites, tvm_compat
 from collage_core.errors import CollageError
 from collage_core.original_model import ONNX, OriginalModel
+import io
+import tempfile
+from collage_core.precision import FP32, tolerance
+from collage_core.torch_outputs import Flattened, NotATensor, flatten
+from collage_core.verify import compare_outputs
 
 Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
@@ -129,6 +134,7 @@ def _is_torch_module(model) -> bool:
 
 
 def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
 
     if not path.exists():
@@ -154,8 +160,7 @@ def fold_static_shapes(data: bytes, origin: str):
     """The model after ONNX Runtime's basic graph optimizations, written back out: shape computations
     that static input shapes make constant are folded (Shape -> Gather -> Concat -> Reshape becomes a
     Reshape to a constant shape), and nothing is fused into operators ONNX lacks."""
-    import tempfile
-
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
     import onnxruntime
 
@@ -173,6 +178,7 @@ def fold_static_shapes(data: bytes, origin: str):
 
 def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", advise: bool = True) -> ImportedModel:
     """``advise``: end an import failure with what to try (off where the caller says it)."""
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
     import onnxruntime
 
@@ -228,6 +234,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
 def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
     """ONNX Runtime's outputs for the model's bytes; its session is made on the first run (a run that
     reuses its verification needs none)."""
+    # Deferred: ONNX Runtime is optional and slow to import: loaded only where it runs.
     import onnxruntime
 
     sessions = []
@@ -248,9 +255,8 @@ TENSORS_ONLY = ("a module's outputs must be tensors, or tuples, lists, dicts, da
 
 
 def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
+    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch model.
     import torch
-
-    from collage_core.torch_outputs import Flattened, NotATensor, flatten
 
     module = module.eval()
     flattened = Flattened(module)
@@ -295,8 +301,7 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
 
 def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
     """Whether the other frontend takes ``module``: exported by the TorchScript ONNX exporter and imported."""
-    import io
-
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
     import torch
 
@@ -368,9 +373,6 @@ def check_against_reference(imported: ImportedModel) -> str:
     end only). Raises :class:`UncheckableModel` or :class:`ImportNumericsError`, naming the model and
     the output.
     """
-    from collage_core.precision import FP32, tolerance
-    from collage_core.verify import compare_outputs
-
     label = _label(imported)
     if imported.reference is None:
         return f"{label}: no reference to check against"

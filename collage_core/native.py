@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import attrs
+import numpy as np
 
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
 # The kernel cache DNNL's, cuBLAS's and cuDNN's kernels share (``#include "collage_kernel_cache.h"``).
@@ -31,8 +32,6 @@ _ABSOLUTE_PATH = re.compile(r"/(?:[^/\s,=]+/)*([^/\s,=]+)")
 
 def spec_text(words) -> str:
     """A kernel spec's int64 words as a native runtime takes them: a host string (hex of the little-endian words)."""
-    import numpy as np
-
     return np.asarray(words, dtype="<i8").tobytes().hex()
 
 
@@ -66,6 +65,7 @@ def find_compiler(install_hint: str) -> str:
 
 def tvm_ffi_flags() -> tuple[tuple[str, ...], str]:
     """Compiler flags to build against TVM FFI, and its version (part of every digest)."""
+    # Deferred: TVM's FFI loads TVM's libraries: only when a native library is built or loaded.
     import tvm_ffi
     from tvm_ffi import libinfo
 

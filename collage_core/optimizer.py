@@ -34,7 +34,8 @@ from collage_core.precision import DTYPES, FP32, Tolerance, at_precision, check_
 from collage_core.probes import outputs_of_variants
 from collage_core.records import GRAPH_LEVEL, Candidate
 from collage_core.relax_graph import RelaxGraph
-from collage_core.result import PLACEMENT, EndToEnd, OptimizedModel
+from collage_core.end_to_end import PLACEMENT, EndToEnd
+from collage_core.result import OptimizedModel
 from collage_core.search_stage import OP_LEVEL_SEARCH, TWO_LEVEL
 from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.two_level import TwoLevelSettings

@@ -131,20 +131,3 @@ def lowered_module(pm, imported, backend, target) -> Optional[tvm.IRModule]:
 def kind_of(imported) -> str:
     """What a model given without a file is, in words: ``a PyTorch module``."""
     return {"torch": "a PyTorch module", "relax": "a Relax module"}.get(imported.source, "not a model file")
-
-
-def check_same_file(placement, imported, origin: str) -> None:
-    """Refuse, in one line, a placement of an engine's own session made for another file than ``imported``'s."""
-    from collage_core.placement_file import PlacementFileError
-
-    recorded = placement.original_model
-    if recorded is None:
-        return
-    engine = recorded["engine"]
-    if imported.original is None:
-        raise PlacementFileError(f"{origin}: runs the original {recorded['format'].upper()} file on {contender_name(engine)}, "
-                                 f"but this model is {kind_of(imported)}: give Collage that file")
-    if imported.original.digest != recorded["sha256"]:
-        raise PlacementFileError(f"{origin}: runs the original model file on {contender_name(engine)}, made from a file "
-                                 f"of SHA-256 {recorded['sha256'][:12]}..., and this model's is {imported.original.digest[:12]}...: "
-                                 f"it is another model; optimize this one")

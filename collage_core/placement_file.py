@@ -15,6 +15,7 @@ from collage_core.errors import CollageError
 from collage_core.graph import OpGraph
 from collage_core.precision import DTYPES, FP32, PRECISIONS
 from collage_core.records import Cost, Partition
+from collage_core.original_model import contender_name, engine_of, kind_of, runs_original
 
 FORMAT = "collage-placement"
 VERSION = 1
@@ -220,8 +221,6 @@ def placement_from_json(data: Any, origin: str) -> Placement:
 def _original_model(value, partitions, fail) -> Optional[dict]:
     """The ``original_model`` record, checked against the partitions: such a placement is one partition
     of that engine's own session, and a partition of an engine's own session belongs to such a placement."""
-    from collage_core.original_model import engine_of, runs_original
-
     if value is None:
         if any(runs_original(part) for part in partitions):
             fail("a partition runs the original model file, but the placement does not say which file (original_model)")
@@ -253,3 +252,18 @@ def _optional_number(value, field: str, fail) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         fail(f"{field} must be a non-negative number")
     return float(value)
+
+
+def check_same_file(placement, imported, origin: str) -> None:
+    """Refuse, in one line, a placement of an engine's own session made for another file than ``imported``'s."""
+    recorded = placement.original_model
+    if recorded is None:
+        return
+    engine = recorded["engine"]
+    if imported.original is None:
+        raise PlacementFileError(f"{origin}: runs the original {recorded['format'].upper()} file on {contender_name(engine)}, "
+                                 f"but this model is {kind_of(imported)}: give Collage that file")
+    if imported.original.digest != recorded["sha256"]:
+        raise PlacementFileError(f"{origin}: runs the original model file on {contender_name(engine)}, made from a file "
+                                 f"of SHA-256 {recorded['sha256'][:12]}..., and this model's is {imported.original.digest[:12]}...: "
+                                 f"it is another model; optimize this one")

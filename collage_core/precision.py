@@ -32,11 +32,14 @@ from typing import Optional
 
 import attrs
 
+from collage_core.dtypes import BF16, DTYPES, FP16, FP32, PRECISIONS, TF32
 from collage_core.errors import CollageError
+from collage_core import tvm_compat, widening
+from collage_core.fused_groups import as_dtype
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
-FP32, TF32, BF16, FP16 = "fp32", "tf32", "bf16", "fp16"
-PRECISIONS = (FP32, TF32, BF16, FP16)
-DTYPES = {BF16: "bfloat16", FP16: "float16"}
 # Numerics tolerance per precision: |out - ref| <= atol + rtol * max|ref| against the float32 reference.
 # 16-bit operands carry 8 (bf16) or 11 (fp16) significant bits and errors grow with depth: BERT-base and
 # ResNet-50 measured at most 6.2e-3 of the output scale at bf16 and 7.2e-4 at fp16 (docs/precision.md), so
@@ -75,7 +78,6 @@ def check_precision(precision: str, target) -> None:
     require_known(precision)
     if precision == FP32:
         return
-    from collage_core import tvm_compat
 
     if tvm_compat.is_cuda(target):
         return
@@ -120,8 +122,6 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def convert(mod, precision: str):
     """``mod`` (float32, ``main`` one dataflow block) at ``precision``; fp32 (and tf32) return it unchanged."""
-    import tvm
-    from tvm import relax
 
     if precision not in DTYPES:
         return mod
@@ -136,11 +136,6 @@ def _constant_casts_folded(mod):
     """``mod`` with each cast of a constant replaced by the cast constant. The pass casts the scalar constants
     of a spelt-out activation (GELU's sqrt 2, 0.5, 1) to 16 bits as operators of their own, which TVM's
     FoldConstant leaves; folded, the activation reads as the constants it applies, so kernels can fuse it."""
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
-
-    from collage_core import tvm_compat
-    from collage_core.fused_groups import as_dtype
 
     @mutator
     class Folder(PyExprMutator):
@@ -172,8 +167,6 @@ def at_precision(imported, precision: str):
 def with_float32_units(converted, float32_units, original):
     """``converted`` (an ImportedModel at bf16 or fp16) with ``float32_units`` computing in float32, weights
     taken back from ``original`` (the same model at fp32); keyed apart from the plain conversion."""
-    from collage_core import widening
-
     units = tuple(sorted(set(float32_units)))
     if not units:
         return converted
@@ -219,9 +212,6 @@ def describe(precision: str) -> Optional[str]:
 
 def _float16_to_bfloat16(mod):
     """float16 casts become bfloat16 casts; a power on bfloat16 runs in float32 (TVM's power takes no bfloat16)."""
-    from tvm import relax
-
-    from collage_core import tvm_compat
 
     @relax.expr_functor.mutator
     class Retype(relax.expr_functor.PyExprMutator):

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
 from collage_core.precision import FP32
 from collage_core.precision import describe as describe_precision
-from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, WITHOUT_CUDA_GRAPHS
+from collage_core.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, WITHOUT_CUDA_GRAPHS
 from collage_core.timing import STOPPED_PREFIX
 from collage_core.two_level import history_text
+from collage_core.flops import count_flops
+from collage_core.peak import throughput
 
 # A latency whose runs' interquartile range is over this fraction of its median is marked noisy, its
 # spread not printed as a ± that could read as "anywhere from zero": on a busy 2-core machine one
@@ -124,9 +126,6 @@ def _cuda_graphs_line(entries) -> str:
 def placement_throughput(optimized):
     """The FLOPs of one run of the model over the returned placement's latency (the headline's), against the
     device's peak at the placement's precision (collage_core.peak), or None when it has no measured latency."""
-    from collage_core.flops import count_flops
-    from collage_core.peak import throughput
-
     model = getattr(optimized, "model", None)
     placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
     if model is None or placed is None or not placed.is_measured or placed.median_s <= 0:

@@ -12,54 +12,22 @@ import numpy as np
 
 from collage_core import output_folder, tvm_compat
 from collage_core.deploy import copy_library
+from collage_core.end_to_end import PLACEMENT, EndToEnd
 from collage_core.measure import MeasurementReport
 from collage_core.model_import import ImportedModel
 from collage_core.placement_file import Placement
 from collage_core.records import Cost
 from collage_core.two_level import TwoLevelResult
 from collage_core.verify import Verification
-
-# The returned placement's row: timed in turns with its closest rivals when they were, else one after another.
-PLACEMENT = "placement"
-# The search's own placement, when a baseline beat it in the contest in turns and was returned instead.
-SEARCHED = "searched placement"
-# How the rows of a contest's entrants measured one after another are told from their rows timed in turns.
-ONE_AFTER_ANOTHER = "one after another"
-# The returned placement built to launch kernel by kernel, on a CUDA target whose builds replay CUDA graphs.
-WITHOUT_CUDA_GRAPHS = "placement without CUDA graphs"
+from collage_core.deploy import load_library
+from collage_core.picture import backend_colours
+from collage_core.report import is_noisy, placement_throughput, render_report
+from collage_core.search_picture import history_svg
+from tvm import relax
 
 SEARCH_PICTURE = "two-level-search.svg"  # the two-level search, generation by generation
 # Beside placement.json when a baseline won the contest: what the search found, to replay or export.
 SEARCHED_PLACEMENT_FILE = "searched-placement.json"
-
-
-@attrs.frozen
-class EndToEnd:
-    """The measured latency of one whole build: the chosen placement or a single-backend baseline,
-    timed in turns with its rivals (side by side in one sitting) or one after another (each alone).
-    Timed in turns, ``cost`` is its warm latency, back to back, and ``after_pause`` that of its first run
-    after it sat idle ``paused_s`` (see collage_core.in_turns)."""
-
-    name: str
-    cost: Cost
-    operators_by_backend: dict = attrs.field(eq=False)
-    timed_in_turns: bool = False
-    after_pause: Optional[Cost] = None
-    paused_s: Optional[float] = None
-
-    def to_json(self) -> dict:
-        data = {"name": self.name, "cost": self.cost.to_json(), "operators_by_backend": self.operators_by_backend,
-                "timed_in_turns": self.timed_in_turns}
-        if self.after_pause is not None:
-            data.update(after_pause=self.after_pause.to_json(), paused_s=self.paused_s)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> "EndToEnd":
-        after_pause = data.get("after_pause")
-        return cls(str(data["name"]), Cost.from_json(data["cost"]), dict(data["operators_by_backend"]),
-                   bool(data.get("timed_in_turns", False)), None if after_pause is None else Cost.from_json(after_pause),
-                   data.get("paused_s"))
 
 
 @attrs.define
@@ -90,10 +58,6 @@ class OptimizedModel:
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run the built placement in this process, each backend's runtime prepared first (a partition's
         kernels may have been built and loaded only in the worker processes that measured them)."""
-        from tvm import relax
-
-        from collage_core.deploy import load_library
-
         if self._vm is None:
             device = tvm_compat.device_for(self.target)
             self._vm = (relax.VirtualMachine(load_library(self.library_path, device=device), device), device)
@@ -110,8 +74,6 @@ class OptimizedModel:
         whose placement lost the contest in turns, that placement as ``searched-placement.json`` (a
         search's directory holds one only then). Each file is written whole under a temporary name and renamed
         into place."""
-        from collage_core.report import render_report
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.placement.save(directory / "placement.json")
@@ -125,9 +87,6 @@ class OptimizedModel:
         output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
         output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
         if self.two_level is not None and self.two_level.history:
-            from collage_core.picture import backend_colours
-            from collage_core.search_picture import history_svg
-
             lost = "" if self.searched_placement is None else (
                 f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
             output_folder.write_text(directory / SEARCH_PICTURE,
@@ -136,8 +95,6 @@ class OptimizedModel:
 
     def results_json(self) -> dict:
         """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
-        from collage_core.report import is_noisy, placement_throughput
-
         measurement = self.measurement
         work = placement_throughput(self)
         return {

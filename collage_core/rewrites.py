@@ -22,6 +22,7 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
+from tvm import topi
 
 POOLINGS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 # Combinations of widths tried per kernel, at most (even ones, then one more before, then all at one end first).
@@ -73,8 +74,6 @@ def _width_candidates(extra: int) -> list[int]:
 
 def _topi_pads():
     """Callee name -> (how Relax's nn.pad names the mode, the TOPI computation of (data, before, after))."""
-    from tvm import topi
-
     return {
         "pad": ("constant", lambda data, before, after: topi.nn.pad(data, before, after, 0.0)),
         "mirror_pad": ("reflect", lambda data, before, after: topi.nn.mirror_pad(data, before, after, "REFLECT")),

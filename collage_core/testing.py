@@ -21,6 +21,12 @@ from collage_core import tvm_compat
 from collage_core.candidates import enumerate_candidates
 from collage_core.fused_groups import as_dtype
 from collage_core.relax_graph import RelaxGraph
+from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.build import build
+from collage_core.model_import import load_model
+from collage_core.partition import placed_whole
+from collage_core.records import Availability
+from collage_core.worker import random_arguments
 
 
 def function_module(make: Callable, *shapes, dtype: str = "float32") -> tvm.IRModule:
@@ -112,13 +118,6 @@ def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8,
     computes on the CPU (within ``rtol``/``atol``), and ``collage_prepare_runtime`` must answer.
     Nothing is timed.
     """
-    from collage_core.backends import contribute_patterns, discover_backends
-    from collage_core.build import build
-    from collage_core.model_import import load_model
-    from collage_core.partition import placed_whole
-    from collage_core.records import Availability
-    from collage_core.worker import random_arguments
-
     target = tvm_compat.make_target(target)
     infos = discover_backends(pm)
     if backend_name not in infos:

@@ -11,6 +11,10 @@ import tvm
 import tvm_ffi
 
 from collage_core.errors import CollageError
+import contextlib
+import io
+from collage_core.cuda_libraries import gpu_description
+from pathlib import Path
 
 try:
     from tvm import relax
@@ -86,8 +90,8 @@ def ensure_device_runtime(device) -> None:
     """Load TVM's runtime for ``device``'s kind where runtime-only TVM does not load it by itself (CUDA)."""
     if device.dlpack_device_type() != tvm.cuda(0).dlpack_device_type() or has_compiler():
         return
-    from pathlib import Path
 
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.base import _LOADED_LIBS
     from tvm_ffi.libinfo import load_lib_ctypes
 
@@ -100,6 +104,7 @@ def ensure_device_runtime(device) -> None:
 
 def virtual_machine(module, device):
     """A Relax VM over a loaded executable module; needs only TVM's runtime."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.runtime.vm import VirtualMachine
 
     return VirtualMachine(module, device)
@@ -150,6 +155,7 @@ def lowered_for_cuda_graphs(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
 
 
 def _cuda_graph_passes(target: tvm.target.Target) -> list:
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
     return (cuda_pipeline.library_dispatch_passes(target) + cuda_pipeline.legalize_passes(target)
@@ -164,8 +170,6 @@ def device_name(target: tvm.target.Target) -> str:
     spec = target_to_dict(target)
     name = f"{spec.get('kind')}:{spec.get('mcpu') or spec.get('arch') or 'generic'}"
     if spec.get("kind") == "cuda":
-        from collage_core.cuda_libraries import gpu_description
-
         gpu = gpu_description()
         name += f" ({gpu})" if gpu else ""
     return name
@@ -268,6 +272,7 @@ def return_type(func):
 
 def link_shared(output: str, objects: list[str]) -> None:
     """Link object files (as ``export_library`` writes them) into a shared library (``tvm.contrib.cc`` before 0.27)."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.support import cc
 
     cc.create_shared(output, objects)
@@ -283,8 +288,7 @@ def host_objects(executable, target: tvm.target.Target, workspace: str) -> dict[
     target's host: TVM writes them as C source when no LLVM module gives it a triple, and a model's
     weights as a C array would take a compiler minutes.
     """
-    from pathlib import Path
-
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.support import cc
 
     objects = {}
@@ -337,6 +341,7 @@ def te_prim_func(compute, specs):
     """The TIR function Relax's importers make of the TE ``compute`` (``bb.emit_te``) over placeholders of
     ``specs`` ((shape, dtype) each): int64 indices and no global symbol, so that ``structural_equal`` with a
     ``call_tir``'s callee says whether the callee is that computation."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm import te
 
     placeholders = [te.placeholder(shape, dtype, name=f"input_{index}") for index, (shape, dtype) in enumerate(specs)]
@@ -361,6 +366,7 @@ def onnx_convert_map() -> dict:
     - ``ConstantOfShape`` of a constant shape is a constant of that shape. 0.27 broadcasts the
       one-element value to the shape and fails on a scalar shape (GPT-2's causal mask).
     """
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.relax.frontend.onnx import onnx_frontend
 
     return _with_fixes(onnx_frontend._get_convert_map())
@@ -385,6 +391,7 @@ class TorchNodeFailure(Exception):
 def from_exported_program(program):
     """TVM's importer of a ``torch.export`` program (weights as constants); a node it cannot convert
     raises :class:`TorchNodeFailure` naming it and the line of the module's source that made it."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.relax.frontend.torch import exported_program_translator as translator
 
     def naming_the_node(importer, *args, **kwargs):
@@ -413,6 +420,7 @@ def _skip_legacy_empty_cat_inputs(program) -> None:
     """Drop 1-D empty tensors from ``aten.cat`` inputs, as PyTorch does (``torch.cat`` skips tensors of
     shape (0,)) and TVM's importer does not: a key/value cache that starts empty (``transformers``'
     DynamicCache) is concatenated with 4-D keys in every decoder."""
+    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch model.
     import torch
 
     def legacy_empty(value, dtype) -> bool:  # of the output's dtype: one of another dtype still promotes the result
@@ -435,13 +443,11 @@ def from_onnx(proto):
     a node it cannot convert raises :class:`OnnxNodeFailure` naming it. The caller has checked the
     model: the importer's own ``onnx.checker`` pass, which only warns, is skipped (a second
     serialization of the whole model: about a second for BERT-base's 440 MB)."""
-    import contextlib
-    import io
-
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
 
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
-
 
     def convert_naming_the_node(graph, op_name, inputs, attrs, opset):
         try:
@@ -476,6 +482,7 @@ def _with_fixes(converters: dict) -> dict:
 
 
 def _constant_of_constant_shape():
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.relax.frontend.onnx import onnx_frontend
 
     tvm_converter = onnx_frontend.ConstantOfShape
@@ -494,6 +501,7 @@ def _constant_of_constant_shape():
 
 
 def _constant_clip():
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
     from tvm.relax.frontend.onnx import onnx_frontend
 
     tvm_clip = onnx_frontend.Clip

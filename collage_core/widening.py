@@ -21,8 +21,10 @@ from typing import Callable, Iterable
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.precision import DTYPES
+from collage_core.dtypes import DTYPES
 from collage_core.relax_graph import substitute
+import tvm
+from tvm import relax
 
 ANCHORS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.attention",
            "relax.nn.attention_bias")
@@ -47,8 +49,6 @@ def _is_sixteen_bit(expr) -> bool:
 
 
 def touches_sixteen_bit(value) -> bool:
-    from tvm import relax
-
     if not isinstance(value, relax.Call) or not tvm_compat.is_op_call(value):
         return False
     return _is_sixteen_bit(value) or any(_is_sixteen_bit(arg) for arg in value.args if isinstance(arg, relax.Expr))
@@ -76,8 +76,6 @@ def _per_module(function: Callable) -> Callable:
 def units(mod) -> list[list[int]]:
     """The model's units: for each anchor with a 16-bit operand, in binding order, the indices of its
     binding and of the 16-bit bindings it feeds before another anchor. Empty for a float32 model."""
-    from tvm import relax
-
     bindings = _bindings(mod)
     unit_of: dict = {}
     found: list[list[int]] = []
@@ -102,8 +100,6 @@ def units(mod) -> list[list[int]]:
 def float32_constants(original_mod) -> dict:
     """The float32 model's constants keyed by their values rounded to each 16-bit dtype, so that a
     widened unit takes back the exact weights the conversion rounded."""
-    from tvm import relax  # with TVM imported, numpy knows bfloat16
-
     found: dict = {}
 
     def visit(expr):
@@ -119,9 +115,6 @@ def float32_constants(original_mod) -> dict:
 
 def widen(mod, chosen: Iterable[int], original_mod):
     """``mod`` (a converted model) with the units numbered in ``chosen`` computing in float32."""
-    import tvm
-    from tvm import relax
-
     chosen = set(chosen)
     if not chosen:
         return mod
@@ -185,8 +178,6 @@ def widen(mod, chosen: Iterable[int], original_mod):
 
 def _float32_form(value, as_float32):
     """One binding's value computed on float32 operands (a cast becomes its float32 source)."""
-    from tvm import relax
-
     if isinstance(value, relax.TupleGetItem):
         return relax.TupleGetItem(as_float32(value.tuple_value), value.index)
     if isinstance(value, relax.Tuple):
@@ -198,16 +189,12 @@ def _float32_form(value, as_float32):
 
 def _casts_down(value) -> bool:
     """Whether ``value`` rounds a float32 value to 16 bits (the float32 value is what a widened unit reads)."""
-    from tvm import relax
-
     return (isinstance(value, relax.Call) and tvm_compat.is_op_call(value) and tvm_compat.op_name(value) == ASTYPE
             and _dtype(value) in SIXTEEN_BIT and _dtype(value.args[0]) == "float32")
 
 
 def _casts_a_twin_up(value, wide) -> bool:
     """Whether ``value`` casts a widened 16-bit value back up to float32 (it becomes the twin itself)."""
-    from tvm import relax
-
     return (isinstance(value, relax.Call) and tvm_compat.is_op_call(value) and tvm_compat.op_name(value) == ASTYPE
             and _dtype(value) == "float32" and isinstance(value.args[0], relax.Var) and value.args[0] in wide)
 

@@ -20,6 +20,18 @@ import time
 from typing import Optional
 
 import numpy as np
+from collage_core import tvm_compat
+from collage_core.backends import registered_backends
+from collage_core.build import build
+from collage_core.deploy import backend_needs, load_vm, write_runtime_file
+from collage_core.output_folder import export_library
+from collage_core.partition import partition_module, placed_whole
+from collage_core.plugins import first_result, get_plugin_manager
+from collage_core.records import Candidate, Cost
+from collage_core.relax_graph import RelaxGraph
+from collage_core.timing import MeasureSettings, time_callable
+from collage_core.widening import widen
+from tvm import relax
 
 # A placement's run from Python shorter than this is judged again by TVM's own timer before the
 # cut-off sees it: a call from Python pays what the timed repeats do not (on an H200, BERT-base b1 at
@@ -100,9 +112,6 @@ def _marked_if_out_of_gpu_memory(reason: str, text: str) -> str:
 
 
 def _init(state, request):
-    from collage_core.backends import registered_backends
-    from collage_core.plugins import get_plugin_manager
-
     pm = get_plugin_manager(disabled=request["disabled"], extra_modules=request["plugins"])
     state["pm"] = pm
     state["backends"] = registered_backends(pm)
@@ -110,8 +119,6 @@ def _init(state, request):
 
 
 def _load(request):
-    from collage_core import tvm_compat
-
     with open(request["module"]) as file:
         mod = tvm_compat.load_ir_json(file.read())
     return mod, tvm_compat.make_target(request["target"])
@@ -119,14 +126,10 @@ def _load(request):
 
 def _measure_candidate(state, request):
     """Build a candidate placed whole on its backend and time it (the backend may measure it itself)."""
-    from collage_core.timing import MeasureSettings
-
     mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
     cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
-        from collage_core.partition import placed_whole
-
         placed = placed_whole(mod, request["backend"], request["pattern"])
         executable, _ = _build(state, placed, target)
         cost = _net_of_call(_time(executable, placed, target, settings), _call_overhead_s(state, target, settings))
@@ -147,9 +150,6 @@ def _call_overhead_s(state, target, settings) -> float:
     there; what a whole placement pays beyond its candidates (or less than them) is left to
     calibration's per-partition charge (see :mod:`collage_core.calibration`).
     """
-    from tvm import relax
-
-    from collage_core import tvm_compat
 
     cache = state.setdefault("call_overhead_s", {})
     key = tvm_compat.target_to_json(target)
@@ -165,8 +165,6 @@ def _call_overhead_s(state, target, settings) -> float:
 
 def _net_of_call(cost, overhead_s: float):
     """``cost`` less the VM's call overhead (see :func:`_call_overhead_s`), never below NET_FLOOR of it."""
-    from collage_core.records import Cost
-
     if not cost.is_measured:
         return cost
     return Cost.measured(max(cost.median_s - overhead_s, NET_FLOOR * cost.median_s), cost.spread_s, cost.repeats)
@@ -174,9 +172,6 @@ def _net_of_call(cost, overhead_s: float):
 
 def _own_measurement(state, backend_name: str, mod, target, settings):
     """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None."""
-    from collage_core.plugins import first_result
-    from collage_core.records import Cost
-
     cost, errors = first_result(
         state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target,
         settings=settings,
@@ -195,10 +190,6 @@ def _build_candidate(state, request):
     Candidates built this way, several workers at once, are timed one by one afterwards
     (``time_candidate``), so that no build disturbs a timing.
     """
-    from collage_core.deploy import backend_needs, write_runtime_file
-    from collage_core.output_folder import export_library
-    from collage_core.partition import placed_whole
-
     mod, target = _load(request)
     backend = state["backends"][request["backend"]]
     executable, build_s = _build(state, placed_whole(mod, backend.name, request["pattern"]), target)
@@ -210,10 +201,6 @@ def _build_candidate(state, request):
 def _time_candidate(state, request):
     """Time a candidate's library built by ``build_candidate``; a backend that measures its own
     candidates (``collage_measure_candidate``) is asked first, as in ``measure_candidate``."""
-    from collage_core import tvm_compat
-    from collage_core.deploy import load_vm
-    from collage_core.timing import MeasureSettings
-
     mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
     cost = _own_measurement(state, request["backend"], mod, target, settings)
@@ -225,17 +212,12 @@ def _time_candidate(state, request):
 
 
 def _build(state, mod, target, cuda_graphs: bool = False):
-    from collage_core.build import build
-
     started = time.perf_counter()
     executable = build(state["pm"], mod, state["backends"], target, cuda_graphs=cuda_graphs)
     return executable, time.perf_counter() - started
 
 
 def _vm(executable, target):
-    from tvm import relax
-
-    from collage_core import tvm_compat
 
     device = tvm_compat.device_for(target)
     return relax.VirtualMachine(executable, device), device
@@ -249,9 +231,6 @@ def _time(executable, mod, target, settings, args=None):
 def _time_vm(vm, device, mod, settings, args=None, warm_run_s=None):
     """``vm``'s main timed on ``args`` (default: seeded random arguments of ``mod``'s main); with
     ``warm_run_s``, ``vm`` is warm and one run took that long (see ``time_callable``)."""
-    from collage_core import tvm_compat
-    from collage_core.timing import time_callable
-
     if args is None:
         args = [tvm_compat.to_tensor(a, device) for a in random_arguments(mod["main"])]
 
@@ -268,8 +247,6 @@ def _one_timed_run_s(vm, device, args) -> float:
 
 def random_arguments(func) -> list[np.ndarray]:
     """Seeded arguments for ``func``: uniform floats in [-1, 1), zeros for integer and boolean tensors."""
-    from collage_core import tvm_compat
-
     rng = np.random.default_rng(0)
     arrays = []
     for param in func.params:
@@ -283,11 +260,6 @@ def random_arguments(func) -> list[np.ndarray]:
 
 def _run_placement(state, request):
     """Build a placed module, run it on given inputs, time it, and optionally export the library."""
-    from collage_core import tvm_compat
-    from collage_core.output_folder import export_library
-    from collage_core.records import Cost
-    from collage_core.timing import MeasureSettings
-
     mod, target = _held_placement(state, request) if "held" in request else _load(request)
     settings = MeasureSettings.from_json(request["settings"]) if request.get("settings") else None
     executable, build_s = _build(state, mod, target, cuda_graphs=(settings or MeasureSettings()).cuda_graphs)
@@ -328,16 +300,10 @@ def _run_placement(state, request):
 def _held_placement(state, request):
     """The placement ``request["parts"]`` of the model the zygote held under ``request["held"]``, built
     from this process's inherited copy (see ``collage_core.zygote.hold_model``)."""
-    from collage_core import tvm_compat
-    from collage_core.partition import partition_module
-    from collage_core.records import Candidate
-
     graph = state.get("held", {}).get(request["held"])
     if graph is None:
         raise LookupError(f"this worker does not hold model {request['held'][:12]}")
     if request.get("float32_units"):  # a variant: these units of the held 16-bit model widened first
-        from collage_core.relax_graph import RelaxGraph
-        from collage_core.widening import widen
 
         converted, original = state["widenable"][request["held"]]
         widened = widen(converted, request["float32_units"], original)
@@ -349,9 +315,6 @@ def _held_placement(state, request):
 def _load_library(state, request):
     """Load an exported library and its inputs and run it ``warmup_runs`` times (default 1) and once more,
     timed; ``time_turn`` then times it."""
-    from collage_core import tvm_compat
-    from collage_core.deploy import load_vm
-
     device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
     function = load_vm(request["library"], device, pm=state["pm"])["main"]
     with np.load(request["inputs"], allow_pickle=False) as saved:

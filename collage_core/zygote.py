@@ -29,6 +29,9 @@ import threading
 import time
 import traceback
 from typing import Optional, Sequence
+from collage_core import tvm_compat, worker
+from collage_core.backends import preload
+from collage_core.relax_graph import RelaxGraph
 
 MESSAGE_BYTES = 1 << 16
 START_TIMEOUT_S = 180.0
@@ -73,9 +76,6 @@ def serve(control: socket.socket) -> None:
 
 
 def _init(state: dict, request: dict) -> dict:
-    from collage_core import worker
-    from collage_core.backends import preload
-
     reply = worker._init(state, request)
     preload(state["pm"], state["backends"])  # CPU libraries only: no GPU is touched before a fork
     held = _gpu_files()
@@ -88,9 +88,6 @@ def _hold(state: dict, request: dict) -> dict:
     """Load the model in ``request["module"]`` (IR JSON) and keep it, in place of any before, under ``request["key"]``: workers
     forked afterwards build placements of it from their inherited copy (``run_placement`` with
     ``held``), so a placement reaches a worker as a list of partitions, not as the model again."""
-    from collage_core import tvm_compat
-    from collage_core.relax_graph import RelaxGraph
-
     with open(request["module"]) as file:
         mod = tvm_compat.load_ir_json(file.read())
     state["held"] = {request["key"]: RelaxGraph.from_function(mod["main"], mod)}  # the latest model only
@@ -136,7 +133,6 @@ def _fork(state: dict, control: socket.socket, fds: Sequence[int], tmpdir: Optio
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        from collage_core import worker
 
         worker.main(state, run_pid)
     except BaseException:

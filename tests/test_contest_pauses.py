@@ -17,7 +17,7 @@ from tvm import relax
 
 import collage_core
 from collage_core.baselines import IN_TURNS
-from collage_core.result import PLACEMENT
+from collage_core.end_to_end import PLACEMENT
 
 
 @pytest.fixture(scope="module")

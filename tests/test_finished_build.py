@@ -22,7 +22,7 @@ from collage_core.finished_build import (
 )
 from collage_core.placement_file import Placement
 from collage_core.records import Cost, Partition
-from collage_core.result import EndToEnd
+from collage_core.end_to_end import EndToEnd
 from collage_core.verify import Verification
 
 

@@ -23,7 +23,7 @@ from collage_core.mlf import export_mlf
 from collage_core.precision import tolerance
 from collage_core import tvm_compat
 from collage_core.report import render_report
-from collage_core.result import PLACEMENT, WITHOUT_CUDA_GRAPHS
+from collage_core.end_to_end import PLACEMENT, WITHOUT_CUDA_GRAPHS
 
 pytestmark = pytest.mark.gpu
 MODELS = Path(__file__).resolve().parents[1] / "models"

@@ -18,7 +18,8 @@ from collage_core import tvm_compat
 from collage_core.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
 from collage_core.records import Cost
 from collage_core.report import render_report
-from collage_core.result import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, EndToEnd
+from collage_core.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
+from collage_core.result import SEARCHED_PLACEMENT_FILE
 
 import collage_core
 from collage_core.placement_file import PlacementFileError

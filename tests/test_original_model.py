@@ -22,7 +22,8 @@ from collage_core.model_import import load_model
 from collage_core.placement_file import PlacementFileError, placement_from_json
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import GRAPH_LEVEL, Cost, Partition
-from collage_core.result import PLACEMENT, SEARCHED, SEARCHED_PLACEMENT_FILE, EndToEnd
+from collage_core.end_to_end import PLACEMENT, SEARCHED, EndToEnd
+from collage_core.result import SEARCHED_PLACEMENT_FILE
 from collage_core.timing import MeasureSettings
 from test_optimize import op_level_costs_from
 

@@ -17,6 +17,13 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.partition import partition_module
 from collage_core.relax_graph import RelaxGraph
+import subprocess
+import sys
+from collage_core import original_model
+from collage_core.build import build, partitions_by_backend
+from collage_core.model_import import load_model
+from collage_core.relax_onnx.lowering import unpack_blob
+from pathlib import Path
 
 R = relax.op
 F = "float32"
@@ -110,8 +117,6 @@ CONV_INPUT = ((1, 3, 8, 8), F)
 def check_mixed_placements(pm, backends, backend: str, target) -> None:
     """conv-bias-ReLU on ``backend`` beside TVM's scale, and attention up to its softmax on ``backend``
     returning two results (the layer norm's output is read after it), each against numpy."""
-    from collage_core.build import build, partitions_by_backend
-
     _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), backend, {0, 1, 2})
     assert {b: len(names) for b, names in partitions_by_backend(placed).items()} == {backend: 1, "tvm": 1}
     x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
@@ -130,11 +135,6 @@ def check_mixed_placements(pm, backends, backend: str, target) -> None:
 def check_exported_library_runs_in_a_fresh_process(pm, backends, backend: str, target, tmp_path) -> None:
     """conv-bias-ReLU on ``backend`` exported as a library, loaded and run in a new Python process
     that imports only TVM and ``collage_<backend>``, against numpy."""
-    import subprocess
-    import sys
-
-    from collage_core.build import build
-
     _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), backend, {0, 1, 2})
     library = tmp_path / "placed.so"
     build(pm, placed, backends, target).export_library(str(library))
@@ -158,13 +158,6 @@ def check_original_file_runs_whole(pm, backends, backend: str, path, target, rto
     """``collage_lower_whole_model``: the library whose one partition is ``backend``'s own session over the ONNX
     file at ``path`` carries the file's bytes, not Collage's conversion of it, and computes what the model's
     reference (ONNX Runtime) does within ``rtol``/``atol``."""
-    from pathlib import Path
-
-    from collage_core import original_model
-    from collage_core.build import build
-    from collage_core.model_import import load_model
-    from collage_core.relax_onnx.lowering import unpack_blob
-
     model = load_model(Path(path))
     mod = original_model.lowered_module(pm, model, backends[backend], target)
     (session,) = [func for func in mod.functions.values() if original_model.is_lowered_already(func)]
@@ -182,6 +175,7 @@ def check_runs_in_place(run, relu_blob, bindings_kept: int) -> None:
     """``run(blob, *tensors)`` of a lowered ReLU reads its input and writes its output where the VM's
     tensors are, sees new contents at the same addresses, keeps each of more address sets than it
     keeps bindings apart, and refuses the wrong number of tensors."""
+    # Deferred: pytest is only there under a test run.
     import pytest
 
     x = tvm_compat.to_tensor(np.full((2, 3), -1.0, F), DEVICE)
