@@ -2,9 +2,9 @@
 
 Builds each placement file given (e.g. a run's ``placement.json`` and ``baselines/*.json``) into a library,
 then times all of them in turns twice, one after the other: as Collage's contest does
-(``collage_core.in_turns.time_in_turns``, measurement workers forked from the zygote, default settings)
+(``collage_core.measure.in_turns.time_in_turns``, measurement workers forked from the zygote, default settings)
 and as the benchmark does (``benchmarks/interleaved.py``, a plain process per library loading it with
-``collage_core.deploy.load_vm``, two processes each). Prints one table: per library, each side's warm
+``collage_core.build.deploy.load_vm``, two processes each). Prints one table: per library, each side's warm
 latency back to back and its latency after a pause (each side's fastest worker or process), and the
 ratio of the warm latencies.
 
@@ -25,7 +25,7 @@ import interleaved  # noqa: E402
 
 import collage_core  # noqa: E402
 from collage_core import tvm_compat  # noqa: E402
-from collage_core.in_turns import time_in_turns  # noqa: E402
+from collage_core.measure.in_turns import time_in_turns  # noqa: E402
 
 
 def build_libraries(model: Path, placements: list[Path], out: Path) -> tuple[dict[str, Path], Path]:
@@ -65,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="collage-contest-vs-interleaved-") as tmp:
         libraries, inputs = build_libraries(args.model, args.placements, args.out or Path(tmp))
         rows = compare(libraries, inputs)
-    from collage_core.report import format_table
+    from collage_core.outputs.report import format_table
 
     print(format_table(["library", "contest warm ms", "contest after pause ms", "interleaved warm ms",
                         "interleaved after pause ms", "contest / interleaved, warm"], rows))

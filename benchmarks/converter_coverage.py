@@ -5,8 +5,8 @@
 
 The families are those of ``benchmarks/coverage.py`` (small configs, seeded random weights, built offline). Each
 family-path pair is exported (the TorchScript ONNX exporter, opset 17, or ``torch.export``), imported by
-``collage_core.model_import.load_model`` and its operator calls counted twice: as imported, and after
-``collage_core.rewrites.for_backends``. For each count, the calls the Relax-to-ONNX converter takes (what ONNX
+``collage_core.model.model_import.load_model`` and its operator calls counted twice: as imported, and after
+``collage_core.model.rewrites.for_backends``. For each count, the calls the Relax-to-ONNX converter takes (what ONNX
 Runtime and OpenVINO get; ``collage_core.relax_onnx.support.refusal``) and the calls the Relax-to-PyTorch converter
 takes (Inductor; ``collage_inductor.relax_to_torch.refusal``), and the refusals' reasons. Nothing is measured: a
 converter's refusal is a fact of the operator, not of the machine. Each pair runs in a fresh process and lands in
@@ -73,8 +73,8 @@ def run_pair(family: str, path: str, workdir: Path) -> dict:
     import torch
     from tvm import relax
 
-    from collage_core import rewrites
-    from collage_core.model_import import load_model
+    from collage_core.model import rewrites
+    from collage_core.model.model_import import load_model
 
     coverage = _model_coverage()
     torch.manual_seed(coverage.SEED)
@@ -158,7 +158,7 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
         f"Command: `{command}`. Machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}; {versions}. "
         "Families of `benchmarks/coverage.py` (small configs, seeded random weights, built offline), each exported "
         "through each path and imported by `load_model`; its operator calls counted as imported and after "
-        "`collage_core.rewrites.for_backends`, with the calls the Relax-to-ONNX converter (ONNX Runtime, OpenVINO) and "
+        "`collage_core.model.rewrites.for_backends`, with the calls the Relax-to-ONNX converter (ONNX Runtime, OpenVINO) and "
         "the Relax-to-PyTorch converter (Inductor) take. Nothing is timed.",
         "",
         f"**{len(done)} model-path pairs, {before['operators']} operator calls as imported: the ONNX converter takes "

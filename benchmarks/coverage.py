@@ -195,8 +195,8 @@ def run_pair(family: str, path: str, workdir: Path) -> dict:
     import torch
 
     import collage_core
-    from collage_core.model_import import load_model
-    from collage_core.timing import MeasureSettings
+    from collage_core.model.model_import import load_model
+    from collage_core.measure.timing import MeasureSettings
 
     torch.manual_seed(SEED)
     kind, builder = _families()[family]

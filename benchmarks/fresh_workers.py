@@ -1,7 +1,7 @@
 """Forked workers against freshly started ones: start-up time, and whether they time alike.
 
 Collage measures every build in a fresh process. Workers are forked from a zygote that imported
-TVM and the plugins once (see ``collage_core.zygote``); ``COLLAGE_FRESH_WORKERS=exec`` starts each
+TVM and the plugins once (see ``collage_core.measure.zygote``); ``COLLAGE_FRESH_WORKERS=exec`` starts each
 with its own interpreter instead. This benchmark optimizes a model (with ``--output``, so each
 baseline's placement is saved), builds the placement and every baseline into a library, then,
 for each library, loads it in forked and in exec-started workers and times them all in turns
@@ -24,7 +24,7 @@ import numpy as np
 
 import collage_core
 from collage_core import tvm_compat
-from collage_core.worker_client import MeasurementWorker
+from collage_core.measure.worker_client import MeasurementWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 

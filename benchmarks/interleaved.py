@@ -4,11 +4,11 @@ On a shared 2-core VM the same ONNX Runtime session measures 30 ms one minute an
 Configurations timed minutes apart cannot be compared at that resolution, so the headline numbers
 come from here: each contender is set up once in each of its processes (ONNX Runtime's default
 session, PyTorch eager, ``torch.compile``, and Collage's exported library loaded with
-``collage_core.deploy.load_vm``), then the processes take turns, a short burst each, for several
+``collage_core.build.deploy.load_vm``), then the processes take turns, a short burst each, for several
 rounds. Only the running process works; the others wait on a pipe, so their threads sleep.
 
 Each turn is one run after a pause (the process sat idle while the others ran) and then runs back to back
-(at least one), as Collage's contest times them (``collage_core.in_turns``); the two are kept apart.
+(at least one), as Collage's contest times them (``collage_core.measure.in_turns``); the two are kept apart.
 Each contender's median and interquartile range are over the warm runs, back to back, of all its
 processes, and each process's warm median is kept: the report (``peers_report.py``) times a contender
 by its fastest process, as a process keeps its own luck and that luck only slows. The first runs of the
@@ -101,7 +101,7 @@ def _library_function(library: str, inputs: Optional[str], example=None):
     """A library `collage optimize` wrote, loaded as a user loads it, run on the arrays in ``inputs`` (an
     ``.npz``) or on ``example``."""
     from collage_core import tvm_compat
-    from collage_core.deploy import load_vm
+    from collage_core.build.deploy import load_vm
 
     vm = load_vm(library)
     device = tvm_compat.device_for(tvm_compat.host_cpu_target())

@@ -301,7 +301,7 @@ def _best_single_library(warm: dict, onnx_path: Path, out: Path, stem: str):
     returned = next(e for e in warm["end_to_end"] if e["name"] == "placement")
     if best["operators_by_backend"] == returned["operators_by_backend"]:
         return best["name"], None
-    from collage_core.baselines import baseline_file
+    from collage_core.search.baselines import baseline_file
 
     built = out / "best-single"
     run = subprocess.run(["collage", "optimize", str(onnx_path), "--placement", str(baseline_file(out, best["name"])),

@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from collage_core.baselines import IN_TURNS, PREDICTED_PREFIX
-from collage_core.end_to_end import ONE_AFTER_ANOTHER
-from collage_core.timing import STOPPED_PREFIX
+from collage_core.search.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER
+from collage_core.measure.timing import STOPPED_PREFIX
 
 OPENVINO_PEER = "openvino default session (fp32)"
 PEERS = ["onnxruntime default session", OPENVINO_PEER, "pytorch eager", "torch.compile (inductor)"]
@@ -94,7 +94,7 @@ def interleaved_rows(directory: Path) -> dict[str, dict]:
     """The contenders timed in turns (``interleaved.py``): peer name, COLLAGE or SINGLE_IN_TURNS -> row.
 
     A contender's time is the median of its fastest process, as Collage's contest in turns costs a
-    library (``collage_core.in_turns``): a process keeps its own luck, which only ever slows it. The
+    library (``collage_core.measure.in_turns``): a process keeps its own luck, which only ever slows it. The
     median of all its processes' runs stays in the row as ``pooled_median_s``."""
     data = load_raw(directory, "interleaved") or {}
     names = {"collage library": COLLAGE, "best single backend library": SINGLE_IN_TURNS}

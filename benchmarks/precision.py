@@ -235,7 +235,7 @@ def relative_errors(name: str, batch: int, libraries: dict) -> dict:
         compiled = openvino.Core().compile_model(str(onnx), "CPU", {"INFERENCE_PRECISION_HINT": hint})
         errors[peer] = error(compiled.create_infer_request().infer({input_name: example.numpy()})[0])
     from collage_core import tvm_compat
-    from collage_core.deploy import load_vm
+    from collage_core.build.deploy import load_vm
 
     for contender, library in libraries.items():
         result = load_vm(library)["main"](tvm_compat.to_tensor(example.numpy(), tvm_compat.device_for(tvm_compat.host_cpu_target())))
@@ -562,7 +562,7 @@ def _ms(result: dict) -> str:
 
 
 def report(records: list[dict]) -> str:
-    from collage_core.precision import FAST_BF16_FLAGS, cpu_flags, cpu_model
+    from collage_core.model.precision import FAST_BF16_FLAGS, cpu_flags, cpu_model
 
     model_name = cpu_model()
 

@@ -102,8 +102,8 @@ def placement_ms(result: dict) -> str:
 def in_turns(libraries: dict[str, Path], model: Path) -> dict[str, float]:
     """The libraries timed in turns in fresh workers (the contest's protocol), warm median ms by name."""
     from collage_core import tvm_compat
-    from collage_core.in_turns import time_in_turns
-    from collage_core.model_import import load_model
+    from collage_core.measure.in_turns import time_in_turns
+    from collage_core.model.model_import import load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         inputs = Path(tmp) / "inputs.npz"

@@ -1,12 +1,12 @@
 """Collage: measure every backend on every piece of a model, place each piece where it runs fastest.
 
-The public names are loaded on first use, so ``import collage_core.cost_db`` (or a measurement
+The public names are loaded on first use, so ``import collage_core.measure.cost_db`` (or a measurement
 worker) does not pay for TVM before it needs it.
 """
 
 import importlib
 
-from collage_core import torch_deferral
+from collage_core.model import torch_deferral
 
 torch_deferral.install()
 
@@ -16,16 +16,16 @@ _PUBLIC = {
     "Candidate": "collage_core.records",
     "CollageError": "collage_core.errors",
     "Cost": "collage_core.records",
-    "MeasureSettings": "collage_core.timing",
-    "OptimizedModel": "collage_core.result",
+    "MeasureSettings": "collage_core.measure.timing",
+    "OptimizedModel": "collage_core.outputs.result",
     "Partition": "collage_core.records",
     "Pattern": "collage_core.records",
     "PatternMatch": "collage_core.records",
     "PatternRefused": "collage_core.records",
     "inspect_model": "collage_core.inspection",
-    "Placement": "collage_core.placement_file",
+    "Placement": "collage_core.outputs.placement_file",
     "hookimpl": "collage_core.hookspecs",
-    "load_placement": "collage_core.placement_file",
+    "load_placement": "collage_core.outputs.placement_file",
     "optimize": "collage_core.optimizer",
 }
 

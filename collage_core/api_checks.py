@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from collage_core.errors import CollageError
-from collage_core.precision import PRECISIONS
-from collage_core.timing import MeasureSettings
-from collage_core.two_level import TwoLevelSettings
+from collage_core.model.precision import PRECISIONS
+from collage_core.measure.timing import MeasureSettings
+from collage_core.search.two_level import TwoLevelSettings
 from collage_core import tvm_compat
 
 SEARCHES = ("op-level", "two-level")

@@ -73,7 +73,7 @@ def collage_lower_whole_model(backend, model, model_format, func, name, target):
     (named ``name``, carrying the attributes ``collage.backend`` and ``collage.pattern``): its
     parameters are the file's inputs and it returns the file's outputs, in the file's order. Return
     a ``relax.Function`` with ``func``'s parameters, return type and attributes whose body runs
-    ``model`` in the engine's default session with ``collage_core.threads.backend_threads()``
+    ``model`` in the engine's default session with ``collage_core.measure.threads.backend_threads()``
     threads (usually ``R.call_dps_packed`` of the function your partitions call, the bytes packed as
     a constant), or None if ``backend`` is not yours or does not run this format on ``target``.
     Called in the process that holds the file; the function it returns runs in any process where

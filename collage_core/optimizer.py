@@ -16,31 +16,37 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
-from collage_core import finish_stage, output_folder, search_stage, tvm_compat
-from collage_core.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
+from collage_core import tvm_compat
+
+from collage_core.build import stage as finish_stage
+
+from collage_core.outputs import output_folder
+
+from collage_core.search import stage as search_stage
+from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
 from collage_core.api_checks import check_optimize_arguments
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
-from collage_core.baselines import baseline_file, operators_by_backend
-from collage_core.calibration import DEFAULT_ROUNDS
-from collage_core.candidates import enumerate_candidates
-from collage_core.cost_db import CostDatabase, default_cost_db_path
+from collage_core.search.baselines import baseline_file, operators_by_backend
+from collage_core.search.calibration import DEFAULT_ROUNDS
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.measure.cost_db import CostDatabase, default_cost_db_path
 from collage_core.errors import CollageError
-from collage_core.finished_build import FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
-from collage_core.job import FINISHED_PROTOCOL, Job
-from collage_core.model_import import check_against_reference, load_model
-from collage_core.placement_file import load_placement
+from collage_core.outputs.reuse import FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
+from collage_core.measure.job import FINISHED_PROTOCOL, Job
+from collage_core.model.model_import import check_against_reference, load_model
+from collage_core.outputs.placement_file import load_placement
 from collage_core.plugins import get_plugin_manager
-from collage_core.precision import DTYPES, FP32, Tolerance, at_precision, check_precision, tolerance, with_float32_units
-from collage_core.probes import outputs_of_variants
+from collage_core.model.precision import DTYPES, FP32, Tolerance, at_precision, check_precision, tolerance, with_float32_units
+from collage_core.model.probes import outputs_of_variants
 from collage_core.records import GRAPH_LEVEL, Candidate
-from collage_core.relax_graph import RelaxGraph
-from collage_core.end_to_end import PLACEMENT, EndToEnd
-from collage_core.result import OptimizedModel
-from collage_core.search_stage import OP_LEVEL_SEARCH, TWO_LEVEL
-from collage_core.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
-from collage_core.two_level import TwoLevelSettings
-from collage_core.verify import Verification, compare_outputs
-from collage_core.widening import units
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
+from collage_core.outputs.result import OptimizedModel
+from collage_core.search.stage import OP_LEVEL_SEARCH, TWO_LEVEL
+from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
+from collage_core.search.two_level import TwoLevelSettings
+from collage_core.model.verify import Verification, compare_outputs
+from collage_core.model.widening import units
 
 log = logging.getLogger("collage")
 FIT_FILE = "accuracy-budget.json"  # the accuracy budget's probes, reused by a rerun into the same directory
@@ -77,18 +83,18 @@ def optimize(
     kept in ``cost_db`` (default: the user cache); with ``output_dir`` the best placement so far is
     saved there as the search goes. ``calibration_rounds`` re-searches of the op-level placement
     with per-partition charges measured end to end are tried (0: none; see
-    :mod:`collage_core.calibration`). With ``compare_backends`` (default: when searching, not when
+    :mod:`collage_core.search.calibration`). With ``compare_backends`` (default: when searching, not when
     replaying) each backend alone and TVM's unpartitioned build are measured too, and the closest
     of them timed in turns with the placement: the fastest by a margin is returned instead (never
     in a replay), and the searched placement is kept as ``searched-placement.json``. A baseline
     whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such (None:
     no limit). With ``output_dir`` too, each baseline's placement is saved there (see
-    :func:`baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.precision`;
+    :func:`baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.model.precision`;
     default fp32, or the placement file's) converts the model once before anything is placed; outputs
     are verified against the float32 reference within that precision's tolerance. With
     ``accuracy_budget`` (bf16 or fp16 only), units of the converted model go back to float32 until the
     placement's measured error (largest |out - ref| over largest |ref|) is within the budget, and the
-    outputs are verified against the budget (see :mod:`collage_core.accuracy_budget`; ``accuracy_blocks``
+    outputs are verified against the budget (see :mod:`collage_core.model.accuracy_budget`; ``accuracy_blocks``
     is how many blocks the units are probed in). With ``remeasure_invalid``, every candidate and placement
     whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read.
     """
@@ -321,7 +327,7 @@ def _require_budget_applies(imported, placement, verify: bool) -> None:
 def _fit_budget(imported, original, budget: float, blocks: int, target, pm, chosen, settings, workdir: Path,
                 scratch: Path, cost_db, say, remeasure_invalid: bool = False) -> Fit:
     """Which units go back to float32: each probe places the model by the op-level search, builds it and
-    measures its outputs' error against the reference (see collage_core.accuracy_budget). The fit is kept
+    measures its outputs' error against the reference (see collage_core.model.accuracy_budget). The fit is kept
     in ``workdir``; the probes' files go to ``scratch``."""
     def job_for(float32_units) -> Job:
         variant = with_float32_units(imported, float32_units, original)

@@ -151,7 +151,7 @@ class Cost:
 class Candidate:
     """One match of one backend's pattern over the model graph.
 
-    ``nodes`` are operator indices of the :class:`~collage_core.graph.OpGraph`; ``key`` is the
+    ``nodes`` are operator indices of the :class:`~collage_core.search.graph.OpGraph`; ``key`` is the
     structural hash of the standalone function (same key, same measurement).
     """
 

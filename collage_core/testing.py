@@ -18,15 +18,15 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.candidates import enumerate_candidates
-from collage_core.fused_groups import as_dtype
-from collage_core.relax_graph import RelaxGraph
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.candidates.fused_groups import as_dtype
+from collage_core.model.relax_graph import RelaxGraph
 from collage_core.backends import contribute_patterns, discover_backends
-from collage_core.build import build
-from collage_core.model_import import load_model
-from collage_core.partition import placed_whole
+from collage_core.build.executable import build
+from collage_core.model.model_import import load_model
+from collage_core.build.partition import placed_whole
 from collage_core.records import Availability
-from collage_core.worker import random_arguments
+from collage_core.measure.worker import random_arguments
 
 
 def function_module(make: Callable, *shapes, dtype: str = "float32") -> tvm.IRModule:
@@ -193,7 +193,7 @@ def _gelu_tanh_spelt_out(bb, x, dtype=F):
 
 def product_case(pattern_name: str, seed: int = 0, cast_to: str = F):
     """``(make(bb, *params), param shapes)`` for a function a product pattern ``<backend>.<pattern_name>`` covers
-    whole, its name read as :func:`~collage_core.fused_groups.product_epilogues` and the GPU backends write
+    whole, its name read as :func:`~collage_core.candidates.fused_groups.product_epilogues` and the GPU backends write
     it: ``dense[_t][_bias][_add][_reshape][_relu|_gelu|_gelu_erf|_silu]`` (``_gelu`` is tanh GELU) or
     ``batch_matmul[_nn|_nt|_tn|_tt][_scale]``. Every stride is a multiple of 8 elements (what Hopper's TMA loads).
 

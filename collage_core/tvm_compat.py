@@ -13,7 +13,7 @@ import tvm_ffi
 from collage_core.errors import CollageError
 import contextlib
 import io
-from collage_core.cuda_libraries import gpu_description
+from collage_core.build.cuda_libraries import gpu_description
 from pathlib import Path
 
 try:

@@ -47,7 +47,7 @@ MODELS = ("tiny_resnet", "tiny_bert", "tiny_gpt2")
 # The kinds of process killed, with how often each is chosen.
 KINDS = {"worker": 0.45, "main": 0.35, "zygote": 0.2}
 SIGNALS = (signal.SIGKILL, signal.SIGTERM)
-# What a failure from outside says in its reason (see collage_core.worker_client).
+# What a failure from outside says in its reason (see collage_core.measure.worker_client).
 FROM_OUTSIDE = re.compile(r"SIGKILL|SIGTERM|waiting for a processor")
 IN_USE = "is in use by another Collage run"
 POLL_S = 0.1
@@ -137,10 +137,10 @@ class Run:
         kinds = {"main": [self.process.pid] if self.process.poll() is None else [], "zygote": [], "worker": []}
         for pid in children.get(self.process.pid, []):
             cmdline = table[pid][3]
-            if "collage_core.zygote" in cmdline:
+            if "collage_core.measure.zygote" in cmdline:
                 kinds["zygote"].append(pid)
-                kinds["worker"].extend(child for child in children.get(pid, []) if "collage_core.zygote" in table[child][3])
-            elif "collage_core.worker" in cmdline:
+                kinds["worker"].extend(child for child in children.get(pid, []) if "collage_core.measure.zygote" in table[child][3])
+            elif "collage_core.measure.worker" in cmdline:
                 kinds["worker"].append(pid)
         return kinds
 
@@ -225,7 +225,7 @@ def lost_rows(before: dict, after: dict) -> list[tuple]:
 
 
 def transient_kept_as_permanent(rows: dict) -> list[str]:
-    from collage_core.cost_db import TRANSIENT_REASON
+    from collage_core.measure.cost_db import TRANSIENT_REASON
 
     return [reason for kind, _, reason in rows.values()
             if kind == "invalid" and FROM_OUTSIDE.search(reason) and TRANSIENT_REASON not in reason]
@@ -233,7 +233,7 @@ def transient_kept_as_permanent(rows: dict) -> list[str]:
 
 def database_problems(db: Path) -> list[str]:
     """Whether the database opens as a cost database and SQLite finds it intact."""
-    from collage_core.cost_db import CostDatabase, CostDatabaseError
+    from collage_core.measure.cost_db import CostDatabase, CostDatabaseError
 
     problems = []
     try:
@@ -259,9 +259,9 @@ def check_folder(folder: Path, model: Path, after_rerun: bool) -> list[str]:
     after a clean rerun, also leftovers and a finished record that does not describe the library."""
     import numpy as np
 
-    from collage_core.deploy import load_vm
-    from collage_core.model_import import load_model
-    from collage_core.placement_file import PlacementFileError, load_placement
+    from collage_core.build.deploy import load_vm
+    from collage_core.model.model_import import load_model
+    from collage_core.outputs.placement_file import PlacementFileError, load_placement
 
     problems = []
     parsed = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from collage_core.calibration import calibrate, charged, signature
-from collage_core.graph import OpGraph
+from collage_core.search.calibration import calibrate, charged, signature
+from collage_core.search.graph import OpGraph
 from collage_core.records import Candidate, Cost, Partition
-from collage_core.search import search_op_level
+from collage_core.search.op_level import search_op_level
 
 # conv -> add -> relu, twice: each conv group can run fused (one "fused" candidate of three ops)
 # or as three single operators on "singles", which measure cheaper alone.
@@ -124,7 +124,7 @@ def test_candidates_that_over_count_get_a_negative_charge_that_moves_the_search_
 
 
 def test_a_negative_charge_never_takes_a_cost_below_its_floor():
-    from collage_core.calibration import CHARGED_FLOOR
+    from collage_core.search.calibration import CHARGED_FLOOR
 
     result = charged({"a": Cost.measured(1.0e-3, 0.0, 3)}, -5.0e-3)
     assert result["a"].median_s == pytest.approx(CHARGED_FLOOR * 1.0e-3)
@@ -150,7 +150,7 @@ def test_the_placement_without_each_backend_it_uses_is_measured_and_wins_when_th
     it and returns that one, by its name."""
     from types import SimpleNamespace
 
-    from collage_core.baselines import without_each_backend
+    from collage_core.search.baselines import without_each_backend
 
     costs_of = {"base": 1.0e-3, "vendor": 0.8e-3, "added": 0.7e-3}
     candidates = [Candidate(b, f"{b}.op", {n}, f"{b}{n}") for b in costs_of for n in range(6)]
@@ -172,7 +172,7 @@ def test_the_placement_without_each_backend_it_uses_is_measured_and_wins_when_th
 def test_no_placement_without_a_backend_the_others_cannot_stand_in_for():
     from types import SimpleNamespace
 
-    from collage_core.baselines import without_each_backend
+    from collage_core.search.baselines import without_each_backend
 
     partial = [Candidate("partial", "partial.conv", {0}, "p0")]
     costs = {**COSTS, "p0": Cost.measured(0.1e-3, 0.0, 3)}

@@ -1,5 +1,5 @@
 """The contest times each library warm, back to back, and after a pause, keeps the two apart in every
-row timed in turns and in the report, and chooses by the warm figure (see collage_core.in_turns).
+row timed in turns and in the report, and chooses by the warm figure (see collage_core.measure.in_turns).
 
 The backends here are a test plugin's (tests/plugins_for_tests/pause_sensitive.py) whose runs sleep set
 times, so which library is faster each way does not depend on this machine's load."""
@@ -16,15 +16,17 @@ import pytest
 from tvm import relax
 
 import collage_core
-from collage_core.baselines import IN_TURNS
-from collage_core.end_to_end import PLACEMENT
+from collage_core.search.baselines import IN_TURNS
+from collage_core.outputs.end_to_end import PLACEMENT
 
 
 @pytest.fixture(scope="module")
 def contest(tmp_path_factory):
     """A one-relu model over both test backends: the search places it on ``pausesensitive`` (faster warm),
     and ``steady alone`` (faster after a pause) meets it in the contest, every turn after a 0.3 s pause."""
-    from collage_core import finish_stage, in_turns, optimizer
+    from collage_core import optimizer
+    from collage_core.build import stage as finish_stage
+    from collage_core.measure import in_turns
     from collage_core.plugins import get_plugin_manager
 
     tests = str(Path(__file__).resolve().parent)

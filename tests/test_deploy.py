@@ -17,14 +17,14 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
-from collage_core.build import build
-from collage_core.deploy import (
+from collage_core.build.executable import build
+from collage_core.build.deploy import (
     LibraryLoadError, backend_needs, carried_dir, copy_library, load_vm, prepare_runtime, runtime_file, runtime_libraries,
     write_runtime_file,
 )
-from collage_core.partition import partition_module
+from collage_core.build.partition import partition_module
 from collage_core.plugins import first_result, get_plugin_manager
-from collage_core.relax_graph import RelaxGraph
+from collage_core.model.relax_graph import RelaxGraph
 
 R = relax.op
 F = "float32"
@@ -85,7 +85,7 @@ def test_library_runs_in_a_fresh_process_loaded_by_its_runtime_file(exported, tm
     np.save(tmp_path / "x.npy", x)
     code = (
         "import sys, numpy as np, tvm\n"
-        "from collage_core.deploy import load_vm\n"
+        "from collage_core.build.deploy import load_vm\n"
         "vm = load_vm(sys.argv[1])\n"
         "out = vm['main'](tvm.runtime.tensor(np.load(sys.argv[2])))\n"
         "np.save(sys.argv[3], out.numpy())\n"
@@ -136,7 +136,7 @@ def test_a_library_built_with_the_installed_versions_loads_without_a_word(export
 
 RUN_LIBRARY = (
     "import sys, numpy as np, tvm\n"
-    "from collage_core.deploy import load_vm\n"
+    "from collage_core.build.deploy import load_vm\n"
     "vm = load_vm(sys.argv[1])\n"
     "out = vm['main'](tvm.runtime.tensor(np.load(sys.argv[2])))\n"
     "np.save(sys.argv[3], out.numpy())\n"

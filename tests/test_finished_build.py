@@ -11,7 +11,7 @@ import pytest
 
 import attrs
 
-from collage_core.finished_build import (
+from collage_core.outputs.reuse import (
     FILE_NAME,
     FinishedBuild,
     FinishKey,
@@ -20,10 +20,10 @@ from collage_core.finished_build import (
     load_finished,
     save_finished,
 )
-from collage_core.placement_file import Placement
+from collage_core.outputs.placement_file import Placement
 from collage_core.records import Cost, Partition
-from collage_core.end_to_end import EndToEnd
-from collage_core.verify import Verification
+from collage_core.outputs.end_to_end import EndToEnd
+from collage_core.model.verify import Verification
 
 
 def placement() -> Placement:

@@ -7,8 +7,8 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from collage_core.flops import count_flops
-from collage_core.peak import gpu_model, gpu_name, peak_of, throughput
+from collage_core.outputs.flops import count_flops
+from collage_core.outputs.peak import gpu_model, gpu_name, peak_of, throughput
 from collage_core.testing import function_module
 
 H200 = "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"
@@ -81,7 +81,7 @@ def test_an_imported_model_counts_what_the_importers_own_check_counts():
     """The tiny ResNet that ships with the project: its products and convolutions as the import check counts them."""
     from pathlib import Path
 
-    from collage_core.model_import import _multiply_adds, load_model
+    from collage_core.model.model_import import _multiply_adds, load_model
 
     imported = load_model(Path(__file__).resolve().parents[1] / "models" / "tiny_resnet.onnx")
     assert count_flops(imported.mod).flops == 2 * _multiply_adds(imported.mod["main"]) > 0

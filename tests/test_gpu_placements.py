@@ -18,12 +18,12 @@ import pytest
 from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
-from collage_core.deploy import load_library, load_vm, runtime_file
-from collage_core.mlf import export_mlf
-from collage_core.precision import tolerance
+from collage_core.build.deploy import load_library, load_vm, runtime_file
+from collage_core.outputs.mlf import export_mlf
+from collage_core.model.precision import tolerance
 from collage_core import tvm_compat
-from collage_core.report import render_report
-from collage_core.end_to_end import PLACEMENT, WITHOUT_CUDA_GRAPHS
+from collage_core.outputs.report import render_report
+from collage_core.outputs.end_to_end import PLACEMENT, WITHOUT_CUDA_GRAPHS
 
 pytestmark = pytest.mark.gpu
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -80,8 +80,8 @@ def test_the_library_replays_cuda_graphs_and_the_report_gives_the_gain(optimized
 COMPILED_FORMATS = (b"\x05\x00\x00\x00\x00\x00\x00\x00cubin", b"\x06\x00\x00\x00\x00\x00\x00\x00fatbin")
 RUN_ALONE = (
     "import sys, numpy as np, tvm\n"
-    "from collage_core.deploy import load_vm\n"
-    "from collage_core.mlf import load_mlf\n"
+    "from collage_core.build.deploy import load_vm\n"
+    "from collage_core.outputs.mlf import load_mlf\n"
     "saved = np.load(sys.argv[3])\n"
     "inputs = [saved[f'arr_{i}'] for i in range(len(saved.files))]\n"
     "if sys.argv[1] == 'library':\n"

@@ -9,9 +9,11 @@ import importlib
 
 import pytest
 
-from collage_core import cuda_libraries, tvm_compat
+from collage_core import tvm_compat
+
+from collage_core.build import cuda_libraries
 from collage_core.backends import discover_backends
-from collage_core.cuda_libraries import CudaUnavailable, Requirement
+from collage_core.build.cuda_libraries import CudaUnavailable, Requirement
 from collage_core.plugins import get_plugin_manager
 
 PLUGINS = ["cublas", "cudnn", "cutlass"]
@@ -114,7 +116,7 @@ def test_collage_lower_partitions_says_which_partition_a_kernel_cannot_compute(n
     import numpy as np
     from tvm import relax
 
-    from collage_core.fused_groups import as_dtype
+    from collage_core.candidates.fused_groups import as_dtype
 
     lowering = importlib.import_module(f"collage_{name}.lowering")
     monkeypatch.setattr(lowering.library, "load", lambda *kernel: None)
@@ -133,7 +135,7 @@ def test_collage_lower_partitions_says_which_partition_a_kernel_cannot_compute(n
 def test_a_build_time_choice_is_timed_once_per_spec_gpu_and_library_version(tmp_path, monkeypatch):
     import numpy as np
 
-    from collage_core.choices import ChoiceStore
+    from collage_core.build.choices import ChoiceStore
 
     monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
     store, timed = ChoiceStore(tmp_path / "choices.json"), []
@@ -151,7 +153,7 @@ def test_a_build_time_choice_is_timed_once_per_spec_gpu_and_library_version(tmp_
 
 
 def test_gpu_cost_keys_name_the_gpu_its_compute_capability_cuda_and_driver(monkeypatch):
-    from collage_core.measure import cost_key
+    from collage_core.measure.measurement import cost_key
     from collage_core.records import Backend
 
     target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90a"})

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import tvm
 
-from collage_core import import_cache, tvm_compat
-from collage_core.model_import import load_model
+from collage_core import tvm_compat
+
+from collage_core.model import import_cache
+from collage_core.model.model_import import load_model
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 

@@ -10,8 +10,8 @@ import itertools
 
 import pytest
 
-from collage_core import in_turns
-from collage_core.in_turns import TurnSettings, leader_is_clear, time_in_turns
+from collage_core.measure import in_turns
+from collage_core.measure.in_turns import TurnSettings, leader_is_clear, time_in_turns
 
 
 def test_a_leader_is_clear_only_when_its_runs_and_every_others_do_not_overlap():

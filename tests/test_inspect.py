@@ -24,8 +24,8 @@ def with_picky(monkeypatch):
 
 @pytest.fixture(scope="module")
 def resnet_ops():
-    from collage_core.model_import import load_model
-    from collage_core.relax_graph import RelaxGraph
+    from collage_core.model.model_import import load_model
+    from collage_core.model.relax_graph import RelaxGraph
 
     model = load_model(str(MODELS / "tiny_resnet.onnx"))
     return RelaxGraph.from_function(model.mod["main"], model.mod).graph.ops

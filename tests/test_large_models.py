@@ -74,8 +74,8 @@ def test_resnet50_exported_to_mlf_runs_in_a_new_process_as_before_export(tmp_pat
     assert export.returncode == 0, export.stderr[-2000:]
     code = (
         "import sys, numpy as np\n"
-        "from collage_core.deploy import load_vm\n"
-        "from collage_core.mlf import load_mlf\n"
+        "from collage_core.build.deploy import load_vm\n"
+        "from collage_core.outputs.mlf import load_mlf\n"
         "from collage_core import tvm_compat\n"
         "x = np.random.default_rng(0).uniform(-1, 1, size=(1, 3, 224, 224)).astype('float32')\n"
         "before = load_vm(sys.argv[1])['main'](tvm_compat.to_tensor(x, __import__('tvm').cpu(0))).numpy()\n"

@@ -27,18 +27,19 @@ import pytest
 from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
-from collage_core import mlf, tvm_compat
+from collage_core import tvm_compat
+from collage_core.outputs import mlf
 from collage_core.backends import contribute_patterns, discover_backends
-from collage_core.candidates import enumerate_candidates
+from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.cli import EXIT_WARNINGS, main
-from collage_core.mlf import MLFError, check_in_new_process, export_mlf, load_mlf
-from collage_core.model_import import load_model
-from collage_core.placement_file import Placement, load_placement
+from collage_core.outputs.mlf import MLFError, check_in_new_process, export_mlf, load_mlf
+from collage_core.model.model_import import load_model
+from collage_core.outputs.placement_file import Placement, load_placement
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Cost, Partition
-from collage_core.regions import region_pattern
-from collage_core.relax_graph import RelaxGraph
-from collage_core.search import search_op_level
+from collage_core.search.regions import region_pattern
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.search.op_level import search_op_level
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "tiny_resnet.onnx"
@@ -184,7 +185,7 @@ def test_loaded_in_a_new_process_with_tvm_runtime_alone_it_gives_the_outputs_it_
     np.savez(tmp_path / "inputs.npz", *inputs)
     code = RUNTIME_ONLY_CHECK + (
         "import sys, numpy as np\n"
-        "from collage_core.mlf import load_mlf\n"
+        "from collage_core.outputs.mlf import load_mlf\n"
         "saved = np.load(sys.argv[2])\n"
         "outputs = load_mlf(sys.argv[1]).run(*[saved[f'arr_{i}'] for i in range(len(saved.files))])\n"
         "np.savez(sys.argv[3], *outputs)\n"

@@ -20,9 +20,9 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 import collage_core
 from collage_core import tvm_compat
-from collage_core.model_import import (ImportNumericsError, ModelImportError, TensorSpec, UncheckableModel,
+from collage_core.model.model_import import (ImportNumericsError, ModelImportError, TensorSpec, UncheckableModel,
                                        check_against_reference, load_model)
-from collage_core.verify import compare_outputs
+from collage_core.model.verify import compare_outputs
 
 MODELS = Path(__file__).parent.parent / "models"
 TINY_RESNET = MODELS / "tiny_resnet.onnx"
@@ -351,7 +351,7 @@ def test_a_torch_node_tvm_cannot_convert_is_named_with_its_source_line(monkeypat
     assert "ValueError: relu is not supported here; the ONNX route " in message
 
 
-# What PyTorch modules return, flattened (collage_core.torch_outputs). Each output has a shape of its own, so
+# What PyTorch modules return, flattened (collage_core.model.torch_outputs). Each output has a shape of its own, so
 # that the order of the imported outputs shows in their shapes.
 @dataclasses.dataclass
 class Pair:
@@ -489,7 +489,7 @@ def _refuse(x):
 ], ids=["count", "shape", "dtype", "reference fails", "reference varies", "numerics"])
 def test_a_model_collage_cannot_check_fails_before_anything_is_measured(monkeypatch, tmp_path, exported, run, error,
                                                                         message):
-    from collage_core import search_stage
+    from collage_core.search import stage as search_stage
 
     def measure(*args, **kwargs):
         raise AssertionError("candidates were measured")
@@ -509,7 +509,7 @@ def test_the_check_before_measuring_runs_an_onnx_model_too(tiny_resnet):
 
 def test_a_model_too_large_to_run_unscheduled_is_checked_in_shapes_only_before_measuring(monkeypatch):
     """ConvReluLinear: a 3x3 convolution from 3 to 4 channels at 8x8 (256 x 27 multiply-adds) and 256 to 5 (5 x 256)."""
-    from collage_core import model_import
+    from collage_core.model import model_import
 
     imported = load_model(ConvReluLinear(), example_inputs=(torch.randn(1, 3, 8, 8),))
     assert model_import._multiply_adds(imported.mod["main"]) == 256 * 27 + 5 * 256

@@ -7,7 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from collage_core.native import KERNEL_CACHE_HEADER, NativeLibrary
+from collage_core.build.native import KERNEL_CACHE_HEADER, NativeLibrary
 
 
 def _library(tmp_path, source_text, include_dir, compiler="/usr/bin/g++", versions=("1.0",)):

@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from collage_core import tvm_compat
-from collage_core.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
+from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
 from collage_core.records import Cost
-from collage_core.report import render_report
-from collage_core.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
-from collage_core.result import SEARCHED_PLACEMENT_FILE
+from collage_core.outputs.report import render_report
+from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
+from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 
 import collage_core
-from collage_core.placement_file import PlacementFileError
+from collage_core.outputs.placement_file import PlacementFileError
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY_RESNET = MODELS / "tiny_resnet.onnx"
@@ -34,7 +34,8 @@ def quick_turns(monkeypatch) -> None:
     rounds, not seven rounds of two workers each (about 20 s for two libraries, most of it starting
     workers). For tests that check what the contest decides, not how long it times:
     test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the default rounds and bursts."""
-    from collage_core import finish_stage, in_turns
+    from collage_core.build import stage as finish_stage
+    from collage_core.measure import in_turns
 
     quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1, pause_s=0.0)
     monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
@@ -98,7 +99,7 @@ def test_run_prepares_each_backends_runtime_before_loading_the_library(optimized
     tuned kernels are): running in this process asks each backend's plugin to prepare first."""
     import attrs
 
-    from collage_core import deploy
+    from collage_core.build import deploy
 
     prepared = []
     original = deploy.prepare_runtime
@@ -141,8 +142,8 @@ def test_a_placement_measured_on_another_device_says_so_and_the_report_names_whe
 
 
 def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replayed(optimized, workspace):
-    from collage_core.finish_stage import WHOLE_MODEL_PATTERN
-    from collage_core.placement_file import load_placement
+    from collage_core.build.stage import WHOLE_MODEL_PATTERN
+    from collage_core.outputs.placement_file import load_placement
 
     entry = next(e for e in optimized.end_to_end if e.name == "unpartitioned relax.build")
     assert entry.cost.is_measured
@@ -242,7 +243,7 @@ def test_a_torch_module_gets_the_two_level_search_with_a_graph_level_backend(cos
     torch = pytest.importorskip("torch")
     from collage_core.backends import discover_backends
     from collage_core.plugins import get_plugin_manager
-    from collage_core.two_level import TwoLevelSettings
+    from collage_core.search.two_level import TwoLevelSettings
 
     infos = discover_backends(get_plugin_manager())
     if "onnxruntime" not in infos or not infos["onnxruntime"].availability.available:
@@ -270,7 +271,7 @@ def test_a_torch_module_gets_the_two_level_search_with_a_graph_level_backend(cos
 def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, workspace, costs):
     """A limit no run can meet stops every baseline after its build; the placement itself is still timed
     (and a baseline that is the placement, here TVM alone, reuses its cost)."""
-    from collage_core.timing import STOPPED_PREFIX
+    from collage_core.measure.timing import STOPPED_PREFIX
 
     limited = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "limited",
@@ -284,7 +285,7 @@ def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, works
 
 
 def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, costs):
-    from collage_core.timing import MeasureSettings
+    from collage_core.measure.timing import MeasureSettings
 
     once = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "once",
@@ -300,7 +301,8 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
     placement when none beat it by the margin. ONNX Runtime is offered so that a rival is certain: its
     whole-graph build has no summed cost to predict it out of the contest, while TVM alone may be (when
     its convolutions measure over ten times DNNL's)."""
-    from collage_core import finish_stage, in_turns
+    from collage_core.build import stage as finish_stage
+    from collage_core.measure import in_turns
 
     # Default rounds and bursts, one worker per library, not two (two workers' runs are pooled in
     # test_each_library_is_timed_in_turns_by_its_own_workers[2]): half the workers to start and turns to take.
@@ -325,7 +327,7 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
 
 def recorded_builds(monkeypatch) -> list:
     """The library path (None: not kept) of every build the optimizer makes from now on, in order."""
-    from collage_core.job import Job
+    from collage_core.measure.job import Job
 
     run_built, builds = Job.run_built, []
 
@@ -340,7 +342,7 @@ def recorded_builds(monkeypatch) -> list:
 def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, costs, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
-    from collage_core import finish_stage
+    from collage_core.build import stage as finish_stage
 
     def last_rival_fastest(libraries, *args, **kwargs):
         *others, last = libraries
@@ -391,7 +393,7 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     read or measured TVM's (so they are not measured again here: test_cli_optimize_reuses_measured_costs
     reads them back), and no searched placements or baselines."""
     pytest.importorskip("onnxruntime")
-    from collage_core.two_level import TwoLevelSettings
+    from collage_core.search.two_level import TwoLevelSettings
 
     candidate_costs_only(costs, tmp_path / "costs.sqlite")
 
@@ -461,7 +463,7 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
     them (at most MAX_RIVALS in all); however much slower than the placement they measured one after
     the other, and whatever the placement measured."""
     from collage_core.records import Cost, Partition
-    from collage_core.timing import MeasureSettings
+    from collage_core.measure.timing import MeasureSettings
 
     def parts(backend):
         return [Partition(backend, "p", (0, 1), f"{backend}-key", Cost.measured(1e-3, 0.0, 1))]
@@ -492,7 +494,7 @@ def test_each_library_is_timed_in_turns_by_its_own_workers(optimized, workspace,
     """Every worker of every library takes a turn each round (with no burst time, a run after its pause and one
     back to back), and a library's latencies are its fastest worker's runs, one of each a round; the same
     library under two names costs about the same."""
-    from collage_core.in_turns import TurnSettings, time_in_turns
+    from collage_core.measure.in_turns import TurnSettings, time_in_turns
     from collage_core.plugins import get_plugin_manager
 
     inputs = workspace / f"turn-inputs-{workers}.npz"
@@ -517,7 +519,7 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
 
     from collage_core import optimizer
     from collage_core.plugins import get_plugin_manager
-    from collage_core.timing import MeasureSettings
+    from collage_core.measure.timing import MeasureSettings
 
     tests = str(Path(__file__).resolve().parent)
     monkeypatch.syspath_prepend(tests)
@@ -546,7 +548,7 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
 
 
 def test_a_baseline_whose_partitions_add_up_to_ten_times_the_placement_is_not_built():
-    from collage_core.baselines import CANNOT_WIN_FACTOR, PREDICTED_PREFIX, predicted_cost
+    from collage_core.search.baselines import CANNOT_WIN_FACTOR, PREDICTED_PREFIX, predicted_cost
     from collage_core.records import Cost, Partition
 
     def part(ms):
@@ -569,7 +571,7 @@ def op_level_costs_from(monkeypatch, cost_of) -> None:
     the search decide, never a default."""
     import attrs
 
-    from collage_core import search_stage
+    from collage_core.search import stage as search_stage
 
     measure = search_stage.measure
 
@@ -587,10 +589,10 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
     deterministic cost model, never the machine (how slow untuned TVM is against DNNL, and DNNL's own
     costs, move with the machine's load): a TVM convolution costs a second, any other TVM candidate 0.1 ms,
     a DNNL candidate 1 ms."""
-    from collage_core.baselines import PREDICTED_PREFIX
+    from collage_core.search.baselines import PREDICTED_PREFIX
     from collage_core.records import Cost
 
-    from collage_core import finish_stage
+    from collage_core.build import stage as finish_stage
 
     quick_turns(monkeypatch)
 
@@ -616,7 +618,7 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
         assert rows[name].reason.startswith(PREDICTED_PREFIX), rows[name]
     assert rows["dnnl + tvm for the rest"].is_measured
     assert "tvm alone" not in measured and "unpartitioned relax.build" not in measured
-    from collage_core.report import render_report
+    from collage_core.outputs.report import render_report
 
     report = render_report(result)
     assert next(line for line in report.splitlines() if line.startswith("tvm alone ")).split()[2:4] == ["not", "built:"]
@@ -624,7 +626,7 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
 
 def alike_in_turns(cost: Cost):
     """A library's latency in turns that is ``cost`` warm and after a pause of a second alike."""
-    from collage_core.in_turns import LibraryTurns
+    from collage_core.measure.in_turns import LibraryTurns
 
     return LibraryTurns(cost, cost, 1.0)
 
@@ -641,7 +643,7 @@ def forced_turns(fastest: str):
 
 def contest_on_tvm(output_dir, costs, monkeypatch, fastest: str, **options):
     """tiny_resnet on TVM alone, searched at the op level: its one rival is TVM's unpartitioned build."""
-    from collage_core import finish_stage
+    from collage_core.build import stage as finish_stage
 
     monkeypatch.setattr(finish_stage, "time_in_turns", forced_turns(fastest))
     return collage_core.optimize(str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=output_dir,
@@ -700,8 +702,8 @@ def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_dire
         baseline_won, workspace, monkeypatch, capsys):
     """A replay builds, verifies and times its placement: no baselines, no contest, and the run whose
     file it replays is left as it was."""
-    from collage_core import finish_stage
-    from collage_core.placement_file import load_placement
+    from collage_core.build import stage as finish_stage
+    from collage_core.outputs.placement_file import load_placement
 
     out = workspace / "baseline-won"
     searched = load_placement(out / SEARCHED_PLACEMENT_FILE)
@@ -730,7 +732,7 @@ def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_f
         baseline_won, workspace, tmp_path, monkeypatch, capsys):
     import shutil
 
-    from collage_core import finish_stage
+    from collage_core.build import stage as finish_stage
     from collage_core.cli import main
 
     def must_not_run(*args, **kwargs):
@@ -794,7 +796,7 @@ def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placemen
                    f"2.95x; the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}"),
 ], ids=["the search won", "the search kept within the margin", "a baseline won"])
 def test_why_a_placement_won_the_contest_is_said_with_the_latencies_in_turns(placement_ms, rival_ms, why):
-    from collage_core.finish_stage import Built, Contest, after_contest, found_by
+    from collage_core.build.stage import Built, Contest, after_contest, found_by
     from collage_core.records import Partition
 
     def parts(backend):
@@ -814,7 +816,7 @@ def test_why_a_placement_won_the_contest_is_said_with_the_latencies_in_turns(pla
 
 
 def test_where_the_placement_came_from_starts_why_it_was_returned():
-    from collage_core.finish_stage import found_by
+    from collage_core.build.stage import found_by
 
     assert found_by("op-level") == "found by the op-level search"
     assert found_by("two-level", "p.json", "") == "replayed from p.json"

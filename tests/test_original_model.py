@@ -1,5 +1,5 @@
 """Each engine's own session over the original model file: a contender Collage measures beside its
-placements and returns when it wins (collage_core.original_model), and the hook that makes it."""
+placements and returns when it wins (collage_core.model.original_model), and the hook that makes it."""
 
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ import pytest
 from tvm import relax
 
 import collage_core
-from collage_core import original_model, tvm_compat
+from collage_core import tvm_compat
+from collage_core.model import original_model
 from collage_core.backends import discover_backends
-from collage_core.baselines import IN_TURNS, MAX_RIVALS, closest_rivals
-from collage_core.calibration import signature
+from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, closest_rivals
+from collage_core.search.calibration import signature
 from collage_core.hookspecs import hookimpl
-from collage_core.model_import import load_model
-from collage_core.placement_file import PlacementFileError, placement_from_json
+from collage_core.model.model_import import load_model
+from collage_core.outputs.placement_file import PlacementFileError, placement_from_json
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import GRAPH_LEVEL, Cost, Partition
-from collage_core.end_to_end import PLACEMENT, SEARCHED, EndToEnd
-from collage_core.result import SEARCHED_PLACEMENT_FILE
-from collage_core.timing import MeasureSettings
+from collage_core.outputs.end_to_end import PLACEMENT, SEARCHED, EndToEnd
+from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
+from collage_core.measure.timing import MeasureSettings
 from test_optimize import op_level_costs_from
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -134,7 +135,7 @@ def test_a_placement_file_says_which_file_an_engines_own_session_runs():
 
 
 def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
-    from collage_core.finish_stage import own_sessions
+    from collage_core.build.stage import own_sessions
 
     said = []
     engine = SimpleNamespace(kind=GRAPH_LEVEL)
@@ -147,7 +148,7 @@ def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
 
 def own_session_fastest(libraries, *args, **kwargs):
     """A contest in turns that ONNX Runtime's own session wins, 1 ms against 2 ms, whatever the machine does."""
-    from collage_core.in_turns import LibraryTurns
+    from collage_core.measure.in_turns import LibraryTurns
 
     return {name: LibraryTurns(*[Cost.measured(1e-3 if name == SESSION else 2e-3, 1e-5, 20)] * 2, 1.0) for name in libraries}
 
@@ -156,7 +157,7 @@ def own_session_fastest(libraries, *args, **kwargs):
 def session_won(engines, tmp_path_factory, shared_cost_db):
     """tiny_resnet over TVM and ONNX Runtime, TVM's candidates costed by a deterministic model, in a contest
     that ONNX Runtime's own session wins."""
-    from collage_core import finish_stage
+    from collage_core.build import stage as finish_stage
 
     out = tmp_path_factory.mktemp("own-session") / "out"
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -169,9 +170,9 @@ def session_won(engines, tmp_path_factory, shared_cost_db):
 
 def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replayed_and_exported(
         session_won, engines, tmp_path, monkeypatch, capsys):
-    from collage_core import finish_stage
+    from collage_core.build import stage as finish_stage
     from collage_core.cli import main
-    from collage_core.mlf import load_mlf
+    from collage_core.outputs.mlf import load_mlf
 
     result, out = session_won
     digest = result.model.original.digest

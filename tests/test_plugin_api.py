@@ -77,14 +77,14 @@ from collage_core import Backend, tvm_compat
 from collage_core.kit import hookimpl_for
 
 def late():
-    from collage_core.build import build
+    from collage_core.build.executable import build
 
 CHILD = """
 from collage_core.plugins import get_plugin_manager
 """
 '''
     assert [name for _, name in core_imports(source)] == [
-        "collage_core", "collage_core.tvm_compat", "collage_core.kit", "collage_core.build", "collage_core.plugins"]
+        "collage_core", "collage_core.tvm_compat", "collage_core.kit", "collage_core.build.executable", "collage_core.plugins"]
 
 
 def test_only_tests_and_benchmarks_may_import_the_testing_helpers():

@@ -10,12 +10,14 @@ import pytest
 import tvm
 from tvm import relax
 
-from collage_core import precision, tvm_compat
+from collage_core import tvm_compat
+
+from collage_core.model import precision
 from collage_core.errors import CollageError
-from collage_core.model_import import load_model
+from collage_core.model.model_import import load_model
 from collage_core.optimizer import optimize
-from collage_core.placement_file import PlacementFileError, load_placement
-from collage_core.verify import compare_outputs
+from collage_core.outputs.placement_file import PlacementFileError, load_placement
+from collage_core.model.verify import compare_outputs
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CPU = tvm_compat.host_cpu_target()
@@ -143,7 +145,7 @@ def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monke
 
 
 def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(tmp_path):
-    from collage_core.placement_file import Placement
+    from collage_core.outputs.placement_file import Placement
 
     from collage_core.records import Cost, Partition
 

@@ -1,4 +1,4 @@
-"""collage_core.rewrites: each rewrite leaves TVM's build computing the same numbers (float32 within the operator
+"""collage_core.model.rewrites: each rewrite leaves TVM's build computing the same numbers (float32 within the operator
 cases' RTOL/ATOL, pads exactly), and leaves the operators the ONNX converter takes."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import tvm
 from onnx import helper
 from tvm import relax, topi
 
-from collage_core import rewrites, tvm_compat
+from collage_core import tvm_compat
+
+from collage_core.model import rewrites
 from collage_core.relax_onnx import support
 from collage_core.relax_onnx.operator_cases import F, R, assert_same, random_input
 from collage_core.relax_onnx.placement_cases import module

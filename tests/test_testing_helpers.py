@@ -9,7 +9,7 @@ import numpy as np
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core import Availability, Backend, Pattern, hookimpl, testing
-from collage_core.build import packed_call_function, replace_functions
+from collage_core.build.executable import packed_call_function, replace_functions
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import OP_LEVEL
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from collage_core.errors import CollageError
-from collage_core.threads import ENVIRONMENT_VARIABLE, backend_threads
+from collage_core.measure.threads import ENVIRONMENT_VARIABLE, backend_threads
 
 
 def test_every_core_this_process_may_use_by_default(monkeypatch):

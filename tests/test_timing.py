@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from collage_core.timing import MeasureSettings, time_callable
+from collage_core.measure.timing import MeasureSettings, time_callable
 
 SETTINGS = MeasureSettings(warmup=1, min_repeats=3, max_repeats=5, target_spread=0.05, min_repeat_ms=0.0, time_bound_s=1.0)
 
@@ -44,7 +44,7 @@ def test_steadily_slow_runs_are_cut_off_after_one_timed_run():
 def test_a_warm_up_run_far_over_the_cut_off_is_the_cost_by_itself():
     """An untuned TVM matrix product at batch 8 runs for seconds where oneDNN takes milliseconds: its
     warm-up run, over twice the cut-off plus the setup allowance, is not followed by a judged run."""
-    from collage_core.timing import HOPELESS_FACTOR, SETUP_ALLOWANCE_S
+    from collage_core.measure.timing import HOPELESS_FACTOR, SETUP_ALLOWANCE_S
 
     over = HOPELESS_FACTOR * 0.1 + SETUP_ALLOWANCE_S + 0.5
     hopeless = FakeRuns(over, over)
@@ -68,7 +68,8 @@ def test_a_run_the_caller_made_warm_replaces_the_warm_up_and_the_judged_run():
 
 
 def test_candidate_costs_are_net_of_the_vm_call_and_never_below_their_floor():
-    from collage_core import tvm_compat, worker
+    from collage_core import tvm_compat
+    from collage_core.measure import worker
     from collage_core.records import Cost
     from collage_core.records import Cost
 
@@ -91,7 +92,9 @@ def test_a_short_placement_run_is_judged_by_tvms_timer_not_by_its_call_from_pyth
     import numpy as np
     from tvm import relax
 
-    from collage_core import tvm_compat, worker
+    from collage_core import tvm_compat
+
+    from collage_core.measure import worker
     from collage_core.records import Cost
 
     x = relax.Var("x", relax.TensorType((4,), "float32"))

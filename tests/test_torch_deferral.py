@@ -24,7 +24,7 @@ def test_tvm_loads_without_pytorch_and_pytorch_imports_afterwards():
         "from tvm import relax\n"
         "print('torch' in sys.modules)\n"
         "import numpy as np, torch, tvm_ffi\n"
-        "from collage_core.torch_deferral import DeferTorch\n"
+        "from collage_core.model.torch_deferral import DeferTorch\n"
         "print(any(isinstance(f, DeferTorch) for f in sys.meta_path))\n"
         "x = torch.arange(6, dtype=torch.float32).reshape(2, 3)\n"
         "back = torch.from_dlpack(tvm_ffi.from_dlpack(x))\n"
@@ -37,7 +37,7 @@ def test_pytorch_imported_first_is_left_alone():
     out = run_fresh(
         "import sys, torch\n"
         "import collage_core.tvm_compat\n"
-        "from collage_core.torch_deferral import DeferTorch\n"
+        "from collage_core.model.torch_deferral import DeferTorch\n"
         "print(any(isinstance(f, DeferTorch) for f in sys.meta_path))\n"
         "import tvm_ffi._convert as convert\n"
         "print(convert.torch is torch)\n"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from collage_core.graph import OpGraph
+from collage_core.search.graph import OpGraph
 from collage_core.records import Cost, Partition
-from collage_core.regions import KEEP, OpGroup, decode, genome_key
-from collage_core.two_level import TwoLevelSettings, history_text, operators_by_backend, search_two_level, seed_genomes
+from collage_core.search.regions import KEEP, OpGroup, decode, genome_key
+from collage_core.search.two_level import TwoLevelSettings, history_text, operators_by_backend, search_two_level, seed_genomes
 
 
 def chain_with_branches() -> OpGraph:
@@ -187,8 +187,8 @@ def test_each_generation_records_which_backends_gained_ground():
 def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
     from xml.etree import ElementTree
 
-    from collage_core.search_picture import BAR_WIDTH, history_svg
-    from collage_core.two_level import GenerationRecord
+    from collage_core.outputs.search_history import BAR_WIDTH, history_svg
+    from collage_core.search.two_level import GenerationRecord
 
     history = [GenerationRecord(0, 0.004, 10.0, {"onnxruntime": 6, "tvm": 2}, {}),
                GenerationRecord(1, 0.003, 5.0, {"onnxruntime": 4, "openvino": 4}, {"onnxruntime": -2, "openvino": 4, "tvm": -2})]
@@ -208,8 +208,8 @@ def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
 def test_the_pictures_caption_says_when_the_searchs_best_was_not_returned():
     from xml.etree import ElementTree
 
-    from collage_core.search_picture import CAPTION_CHARACTERS, history_svg
-    from collage_core.two_level import GenerationRecord
+    from collage_core.outputs.search_history import CAPTION_CHARACTERS, history_svg
+    from collage_core.search.two_level import GenerationRecord
 
     history = [GenerationRecord(0, 0.004, 10.0, {"openvino": 8}, {})]
     ns = {"svg": "http://www.w3.org/2000/svg"}
@@ -242,10 +242,10 @@ def test_gains_within_the_measurements_spread_do_not_keep_the_search_going():
 
 
 def test_a_placement_whose_run_outlasts_the_cutoff_is_stopped_and_not_measured_again(tmp_path):
-    from collage_core.cost_db import CostDatabase
-    from collage_core.job import CUTOFF_FACTOR, RUN_LIMIT_FLOOR_S, EndToEndEvaluator
-    from collage_core.timing import STOPPED_PREFIX
-    from collage_core.worker_client import StageTooSlow
+    from collage_core.measure.cost_db import CostDatabase
+    from collage_core.measure.job import CUTOFF_FACTOR, RUN_LIMIT_FLOOR_S, EndToEndEvaluator
+    from collage_core.measure.timing import STOPPED_PREFIX
+    from collage_core.measure.worker_client import StageTooSlow
 
     fast = [Partition("tvm", "tvm.op", [0], "fast", Cost.unknown())]
     slow = [Partition("tvm", "tvm.op", [1], "slow", Cost.unknown())]
@@ -284,7 +284,7 @@ def charged_end_to_end_cost(parts) -> Cost:
 
 
 def test_the_predictor_learns_the_op_level_charge_each_backends_scale_and_the_charge_per_region():
-    from collage_core.genome_prediction import LatencyPredictor
+    from collage_core.search.genome_prediction import LatencyPredictor
 
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})
@@ -311,8 +311,8 @@ def test_the_predictor_learns_the_op_level_charge_each_backends_scale_and_the_ch
 def test_a_placement_stopped_at_its_run_limit_teaches_the_region_charge_at_that_limit():
     """A placement stopped because a run outlasted its limit took at least that long: the charge per
     region learns from the limit, so the genomes like it that follow are predicted slower."""
-    from collage_core.genome_prediction import LatencyPredictor
-    from collage_core.timing import stopped
+    from collage_core.search.genome_prediction import LatencyPredictor
+    from collage_core.measure.timing import stopped
 
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})

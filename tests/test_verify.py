@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from collage_core.verify import compare_outputs
+from collage_core.model.verify import compare_outputs
 
 REFERENCE = np.array([[1.0, -2.0, 0.5], [3.0, 0.25, -1.0]], dtype=np.float32)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collage_core import zygote
-from collage_core.timing import MeasureSettings
-from collage_core.worker_client import MeasurementWorker, WorkerFailure
+from collage_core.measure import zygote
+from collage_core.measure.timing import MeasureSettings
+from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
 
 
 def environment_of(pid: int) -> dict:
@@ -103,9 +103,9 @@ def run_placement(tmp_path, name: str, **how) -> list:
 
 def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
     from collage_core import tvm_compat
-    from collage_core.partition import partition_module
+    from collage_core.build.partition import partition_module
     from collage_core.records import Candidate
-    from collage_core.relax_graph import RelaxGraph
+    from collage_core.model.relax_graph import RelaxGraph
 
     mod = small_model()
     graph = RelaxGraph.from_function(mod["main"], mod)
@@ -131,7 +131,7 @@ def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
 
 RUN_THAT_DIES = r"""
 import os, sys
-from collage_core.worker_client import MeasurementWorker
+from collage_core.measure.worker_client import MeasurementWorker
 worker = MeasurementWorker([], [], env=dict(os.environ) if sys.argv[1] == "exec" else None)
 worker._start()
 print(worker.process.pid, flush=True)

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import attrs
 
-from collage_core.build import replace_functions
+from collage_core.build.executable import replace_functions
 from collage_core.hookspecs import hookimpl
 from collage_core.records import Availability, Backend
 

@@ -15,7 +15,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from collage_core import build, tvm_compat
+from collage_core import tvm_compat
+
+from collage_core.build import executable as build
 
 DIGEST_BYTES = hashlib.sha256().digest_size
 

@@ -471,7 +471,7 @@ def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
     name = tvm_compat.op_name(call)
     tir_call = tvm_compat.tir_call(call)
     if tir_call is not None:
-        # What a TIR function computes is not known from the call; collage_core.rewrites turns the kernels TVM's
+        # What a TIR function computes is not known from the call; collage_core.model.rewrites turns the kernels TVM's
         # ONNX importer writes for Pad back into relax.nn.pad before partitioning.
         return f"relax.call_tir of {tir_call[0].name_hint} (a TIR function, not an operator) has no ONNX conversion"
     if name not in RULES:

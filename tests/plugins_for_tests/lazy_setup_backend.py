@@ -13,7 +13,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core import Availability, Backend, Pattern, hookimpl, tvm_compat
-from collage_core.build import replace_functions
+from collage_core.build.executable import replace_functions
 from collage_core.records import OP_LEVEL
 
 BACKEND = "lazysetup"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from collage_core.cost_db import Claim, CostDatabase, CostKey
+from collage_core.measure.cost_db import Claim, CostDatabase, CostKey
 from collage_core.records import Cost
-from collage_core.relax_graph import RelaxGraph
-from collage_core.timing import MeasureSettings
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.measure.timing import MeasureSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
@@ -94,8 +94,8 @@ def measure_as(run: str, db_path: str, report_path: str) -> None:
     os.environ["RENDEZVOUS_RUN"] = run
     from collage_core import tvm_compat
     from collage_core.backends import contribute_patterns, discover_backends
-    from collage_core.candidates import enumerate_candidates
-    from collage_core.measure import measure_candidates
+    from collage_core.candidates.enumeration import enumerate_candidates
+    from collage_core.measure.measurement import measure_candidates
     from collage_core.plugins import get_plugin_manager
 
     pm = get_plugin_manager(disabled=(), extra_modules=[RENDEZVOUS])
@@ -227,10 +227,10 @@ def evaluate_as(run: str, db_path: str, folder: str, report_path: str) -> None:
     however the machine schedules the two."""
     from collage_core import tvm_compat
     from collage_core.backends import discover_backends, select_backends
-    from collage_core.job import Job
-    from collage_core.model_import import load_model
+    from collage_core.measure.job import Job
+    from collage_core.model.model_import import load_model
     from collage_core.plugins import get_plugin_manager
-    from collage_core.regions import genome_key
+    from collage_core.search.regions import genome_key
 
     began, others = Path(folder) / run, [Path(folder) / other for other in "ab" if other != run]
     workdir = Path(folder) / f"work-{run}"
@@ -295,7 +295,7 @@ def test_a_placement_claim_holds_until_its_cost_is_stored_or_it_is_released(tmp_
 
 
 def test_a_placement_claimed_by_a_dead_run_is_measured_and_one_held_too_long_is_measured_anyway(tmp_path):
-    from collage_core.job import EndToEndEvaluator
+    from collage_core.measure.job import EndToEndEvaluator
     from collage_core.records import Partition
 
     class Job:  # what the evaluator asks of a job
@@ -336,8 +336,8 @@ def test_a_baseline_another_run_is_measuring_is_waited_for_not_measured_again(tm
     import threading
 
     from collage_core.errors import CollageError
-    from collage_core.finish_stage import baseline_cost
-    from collage_core.job import BASELINE_PROTOCOL
+    from collage_core.build.stage import baseline_cost
+    from collage_core.measure.job import BASELINE_PROTOCOL
 
     class Job:  # what baseline_cost asks of a job
         settings = MeasureSettings()

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from collage_core.cost_db import (
+from collage_core.measure.cost_db import (
     SCHEMA_VERSION,
     CostDatabase,
     CostDatabaseError,

@@ -19,9 +19,9 @@ import collage_core
 from collage_core import cli
 from collage_core.api_checks import ArgumentError
 from collage_core.cli import main
-from collage_core.model_import import ModelImportError, load_model
-from collage_core.timing import MeasureSettings
-from collage_core.two_level import TwoLevelSettings
+from collage_core.model.model_import import ModelImportError, load_model
+from collage_core.measure.timing import MeasureSettings
+from collage_core.search.two_level import TwoLevelSettings
 from collage_core.tvm_compat import TargetError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_a_target_given_as_json_or_a_known_name_is_taken(tmp_path):
     ({"target": "{oops"}, "target '{oops' is not JSON"),
     ({"output_dir": 7}, "optimize: output_dir must be a path (str or os.PathLike), not 7"),
     ({"cost_db": ["costs.sqlite"]}, "optimize: cost_db must be a path (str or os.PathLike), not list ['costs.sqlite']"),
-    ({"settings": {"build_workers": 2}}, "optimize: settings must be a collage_core.timing.MeasureSettings, not dict"),
+    ({"settings": {"build_workers": 2}}, "optimize: settings must be a collage_core.measure.timing.MeasureSettings, not dict"),
     ({"two_level": TwoLevelSettings(population=1)}, "optimize: two_level.population must be at least 2, not 1"),
     ({"settings": MeasureSettings(build_workers=-1)}, "optimize: settings.build_workers must be at least 0, not -1"),
     ({"baseline_limit_s": -1.0}, "optimize: baseline_limit_s must be at least 0, not -1"),

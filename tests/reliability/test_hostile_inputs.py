@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collage_core.cli import main
-from collage_core.placement_file import PlacementFileError, placement_from_json
+from collage_core.outputs.placement_file import PlacementFileError, placement_from_json
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "collage_core", *sorted((ROOT / "plugins").glob("*/collage_*"))]
@@ -90,9 +90,9 @@ def test_files_collage_writes_follow_the_umask(tmp_path):
     code = (
         "import os, sys, pathlib\n"
         "os.umask(0o077)\n"
-        "from collage_core.cost_db import CostDatabase\n"
-        "from collage_core.deploy import write_runtime_file\n"
-        "from collage_core.placement_file import placement_from_json\n"
+        "from collage_core.measure.cost_db import CostDatabase\n"
+        "from collage_core.build.deploy import write_runtime_file\n"
+        "from collage_core.outputs.placement_file import placement_from_json\n"
         "import json\n"
         "out = pathlib.Path(sys.argv[1])\n"
         "placement_from_json(json.loads(sys.argv[2]), 'x').save(out / 'placement.json')\n"
@@ -130,8 +130,8 @@ def _replay(placement: Path) -> subprocess.CompletedProcess:
 
 
 def _placement_for_tiny_resnet() -> dict:
-    from collage_core.model_import import load_model
-    from collage_core.relax_graph import RelaxGraph
+    from collage_core.model.model_import import load_model
+    from collage_core.model.relax_graph import RelaxGraph
 
     graph = RelaxGraph.from_function(load_model(str(ROOT / "models" / "tiny_resnet.onnx")).mod["main"])
     document = json.loads(json.dumps(VALID))

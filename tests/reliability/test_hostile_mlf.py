@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from collage_core import mlf
-from collage_core.mlf import MLFError, load_mlf
+from collage_core.outputs import mlf
+from collage_core.outputs.mlf import MLFError, load_mlf
 
 CONFIG = {"executor": "relax-vm", "entry": "main", "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
           "outputs": [{"name": "y", "shape": [1, 4], "dtype": "float32"}], "device": "cpu", "runtime_backends": {},
@@ -109,7 +109,7 @@ def refused_in_one_line(tar: Path) -> str:
 
 LOAD_UNDER_A_MEMORY_BOUND = """
 import resource, sys
-from collage_core.mlf import load_mlf
+from collage_core.outputs.mlf import load_mlf
 from collage_core.errors import CollageError
 with open("/proc/self/statm") as statm:
     held = int(statm.read().split()[0]) * resource.getpagesize()
@@ -128,7 +128,7 @@ for tar in sys.argv[2:]:
 def test_tars_declaring_more_than_memory_holds_are_refused_without_reading_it(tmp_path):
     listed_large = dict(MEMBERS, **{"codegen/host/lib/lib0.o": (300 * 2**20, Zeros(300 * 2**20))})
     metadata = metadata_for(MEMBERS, sizes={})  # lists lib0.o with its small digest: the large one must not match
-    bounded = "; Collage refuses such a tar (collage_core.mlf bounds it)"
+    bounded = "; Collage refuses such a tar (collage_core.outputs.mlf bounds it)"
     tars = {
         write_tar(tmp_path / "sparse.tar", {}, extra=sparse_header("metadata.json", 64 * 2**30, 512) + bytes(512)):
             f"its members unpack to more than 16 GiB{bounded}",
@@ -207,7 +207,7 @@ def test_too_many_members_are_refused_from_the_headers(tmp_path, monkeypatch):
     monkeypatch.setattr(mlf, "MAX_MEMBERS", 3)
     tar = export_like(tmp_path / "m.tar")
     assert refused_in_one_line(tar) == ("it has more than 3 members; Collage refuses such a tar "
-                                        "(collage_core.mlf bounds it)")
+                                        "(collage_core.outputs.mlf bounds it)")
 
 
 def test_a_failed_load_leaves_no_folder_behind(tmp_path, monkeypatch):

@@ -168,7 +168,7 @@ def test_a_worker_stream_closed_under_its_reader_ends_the_reading_quietly():
     import io
     import queue
 
-    from collage_core.worker_client import MeasurementWorker
+    from collage_core.measure.worker_client import MeasurementWorker
 
     stream = io.StringIO("first\nsecond\n")
     lines: queue.Queue = queue.Queue()

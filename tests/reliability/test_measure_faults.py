@@ -12,13 +12,13 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns
-from collage_core.candidates import enumerate_candidates
-from collage_core.cost_db import CostDatabase
-from collage_core.measure import _measure_one, measure_candidates
-from collage_core.model_import import load_model
-from collage_core.relax_graph import RelaxGraph
-from collage_core.timing import MeasureSettings
-from collage_core.worker_client import MeasurementWorker
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.measure.cost_db import CostDatabase
+from collage_core.measure.measurement import _measure_one, measure_candidates
+from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.measure.timing import MeasureSettings
+from collage_core.measure.worker_client import MeasurementWorker
 
 PLUGIN = "plugins_for_tests.faulty_backends"
 TESTS = Path(__file__).resolve().parents[1]

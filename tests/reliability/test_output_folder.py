@@ -21,9 +21,9 @@ import pytest
 
 import collage_core
 from collage_core import optimizer
-from collage_core.deploy import carried_dir, read_runtime_file, write_runtime_file
+from collage_core.build.deploy import carried_dir, read_runtime_file, write_runtime_file
 from collage_core.errors import CollageError
-from collage_core.output_folder import LOCK_FILE, NAME_BYTES, SCRATCH_PREFIX, held, library_file, safe_file_name
+from collage_core.outputs.output_folder import LOCK_FILE, NAME_BYTES, SCRATCH_PREFIX, held, library_file, safe_file_name
 from plugins_for_tests.broken_export import START_OF_A_LIBRARY
 
 onnx = pytest.importorskip("onnx")
@@ -241,7 +241,7 @@ def test_a_dead_runs_lock_is_free_and_its_scratch_is_cleared(tmp_path):
     """A holder killed by SIGKILL: the kernel drops its lock, and the next holder removes what it left."""
     out = tmp_path / "out"
     out.mkdir()
-    code = ("import sys, time\nfrom collage_core.output_folder import held\n"
+    code = ("import sys, time\nfrom collage_core.outputs.output_folder import held\n"
             "with held(sys.argv[1]) as scratch:\n"
             "    (scratch / 'inputs.npz').write_bytes(b'inputs')\n"
             "    print(scratch, flush=True)\n"
@@ -262,7 +262,7 @@ def test_a_dead_runs_lock_is_free_and_its_scratch_is_cleared(tmp_path):
 
 
 def test_a_write_that_fails_names_the_file_not_its_temporary(tmp_path):
-    from collage_core.output_folder import write_text
+    from collage_core.outputs.output_folder import write_text
 
     with pytest.raises(FileNotFoundError) as raised:
         write_text(tmp_path / "gone" / "report.txt", "text")
@@ -336,7 +336,7 @@ def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(model, 
 def test_a_run_refused_because_the_folder_is_in_use_removes_nothing_of_it(model, tmp_path, monkeypatch):
     """Two runs into a folder that does not exist yet both make it; the one refused must leave it, with
     the holder's lock and scratch, to the one that holds it."""
-    from collage_core.output_folder import OutputFolderInUse
+    from collage_core.outputs.output_folder import OutputFolderInUse
 
     out = tmp_path / "new" / "out"
     out.mkdir(parents=True)  # as both runs did before either locked it
@@ -372,8 +372,8 @@ def test_a_lock_file_removed_as_a_run_locks_it_refuses_the_run(tmp_path, monkeyp
     take that file for the folder's lock."""
     import fcntl
 
-    from collage_core import output_folder
-    from collage_core.output_folder import OutputFolderInUse
+    from collage_core.outputs import output_folder
+    from collage_core.outputs.output_folder import OutputFolderInUse
 
     out = tmp_path / "out"
     out.mkdir()

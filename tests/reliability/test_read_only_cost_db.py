@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collage_core import cost_db
-from collage_core.cost_db import CostDatabase, CostKey
+from collage_core.measure import cost_db
+from collage_core.measure.cost_db import CostDatabase, CostKey
 from collage_core.records import Cost
 
 MEASURED = Cost.measured(1.5e-3, 2e-5, 20)

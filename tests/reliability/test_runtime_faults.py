@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collage_core import Backend, hookimpl
-from collage_core.deploy import LibraryLoadError, backend_needs, prepare_runtime, write_runtime_file
+from collage_core.build.deploy import LibraryLoadError, backend_needs, prepare_runtime, write_runtime_file
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import OP_LEVEL
 

@@ -21,11 +21,11 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns
-from collage_core.candidates import enumerate_candidates
-from collage_core.cost_db import CostDatabase, is_transient
-from collage_core.measure import measure_candidates
-from collage_core.relax_graph import RelaxGraph
-from collage_core.timing import MeasureSettings
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.measure.cost_db import CostDatabase, is_transient
+from collage_core.measure.measurement import measure_candidates
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.measure.timing import MeasureSettings
 
 PLUGIN = "plugins_for_tests.transient_faults"
 # Long enough for a worker to measure a tiny candidate on a busy machine; the held-up backend waits it out twice.
@@ -102,10 +102,10 @@ def test_remeasure_invalid_measures_every_invalid_cost_again(plugins, tmp_path):
 def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measured_again_by_the_next_run(
     plugins, tmp_path, caplog, monkeypatch
 ):
-    from collage_core import job as job_module
+    from collage_core.measure import job as job_module
     from collage_core.backends import discover_backends, select_backends
-    from collage_core.job import Job
-    from collage_core.model_import import load_model
+    from collage_core.measure.job import Job
+    from collage_core.model.model_import import load_model
     from collage_core.records import Cost, Partition
 
     monkeypatch.setattr(job_module, "BUILD_TIMEOUT_S", 0.0)  # a placement of one ReLU builds within TIMEOUT_S

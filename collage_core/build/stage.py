@@ -1,0 +1,363 @@
+"""The finishing stage: build the searched placement, measure the baselines beside it (each backend
+alone, TVM's unpartitioned build, each engine's own session over the original model file, the
+placement without CUDA graphs) and time the closest of them
+in turns with it, so that what is returned is never slower than what was measured beside it; then
+say why what is returned won, with the latency it was chosen by as the headline."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+
+from collage_core.model import original_model
+from collage_core.search.baselines import (
+    IN_TURNS,
+    TURNS_MARGIN,
+    closest_rivals,
+    faster_baseline,
+    op_groups,
+    operators_by_backend,
+    predicted_cost,
+    single_backend_parts,
+)
+from collage_core.search.calibration import signature
+from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
+from collage_core.errors import CollageError
+from collage_core.measure.in_turns import time_in_turns
+from collage_core.measure.cost_db import CostDatabaseError
+from collage_core.measure.job import (
+    BASELINE_PROTOCOL,
+    UNPARTITIONED,
+    Job,
+    claimed_end_to_end,
+    describe_cost,
+    placement_claim_lifetime_s,
+)
+from collage_core.model.precision import FP32
+from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
+from collage_core.search.regions import decode
+from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
+from collage_core.measure.timing import stopped, stopped_limit
+from collage_core.search.two_level import seed_genomes
+from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
+
+# The pattern name of TVM's unpartitioned build placed as one partition (see whole_model_on_tvm).
+WHOLE_MODEL_PATTERN = "tvm.whole_model"
+
+@attrs.frozen
+class Built:
+    """A placement built into a library: its partitioned module, its outputs on the job's inputs, its cost."""
+
+    partitioned: Any
+    outputs: list
+    cost: Cost
+
+
+@attrs.frozen
+class Contest:
+    """Latencies timed in turns by name (:class:`~collage_core.measure.in_turns.LibraryTurns`: warm, and after a
+    pause); the index of the rival that beat the placement on the warm figure, and its build."""
+
+    turns: dict
+    winner: Optional[int] = None
+    winner_build: Optional[Built] = None
+
+
+@attrs.frozen
+class Outcome:
+    """What the finishing stage decided: the end-to-end rows (the returned placement's first, with the
+    latency it was chosen by; then the others timed in turns; then those measured one after another),
+    the baseline returned instead of the searched placement (``(EndToEnd, parts)`` and its build; None:
+    the searched placement is returned) and why the returned placement won, in a sentence."""
+
+    rows: list
+    why: str
+    replacement: Optional[tuple] = None
+    replacement_build: Optional[Built] = None
+
+
+
+def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
+              limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
+    """TVM's unpartitioned build, the op-level placement, each backend alone (or with a fallback) and each
+    engine's own session over the original model file (:func:`own_sessions`), each with its partitions
+    (TVM's unpartitioned build as one TVM partition of the whole model; None where TVM is not selected),
+    so that whichever measures fastest can be returned.
+
+    A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
+    and says so. With ``db``, baselines measured before are read from it, not measured again.
+    """
+    built: list[tuple[str, list]] = []
+    if two_level_result is not None:
+        built.append(("op-level placement", op_level_parts))
+        groups = op_groups(op_level_parts, candidates, job.backends)
+        for genome in seed_genomes(groups)[1:]:
+            backend = next(g.choices[v - 1] for g, v in zip(groups, genome) if v)
+            covers = all(v for g, v in zip(groups, genome))
+            name = f"{backend} alone" if covers else f"{backend} + op-level placement for the rest"
+            built.append((name, decode(job.graph.graph, groups, genome)))
+    if measurement is not None:
+        for info in job.chosen:
+            if info.backend.kind != OP_LEVEL:
+                continue
+            baseline = single_backend_parts(job.graph, candidates, measurement.costs, info.name, job.backends)
+            if baseline is not None:
+                built.append(baseline)
+    # TVM's unpartitioned build runs the kernels of TVM alone without partition boundaries: it
+    # cannot win where TVM alone cannot.
+    tvm_alone = next((p for name, p in built if name == "tvm alone"), None)
+    reference = op_level_parts or parts
+    unpartitioned = predicted_cost(tvm_alone, reference, "TVM alone's") if tvm_alone is not None else None
+    if unpartitioned is not None:
+        job.say(f"{UNPARTITIONED}: {unpartitioned.reason}")
+    whole = whole_model_on_tvm(job)
+    whole_cost = unpartitioned or baseline_cost(job, UNPARTITIONED, whole, limit_s, db)
+    if whole is not None and whole_cost.is_measured:  # its one partition costs what the whole measured
+        whole = [attrs.evolve(whole[0], cost=whole_cost)]
+    results = [(EndToEnd(UNPARTITIONED, whole_cost, {"relax.build": len(job.graph.graph)}), whole)]
+    measured = {**job.measured_end_to_end, signature(parts): placement_cost}
+    for name, baseline_parts in built:
+        baseline_signature = signature(baseline_parts)
+        if baseline_signature not in measured:
+            cannot_win = predicted_cost(baseline_parts, reference)
+            if cannot_win is not None:
+                job.say(f"{name}: {cannot_win.reason}")
+            measured[baseline_signature] = cannot_win or baseline_cost(job, name, baseline_parts, limit_s, db)
+        results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
+                        baseline_parts))
+    return results + own_sessions(job, limit_s, db)
+
+
+def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
+    """Each engine whose plugin runs the original model file whole (``collage_lower_whole_model``), in its
+    own session as its users run it, measured like the other baselines (see collage_core.model.original_model).
+    None for a model that is not a file, nor at a precision other than fp32 (the file computes in float32):
+    one line says so when a graph-level engine was selected."""
+    imported, operators = job.imported, len(job.graph.graph)
+    why_none = None
+    if imported.original is None:
+        why_none = f"the model is {original_model.kind_of(imported)}, not a file they read (export it to ONNX and give Collage the file to have them)"
+    elif imported.precision != FP32:
+        why_none = f"the original file computes in float32, and this run places the model at {imported.precision}"
+    if why_none is not None:
+        if any(backend.kind == GRAPH_LEVEL for backend in job.backends.values()):
+            job.say(f"no engine's own session over the original model is a contender: {why_none}")
+        return []
+    rows = []
+    for name in job.backends:
+        entry = original_model.contender_name(name)
+        try:
+            mod = job.own_session_module(name)
+        except CollageError as error:
+            rows.append((EndToEnd(entry, Cost.invalid(str(error)), {name: operators}), None))
+            continue
+        if mod is None:
+            continue
+        parts = original_model.placement_parts(name, operators, imported.original)
+        cost = baseline_cost(job, entry, parts, limit_s, db)
+        if cost.is_measured:  # its one partition costs what the whole measured
+            parts = [attrs.evolve(parts[0], cost=cost)]
+        rows.append((EndToEnd(entry, cost, {name: operators}), parts))
+    return rows
+
+
+def whole_model_on_tvm(job: Job) -> Optional[list[Partition]]:
+    """TVM's unpartitioned build as a placement: one TVM partition holding every operator, which TVM
+    fuses and schedules as it does the unpartitioned model (its fusion works within a function);
+    None when TVM is not among the selected backends."""
+    if "tvm" not in job.backends:
+        return None
+    nodes = tuple(range(len(job.graph.graph)))
+    return [Partition("tvm", WHOLE_MODEL_PATTERN, nodes, WHOLE_MODEL_PATTERN, Cost.unknown())]
+
+
+def build_placement(job: Job, parts, library: Path) -> Built:
+    """``parts`` built into ``library`` (with its runtime file beside it), run on the job's inputs and timed."""
+    partitioned = job.partitioned(parts)
+    outputs, cost = job.run_built(parts, library, mod=partitioned)
+    used = {p.backend for p in parts}
+    carried = runtime_libraries(job.pm, [backend for name, backend in job.backends.items() if name in used])
+    write_runtime_file(library, backend_needs(job.backends.values(), used), carried)
+    return Built(partitioned, outputs, cost)
+
+
+def found_by(search: str, replayed_from=None, replayed_why: str = "") -> str:
+    """Where the placement a run builds came from, the start of why it was returned: the search that
+    found it, or the placement file replayed (with why that file's placement had been chosen)."""
+    if replayed_from is None:
+        return f"found by the {search} search"
+    return f"replayed from {replayed_from}" + (f" (the file says why it was chosen: {replayed_why})" if replayed_why else "")
+
+
+def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines, may_replace: bool = True) -> Outcome:
+    """Time the placement (``parts``, built into ``library``) in turns with the closest of ``baselines``
+    (``(EndToEnd, parts)`` pairs); with ``may_replace``, the fastest of them by TURNS_MARGIN is
+    returned instead (its build replaces ``library``). Where none could be timed in turns, a baseline
+    measured faster one after another by SWITCH_MARGIN is. ``origin`` says where the placement came
+    from (:func:`found_by`)."""
+    rivals = closest_rivals(baselines, parts, built.cost, job.settings)
+    timed = contest(job, library, rivals, may_replace) if rivals else None
+    if timed is not None:
+        return after_contest(origin, parts, built, baselines, rivals, timed)
+    mix, sequential = operators_by_backend(parts), [entry for entry, _ in baselines]
+    faster = faster_baseline(baselines, built.cost) if may_replace else None
+    if faster is None:
+        measured = "no baseline measured faster one after another" if sequential else "no baseline was measured"
+        return Outcome([EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)")
+    entry, rival_parts = faster
+    rebuilt = build_placement(job, rival_parts, library)
+    why = (f"{entry.name} measured faster one after another (none could be timed in turns): "
+           f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
+           f"{_what_it_runs(rival_parts)}the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
+    rows = [EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)), EndToEnd(SEARCHED, built.cost, mix),
+            *sequential]
+    return Outcome(rows, why, faster, rebuilt)
+
+
+def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Contest) -> Outcome:
+    """The rows and the why of a contest in turns between the placement (``parts``, its build ``built``)
+    and ``rivals``: the returned placement's row carries its latency in turns."""
+    timed_turns, mix = timed.turns, operators_by_backend(parts)
+    turns = {name: library.warm for name, library in timed_turns.items()}
+    in_turns = {entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend)
+                for entry, _ in rivals}
+    sequential = [entry for entry, _ in baselines]
+    fastest, _ = min(rivals, key=lambda pair: turns[pair[0].name].seconds)
+    placed, best = turns[PLACEMENT], turns[fastest.name]
+    if timed.winner is None:
+        if best.seconds >= placed.seconds:
+            why = (f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, "
+                   f"{_times(best, placed)}")
+        elif best.seconds >= placed.seconds * (1 - TURNS_MARGIN):
+            why = (f"{origin}; kept: in the contest in turns {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
+                   f"within the {TURNS_MARGIN:.0%} a baseline must win by")
+        else:
+            why = (f"{origin}; a replay returns its placement, though in the contest in turns {fastest.name} ran "
+                   f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}")
+        rows = [_in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix), *in_turns.values(),
+                EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
+        return Outcome(rows, why)
+    entry, rival_parts = rivals[timed.winner]
+    rival_mix = operators_by_backend(rival_parts)
+    why = (f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
+           f"{_ms(placed)}, {_times(placed, turns[entry.name])}; {_what_it_runs(rival_parts)}the searched placement "
+           f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
+    rows = [_in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix),
+            _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix),
+            *(row for name, row in in_turns.items() if name != entry.name),
+            EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
+            EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
+    return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
+
+
+def _in_turns_row(name: str, library, mix) -> EndToEnd:
+    """A row timed in turns: its warm latency, by which the contest chose, and its latency after a pause."""
+    return EndToEnd(name, library.warm, mix, True, library.after_pause, library.paused_s)
+
+
+def _what_it_runs(parts) -> str:
+    """For a returned engine's own session: what it runs, as the start of a clause; else nothing."""
+    engine = original_model.engine_of(parts)
+    return "" if engine is None else f"{original_model.what_it_runs(engine)}; "
+
+
+def _ms(cost: Cost) -> str:
+    return f"{cost.median_s * 1e3:.3f} ms"
+
+
+def _times(slower: Cost, faster: Cost) -> str:
+    """How many times faster ``faster`` ran: ``1.05x``."""
+    return f"{slower.median_s / faster.median_s:.2f}x"
+
+
+def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Optional[Contest]:
+    """The placement's ``library`` and a build of each rival (``(EndToEnd, parts)`` pairs) timed in
+    turns (see :mod:`collage_core.measure.in_turns`); None if that failed. When the fastest rival, warm and back
+    to back, beat the placement by TURNS_MARGIN and ``may_replace``, its build replaces ``library`` and is
+    the contest's winner."""
+    names = ", ".join(entry.name for entry, _ in rivals)
+    job.say(f"timing the placement and {names} in turns")
+    rivals_dir = job.scratch / "rivals"
+    try:
+        builds = []
+        for index, (_, rival_parts) in enumerate(rivals):
+            (rivals_dir / str(index)).mkdir(parents=True, exist_ok=True)
+            builds.append(build_placement(job, rival_parts, rivals_dir / str(index) / library.name))
+        inputs = rivals_dir / "inputs.npz"
+        np.savez(inputs, *job.inputs)
+        libraries = {PLACEMENT: library}
+        libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
+        turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules,
+                              job.disabled)
+        job.say("  in turns, warm back to back: " + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items()))
+        job.say("  in turns, after a pause: " + ", ".join(f"{name} {describe_cost(t.after_pause)} ({t.paused_s:.1f} s idle)"
+                                                          for name, t in turns.items()))
+        fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].warm.seconds)
+        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (1 - TURNS_MARGIN):
+            return Contest(turns)
+        won = rivals_dir / str(fastest) / library.name
+        copy_library(won, library, move=True)
+        return Contest(turns, fastest, builds[fastest])
+    except (CollageError, WorkerFailure) as error:
+        job.say(f"  could not time them in turns: {error}")
+        return None
+    finally:
+        shutil.rmtree(rivals_dir, ignore_errors=True)
+
+
+def without_cuda_graphs(job: Job, parts, limit_s: Optional[float], db) -> Optional[EndToEnd]:
+    """On a CUDA target whose placements replay CUDA graphs: ``parts`` built to launch each kernel
+    on its own and measured, so that the report shows what the graphs gain; None elsewhere."""
+    if not job.replays_cuda_graphs():
+        return None
+    cost = baseline_cost(job, WITHOUT_CUDA_GRAPHS, parts, limit_s, db, cuda_graphs=False)
+    return EndToEnd(WITHOUT_CUDA_GRAPHS, cost, operators_by_backend(parts))
+
+
+def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda_graphs: Optional[bool] = None) -> Cost:
+    """``parts`` (None: TVM's unpartitioned build) measured in full, or as measured before in ``db``.
+
+    A stopped measurement is reused only under a limit no longer than the one it exceeded; one
+    measured before and slower than ``limit_s`` is stopped without building it again.
+    """
+    key = job.end_to_end_key(parts, BASELINE_PROTOCOL, cuda_graphs)
+    claim = None
+    if db is not None:  # runs sharing the database measure each baseline once in all
+        lifetime_s = placement_claim_lifetime_s(job.settings) + (limit_s or 0.0)
+        claim = claimed_end_to_end(db, key, lifetime_s, job.say, name)
+    known = None if claim is None else claim.cost
+    if known is not None and limit_s is not None and known.seconds > limit_s and known.is_measured:
+        job.say(f"{name}: stopped, it measured {describe_cost(known)} before (from the cost database)")
+        return stopped(limit_s)
+    if known is not None:
+        exceeded = stopped_limit(known)
+        if exceeded is None or (limit_s is not None and limit_s <= exceeded):
+            job.say(f"{name}: {describe_cost(known)} (from the cost database)")
+            return known
+    job.say(f"building and measuring {name}")
+    started = time.perf_counter()
+    try:
+        cost = job.run_built(parts, None, run_limit_s=limit_s, cuda_graphs=cuda_graphs)[1]
+    except StageTooSlow as slow:
+        job.say(f"  stopped: one run takes longer than {slow.limit_s:g} s")
+        cost = stopped(slow.limit_s)
+    except BaseException as error:
+        if claim is not None and claim.granted:  # it lapses with this process anyway
+            with contextlib.suppress(CostDatabaseError):
+                db.release_end_to_end(key)
+        if isinstance(error, CollageError):
+            return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
+        raise
+    if db is not None:
+        db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
+    return cost
+

@@ -1,0 +1,470 @@
+"""Reading an operator group as one anchor (a convolution, a matrix product) and the epilogue a kernel fuses.
+
+Native backends recognise the same things after an anchor: a scale, a per-channel bias, a
+residual add, an activation (ReLU, erf or tanh GELU spelt out the way exporters write them,
+SiLU), reshapes that leave memory as it is. A plugin's recognizer calls :func:`read_epilogue`
+and refuses what its kernel does not compute exactly; one recognizer serves both its pattern
+checks (on the matched calls of ``main``) and its lowering (on a partition function's bindings).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import attrs
+import numpy as np
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, wildcard
+
+from collage_core import tvm_compat
+from collage_core.model.dtypes import DTYPES
+from collage_core.records import PatternRefused
+
+FLOAT32 = "float32"
+SQRT2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+ACTIVATIONS = ("relu", "gelu_erf", "gelu_tanh", "silu")
+
+
+class Refused(PatternRefused):
+    """The group is outside what a kernel computes exactly; the message says what."""
+
+
+class Group:
+    """Calls in order (anchor's operands first, root last), the variables they are bound to, and the outputs."""
+
+    def __init__(self, calls: Sequence, bound_vars: Sequence, outputs: Sequence):
+        self.calls = list(calls)
+        self.bound_vars = list(bound_vars)
+        self.outputs = list(outputs)
+        self._producer = {var: call for var, call in zip(bound_vars, calls)}
+
+    @classmethod
+    def from_match(cls, match) -> "Group":
+        return cls(match.calls, match.bound_vars, match.outputs)
+
+    @classmethod
+    def from_function(cls, func: relax.Function) -> "Group":
+        """A partition function's bindings: its one output is what it returns."""
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        calls = [b.value for b in bindings if tvm_compat.is_op_call(b.value)]
+        bound = [b.var for b in bindings if tvm_compat.is_op_call(b.value)]
+        aliases = {b.var: b.value for b in bindings if isinstance(b.value, relax.Var)}
+        if len(calls) + len(aliases) != len(bindings):
+            raise Refused("the partition binds values other than operator calls")
+        body = func.body.body
+        outputs = list(body.fields) if isinstance(body, relax.Tuple) else [body]
+        while len(outputs) == 1 and outputs[0] in aliases:
+            outputs = [aliases[outputs[0]]]
+        if any(alias in aliases for call in calls for alias in call.args):
+            raise Refused("the partition reads a renamed intermediate result")
+        return cls(calls, bound, outputs)
+
+    def producer(self, expr):
+        return self._producer.get(expr) if isinstance(expr, relax.Var) else None
+
+    def var_of(self, call):
+        return self.bound_vars[self.calls.index(call)]
+
+    def single_anchor(self, anchor_ops: Sequence[str], dtypes: Sequence[str] = (FLOAT32,)):
+        """The group's one anchor call; the group must have one output and calls of ``dtypes`` throughout."""
+        if len(self.outputs) != 1:
+            raise Refused("an intermediate result of the group is used outside it")
+        anchors = [call for call in self.calls if tvm_compat.op_name(call) in anchor_ops]
+        if len(anchors) != 1:
+            raise Refused("the group does not have exactly one anchor operator")
+        for call in self.calls:
+            expect_dtype(call, dtypes)
+        return anchors[0]
+
+
+def shape_of(expr) -> tuple[int, ...]:
+    return tvm_compat.tensor_shape_dtype(expr)[0]
+
+
+def expect_float32(expr) -> None:
+    expect_dtype(expr, (FLOAT32,))
+
+
+def expect_dtype(expr, dtypes: Sequence[str]) -> str:
+    """``expr``'s dtype, which must be one of ``dtypes``."""
+    try:
+        dtype = tvm_compat.tensor_shape_dtype(expr)[1]
+    except ValueError as error:
+        raise Refused(str(error)) from None
+    if dtype not in dtypes:
+        raise Refused(f"dtype {dtype} (only {' or '.join(dtypes)})")
+    return dtype
+
+
+def uniform_operand_dtype(anchor, operands, allowed: Sequence[str]) -> str:
+    """The one dtype of ``anchor``'s matrix ``operands``, of ``allowed``: float32, or a 16-bit type that
+    accumulates into a float32 result (``out_dtype="float32"``), as TVM's mixed-precision pass writes them."""
+    dtypes = {expect_dtype(operand, allowed) for operand in operands}
+    if len(dtypes) != 1:
+        raise Refused(f"operands of mixed dtypes {sorted(dtypes)}")
+    dtype = dtypes.pop()
+    if dtype != FLOAT32 and str(anchor.attrs.out_dtype) != FLOAT32:
+        raise Refused(f"{dtype} operands with a {dtype} result (only with out_dtype float32)")
+    return dtype
+
+
+def external(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> None:
+    """Operands a kernel reads must come from outside the group (or be constants), of one of ``dtypes``."""
+    if group.producer(expr) is not None:
+        raise Refused("an operand is computed inside the group by an operator the kernel does not fuse")
+    expect_dtype(expr, dtypes)
+
+
+def expect_plain_out_dtype(call) -> None:
+    out_dtype = call.attrs.out_dtype
+    if out_dtype is not None and str(out_dtype) not in ("", "void", FLOAT32):
+        raise Refused(f"out_dtype {out_dtype}")
+
+
+def ints(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def padding4(values) -> tuple[int, int, int, int]:
+    """A 2-d operator's padding as (top, left, bottom, right) from Relax's 1, 2 or 4 numbers."""
+    values = ints(values)
+    if len(values) == 1:
+        return values * 4
+    if len(values) == 2:
+        return values * 2
+    return values
+
+
+def scalar(expr) -> Optional[float]:
+    value = tvm_compat.constant_array(expr)
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
+def other_operand(call, value):
+    """The argument of a binary call that is not ``value`` (None when neither or both are)."""
+    first, second = call.args
+    if first.same_as(value) and not second.same_as(value):
+        return second
+    if second.same_as(value) and not first.same_as(value):
+        return first
+    return None
+
+
+def plain_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.insert(0, step)
+        step *= size
+    return strides
+
+
+def _close(value: Optional[float], wanted: float, tolerance: float = 1e-6) -> bool:
+    return value is not None and abs(value - wanted) <= tolerance * max(1.0, abs(wanted))
+
+
+def _spelt_out(group: Group, calls: list, value, steps) -> bool:
+    """Whether ``calls`` (in any order the exporter wrote them) are ``steps`` applied to ``value``.
+
+    Each step is ``(op, operands)``: operands are ``"x"`` (``value``), an int (the result of that
+    earlier step) or a float (a scalar constant of that value, to float32 precision). Additions
+    and multiplications may take their operands either way round.
+    """
+    if sorted(tvm_compat.op_name(call) for call in calls) != sorted(op for op, _ in steps):
+        return False
+    found: list = []
+    for op, operands in steps:
+        wanted = [value if o == "x" else group.var_of(found[o]) if isinstance(o, int) else o for o in operands]
+        match = next((call for call in calls if call not in found and tvm_compat.op_name(call) == op and _operands_are(call, wanted)), None)
+        if match is None:
+            return False
+        found.append(match)
+    return found[-1] is calls[-1]  # the last step is the result the chain goes on from
+
+
+# How close a spelt-out activation's constant must be to the value it stands for: a 16-bit constant is
+# that value rounded to its type (half a unit in the last place, relative).
+CONSTANT_TOLERANCE = {"bfloat16": 2.0**-9, "float16": 2.0**-12}
+
+
+def _operands_are(call, wanted) -> bool:
+    def same(arg, expected):
+        if isinstance(expected, float):
+            dtype = tvm_compat.tensor_shape_dtype(arg)[1] if tvm_compat.is_constant(arg) else FLOAT32
+            return _close(scalar(arg), expected, CONSTANT_TOLERANCE.get(dtype, 1e-6))
+        return arg.same_as(expected)
+
+    args = list(call.args)
+    if len(args) != len(wanted):
+        return False
+    if all(same(a, w) for a, w in zip(args, wanted)):
+        return True
+    commutative = tvm_compat.op_name(call) in ("relax.add", "relax.multiply")
+    return commutative and same(args[0], wanted[1]) and same(args[1], wanted[0])
+
+
+# x * (erf(x / sqrt2) + 1) * 0.5, as ONNX exporters write erf GELU
+_GELU_ERF_STEPS = (
+    ("relax.divide", ("x", SQRT2)), ("relax.erf", (0,)), ("relax.add", (1, 1.0)), ("relax.multiply", ("x", 2)),
+    ("relax.multiply", (3, 0.5)),
+)
+# (x * 0.5) * (tanh((x + x**3 * 0.044715) * sqrt(2/pi)) + 1), as GPT-2's exporters write tanh GELU
+_GELU_TANH_STEPS = (
+    ("relax.power", ("x", 3.0)), ("relax.multiply", (0, 0.044715)), ("relax.add", ("x", 1)),
+    ("relax.multiply", (2, SQRT_2_OVER_PI)), ("relax.tanh", (3,)), ("relax.add", (4, 1.0)), ("relax.multiply", ("x", 0.5)),
+    ("relax.multiply", (6, 5)),
+)
+_SILU_STEPS = (("relax.sigmoid", ("x",)), ("relax.multiply", ("x", 0)))  # x * sigmoid(x)
+
+
+def _spelt_out_activation(steps):
+    def taken(group: Group, rest: list, value) -> int:
+        count = len(steps)
+        return count if len(rest) >= count and _spelt_out(group, rest[:count], value, steps) else 0
+
+    return taken
+
+
+_gelu_erf = _spelt_out_activation(_GELU_ERF_STEPS)
+_gelu_tanh = _spelt_out_activation(_GELU_TANH_STEPS)
+_silu = _spelt_out_activation(_SILU_STEPS)
+
+
+ACTIVATION_OPS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu_erf", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.silu": "silu"}
+SPELT_OUT = {"gelu_erf": _gelu_erf, "gelu_tanh": _gelu_tanh, "silu": _silu}
+
+
+def _activation(group: Group, rest: list, value, allowed: Sequence[str]) -> tuple[Optional[str], int]:
+    """The activation the first calls of ``rest`` apply to ``value``, and how many calls it takes."""
+    call = rest[0]
+    single = ACTIVATION_OPS.get(tvm_compat.op_name(call))
+    if single in allowed and call.args[0].same_as(value):
+        return single, 1
+    for name, spelt_out in SPELT_OUT.items():
+        if name in allowed:
+            taken = spelt_out(group, rest, value)
+            if taken:
+                return name, taken
+    return None, 0
+
+
+@attrs.define
+class Epilogue:
+    """Operations after the anchor a kernel fuses, in the order kernels apply them: scale, bias, residual, activation.
+
+    ``out_dtype`` is what the kernel writes: float32, or the 16-bit type of a cast read straight after the
+    anchor (the residual is then of that type too; the kernel computes the rest in float32 and rounds once).
+    """
+
+    scale: float = 1.0
+    bias: Optional[np.ndarray] = None
+    out_dtype: str = FLOAT32
+    residual: object = None
+    activation: Optional[str] = None
+    output_shape: tuple = ()
+
+
+def as_dtype(values, dtype: str) -> np.ndarray:
+    """``values`` as a numpy array of ``dtype`` (``bfloat16`` is ml_dtypes', which TVM's constants and tensors take)."""
+    if dtype == "bfloat16":
+        # Deferred: ml_dtypes is optional: only for bfloat16 constants.
+        import ml_dtypes
+
+        return np.asarray(values, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    return np.asarray(values).astype(dtype)
+
+
+def _as_bias(value: np.ndarray, channels: int, axis_from_end: int) -> Optional[np.ndarray]:
+    """``value`` as a per-channel bias, when it adds one number per channel along that axis."""
+    shape = value.shape
+    if value.size != channels or len(shape) < axis_from_end or shape[-axis_from_end] != channels:
+        return None
+    return value.reshape(channels).astype(np.float32)
+
+
+SIXTEEN_BIT = tuple(DTYPES.values())  # what `--precision bf16|fp16` converts to
+
+
+def _sixteen_bit_cast(call) -> str:
+    """The 16-bit dtype a cast of a float32 anchor result gives."""
+    dtype = str(call.attrs.dtype)
+    if dtype not in SIXTEEN_BIT or tvm_compat.tensor_shape_dtype(call.args[0])[1] != FLOAT32:
+        raise Refused(f"a cast to {dtype} after the anchor (only float32 to {' or '.join(SIXTEEN_BIT)})")
+    return dtype
+
+
+def read_epilogue(
+    group: Group, anchor, channels: int, channel_axis_from_end: int, allowed: Sequence[str], reshapes: bool = False
+) -> Epilogue:
+    """The calls after ``anchor``, read as scale, bias, residual add and activation (each optional, in that order).
+
+    ``allowed`` names what the kernel fuses: ``"scale"``, ``"bias"``, ``"residual"`` and
+    activations from :data:`ACTIVATIONS`, and ``"cast"``: a float32 anchor result cast to 16 bits
+    straight away, as TVM's mixed-precision pass writes each product and convolution, after which the
+    epilogue runs on 16-bit values. The kernel computes that epilogue in float32 and rounds once where
+    the Relax program rounds after each step: closer to float32, within the 16-bit precision's
+    tolerance. With ``reshapes``, reshapes between them are taken (memory stays as it is); a bias after
+    a reshape must still run along the last axis.
+    """
+    rest = group.calls[group.calls.index(anchor) + 1 :]
+    value, epilogue, stage = group.var_of(anchor), Epilogue(), 0
+    axis_from_end = channel_axis_from_end
+    while rest:
+        call, name = rest[0], tvm_compat.op_name(rest[0])
+        activation, taken = _activation(group, rest, value, allowed) if stage < 4 else (None, 0)
+        other = other_operand(call, value) if name in ("relax.add", "relax.multiply") else None
+        if activation is not None:
+            epilogue.activation, stage = activation, 4
+        elif name == "relax.astype" and "cast" in allowed and call.args[0].same_as(value) and value.same_as(group.var_of(anchor)):
+            epilogue.out_dtype, taken = _sixteen_bit_cast(call), 1
+        elif name == "relax.reshape" and reshapes and call.args[0].same_as(value):
+            taken = 1
+            if shape_of(call)[-1] != channels:
+                axis_from_end = 0  # the channel axis is gone: no bias may follow
+        elif name == "relax.multiply" and other is not None and "scale" in allowed and stage < 1 and scalar(other) is not None:
+            epilogue.scale, stage, taken = scalar(other), 1, 1
+        elif name == "relax.add" and other is not None and tvm_compat.constant_array(other) is not None:
+            constant = tvm_compat.constant_array(other)
+            bias = _as_bias(constant, channels, axis_from_end) if axis_from_end else None
+            if "bias" not in allowed or stage >= 2 or bias is None or epilogue.scale != 1.0:
+                raise Refused(f"an added constant of shape {constant.shape} that the kernel cannot fuse as a bias")
+            epilogue.bias, stage, taken = bias, 2, 1
+        elif name == "relax.add" and other is not None and "residual" in allowed and stage < 3:
+            external(group, other, (epilogue.out_dtype,))
+            if shape_of(other) != shape_of(call):
+                raise Refused("a residual add that broadcasts")
+            epilogue.residual, stage, taken = other, 3, 1
+        else:
+            raise Refused(f"{name} after the anchor is not a post-operation the kernel fuses there")
+        value = group.var_of(rest[taken - 1])
+        rest = rest[taken:]
+    epilogue.output_shape = shape_of(value)
+    return epilogue
+
+
+@attrs.frozen
+class StridedOperand:
+    """A tensor a kernel reads, and the dims and strides (in elements) it sees it through, transposes absorbed."""
+
+    source: object = attrs.field(eq=False)
+    dims: tuple
+    strides: tuple
+
+
+def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> StridedOperand:
+    """``expr`` read in place: through the group's ``permute_dims`` of an outside tensor, or as it is."""
+    producer = group.producer(expr)
+    if producer is not None and tvm_compat.op_name(producer) == "relax.permute_dims":
+        source = producer.args[0]
+        external(group, source, dtypes)
+        source_shape = shape_of(source)
+        axes = ints(producer.attrs.axes) if producer.attrs.axes is not None else tuple(reversed(range(len(source_shape))))
+        plain = plain_strides(source_shape)
+        return StridedOperand(source, tuple(source_shape[a] for a in axes), tuple(plain[a] for a in axes))
+    external(group, expr, dtypes)
+    dims = shape_of(expr)
+    return StridedOperand(expr, tuple(dims), tuple(plain_strides(dims)))
+
+
+# Dataflow patterns for the same epilogues, so that every backend matches them alike. Each takes
+# the pattern of the value the epilogue applies to and returns the pattern of its result.
+
+
+def either(op: str, value, other):
+    """``op(value, other)`` or ``op(other, value)``: exporters write commutative operands either way."""
+    return is_op(op)(value, other) | is_op(op)(other, value)
+
+
+def cast_pattern(value):
+    """A cast of ``value`` (TVM's mixed-precision pass casts each float32-accumulated result to 16 bits)."""
+    return is_op("relax.astype")(value)
+
+
+def bias_pattern(value):
+    return either("relax.add", value, is_const())
+
+
+def residual_pattern(value):
+    return either("relax.add", value, wildcard())
+
+
+def scale_pattern(value):
+    return either("relax.multiply", value, is_const())
+
+
+def reshape_pattern(value):
+    return is_op("relax.reshape")(value, wildcard())
+
+
+def _gelu_erf_pattern(value):
+    """TVM's gelu, or erf GELU as ONNX exporters spell it: x * (erf(x / sqrt2) + 1) * 0.5."""
+    erf = is_op("relax.erf")(is_op("relax.divide")(value, is_const()))
+    product = either("relax.multiply", value, either("relax.add", erf, is_const()))
+    return is_op("relax.nn.gelu")(value) | either("relax.multiply", product, is_const())
+
+
+def _gelu_tanh_pattern(value):
+    """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1)."""
+    cube = either("relax.multiply", is_op("relax.power")(value, is_const()), is_const())
+    tanh = is_op("relax.tanh")(either("relax.multiply", either("relax.add", value, cube), is_const()))
+    spelt_out = either("relax.multiply", either("relax.multiply", value, is_const()), either("relax.add", tanh, is_const()))
+    return is_op("relax.nn.gelu_tanh")(value) | spelt_out
+
+
+def _silu_pattern(value):
+    """TVM's silu, or x * sigmoid(x)."""
+    return is_op("relax.nn.silu")(value) | either("relax.multiply", value, is_op("relax.sigmoid")(value))
+
+
+ACTIVATION_PATTERNS = {
+    "relu": lambda value: is_op("relax.nn.relu")(value),
+    "gelu_erf": _gelu_erf_pattern,
+    "gelu_tanh": _gelu_tanh_pattern,
+    "silu": _silu_pattern,
+}
+
+
+def activation_pattern(value, names: Sequence[str]):
+    """Any of the activations ``names`` applied to ``value``."""
+    alternatives = [ACTIVATION_PATTERNS[name](value) for name in names]
+    pattern = alternatives[0]
+    for alternative in alternatives[1:]:
+        pattern = pattern | alternative
+    return pattern
+
+
+def product_epilogues(activations: Sequence[str]) -> dict:
+    """The epilogue patterns a product kernel fuses, by name suffix: bias, then residual, then one of
+    ``activations`` (each optional); a reshape may stand before the activation. Each value takes the
+    pattern of the product and returns the pattern of the group's result."""
+    identity = lambda value: value  # noqa: E731
+    epilogues = {}
+    for bias_name, bias in (("", identity), ("_bias", bias_pattern)):
+        for residual_name, residual in (("", identity), ("_add", residual_pattern)):
+            epilogues[f"{bias_name}{residual_name}"] = lambda v, bias=bias, residual=residual: residual(bias(v))
+            for name in activations:
+                suffix = "_gelu" if name == "gelu_tanh" else f"_{name}"
+                for reshape_name, reshape in (("", identity), ("_reshape", reshape_pattern)):
+                    epilogues[f"{bias_name}{residual_name}{reshape_name}{suffix}"] = (
+                        lambda v, bias=bias, residual=residual, reshape=reshape, name=name:
+                        activation_pattern(reshape(residual(bias(v))), [name])
+                    )
+    return epilogues
+
+
+def recognizer_check(recognize):
+    """A pattern check for a backend whose kernels are described by ``recognize(group)`` (which
+    raises :class:`Refused` with the reason for what its kernels would compute differently).
+
+    A batched matmul pattern with a constant right operand is refused: the dense patterns take it.
+    """
+
+    def check(match) -> bool:
+        matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
+        if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
+            raise Refused("a constant right operand is the dense patterns' match")
+        recognize(Group.from_match(match))
+        return True
+
+    return check

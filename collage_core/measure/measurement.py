@@ -1,0 +1,313 @@
+"""Measuring candidates: once per distinct structure, in worker processes, remembered in the cost database."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import attrs
+
+from collage_core import tvm_compat
+from collage_core.measure.cost_db import CostDatabase, CostDatabaseError, CostKey
+from collage_core.measure.worker import OUT_OF_GPU_MEMORY_REASON
+from collage_core.measure.progress import ProgressBar
+from collage_core.records import Candidate, Cost
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.measure.timing import MeasureSettings
+from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, TransientFailure, WorkerFailure
+
+log = logging.getLogger("collage")
+
+
+@attrs.frozen
+class MeasurementReport:
+    """Costs by candidate key, and how they were obtained."""
+
+    costs: dict = attrs.field(eq=False)
+    distinct: int
+    from_database: int
+    measured: int
+    invalid: int
+    seconds: float
+    # Candidates (keys) whose cost stayed noisy after a second measurement: used as measured.
+    noisy: tuple = ()
+
+
+# A cost whose interquartile range exceeds this many times the settings' target spread is measured
+# again, and the steadier of the two is kept.
+NOISY_FACTOR = 4.0
+
+
+def is_noisy(cost: Cost, settings: MeasureSettings) -> bool:
+    """Whether ``cost`` spread far above the goal (a cost of one run has no spread to judge)."""
+    return (cost.is_measured and cost.repeats > 1
+            and cost.spread_s > NOISY_FACTOR * settings.target_spread * cost.median_s)
+
+
+def _steadier(first: Cost, second: Optional[Cost]) -> Cost:
+    if second is None or not second.is_measured:
+        return first
+    return min((first, second), key=lambda cost: cost.spread_s / max(cost.median_s, 1e-12))
+
+
+# A candidate whose run (after the warm-up) takes longer than this many times the cheapest known way to
+# compute the same operators is not timed further: its cost is that one run (``repeats`` 1). The
+# op-level search never picks it, and repeating runs of seconds costs minutes: on BERT-base (2 cores)
+# nine untuned TVM matrix products ran 1.4 s each against oneDNN's fractions of a millisecond and took
+# 12 s each to time.
+CANDIDATE_CUTOFF_FACTOR = 10.0
+
+
+class KnownAlternatives:
+    """The cheapest measured way to compute a set of operators so far: a candidate of exactly those
+    operators, or one single-operator candidate for each of them, summed."""
+
+    def __init__(self):
+        self.exact: dict[frozenset, float] = {}
+
+    def add(self, candidate: Candidate, cost: Cost) -> None:
+        if cost.is_measured:
+            nodes = frozenset(candidate.nodes)
+            self.exact[nodes] = min(self.exact.get(nodes, float("inf")), cost.median_s)
+
+    def cheapest(self, nodes) -> Optional[float]:
+        """Seconds for the cheapest known way to compute ``nodes`` (None if some operator has none yet)."""
+        nodes = frozenset(nodes)
+        singles = [self.exact.get(frozenset([node])) for node in nodes]
+        options = [self.exact.get(nodes)] + ([sum(singles)] if None not in singles else [])
+        known = [option for option in options if option is not None]
+        return min(known) if known else None
+
+    def cutoff_s(self, candidate: Candidate) -> Optional[float]:
+        cheapest = self.cheapest(candidate.nodes)
+        return None if cheapest is None else CANDIDATE_CUTOFF_FACTOR * cheapest
+
+
+# How a candidate is measured; part of its key, so a change of method measures again.
+# "net-of-call-1": timed through the VM, less the VM's call overhead (see worker._call_overhead_s).
+CANDIDATE_PROTOCOL = "net-of-call-1"
+
+
+def cost_key(backend, target, candidate_key: str) -> CostKey:
+    return CostKey(
+        backend=backend.name,
+        backend_version=backend.version,
+        target=tvm_compat.target_to_json(target),
+        device=tvm_compat.device_name(target),
+        candidate=f"{CANDIDATE_PROTOCOL}:{candidate_key}",
+    )
+
+
+def measure_candidates(
+    graph: RelaxGraph,
+    candidates: Sequence[Candidate],
+    backends: dict,
+    target,
+    db: CostDatabase,
+    settings: MeasureSettings,
+    plugin_modules: Sequence[str],
+    disabled: Sequence[str] = (),
+    show_progress: bool = True,
+) -> MeasurementReport:
+    """Cost of every distinct candidate: from ``db`` when known, else measured and stored at once.
+
+    Each backend's candidates are measured in a worker process of their own, single operators first; a candidate whose
+    build fails, crashes or hangs gets an invalid cost with the reason. A candidate whose run takes
+    more than CANDIDATE_CUTOFF_FACTOR times the cheapest way already measured to compute its operators is
+    timed by that one run. Candidates of backends whose
+    lowering runs nothing on the device are built ``settings.parallel_builds()`` at a time first
+    (when that is more than one), then timed one by one like the rest.
+
+    Runs sharing ``db`` divide the work: each candidate is claimed (or found measured) just before
+    it is measured, one claimed by another run is left to it, and its cost is waited for at the end.
+    """
+    started = time.perf_counter()
+    representatives: dict[str, Candidate] = {}
+    for candidate in candidates:
+        representatives.setdefault(candidate.key, candidate)
+    keys = {key: cost_key(backends[c.backend], target, key) for key, c in representatives.items()}
+    known = db.get_many(keys.values())
+    costs = {key: known[db_key] for key, db_key in keys.items() if db_key in known}
+    missing = sorted((representatives[key] for key in representatives if key not in costs),
+                     key=lambda c: (c.backend, len(c.nodes), c.sort_key))
+    alternatives = KnownAlternatives()
+    for key, cost in costs.items():
+        alternatives.add(representatives[key], cost)
+    workers = settings.parallel_builds()
+    noisy: list[str] = []
+    measured: list[str] = []
+    parallel = [c for c in missing if not backends[c.backend].lowering_uses_device] if workers > 1 else []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        stack.callback(_release_claims, db)
+        # Those built at once are claimed before their build: a run holds them until all are built and timed.
+        built_lifetime_s = (len(parallel) + 4) * claim_lifetime_s(settings)
+        ours = {c.key for c in parallel if db.claim(keys[c.key], built_lifetime_s).granted}
+        libraries, failed = _build_in_parallel([c for c in parallel if c.key in ours], graph, target, settings,
+                                               plugin_modules, disabled, tmp, workers, show_progress)
+        bar = stack.enter_context(ProgressBar(len(missing), "measuring", enabled=show_progress))
+        measuring = {name: stack.enter_context(MeasurementWorker(plugin_modules, disabled))
+                     for name in dict.fromkeys(c.backend for c in missing)}
+        in_use: Optional[MeasurementWorker] = None
+        todo, left_to_others = list(missing), []
+        while todo or left_to_others:
+            if not todo:  # what is left is being measured by other runs: look again in a while
+                time.sleep(CLAIM_POLL_S)
+                todo, left_to_others = left_to_others, []
+            candidate = todo.pop(0)
+            if candidate.key not in ours:
+                claim = db.claim(keys[candidate.key], claim_lifetime_s(settings))
+                if claim.cost is not None:
+                    costs[candidate.key] = claim.cost
+                    alternatives.add(candidate, claim.cost)
+                    bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): measured by another run")
+                    continue
+                if not claim.granted:
+                    left_to_others.append(candidate)
+                    continue
+            worker = measuring[candidate.backend]
+            if in_use is not None and in_use is not worker:
+                in_use.close()  # one worker at a time: the idle one would only take memory
+            in_use = worker
+            if candidate.key in failed:
+                cost = failed[candidate.key]
+            else:
+                timing = attrs.evolve(settings, cutoff_s=alternatives.cutoff_s(candidate))
+
+                def measure():
+                    if candidate.key in libraries:
+                        module, library = libraries[candidate.key]
+                        return _send(worker, candidate, module, target, timing,
+                                     {"op": "time_candidate", "library": str(library)})
+                    return _measure_one(worker, graph, candidate, target, timing, tmp)
+
+                cost = measure()
+                if is_noisy(cost, settings):
+                    cost = _steadier(cost, measure())
+                    if is_noisy(cost, settings):
+                        noisy.append(candidate.key)
+                if not cost.is_measured:
+                    # A candidate that failed may leave its process unusable (a faulting GPU
+                    # kernel poisons the CUDA context): the next one gets a fresh worker.
+                    worker.close()
+            if cost.reason.startswith(OUT_OF_GPU_MEMORY_REASON):
+                db.release(keys[candidate.key])  # memory another process held is not the candidate's fault
+            else:
+                db.put(keys[candidate.key], cost)
+            costs[candidate.key] = cost
+            measured.append(candidate.key)
+            alternatives.add(candidate, cost)
+            shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
+            if cost.is_measured and cost.repeats == 1:
+                shown += f" (one run, over {CANDIDATE_CUTOFF_FACTOR:g}x the cheapest known)"
+            bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
+    return MeasurementReport(
+        costs=costs,
+        distinct=len(representatives),
+        from_database=len(representatives) - len(measured),
+        measured=len(measured),
+        invalid=sum(1 for key in representatives if not costs[key].is_measured),
+        seconds=time.perf_counter() - started,
+        noisy=tuple(noisy),
+    )
+
+
+def _release_claims(db: CostDatabase) -> None:
+    """Give up the claims left when measuring stops early (an interrupt). They lapse with this
+    process anyway, so a database that cannot be written now costs nothing."""
+    with contextlib.suppress(CostDatabaseError):
+        db.release_claims()
+
+
+# How often a run waiting for the candidates other runs are measuring looks again.
+CLAIM_POLL_S = 0.25
+
+
+def claim_lifetime_s(settings: MeasureSettings) -> float:
+    """The longest measuring one candidate may take, and so its claim: twice when its cost is noisy,
+    each time once more after a transient failure, each in a worker that may have to start first."""
+    return 4 * (settings.timeout_s + START_TIMEOUT_S)
+
+
+def _build_in_parallel(todo, graph, target, settings, plugin_modules, disabled, tmp: Path, workers: int,
+                       show_progress: bool) -> tuple[dict, dict]:
+    """Build ``todo`` into libraries in ``workers`` worker processes at once, to be timed afterwards
+    one by one, so that no build runs while a candidate is timed. Returns (module and library by
+    candidate key, invalid cost by key of those that could not be cut out or built)."""
+    modules, failed = {}, {}
+    for index, candidate in enumerate(todo):  # here: cutting out is not safe in several threads at once
+        path = tmp / f"candidate-{index}.json"
+        cost = _cut_out(graph, candidate, path)
+        if cost is None:
+            modules[candidate.key] = path
+        else:
+            failed[candidate.key] = cost
+    pending = [c for c in todo if c.key in modules]
+    libraries, lock = {}, threading.Lock()
+    bar = ProgressBar(len(pending), f"building candidates, {workers} at once", enabled=show_progress)
+
+    def build_some() -> None:
+        with MeasurementWorker(plugin_modules, disabled) as worker:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    candidate = pending.pop(0)
+                library = modules[candidate.key].with_suffix(".so")
+                cost = _send(worker, candidate, modules[candidate.key], target, settings,
+                             {"op": "build_candidate", "library": str(library)})
+                with lock:
+                    if cost is None:
+                        libraries[candidate.key] = (modules[candidate.key], library)
+                    else:
+                        failed[candidate.key] = cost
+                    bar.advance(candidate.pattern)
+
+    threads = [threading.Thread(target=build_some, daemon=True) for _ in range(min(workers, len(pending)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    bar.close()
+    return libraries, failed
+
+
+def _measure_one(worker, graph, candidate, target, settings, tmp: Path) -> Cost:
+    module_path = tmp / "candidate.json"
+    failed = _cut_out(graph, candidate, module_path)
+    return failed or _send(worker, candidate, module_path, target, settings, {"op": "measure_candidate"})
+
+
+def _cut_out(graph, candidate, module_path: Path) -> Optional[Cost]:
+    """Write ``candidate`` cut out of ``graph`` as a module to ``module_path``; an invalid cost if it cannot be."""
+    try:
+        module_path.write_text(tvm_compat.save_ir_json(graph.standalone_module(candidate.nodes)))
+    except Exception as error:
+        return Cost.invalid(f"cannot cut out the candidate: {type(error).__name__}: {error}")
+    return None
+
+
+def _send(worker, candidate, module_path: Path, target, settings, extra: dict) -> Optional[Cost]:
+    """Send ``candidate``'s module to ``worker`` with ``extra``; the cost it answers, an invalid cost
+    when it failed, or None when it answered without one (a build)."""
+    request = {
+        "what": f"{candidate.backend} candidate {candidate.key}",
+        "backend": candidate.backend,
+        "pattern": candidate.pattern,
+        "module": str(module_path),
+        "target": tvm_compat.target_to_json(target),
+        "settings": settings.to_json(),
+        **extra,
+    }
+    try:
+        response = worker.request(request, settings.timeout_s)
+    except WorkerFailure as failure:
+        if not isinstance(failure, TransientFailure):  # the worker client named those already
+            log.warning("%s candidate %s: %s", candidate.backend, candidate.key, failure)
+        return Cost.invalid(str(failure))
+    return Cost.from_json(response["cost"]) if "cost" in response else None

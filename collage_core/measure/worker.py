@@ -1,0 +1,368 @@
+"""The measurement worker: a process that builds and times what it is sent, and nothing else.
+
+It reads one JSON request per line on stdin and answers one JSON line on its own copy of
+stdout, after ``{"progress": stage}`` lines for the stages a request passes (a placement
+``built``, ``set up`` after a first run that pays one-time setup, then ``ran once``) so the parent can bound each; whatever libraries print goes to stderr. Its parent kills and replaces it when it
+crashes or hangs, so a broken backend costs one candidate, not the run.
+
+A worker ends with the run it serves: should the run die without closing its stdin (SIGKILL, while
+the worker is busy building or timing), a watch thread sees the run's process gone within
+RUN_WATCH_S and ends the worker, so no worker outlives its run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+from collage_core import tvm_compat
+from collage_core.backends import registered_backends
+from collage_core.build.executable import build
+from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
+from collage_core.outputs.output_folder import export_library
+from collage_core.build.partition import partition_module, placed_whole
+from collage_core.plugins import first_result, get_plugin_manager
+from collage_core.records import Candidate, Cost
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.measure.timing import MeasureSettings, time_callable
+from collage_core.model.widening import widen
+from tvm import relax
+
+# A placement's run from Python shorter than this is judged again by TVM's own timer before the
+# cut-off sees it: a call from Python pays what the timed repeats do not (on an H200, BERT-base b1 at
+# fp16 ran in 0.745 ms timed and 1.25-1.32 ms as one call from Python, so calibration cut every
+# placement after the first off on that one call). Longer runs are judged as they ran: a second run
+# of seconds costs more than the call's overhead could mislead.
+REJUDGE_BELOW_S = 0.05
+# How often a worker looks whether the run it serves is still there.
+RUN_WATCH_S = 1.0
+# The exit status of a worker whose run went away.
+EXIT_RUN_GONE = 3
+
+
+def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
+    """Serve requests until stdin closes; ``state`` is what an ``init`` request left (a zygote's
+    forked child starts with its parent's). ``run_pid`` is the run's process (default: the parent);
+    the worker ends when it is gone."""
+    end_with(os.getppid() if run_pid is None else run_pid)
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    state = {} if state is None else state
+
+    def progress(stage: str) -> None:  # tells the parent a stage is done, so it can time the next one
+        protocol.write(json.dumps({"progress": stage}) + "\n")
+        protocol.flush()
+
+    state["progress"] = progress
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            response = HANDLERS[request["op"]](state, request)
+        except Exception as error:  # reported to the parent, which records it with the candidate
+            response = {"error": describe_failure(error)}
+        protocol.write(json.dumps(response) + "\n")
+        protocol.flush()
+
+
+def process_start(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot, from /proc), or None when there is no such
+    process (or no /proc): with the pid, it names one process, whose pid may later be reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def end_with(pid: int) -> None:
+    """End this process (status EXIT_RUN_GONE) once process ``pid`` is gone; not watched without /proc."""
+    started = process_start(pid)
+    if started is None:
+        return
+
+    def watch() -> None:
+        while process_start(pid) == started:
+            time.sleep(RUN_WATCH_S)
+        os._exit(EXIT_RUN_GONE)
+
+    threading.Thread(target=watch, name="collage-run-watch", daemon=True).start()
+
+
+# What CUDA's runtime (through TVM or PyTorch), cuBLAS and cuDNN say when device memory runs out.
+OUT_OF_GPU_MEMORY_REASON = "out of GPU memory"
+OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY", "STATUS_ALLOC_FAILED")
+
+
+def describe_failure(error: Exception) -> str:
+    """One line for a failed request: the error's type and last line, marked when the GPU ran out of memory."""
+    lines = [text for text in str(error).strip().splitlines() if text.strip()]
+    return _marked_if_out_of_gpu_memory(f"{type(error).__name__}: {lines[-1] if lines else ''}", str(error))
+
+
+def _marked_if_out_of_gpu_memory(reason: str, text: str) -> str:
+    """``reason``, prefixed with ``out of GPU memory`` when ``text`` (the whole error) says so."""
+    return f"{OUT_OF_GPU_MEMORY_REASON} ({reason})" if any(marker in text for marker in OUT_OF_GPU_MEMORY) else reason
+
+
+def _init(state, request):
+    pm = get_plugin_manager(disabled=request["disabled"], extra_modules=request["plugins"])
+    state["pm"] = pm
+    state["backends"] = registered_backends(pm)
+    return {"ok": True, "pid": os.getpid()}
+
+
+def _load(request):
+    with open(request["module"]) as file:
+        mod = tvm_compat.load_ir_json(file.read())
+    return mod, tvm_compat.make_target(request["target"])
+
+
+def _measure_candidate(state, request):
+    """Build a candidate placed whole on its backend and time it (the backend may measure it itself)."""
+    mod, target = _load(request)
+    settings = MeasureSettings.from_json(request["settings"])
+    cost = _own_measurement(state, request["backend"], mod, target, settings)
+    if cost is None:
+        placed = placed_whole(mod, request["backend"], request["pattern"])
+        executable, _ = _build(state, placed, target)
+        cost = _net_of_call(_time(executable, placed, target, settings), _call_overhead_s(state, target, settings))
+    return {"cost": cost.to_json()}
+
+
+# A candidate's cost net of the VM call is kept at no less than this share of what was timed.
+NET_FLOOR = 0.1
+
+
+def _call_overhead_s(state, target, settings) -> float:
+    """Seconds the VM takes to call a ``main`` that runs nothing (it returns its argument), timed as
+    candidates are, once per worker process and target.
+
+    A candidate timed alone pays for entering and leaving the VM (argument checks, the evaluator's
+    call) on top of its kernels; inside a placement that is paid once for the whole model, so it is
+    taken off every candidate's cost. On CPUs it is well under a microsecond, so it moves little
+    there; what a whole placement pays beyond its candidates (or less than them) is left to
+    calibration's per-partition charge (see :mod:`collage_core.search.calibration`).
+    """
+
+    cache = state.setdefault("call_overhead_s", {})
+    key = tvm_compat.target_to_json(target)
+    if key not in cache:
+        param = relax.Var("x", relax.TensorType((1,), "float32"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [param]):
+            bb.emit_func_output(param)
+        vm, device = _vm(relax.build(bb.get(), target), target)
+        cache[key] = _time_vm(vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]).median_s
+    return cache[key]
+
+
+def _net_of_call(cost, overhead_s: float):
+    """``cost`` less the VM's call overhead (see :func:`_call_overhead_s`), never below NET_FLOOR of it."""
+    if not cost.is_measured:
+        return cost
+    return Cost.measured(max(cost.median_s - overhead_s, NET_FLOOR * cost.median_s), cost.spread_s, cost.repeats)
+
+
+def _own_measurement(state, backend_name: str, mod, target, settings):
+    """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None."""
+    cost, errors = first_result(
+        state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target,
+        settings=settings,
+    )
+    if cost is None and errors:
+        reason = "; ".join(errors)
+        return Cost.invalid(_marked_if_out_of_gpu_memory(reason, reason))
+    if cost is not None and not isinstance(cost, Cost):
+        raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
+    return cost
+
+
+def _build_candidate(state, request):
+    """Build a candidate placed whole on its backend and export it to ``library``; nothing runs.
+
+    Candidates built this way, several workers at once, are timed one by one afterwards
+    (``time_candidate``), so that no build disturbs a timing.
+    """
+    mod, target = _load(request)
+    backend = state["backends"][request["backend"]]
+    executable, build_s = _build(state, placed_whole(mod, backend.name, request["pattern"]), target)
+    export_library(executable, request["library"])
+    write_runtime_file(request["library"], backend_needs([backend], [backend.name]))
+    return {"build_s": build_s}
+
+
+def _time_candidate(state, request):
+    """Time a candidate's library built by ``build_candidate``; a backend that measures its own
+    candidates (``collage_measure_candidate``) is asked first, as in ``measure_candidate``."""
+    mod, target = _load(request)
+    settings = MeasureSettings.from_json(request["settings"])
+    cost = _own_measurement(state, request["backend"], mod, target, settings)
+    if cost is None:
+        device = tvm_compat.device_for(target)
+        cost = _time_vm(load_vm(request["library"], device, pm=state["pm"]), device, mod, settings)
+        cost = _net_of_call(cost, _call_overhead_s(state, target, settings))
+    return {"cost": cost.to_json()}
+
+
+def _build(state, mod, target, cuda_graphs: bool = False):
+    started = time.perf_counter()
+    executable = build(state["pm"], mod, state["backends"], target, cuda_graphs=cuda_graphs)
+    return executable, time.perf_counter() - started
+
+
+def _vm(executable, target):
+
+    device = tvm_compat.device_for(target)
+    return relax.VirtualMachine(executable, device), device
+
+
+def _time(executable, mod, target, settings, args=None):
+    vm, device = _vm(executable, target)
+    return _time_vm(vm, device, mod, settings, args)
+
+
+def _time_vm(vm, device, mod, settings, args=None, warm_run_s=None):
+    """``vm``'s main timed on ``args`` (default: seeded random arguments of ``mod``'s main); with
+    ``warm_run_s``, ``vm`` is warm and one run took that long (see ``time_callable``)."""
+    if args is None:
+        args = [tvm_compat.to_tensor(a, device) for a in random_arguments(mod["main"])]
+
+    def run(number):
+        return vm.time_evaluator("main", device, number=number, repeat=1)(*args).mean
+
+    return time_callable(run, settings, warm_run_s)
+
+
+def _one_timed_run_s(vm, device, args) -> float:
+    """One run of ``vm``'s main as TVM's timer measures it, with no Python inside the timed call."""
+    return vm.time_evaluator("main", device, number=1, repeat=1)(*args).mean
+
+
+def random_arguments(func) -> list[np.ndarray]:
+    """Seeded arguments for ``func``: uniform floats in [-1, 1), zeros for integer and boolean tensors."""
+    rng = np.random.default_rng(0)
+    arrays = []
+    for param in func.params:
+        shape, dtype = tvm_compat.tensor_shape_dtype(param)
+        if dtype.startswith(("int", "uint", "bool")):
+            arrays.append(np.zeros(shape, dtype=dtype))
+        else:
+            arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+    return arrays
+
+
+def _run_placement(state, request):
+    """Build a placed module, run it on given inputs, time it, and optionally export the library."""
+    mod, target = _held_placement(state, request) if "held" in request else _load(request)
+    settings = MeasureSettings.from_json(request["settings"]) if request.get("settings") else None
+    executable, build_s = _build(state, mod, target, cuda_graphs=(settings or MeasureSettings()).cuda_graphs)
+    if request.get("library"):
+        # Before any VM exists: making one fills the executable's memory-scope map with an entry per
+        # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
+        export_library(executable, request["library"])
+    vm, device = _vm(executable, target)
+    with np.load(request["inputs"], allow_pickle=False) as saved:
+        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    args = [tvm_compat.to_tensor(a, device) for a in arrays]
+    state["progress"]("built")
+    # The first run pays one-time setup (ONNX Runtime creates its sessions then) and says nothing
+    # about a run's cost; the run after it is the one judged and kept. Untimed (``"timed": false``),
+    # the first run's outputs are kept and nothing else runs.
+    timed = request.get("timed", True)
+    first = vm["main"](*args)
+    state["progress"]("set up")
+    started = time.perf_counter()
+    result = vm["main"](*args) if timed else first
+    device.sync()
+    run_s = time.perf_counter() - started  # the run alone, for the timing below; with the copy out, for single_run_s
+    outputs = [tvm_compat.to_numpy(o) for o in (result if _is_sequence(result) else [result])]
+    first_run_s = time.perf_counter() - started
+    state["progress"]("ran once")
+    np.savez(request["outputs"], *outputs)
+    cost = None
+    if settings is not None and timed:
+        if first_run_s > settings.single_run_s:
+            cost = Cost.measured(first_run_s, 0.0, 1).to_json()
+        else:
+            # The VM is warm (two runs): timed as it is, with no warm-up of a VM of its own.
+            judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
+            cost = _time_vm(vm, device, mod, settings, args, warm_run_s=judged_s).to_json()
+    return {"cost": cost, "build_s": build_s}
+
+
+def _held_placement(state, request):
+    """The placement ``request["parts"]`` of the model the zygote held under ``request["held"]``, built
+    from this process's inherited copy (see ``collage_core.measure.zygote.hold_model``)."""
+    graph = state.get("held", {}).get(request["held"])
+    if graph is None:
+        raise LookupError(f"this worker does not hold model {request['held'][:12]}")
+    if request.get("float32_units"):  # a variant: these units of the held 16-bit model widened first
+
+        converted, original = state["widenable"][request["held"]]
+        widened = widen(converted, request["float32_units"], original)
+        graph = RelaxGraph.from_function(widened["main"], widened)
+    parts = [Candidate(part["backend"], part["pattern"], part["nodes"], key="") for part in request["parts"]]
+    return partition_module(graph, parts), tvm_compat.make_target(request["target"])
+
+
+def _load_library(state, request):
+    """Load an exported library and its inputs and run it ``warmup_runs`` times (default 1) and once more,
+    timed; ``time_turn`` then times it."""
+    device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
+    function = load_vm(request["library"], device, pm=state["pm"])["main"]
+    with np.load(request["inputs"], allow_pickle=False) as saved:
+        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+
+    def run():
+        function(*args)
+        device.sync()
+
+    for _ in range(int(request.get("warmup_runs", 1))):
+        run()
+    started = time.perf_counter()
+    run()
+    state["turn"], state["last_run_end"] = run, time.perf_counter()
+    return {"once_s": state["last_run_end"] - started}
+
+
+def _time_turn(state, request):
+    """Run the loaded library ``count`` times; the seconds of each run. With ``pause_s``, the turn first
+    waits until the library has been idle that long since its last run, and says how long it was idle
+    (``paused_s``): the first run of the turn is then a run after a pause, the others back to back."""
+    run, samples = state["turn"], []
+    if "pause_s" in request:
+        idle_s = time.perf_counter() - state["last_run_end"]
+        if idle_s < request["pause_s"]:
+            time.sleep(request["pause_s"] - idle_s)
+    paused_s = time.perf_counter() - state["last_run_end"]
+    for _ in range(int(request["count"])):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    state["last_run_end"] = time.perf_counter()
+    return {"samples_s": samples, "paused_s": paused_s}
+
+
+def _is_sequence(value) -> bool:
+    return not hasattr(value, "numpy") and hasattr(value, "__len__")
+
+
+HANDLERS = {
+    "init": _init,
+    "measure_candidate": _measure_candidate,
+    "build_candidate": _build_candidate,
+    "time_candidate": _time_candidate,
+    "run_placement": _run_placement,
+    "load_library": _load_library,
+    "time_turn": _time_turn,
+}
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Rewrites of an imported model that keep what it computes and let more backends take its operators.
+
+- :func:`global_pooling`: a max or average pooling whose one window covers its whole input (a kernel as large as
+  the input or larger, in ceil mode: EfficientNet's ``AvgPool2d(1280, ceil_mode=True)`` pooler) becomes the global
+  pooling it computes, ``max`` or ``mean`` over the spatial axes with the axes kept. TVM's plain build of such a
+  pooling loops over the whole kernel for each output (seconds on a 7x7 input); graph-level engines refuse it.
+- :func:`importer_pads`: the ``call_tir`` kernels TVM's ONNX importer writes for ONNX ``Pad`` (TOPI's ``pad``,
+  ``mirror_pad`` and ``replicate_pad``) become ``relax.nn.pad``, or nothing where they pad by zero. A callee is
+  rewritten only where it is, structurally, the kernel TOPI makes for widths and a value read off its shapes.
+
+:func:`for_backends` applies both; :mod:`collage_core.model.model_import` calls it after the import, before constants
+are folded.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Optional
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from collage_core import tvm_compat
+from tvm import topi
+
+POOLINGS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
+# Combinations of widths tried per kernel, at most (even ones, then one more before, then all at one end first).
+MAX_PAD_CANDIDATES = 64
+
+Rule = Callable[[tvm.IRModule, relax.Call], Optional[relax.Expr]]
+
+
+def _window_covers(size: int, kernel: int, begin: int, dilation: int, length: int) -> bool:
+    return length == 1 and (dilation == 1 or kernel == 1) and kernel - begin >= size
+
+
+def _global_pooling(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+    if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) not in POOLINGS:
+        return None
+    attrs = call.attrs
+    layout = str(attrs.layout)
+    if str(attrs.out_layout) != layout or sorted(layout) != sorted("NCHW"):
+        return None
+    try:
+        shape, dtype = tvm_compat.tensor_shape_dtype(call.args[0])
+        out_shape = tvm_compat.tensor_shape_dtype(call)[0]
+    except ValueError:  # a dynamic shape
+        return None
+    if not dtype.startswith(("float", "bfloat")):
+        return None
+    axes = [layout.index("H"), layout.index("W")]
+    padding = [int(p) for p in attrs.padding]  # top, left, bottom, right
+    counted = 1
+    for index, axis in enumerate(axes):
+        size, kernel, begin, end = shape[axis], int(attrs.pool_size[index]), padding[index], padding[index + 2]
+        if not _window_covers(size, kernel, begin, int(attrs.dilation[index]), out_shape[axis]):
+            return None
+        # An average divides by the window's part inside the explicitly padded input (count_include_pad) or
+        # inside the input, never by ceil mode's overhang.
+        counted *= min(kernel, size + begin + end) if attrs.count_include_pad else size
+    if tvm_compat.op_name(call) == "relax.nn.max_pool2d":
+        return relax.op.max(call.args[0], axis=axes, keepdims=True)
+    if counted == shape[axes[0]] * shape[axes[1]]:
+        return relax.op.mean(call.args[0], axis=axes, keepdims=True)
+    total = relax.op.sum(call.args[0], axis=axes, keepdims=True)
+    return relax.op.divide(total, relax.const(np.asarray(counted, dtype=dtype)))
+
+
+def _width_candidates(extra: int) -> list[int]:
+    """Widths before an axis padded by ``extra`` in all, likeliest first."""
+    return list(dict.fromkeys([extra // 2, extra - extra // 2, 0, extra, *range(extra + 1)]))
+
+
+def _topi_pads():
+    """Callee name -> (how Relax's nn.pad names the mode, the TOPI computation of (data, before, after))."""
+    return {
+        "pad": ("constant", lambda data, before, after: topi.nn.pad(data, before, after, 0.0)),
+        "mirror_pad": ("reflect", lambda data, before, after: topi.nn.mirror_pad(data, before, after, "REFLECT")),
+        "replicate_pad": ("replicate", lambda data, before, after: topi.nn.replicate_pad(data, before, after)),
+    }
+
+
+def _importer_pad(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+    parts = tvm_compat.tir_call(call)
+    if parts is None or len(parts[1]) != 1:
+        return None
+    callee, (data,) = parts
+    kind = _topi_pads().get(callee.name_hint.rstrip("0123456789"))
+    if kind is None:
+        return None
+    mode, compute = kind
+    try:
+        shape, dtype = tvm_compat.tensor_shape_dtype(data)
+        out_shape, out_dtype = tvm_compat.tensor_shape_dtype(call)
+    except ValueError:
+        return None
+    extras = [out - size for size, out in zip(shape, out_shape)]
+    if len(out_shape) != len(shape) or out_dtype != dtype or min(extras) < 0:
+        return None
+    candidates = itertools.islice(itertools.product(*[_width_candidates(extra) for extra in extras]), MAX_PAD_CANDIDATES)
+    for before in candidates:
+        after = [extra - width for extra, width in zip(extras, before)]
+        made = tvm_compat.te_prim_func(lambda x: compute(x, list(before), after), [(shape, dtype)])
+        if tvm_compat.structural_equal(mod[callee], made):
+            if not any(extras):
+                return data  # a copy
+            widths = [width for pair in zip(before, after) for width in pair]
+            return relax.op.nn.pad(data, widths, pad_mode=mode, pad_value=0.0)
+    return None
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, rules: list[Rule]):
+        super().__init__(mod)
+        self.mod, self.rules = mod, rules
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        for rule in self.rules:
+            rewritten = rule(self.mod, call)
+            if rewritten is not None:
+                return rewritten
+        return call
+
+    def rewrite(self) -> tvm.IRModule:
+        for global_var, func in self.mod.functions_items():
+            if isinstance(func, relax.Function):
+                self.builder_.update_func(global_var, self.visit_expr(func))
+        return self.builder_.get()
+
+
+def _apply(mod: tvm.IRModule, rules: list[Rule]) -> tvm.IRModule:
+    return _Rewriter(mod, rules).rewrite()
+
+
+def global_pooling(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each pooling whose window covers its whole input written as the global pooling it is."""
+    return _apply(mod, [_global_pooling])
+
+
+def importer_pads(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the importer's TOPI pad kernels written as ``relax.nn.pad`` (or dropped, padding by zero)."""
+    return _apply(mod, [_importer_pad])
+
+
+def for_backends(mod: tvm.IRModule) -> tvm.IRModule:
+    """Both rewrites, in one pass over ``mod``; the TIR functions no call reads any more stay for dead-code
+    elimination to remove."""
+    return _apply(mod, [_importer_pad, _global_pooling])

@@ -1,0 +1,727 @@
+"""Model Library Format for placed Relax models: export a tar downstream build automation can read, and load it back.
+
+TVM's Model Library Format (MLF) handed a compiled model to build systems as one tar; it left
+TVM with microTVM. This is its layout adapted to Relax executables:
+
+    metadata.json                  format version, model, export time (UTC), targets, executor,
+                                   memory map, placement summary, what each partition calls,
+                                   every file with its SHA-256 and its size
+    codegen/host/lib/lib0.o ...    the compiled host code, one object file per module
+                                   (``devc.o`` holds the VM bytecode and constants)
+    parameters/<model>.params      the weights, in TVM's parameter serialization
+    runtime/<backend>/<library>    native libraries partitions call (``collage_runtime_libraries``),
+                                   so the model loads with TVM's runtime alone
+    src/relax.txt                  the partitioned Relax IR (each partition's backend in its attributes)
+    src/lowered/NNN-<function>.txt each function of the model lowered: what a partition calls (packed
+                                   functions, external functions, TIR) and the TIR it calls;
+                                   numbered, with names reduced to letters, digits and ``_``
+    executor-config/relax-vm.json  entry function, inputs and outputs, device, runtime needs
+    placement.json                 the placement, as ``collage optimize`` writes it
+
+Host code is always object files, compiled at export: a placement with no TIR for the host (ONNX
+Runtime or OpenVINO alone) leaves TVM with C sources, which are compiled then with TVM's own
+compiler driver (see :func:`tvm_compat.host_objects`). So loading needs a linker and never a
+compiler that would have to agree with the exporter's, every tar loads the same way, and a tar's
+host code is checked once, where it was made.
+
+The tar is deterministic: sorted members, owner root (uid/gid 0), fixed mode, and every
+timestamp set to ``SOURCE_DATE_EPOCH`` when that is set (the export time too), else to 0 in
+the tar. :func:`export_mlf` with ``check_inputs`` loads what it wrote in a new process and runs
+it once before giving it its name (:func:`check_in_new_process`). :func:`load_mlf` checks the
+format version and every file against the metadata, reading only the files the metadata lists,
+streamed to disk and hashed as they are read, within bounds on the tar's size; it links the objects
+with the host compiler, prepares the backends' runtimes and returns a model that runs on the
+placement's device. Its errors name the tar, never the files it is unpacked to.
+"""
+
+from __future__ import annotations
+
+import bz2
+import datetime
+import gzip
+import hashlib
+import io
+import json
+import lzma
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import weakref
+import zlib
+from pathlib import Path
+from typing import Optional, Sequence
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+from collage_core.build.deploy import backend_needs, load_vm, runtime_libraries, write_runtime_file
+from collage_core.errors import CollageError
+from collage_core.outputs.output_folder import library_file, safe_file_name
+from collage_core.backends import discover_backends
+from collage_core.build.executable import build, lower_partitions
+from collage_core.build.partition import BACKEND_ATTR, pattern_of
+from collage_core.plugins import get_plugin_manager
+
+FORMAT = "collage-model-library-format"
+VERSION = 1
+EXECUTOR = "relax-vm"
+EXECUTOR_CONFIG = "executor-config/relax-vm.json"
+OBJECTS_DIR = "codegen/host/lib/"
+RELAX_TEXT = "src/relax.txt"
+LOWERED_DIR = "src/lowered/"
+PLACEMENT = "placement.json"
+RUNTIME_DIR = "runtime/"
+# The packed functions of TVM's own VM (memory, shapes) that every lowered function calls: not listed.
+VM_BUILTINS = "vm.builtin."
+CALL_KINDS = {"packed_functions": "packed functions", "external_functions": "external functions",
+              "tir_functions": "TIR functions"}
+# What a new process runs to check an exported tar: load it as a user would and run it once.
+RUN_ONCE = "import sys\nfrom collage_core.outputs.mlf import _run_once\nsys.exit(_run_once(*sys.argv[1:]))\n"
+# Inductor compiles its partitions when they first run: minutes for a large model.
+CHECK_TIMEOUT_S = 1800.0
+# Bounds on a tar the loader reads, checked from its headers before any member is: a model's tar is
+# megabytes to a few gigabytes (a 7-billion-parameter model's float16 weights are 14 GB).
+MAX_UNPACKED_BYTES = 16 * 2**30
+MAX_MEMBERS = 100_000
+# tarfile reads each header whole, a long name or PAX extension too: 512 bytes a member, rarely more.
+MAX_HEADER_BYTES = 256 * 2**20
+# metadata.json and the executor configuration are read whole; a large model's are a few megabytes.
+MAX_JSON_BYTES = 64 * 2**20
+# Members are streamed to disk in pieces of this size.
+READ_CHUNK = 2**20
+# The compressions tarfile reads (its "r:*"), by their first bytes.
+COMPRESSIONS = ((b"\x1f\x8b", gzip.GzipFile), (b"BZh", bz2.BZ2File), (b"\xfd7zXZ\x00", lzma.LZMAFile))
+
+
+class MLFError(CollageError):
+    """A Model Library Format tar that cannot be written or read; the message names the file and the problem."""
+
+
+def _bytes_of(value_type) -> int:
+    shape, dtype = tvm_compat.tensor_shape_dtype(value_type)
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _tensor_bytes(expr) -> int:
+    try:
+        return _bytes_of(expr)
+    except ValueError:
+        return 0
+
+
+def _constants(func) -> list:
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import relax
+
+    found = []
+    relax.analysis.post_order_visit(func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None)
+    return found
+
+
+def _function_memory(name: str, func) -> dict:
+    """Bytes of a function's inputs, outputs, constants and intermediate values (before memory planning)."""
+    bindings = [binding for block in func.body.blocks for binding in block.bindings]
+    outputs = set(_output_vars(func))
+    return {
+        "function": name,
+        "backend": str(func.attrs["collage.backend"]) if func.attrs is not None and "collage.backend" in func.attrs else "",
+        "input_bytes": sum(_tensor_bytes(param) for param in func.params),
+        "output_bytes": sum(_tensor_bytes(var) for var in _output_vars(func)),
+        "constant_bytes": sum(_tensor_bytes(constant) for constant in _constants(func)),
+        "intermediate_bytes_unplanned": sum(
+            _tensor_bytes(binding.var) for binding in bindings if binding.var not in outputs
+        ),
+    }
+
+
+def _output_vars(func) -> list:
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import relax
+
+    body = func.body.body
+    return list(body.fields) if isinstance(body, relax.Tuple) else [body]
+
+
+def memory_map(partitioned) -> dict:
+    """Per function of the partitioned module: input, output, constant and intermediate bytes."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import relax
+
+    functions = [
+        _function_memory(gvar.name_hint, func)
+        for gvar, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint)
+        if isinstance(func, relax.Function)
+    ]
+    return {
+        "functions": functions,
+        "constant_bytes": sum(f["constant_bytes"] for f in functions),
+        "note": "intermediate_bytes_unplanned is the sum of intermediate tensors before Relax plans their storage",
+    }
+
+
+def _io(vars_) -> list[dict]:
+    """Name, shape and dtype of each tensor; a tuple-typed value is described field by field."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import relax
+
+    described = []
+    for var in vars_:
+        value_type = tvm_compat.value_type(var)
+        fields = list(value_type.fields) if isinstance(value_type, relax.TupleType) else [value_type]
+        for index, field in enumerate(fields):
+            shape, dtype = tvm_compat.type_shape_dtype(field)
+            name = getattr(var, "name", "") + (f"[{index}]" if len(fields) > 1 else "")
+            described.append({"name": name, "shape": list(shape), "dtype": dtype})
+    return described
+
+
+def _parameters(partitioned) -> dict:
+    """Every constant of the partitioned module, named ``p<i>`` in order of appearance, as numpy."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import relax
+
+    params = {}
+    for _, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint):
+        if isinstance(func, relax.Function):
+            for constant in _constants(func):
+                params[f"p{len(params)}"] = tvm_compat.constant_array(constant)
+    return params
+
+
+def _epoch() -> int:
+    return int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+
+
+def _export_time() -> str:
+    moment = datetime.datetime.fromtimestamp(_epoch(), datetime.timezone.utc) if "SOURCE_DATE_EPOCH" in os.environ else (
+        datetime.datetime.now(datetime.timezone.utc)
+    )
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _json_bytes(value) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _function_order(name: str) -> tuple:
+    """Partition functions in the order of their numbers (``collage_tvm_2`` before ``collage_tvm_10``), ``main`` first."""
+    number = re.search(r"(\d+)$", name)
+    return (name != "main", int(number.group(1)) if number else -1, name)
+
+
+def _member_name(number: int, function: str) -> str:
+    """A member for a function's lowered IR: numbered, so that no name from the model chooses a path."""
+    return f"{LOWERED_DIR}{number:03d}-{re.sub(r'[^A-Za-z0-9_]+', '_', function)[:64]}.txt"
+
+
+def _calls(func, module) -> dict:
+    """What a function of a module lowered for the build calls: packed functions (registered at run
+    time by a backend), external functions (compiled into the library by a TVM codegen) and TIR functions."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import ir, relax
+
+    externals = list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
+    symbols, tir = set(), set()
+
+    def visit(node):
+        if isinstance(node, relax.ExternFunc) and not str(node.global_symbol).startswith(VM_BUILTINS):
+            symbols.add(str(node.global_symbol))
+        elif isinstance(node, ir.GlobalVar) and tvm_compat.is_tir_function(module[node]):
+            tir.add(node.name_hint)
+
+    if func is not None:  # None: a function the build inlined into its caller
+        relax.analysis.post_order_visit(func.body, visit)
+    external = {name for name in symbols if any(m.implements_function(name) for m in externals)}
+    return {"packed_functions": sorted(symbols - external), "external_functions": sorted(external), "tir_functions": sorted(tir)}
+
+
+def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool) -> tuple[dict[str, bytes], list[dict]]:
+    """Each Relax function of the partitioned module as its backend lowered it, with what it calls once
+    built and those TIR functions: ``({member: text}, [summary per function])``."""
+    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    from tvm import relax
+
+    # Lowered again beside the build, which keeps what it lowered to itself; lowering is deterministic
+    # (DNNL's layout choices are kept in its kernel cache), so this is what the build compiled.
+    lowered = lower_partitions(pm, partitioned, backends, target)
+    built = tvm_compat.lowered_for_build(lowered, target)
+    names = sorted((gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)),
+                   key=_function_order)
+    built_names = {gvar.name_hint for gvar in built.get_global_vars()}
+    files, summary = {}, []
+    for number, name in enumerate(names):
+        func = lowered[name]
+        backend = str(func.attrs[BACKEND_ATTR]) if func.attrs is not None and BACKEND_ATTR in func.attrs else ""
+        calls = _calls(built[name] if name in built_names else None, built)
+        member = _member_name(number, name)
+        about = f"a partition placed on {backend} (pattern {pattern_of(func)})" if backend else "the entry function"
+        lines = [f"# {name}: {about}"]
+        lines += [f"# {CALL_KINDS[kind]} it calls: {', '.join(found) or 'none'}" for kind, found in calls.items()]
+        if name == "main" and replays_cuda_graphs:
+            lines.append("# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)")
+        lines += ["", "# as lowered by its backend:", func.script(name=name)]
+        for tir_name in calls["tir_functions"]:
+            lines += ["", f"# TIR function {tir_name}, as TVM compiles it:", built[tir_name].script(name=tir_name)]
+        files[member] = ("\n".join(lines) + "\n").encode()
+        summary.append({"function": name, "backend": backend, "pattern": pattern_of(func), "member": member, **calls})
+    return files, summary
+
+
+def _write_tar(path: Path, files: dict[str, bytes]) -> None:
+    directories = sorted({name.rsplit("/", 1)[0] + "/" for name in files if "/" in name} | {
+        "/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))
+    })
+    partial = path.with_name(path.name + ".writing")
+    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
+        for name in directories + sorted(files):
+            info = tarfile.TarInfo(name.rstrip("/") if name.endswith("/") else name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = _epoch()
+            if name.endswith("/"):
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                archive.addfile(info)
+            else:
+                info.mode, info.size = 0o644, len(files[name])
+                archive.addfile(info, io.BytesIO(files[name]))
+    partial.replace(path)
+
+
+def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
+               check_inputs: Optional[Sequence[np.ndarray]] = None) -> Path:
+    """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path.
+    On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it.
+
+    With ``check_inputs``, the tar is loaded in a new process and run once on them before it takes
+    its name (:func:`check_in_new_process`); one that fails is left as ``<path>.partial``, nothing is
+    left at ``path`` (an earlier export there is removed), and :class:`MLFError` says why in one line.
+    """
+    path = Path(path)
+    pm = pm or get_plugin_manager()
+    placement = optimized.placement
+    used = sorted({p.backend for p in placement.partitions})
+    installed = {name: info.backend for name, info in discover_backends(pm).items()}
+    missing = [name for name in used if name not in installed]
+    if missing:
+        raise MLFError(f"{path}: cannot build the placement here, backend(s) not installed: {', '.join(missing)}")
+    backends = {name: installed[name] for name in used}
+    partitioned = optimized.partitioned_mod
+    with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
+        executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
+        objects = tvm_compat.host_objects(executable, optimized.target, scratch)
+    lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target,
+                                      cuda_graphs and tvm_compat.is_cuda(optimized.target))
+    name = placement.model_name
+    main = partitioned["main"]
+    files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
+    files[_parameters_member(name)] = tvm_compat.save_params(_parameters(partitioned))
+    files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
+    files.update(lowered_files)
+    runtime = backend_needs(backends.values(), used)
+    for backend_name, paths in runtime_libraries(pm, backends.values()).items():
+        members = [f"{RUNTIME_DIR}{backend_name}/{Path(source).name}" for source in paths]
+        files.update((member, Path(source).read_bytes()) for member, source in zip(members, paths))
+        runtime[backend_name]["carried"] = members
+    files[EXECUTOR_CONFIG] = _json_bytes(
+        {
+            "executor": EXECUTOR,
+            "entry": "main",
+            "inputs": _io(main.params),
+            "outputs": _io(_output_vars(main)),
+            "device": placement.device,
+            "runtime_backends": runtime,
+            "parameters_embedded": True,
+        }
+    )
+    files[PLACEMENT] = _json_bytes(placement.to_json())
+    per_backend: dict[str, dict] = {}
+    for part in placement.partitions:
+        entry = per_backend.setdefault(part.backend, {"partitions": 0, "operators": 0})
+        entry["partitions"] += 1
+        entry["operators"] += len(part.nodes)
+    metadata = {
+        "format": FORMAT,
+        "version": VERSION,
+        "layout": "TVM Model Library Format (version 7 layout), adapted to Relax executables",
+        "model_name": name,
+        "export_datetime": _export_time(),
+        "target": {"host": placement.target},
+        "executor": EXECUTOR,
+        "memory": memory_map(partitioned),
+        "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
+        "lowered": lowered,
+        "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
+        "sizes": {member: len(data) for member, data in sorted(files.items())},
+    }
+    files["metadata.json"] = _json_bytes(metadata)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if check_inputs is None:
+        _write_tar(path, files)
+        return path
+    partial = path.with_name(path.name + ".partial")
+    _write_tar(partial, files)
+    try:
+        check_in_new_process(partial, check_inputs)
+    except MLFError as error:
+        path.unlink(missing_ok=True)  # an earlier export must not pass for this one
+        problem = str(error).removeprefix(f"{partial}: ")
+        raise MLFError(f"{path}: the exported tar does not load and run in a new process: {problem} "
+                       f"(left as {partial.name})") from None
+    partial.replace(path)
+    return path
+
+
+def check_in_new_process(path: os.PathLike, inputs: Sequence[np.ndarray], timeout_s: float = CHECK_TIMEOUT_S) -> list[np.ndarray]:
+    """Load the tar at ``path`` in a new Python process as a user would (:func:`load_mlf` with every
+    installed plugin) and run its entry function once on ``inputs``; its outputs, once they are checked
+    to be those its executor configuration declares. A crash there cannot take this process down;
+    whatever went wrong is an :class:`MLFError` naming ``path`` and the problem in one line. The tar is
+    unpacked in a folder of this process's, removed however the new one ends."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix="collage-mlf-check-") as scratch:
+        given, taken, unpacked = Path(scratch) / "inputs.npz", Path(scratch) / "outputs.npz", Path(scratch) / "unpacked"
+        np.savez(given, *inputs)
+        try:
+            result = subprocess.run([sys.executable, "-c", RUN_ONCE, str(path), str(given), str(taken), str(unpacked)],
+                                    capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise MLFError(f"{path}: loading it and running it once took over {timeout_s:g} s in a new process") from None
+        problem = _last_line(result.stderr).removeprefix(f"{path}: ")
+        if result.returncode < 0:
+            raise MLFError(f"{path}: the process loading it died of {signal.Signals(-result.returncode).name}"
+                           + (f" ({problem})" if problem else ""))
+        if result.returncode != 0:
+            raise MLFError(f"{path}: {problem or f'the process loading it ended with exit status {result.returncode}'}")
+        with np.load(taken) as saved:
+            return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _run_once(path: str, inputs: str, outputs: str, workdir: str) -> int:
+    """In the process :func:`check_in_new_process` starts: load (unpacked in ``workdir``), run once, check the
+    outputs' shapes and dtypes."""
+    try:
+        loaded = load_mlf(path, workdir)
+        with np.load(inputs) as saved:
+            results = loaded.run(*[saved[f"arr_{i}"] for i in range(len(saved.files))])
+        declared = [(tuple(o["shape"]), o["dtype"]) for o in loaded.executor_config["outputs"]]
+        given = [(tuple(o.shape), str(o.dtype)) for o in results]
+        if given != declared:
+            raise MLFError(f"{path}: its run gave outputs {given}, and its executor configuration declares {declared}")
+    except CollageError as error:
+        print(error, file=sys.stderr)
+        return 1
+    np.savez(outputs, *results)
+    return 0
+
+
+@attrs.define
+class LoadedMLF:
+    """A Model Library Format tar linked and loaded: its metadata and a VM ready to run ``main``."""
+
+    metadata: dict
+    executor_config: dict
+    parameters: dict
+    vm: object = attrs.field(repr=False)
+    library: Path
+    device: object = attrs.field(repr=False)
+
+    @property
+    def input_specs(self) -> list[dict]:
+        """Each input ``main`` takes, in order: ``{"name": ..., "shape": [...], "dtype": ...}``."""
+        return self.executor_config["inputs"]
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs of the model's shapes and dtypes, made as ``ImportedModel.random_inputs`` makes them (the
+        same seed gives the same arrays): uniform floats in [-1, 1), integers 0 or 1, booleans true."""
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for spec in self.input_specs:
+            shape, dtype = tuple(spec["shape"]), spec["dtype"]
+            if dtype.startswith(("int", "uint")):
+                arrays.append(rng.integers(0, 2, size=shape).astype(dtype))
+            elif dtype == "bool":
+                arrays.append(np.ones(shape, dtype=bool))
+            else:
+                arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+        return arrays
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """``main`` on numpy arrays (one per input, as :attr:`input_specs` lists them); its outputs as numpy arrays."""
+        result = self.vm["main"](*[tvm_compat.to_tensor(a, self.device) for a in inputs])
+        results = result if not hasattr(result, "numpy") else [result]
+        return [tvm_compat.to_numpy(r) for r in results]
+
+
+class _TarStream:
+    """A tar's uncompressed bytes as tarfile reads them. While the headers are read, what tarfile asks
+    for is counted against :data:`MAX_HEADER_BYTES`: tarfile reads a header's extension (a long name,
+    PAX records) whole into memory, so a crafted header declaring 64 GiB would be allocated."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.header_bytes_left: Optional[int] = MAX_HEADER_BYTES
+
+    def read(self, size: int = -1) -> bytes:
+        if self.header_bytes_left is not None:
+            if size is None or size < 0 or size > self.header_bytes_left:
+                raise _TooLarge(f"its headers take more than {_size(MAX_HEADER_BYTES)}")
+            self.header_bytes_left -= size
+        return self.stream.read(size)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+
+class _TooLarge(Exception):
+    """A tar over one of the loader's bounds; the message says which."""
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:g} GiB" if count >= 2**30 else f"{count / 2**20:g} MiB"
+
+
+def _uncompressed(raw) -> object:
+    """The tar's bytes from ``raw`` (its file), uncompressed as ``tarfile.open(mode="r:*")`` would."""
+    magic = raw.read(6)
+    raw.seek(0)
+    for prefix, opener in COMPRESSIONS:
+        if magic.startswith(prefix):
+            return opener(fileobj=raw)
+    return raw
+
+
+def _headers(path: Path, archive: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """Every regular file of the tar by name, its headers read within the loader's bounds."""
+    found, unpacked = {}, 0
+    for count, info in enumerate(iter(archive.next, None), 1):
+        unpacked += info.size
+        if count > MAX_MEMBERS:
+            raise _TooLarge(f"it has more than {MAX_MEMBERS} members")
+        if unpacked > MAX_UNPACKED_BYTES:
+            raise _TooLarge(f"its members unpack to more than {_size(MAX_UNPACKED_BYTES)}")
+        if info.isreg():
+            if info.name in found:
+                raise MLFError(f"{path}: {info.name} is in the tar twice")
+            found[info.name] = info
+    return found
+
+
+def _within_json_bound(path: Path, member: str, size: int) -> None:
+    if size > MAX_JSON_BYTES:
+        raise MLFError(f"{path}: {member} is {size} bytes, over the {_size(MAX_JSON_BYTES)} Collage reads of it")
+
+
+def _read_whole(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    _within_json_bound(path, info.name, info.size)
+    with archive.extractfile(info) as source:
+        return source.read(info.size)
+
+
+def _json(path: Path, member: str, data: bytes):
+    """``data`` (the member ``member``) parsed as JSON; anything else is an :class:`MLFError` naming both."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise MLFError(f"{path}: {member} is not JSON ({error})") from None
+    except RecursionError:
+        raise MLFError(f"{path}: {member} is not JSON Collage reads (nested too deeply)") from None
+
+
+def _checked_metadata(path: Path, metadata) -> dict:
+    if not isinstance(metadata, dict):
+        raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (a JSON {type(metadata).__name__}, "
+                       "not an object)")
+    if metadata.get("format") != FORMAT:
+        raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (format {metadata.get('format')!r})")
+    if metadata.get("version") != VERSION:
+        raise MLFError(f"{path}: Model Library Format version {metadata.get('version')!r} (this Collage reads version {VERSION})")
+    listed = metadata.get("files")
+    if not isinstance(listed, dict) or not listed:
+        raise MLFError(f"{path}: metadata.json lists no files")
+    if not all(isinstance(member, str) and isinstance(digest, str) for member, digest in listed.items()):
+        raise MLFError(f"{path}: metadata.json's files must map each member to its SHA-256 as text")
+    sizes = metadata.get("sizes", {})
+    if not isinstance(sizes, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes.values()):
+        raise MLFError(f"{path}: metadata.json's sizes must map members to their sizes in bytes")
+    for member in listed:
+        parts = member.split("/")
+        if member.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise MLFError(f"{path}: member {member} points outside the tar")
+    for required in (EXECUTOR_CONFIG, PLACEMENT, RELAX_TEXT):
+        if required not in listed:
+            raise MLFError(f"{path}: {required} is missing")
+    if not any(member.startswith(OBJECTS_DIR) for member in listed):
+        raise MLFError(f"{path}: no compiled host code under {OBJECTS_DIR}")
+    name = metadata.get("model_name")
+    if not isinstance(name, str) or not name:
+        raise MLFError(f"{path}: model name {name!r} in metadata.json is not a name")
+    return metadata
+
+
+def _parameters_member(model_name: str) -> str:
+    """The tar member of the model's weights, named after the model as a file name that stays in its
+    folder (a model's name may hold spaces, non-ASCII letters, or slashes that must choose no path)."""
+    return f"parameters/{safe_file_name(model_name)}.params"
+
+
+def _checked_config(path: Path, config) -> dict:
+    """The executor configuration, each field the loader and :class:`LoadedMLF` read of the type they read."""
+    def fail(problem: str):
+        raise MLFError(f"{path}: {EXECUTOR_CONFIG}: {problem}")
+
+    if not isinstance(config, dict):
+        fail(f"a JSON object is wanted, not {type(config).__name__}")
+    if config.get("executor") != EXECUTOR:
+        raise MLFError(f"{path}: executor {config.get('executor')!r} (this Collage runs {EXECUTOR})")
+    backends = config.get("runtime_backends")
+    if not isinstance(backends, dict) or not all(isinstance(needs, dict) for needs in backends.values()):
+        fail("runtime_backends must map each backend to what it needs")
+    if not isinstance(config.get("device", "cpu"), (str, type(None))):
+        fail(f"device must be a name such as cpu or cuda, not {config['device']!r}")
+    for kind in ("inputs", "outputs"):
+        tensors = config.get(kind)
+        if not isinstance(tensors, list) or not all(_is_tensor_spec(spec) for spec in tensors):
+            fail(f"{kind} must list each tensor's name, shape (non-negative integers) and dtype")
+    return config
+
+
+def _is_tensor_spec(spec) -> bool:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("dtype"), str):
+        return False
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return False
+    try:
+        np.dtype(spec["dtype"])
+    except TypeError:
+        return False
+    return True
+
+
+def _unpack(path: Path, workdir: Path) -> dict:
+    """Check the tar at ``path`` against its metadata.json and write what it lists into ``workdir``, each
+    member at its name there, hashed as it is read; the metadata. Members it does not list are never read."""
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise MLFError(f"{path}: no such file") from None
+    except OSError as error:
+        raise MLFError(f"{path}: not a readable tar ({error.strerror})") from None
+    try:
+        stream = _TarStream(_uncompressed(raw))
+        with raw, tarfile.open(fileobj=stream, mode="r:") as archive:
+            found = _headers(path, archive)
+            stream.header_bytes_left = None  # what follows is member data, read a chunk at a time
+            if "metadata.json" not in found:
+                raise MLFError(f"{path}: no metadata.json (not a Model Library Format tar)")
+            metadata = _checked_metadata(path, _json(path, "metadata.json", _read_whole(path, archive, found["metadata.json"])))
+            listed, sizes = metadata["files"], metadata.get("sizes", {})
+            for member in sorted(listed):
+                if member not in found:
+                    raise MLFError(f"{path}: {member} is listed in metadata.json but missing from the tar")
+                if member in sizes and found[member].size != sizes[member]:
+                    raise MLFError(f"{path}: {member} is {found[member].size} bytes in the tar, and metadata.json "
+                                   f"declares {sizes[member]}")
+            for member in sorted(listed, key=lambda name: found[name].offset):  # in the tar's order: no going back
+                _stream(path, archive, found[member], workdir / member, listed[member])
+    except _TooLarge as error:
+        raise MLFError(f"{path}: {error}; Collage refuses such a tar (collage_core.outputs.mlf bounds it)") from None
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+        raise MLFError(f"{path}: not a readable tar ({type(error).__name__}: {error})") from None
+    return metadata
+
+
+def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destination: Path, digest: str) -> None:
+    """Copy one member to ``destination``, a chunk at a time, as a new file (never one a process has loaded)."""
+    hashed = hashlib.sha256()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".partial")
+    with archive.extractfile(info) as source, open(partial, "wb") as written:
+        while chunk := source.read(READ_CHUNK):
+            hashed.update(chunk)
+            try:
+                written.write(chunk)
+            except OSError as error:
+                raise MLFError(f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})") from None
+    if hashed.hexdigest() != digest:
+        partial.unlink()
+        raise MLFError(f"{path}: {info.name} does not match its SHA-256 in metadata.json")
+    os.replace(partial, destination)
+
+
+def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, strict: bool = False) -> LoadedMLF:
+    """Check, link and load a Model Library Format tar written by :func:`export_mlf`; needs TVM's
+    runtime and a host linker, not TVM's compiler. A tar built with other backend versions than
+    those installed is loaded with a warning naming each such backend and both versions (through the
+    ``collage`` logger), or with ``strict`` refused.
+
+    Only the members metadata.json lists are read, each streamed into ``workdir`` and hashed as it is
+    written; a tar over the loader's bounds (:data:`MAX_UNPACKED_BYTES`, :data:`MAX_MEMBERS`,
+    :data:`MAX_HEADER_BYTES`) is refused before its members are read. Without ``workdir``, the tar is
+    unpacked into a temporary folder, removed when loading fails, or else when the returned model is
+    garbage collected or the process exits (what it loaded stays loaded)."""
+    path = Path(path)
+    made = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="collage-mlf-")) if made else Path(workdir)
+    try:
+        loaded = _load(path, workdir, pm, strict)
+    except BaseException:
+        if made:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    if made:
+        weakref.finalize(loaded, shutil.rmtree, str(workdir), True)
+    return loaded
+
+
+def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
+    workdir.mkdir(parents=True, exist_ok=True)
+    metadata = _unpack(path, workdir)
+    unpacked_config = workdir / EXECUTOR_CONFIG
+    _within_json_bound(path, EXECUTOR_CONFIG, unpacked_config.stat().st_size)
+    config = _checked_config(path, _json(path, EXECUTOR_CONFIG, unpacked_config.read_bytes()))
+    objects = [str(workdir / member) for member in sorted(metadata["files"]) if member.startswith(OBJECTS_DIR)]
+    library = library_file(workdir, metadata["model_name"])
+
+    def named_by_the_tar(error) -> str:
+        """The last line of an error, with the files the tar was unpacked to named as the tar and its members."""
+        return _last_line(str(error)).replace(str(library), str(path)).replace(f"{workdir}{os.sep}", "")
+
+    try:
+        tvm_compat.link_shared(str(library), objects)
+    except Exception as error:  # the host compiler's message in one line, without the command line TVM appends
+        raise MLFError(f"{path}: linking the host code failed ({named_by_the_tar(str(error).split('Command line:')[0])})") from None
+    write_runtime_file(library, config["runtime_backends"])
+    try:
+        device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
+    except ValueError:
+        raise MLFError(f"{path}: {EXECUTOR_CONFIG}: device {config['device']!r} is not one TVM knows") from None
+    try:
+        vm = load_vm(library, device, pm=pm, strict=strict, origin=str(path))
+    except CollageError as error:
+        raise MLFError(named_by_the_tar(error)) from None
+    except Exception as error:  # TVM's runtime, or a backend's, refusing the library
+        raise MLFError(f"{path}: the library does not load ({type(error).__name__}: {named_by_the_tar(error)})") from None
+    parameters_member = _parameters_member(metadata["model_name"])
+    parameters = {}
+    if parameters_member in metadata["files"]:
+        try:
+            parameters = tvm_compat.load_params((workdir / parameters_member).read_bytes())
+        except Exception as error:  # TVM's deserializer: the member matched its digest, so the exporter wrote it so
+            raise MLFError(f"{path}: {parameters_member} is not in TVM's parameter serialization "
+                           f"({type(error).__name__}: {named_by_the_tar(error)})") from None
+    return LoadedMLF(metadata, config, parameters, vm, library, device)

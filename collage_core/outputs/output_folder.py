@@ -1,0 +1,210 @@
+"""An output folder that is safe to kill and to share: names from inputs stay inside it, every file is
+replaced whole, one run writes into it at a time, and each run's scratch files are its own.
+
+- A name taken from an input (a model's graph name, a model file's name, a backend's name) becomes a
+  file name by :func:`safe_file_name`: a plain name is kept as it is, and no name leaves the folder.
+- Every file is written under a temporary name beside it and renamed into place (:func:`replacing`),
+  so a run killed while writing leaves the file before whole, and a process that loaded the old file
+  (a library) keeps it intact: the new one is another inode, never the old one truncated.
+- A run holds the folder (:func:`held`) with ``fcntl.flock`` on ``.collage.lock``: a second run stops
+  with one line naming the folder and the holder's pid. The kernel releases the lock of a dead
+  process, so a killed run's lock is free at once.
+- A run's scratch files (inputs, outputs, modules sent to workers, the rivals' builds) live in its
+  own ``.run-<pid>-<random>/`` in the folder, removed when the run ends, fails or is interrupted (as
+  are half-written files of its workers); those of a killed run (SIGKILL) are removed by the next run
+  that holds the folder.
+- While a run holds the folder, temporary files go to its scratch too (:func:`temporary_files_in`):
+  ``TMPDIR`` and ``tempfile.tempdir`` name ``.run-*/tmp``, so what its workers and the libraries
+  they call make there (TVM's links, a killed worker's files) goes with the scratch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+import unicodedata
+from pathlib import Path
+from typing import Iterator, Optional
+
+from collage_core.errors import CollageError
+
+LOCK_FILE = ".collage.lock"
+SCRATCH_PREFIX = ".run-"
+# The mark of a file being written (see replacing); one left by a killed run is removed by the next.
+PARTIAL = ".partial"
+# Room for the longest suffix a library's files add (".so.runtime.json") and a temporary name's
+# marks within the 255 bytes a file name may have.
+NAME_BYTES = 180
+DEFAULT_NAME = "model"
+
+
+class OutputFolderInUse(CollageError):
+    """Another run holds the output folder."""
+
+
+def safe_file_name(name: str, default: str = DEFAULT_NAME) -> str:
+    """``name`` as a file name that stays in its folder: path separators, NUL and other control
+    characters become ``_``, leading dots go (so neither ``..`` nor a hidden file), and a name over
+    NAME_BYTES bytes in UTF-8 is cut and ends in a digest of the whole, so that long names stay
+    distinct. An empty result is ``default``. A plain name (``tiny_resnet``) is kept as it is."""
+    cleaned = "".join("_" if ch in "/\\" or unicodedata.category(ch).startswith("C") else ch for ch in str(name))
+    cleaned = cleaned.lstrip(".")
+    encoded = cleaned.encode("utf-8", "replace")
+    if len(encoded) > NAME_BYTES:
+        digest = hashlib.sha256(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        cleaned = encoded[:NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore") + "-" + digest
+    return cleaned or default
+
+
+def library_file(directory: os.PathLike, model_name: str) -> Path:
+    """Where a run writes the library of the model called ``model_name`` in ``directory``."""
+    return Path(directory) / f"{safe_file_name(model_name)}.so"
+
+
+@contextlib.contextmanager
+def replacing(path: os.PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` (with its suffix, so that a library's exporter links the same
+    kind of file) to write; renamed onto ``path`` when the block ends, removed if it raises. An error
+    naming the temporary path names ``path`` instead: that is the file the user knows."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL}{path.suffix}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except OSError as error:
+        if error.filename is not None and str(error.filename) == str(temporary):
+            error.filename = str(path)
+        raise
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_text(path: os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` whole: a reader never sees half a file, and a run killed meanwhile leaves
+    the file before as it was."""
+    with replacing(path) as temporary:
+        temporary.write_text(text)
+    return Path(path)
+
+
+def copy_file(source: os.PathLike, destination: os.PathLike) -> None:
+    """Copy ``source`` onto ``destination`` whole (a new file: a process that loaded the old one keeps it)."""
+    with replacing(destination) as temporary:
+        shutil.copyfile(source, temporary)
+
+
+def move_file(source: os.PathLike, destination: os.PathLike) -> None:
+    """Move ``source`` onto ``destination`` whole, by renaming where both are on one file system."""
+    try:
+        os.replace(source, destination)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        copy_file(source, destination)
+        os.remove(source)
+
+
+def export_library(executable, path: os.PathLike) -> None:
+    """TVM's ``executable.export_library`` to ``path``, linked under a temporary name and renamed into
+    place: a link killed midway leaves the library before intact."""
+    with replacing(path) as temporary:
+        executable.export_library(str(temporary))
+
+
+@contextlib.contextmanager
+def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator[Path]:
+    """Hold ``directory`` for one run (held by another, :class:`OutputFolderInUse` is raised at once);
+    gives the run's scratch folder inside it, removed when the block ends, however it ends.
+
+    ``made`` is the outermost folder the run made for ``directory`` (itself or a parent); if the block
+    fails and nothing but folders and the lock is in it, it is removed, while the folder is still
+    held: a run that fails before writing anything (a model that does not exist) leaves no folder
+    behind. A run refused because the folder is in use removes nothing."""
+    directory = Path(directory)
+    with _locked(directory):
+        _remove_leftovers(directory)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=directory))
+        try:
+            with temporary_files_in(scratch / "tmp"):
+                yield scratch
+        except BaseException:
+            _remove_leftovers(directory)
+            if made is not None and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*")):
+                shutil.rmtree(made, ignore_errors=True)
+            raise
+        finally:
+            # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
+            if directory.is_dir():
+                _remove_leftovers(directory)
+
+
+@contextlib.contextmanager
+def temporary_files_in(folder: os.PathLike) -> Iterator[Path]:
+    """Within the block, this process's temporary files and those of the processes it starts go to
+    ``folder`` (made here): ``TMPDIR`` and ``tempfile.tempdir`` name it, and are restored after.
+    Workers forked from a zygote started earlier take the folder in their fork request
+    (``collage_core.measure.zygote``)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    before_env, before_module = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = before_module
+        if before_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before_env
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    path = directory / LOCK_FILE
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as error:
+        raise CollageError(f"{directory}: cannot write into it ({error.strerror})") from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise OutputFolderInUse(f"{directory} is in use by another Collage run (pid {holder}); wait for it to end "
+                                    "or choose another output directory") from None
+        except OSError as error:  # a file system without locks
+            raise CollageError(f"{directory}: cannot lock {LOCK_FILE} ({error.strerror})") from None
+        if not _names(path, descriptor):  # a run that failed removed the folder, lock and all, as this one locked it
+            raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; "
+                                    "run again")
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock; the file stays, so that no two runs lock different files
+
+
+def _names(path: Path, descriptor: int) -> bool:
+    """Whether ``path`` is still the file open as ``descriptor`` (neither removed nor replaced)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return False
+    opened = os.fstat(descriptor)
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Scratch folders and half-written files left by runs killed before they could remove them, or by
+    this run's workers stopped midway: this run holds the folder, so no other run is using them."""
+    for entry in directory.iterdir():
+        if entry.name.startswith(SCRATCH_PREFIX) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.startswith(".") and PARTIAL in entry.name and entry.is_file():
+            entry.unlink(missing_ok=True)

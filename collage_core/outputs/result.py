@@ -1,0 +1,125 @@
+"""What ``optimize`` returns: the placement, a runnable build, and the measurements behind them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+
+from collage_core.outputs import output_folder
+from collage_core.build.deploy import copy_library
+from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
+from collage_core.measure.measurement import MeasurementReport
+from collage_core.model.model_import import ImportedModel
+from collage_core.outputs.placement_file import Placement
+from collage_core.records import Cost
+from collage_core.search.two_level import TwoLevelResult
+from collage_core.model.verify import Verification
+from collage_core.build.deploy import load_library
+from collage_core.outputs.picture import backend_colours
+from collage_core.outputs.report import is_noisy, placement_throughput, render_report
+from collage_core.outputs.search_history import history_svg
+from tvm import relax
+
+SEARCH_PICTURE = "two-level-search.svg"  # the two-level search, generation by generation
+# Beside placement.json when a baseline won the contest: what the search found, to replay or export.
+SEARCHED_PLACEMENT_FILE = "searched-placement.json"
+
+
+@attrs.define
+class OptimizedModel:
+    """What ``optimize`` returns: the placement, a runnable build, and the measurements behind them."""
+
+    model: ImportedModel
+    placement: Placement
+    library_path: Path
+    target: Any = attrs.field(repr=False)
+    end_to_end: list[EndToEnd]
+    verification: Optional[Verification]
+    measurement: Optional[MeasurementReport]
+    candidates: int
+    search_s: float
+    partitioned_mod: Any = attrs.field(repr=False)
+    two_level: Optional[TwoLevelResult] = attrs.field(default=None, repr=False)
+    # Seconds the run spent in each phase (importing, measuring, searching, building, baselines, contest), in order.
+    phases_s: dict = attrs.field(factory=dict, repr=False)
+    # With an accuracy budget: the units kept in float32 and the probes that chose them (collage_core.model.accuracy_budget).
+    accuracy: Any = attrs.field(default=None, repr=False)
+    # The search's own placement when a baseline won the contest in turns and is ``placement`` instead.
+    searched_placement: Optional[Placement] = attrs.field(default=None, repr=False)
+    # The placement file a replay rebuilt (None: this run searched).
+    replayed_from: Optional[str] = None
+    _vm: Any = attrs.field(default=None, repr=False)
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Run the built placement in this process, each backend's runtime prepared first (a partition's
+        kernels may have been built and loaded only in the worker processes that measured them)."""
+        if self._vm is None:
+            device = tvm_compat.device_for(self.target)
+            self._vm = (relax.VirtualMachine(load_library(self.library_path, device=device), device), device)
+        vm, device = self._vm
+        result = vm["main"](*[tvm_compat.to_tensor(np.asarray(a), device) for a in inputs])
+        return [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
+
+    def latency(self, name: str = PLACEMENT) -> Cost:
+        return next(e.cost for e in self.end_to_end if e.name == name)
+
+    def save(self, directory: os.PathLike) -> Path:
+        """Write ``placement.json``, the compiled library, the report table, ``results.json`` and, after
+        a two-level search, its picture (``two-level-search.svg``) into ``directory``; after a search
+        whose placement lost the contest in turns, that placement as ``searched-placement.json`` (a
+        search's directory holds one only then). Each file is written whole under a temporary name and renamed
+        into place."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.placement.save(directory / "placement.json")
+        if self.searched_placement is not None:
+            self.searched_placement.save(directory / SEARCHED_PLACEMENT_FILE)
+        elif self.replayed_from is None:
+            (directory / SEARCHED_PLACEMENT_FILE).unlink(missing_ok=True)
+        library = output_folder.library_file(directory, self.model.name)
+        if self.library_path.resolve() != library.resolve():
+            copy_library(self.library_path, library)
+        output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
+        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        if self.two_level is not None and self.two_level.history:
+            lost = "" if self.searched_placement is None else (
+                f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
+            output_folder.write_text(directory / SEARCH_PICTURE,
+                                     history_svg(self.two_level.history, backend_colours(self.placement), caption=lost))
+        return directory
+
+    def results_json(self) -> dict:
+        """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""
+        measurement = self.measurement
+        work = placement_throughput(self)
+        return {
+            "model": self.model.name,
+            "precision": self.model.precision,
+            "accuracy_budget": None if self.accuracy is None else self.accuracy.to_json(),
+            "search": self.placement.search,
+            "why_chosen": self.placement.why_chosen,
+            "replayed_from": self.replayed_from,
+            "end_to_end": [{**row.to_json(), "noisy": is_noisy(row.cost)} for row in self.end_to_end],
+            "candidates": self.candidates,
+            "measurement": None if measurement is None else {
+                "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,
+                "invalid": measurement.invalid, "seconds": measurement.seconds, "noisy": list(measurement.noisy),
+            },
+            "two_level": None if self.two_level is None else {
+                "generations": self.two_level.generations, "measured": self.two_level.measured,
+                "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
+                "predicted": self.two_level.predicted, "seconds": self.two_level.seconds,
+                "history": [attrs.asdict(record) for record in self.two_level.history],
+            },
+            "search_s": self.search_s,
+            "phases_s": self.phases_s,
+            "numerics": None if self.verification is None else attrs.asdict(self.verification),
+            "throughput": None if work is None else work.to_json(),
+        }

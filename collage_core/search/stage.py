@@ -1,0 +1,112 @@
+"""The search stage: measure the op-level candidates, search the op-level placement, calibrate it end
+to end, and evolve which op groups go to graph-level backends (the two-level search)."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
+from collage_core.search.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
+from collage_core.errors import CollageError
+from collage_core.measure.job import Job, describe_cost
+from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
+from collage_core.measure.progress import ProgressBar
+from collage_core.records import OP_LEVEL, Partition
+from collage_core.search.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level
+
+OP_LEVEL_SEARCH = "op-level"
+TWO_LEVEL = "two-level"
+
+
+def measure(job: Job, candidates, db) -> MeasurementReport:
+    op_level = job.op_level_candidates(candidates)
+    report = measure_candidates(
+        job.graph, op_level, job.backends, job.target, db, job.settings, job.plugin_modules, job.disabled,
+        job.show_progress,
+    )
+    job.say(
+        f"measured {report.measured} in {report.seconds:.1f} s, {report.from_database} from the database, "
+        f"{report.invalid} invalid"
+    )
+    if report.noisy:
+        job.say(f"{len(report.noisy)} candidates' costs stayed noisy after a second measurement (spread above "
+                f"{NOISY_FACTOR * job.settings.target_spread:.0%} of the median) and are used as measured: "
+                f"{', '.join(report.noisy[:3])}{', ...' if len(report.noisy) > 3 else ''}")
+    return report
+
+
+def op_level_search(job: Job, candidates, costs) -> list[Partition]:
+    op_level = job.op_level_candidates(candidates)
+    if not op_level:
+        raise CollageError("no op-level backend selected: one (such as tvm) must cover what graph-level backends do not")
+    started = time.perf_counter()
+    parts = searched_parts(job.graph, op_level, costs)
+    job.say(f"op-level search: {len(parts)} partitions in {time.perf_counter() - started:.2f} s")
+    return parts
+
+
+def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLevelSettings) -> TwoLevelResult:
+    groups = op_groups(op_level_parts, candidates, job.backends)
+    movable = sum(1 for g in groups if g.choices)
+    job.say(f"two-level search: {len(groups)} op groups, {movable} of them can go to a graph-level backend")
+    # Each placement is measured in a fresh worker: ONNX Runtime in a process where TVM kernels
+    # (or other sessions) ran before measured 124 ms instead of 46 ms on ResNet-50.
+    with ProgressBar(settings.generations, "two-level search", enabled=job.show_progress) as bar:
+        evaluate = job.end_to_end_evaluator(db)
+
+        def on_best(parts, cost):
+            job.placement(parts, TWO_LEVEL).save(job.workdir / "placement.json")
+
+        def on_generation(record):
+            line = (f"generation {record.generation}: best {record.best_s * 1e3:.3f} ms "
+                    f"({record.gains_text() if record.generation else 'from the seeds'}), "
+                    f"budget left {max(record.budget_left_s, 0):.0f} s")
+            if record.generation:
+                bar.advance(line)
+
+        result = search_two_level(job.graph.graph, groups, evaluate, settings, on_generation, on_best,
+                                  spent=lambda: evaluate.spent_s)
+    result = attrs.evolve(result, from_database=evaluate.from_database)
+    job.say(
+        f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
+        f"{result.measured} placements scored end to end ({result.from_database} from the cost database, "
+        f"{result.evaluated} evaluated), {result.predicted} predicted slower and not built, in {result.seconds:.1f} s"
+    )
+    if result.history:
+        job.say(f"two-level search, operators by backend: {history_text(result.history)}")
+    return result
+
+
+def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> list[Partition]:
+    """The op-level placement re-searched with per-partition charges measured end to end (see calibration)."""
+    if rounds <= 0:
+        return parts
+    job.say("calibrating the op-level search end to end")
+    op_level = job.op_level_candidates(candidates)
+    alternatives = [
+        baseline
+        for info in job.chosen
+        if info.backend.kind == OP_LEVEL
+        for baseline in [single_backend_parts(job.graph, op_level, costs, info.name, job.backends)]
+        if baseline is not None
+    ]
+    alternatives += without_each_backend(job.graph, op_level, costs, parts)
+    evaluate = job.end_to_end_evaluator(db)
+    result = calibrate(job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives)
+    for number, step in enumerate(result.rounds):
+        job.say(
+            f"  round {number}: {step.partitions} partitions, candidates sum to {step.summed_s * 1e3:.3f} ms, "
+            f"end to end {describe_cost(step.latency)}: {step.charge_per_partition_s * 1e6:+.1f} us per partition "
+            f"{'unexplained' if step.charge_per_partition_s >= 0 else 'over-counted'} by the candidates"
+        )
+    for name, guess in result.predicted:
+        job.say(f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over "
+                f"{PREDICTED_LOSS_FACTOR:g}x the best measured")
+    if result.alternative:
+        job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")
+    elif signature(result.parts) != signature(parts):
+        job.say(f"calibrated op-level placement: {len(result.parts)} partitions, {describe_cost(result.latency)}")
+    return list(result.parts)
+
