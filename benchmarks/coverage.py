@@ -33,11 +33,12 @@ SEED = 0
 IMAGE = (1, 3, 64, 64)
 TEXT = (1, 16)
 PAIR_TIMEOUT_S = 900
-# Where in Collage a failure happened, by the module of the deepest frame.
+# Where in Collage a failure happened, by the module of the deepest frame (its path in collage_core).
 STAGE_OF_MODULE = {
-    "model_import": "import", "candidates": "candidates", "measure": "candidates", "regions": "candidates",
-    "search_stage": "search", "search": "search", "two_level": "search", "calibration": "search",
-    "build": "build", "finish_stage": "build", "partition": "build", "verify": "numerics",
+    "model/model_import": "import", "candidates/enumeration": "candidates", "measure/measurement": "candidates",
+    "search/regions": "candidates", "search/stage": "search", "search/op_level": "search", "search/two_level": "search",
+    "search/calibration": "search", "build/executable": "build", "build/stage": "build", "build/partition": "build",
+    "model/verify": "numerics",
 }
 
 
@@ -175,8 +176,9 @@ class FirstTensor:
 def _stage_of(error: BaseException) -> str:
     stage = "search"
     for frame in traceback.extract_tb(error.__traceback__):
-        module = Path(frame.filename).stem
-        if "collage_core" in frame.filename and module in STAGE_OF_MODULE:
+        path = Path(frame.filename).with_suffix("")
+        module = "/".join(path.parts[path.parts.index("collage_core") + 1:]) if "collage_core" in path.parts else ""
+        if module in STAGE_OF_MODULE:
             stage = STAGE_OF_MODULE[module]
     return stage
 
@@ -195,8 +197,8 @@ def run_pair(family: str, path: str, workdir: Path) -> dict:
     import torch
 
     import collage_core
-    from collage_core.model.model_import import load_model
     from collage_core.measure.timing import MeasureSettings
+    from collage_core.model.model_import import load_model
 
     torch.manual_seed(SEED)
     kind, builder = _families()[family]

@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from collage_core.search.baselines import IN_TURNS
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, WITHOUT_CUDA_GRAPHS
+from collage_core.search.baselines import IN_TURNS
 from peers_report import cost_row, load_raw, operators_text, ratio_text, seconds_of
 
 GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)", "torch.compile reduce-overhead (cuda)")

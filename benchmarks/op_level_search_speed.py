@@ -17,8 +17,8 @@ import time
 
 import attrs
 
-from collage_core.search.graph import OpGraph
 from collage_core.records import Candidate, Cost
+from collage_core.search.graph import OpGraph
 from collage_core.search.op_level import search_op_level
 
 HEAVY_OPS = {"nn.conv2d": "cudnn", "matmul": "cublas"}

@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from collage_core.search.baselines import IN_TURNS, PREDICTED_PREFIX
-from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER
 from collage_core.measure.timing import STOPPED_PREFIX
+from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER
+from collage_core.search.baselines import IN_TURNS, PREDICTED_PREFIX
 
 OPENVINO_PEER = "openvino default session (fp32)"
 PEERS = ["onnxruntime default session", OPENVINO_PEER, "pytorch eager", "torch.compile (inductor)"]

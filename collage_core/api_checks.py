@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from collage_core.errors import CollageError
-from collage_core.model.precision import PRECISIONS
-from collage_core.measure.timing import MeasureSettings
-from collage_core.search.two_level import TwoLevelSettings
 from collage_core import tvm_compat
+from collage_core.errors import CollageError
+from collage_core.measure.timing import MeasureSettings
+from collage_core.model.precision import PRECISIONS
+from collage_core.search.two_level import TwoLevelSettings
 
 SEARCHES = ("op-level", "two-level")
 # Written and removed in the output folder before anything is measured: a file system that is full (or

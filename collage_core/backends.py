@@ -7,7 +7,7 @@ import logging
 import attrs
 
 from collage_core.errors import CollageError, reraise_interrupt
-from collage_core.model.precision import FP32, TF32, computes_tf32
+from collage_core.model.dtypes import FP32, TF32, computes_tf32
 from collage_core.plugins import CollagePluginManager, PluginFailure, call_each, first_result
 from collage_core.records import Availability, Backend, Pattern
 

@@ -14,25 +14,25 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from collage_core.api_checks import TWO_LEVEL_LEAST, count_problem, number_problem, unwritable_because
-from collage_core.search.calibration import DEFAULT_ROUNDS
-from collage_core.errors import CollageError, interrupt_within
-from collage_core.model.precision import FP32, PRECISIONS
-from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
-from collage_core.search.two_level import TwoLevelSettings
 from collage_core import tvm_compat
+from collage_core.api_checks import TWO_LEVEL_LEAST, count_problem, number_problem, unwritable_because
 from collage_core.backends import discover_backends
 from collage_core.build.deploy import carried_dir
-from collage_core.outputs.explain import explain
+from collage_core.errors import CollageError, interrupt_within
 from collage_core.inspection import inspect_model, render_inspection
-from collage_core.outputs.mlf import export_mlf
+from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
+from collage_core.model.precision import FP32, PRECISIONS
 from collage_core.optimizer import optimize
+from collage_core.outputs.explain import explain
+from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.output_folder import safe_file_name
 from collage_core.outputs.placement_file import load_placement
-from collage_core.plugins import get_plugin_manager
 from collage_core.outputs.report import format_table, render_report
-from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE, SEARCH_PICTURE
+from collage_core.outputs.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
 from collage_core.outputs.show import write_picture
+from collage_core.plugins import get_plugin_manager
+from collage_core.search.calibration import DEFAULT_ROUNDS
+from collage_core.search.two_level import TwoLevelSettings
 
 DEFAULT_TWO_LEVEL = TwoLevelSettings()
 EXIT_ERROR = 1

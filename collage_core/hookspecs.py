@@ -41,7 +41,7 @@ def collage_contribute_patterns(backend, target, precision):
 
     ``precision`` is the run's precision option (``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp16"``; the
     graph is already converted to it). At ``"tf32"`` a backend may add float32 patterns whose kernels
-    round operands to TF32, named ``<backend>.<what>_tf32`` (``precision.computes_tf32``); at any
+    round operands to TF32, named ``<backend>.<what>_tf32`` (``dtypes.computes_tf32``); at any
     other precision it must contribute none of those. Taking the argument is optional.
 
     Return a list of ``Pattern`` (name ``"<backend>.<what>"``, a Relax dataflow pattern rooted

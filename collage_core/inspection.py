@@ -16,10 +16,10 @@ from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends, select_backends, serves
 from collage_core.candidates.enumeration import Refusal, enumerate_candidates
 from collage_core.model.model_import import load_model
-from collage_core.plugins import get_plugin_manager
 from collage_core.model.precision import FP32, at_precision
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.outputs.report import format_table
+from collage_core.plugins import get_plugin_manager
 
 # Refusals of one pattern for one reason are listed once, with how many there were and the first's operators.
 OPERATORS_SHOWN = 4

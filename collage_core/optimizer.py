@@ -17,36 +17,33 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
-
-from collage_core.build import stage as finish_stage
-
-from collage_core.outputs import output_folder
-
-from collage_core.search import stage as search_stage
-from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
 from collage_core.api_checks import check_optimize_arguments
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
-from collage_core.search.baselines import baseline_file, operators_by_backend
-from collage_core.search.calibration import DEFAULT_ROUNDS
+from collage_core.build import stage as build_stage
 from collage_core.candidates.enumeration import enumerate_candidates
-from collage_core.measure.cost_db import CostDatabase, default_cost_db_path
 from collage_core.errors import CollageError
-from collage_core.outputs.reuse import FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
+from collage_core.measure.cost_db import CostDatabase, default_cost_db_path
 from collage_core.measure.job import FINISHED_PROTOCOL, Job
+from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
+from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, AccuracyBudgetError, Fit, fit, load_fit, save_fit
 from collage_core.model.model_import import check_against_reference, load_model
-from collage_core.outputs.placement_file import load_placement
-from collage_core.plugins import get_plugin_manager
 from collage_core.model.precision import DTYPES, FP32, Tolerance, at_precision, check_precision, tolerance, with_float32_units
 from collage_core.model.probes import outputs_of_variants
-from collage_core.records import GRAPH_LEVEL, Candidate
 from collage_core.model.relax_graph import RelaxGraph
-from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
-from collage_core.outputs.result import OptimizedModel
-from collage_core.search.stage import OP_LEVEL_SEARCH, TWO_LEVEL
-from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
-from collage_core.search.two_level import TwoLevelSettings
 from collage_core.model.verify import Verification, compare_outputs
 from collage_core.model.widening import units
+from collage_core.outputs import output_folder
+from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
+from collage_core.outputs.placement_file import load_placement
+from collage_core.outputs.result import OptimizedModel
+from collage_core.outputs.reuse import FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
+from collage_core.plugins import get_plugin_manager
+from collage_core.records import GRAPH_LEVEL, Candidate
+from collage_core.search import stage as search_stage
+from collage_core.search.baselines import baseline_file, operators_by_backend
+from collage_core.search.calibration import DEFAULT_ROUNDS
+from collage_core.search.stage import OP_LEVEL_SEARCH, TWO_LEVEL
+from collage_core.search.two_level import TwoLevelSettings
 
 log = logging.getLogger("collage")
 FIT_FILE = "accuracy-budget.json"  # the accuracy budget's probes, reused by a rerun into the same directory
@@ -198,7 +195,7 @@ def optimize(
                 optimized.save(workdir)
                 return optimized
 
-        def verified(built: finish_stage.Built) -> Optional[Verification]:
+        def verified(built: build_stage.Built) -> Optional[Verification]:
             if not verify or imported.reference is None:
                 return None
             held_to = tolerance(imported.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
@@ -208,18 +205,18 @@ def optimize(
             return verification
 
         say("building the placement and measuring it end to end")
-        built = finish_stage.build_placement(job, parts, library)
+        built = build_stage.build_placement(job, parts, library)
         verification = verified(built)
         clock.lap("building and verifying")
-        origin = finish_stage.found_by(search, placement, replayed.why_chosen if replayed is not None else "")
+        origin = build_stage.found_by(search, placement, replayed.why_chosen if replayed is not None else "")
         searched_placement = None
         if not compare_backends:
-            outcome = finish_stage.Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
+            outcome = build_stage.Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
                                            origin if placement is not None else f"{origin}; not compared with baselines")
         else:
             # A replayed placement measures its baselines afresh: replaying reads no cost database.
             with opened_again(cost_db, placement, remeasure_invalid) as db:
-                baselines = finish_stage.baselines(job, parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
+                baselines = build_stage.baselines(job, parts, built.cost, candidates, measurement, op_level_parts, two_level_result,
                                           baseline_limit_s, db)
             clock.lap("baselines")
             if output_dir:
@@ -227,7 +224,7 @@ def optimize(
                     if baseline_parts is not None:
                         job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(output_dir, entry.name))
             # A replay returns the placement it was given, whatever ran faster beside it.
-            outcome = finish_stage.finish(job, library, origin, parts, built, baselines, may_replace=placement is None)
+            outcome = build_stage.finish(job, library, origin, parts, built, baselines, may_replace=placement is None)
             clock.lap("contest in turns")
             if outcome.replacement is not None:
                 # What ran faster beside it is the result, with the cost it was chosen by.
@@ -244,7 +241,7 @@ def optimize(
         say(f"why this placement: {outcome.why}")
         if compare_backends:
             with opened_again(cost_db, placement, remeasure_invalid) as db:
-                plain = finish_stage.without_cuda_graphs(job, parts, baseline_limit_s, db)
+                plain = build_stage.without_cuda_graphs(job, parts, baseline_limit_s, db)
             if plain is not None:
                 results.insert(next(i for i, row in enumerate(results) if not row.timed_in_turns), plain)
                 clock.lap("without CUDA graphs")

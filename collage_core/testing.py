@@ -18,15 +18,15 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.candidates.enumeration import enumerate_candidates
-from collage_core.candidates.fused_groups import as_dtype
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build.executable import build
-from collage_core.model.model_import import load_model
 from collage_core.build.partition import placed_whole
-from collage_core.records import Availability
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.candidates.fused_groups import as_dtype
 from collage_core.measure.worker import random_arguments
+from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.records import Availability
 
 
 def function_module(make: Callable, *shapes, dtype: str = "float32") -> tvm.IRModule:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import threading
+from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm.base import _LOADED_LIBS
+from tvm.runtime.vm import VirtualMachine
+from tvm.support import cc
+from tvm_ffi.libinfo import load_lib_ctypes
 
-from collage_core.errors import CollageError
-import contextlib
-import io
 from collage_core.build.cuda_libraries import gpu_description
-from pathlib import Path
+from collage_core.errors import CollageError
 
 try:
     from tvm import relax
@@ -91,10 +95,6 @@ def ensure_device_runtime(device) -> None:
     if device.dlpack_device_type() != tvm.cuda(0).dlpack_device_type() or has_compiler():
         return
 
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm.base import _LOADED_LIBS
-    from tvm_ffi.libinfo import load_lib_ctypes
-
     if "tvm_runtime_cuda" not in _LOADED_LIBS:
         directory = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
         _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
@@ -104,9 +104,6 @@ def ensure_device_runtime(device) -> None:
 
 def virtual_machine(module, device):
     """A Relax VM over a loaded executable module; needs only TVM's runtime."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm.runtime.vm import VirtualMachine
-
     return VirtualMachine(module, device)
 
 
@@ -155,7 +152,7 @@ def lowered_for_cuda_graphs(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
 
 
 def _cuda_graph_passes(target: tvm.target.Target) -> list:
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
     return (cuda_pipeline.library_dispatch_passes(target) + cuda_pipeline.legalize_passes(target)
@@ -272,8 +269,6 @@ def return_type(func):
 
 def link_shared(output: str, objects: list[str]) -> None:
     """Link object files (as ``export_library`` writes them) into a shared library (``tvm.contrib.cc`` before 0.27)."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm.support import cc
 
     cc.create_shared(output, objects)
 
@@ -288,8 +283,6 @@ def host_objects(executable, target: tvm.target.Target, workspace: str) -> dict[
     target's host: TVM writes them as C source when no LLVM module gives it a triple, and a model's
     weights as a C array would take a compiler minutes.
     """
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm.support import cc
 
     objects = {}
 
@@ -341,7 +334,7 @@ def te_prim_func(compute, specs):
     """The TIR function Relax's importers make of the TE ``compute`` (``bb.emit_te``) over placeholders of
     ``specs`` ((shape, dtype) each): int64 indices and no global symbol, so that ``structural_equal`` with a
     ``call_tir``'s callee says whether the callee is that computation."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm import te
 
     placeholders = [te.placeholder(shape, dtype, name=f"input_{index}") for index, (shape, dtype) in enumerate(specs)]
@@ -366,7 +359,7 @@ def onnx_convert_map() -> dict:
     - ``ConstantOfShape`` of a constant shape is a constant of that shape. 0.27 broadcasts the
       one-element value to the shape and fails on a scalar shape (GPT-2's causal mask).
     """
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.frontend.onnx import onnx_frontend
 
     return _with_fixes(onnx_frontend._get_convert_map())
@@ -391,7 +384,7 @@ class TorchNodeFailure(Exception):
 def from_exported_program(program):
     """TVM's importer of a ``torch.export`` program (weights as constants); a node it cannot convert
     raises :class:`TorchNodeFailure` naming it and the line of the module's source that made it."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.frontend.torch import exported_program_translator as translator
 
     def naming_the_node(importer, *args, **kwargs):
@@ -446,7 +439,7 @@ def from_onnx(proto):
     # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
 
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
 
     def convert_naming_the_node(graph, op_name, inputs, attrs, opset):
@@ -482,7 +475,7 @@ def _with_fixes(converters: dict) -> dict:
 
 
 def _constant_of_constant_shape():
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.frontend.onnx import onnx_frontend
 
     tvm_converter = onnx_frontend.ConstantOfShape
@@ -501,7 +494,7 @@ def _constant_of_constant_shape():
 
 
 def _constant_clip():
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.frontend.onnx import onnx_frontend
 
     tvm_clip = onnx_frontend.Clip

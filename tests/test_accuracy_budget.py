@@ -12,14 +12,13 @@ import tvm
 from tvm import relax
 
 from collage_core import cli, optimizer, tvm_compat
-
+from collage_core.errors import CollageError
 from collage_core.model import precision, widening
 from collage_core.model.accuracy_budget import AccuracyBudgetError, blocks_of, fit
-from collage_core.errors import CollageError
 from collage_core.model.model_import import load_model
+from collage_core.model.verify import compare_outputs
 from collage_core.optimizer import optimize
 from collage_core.outputs.placement_file import PlacementFileError, load_placement
-from collage_core.model.verify import compare_outputs
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CPU = tvm_compat.make_target(tvm_compat.host_cpu_target())
@@ -201,13 +200,13 @@ def test_a_placement_file_with_bad_float32_units_is_refused_naming_the_file(tmp_
 @pytest.mark.slow  # 22 s: six builds; how probes are chosen (fit) and widened have quick tests above
 def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_whole(bf16_everywhere, tmp_path, monkeypatch):
     from collage_core.backends import discover_backends, select_backends
-    from collage_core.search.baselines import searched_parts
     from collage_core.measure.job import Job
-    from collage_core.plugins import get_plugin_manager
-    from collage_core.model.probes import outputs_of_variants
-    from collage_core.records import Cost
-    from collage_core.model.relax_graph import RelaxGraph
     from collage_core.measure.timing import MeasureSettings
+    from collage_core.model.probes import outputs_of_variants
+    from collage_core.model.relax_graph import RelaxGraph
+    from collage_core.plugins import get_plugin_manager
+    from collage_core.records import Cost
+    from collage_core.search.baselines import searched_parts
 
     original = load_model(MODELS / "tiny_bert.onnx")
     converted = precision.at_precision(original, "bf16")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from collage_core.records import Candidate, Cost, Partition
 from collage_core.search.calibration import calibrate, charged, signature
 from collage_core.search.graph import OpGraph
-from collage_core.records import Candidate, Cost, Partition
 from collage_core.search.op_level import search_op_level
 
 # conv -> add -> relu, twice: each conv group can run fused (one "fused" candidate of three ops)

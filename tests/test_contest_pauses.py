@@ -16,8 +16,8 @@ import pytest
 from tvm import relax
 
 import collage_core
-from collage_core.search.baselines import IN_TURNS
 from collage_core.outputs.end_to_end import PLACEMENT
+from collage_core.search.baselines import IN_TURNS
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def contest(tmp_path_factory):
     """A one-relu model over both test backends: the search places it on ``pausesensitive`` (faster warm),
     and ``steady alone`` (faster after a pause) meets it in the contest, every turn after a 0.3 s pause."""
     from collage_core import optimizer
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
     from collage_core.measure import in_turns
     from collage_core.plugins import get_plugin_manager
 
@@ -38,7 +38,7 @@ def contest(tmp_path_factory):
         module = "plugins_for_tests.pause_sensitive"
         monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=[module]))
         settings = in_turns.TurnSettings(rounds=3, burst_s=0.05, workers_per_library=1, pause_s=1.5 * pause_sensitive.IDLE_S)
-        monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=settings))
+        monkeypatch.setattr(build_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=settings))
         bb = relax.BlockBuilder()
         x = relax.Var("x", relax.TensorType((4, 16), "float32"))
         with bb.function("main", [x]):

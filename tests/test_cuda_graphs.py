@@ -20,11 +20,11 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build.executable import build, lower_partitions
+from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.model.model_import import load_model
-from collage_core.build.partition import partition_module
-from collage_core.plugins import get_plugin_manager
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import get_plugin_manager
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CUDA = {"kind": "cuda", "arch": "sm_90"}

@@ -17,14 +17,14 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
-from collage_core.build.executable import build
 from collage_core.build.deploy import (
     LibraryLoadError, backend_needs, carried_dir, copy_library, load_vm, prepare_runtime, runtime_file, runtime_libraries,
     write_runtime_file,
 )
+from collage_core.build.executable import build
 from collage_core.build.partition import partition_module
-from collage_core.plugins import first_result, get_plugin_manager
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import first_result, get_plugin_manager
 
 R = relax.op
 F = "float32"

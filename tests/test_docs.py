@@ -17,10 +17,10 @@ from tvm import relax
 from collage_core import hookspecs, tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends, select_backends
 from collage_core.build.executable import build, partitions_by_backend
-from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.build.partition import partition_module
-from collage_core.plugins import get_plugin_manager
+from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import get_plugin_manager
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "plugins.md"

@@ -11,6 +11,9 @@ import pytest
 
 import attrs
 
+from collage_core.model.verify import Verification
+from collage_core.outputs.end_to_end import EndToEnd
+from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.reuse import (
     FILE_NAME,
     FinishedBuild,
@@ -20,10 +23,7 @@ from collage_core.outputs.reuse import (
     load_finished,
     save_finished,
 )
-from collage_core.outputs.placement_file import Placement
 from collage_core.records import Cost, Partition
-from collage_core.outputs.end_to_end import EndToEnd
-from collage_core.model.verify import Verification
 
 
 def placement() -> Placement:

@@ -18,12 +18,12 @@ import pytest
 from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
-from collage_core.build.deploy import load_library, load_vm, runtime_file
-from collage_core.outputs.mlf import export_mlf
-from collage_core.model.precision import tolerance
 from collage_core import tvm_compat
-from collage_core.outputs.report import render_report
+from collage_core.build.deploy import load_library, load_vm, runtime_file
+from collage_core.model.precision import tolerance
 from collage_core.outputs.end_to_end import PLACEMENT, WITHOUT_CUDA_GRAPHS
+from collage_core.outputs.mlf_export import export_mlf
+from collage_core.outputs.report import render_report
 
 pytestmark = pytest.mark.gpu
 MODELS = Path(__file__).resolve().parents[1] / "models"

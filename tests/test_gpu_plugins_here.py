@@ -10,9 +10,8 @@ import importlib
 import pytest
 
 from collage_core import tvm_compat
-
-from collage_core.build import cuda_libraries
 from collage_core.backends import discover_backends
+from collage_core.build import cuda_libraries
 from collage_core.build.cuda_libraries import CudaUnavailable, Requirement
 from collage_core.plugins import get_plugin_manager
 

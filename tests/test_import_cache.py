@@ -7,7 +7,6 @@ import pytest
 import tvm
 
 from collage_core import tvm_compat
-
 from collage_core.model import import_cache
 from collage_core.model.model_import import load_model
 

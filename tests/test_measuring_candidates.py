@@ -13,11 +13,11 @@ from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.measure.cost_db import CostDatabase
 from collage_core.measure.measurement import CANDIDATE_CUTOFF_FACTOR, KnownAlternatives, is_noisy, measure_candidates
+from collage_core.measure.timing import MeasureSettings
 from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Candidate, Cost
-from collage_core.model.relax_graph import RelaxGraph
-from collage_core.measure.timing import MeasureSettings
 
 TESTS = Path(__file__).resolve().parent
 MODULE = "plugins_for_tests.noisy_cost_plugin"

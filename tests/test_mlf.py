@@ -28,18 +28,19 @@ from runtime_only import RUNTIME_ONLY_CHECK
 
 import collage_core
 from collage_core import tvm_compat
-from collage_core.outputs import mlf
 from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.cli import EXIT_WARNINGS, main
-from collage_core.outputs.mlf import MLFError, check_in_new_process, export_mlf, load_mlf
 from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.outputs import mlf, mlf_export
+from collage_core.outputs.mlf import MLFError, check_in_new_process, load_mlf
+from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.placement_file import Placement, load_placement
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Cost, Partition
-from collage_core.search.regions import region_pattern
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.search.op_level import search_op_level
+from collage_core.search.regions import region_pattern
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "tiny_resnet.onnx"
@@ -348,8 +349,8 @@ def test_a_model_named_with_spaces_and_accents_exports_and_loads(tmp_path):
 
 def test_names_from_the_model_never_choose_a_member_path():
     assert mlf._parameters_member("../../etc/passwd") == "parameters/_.._etc_passwd.params"
-    assert mlf._member_name(7, "../../etc/passwd x") == "src/lowered/007-_etc_passwd_x.txt"
-    assert mlf._member_name(8, "a/" * 100).count("/") == 2
+    assert mlf_export._member_name(7, "../../etc/passwd x") == "src/lowered/007-_etc_passwd_x.txt"
+    assert mlf_export._member_name(8, "a/" * 100).count("/") == 2
 
 
 def with_files(source: Path, target: Path, change) -> Path:

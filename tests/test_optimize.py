@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from collage_core import tvm_compat
-from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
-from collage_core.records import Cost
-from collage_core.outputs.report import render_report
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
+from collage_core.outputs.report import render_report
 from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
+from collage_core.records import Cost
+from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
 
 import collage_core
 from collage_core.outputs.placement_file import PlacementFileError
@@ -34,11 +34,11 @@ def quick_turns(monkeypatch) -> None:
     rounds, not seven rounds of two workers each (about 20 s for two libraries, most of it starting
     workers). For tests that check what the contest decides, not how long it times:
     test_the_closest_baselines_are_timed_in_turns_with_the_placement runs it at the default rounds and bursts."""
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
     from collage_core.measure import in_turns
 
     quick = in_turns.TurnSettings(rounds=2, burst_s=0.05, workers_per_library=1, pause_s=0.0)
-    monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
+    monkeypatch.setattr(build_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=quick))
 
 
 @pytest.fixture(scope="module")
@@ -301,13 +301,13 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
     placement when none beat it by the margin. ONNX Runtime is offered so that a rival is certain: its
     whole-graph build has no summed cost to predict it out of the contest, while TVM alone may be (when
     its convolutions measure over ten times DNNL's)."""
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
     from collage_core.measure import in_turns
 
     # Default rounds and bursts, one worker per library, not two (two workers' runs are pooled in
     # test_each_library_is_timed_in_turns_by_its_own_workers[2]): half the workers to start and turns to take.
     one_worker = in_turns.TurnSettings(workers_per_library=1)
-    monkeypatch.setattr(finish_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=one_worker))
+    monkeypatch.setattr(build_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=one_worker))
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl", "onnxruntime"], cost_db=costs, output_dir=workspace / "turns",
         search="op-level", calibration_rounds=0, show_progress=False,
@@ -342,14 +342,14 @@ def recorded_builds(monkeypatch) -> list:
 def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, costs, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
 
     def last_rival_fastest(libraries, *args, **kwargs):
         *others, last = libraries
         return {**{name: alike_in_turns(Cost.measured(2e-3, 1e-5, 20)) for name in others},
                 last: alike_in_turns(Cost.measured(1e-3, 1e-5, 20))}
 
-    monkeypatch.setattr(finish_stage, "time_in_turns", last_rival_fastest)
+    monkeypatch.setattr(build_stage, "time_in_turns", last_rival_fastest)
     # DNNL's candidates cost half TVM's (a deterministic cost model): the search places DNNL wherever it
     # can, and TVM alone stays a rival of another placement, whatever the machine's load.
     op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3 if candidate.backend == "dnnl" else 2e-3, 0.0, 1))
@@ -592,7 +592,7 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
     from collage_core.search.baselines import PREDICTED_PREFIX
     from collage_core.records import Cost
 
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
 
     quick_turns(monkeypatch)
 
@@ -602,13 +602,13 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
         return Cost.measured(1.0 if any("conv2d" in ops[n] for n in candidate.nodes) else 1e-4, 0.0, 1)
 
     op_level_costs_from(monkeypatch, deterministic_cost)
-    baseline_cost, measured = finish_stage.baseline_cost, []
+    baseline_cost, measured = build_stage.baseline_cost, []
 
     def recorded(job, name, *args, **kwargs):
         measured.append(name)
         return baseline_cost(job, name, *args, **kwargs)
 
-    monkeypatch.setattr(finish_stage, "baseline_cost", recorded)
+    monkeypatch.setattr(build_stage, "baseline_cost", recorded)
     result = collage_core.optimize(
         str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "predicted",
         search="op-level", calibration_rounds=0, show_progress=False,
@@ -643,9 +643,9 @@ def forced_turns(fastest: str):
 
 def contest_on_tvm(output_dir, costs, monkeypatch, fastest: str, **options):
     """tiny_resnet on TVM alone, searched at the op level: its one rival is TVM's unpartitioned build."""
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
 
-    monkeypatch.setattr(finish_stage, "time_in_turns", forced_turns(fastest))
+    monkeypatch.setattr(build_stage, "time_in_turns", forced_turns(fastest))
     return collage_core.optimize(str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=output_dir,
                                  search="op-level", calibration_rounds=0, **{"show_progress": False, **options})
 
@@ -702,7 +702,7 @@ def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_dire
         baseline_won, workspace, monkeypatch, capsys):
     """A replay builds, verifies and times its placement: no baselines, no contest, and the run whose
     file it replays is left as it was."""
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
     from collage_core.outputs.placement_file import load_placement
 
     out = workspace / "baseline-won"
@@ -714,8 +714,8 @@ def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_dire
     def must_not_run(*args, **kwargs):
         raise AssertionError("a replay measures no baselines and times no contest")
 
-    monkeypatch.setattr(finish_stage, "baselines", must_not_run)
-    monkeypatch.setattr(finish_stage, "contest", must_not_run)
+    monkeypatch.setattr(build_stage, "baselines", must_not_run)
+    monkeypatch.setattr(build_stage, "contest", must_not_run)
     before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
     replayed = collage_core.optimize(str(TINY_RESNET), placement=out / SEARCHED_PLACEMENT_FILE, backends=["tvm"],
                                      output_dir=out / "replay")
@@ -732,13 +732,13 @@ def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_f
         baseline_won, workspace, tmp_path, monkeypatch, capsys):
     import shutil
 
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
     from collage_core.cli import main
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a replay measures no baselines unless --compare")
 
-    monkeypatch.setattr(finish_stage, "baselines", must_not_run)
+    monkeypatch.setattr(build_stage, "baselines", must_not_run)
     monkeypatch.chdir(tmp_path)
     searched = workspace / "baseline-won" / SEARCHED_PLACEMENT_FILE
     assert main(["optimize", str(TINY_RESNET), "--placement", str(searched), "--backends", "tvm"]) == 0

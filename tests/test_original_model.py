@@ -14,18 +14,18 @@ from tvm import relax
 
 import collage_core
 from collage_core import tvm_compat
-from collage_core.model import original_model
 from collage_core.backends import discover_backends
-from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, closest_rivals
-from collage_core.search.calibration import signature
 from collage_core.hookspecs import hookimpl
+from collage_core.measure.timing import MeasureSettings
+from collage_core.model import original_model
 from collage_core.model.model_import import load_model
+from collage_core.outputs.end_to_end import PLACEMENT, SEARCHED, EndToEnd
 from collage_core.outputs.placement_file import PlacementFileError, placement_from_json
+from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import GRAPH_LEVEL, Cost, Partition
-from collage_core.outputs.end_to_end import PLACEMENT, SEARCHED, EndToEnd
-from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
-from collage_core.measure.timing import MeasureSettings
+from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, closest_rivals
+from collage_core.search.calibration import signature
 from test_optimize import op_level_costs_from
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -157,11 +157,11 @@ def own_session_fastest(libraries, *args, **kwargs):
 def session_won(engines, tmp_path_factory, shared_cost_db):
     """tiny_resnet over TVM and ONNX Runtime, TVM's candidates costed by a deterministic model, in a contest
     that ONNX Runtime's own session wins."""
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
 
     out = tmp_path_factory.mktemp("own-session") / "out"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(finish_stage, "time_in_turns", own_session_fastest)
+        monkeypatch.setattr(build_stage, "time_in_turns", own_session_fastest)
         op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3, 0.0, 1))
         result = collage_core.optimize(str(TINY_RESNET), backends=["tvm", "onnxruntime"], cost_db=shared_cost_db,
                                        output_dir=out, search="op-level", calibration_rounds=0, show_progress=False)
@@ -170,7 +170,7 @@ def session_won(engines, tmp_path_factory, shared_cost_db):
 
 def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replayed_and_exported(
         session_won, engines, tmp_path, monkeypatch, capsys):
-    from collage_core.build import stage as finish_stage
+    from collage_core.build import stage as build_stage
     from collage_core.cli import main
     from collage_core.outputs.mlf import load_mlf
 
@@ -198,7 +198,7 @@ def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replay
     def must_not_run(*args, **kwargs):
         raise AssertionError("a replay measures no baselines and times no contest")
 
-    monkeypatch.setattr(finish_stage, "baselines", must_not_run)
+    monkeypatch.setattr(build_stage, "baselines", must_not_run)
     replayed = collage_core.optimize(str(TINY_RESNET), placement=out / "placement.json", backends=["tvm", "onnxruntime"],
                                      output_dir=tmp_path / "replay", show_progress=False)
     assert replayed.placement.partitions == result.placement.partitions and replayed.verification.passed

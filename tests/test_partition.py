@@ -13,14 +13,14 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build.executable import build
+from collage_core.build.partition import PartitionError, partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.model.model_import import load_model
-from collage_core.build.partition import PartitionError, partition_module
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.model.verify import compare_outputs
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Candidate, Cost
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.search.op_level import search_op_level
-from collage_core.model.verify import compare_outputs
 
 TINY_RESNET = Path(__file__).parent.parent / "models" / "tiny_resnet.onnx"
 # Registers ``twin``, a second backend lowered by TVM, so that a placement can mix two backends.

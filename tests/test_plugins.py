@@ -15,13 +15,13 @@ from tvm.relax.dpl import is_op, wildcard
 from collage_core import tvm_compat
 from collage_core.backends import BackendError, contribute_patterns, discover_backends, select_backends
 from collage_core.build.executable import BuildError, lower_partitions
-from collage_core.hookspecs import hookimpl
 from collage_core.build.partition import partition_module
-from collage_core.plugins import DISABLE_ENV, ENTRY_POINT_GROUP, PluginFailure, get_plugin_manager
-from collage_core.records import OP_LEVEL, Availability, Backend, Cost, Pattern
-from collage_core.model.relax_graph import RelaxGraph
+from collage_core.hookspecs import hookimpl
 from collage_core.measure.timing import MeasureSettings
 from collage_core.measure.worker_client import MeasurementWorker
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import DISABLE_ENV, ENTRY_POINT_GROUP, PluginFailure, get_plugin_manager
+from collage_core.records import OP_LEVEL, Availability, Backend, Cost, Pattern
 from plugins_for_tests import fixed_cost_plugin
 
 TESTS = Path(__file__).resolve().parent

@@ -12,12 +12,12 @@ from tvm import relax
 
 from collage_core import tvm_compat
 
-from collage_core.model import precision
 from collage_core.errors import CollageError
+from collage_core.model import dtypes, precision
 from collage_core.model.model_import import load_model
+from collage_core.model.verify import compare_outputs
 from collage_core.optimizer import optimize
 from collage_core.outputs.placement_file import PlacementFileError, load_placement
-from collage_core.model.verify import compare_outputs
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CPU = tvm_compat.host_cpu_target()
@@ -64,7 +64,7 @@ def test_tf32_keeps_the_float32_model_keyed_apart_and_held_to_sixteen_bit_tolera
     assert at_tf32.precision == "tf32" and at_tf32.fingerprint == tiny_bert.fingerprint + "+tf32"
     assert precision.tolerance(precision.TF32) == precision.tolerance(precision.FP16)
     assert "tf32" in precision.describe(precision.TF32) and precision.describe(precision.FP32) is None
-    assert precision.computes_tf32("cublas.dense_bias_tf32") and not precision.computes_tf32("cublas.dense_bias")
+    assert dtypes.computes_tf32("cublas.dense_bias_tf32") and not dtypes.computes_tf32("cublas.dense_bias")
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from collage_core.records import Cost
-from collage_core.outputs.report import IN_TURNS_HEADING, ONE_AFTER_ANOTHER_HEADING, is_noisy, render_report
 from collage_core.outputs.end_to_end import EndToEnd
+from collage_core.outputs.report import IN_TURNS_HEADING, ONE_AFTER_ANOTHER_HEADING, is_noisy, render_report
+from collage_core.records import Cost
 
 
 def _row(text: str, name: str) -> list[str]:

@@ -11,7 +11,6 @@ from onnx import helper
 from tvm import relax, topi
 
 from collage_core import tvm_compat
-
 from collage_core.model import rewrites
 from collage_core.relax_onnx import support
 from collage_core.relax_onnx.operator_cases import F, R, assert_same, random_input

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collage_core.errors import CollageError
-from collage_core.search.graph import OpGraph
 from collage_core.records import Candidate, Cost
+from collage_core.search.graph import OpGraph
 from collage_core.search.op_level import PROGRESS_EVERY, NoPlacementError, search_op_level
 
 

@@ -14,14 +14,14 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build.executable import build
+from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.measure.cost_db import CostDatabase
 from collage_core.measure.measurement import measure_candidates
-from collage_core.build.partition import partition_module
-from collage_core.plugins import get_plugin_manager
-from collage_core.model.relax_graph import RelaxGraph
-from collage_core.search.op_level import search_op_level
 from collage_core.measure.timing import MeasureSettings
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import get_plugin_manager
+from collage_core.search.op_level import search_op_level
 
 PLUGIN = "plugins_for_tests.deterministic_cost_plugin"
 TESTS = Path(__file__).parent

@@ -15,8 +15,8 @@ from collage_core.cli import EXIT_ERROR, main
 from collage_core.outputs.explain import explain
 from collage_core.outputs.picture import HIGHLIGHT, placement_dot
 from collage_core.outputs.placement_file import Placement, PlacementFileError, load_placement
-from collage_core.records import Cost, Partition
 from collage_core.outputs.show import write_picture
+from collage_core.records import Cost, Partition
 
 TINY_RESNET = Path(__file__).resolve().parents[1] / "models" / "tiny_resnet.onnx"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

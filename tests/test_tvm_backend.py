@@ -9,14 +9,14 @@ from collage_tvm.integer_powers import as_multiplications
 from tvm import relax
 
 from collage_core import tvm_compat
+from collage_core.backends import discover_backends
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module
-from collage_core.plugins import get_plugin_manager
-from collage_core.backends import discover_backends
 from collage_core.build.stage import WHOLE_MODEL_PATTERN
 from collage_core.model.model_import import load_model
-from collage_core.records import Cost, Partition
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import get_plugin_manager
+from collage_core.records import Cost, Partition
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 X = np.linspace(-3.0, 3.0, 24, dtype=np.float32).reshape(4, 6)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from collage_core.search.graph import OpGraph
 from collage_core.records import Cost, Partition
+from collage_core.search.graph import OpGraph
 from collage_core.search.regions import KEEP, OpGroup, decode, genome_key
 from collage_core.search.two_level import TwoLevelSettings, history_text, operators_by_backend, search_two_level, seed_genomes
 
@@ -311,8 +311,8 @@ def test_the_predictor_learns_the_op_level_charge_each_backends_scale_and_the_ch
 def test_a_placement_stopped_at_its_run_limit_teaches_the_region_charge_at_that_limit():
     """A placement stopped because a run outlasted its limit took at least that long: the charge per
     region learns from the limit, so the genomes like it that follow are predicted slower."""
-    from collage_core.search.genome_prediction import LatencyPredictor
     from collage_core.measure.timing import stopped
+    from collage_core.search.genome_prediction import LatencyPredictor
 
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})

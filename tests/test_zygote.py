@@ -104,8 +104,8 @@ def run_placement(tmp_path, name: str, **how) -> list:
 def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
     from collage_core import tvm_compat
     from collage_core.build.partition import partition_module
-    from collage_core.records import Candidate
     from collage_core.model.relax_graph import RelaxGraph
+    from collage_core.records import Candidate
 
     mod = small_model()
     graph = RelaxGraph.from_function(mod["main"], mod)

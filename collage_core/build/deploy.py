@@ -32,10 +32,12 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from collage_core.outputs import output_folder
-from collage_core.errors import CollageError
+import tvm
+
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
+from collage_core.errors import CollageError
+from collage_core.outputs import output_folder
 from collage_core.plugins import first_result, get_plugin_manager
 
 FORMAT = "collage-runtime"
@@ -245,8 +247,6 @@ def load_library(library: os.PathLike, *, pm=None, device=None, strict: bool = F
     runtime for ``device``, where runtime-only TVM does not load it by itself). Built with other
     backend versions than those installed, it is loaded with a warning, or with ``strict`` refused;
     ``origin`` is how those messages name it (default: its path)."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    import tvm
 
     if tvm_compat.has_compiler():  # the plugins prepare the backends: their versions are the ones that run
         record = read_runtime_file(library)
@@ -266,8 +266,6 @@ def load_vm(library: os.PathLike, device=None, *, pm=None, strict: bool = False,
     runtime. Call its entry function with TVM tensors, ``vm["main"](tvm.runtime.tensor(x))``; it gives a
     tensor (``.numpy()``), or a tuple of them for several outputs. ``strict`` and ``origin`` as for
     :func:`load_library`."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    import tvm
 
     device = device or tvm.cpu(0)
     return tvm_compat.virtual_machine(load_library(library, pm=pm, device=device, strict=strict, origin=origin), device)

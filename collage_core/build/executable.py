@@ -7,10 +7,10 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.errors import CollageError
 from collage_core.build.partition import BACKEND_ATTR
-from collage_core.plugins import first_result
+from collage_core.errors import CollageError
 from collage_core.model.original_model import is_lowered_already
+from collage_core.plugins import first_result
 
 
 class BuildError(CollageError):

@@ -26,7 +26,7 @@ import numpy as np
 
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC")
 # The kernel cache DNNL's, cuBLAS's and cuDNN's kernels share (``#include "collage_kernel_cache.h"``).
-KERNEL_CACHE_HEADER = Path(__file__).parent / "kit" / "include" / "collage_kernel_cache.h"
+KERNEL_CACHE_HEADER = Path(__file__).parent.parent / "kit" / "include" / "collage_kernel_cache.h"
 _ABSOLUTE_PATH = re.compile(r"/(?:[^/\s,=]+/)*([^/\s,=]+)")
 
 

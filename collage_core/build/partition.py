@@ -10,8 +10,8 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.errors import CollageError
-from collage_core.records import Candidate
 from collage_core.model.relax_graph import RelaxGraph, substitute
+from collage_core.records import Candidate
 
 BACKEND_ATTR = "collage.backend"
 PATTERN_ATTR = "collage.pattern"

@@ -17,7 +17,25 @@ import numpy as np
 
 from collage_core import tvm_compat
 
+from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
+from collage_core.errors import CollageError
+from collage_core.measure.cost_db import CostDatabaseError
+from collage_core.measure.in_turns import time_in_turns
+from collage_core.measure.job import (
+    BASELINE_PROTOCOL,
+    UNPARTITIONED,
+    Job,
+    claimed_end_to_end,
+    describe_cost,
+    placement_claim_lifetime_s,
+)
+from collage_core.measure.timing import stopped, stopped_limit
+from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
 from collage_core.model import original_model
+from collage_core.model.precision import FP32
+from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
+from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.search.baselines import (
     IN_TURNS,
     TURNS_MARGIN,
@@ -29,26 +47,8 @@ from collage_core.search.baselines import (
     single_backend_parts,
 )
 from collage_core.search.calibration import signature
-from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
-from collage_core.errors import CollageError
-from collage_core.measure.in_turns import time_in_turns
-from collage_core.measure.cost_db import CostDatabaseError
-from collage_core.measure.job import (
-    BASELINE_PROTOCOL,
-    UNPARTITIONED,
-    Job,
-    claimed_end_to_end,
-    describe_cost,
-    placement_claim_lifetime_s,
-)
-from collage_core.model.precision import FP32
-from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.search.regions import decode
-from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
-from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
-from collage_core.measure.timing import stopped, stopped_limit
 from collage_core.search.two_level import seed_genomes
-from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
 
 # The pattern name of TVM's unpartitioned build placed as one partition (see whole_model_on_tvm).
 WHOLE_MODEL_PATTERN = "tvm.whole_model"

@@ -11,8 +11,8 @@ from tvm import relax
 from tvm.relax import dpl
 
 from collage_core import tvm_compat
-from collage_core.records import Candidate, Pattern, PatternMatch, PatternRefused
 from collage_core.model.relax_graph import RegionError, RelaxGraph
+from collage_core.records import Candidate, Pattern, PatternMatch, PatternRefused
 
 log = logging.getLogger("collage")
 

@@ -32,9 +32,9 @@ _EXPORTS = {
     # reading Relax IR across TVM versions
     "tvm_compat": "collage_core.tvm_compat",
     # precision
-    "TF32": "collage_core.model.precision:TF32",
-    "TF32_PATTERN_SUFFIX": "collage_core.model.precision:TF32_PATTERN_SUFFIX",
-    "computes_tf32": "collage_core.model.precision:computes_tf32",
+    "TF32": "collage_core.model.dtypes:TF32",
+    "TF32_PATTERN_SUFFIX": "collage_core.model.dtypes:TF32_PATTERN_SUFFIX",
+    "computes_tf32": "collage_core.model.dtypes:computes_tf32",
     "has_fast_bf16": "collage_core.model.precision:has_fast_bf16",
     "at_precision": "collage_core.model.precision:at_precision",
     # reading a model the way the core does (a plugin that prepares kernels ahead, as CUTLASS's prebuild)

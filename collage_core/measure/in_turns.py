@@ -46,8 +46,8 @@ from typing import Mapping, Sequence
 import attrs
 import numpy as np
 
-from collage_core.records import Cost
 from collage_core.measure.worker_client import MeasurementWorker
+from collage_core.records import Cost
 
 
 @attrs.frozen

@@ -16,26 +16,23 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-
-from collage_core.measure import zygote
-
-from collage_core.model import original_model
-
-from collage_core.outputs import placement_file
-from collage_core.search.calibration import signature
-from collage_core.measure.cost_db import Claim, CostDatabaseError
-from collage_core.errors import CollageError
-from collage_core.measure.measurement import CLAIM_POLL_S
-from collage_core.model.model_import import ImportedModel
 from collage_core.build.partition import partition_module
+from collage_core.errors import CollageError
+from collage_core.measure import zygote
+from collage_core.measure.cost_db import Claim, CostDatabaseError
+from collage_core.measure.measurement import CLAIM_POLL_S
+from collage_core.measure.timing import MeasureSettings, stopped
+from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
+from collage_core.model import original_model
+from collage_core.model.model_import import ImportedModel
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.model.widening import touches_sixteen_bit
+from collage_core.outputs import placement_file
 from collage_core.outputs.placement_file import Placement, load_placement
 from collage_core.plugins import disabled_plugin_names
 from collage_core.records import OP_LEVEL, Candidate, Cost, Partition
+from collage_core.search.calibration import signature
 from collage_core.search.regions import genome_key
-from collage_core.model.relax_graph import RelaxGraph
-from collage_core.measure.timing import MeasureSettings, stopped
-from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
-from collage_core.model.widening import touches_sixteen_bit
 
 log = logging.getLogger("collage")
 # How an end-to-end cost was measured; part of its database key, so a change of method re-measures.

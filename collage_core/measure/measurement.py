@@ -14,12 +14,12 @@ import attrs
 
 from collage_core import tvm_compat
 from collage_core.measure.cost_db import CostDatabase, CostDatabaseError, CostKey
-from collage_core.measure.worker import OUT_OF_GPU_MEMORY_REASON
 from collage_core.measure.progress import ProgressBar
-from collage_core.records import Candidate, Cost
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.measure.timing import MeasureSettings
+from collage_core.measure.worker import OUT_OF_GPU_MEMORY_REASON
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, TransientFailure, WorkerFailure
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.records import Candidate, Cost
 
 log = logging.getLogger("collage")
 

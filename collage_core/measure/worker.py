@@ -20,18 +20,19 @@ import time
 from typing import Optional
 
 import numpy as np
+from tvm import relax
+
 from collage_core import tvm_compat
 from collage_core.backends import registered_backends
-from collage_core.build.executable import build
 from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
-from collage_core.outputs.output_folder import export_library
+from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
+from collage_core.measure.timing import MeasureSettings, time_callable
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.model.widening import widen
+from collage_core.outputs.output_folder import export_library
 from collage_core.plugins import first_result, get_plugin_manager
 from collage_core.records import Candidate, Cost
-from collage_core.model.relax_graph import RelaxGraph
-from collage_core.measure.timing import MeasureSettings, time_callable
-from collage_core.model.widening import widen
-from tvm import relax
 
 # A placement's run from Python shorter than this is judged again by TVM's own timer before the
 # cut-off sees it: a call from Python pays what the timed repeats do not (on an H200, BERT-base b1 at

@@ -29,9 +29,10 @@ import threading
 import time
 import traceback
 from typing import Optional, Sequence
+
 from collage_core import tvm_compat
-from collage_core.measure import worker
 from collage_core.backends import preload
+from collage_core.measure import worker
 from collage_core.model.relax_graph import RelaxGraph
 
 MESSAGE_BYTES = 1 << 16

@@ -11,19 +11,20 @@ JSON is small are kept: weights travel in it, and reading a large one back is sl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Optional
 
 import attrs
+import tvm
 
 from collage_core.build.native import cache_root, sources_digest
-import hashlib
 
 LARGEST_KEPT_BYTES = 16 << 20
-_CODE = (Path(__file__).parent / "model_import.py", Path(__file__).parent / "rewrites.py", Path(__file__).parent / "tvm_compat.py",
-         Path(__file__))
+_MODEL = Path(__file__).parent
+_CODE = (_MODEL / "model_import.py", _MODEL / "rewrites.py", _MODEL.parent / "tvm_compat.py", Path(__file__))
 
 
 @attrs.frozen
@@ -36,7 +37,6 @@ def key(model_digest: str) -> str:
     """The entry's name: the model's digest with the versions and code that shape its import."""
     # Deferred: ONNX Runtime is optional and slow to import: loaded only where it runs.
     import onnxruntime
-    import tvm
 
     identity = f"{model_digest}|tvm {tvm.__version__}|onnxruntime {onnxruntime.__version__}|{sources_digest(_CODE)}"
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
@@ -48,9 +48,6 @@ def _entry(name: str) -> Path:
 
 def load(name: str) -> Optional[CachedImport]:
     """The cached import under ``name``, or None (absent or damaged)."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    import tvm
-
     entry = _entry(name)
     try:
         meta = json.loads((entry / "meta.json").read_text())
@@ -64,9 +61,6 @@ def store(name: str, mod, fingerprint: str, model_bytes: int) -> bool:
     """Keep ``mod`` under ``name`` if its JSON is small enough; whether it was kept. Never raises on a full disk.
     A model of over half the limit (``model_bytes``, its weights mostly) is not even serialized: that alone
     took BERT-base longer than its import."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    import tvm
-
     if model_bytes > LARGEST_KEPT_BYTES // 2:
         return False
     text = tvm.ir.save_json(mod)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -14,12 +16,9 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-
-from collage_core.model import import_cache, rewrites
 from collage_core.errors import CollageError
+from collage_core.model import import_cache, rewrites
 from collage_core.model.original_model import ONNX, OriginalModel
-import io
-import tempfile
 from collage_core.model.precision import FP32, tolerance
 from collage_core.model.torch_outputs import Flattened, NotATensor, flatten
 from collage_core.model.verify import compare_outputs

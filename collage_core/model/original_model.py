@@ -24,8 +24,8 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.errors import CollageError
 from collage_core.build.partition import BACKEND_ATTR, PATTERN_ATTR, partition_function_name, pattern_of
+from collage_core.errors import CollageError
 from collage_core.plugins import first_result
 from collage_core.records import Cost, Partition
 

@@ -15,7 +15,7 @@ casts, bfloat16's range).
 ``tf32`` (CUDA only) leaves the model in float32 and lets backends whose kernels can round float32
 operands to TF32 on tensor cores (10-bit mantissa, float32 range and accumulation) contribute those
 kernels as patterns of their own, named ``<backend>.<what>_tf32``
-(:func:`computes_tf32`); the exact float32 patterns still compete, so each product goes where it
+(:func:`~collage_core.model.dtypes.computes_tf32`); the exact float32 patterns still compete, so each product goes where it
 measures fastest. The outputs are held to fp16's tolerance.
 
 The model's inputs and outputs keep their dtypes, so callers are unchanged; the outputs are
@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Optional
 
 import attrs
-
-from collage_core.model.dtypes import BF16, DTYPES, FP16, FP32, PRECISIONS, TF32
-from collage_core.errors import CollageError
-from collage_core import tvm_compat
-from collage_core.model import widening
-from collage_core.candidates.fused_groups import as_dtype
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from collage_core import tvm_compat
+from collage_core.candidates.fused_groups import as_dtype
+from collage_core.errors import CollageError
+from collage_core.model import widening
+from collage_core.model.dtypes import BF16, DTYPES, FP16, FP32, PRECISIONS, TF32
 
 # Numerics tolerance per precision: |out - ref| <= atol + rtol * max|ref| against the float32 reference.
 # 16-bit operands carry 8 (bf16) or 11 (fp16) significant bits and errors grow with depth: BERT-base and
@@ -47,7 +47,6 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 # these leave a margin of about eight for deeper models, while a conversion gone wrong (errors of order 1) fails.
 # TF32 rounds the operands of float32 products to fp16's 10-bit mantissa and accumulates in float32: fp16's tolerance.
 TOLERANCES = {FP32: (1e-3, 1e-4), TF32: (1e-2, 1e-3), BF16: (5e-2, 5e-3), FP16: (1e-2, 1e-3)}
-TF32_PATTERN_SUFFIX = "_tf32"  # how a backend names a float32 pattern whose kernels use TF32 tensor cores
 # CPU flags (as /proc/cpuinfo names them) that give bf16 matrix arithmetic its speed.
 FAST_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -179,16 +178,6 @@ def with_float32_units(converted, float32_units, original):
         raise PrecisionError(f"{converted.name} at {converted.precision}: {error}") from error
     return attrs.evolve(converted, mod=mod, float32_units=units,
                         fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}")
-
-
-def computes_tf32(pattern_name: str) -> bool:
-    """Whether a pattern's kernels round float32 operands to TF32 (contributed only at ``--precision tf32``).
-
-    Such a pattern is named apart from the backend's exact one (``<backend>.<what>_tf32``), so its
-    measured costs, keyed by pattern name, never stand for the exact kernels', and the lowering
-    reads from the partition's pattern name which kernel to make.
-    """
-    return pattern_name.endswith(TF32_PATTERN_SUFFIX)
 
 
 def fingerprint(model_fingerprint: str, precision: str) -> str:

@@ -23,14 +23,13 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-
-from collage_core.measure import zygote
-from collage_core.errors import CollageError
-from collage_core.measure.job import BUILD_TIMEOUT_S, Job, parts_to_json
 from collage_core.build.partition import partition_module
+from collage_core.errors import CollageError
+from collage_core.measure import zygote
+from collage_core.measure.job import BUILD_TIMEOUT_S, Job, parts_to_json
+from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
 from collage_core.model.precision import with_float32_units
 from collage_core.model.relax_graph import RelaxGraph
-from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
 
 
 def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[int], Sequence]],

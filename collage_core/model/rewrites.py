@@ -19,10 +19,9 @@ from typing import Callable, Optional
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, topi
 
 from collage_core import tvm_compat
-from tvm import topi
 
 POOLINGS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 # Combinations of widths tried per kernel, at most (even ones, then one more before, then all at one end first).

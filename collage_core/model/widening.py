@@ -19,12 +19,12 @@ import functools
 from typing import Callable, Iterable
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.model.dtypes import DTYPES
 from collage_core.model.relax_graph import substitute
-import tvm
-from tvm import relax
 
 ANCHORS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.attention",
            "relax.nn.attention_bias")

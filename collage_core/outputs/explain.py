@@ -13,10 +13,10 @@ import functools
 from collections import Counter, defaultdict
 from typing import Optional, Sequence
 
-from collage_core.outputs.placement_file import Placement
 from collage_core.model.precision import FP32
-from collage_core.records import INVALID, MEASURED, Partition
+from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.report import format_table
+from collage_core.records import INVALID, MEASURED, Partition
 
 # The costliest partitions are worth a look: the five most expensive, and any with a large share.
 TOP_COUNT = 5

@@ -1,4 +1,5 @@
-"""Model Library Format for placed Relax models: export a tar downstream build automation can read, and load it back.
+"""Model Library Format for placed Relax models: a tar downstream build automation can read, and loading it back
+(exporting it is :mod:`collage_core.outputs.mlf_export`).
 
 TVM's Model Library Format (MLF) handed a compiled model to build systems as one tar; it left
 TVM with microTVM. This is its layout adapted to Relax executables:
@@ -26,7 +27,7 @@ host code is checked once, where it was made.
 
 The tar is deterministic: sorted members, owner root (uid/gid 0), fixed mode, and every
 timestamp set to ``SOURCE_DATE_EPOCH`` when that is set (the export time too), else to 0 in
-the tar. :func:`export_mlf` with ``check_inputs`` loads what it wrote in a new process and runs
+the tar. :func:`~collage_core.outputs.mlf_export.export_mlf` with ``check_inputs`` loads what it wrote in a new process and runs
 it once before giving it its name (:func:`check_in_new_process`). :func:`load_mlf` checks the
 format version and every file against the metadata, reading only the files the metadata lists,
 streamed to disk and hashed as they are read, within bounds on the tar's size; it links the objects
@@ -37,14 +38,11 @@ placement's device. Its errors name the tar, never the files it is unpacked to.
 from __future__ import annotations
 
 import bz2
-import datetime
 import gzip
 import hashlib
-import io
 import json
 import lzma
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -60,13 +58,9 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import backend_needs, load_vm, runtime_libraries, write_runtime_file
+from collage_core.build.deploy import load_vm, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.outputs.output_folder import library_file, safe_file_name
-from collage_core.backends import discover_backends
-from collage_core.build.executable import build, lower_partitions
-from collage_core.build.partition import BACKEND_ATTR, pattern_of
-from collage_core.plugins import get_plugin_manager
 
 FORMAT = "collage-model-library-format"
 VERSION = 1
@@ -101,280 +95,6 @@ COMPRESSIONS = ((b"\x1f\x8b", gzip.GzipFile), (b"BZh", bz2.BZ2File), (b"\xfd7zXZ
 
 class MLFError(CollageError):
     """A Model Library Format tar that cannot be written or read; the message names the file and the problem."""
-
-
-def _bytes_of(value_type) -> int:
-    shape, dtype = tvm_compat.tensor_shape_dtype(value_type)
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def _tensor_bytes(expr) -> int:
-    try:
-        return _bytes_of(expr)
-    except ValueError:
-        return 0
-
-
-def _constants(func) -> list:
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import relax
-
-    found = []
-    relax.analysis.post_order_visit(func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None)
-    return found
-
-
-def _function_memory(name: str, func) -> dict:
-    """Bytes of a function's inputs, outputs, constants and intermediate values (before memory planning)."""
-    bindings = [binding for block in func.body.blocks for binding in block.bindings]
-    outputs = set(_output_vars(func))
-    return {
-        "function": name,
-        "backend": str(func.attrs["collage.backend"]) if func.attrs is not None and "collage.backend" in func.attrs else "",
-        "input_bytes": sum(_tensor_bytes(param) for param in func.params),
-        "output_bytes": sum(_tensor_bytes(var) for var in _output_vars(func)),
-        "constant_bytes": sum(_tensor_bytes(constant) for constant in _constants(func)),
-        "intermediate_bytes_unplanned": sum(
-            _tensor_bytes(binding.var) for binding in bindings if binding.var not in outputs
-        ),
-    }
-
-
-def _output_vars(func) -> list:
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import relax
-
-    body = func.body.body
-    return list(body.fields) if isinstance(body, relax.Tuple) else [body]
-
-
-def memory_map(partitioned) -> dict:
-    """Per function of the partitioned module: input, output, constant and intermediate bytes."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import relax
-
-    functions = [
-        _function_memory(gvar.name_hint, func)
-        for gvar, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint)
-        if isinstance(func, relax.Function)
-    ]
-    return {
-        "functions": functions,
-        "constant_bytes": sum(f["constant_bytes"] for f in functions),
-        "note": "intermediate_bytes_unplanned is the sum of intermediate tensors before Relax plans their storage",
-    }
-
-
-def _io(vars_) -> list[dict]:
-    """Name, shape and dtype of each tensor; a tuple-typed value is described field by field."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import relax
-
-    described = []
-    for var in vars_:
-        value_type = tvm_compat.value_type(var)
-        fields = list(value_type.fields) if isinstance(value_type, relax.TupleType) else [value_type]
-        for index, field in enumerate(fields):
-            shape, dtype = tvm_compat.type_shape_dtype(field)
-            name = getattr(var, "name", "") + (f"[{index}]" if len(fields) > 1 else "")
-            described.append({"name": name, "shape": list(shape), "dtype": dtype})
-    return described
-
-
-def _parameters(partitioned) -> dict:
-    """Every constant of the partitioned module, named ``p<i>`` in order of appearance, as numpy."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import relax
-
-    params = {}
-    for _, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint):
-        if isinstance(func, relax.Function):
-            for constant in _constants(func):
-                params[f"p{len(params)}"] = tvm_compat.constant_array(constant)
-    return params
-
-
-def _epoch() -> int:
-    return int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-
-
-def _export_time() -> str:
-    moment = datetime.datetime.fromtimestamp(_epoch(), datetime.timezone.utc) if "SOURCE_DATE_EPOCH" in os.environ else (
-        datetime.datetime.now(datetime.timezone.utc)
-    )
-    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _json_bytes(value) -> bytes:
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
-
-
-def _function_order(name: str) -> tuple:
-    """Partition functions in the order of their numbers (``collage_tvm_2`` before ``collage_tvm_10``), ``main`` first."""
-    number = re.search(r"(\d+)$", name)
-    return (name != "main", int(number.group(1)) if number else -1, name)
-
-
-def _member_name(number: int, function: str) -> str:
-    """A member for a function's lowered IR: numbered, so that no name from the model chooses a path."""
-    return f"{LOWERED_DIR}{number:03d}-{re.sub(r'[^A-Za-z0-9_]+', '_', function)[:64]}.txt"
-
-
-def _calls(func, module) -> dict:
-    """What a function of a module lowered for the build calls: packed functions (registered at run
-    time by a backend), external functions (compiled into the library by a TVM codegen) and TIR functions."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import ir, relax
-
-    externals = list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
-    symbols, tir = set(), set()
-
-    def visit(node):
-        if isinstance(node, relax.ExternFunc) and not str(node.global_symbol).startswith(VM_BUILTINS):
-            symbols.add(str(node.global_symbol))
-        elif isinstance(node, ir.GlobalVar) and tvm_compat.is_tir_function(module[node]):
-            tir.add(node.name_hint)
-
-    if func is not None:  # None: a function the build inlined into its caller
-        relax.analysis.post_order_visit(func.body, visit)
-    external = {name for name in symbols if any(m.implements_function(name) for m in externals)}
-    return {"packed_functions": sorted(symbols - external), "external_functions": sorted(external), "tir_functions": sorted(tir)}
-
-
-def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool) -> tuple[dict[str, bytes], list[dict]]:
-    """Each Relax function of the partitioned module as its backend lowered it, with what it calls once
-    built and those TIR functions: ``({member: text}, [summary per function])``."""
-    # Deferred: not every TVM has its compiler (a runtime-only TVM loads and runs): loaded only where it is used.
-    from tvm import relax
-
-    # Lowered again beside the build, which keeps what it lowered to itself; lowering is deterministic
-    # (DNNL's layout choices are kept in its kernel cache), so this is what the build compiled.
-    lowered = lower_partitions(pm, partitioned, backends, target)
-    built = tvm_compat.lowered_for_build(lowered, target)
-    names = sorted((gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)),
-                   key=_function_order)
-    built_names = {gvar.name_hint for gvar in built.get_global_vars()}
-    files, summary = {}, []
-    for number, name in enumerate(names):
-        func = lowered[name]
-        backend = str(func.attrs[BACKEND_ATTR]) if func.attrs is not None and BACKEND_ATTR in func.attrs else ""
-        calls = _calls(built[name] if name in built_names else None, built)
-        member = _member_name(number, name)
-        about = f"a partition placed on {backend} (pattern {pattern_of(func)})" if backend else "the entry function"
-        lines = [f"# {name}: {about}"]
-        lines += [f"# {CALL_KINDS[kind]} it calls: {', '.join(found) or 'none'}" for kind, found in calls.items()]
-        if name == "main" and replays_cuda_graphs:
-            lines.append("# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)")
-        lines += ["", "# as lowered by its backend:", func.script(name=name)]
-        for tir_name in calls["tir_functions"]:
-            lines += ["", f"# TIR function {tir_name}, as TVM compiles it:", built[tir_name].script(name=tir_name)]
-        files[member] = ("\n".join(lines) + "\n").encode()
-        summary.append({"function": name, "backend": backend, "pattern": pattern_of(func), "member": member, **calls})
-    return files, summary
-
-
-def _write_tar(path: Path, files: dict[str, bytes]) -> None:
-    directories = sorted({name.rsplit("/", 1)[0] + "/" for name in files if "/" in name} | {
-        "/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))
-    })
-    partial = path.with_name(path.name + ".writing")
-    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
-        for name in directories + sorted(files):
-            info = tarfile.TarInfo(name.rstrip("/") if name.endswith("/") else name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            info.mtime = _epoch()
-            if name.endswith("/"):
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                archive.addfile(info)
-            else:
-                info.mode, info.size = 0o644, len(files[name])
-                archive.addfile(info, io.BytesIO(files[name]))
-    partial.replace(path)
-
-
-def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
-               check_inputs: Optional[Sequence[np.ndarray]] = None) -> Path:
-    """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path.
-    On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it.
-
-    With ``check_inputs``, the tar is loaded in a new process and run once on them before it takes
-    its name (:func:`check_in_new_process`); one that fails is left as ``<path>.partial``, nothing is
-    left at ``path`` (an earlier export there is removed), and :class:`MLFError` says why in one line.
-    """
-    path = Path(path)
-    pm = pm or get_plugin_manager()
-    placement = optimized.placement
-    used = sorted({p.backend for p in placement.partitions})
-    installed = {name: info.backend for name, info in discover_backends(pm).items()}
-    missing = [name for name in used if name not in installed]
-    if missing:
-        raise MLFError(f"{path}: cannot build the placement here, backend(s) not installed: {', '.join(missing)}")
-    backends = {name: installed[name] for name in used}
-    partitioned = optimized.partitioned_mod
-    with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
-        executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
-        objects = tvm_compat.host_objects(executable, optimized.target, scratch)
-    lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target,
-                                      cuda_graphs and tvm_compat.is_cuda(optimized.target))
-    name = placement.model_name
-    main = partitioned["main"]
-    files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
-    files[_parameters_member(name)] = tvm_compat.save_params(_parameters(partitioned))
-    files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
-    files.update(lowered_files)
-    runtime = backend_needs(backends.values(), used)
-    for backend_name, paths in runtime_libraries(pm, backends.values()).items():
-        members = [f"{RUNTIME_DIR}{backend_name}/{Path(source).name}" for source in paths]
-        files.update((member, Path(source).read_bytes()) for member, source in zip(members, paths))
-        runtime[backend_name]["carried"] = members
-    files[EXECUTOR_CONFIG] = _json_bytes(
-        {
-            "executor": EXECUTOR,
-            "entry": "main",
-            "inputs": _io(main.params),
-            "outputs": _io(_output_vars(main)),
-            "device": placement.device,
-            "runtime_backends": runtime,
-            "parameters_embedded": True,
-        }
-    )
-    files[PLACEMENT] = _json_bytes(placement.to_json())
-    per_backend: dict[str, dict] = {}
-    for part in placement.partitions:
-        entry = per_backend.setdefault(part.backend, {"partitions": 0, "operators": 0})
-        entry["partitions"] += 1
-        entry["operators"] += len(part.nodes)
-    metadata = {
-        "format": FORMAT,
-        "version": VERSION,
-        "layout": "TVM Model Library Format (version 7 layout), adapted to Relax executables",
-        "model_name": name,
-        "export_datetime": _export_time(),
-        "target": {"host": placement.target},
-        "executor": EXECUTOR,
-        "memory": memory_map(partitioned),
-        "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
-        "lowered": lowered,
-        "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
-        "sizes": {member: len(data) for member, data in sorted(files.items())},
-    }
-    files["metadata.json"] = _json_bytes(metadata)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if check_inputs is None:
-        _write_tar(path, files)
-        return path
-    partial = path.with_name(path.name + ".partial")
-    _write_tar(partial, files)
-    try:
-        check_in_new_process(partial, check_inputs)
-    except MLFError as error:
-        path.unlink(missing_ok=True)  # an earlier export must not pass for this one
-        problem = str(error).removeprefix(f"{partial}: ")
-        raise MLFError(f"{path}: the exported tar does not load and run in a new process: {problem} "
-                       f"(left as {partial.name})") from None
-    partial.replace(path)
-    return path
 
 
 def check_in_new_process(path: os.PathLike, inputs: Sequence[np.ndarray], timeout_s: float = CHECK_TIMEOUT_S) -> list[np.ndarray]:
@@ -664,7 +384,7 @@ def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destina
 
 
 def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, strict: bool = False) -> LoadedMLF:
-    """Check, link and load a Model Library Format tar written by :func:`export_mlf`; needs TVM's
+    """Check, link and load a Model Library Format tar written by :func:`~collage_core.outputs.mlf_export.export_mlf`; needs TVM's
     runtime and a host linker, not TVM's compiler. A tar built with other backend versions than
     those installed is loaded with a warning naming each such backend and both versions (through the
     ``collage`` logger), or with ``strict`` refused.

@@ -12,10 +12,10 @@ import attrs
 
 from collage_core.build.deploy import installed_backends, recorded_versions, tell_other_versions
 from collage_core.errors import CollageError
-from collage_core.search.graph import OpGraph
+from collage_core.model.original_model import contender_name, engine_of, kind_of, runs_original
 from collage_core.model.precision import DTYPES, FP32, PRECISIONS
 from collage_core.records import Cost, Partition
-from collage_core.model.original_model import contender_name, engine_of, kind_of, runs_original
+from collage_core.search.graph import OpGraph
 
 FORMAT = "collage-placement"
 VERSION = 1

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collage_core.search.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.measure.timing import STOPPED_PREFIX
 from collage_core.model.precision import FP32
 from collage_core.model.precision import describe as describe_precision
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, WITHOUT_CUDA_GRAPHS
-from collage_core.measure.timing import STOPPED_PREFIX
-from collage_core.search.two_level import history_text
 from collage_core.outputs.flops import count_flops
 from collage_core.outputs.peak import throughput
+from collage_core.search.baselines import IN_TURNS, PREDICTED_PREFIX
+from collage_core.search.two_level import history_text
 
 # A latency whose runs' interquartile range is over this fraction of its median is marked noisy, its
 # spread not printed as a ± that could read as "anywhere from zero": on a busy 2-core machine one

@@ -9,23 +9,21 @@ from typing import Any, Optional
 
 import attrs
 import numpy as np
+from tvm import relax
 
 from collage_core import tvm_compat
-
-from collage_core.outputs import output_folder
-from collage_core.build.deploy import copy_library
-from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
+from collage_core.build.deploy import copy_library, load_library
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.model.model_import import ImportedModel
-from collage_core.outputs.placement_file import Placement
-from collage_core.records import Cost
-from collage_core.search.two_level import TwoLevelResult
 from collage_core.model.verify import Verification
-from collage_core.build.deploy import load_library
+from collage_core.outputs import output_folder
+from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
 from collage_core.outputs.picture import backend_colours
+from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.report import is_noisy, placement_throughput, render_report
 from collage_core.outputs.search_history import history_svg
-from tvm import relax
+from collage_core.records import Cost
+from collage_core.search.two_level import TwoLevelResult
 
 SEARCH_PICTURE = "two-level-search.svg"  # the two-level search, generation by generation
 # Beside placement.json when a baseline won the contest: what the search found, to replay or export.

@@ -24,10 +24,10 @@ from typing import Optional
 import attrs
 
 from collage_core.errors import CollageError
+from collage_core.model.verify import Verification
+from collage_core.outputs.end_to_end import EndToEnd
 from collage_core.outputs.output_folder import write_text
 from collage_core.outputs.placement_file import Placement, placement_from_json
-from collage_core.outputs.end_to_end import EndToEnd
-from collage_core.model.verify import Verification
 
 log = logging.getLogger("collage")
 
@@ -125,7 +125,7 @@ def finish_key(searched_key: str, settings: dict, code_modules) -> str:
 def code_digest(module_names) -> str:
     """A digest of the Python source of ``collage_core`` and of the packages of ``module_names``."""
     digest = hashlib.sha256()
-    roots = {Path(__file__).resolve().parent}
+    roots = {Path(__file__).resolve().parent.parent}  # collage_core
     for name in module_names:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):

@@ -16,7 +16,6 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-
 from collage_core.build import executable as build
 
 DIGEST_BYTES = hashlib.sha256().digest_size

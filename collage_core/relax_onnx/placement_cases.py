@@ -8,6 +8,9 @@ and normalizations over 32 values).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,15 +18,12 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.build.partition import partition_module
-from collage_core.model.relax_graph import RelaxGraph
-import subprocess
-import sys
-from collage_core.model import original_model
 from collage_core.build.executable import build, partitions_by_backend
+from collage_core.build.partition import partition_module
+from collage_core.model import original_model
 from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
 from collage_core.relax_onnx.lowering import unpack_blob
-from pathlib import Path
 
 R = relax.op
 F = "float32"

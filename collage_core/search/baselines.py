@@ -8,13 +8,13 @@ import os
 import re
 from pathlib import Path
 
-from collage_core.search.calibration import signature
 from collage_core.errors import CollageError
+from collage_core.measure.timing import MeasureSettings
 from collage_core.model.original_model import engine_of
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
-from collage_core.search.regions import OpGroup
+from collage_core.search.calibration import signature
 from collage_core.search.op_level import search_op_level
-from collage_core.measure.timing import MeasureSettings
+from collage_core.search.regions import OpGroup
 
 # Forces "this backend wherever it can" when a backend cannot cover the model alone.
 FALLBACK_PENALTY_S = 1e3

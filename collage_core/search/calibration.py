@@ -25,10 +25,10 @@ from typing import Callable, Sequence
 
 import attrs
 
-from collage_core.search.graph import OpGraph
-from collage_core.records import Candidate, Cost, Partition
-from collage_core.search.op_level import search_op_level
 from collage_core.model.original_model import ORIGINAL_MODEL, runs_original
+from collage_core.records import Candidate, Cost, Partition
+from collage_core.search.graph import OpGraph
+from collage_core.search.op_level import search_op_level
 
 DEFAULT_ROUNDS = 2
 # An alternative predicted slower than this many times the best measured latency is not built.

@@ -27,9 +27,9 @@ from __future__ import annotations
 import statistics
 from typing import Optional, Sequence
 
+from collage_core.measure.timing import stopped_limit
 from collage_core.records import Cost, Partition
 from collage_core.search.regions import OpGroup
-from collage_core.measure.timing import stopped_limit
 
 
 class LatencyPredictor:

@@ -24,8 +24,8 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 import attrs
 
 from collage_core.errors import CollageError
-from collage_core.search.graph import OpGraph
 from collage_core.records import Candidate, Cost
+from collage_core.search.graph import OpGraph
 
 PROGRESS_EVERY = 1000
 

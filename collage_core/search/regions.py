@@ -6,8 +6,8 @@ from typing import Sequence
 
 import attrs
 
-from collage_core.search.graph import OpGraph
 from collage_core.records import Cost, Partition
+from collage_core.search.graph import OpGraph
 
 KEEP = 0
 

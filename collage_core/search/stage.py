@@ -7,13 +7,13 @@ import time
 
 import attrs
 
-from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
-from collage_core.search.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
 from collage_core.errors import CollageError
 from collage_core.measure.job import Job, describe_cost
 from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
 from collage_core.measure.progress import ProgressBar
 from collage_core.records import OP_LEVEL, Partition
+from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
+from collage_core.search.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
 from collage_core.search.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level
 
 OP_LEVEL_SEARCH = "op-level"

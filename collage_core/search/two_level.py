@@ -20,9 +20,9 @@ from typing import Callable, Optional, Sequence
 import attrs
 from deap import algorithms, base, creator, tools
 
+from collage_core.records import Cost, Partition
 from collage_core.search.genome_prediction import LatencyPredictor
 from collage_core.search.graph import OpGraph
-from collage_core.records import Cost, Partition
 from collage_core.search.regions import KEEP, OpGroup, decode, genome_key
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from collage_core.measure.cost_db import Claim, CostDatabase, CostKey
-from collage_core.records import Cost
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.measure.timing import MeasureSettings
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.records import Cost
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
@@ -335,8 +335,8 @@ def test_a_baseline_another_run_is_measuring_is_waited_for_not_measured_again(tm
     run finding one claimed waits for its cost; one whose build fails gives its claim up."""
     import threading
 
-    from collage_core.errors import CollageError
     from collage_core.build.stage import baseline_cost
+    from collage_core.errors import CollageError
     from collage_core.measure.job import BASELINE_PROTOCOL
 
     class Job:  # what baseline_cost asks of a job

@@ -19,8 +19,8 @@ import collage_core
 from collage_core import cli
 from collage_core.api_checks import ArgumentError
 from collage_core.cli import main
-from collage_core.model.model_import import ModelImportError, load_model
 from collage_core.measure.timing import MeasureSettings
+from collage_core.model.model_import import ModelImportError, load_model
 from collage_core.search.two_level import TwoLevelSettings
 from collage_core.tvm_compat import TargetError
 

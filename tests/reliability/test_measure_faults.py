@@ -15,10 +15,10 @@ from collage_core.backends import contribute_patterns
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.measure.cost_db import CostDatabase
 from collage_core.measure.measurement import _measure_one, measure_candidates
-from collage_core.model.model_import import load_model
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.measure.timing import MeasureSettings
 from collage_core.measure.worker_client import MeasurementWorker
+from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
 
 PLUGIN = "plugins_for_tests.faulty_backends"
 TESTS = Path(__file__).resolve().parents[1]

@@ -24,8 +24,8 @@ from collage_core.backends import contribute_patterns
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.measure.cost_db import CostDatabase, is_transient
 from collage_core.measure.measurement import measure_candidates
-from collage_core.model.relax_graph import RelaxGraph
 from collage_core.measure.timing import MeasureSettings
+from collage_core.model.relax_graph import RelaxGraph
 
 PLUGIN = "plugins_for_tests.transient_faults"
 # Long enough for a worker to measure a tiny candidate on a busy machine; the held-up backend waits it out twice.

@@ -23,13 +23,13 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends
 from collage_core.build.executable import build
-from collage_core.candidates.enumeration import enumerate_candidates
-from collage_core.model.model_import import load_model
 from collage_core.build.partition import partition_module
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.measure.timing import MeasureSettings, time_callable
+from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Cost
-from collage_core.model.relax_graph import RelaxGraph
-from collage_core.measure.timing import MeasureSettings, time_callable
 
 SETTINGS = MeasureSettings(warmup=20, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=50.0, time_bound_s=10.0)
 PLACEMENT_SETTINGS = MeasureSettings(warmup=10, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=100.0)
