@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from collage_core import tvm_compat
+from collage_core import optimizer, tvm_compat
 from collage_core.api_checks import TWO_LEVEL_LEAST, count_problem, number_problem, unwritable_because
 from collage_core.backends import discover_backends
 from collage_core.build.deploy import carried_dir
@@ -22,7 +22,6 @@ from collage_core.errors import CollageError, interrupt_within
 from collage_core.inspection import inspect_model, render_inspection
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
 from collage_core.model.precision import FP32, PRECISIONS
-from collage_core.optimizer import optimize
 from collage_core.outputs.explain import explain
 from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.output_folder import safe_file_name
@@ -295,7 +294,7 @@ def _optimize(args) -> int:
     output = Path(args.output) if args.output else default_output(args.model)
     if args.placement and not args.output:
         output = output / "replay"  # a replay leaves the searched run's files as they are
-    result = optimize(
+    result = optimizer.optimize(
         args.model,
         target=args.target,
         backends=args.backends.split(",") if args.backends else None,
@@ -342,7 +341,7 @@ def _export(args) -> int:
     backends = sorted({p.backend for p in load_placement(args.placement).partitions})
     # The replay's library and files are only a means to the tar: kept in a folder removed however the export ends.
     with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
-        result = optimize(
+        result = optimizer.optimize(
             args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,
             show_progress=False, output_dir=replay,
         )
