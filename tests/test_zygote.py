@@ -169,3 +169,22 @@ def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plug
     if process_start(worker_pid) is not None:
         os.kill(worker_pid, signal.SIGKILL)
         pytest.fail(f"the {started} worker outlived its run")
+
+
+@pytest.mark.parametrize("started", ["forked", "exec"])
+def test_a_process_a_library_forks_from_a_thread_while_the_worker_waits_ends(started, load_test_plugin, tmp_path,
+                                                                             monkeypatch):
+    """A library that forks from a thread while the worker waits for its next request (OpenVINO's
+    telemetry on import) gets a child that ends: the worker does not hold stdin's lock as it waits."""
+    import time
+
+    load_test_plugin("plugins_for_tests.forks_from_a_thread")
+    report = tmp_path / "child.txt"
+    monkeypatch.setenv("FORKS_FROM_A_THREAD", str(report))
+    env = dict(os.environ) if started == "exec" else None
+    with MeasurementWorker([], [], env=env) as worker:
+        worker.request({"op": "init", "plugins": ["plugins_for_tests.forks_from_a_thread"], "disabled": []}, 120)
+        deadline = time.monotonic() + 40
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert report.exists() and report.read_text() == "0", report.read_text() if report.exists() else "no report"

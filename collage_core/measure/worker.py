@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 from tvm import relax
@@ -60,7 +60,7 @@ def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
         protocol.flush()
 
     state["progress"] = progress
-    for line in sys.stdin:
+    for line in _requests():
         request = json.loads(line)
         try:
             response = HANDLERS[request["op"]](state, request)
@@ -68,6 +68,29 @@ def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
             response = {"error": describe_failure(error)}
         protocol.write(json.dumps(response) + "\n")
         protocol.flush()
+
+
+def _requests() -> Iterator[bytes]:
+    """The request lines on stdin, read from its descriptor with ``os.read``; stdin itself then reads
+    /dev/null. Waiting in ``sys.stdin`` would hold its buffer's lock, and a process a library forks
+    meanwhile from another thread (OpenVINO's telemetry does, on import) would wait for that lock
+    for ever as it closes its stdin, outliving the worker."""
+    descriptor = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, "r", closefd=False)
+    pending = b""
+    while True:
+        chunk = os.read(descriptor, 1 << 16)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if pending.strip():
+        yield pending
+    os.close(descriptor)
 
 
 def process_start(pid: int) -> Optional[str]:
