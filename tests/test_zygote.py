@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,13 +145,7 @@ def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plug
     import sys
     import time
 
-    def process_start(pid):  # None once the process is gone (or a zombie)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = stat[stat.rindex(")") + 2:].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
+    from collage_core.measure.worker import process_start
 
     load_test_plugin("plugins_for_tests.slow_import")  # PYTHONPATH for the run and its workers
     env = {**os.environ, "SLOW_IMPORT_S": "120"}

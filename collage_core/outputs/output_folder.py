@@ -130,18 +130,17 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
     with _locked(directory):
         _remove_leftovers(directory)
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=directory))
+        failed = True
         try:
             with temporary_files_in(scratch / "tmp"):
                 yield scratch
-        except BaseException:
-            _remove_leftovers(directory)
-            if made is not None and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*")):
-                shutil.rmtree(made, ignore_errors=True)
-            raise
+            failed = False
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
-            if directory.is_dir():
-                _remove_leftovers(directory)
+            _remove_leftovers(directory)
+            if failed and made is not None and all(path.is_dir() or path.name == LOCK_FILE
+                                                   for path in Path(made).rglob("*")):
+                shutil.rmtree(made, ignore_errors=True)
 
 
 @contextlib.contextmanager
