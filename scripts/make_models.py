@@ -60,12 +60,12 @@ def ort_latency_ms(path: Path, feeds: dict[str, np.ndarray], runs: int = 10) -> 
 
 
 def tvm_import_error(onnx_model: onnx.ModelProto) -> str | None:
-    """Import into Relax as Collage does (TVM's importer with Collage's fixes to its converters);
-    return None on success, otherwise the reason it failed."""
-    from collage_core import tvm_compat
+    """Import into Relax as Collage does (``load_model``: the model's shapes folded, then TVM's importer with
+    Collage's fixes to its converters); return None on success, otherwise the reason it failed."""
+    from collage_core.model.model_import import load_model
 
     try:
-        tvm_compat.from_onnx(onnx_model)
+        load_model(onnx_model)
     except Exception as error:  # the frontend raises several types; report whichever it was
         return f"{type(error).__name__}: {error}".splitlines()[0]
     return None
