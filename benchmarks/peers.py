@@ -2,7 +2,12 @@
 
     python benchmarks/peers.py [--models mobilenetv2,resnet50,convnext-tiny,bert-base,vit-base,gpt2]
                                [--batches 1,8] [--torch-batches 1] [--raw benchmarks/raw] [--only-report]
-                               [--collage-again] [--device cpu|cuda]
+                               [--collage-again] [--device cpu|cuda] [--set public|families]
+
+With ``--set families`` (the CPU): the models of ``FAMILIES`` in ``scripts/make_hf_models.py``, families beyond
+the six public models at their published full-size configurations, at batch 1 and fed as ONNX files only
+(``--models`` picks among them); raw results in ``benchmarks/raw-families``, and RESULTS.md gets a section of
+their own after the public models' (its chart ``benchmarks/results-families.png``).
 
 With ``--device cuda`` (on a machine with an NVIDIA GPU; results in ``benchmarks/raw-cuda``): PyTorch
 eager, torch.compile and torch.compile's "reduce-overhead" mode (its CUDA graphs) on CUDA (float32,
@@ -56,6 +61,16 @@ import peers_report  # noqa: E402
 from peers_report import PEERS, raw_file, single_backend_row, write_report  # noqa: E402
 
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
+FAMILIES_RAW = ROOT / "benchmarks" / "raw-families"
+FAMILIES_COMMAND = "python benchmarks/peers.py --set families"
+
+
+def family_models() -> list[str]:
+    """The families of ``scripts/make_hf_models.py``'s FAMILIES, in its order."""
+    sys.path.insert(0, str(SCRIPTS))
+    import make_hf_models
+
+    return list(make_hf_models.FAMILIES)
 RUN_TIMEOUT_S = 6 * 3600
 # What depends on Collage's code, measured again with --collage-again where that code changed.
 COLLAGE_CONFIGS = ("collage cold", "collage warm", "interleaved", "collage torch input")
@@ -344,7 +359,9 @@ def append_file(report: Path, written: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--set", choices=("public", "families"), default="public",
+                        help="families: the models of more families at batch 1, raw results in benchmarks/raw-families")
+    parser.add_argument("--models", default=None, help=f"default: {','.join(MODELS)} (with --set families, all of them)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--torch-batches", default="1",
                         help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)")
@@ -359,6 +376,13 @@ def main() -> None:
                         help="measure Collage's rows again where Collage's code changed since (its cold and warm "
                              "runs, the turns, the PyTorch-input run); the peers' rows are kept; resumable")
     args = parser.parse_args()
+    families = args.set == "families"
+    if families:
+        if args.device != "cpu":
+            raise SystemExit("--set families is measured on the CPU")
+        args.batches, args.torch_batches = "1", ""
+        args.raw = args.raw or FAMILIES_RAW
+    args.models = args.models or ",".join(family_models() if families else MODELS)
     if args.device == "cpu" and shutil.which("collage") is None:
         raise SystemExit("the collage command is not installed: ./scripts/setup.sh")
     cpu_raw, gpu_raw = ROOT / "benchmarks" / "raw", ROOT / "benchmarks" / "raw-cuda"
@@ -376,10 +400,14 @@ def main() -> None:
                 else:
                     measure_model(name, batch, raw, torch_input=str(batch) in args.torch_batches.split(","),
                                   collage_again=args.collage_again, backends=args.backends)
-    if args.raw is not None:
+    if args.raw is not None and args.raw.resolve() not in (FAMILIES_RAW.resolve(), cpu_raw.resolve()):
         return  # measured somewhere else: the report is written from the project's raw folders
-    command = " ".join(["python benchmarks/peers.py", *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
-    report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png")
+    command = "python benchmarks/peers.py"
+    if not families:
+        command = " ".join([command, *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
+    family_section = peers_report.family_section(FAMILIES_RAW, FAMILIES_COMMAND, ROOT / "benchmarks" / "results-families.png")
+    report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png",
+                          sections=(family_section,))
     append_file(report, TORCH_COMPILE_REPORT)
     if gpu_raw.is_dir():
         append_gpu_section(gpu_raw, report, ROOT / "benchmarks" / "results-cuda.png")

@@ -265,8 +265,9 @@ def _commit(directory: Path, config: str) -> str:
     return f"`{data['commit']}`" if data.get("commit") else ""
 
 
-def write_report(raw_root: Path, command: str, report: Path, chart: Path, machine_lines: Optional[list[str]] = None) -> Path:
-    """Write the report and the chart from every model directory under ``raw_root``; returns the report's path."""
+def model_tables(raw_root: Path, heading: str = "##") -> tuple[list[str], list[str], dict[str, list[float]], list[Path]]:
+    """From every model directory under ``raw_root``: the summary table's rows, each model's details, Collage's
+    ratios (against ONNX Runtime, the best peer and the best single backend) and the directories, in order."""
     directories = sorted((p for p in raw_root.iterdir() if p.is_dir() and model_rows(p)), key=_model_order)
     summary, details, ratios = [], [], {"ort": [], "peer": [], "single": []}
     for directory in directories:
@@ -292,7 +293,7 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
                        f"{ratio_text(collage, ort)} | {peer_name or ''} | {ratio_text(collage, best_peer)} | "
                        f"{single_name or ''} | {'' if single_ratio is None else f'{single_ratio:.2f}'} | "
                        f"{_operators_by_backend(directory, collage_run)} | {_commit(directory, collage_run)} |")
-        details += [f"## {directory.name}", ""]
+        details += [f"{heading} {directory.name}", ""]
         if turns:
             processes = (load_raw(directory, "interleaved") or {}).get("processes", 1)
             details += [f"Timed in turns (`interleaved.py`, {processes} process{'es' if processes > 1 else ''} per "
@@ -317,10 +318,61 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         if text:
             shown = text.strip().splitlines()[:EXPLANATION_LINES]
             details += ["", "<details><summary>the placement, explained (<code>collage show placement.json</code>, "
-                        f"first {len(shown)} lines of <a href=\"raw/{directory.name}/explanation.txt\">explanation.txt</a>)"
+                        f"first {len(shown)} lines of <a href=\"{raw_root.name}/{directory.name}/explanation.txt\">explanation.txt</a>)"
                         "</summary>", "", "```", *shown, "```", "</details>"]
         details.append("")
+    return summary, details, ratios, directories
+
+
+def geomean_table(ratios: dict[str, list[float]]) -> list[str]:
     geomeans = {key: _geomean(values) for key, values in ratios.items()}
+    return [
+        "| geomean over models | Collage / ONNX Runtime | Collage / best peer | Collage / best single backend |",
+        "|---|---|---|---|",
+        "| {} model-batch pairs | {} | {} | {} |".format(
+            len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))), "",
+    ]
+
+
+SUMMARY_HEAD = [
+    "| model | Collage (ms) | vs ONNX Runtime | best peer | vs best peer | best single backend | vs it | "
+    "operators by backend in Collage's timed library | Collage's commit |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _chart_of(directories: list[Path], chart: Path) -> None:
+    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)})
+                for d in directories], chart)
+
+
+def family_section(raw_root: Path, command: str, chart: Path) -> list[str]:
+    """RESULTS.md's section for models of more families (``peers.py --set families``): its own geomean, table,
+    chart and details, from the raw files under ``raw_root``; no lines when nothing was measured there."""
+    if not raw_root.is_dir():
+        return []
+    summary, details, ratios, directories = model_tables(raw_root, heading="###")
+    if not directories:
+        return []
+    _chart_of(directories, chart)
+    within = sum(1 for ratio in ratios["peer"] if ratio <= 1.02)
+    return [
+        "## More families, at their published full-size configurations (CPU, batch 1)", "",
+        f"Command: `{command}` (resumable; raw results in `benchmarks/{raw_root.name}/`). Models of families beyond "
+        "the six above, built by `scripts/make_hf_models.py` from each family's published configuration (its "
+        "`FAMILIES`; seeded random weights), timed as above: Collage's library and the peers in turns, in one run "
+        "per model, on the machine above.", "",
+        f"Collage within 2% of the best peer or faster: {within} of {len(ratios['peer'])} models.", "",
+        *geomean_table(ratios), *SUMMARY_HEAD, *summary, "",
+        f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
+    ]
+
+
+def write_report(raw_root: Path, command: str, report: Path, chart: Path, machine_lines: Optional[list[str]] = None,
+                 sections: tuple[list[str], ...] = ()) -> Path:
+    """Write the report and the chart from every model directory under ``raw_root``, then ``sections`` (lines each,
+    as ``family_section`` gives); returns the report's path."""
+    summary, details, ratios, directories = model_tables(raw_root)
     lines = [
         "# Collage against its peers", "",
         f"Command: `{command}` (resumable; raw results in `benchmarks/raw/`).", "",
@@ -341,19 +393,15 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         "its placement.",
         "A baseline whose one run takes longer than `--baseline-limit` (60 s) was stopped; a run over 5 s is",
         "timed once.", "",
-        "| geomean over models | Collage / ONNX Runtime | Collage / best peer | Collage / best single backend |",
-        "|---|---|---|---|",
-        "| {} model-batch pairs | {} | {} | {} |".format(
-            len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))), "",
-        "| model | Collage (ms) | vs ONNX Runtime | best peer | vs best peer | best single backend | vs it | "
-        "operators by backend in Collage's timed library | Collage's commit |",
-        "|---|---|---|---|---|---|---|---|---|", *summary, "",
+        *geomean_table(ratios), *SUMMARY_HEAD, *summary, "",
         f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
+        *(line for section in sections for line in section),
     ]
     report.write_text("\n".join(lines) + "\n")
-    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)})
-                for d in directories], chart)
+    _chart_of(directories, chart)
     return report
+
+
 
 
 def _model_order(directory: Path) -> tuple:

@@ -413,3 +413,21 @@ def test_a_gpu_peer_process_runs_on_the_cpu(mode):
     result = precision.run_peer("bert", 1, mode, "fp32", timeout_s=600, device="cpu")
     assert result["median_s"] > 0 and result["compile_s"] > 0 and result["repeats"] >= 1, result
     assert result["error"] < 1e-4
+
+
+def test_more_families_get_a_section_of_their_own_with_their_geomean_and_how_many_are_within_two_percent(tmp_path):
+    public, families = tmp_path / "raw", tmp_path / "raw-families"
+    write_model(public, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
+    write_model(families, "wide_b1", collage_ms=10.0, ort_ms=10.1, eager_ms=40.0, dnnl_ms=12.5)  # 0.99 of its best peer
+    write_model(families, "deep_b1", collage_ms=22.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=30.0)  # 1.10 of it
+    section = peers_report.family_section(families, "python benchmarks/peers.py --set families", tmp_path / "f.png")
+    report = peers_report.write_report(public, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[],
+                                       sections=(section,)).read_text()
+    public_part, family_part = report.split("## More families")
+    assert "| small_b1 |" in public_part and "wide_b1" not in public_part
+    assert "| 1 model-batch pairs | 0.50 |" in public_part
+    assert "Collage within 2% of the best peer or faster: 1 of 2 models." in family_part
+    assert f"| 2 model-batch pairs | {math.sqrt(10 / 10.1 * 22 / 20):.2f} |" in family_part
+    assert "| deep_b1 | 22.00 ± 0.50 | 1.10 |" in family_part and "### wide_b1" in family_part
+    assert "`python benchmarks/peers.py --set families`" in family_part
+    assert peers_report.family_section(tmp_path / "nothing", "cmd", tmp_path / "n.png") == []
