@@ -1,12 +1,24 @@
 """The plugin contract: every hook a backend plugin may implement.
 
-Each spec's docstring is the contract; docs/plugins.md repeats the signatures and a test keeps
-the two in step.
+Each spec's docstring is the contract; docs/plugins.md repeats the signatures, types included, and
+a test keeps the two in step. The types are annotations only (TVM's and the records' modules are not
+imported here), so loading the specs stays cheap.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import pluggy
+
+if TYPE_CHECKING:
+    import os
+
+    import tvm
+    from tvm import relax
+
+    from collage_core.measure.timing import MeasureSettings
+    from collage_core.records import Availability, Backend, Cost, Pattern
 
 PROJECT = "collage"
 
@@ -15,7 +27,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def collage_register_backends(register):
+def collage_register_backends(register: Callable[[Backend], None]) -> None:
     """Register the backends this plugin provides.
 
     Call ``register(Backend(name, kind, device_kinds, version))`` once per backend. ``kind`` is
@@ -26,7 +38,7 @@ def collage_register_backends(register):
 
 
 @hookspec(firstresult=True)
-def collage_check_availability(backend):
+def collage_check_availability(backend: Backend) -> Availability | None:
     """Say whether ``backend`` can run on this machine.
 
     Return an ``Availability`` for backends this plugin registered, or None if ``backend`` is not
@@ -36,7 +48,7 @@ def collage_check_availability(backend):
 
 
 @hookspec
-def collage_contribute_patterns(backend, target, precision):
+def collage_contribute_patterns(backend: Backend, target: tvm.target.Target, precision: str) -> list[Pattern] | None:
     """Contribute the patterns ``backend`` can run on ``target`` (a ``tvm.target.Target``).
 
     ``precision`` is the run's precision option (``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp16"``; the
@@ -52,7 +64,8 @@ def collage_contribute_patterns(backend, target, precision):
 
 
 @hookspec(firstresult=True)
-def collage_lower_partitions(backend, mod, function_names, target):
+def collage_lower_partitions(backend: Backend, mod: tvm.IRModule, function_names: list[str],
+                             target: tvm.target.Target) -> tvm.IRModule | None:
     """Lower the partitions placed on ``backend`` so that TVM's Relax build can run them.
 
     ``mod`` is an ``IRModule`` whose functions named in ``function_names`` hold the partitions
@@ -65,7 +78,8 @@ def collage_lower_partitions(backend, mod, function_names, target):
 
 
 @hookspec(firstresult=True)
-def collage_lower_whole_model(backend, model, model_format, func, name, target):
+def collage_lower_whole_model(backend: Backend, model: bytes, model_format: str, func: relax.Function, name: str,
+                              target: tvm.target.Target) -> relax.Function | None:
     """Run the whole model file the user gave Collage in ``backend``'s own session, as its users run it.
 
     Optional, for engines that read model files (ONNX Runtime, OpenVINO). ``model`` is the file's
@@ -82,7 +96,8 @@ def collage_lower_whole_model(backend, model, model_format, func, name, target):
 
 
 @hookspec(firstresult=True)
-def collage_measure_candidate(backend, mod, target, settings):
+def collage_measure_candidate(backend: Backend, mod: tvm.IRModule, target: tvm.target.Target,
+                              settings: MeasureSettings) -> Cost | None:
     """Measure the latency of ``mod["main"]`` (one candidate, standalone) on ``backend``.
 
     Optional: the core's default measurement lowers the candidate as one partition, builds it
@@ -97,7 +112,7 @@ def collage_measure_candidate(backend, mod, target, settings):
 
 
 @hookspec(firstresult=True)
-def collage_prepare_runtime(backend):
+def collage_prepare_runtime(backend: Backend) -> bool | None:
     """Make what ``backend``'s lowered partitions call available in this process.
 
     Called before a library holding ``backend``'s partitions is loaded in a process that did not
@@ -108,7 +123,7 @@ def collage_prepare_runtime(backend):
 
 
 @hookspec(firstresult=True)
-def collage_runtime_libraries(backend):
+def collage_runtime_libraries(backend: Backend) -> list[str | os.PathLike] | None:
     """The native shared libraries whose loading, in order, registers every function ``backend``'s
     lowered partitions call, so that an exported library runs without the plugin.
 

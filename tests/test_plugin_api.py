@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -99,6 +101,13 @@ def test_every_name_of_the_kit_resolves(module):
         assert getattr(module, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         module.nothing_here
+
+
+def test_the_typed_hook_specs_load_without_tvm_or_the_records():
+    loaded = subprocess.run([sys.executable, "-c", "import sys, collage_core.hookspecs; "
+                             "print(sorted({'tvm', 'collage_core.records'} & set(sys.modules)))"],
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
 
 
 def test_plugin_code_may_not_import_the_testing_helpers(tmp_path):
