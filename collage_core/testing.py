@@ -11,7 +11,7 @@ product pattern covers, from the pattern's name.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tvm
@@ -26,11 +26,17 @@ from collage_core.candidates.fused_groups import as_dtype
 from collage_core.measure.worker import random_arguments
 from collage_core.model.model_import import load_model
 from collage_core.model.relax_graph import RelaxGraph
-from collage_core.records import Availability
+from collage_core.records import Availability, Candidate, Pattern
 
 
-def function_module(make: Callable, *shapes, dtype: str = "float32") -> tvm.IRModule:
-    """A module whose ``main`` takes tensors ``x0, x1, ...`` of ``shapes`` and returns ``make(bb, x0, x1, ...)``."""
+def function_module(make: Callable[..., relax.Expr], *shapes: Sequence[int], dtype: str = "float32") -> tvm.IRModule:
+    """A module whose ``main`` takes tensors ``x0, x1, ...`` of ``shapes`` (all of ``dtype``) and returns
+    ``make(bb, x0, x1, ...)``.
+
+    ``make`` is called inside ``main``'s dataflow block with its ``relax.BlockBuilder`` and the parameters; it
+    emits the calls it needs (``bb.emit(...)``) and returns the output's expression, which is emitted as
+    the block's output.
+    """
     params = [relax.Var(f"x{i}", relax.TensorType(shape, dtype)) for i, shape in enumerate(shapes)]
     bb = relax.BlockBuilder()
     with bb.function("main", params):
@@ -40,12 +46,24 @@ def function_module(make: Callable, *shapes, dtype: str = "float32") -> tvm.IRMo
     return bb.get()
 
 
-def whole_candidate(mod: tvm.IRModule, patterns: Sequence, pattern_name: str):
-    """``(graph, candidate)``: the graph of ``main`` and the candidate of ``pattern_name`` covering all of it (or None)."""
+class WholeCandidate(NamedTuple):
+    """What :func:`whole_candidate` finds: the graph of ``main``, and the candidate covering all of it (None
+    when the pattern makes none). A pair, so ``graph, candidate = whole_candidate(...)`` reads it too."""
+
+    graph: RelaxGraph
+    candidate: Optional[Candidate]
+
+
+def whole_candidate(mod: tvm.IRModule, patterns: Sequence[Pattern], pattern_name: str) -> WholeCandidate:
+    """The candidate of ``pattern_name`` (one of ``patterns``) covering every operator of ``mod``'s ``main``.
+
+    ``partition_module(found.graph, [found.candidate])`` places it whole on its backend, as a model with that
+    one partition, for ``build``.
+    """
     graph = RelaxGraph.from_function(mod["main"])
     everything = frozenset(range(len(graph.graph)))
     found = [c for c in enumerate_candidates(graph, patterns) if c.pattern == pattern_name and frozenset(c.nodes) == everything]
-    return graph, (found[0] if found else None)
+    return WholeCandidate(graph, found[0] if found else None)
 
 
 def rounded_to(array: np.ndarray, dtype: str) -> np.ndarray:

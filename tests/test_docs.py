@@ -158,9 +158,9 @@ def test_second_example_runs_a_matmul_through_its_registered_kernel_as_tvm_compu
     assert infos["numpydense"].availability.available
     patterns = contribute_patterns(numpydense_pm, infos["numpydense"].backend, target)
     mod = testing.function_module(lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), (4, 8), (8, 16))
-    graph, candidate = testing.whole_candidate(mod, patterns, "numpydense.matmul")
-    assert candidate is not None
-    placed = partition_module(graph, [candidate])
+    found = testing.whole_candidate(mod, patterns, "numpydense.matmul")
+    assert found.candidate is not None
+    placed = partition_module(found.graph, [found.candidate])
     executable = build(numpydense_pm, placed, {"numpydense": infos["numpydense"].backend}, target)
     assert "collage_numpydense.matmul" in executable.as_text()
     rng = np.random.default_rng(1)

@@ -16,6 +16,18 @@ from collage_core.records import OP_LEVEL
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
+def test_whole_candidate_names_the_graph_and_the_candidate_covering_every_operator():
+    from tvm import relax
+
+    relu = Pattern("mine.relu", is_op("relax.nn.relu")(wildcard()))
+    alone = testing.whole_candidate(testing.function_module(lambda bb, x: relax.op.nn.relu(x), (2, 3)), [relu], "mine.relu")
+    assert (alone.candidate.backend, alone.candidate.pattern, set(alone.candidate.nodes)) == ("mine", "mine.relu", {0})
+    assert len(alone.graph.graph) == 1
+    graph, candidate = testing.whole_candidate(
+        testing.function_module(lambda bb, x: relax.op.nn.relu(bb.emit(relax.op.abs(x))), (2, 3)), [relu], "mine.relu")
+    assert candidate is None and len(graph.graph) == 2  # the relu alone does not cover the abs before it
+
+
 def test_a_broken_check_is_a_problem_and_a_refusal_with_a_reason_is_not():
     pm = get_plugin_manager(extra_modules=["plugins_for_tests.refusing_checks_plugin"])
     problems = testing.contract_problems(pm, "picky", str(MODELS / "tiny_resnet.onnx"))

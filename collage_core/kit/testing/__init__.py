@@ -22,6 +22,7 @@ _EXPORTS = {
     # collage_core.testing
     "function_module": "collage_core.testing:function_module",
     "whole_candidate": "collage_core.testing:whole_candidate",
+    "WholeCandidate": "collage_core.testing:WholeCandidate",
     "run_on_cpu": "collage_core.testing:run_on_cpu",
     "inputs_and_answer": "collage_core.testing:inputs_and_answer",
     "assert_matches": "collage_core.testing:assert_matches",
