@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import attrs
 
@@ -10,6 +11,9 @@ from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.model.dtypes import FP32, TF32, computes_tf32
 from collage_core.plugins import CollagePluginManager, PluginFailure, call_each, first_result
 from collage_core.records import Availability, Backend, Pattern
+
+if TYPE_CHECKING:
+    import tvm
 
 log = logging.getLogger("collage")
 
@@ -89,7 +93,8 @@ def _availability(pm, backend: Backend, plugin_name: str) -> Availability:
     return availability
 
 
-def select_backends(infos: dict[str, BackendInfo], names=None, target=None) -> list[BackendInfo]:
+def select_backends(infos: dict[str, BackendInfo], names: Optional[Sequence[str]] = None,
+                    target: Optional[tvm.target.Target] = None) -> list[BackendInfo]:
     """The backends to place on: the named ones (each must be available) or every available one that
     is chosen by default on ``target``'s kind of device (without a target: every available one chosen
     by default on all its devices)."""
@@ -128,7 +133,8 @@ def serves(info: BackendInfo, target) -> bool:
     return device_kind(target) in info.backend.device_kinds
 
 
-def contribute_patterns(pm: CollagePluginManager, backend: Backend, target, precision: str = FP32) -> list[Pattern]:
+def contribute_patterns(pm: CollagePluginManager, backend: Backend, target: tvm.target.Target,
+                        precision: str = FP32) -> list[Pattern]:
     """The patterns every plugin contributes for ``backend`` at ``precision``; a plugin that raises is skipped
     with a warning. A TF32 pattern contributed at another precision is an error naming the plugin."""
     patterns: list[Pattern] = []

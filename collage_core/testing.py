@@ -118,7 +118,8 @@ def assert_matches(got: np.ndarray, expected: np.ndarray, out_dtype: str, rtol: 
         np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
 
 
-def operand_arrays(operands: Sequence, params: Sequence, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+def operand_arrays(operands: Sequence[relax.Expr], params: Sequence[relax.Var],
+                   inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The arrays a kernel's ``operands`` stand for: constants' values, and parameters' inputs (matched by name)."""
     by_name = {param.name: array for param, array in zip(params, inputs)}
     return [tvm_compat.constant_array(o) if tvm_compat.is_constant(o) else by_name[o.name] for o in operands]
@@ -209,7 +210,8 @@ def _gelu_tanh_spelt_out(bb, x, dtype=F):
     return R.multiply(bb.emit(R.multiply(x, _scalar(0.5, dtype))), one)
 
 
-def product_case(pattern_name: str, seed: int = 0, cast_to: str = F):
+def product_case(pattern_name: str, seed: int = 0,
+                 cast_to: str = F) -> tuple[Callable[..., relax.Expr], list[tuple[int, ...]]]:
     """``(make(bb, *params), param shapes)`` for a function a product pattern ``<backend>.<pattern_name>`` covers
     whole, its name read as :func:`~collage_core.candidates.fused_groups.product_epilogues` and the GPU backends write
     it: ``dense[_t][_bias][_add][_reshape][_relu|_gelu|_gelu_erf|_silu]`` (``_gelu`` is tanh GELU) or

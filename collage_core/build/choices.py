@@ -16,8 +16,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 
+def any_value(value: Any) -> bool:
+    """Every value is valid: a store whose values no build can outgrow."""
+    return True
+
+
 class ChoiceStore:
-    def __init__(self, path: Path, is_valid: Callable[[Any], bool] = lambda value: True):
+    """The choices kept in the JSON file ``path``, by key; ``is_valid(value)`` says whether a value (perhaps
+    written by an older build) is one this build can use: one that is not reads as absent, so it is timed again."""
+
+    def __init__(self, path: Path, is_valid: Callable[[Any], bool] = any_value):
         self.path = path
         self.is_valid = is_valid
 
@@ -29,6 +37,7 @@ class ChoiceStore:
         return data if isinstance(data, dict) else {}
 
     def get(self, key: str) -> Optional[Any]:
+        """The valid value kept for ``key``, or None."""
         value = self._read().get(key)
         return value if value is not None and self.is_valid(value) else None
 
@@ -37,6 +46,7 @@ class ChoiceStore:
         return [value for value in self._read().values() if value is not None and self.is_valid(value)]
 
     def put(self, key: str, value: Any) -> None:
+        """Keep ``value`` (JSON) for ``key``, merged under a lock with what other processes wrote."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -95,7 +95,7 @@ class Requirement:
     companions: tuple[str, ...] = ()
 
 
-def compile_flags(requirements) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def compile_flags(requirements: Sequence[Requirement]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Include and link flags for ``requirements``, and the shared objects' paths (for the build digest).
 
     Raises :class:`CudaUnavailable` naming the first missing header or library and how to install it.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Mapping, Optional, Sequence
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -10,7 +12,8 @@ from collage_core import tvm_compat
 from collage_core.build.partition import BACKEND_ATTR
 from collage_core.errors import CollageError
 from collage_core.model.original_model import is_lowered_already
-from collage_core.plugins import first_result
+from collage_core.plugins import CollagePluginManager, first_result
+from collage_core.records import Backend
 
 
 class BuildError(CollageError):
@@ -18,6 +21,7 @@ class BuildError(CollageError):
 
 
 def partitions_by_backend(mod: tvm.IRModule) -> dict[str, list[str]]:
+    """The names of ``mod``'s partition functions, sorted, by the backend each is placed on (``collage.backend``)."""
     found: dict[str, list[str]] = {}
     for gvar, func in mod.functions.items():
         if isinstance(func, relax.Function) and func.attrs is not None and BACKEND_ATTR in func.attrs:
@@ -25,7 +29,8 @@ def partitions_by_backend(mod: tvm.IRModule) -> dict[str, list[str]]:
     return {backend: sorted(names) for backend, names in sorted(found.items())}
 
 
-def lower_partitions(pm, mod: tvm.IRModule, backends: dict, target) -> tvm.IRModule:
+def lower_partitions(pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapping[str, Backend],
+                     target: tvm.target.Target) -> tvm.IRModule:
     """Hand each backend its partitions; ``backends`` maps names to ``Backend`` records. An engine's own
     session over the original model file was lowered where the file was (``collage_core.model.original_model``):
     its backend's runtime is only prepared here."""
@@ -52,7 +57,8 @@ def lower_partitions(pm, mod: tvm.IRModule, backends: dict, target) -> tvm.IRMod
     return relax.transform.RunCodegen()(mod)
 
 
-def replace_functions(mod: tvm.IRModule, function_names, lower) -> tvm.IRModule:
+def replace_functions(mod: tvm.IRModule, function_names: Sequence[str],
+                      lower: Callable[[relax.Function, str], relax.Function]) -> tvm.IRModule:
     """A copy of ``mod`` with each named function replaced by ``lower(function, name)``.
 
     What a plugin whose ``collage_lower_partitions`` rewrites each partition on its own returns.
@@ -64,7 +70,8 @@ def replace_functions(mod: tvm.IRModule, function_names, lower) -> tvm.IRModule:
     return lowered
 
 
-def build(pm, mod: tvm.IRModule, backends: dict, target, cuda_graphs: bool = False):
+def build(pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapping[str, Backend], target: tvm.target.Target,
+          cuda_graphs: bool = False) -> relax.Executable:
     """Lower, then build with TVM's default pipeline for ``target``; returns a ``relax.Executable``.
 
     With ``cuda_graphs`` on a CUDA target, ``main`` replays its kernels and library calls as CUDA
@@ -89,8 +96,11 @@ def _last_line_of(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def packed_call_function(func: relax.Function, name: str, packed_function: str, spec, operands,
-                         before=None, out_type=None, after=None) -> relax.Function:
+def packed_call_function(func: relax.Function, name: str, packed_function: str, spec: str | np.ndarray,
+                         operands: Sequence[relax.Expr],
+                         before: Optional[Mapping[int, Callable[[relax.Expr], relax.Expr]]] = None,
+                         out_type: Optional[relax.TensorType] = None,
+                         after: Optional[Callable[[relax.Expr], relax.Expr]] = None) -> relax.Function:
     """``func`` (a partition) with its body replaced by ``R.call_dps_packed(packed_function, [spec, *operands])``.
 
     What a native backend's lowering returns: ``spec`` is what the kernel reads to know what to

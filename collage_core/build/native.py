@@ -20,6 +20,7 @@ import struct
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -30,7 +31,7 @@ KERNEL_CACHE_HEADER = Path(__file__).parent.parent / "kit" / "include" / "collag
 _ABSOLUTE_PATH = re.compile(r"/(?:[^/\s,=]+/)*([^/\s,=]+)")
 
 
-def spec_text(words) -> str:
+def spec_text(words: Sequence[int]) -> str:
     """A kernel spec's int64 words as a native runtime takes them: a host string (hex of the little-endian words)."""
     return np.asarray(words, dtype="<i8").tobytes().hex()
 
@@ -40,7 +41,7 @@ def float_word(value: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
 
-def sources_digest(paths) -> str:
+def sources_digest(paths: Iterable[str | os.PathLike]) -> str:
     """A short digest of the bytes of ``paths`` (a plugin's kernels and the Python that reads and
     lowers its groups): part of the backend's version, so costs measured with other code are never reused."""
     return hashlib.sha256(b"".join(Path(path).read_bytes() for path in paths)).hexdigest()[:12]
@@ -51,6 +52,7 @@ class NativeBuildError(RuntimeError):
 
 
 def cache_root() -> Path:
+    """Where native libraries and other built things are cached: ``$COLLAGE_CACHE_DIR``, else ``~/.cache/collage``."""
     return Path(os.environ.get("COLLAGE_CACHE_DIR") or Path.home() / ".cache" / "collage")
 
 

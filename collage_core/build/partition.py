@@ -11,7 +11,7 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.errors import CollageError
 from collage_core.model.relax_graph import RelaxGraph, substitute
-from collage_core.records import Candidate
+from collage_core.records import Candidate, Partition
 
 BACKEND_ATTR = "collage.backend"
 PATTERN_ATTR = "collage.pattern"
@@ -37,7 +37,7 @@ def placed_whole(mod: tvm.IRModule, backend: str, pattern: str) -> tvm.IRModule:
     return partition_module(graph, [Candidate(backend, pattern, range(len(graph.graph)), key="")])
 
 
-def partition_module(graph: RelaxGraph, parts: Sequence) -> tvm.IRModule:
+def partition_module(graph: RelaxGraph, parts: Sequence[Candidate | Partition]) -> tvm.IRModule:
     """``main`` rewritten to call one function per part (each part has ``backend``, ``pattern``, ``nodes``).
 
     Glue bindings that no part takes stay in ``main``. Parts and glue are emitted in dependency

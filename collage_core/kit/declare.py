@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import attrs
 
@@ -15,7 +15,10 @@ from collage_core.hookspecs import hookimpl
 from collage_core.records import Availability, Backend
 
 
-def hookimpl_for(backend_name: str, **options):
+Hook = TypeVar("Hook", bound=Callable)
+
+
+def hookimpl_for(backend_name: str, **options) -> Callable[[Hook], Hook]:
     """Mark a hook implementation that answers for the backend named ``backend_name`` only.
 
     The hook is called for every backend; for any other one it returns None, as the contract asks,
@@ -25,7 +28,7 @@ def hookimpl_for(backend_name: str, **options):
     (``collage_register_backends``) is marked with ``hookimpl``.
     """
 
-    def mark(function):
+    def mark(function: Hook) -> Hook:
         parameters = list(inspect.signature(function).parameters)
         if "backend" not in parameters:
             raise TypeError(f"{function.__qualname__} takes no backend argument: mark it with hookimpl")

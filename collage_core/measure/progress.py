@@ -10,6 +10,10 @@ BAR_WIDTH = 28
 
 
 class ProgressBar:
+    """``total`` steps of work named ``label`` counted on ``stream`` (stderr): call :meth:`advance` after each
+    step and :meth:`close` at the end (or use it as a context manager). A stream that is not a terminal gets a
+    line every ten seconds and at the end instead of redraws; a disabled bar (or one with nothing to do) only counts."""
+
     def __init__(self, total: int, label: str, stream: Optional[TextIO] = None, enabled: bool = True):
         self.total = max(total, 0)
         self.label = label
@@ -27,6 +31,7 @@ class ProgressBar:
         self.close()
 
     def advance(self, detail: str = "") -> None:
+        """One more step done; ``detail`` (what it was) ends the line."""
         self.done += 1
         if not self.enabled:
             return
@@ -47,6 +52,7 @@ class ProgressBar:
         return f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:.0f}s elapsed, ~{eta:.0f}s left  {detail}"
 
     def close(self) -> None:
+        """End the bar's line; later steps are only counted."""
         if self.enabled and self.interactive:
             self.stream.write("\n")
             self.stream.flush()

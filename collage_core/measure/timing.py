@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import attrs
 import numpy as np
@@ -91,7 +91,7 @@ def summarize(samples: list[float]) -> tuple[float, float]:
     return float(median), float(q3 - q1)
 
 
-def time_callable(run, settings: MeasureSettings, warm_run_s: Optional[float] = None) -> Cost:
+def time_callable(run: Callable[[int], float], settings: MeasureSettings, warm_run_s: Optional[float] = None) -> Cost:
     """Time ``run(number)`` which runs the function ``number`` times and returns mean seconds per run.
 
     Each repeat runs the function often enough to last ``min_repeat_ms``; repeats stop when the

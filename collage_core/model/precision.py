@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import platform
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import attrs
 import tvm
@@ -40,6 +40,9 @@ from collage_core.candidates.fused_groups import as_dtype
 from collage_core.errors import CollageError
 from collage_core.model import widening
 from collage_core.model.dtypes import BF16, DTYPES, FP16, FP32, PRECISIONS, TF32
+
+if TYPE_CHECKING:
+    from collage_core.model.model_import import ImportedModel
 
 # Numerics tolerance per precision: |out - ref| <= atol + rtol * max|ref| against the float32 reference.
 # 16-bit operands carry 8 (bf16) or 11 (fp16) significant bits and errors grow with depth: BERT-base and
@@ -153,8 +156,9 @@ def _constant_casts_folded(mod):
     return folder.builder_.get()
 
 
-def at_precision(imported, precision: str):
-    """``imported`` (an ImportedModel) converted to ``precision``: its module and fingerprint; the reference unchanged."""
+def at_precision(imported: ImportedModel, precision: str) -> ImportedModel:
+    """``imported`` (as ``load_model`` gives it) converted to ``precision``: its module and fingerprint; the
+    reference unchanged. Raises when the model is already at another 16-bit precision."""
     require_known(precision)
     if precision == imported.precision:
         return imported

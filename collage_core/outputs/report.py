@@ -60,6 +60,7 @@ def _after_pause(entry) -> str:
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """``header`` and ``rows`` as a plain-text table: columns padded to their widest cell, a dashed rule under the header."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(header, widths))]
     lines.append("  ".join("-" * width for width in widths))
