@@ -72,7 +72,6 @@ LOWERED_DIR = "src/lowered/"
 PLACEMENT = "placement.json"
 RUNTIME_DIR = "runtime/"
 # The packed functions of TVM's own VM (memory, shapes) that every lowered function calls: not listed.
-VM_BUILTINS = "vm.builtin."
 CALL_KINDS = {"packed_functions": "packed functions", "external_functions": "external functions",
               "tir_functions": "TIR functions"}
 # What a new process runs to check an exported tar: load it as a user would and run it once.

@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from tvm import ir, relax
+from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build.deploy import backend_needs, runtime_libraries
 from collage_core.build.executable import build, lower_partitions
 from collage_core.build.partition import BACKEND_ATTR, pattern_of
+from collage_core.build.plugin_calls import calls_of
 from collage_core.outputs.mlf import (CALL_KINDS, EXECUTOR, EXECUTOR_CONFIG, FORMAT, LOWERED_DIR, OBJECTS_DIR, PLACEMENT,
-                                      RELAX_TEXT, RUNTIME_DIR, VERSION, VM_BUILTINS, MLFError, _parameters_member,
+                                      RELAX_TEXT, RUNTIME_DIR, VERSION, MLFError, _parameters_member,
                                       check_in_new_process)
 from collage_core.plugins import get_plugin_manager
 
@@ -138,25 +139,6 @@ def _member_name(number: int, function: str) -> str:
     return f"{LOWERED_DIR}{number:03d}-{re.sub(r'[^A-Za-z0-9_]+', '_', function)[:64]}.txt"
 
 
-def _calls(func, module) -> dict:
-    """What a function of a module lowered for the build calls: packed functions (registered at run
-    time by a backend), external functions (compiled into the library by a TVM codegen) and TIR functions."""
-
-    externals = list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
-    symbols, tir = set(), set()
-
-    def visit(node):
-        if isinstance(node, relax.ExternFunc) and not str(node.global_symbol).startswith(VM_BUILTINS):
-            symbols.add(str(node.global_symbol))
-        elif isinstance(node, ir.GlobalVar) and tvm_compat.is_tir_function(module[node]):
-            tir.add(node.name_hint)
-
-    if func is not None:  # None: a function the build inlined into its caller
-        relax.analysis.post_order_visit(func.body, visit)
-    external = {name for name in symbols if any(m.implements_function(name) for m in externals)}
-    return {"packed_functions": sorted(symbols - external), "external_functions": sorted(external), "tir_functions": sorted(tir)}
-
-
 def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool) -> tuple[dict[str, bytes], list[dict]]:
     """Each Relax function of the partitioned module as its backend lowered it, with what it calls once
     built and those TIR functions: ``({member: text}, [summary per function])``."""
@@ -172,7 +154,7 @@ def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool)
     for number, name in enumerate(names):
         func = lowered[name]
         backend = str(func.attrs[BACKEND_ATTR]) if func.attrs is not None and BACKEND_ATTR in func.attrs else ""
-        calls = _calls(built[name] if name in built_names else None, built)
+        calls = calls_of(built[name] if name in built_names else None, built)
         member = _member_name(number, name)
         about = f"a partition placed on {backend} (pattern {pattern_of(func)})" if backend else "the entry function"
         lines = [f"# {name}: {about}"]
