@@ -4,8 +4,8 @@ A plugin's pattern test builds a function its pattern should cover whole (``func
 finds that candidate (``whole_candidate``), and compares what its kernel computes with what TVM's
 build of the same Relax computes on the CPU (``run_on_cpu``); ``operand_arrays`` gives the arrays a
 kernel's operands stand for. ``contract_problems`` runs a plugin's hooks against the contract on
-a model and says, one line each, what is wrong. ``product_case`` builds the function a GPU backend's
-product pattern covers, from the pattern's name.
+a model (its kernels built, run, and timed beside TVM's) and says, one line each, what is wrong.
+``product_case`` builds the function a GPU backend's product pattern covers, from the pattern's name.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends
-from collage_core.build.executable import build
+from collage_core.build.executable import _last_line, lower_partitions, partitions_by_backend
 from collage_core.build.partition import placed_whole
+from collage_core.build.plugin_calls import counting_calls, outside_calls
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.candidates.fused_groups import as_dtype
+from collage_core.measure.contention import confirmed_contention, parallel_tvm_kernel, times_beside_tvm
 from collage_core.measure.worker import random_arguments
 from collage_core.model.model_import import load_model
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import call_each, first_result
 from collage_core.records import Availability, Candidate, Pattern
 
 
@@ -126,16 +129,28 @@ def operand_arrays(operands: Sequence[relax.Expr], params: Sequence[relax.Var],
 
 
 def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8, rtol: float = 1e-4,
-                      atol: float = 1e-5) -> list[str]:
+                      atol: float = 1e-5, timed: bool = True) -> list[str]:
     """What a plugin's hooks do against the contract, on ``model`` (an ONNX path, a Relax IRModule or
     anything ``collage_core.optimize`` takes): one line per problem, none when all is well.
 
-    The backend must be registered and answer availability with an ``Availability``; its pattern
-    names must start with its name and a dot, and no check may raise anything but
-    ``PatternRefused``; and, where it is available, the first candidate of each pattern (up to
-    ``limit`` patterns) must lower, build and compute what TVM's own build of the same Relax
-    computes on the CPU (within ``rtol``/``atol``), and ``collage_prepare_runtime`` must answer.
-    Nothing is timed.
+    The backend must be registered and answer availability with an ``Availability`` (a reason in one
+    line); its pattern names must start with its name and a dot. A check may only take a match or
+    refuse it (``False``, or ``PatternRefused`` with a reason in one line): any other exception is a
+    broken check. Where the backend is available on a CPU target, the first candidate of each pattern
+    (up to ``limit`` patterns) is placed whole on it, and:
+
+    - its lowering must take what the check took (a lowering that raises should have refused in the
+      check, where ``collage inspect`` shows the reason), saying why in one line if it fails;
+    - the lowered partition must call the plugin's own code (a packed function it registers, or an
+      external function of a ``Codegen``), not stay plain Relax that TVM compiles with its own kernels,
+      unless the backend says TVM compiles its partitions (``collage_runtime_libraries`` answers ``[]``);
+    - it must build, and running it must call each packed function the partition calls (counted
+      through wrappers registered under their names) and compute what TVM's own build of the same
+      Relax computes on the CPU (within ``rtol``/``atol``);
+    - with ``timed``, a run right after a parallel kernel of TVM's must not be many times slower than
+      a run alone (:mod:`collage_core.measure.contention`: the two pools spinning for the same cores).
+
+    Last, ``collage_prepare_runtime`` must answer.
     """
     target = tvm_compat.make_target(target)
     infos = discover_backends(pm)
@@ -155,30 +170,99 @@ def contract_problems(pm, backend_name: str, model, target=None, limit: int = 8,
     refusals: list = []
     candidates = enumerate_candidates(graph, patterns, refusals)
     problems += sorted({f"pattern {r.pattern}: {r.reason}" for r in refusals if r.broken})
+    problems += _refusal_reason_problems(refusals)
     if not info.availability.available or target.kind.name != "llvm":
         return problems
     first = {}
     for candidate in candidates:
         first.setdefault(candidate.pattern, candidate)
+    run_tvm_kernel = parallel_tvm_kernel(target) if timed and first else None
     for pattern, candidate in list(first.items())[:limit]:
-        standalone = graph.standalone_module(candidate.nodes)
-        placed = placed_whole(standalone, backend_name, pattern)
-        try:
-            executable = build(pm, placed, {backend_name: info.backend}, target)
-        except Exception as error:
-            problems.append(f"pattern {pattern}: lowering or building failed: {error}")
-            continue
-        inputs = random_arguments(standalone["main"])
-        device = tvm.cpu(0)
-        result = relax.VirtualMachine(executable, device)["main"](*[tvm_compat.to_tensor(x, device) for x in inputs])
-        got = tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0])
-        expected = run_on_cpu(standalone, inputs)
-        if got.shape != expected.shape or not np.allclose(got, expected, rtol=rtol, atol=atol):
-            problems.append(f"pattern {pattern}: computes something else than TVM on operators {sorted(candidate.nodes)} "
-                            f"(max abs difference {np.max(np.abs(got - expected)) if got.shape == expected.shape else 'shape'})")
+        found = _candidate_problems(pm, info.backend, graph, candidate, target, rtol, atol, run_tvm_kernel)
+        problems += [f"pattern {pattern}: {problem}" for problem in found]
     if pm.hook.collage_prepare_runtime(backend=info.backend) is None:
         problems.append("collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)")
     return problems
+
+
+def _refusal_reason_problems(refusals) -> list[str]:
+    """One line per pattern whose check refuses with an empty reason or one of several lines (``collage
+    inspect`` and the closing summary show a reason as one line)."""
+    problems = set()
+    for refusal in refusals:
+        if refusal.broken:
+            continue
+        if not refusal.reason.strip():
+            problems.add(f"pattern {refusal.pattern}: its check refuses with an empty reason; say why")
+        elif "\n" in refusal.reason.strip():
+            first_line = refusal.reason.strip().splitlines()[0]
+            problems.add(f"pattern {refusal.pattern}: its check refuses with a reason of several lines "
+                         f"({first_line!r} ...); say it in one")
+    return sorted(problems)
+
+
+def _candidate_problems(pm, backend, graph, candidate, target, rtol, atol, run_tvm_kernel) -> list[str]:
+    """What is wrong with ``candidate`` placed whole on ``backend``: lowered, built, run and (with
+    ``run_tvm_kernel``) timed beside TVM's pool; see :func:`contract_problems`."""
+    operators = sorted(candidate.nodes)
+    standalone = graph.standalone_module(candidate.nodes)
+    placed = placed_whole(standalone, backend.name, candidate.pattern)
+    try:
+        lowered = lower_partitions(pm, placed, {backend.name: backend}, target)
+    except Exception as error:
+        refused = (f"its check took operators {operators} but the lowering refused them ({error}); refuse in the "
+                   "check with PatternRefused, whose reason collage inspect shows")
+        return [refused, *_multiline_lowering_errors(pm, backend, placed, target)]
+    own_calls = outside_calls(lowered) - outside_calls(placed)
+    if not own_calls and not _compiled_by_tvm(pm, backend):
+        (name,) = partitions_by_backend(placed)[backend.name]
+        unchanged = name in lowered and tvm_compat.structural_equal(lowered[name], placed[name])
+        left = "left the partition as it was" if unchanged else "left the partition plain Relax"
+        return [f"the lowering {left}: TVM compiles it with its own kernels and the plugin's code never runs (call a "
+                "packed function the plugin registers, or give the partition a Codegen attribute)"]
+    try:
+        executable = relax.build(lowered, target)
+    except Exception as error:
+        return [f"TVM cannot build what the lowering returned: {type(error).__name__}: {_last_line(error)}"]
+    inputs = random_arguments(standalone["main"])
+    device = tvm.cpu(0)
+    tensors = [tvm_compat.to_tensor(x, device) for x in inputs]
+    try:
+        with counting_calls(own_calls) as calls:
+            result = relax.VirtualMachine(executable, device)["main"](*tensors)
+    except Exception as error:
+        return [f"running the built partition failed: {type(error).__name__}: {_last_line(error)}"]
+    problems = [f"the built partition never called {name} when it ran"
+                for name, count in sorted(calls.items()) if not count]
+    got = tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0])
+    expected = run_on_cpu(standalone, inputs)
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=rtol, atol=atol):
+        problems.append(f"computes something else than TVM on operators {operators} "
+                        f"(max abs difference {np.max(np.abs(got - expected)) if got.shape == expected.shape else 'shape'})")
+    if run_tvm_kernel is not None:
+        main = relax.VirtualMachine(executable, device)["main"]
+        found = confirmed_contention(lambda: times_beside_tvm(lambda: main(*tensors), run_tvm_kernel))
+        if found:
+            problems.append(found)
+    return problems
+
+
+def _multiline_lowering_errors(pm, backend, placed, target) -> list[str]:
+    """A line for each plugin whose ``collage_lower_partitions`` raised a message of several lines: the
+    core shows only the last one."""
+    names = partitions_by_backend(placed)[backend.name]
+    return [f"the lowering's error spans several lines and Collage shows only the last; say it in one "
+            f"({error.splitlines()[0]!r} ...)"
+            for _, _, error in call_each(pm.hook.collage_lower_partitions, backend=backend, mod=placed,
+                                         function_names=names, target=target)
+            if error and "\n" in error.strip()]
+
+
+def _compiled_by_tvm(pm, backend) -> bool:
+    """Whether the backend says TVM compiles its partitions into the library itself (``collage_runtime_libraries``
+    answers an empty list), as TVM's own backend does."""
+    libraries, _ = first_result(pm.hook.collage_runtime_libraries, backend=backend)
+    return libraries is not None and len(libraries) == 0
 
 
 # Product cases shared by the GPU backends' pattern tests --------------------------------------------------

@@ -55,13 +55,13 @@ def outside_calls(module) -> set[str]:
 @contextlib.contextmanager
 def counting_calls(names: Iterable[str]) -> Iterator[Counter]:
     """While inside, each registered global function of ``names`` is a wrapper that counts its calls in the
-    yielded ``Counter`` and calls the function; the functions are registered back on leaving. Names no
-    function is registered under are left alone (they count nothing).
+    yielded ``Counter`` (from 0) and calls the function; the functions are registered back on leaving.
+    Names no function is registered under are left alone, and out of the counter.
 
     A Relax VM looks its packed functions up when it is made: make it inside, as a run to be counted.
     """
     originals = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in sorted(set(names))}
-    counts: Counter = Counter()
+    counts = Counter({name: 0 for name, original in originals.items() if original is not None})
 
     def counted(name, original):
         def wrapper(*args):

@@ -6,6 +6,9 @@ that starts meanwhile competes with them for the cores, and the reverse: a PyTor
 40 times slower so on tiny_bert. :func:`times_beside_tvm` times a kernel alone and right after a
 parallel loop TVM compiled, in turns; :func:`contention` judges the two with a wide margin, so that a
 busy machine's noise (a run descheduled now and then) is not taken for contention.
+
+TVM's pool has ``TVM_NUM_THREADS`` threads, by default half the cores on x86 (one on two cores: no
+worker to spin, and nothing to find).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import tvm
 from collage_core import tvm_compat
 
 # Contention is a run right after TVM's parallel kernel at least FACTOR times slower than alone, and
-# slower by at least MIN_SLOWDOWN_S: the spinning that starved PyTorch cost 40 times, while a busy
-# 2-core machine stretches a median of a few runs by 2 or 3 at most.
+# slower by at least MIN_SLOWDOWN_S: the spinning that starved PyTorch cost 40 times, while on a busy
+# 2-core machine the medians of oneDNN's, ONNX Runtime's and PyTorch's kernels beside TVM's came within
+# 4 times of those alone.
 FACTOR = 5.0
 MIN_SLOWDOWN_S = 1e-3
 REPEATS = 7
