@@ -19,7 +19,7 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends
-from collage_core.build.executable import _last_line, lower_partitions, partitions_by_backend
+from collage_core.build.executable import BuildError, _last_line, lower_partitions, partitions_by_backend
 from collage_core.build.partition import placed_whole
 from collage_core.build.plugin_calls import counting_calls, outside_calls
 from collage_core.candidates.enumeration import enumerate_candidates
@@ -209,10 +209,12 @@ def _candidate_problems(pm, backend, graph, candidate, target, rtol, atol, run_t
     placed = placed_whole(standalone, backend.name, candidate.pattern)
     try:
         lowered = lower_partitions(pm, placed, {backend.name: backend}, target)
-    except Exception as error:
+    except BuildError as error:
         refused = (f"its check took operators {operators} but the lowering refused them ({error}); refuse in the "
                    "check with PatternRefused, whose reason collage inspect shows")
         return [refused, *_multiline_lowering_errors(pm, backend, placed, target)]
+    except Exception as error:
+        return [f"TVM's codegen failed on what the lowering returned: {type(error).__name__}: {_last_line(error)}"]
     own_calls = outside_calls(lowered) - outside_calls(placed)
     if not own_calls and not _compiled_by_tvm(pm, backend):
         (name,) = partitions_by_backend(placed)[backend.name]

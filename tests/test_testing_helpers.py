@@ -187,3 +187,13 @@ def test_contention_beside_tvms_kernel_is_a_problem_of_the_pattern(monkeypatch):
 def test_an_unregistered_backend_is_named_with_the_registered_ones():
     problems = testing.contract_problems(get_plugin_manager(), "nosuch", str(MODELS / "tiny_resnet.onnx"))
     assert len(problems) == 1 and problems[0].startswith("backend 'nosuch' is not registered by any plugin (registered: ")
+
+
+def test_a_codegen_that_tvm_lacks_is_named_as_tvms_failure_not_as_a_refusal():
+    def for_missing_codegen(func, name):
+        return func.with_attrs({"Codegen": "collage_test_missing", "global_symbol": name})
+
+    problems = testing.contract_problems(relu_plugin_manager("nocodegen", for_missing_codegen), "nocodegen",
+                                         str(MODELS / "tiny_resnet.onnx"), timed=False)
+    assert problems == ["pattern nocodegen.relu: TVM's codegen failed on what the lowering returned: InternalError: Check "
+                        "failed: (codegen.has_value()) is false: Codegen is not found: relax.ext.collage_test_missing"]
