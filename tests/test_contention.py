@@ -54,10 +54,10 @@ class MadeUpKernels:
     def clock(self):
         return self.now
 
-    def pause(self, seconds):
-        self.events.append("pause")
-        self.now += seconds
-        self.last = "pause"
+    def settle(self):
+        self.events.append("settle")
+        self.now += 0.1
+        self.last = "settle"
 
     def run(self):
         self.events.append("run")
@@ -70,12 +70,37 @@ class MadeUpKernels:
         self.last = "tvm"
 
 
-def test_alone_is_the_second_run_after_a_pause_and_beside_the_run_right_after_tvm():
+def test_alone_is_timed_run_after_run_once_settled_and_beside_each_run_right_after_tvm():
     kernels = MadeUpKernels()
-    timings = contention.times_beside_tvm(kernels.run, kernels.run_tvm, repeats=3, clock=kernels.clock, pause=kernels.pause)
-    assert kernels.events == ["tvm"] + ["pause", "run", "run", "tvm", "run"] * 3
+    timings = contention.times_beside_tvm(kernels.run, kernels.run_tvm, repeats=3, clock=kernels.clock,
+                                          settle=kernels.settle)
+    assert kernels.events == ["settle", "run"] + ["run"] * 3 + ["tvm", "run"] * 3
     assert timings.alone_s == pytest.approx([0.1 * MS] * 3) and timings.beside_tvm_s == pytest.approx([5 * MS] * 3)
     assert contention.contention(timings) is not None
+
+
+class MadeUpProcess:
+    """A process whose threads use ``busy_windows`` windows of a whole core each, then nothing."""
+
+    def __init__(self, busy_windows: int):
+        self.busy_windows, self.cpu_s, self.slept = busy_windows, 0.0, []
+
+    def cpu_clock(self):
+        return self.cpu_s
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        if len(self.slept) <= self.busy_windows:
+            self.cpu_s += seconds
+
+
+def test_waiting_until_quiet_ends_at_the_first_quiet_window_and_gives_up_after_max_s():
+    spinning_then_asleep = MadeUpProcess(busy_windows=3)
+    assert contention.wait_until_quiet(0.5, 0.005, spinning_then_asleep.cpu_clock, spinning_then_asleep.sleep)
+    assert spinning_then_asleep.slept == [0.005] * 4
+    never_quiet = MadeUpProcess(busy_windows=1000)
+    assert not contention.wait_until_quiet(0.5, 0.005, never_quiet.cpu_clock, never_quiet.sleep)
+    assert len(never_quiet.slept) == 100
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ A built executable runs a backend's partitions between TVM's kernels, in one pro
 threads spin for a while after a parallel kernel; a backend's own pool (OpenMP, TBB, ONNX Runtime's)
 that starts meanwhile competes with them for the cores, and the reverse: a PyTorch-backed plugin ran
 40 times slower so on tiny_bert. :func:`times_beside_tvm` times a kernel alone and right after a
-parallel loop TVM compiled, in turns; :func:`contention` judges the two with a wide margin, so that a
-busy machine's noise (a run descheduled now and then) is not taken for contention.
+parallel loop TVM compiled; :func:`contention` judges the two with a wide margin, so that a busy
+machine's noise (a run descheduled now and then) is not taken for contention.
 
 TVM's pool has ``TVM_NUM_THREADS`` threads, by default half the cores on x86 (one on two cores: no
 worker to spin, and nothing to find).
@@ -13,6 +13,7 @@ worker to spin, and nothing to find).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable, Optional
@@ -31,16 +32,19 @@ FACTOR = 5.0
 MIN_SLOWDOWN_S = 1e-3
 REPEATS = 7
 ROUNDS = 2
-# TVM's workers spin on the order of a millisecond after a parallel kernel before they sleep: a run
-# timed after this pause has the cores to itself.
-SETTLE_S = 0.02
+# TVM's workers spin after a parallel kernel before they sleep: with TVM_NUM_THREADS=2 on a busy 2-core
+# machine, 50 ms of CPU over about 100 ms. The kernel is timed alone once the process has used less than a
+# fifth of a core over a window of QUIET_WINDOW_S, waiting no longer than MAX_QUIET_WAIT_S (a kernel's
+# own pool may never go quiet).
+QUIET_WINDOW_S = 0.005
+MAX_QUIET_WAIT_S = 0.5
 # Elements of the parallel loop: enough work for every worker of TVM's pool to take a share.
 PARALLEL_ELEMENTS = 1 << 18
 
 
 @attrs.frozen
 class Timings:
-    """Seconds per run of a kernel, alone and right after a parallel TVM kernel (in turns, one of each per repeat)."""
+    """Seconds per run of a kernel, alone and right after a parallel TVM kernel."""
 
     alone_s: tuple[float, ...] = attrs.field(converter=tuple)
     beside_tvm_s: tuple[float, ...] = attrs.field(converter=tuple)
@@ -63,8 +67,8 @@ def contention(timings: Timings, factor: float = FACTOR, min_slowdown_s: float =
         return None
     return (f"thread contention: a run right after a parallel TVM kernel takes {timings.median_beside_tvm_s * 1e3:.3g} ms "
             f"(median of {len(timings.beside_tvm_s)}, the fastest {fastest_beside * 1e3:.3g} ms) against "
-            f"{alone * 1e3:.3g} ms alone: its threads and TVM's compete for the same cores; make its pool wait "
-            "without spinning")
+            f"{alone * 1e3:.3g} ms alone: its threads and TVM's, which spin after each parallel kernel, compete for "
+            "the cores; make its pool wait without spinning, or give the pools fewer threads")
 
 
 def confirmed_contention(measure: Callable[[], Timings], rounds: int = ROUNDS, factor: float = FACTOR,
@@ -79,20 +83,33 @@ def confirmed_contention(measure: Callable[[], Timings], rounds: int = ROUNDS, f
     return found
 
 
+def wait_until_quiet(max_s: float = MAX_QUIET_WAIT_S, window_s: float = QUIET_WINDOW_S,
+                     cpu_clock: Callable[[], float] = time.process_time,
+                     sleep: Callable[[float], object] = time.sleep) -> bool:
+    """Sleep window by window until this process uses less than a fifth of a core over one (TVM's workers
+    asleep), for ``max_s`` at most; whether it went quiet."""
+    for _ in range(max(1, math.ceil(max_s / window_s))):
+        used_before = cpu_clock()
+        sleep(window_s)
+        if cpu_clock() - used_before < window_s / 5:
+            return True
+    return False
+
+
 def times_beside_tvm(run: Callable[[], object], run_tvm: Callable[[], object], repeats: int = REPEATS,
                      clock: Callable[[], float] = time.perf_counter,
-                     pause: Callable[[float], object] = time.sleep) -> Timings:
-    """``run`` timed ``repeats`` times alone and as many times right after ``run_tvm``, in turns. Alone is
-    the second of two runs after a pause of SETTLE_S: TVM's workers asleep, the kernel's own pool as a loop
-    of its runs keeps it."""
-    run_tvm()
+                     settle: Callable[[], object] = wait_until_quiet) -> Timings:
+    """``run`` timed ``repeats`` times alone, one run after another once the process is quiet (``settle``:
+    TVM's workers asleep, the kernel's own pool as a loop of its runs keeps it), after one untimed run;
+    then ``repeats`` times right after ``run_tvm`` each, as a partition runs between TVM's kernels."""
+    settle()
+    run()
     alone, beside = [], []
     for _ in range(repeats):
-        pause(SETTLE_S)
-        run()
         started = clock()
         run()
         alone.append(clock() - started)
+    for _ in range(repeats):
         run_tvm()
         started = clock()
         run()
