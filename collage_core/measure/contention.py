@@ -25,9 +25,10 @@ import tvm
 from collage_core import tvm_compat
 
 # Contention is a run right after TVM's parallel kernel at least FACTOR times slower than alone, and
-# slower by at least MIN_SLOWDOWN_S: the spinning that starved PyTorch cost 40 times (0.006 ms alone, 2 to
-# 16 ms beside TVM's two threads), while on a busy 2-core machine the oneDNN, ONNX Runtime and OpenVINO
-# plugins' kernels ran beside TVM's less than 0.4 ms slower than alone, or within 4 times when longer.
+# slower by at least MIN_SLOWDOWN_S. The spinning that starved PyTorch cost 40 times on tiny_bert, and now
+# and then hundreds of times on a 64x64 matmul (0.006 ms alone, 2 to 16 ms beside TVM's two threads), while
+# on a busy 2-core machine the oneDNN, ONNX Runtime and OpenVINO plugins' kernels ran beside TVM's less than
+# 0.4 ms slower than alone, or within 4 times when longer.
 FACTOR = 5.0
 MIN_SLOWDOWN_S = 1e-3
 REPEATS = 7
