@@ -1,13 +1,27 @@
-"""The thread count every backend's own pool takes: the process's cores, or fewer when asked."""
+"""Thread pools: the size every backend's own pool and TVM's take, and the cost keys they enter."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+from collage_core import tvm_compat
+from collage_core.backends import contribute_patterns, discover_backends
+from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.errors import CollageError
+from collage_core.measure import threads
+from collage_core.measure.cost_db import CostDatabase, CostKey
+from collage_core.measure.measurement import CANDIDATE_PROTOCOL, cost_key, measure_candidates
 from collage_core.measure.threads import ENVIRONMENT_VARIABLE, backend_threads
+from collage_core.measure.timing import MeasureSettings
+from collage_core.model.model_import import load_model
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.plugins import get_plugin_manager
+from collage_core.records import Backend, Cost
+
+TESTS = Path(__file__).resolve().parent
 
 
 def test_every_core_this_process_may_use_by_default(monkeypatch):
@@ -37,3 +51,85 @@ def test_the_graph_level_backends_take_it(monkeypatch):
     assert openvino_runtime.compile_config()["INFERENCE_NUM_THREADS"] == 1
     inductor_runtime = pytest.importorskip("collage_inductor.runtime")
     assert inductor_runtime.threads() == 1
+
+
+@pytest.mark.parametrize("environ, cpus, machine, expected", [
+    ({"TVM_NUM_THREADS": "3", "OMP_NUM_THREADS": "5"}, 8, "x86_64", 3),
+    ({"OMP_NUM_THREADS": "5"}, 8, "x86_64", 5),
+    ({}, 8, "x86_64", 4),  # hyper-threads left out
+    ({}, 8, "aarch64", 8),
+    ({}, 1, "x86_64", 1),  # never fewer than one
+    ({"TVM_NUM_THREADS": " 6 threads"}, 8, "x86_64", 6),  # read as C's atoi
+    ({"TVM_NUM_THREADS": "many"}, 8, "x86_64", 1),
+])
+def test_tvm_threads_follow_tvm_runtime_rule(monkeypatch, environ, cpus, machine, expected):
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(threads.platform, "machine", lambda: machine)
+    assert threads.tvm_threads(environ) == expected
+
+
+def test_the_machine_defaults_add_nothing_to_the_keys_and_other_sizes_name_both_pools(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(threads.platform, "machine", lambda: "x86_64")
+    for variable in (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)
+    assert threads.ThreadSettings.from_environment() == threads.ThreadSettings(tvm=2, backends=4)
+    assert threads.key_part() == ""
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")  # what TVM takes here anyway: the same measurement
+    assert threads.key_part() == ""
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, "1")
+    assert threads.key_part() == "threads:tvm=2,backends=1"
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    assert threads.key_part() == "threads:tvm=1,backends=1"
+    monkeypatch.delenv(ENVIRONMENT_VARIABLE)
+    assert threads.key_part() == "threads:tvm=1,backends=4"
+
+
+def test_cpu_cost_keys_carry_other_thread_settings_and_gpu_keys_do_not(monkeypatch):
+    backend = Backend("tvm", "op-level", ("cpu", "cuda"), "1")
+    cpu, gpu = tvm_compat.host_cpu_target(), tvm_compat.make_target({"kind": "cuda", "arch": "sm_90a"})
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
+    default_cpu, default_gpu = cost_key(backend, cpu, "abc"), cost_key(backend, gpu, "abc")
+    monkeypatch.setenv("TVM_NUM_THREADS", str(threads.tvm_threads({}) + 1))
+    assert cost_key(backend, cpu, "abc") != default_cpu
+    assert cost_key(backend, cpu, "abc").device.endswith(threads.key_part())
+    assert cost_key(backend, gpu, "abc") == default_gpu
+
+
+def _old_key(backend: Backend, target, candidate_key: str) -> CostKey:
+    """A candidate's key as Collage wrote it before thread settings entered the keys."""
+    return CostKey(backend.name, backend.version, tvm_compat.target_to_json(target), tvm_compat.device_name(target),
+                   f"{CANDIDATE_PROTOCOL}:{candidate_key}")
+
+
+def test_a_warm_database_answers_default_settings_and_other_settings_measure_anew(monkeypatch, tmp_path):
+    """A row written before thread settings entered the keys answers a run with the machine's
+    defaults; a run with TVM's pool at another size measures the candidate itself."""
+    from plugins_for_tests import fixed_cost_plugin as plugin
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    for variable in (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)
+    module = "plugins_for_tests.fixed_cost_plugin"
+    pm = get_plugin_manager(extra_modules=[module])
+    backend = discover_backends(pm)[plugin.BACKEND].backend
+    target = tvm_compat.host_cpu_target()
+    model = load_model(str(TESTS.parent / "models" / "tiny_resnet.onnx"))
+    graph = RelaxGraph.from_function(model.mod["main"], model.mod)
+    candidates = [c for c in enumerate_candidates(graph, contribute_patterns(pm, backend, target)) if c.nodes == {0}]
+    remembered = Cost.measured(7.0, 0.0, 3)
+    with CostDatabase.open(tmp_path / "costs.sqlite") as db:
+        db.put(_old_key(backend, target, candidates[0].key), remembered)
+
+        def measure():
+            return measure_candidates(graph, candidates, {plugin.BACKEND: backend}, target, db,
+                                      MeasureSettings(build_workers=1), [module], show_progress=False)
+
+        warm = measure()
+        assert (warm.from_database, warm.costs[candidates[0].key]) == (1, remembered)
+        monkeypatch.setenv("TVM_NUM_THREADS", str(threads.tvm_threads({}) + 1))
+        other = measure()
+        assert (other.measured, other.costs[candidates[0].key]) == (1, plugin.FIXED_COST)

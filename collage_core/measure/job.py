@@ -20,7 +20,7 @@ from collage_core.build.partition import partition_module
 from collage_core.errors import CollageError
 from collage_core.measure import zygote
 from collage_core.measure.cost_db import Claim, CostDatabaseError
-from collage_core.measure.measurement import CLAIM_POLL_S
+from collage_core.measure.measurement import CLAIM_POLL_S, threads_key_part
 from collage_core.measure.timing import MeasureSettings, stopped
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
 from collage_core.model import original_model
@@ -122,7 +122,8 @@ class Job:
 
     def end_to_end_key(self, parts, protocol: str = END_TO_END_PROTOCOL, cuda_graphs: Optional[bool] = None) -> str:
         """The database key of ``parts`` measured by ``protocol``; None for parts: TVM's unpartitioned build.
-        On a CUDA target, a build replaying CUDA graphs (``cuda_graphs``, default the settings') has keys of its own."""
+        On a CUDA target, a build replaying CUDA graphs (``cuda_graphs``, default the settings') has keys of its own;
+        on the CPU, thread settings other than the machine's defaults have (``threads.key_part``)."""
         versions = ",".join(f"{name}={b.version}" for name, b in sorted(self.backends.items()))
         if parts is None:
             placed = UNPARTITIONED
@@ -133,6 +134,8 @@ class Job:
         fields = [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
         if tvm_compat.is_cuda(self.target):
             fields.append(tvm_compat.device_name(self.target))
+        if threads_key_part(self.target):
+            fields.append(threads_key_part(self.target))
         if self.replays_cuda_graphs(cuda_graphs):
             fields.append("cuda-graphs")
         text = "|".join(fields)

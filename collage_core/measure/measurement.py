@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
+from collage_core.measure import threads
 from collage_core.measure.cost_db import CostDatabase, CostDatabaseError, CostKey
 from collage_core.measure.progress import ProgressBar
 from collage_core.measure.timing import MeasureSettings
@@ -98,9 +99,15 @@ def cost_key(backend, target, candidate_key: str) -> CostKey:
         backend=backend.name,
         backend_version=backend.version,
         target=tvm_compat.target_to_json(target),
-        device=tvm_compat.device_name(target),
+        device=" ".join(filter(None, [tvm_compat.device_name(target), threads_key_part(target)])),
         candidate=f"{CANDIDATE_PROTOCOL}:{candidate_key}",
     )
+
+
+def threads_key_part(target) -> str:
+    """What this process's thread settings add to the keys of costs measured on ``target``
+    (``threads.key_part``); nothing on a GPU, whose kernels do not run on the CPU's pools."""
+    return "" if tvm_compat.is_cuda(target) else threads.key_part()
 
 
 def measure_candidates(

@@ -1,25 +1,47 @@
-"""How many threads each backend's own pool may use, decided in one place.
+"""Thread pools in a process that runs partitions: how many threads each takes, how idle ones
+wait, and how the sizes enter the cost keys. Decided in one place.
 
-Backends with thread pools of their own (ONNX Runtime, OpenVINO, PyTorch for TorchInductor) take
-:func:`backend_threads`: one per core this process may run on (its CPU affinity), or
+Sizes. Backends with thread pools of their own (ONNX Runtime, OpenVINO, PyTorch for TorchInductor)
+take :func:`backend_threads`: one per core this process may run on (its CPU affinity), or
 ``$COLLAGE_NUM_THREADS`` when set (never more than those cores). Their partitions run one after
 another with TVM's kernels in between, so each pool may use every core while it runs. TVM's own
-pool follows ``TVM_NUM_THREADS``; set both to pin a run to fewer cores.
+pool takes :func:`tvm_threads` (``$TVM_NUM_THREADS``; TVM's own rule without it); set both to pin a
+run to fewer cores.
+
+Waiting. Pools that take turns must not spin beside each other: a pool whose idle threads spin
+after its kernel holds the cores the next backend's kernel needs. TVM's workers spin through
+300000 yields after each parallel kernel and OpenMP's (PyTorch's, oneDNN's) through libgomp's spin
+count; with both pools of two threads on two busy cores a tiny_bert placement with Inductor's
+matrix products took 6-27 ms instead of 0.4-0.9 ms (``plugins/inductor/benchmarks/thread_settings.py``).
+:data:`WAIT_SETTINGS` are the variables that make them block instead;
+:func:`environment_for_partitions` adds them to an environment where the user has not set them.
+Libraries read them when they load or start their pool, so they are given to the processes that
+run partitions when they start (measurement workers and the zygote they are forked from), and an
+exported library's runtime file lists them for a deployment (``collage_core.build.deploy``).
+``docs/threads.md`` says how a plugin's own pool should wait.
+
+Keys. A cost depends on the pool sizes it was measured with, so :func:`key_part` names them in
+the cost keys; see there why the machine's defaults add nothing.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+from typing import Mapping
+
+import attrs
 
 from collage_core.errors import CollageError
 
 ENVIRONMENT_VARIABLE = "COLLAGE_NUM_THREADS"
+TVM_VARIABLE = "TVM_NUM_THREADS"
 
 
-def backend_threads() -> int:
+def backend_threads(environ: Mapping[str, str] = os.environ) -> int:
     """Threads for a backend's pool: the cores this process may use, or fewer if the user says so."""
     cores = len(os.sched_getaffinity(0))
-    value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
+    value = environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if not value:
         return cores
     try:
@@ -29,3 +51,69 @@ def backend_threads() -> int:
     if wanted < 1:
         raise CollageError(f"{ENVIRONMENT_VARIABLE}={value!r} is not a positive whole number of threads")
     return min(wanted, cores)
+
+
+def tvm_threads(environ: Mapping[str, str] = os.environ) -> int:
+    """The threads TVM's pool starts with in a process of ``environ``, worked out without starting it
+    (asking TVM's runtime would start the pool, which a process that forks workers must not hold).
+
+    TVM 0.27's rule (``MaxConcurrency`` in ``src/runtime/threading_backend.cc``): ``$TVM_NUM_THREADS``,
+    else ``$OMP_NUM_THREADS``, read as C's ``atoi``; without either the hardware's threads, halved
+    on x86-64 to leave out hyper-threads; never fewer than one."""
+    value = environ.get(TVM_VARIABLE, environ.get("OMP_NUM_THREADS"))
+    if value is None:
+        threads = os.cpu_count() or 1
+        if platform.machine().lower() in ("x86_64", "amd64"):
+            threads //= 2
+    else:
+        threads = _atoi(value)
+    return max(threads, 1)
+
+
+def _atoi(text: str) -> int:
+    """C's ``atoi``: the leading whole number of ``text`` (after blanks), 0 when there is none."""
+    text = text.lstrip()
+    sign = -1 if text[:1] == "-" else 1
+    digits = text[1:] if text[:1] in "+-" else text
+    number = ""
+    for character in digits:
+        if not character.isdigit():
+            break
+        number += character
+    return sign * int(number) if number else 0
+
+
+@attrs.frozen
+class ThreadSettings:
+    """The pool sizes partitions run with: TVM's pool and each backend's own."""
+
+    tvm: int
+    backends: int
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "ThreadSettings":
+        return cls(tvm=tvm_threads(environ), backends=backend_threads(environ))
+
+    @classmethod
+    def machine_defaults(cls) -> "ThreadSettings":
+        """The sizes with no thread variable set, on this machine and CPU affinity."""
+        return cls.from_environment({})
+
+    def to_json(self) -> dict:
+        return {"tvm": self.tvm, "backends": self.backends}
+
+
+def key_part(settings: ThreadSettings | None = None) -> str:
+    """What the cost keys of CPU measurements add for ``settings`` (default: this process's).
+
+    Empty for the machine's defaults: costs were keyed without thread settings before, and a cost
+    database made then, with every core, still answers runs with every core (a migration would have
+    had to guess the settings of old rows). Other sizes, from ``$COLLAGE_NUM_THREADS``,
+    ``$TVM_NUM_THREADS`` or ``$OMP_NUM_THREADS``, key costs of their own, so costs measured with one
+    thread are never read for a run with all cores, nor the reverse. The default is judged by value:
+    ``TVM_NUM_THREADS=1`` on a machine where TVM takes one thread anyway measures the same thing.
+    The wait settings are not part of it: Collage sets the same ones for every run."""
+    settings = settings or ThreadSettings.from_environment()
+    if settings == ThreadSettings.machine_defaults():
+        return ""
+    return f"threads:tvm={settings.tvm},backends={settings.backends}"
