@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+from collage_core.measure.threads import ThreadSettings
 from collage_core.outputs.end_to_end import EndToEnd
 from collage_core.outputs.report import IN_TURNS_HEADING, ONE_AFTER_ANOTHER_HEADING, is_noisy, render_report
 from collage_core.records import Cost
@@ -29,7 +30,8 @@ def _placement(**fields) -> SimpleNamespace:
 
 def _report(entries, **placement_fields) -> str:
     return render_report(SimpleNamespace(placement=_placement(**placement_fields), end_to_end=entries, measurement=None,
-                                         two_level=None, verification=None, phases_s={}))
+                                         two_level=None, verification=None, phases_s={},
+                                         threads=ThreadSettings.machine_defaults()))
 
 
 def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_itself():
@@ -148,7 +150,7 @@ def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches
     def report(**placement_fields):
         return render_report(SimpleNamespace(placement=_placement(**placement_fields), end_to_end=entries, measurement=None,
                                              two_level=None, verification=None, phases_s={}, model=model,
-                                             accuracy=None))
+                                             accuracy=None, threads=ThreadSettings.machine_defaults()))
 
     # 2 x 1024 x 2048 x 4096 = 17.2 GFLOP in 1 ms: 17.18 TFLOP/s, 25.6% of 67, 1.7% of bf16's dense 989.5.
     line = report(device=h200).splitlines()[2]
@@ -160,3 +162,15 @@ def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches
     assert "25.6% of the H100 SXM's 67 TFLOP/s" in replayed
     assert report(device="llvm:znver3").splitlines()[2].endswith(": 17.18 TFLOP/s, peak of llvm:znver3 unknown")
     assert "GFLOP per run" not in _report(entries)  # no model to count
+
+
+def test_thread_settings_other_than_the_machine_defaults_are_named():
+    entries = [EndToEnd("placement", Cost.measured(2.0e-3, 1e-4, 99), {"tvm": 1}, timed_in_turns=True)]
+
+    def report(threads):
+        return render_report(SimpleNamespace(placement=_placement(), end_to_end=entries, measurement=None, two_level=None,
+                                             verification=None, phases_s={}, threads=threads))
+
+    assert "threads:" not in report(ThreadSettings.machine_defaults())
+    fewer = ThreadSettings(tvm=ThreadSettings.machine_defaults().tvm + 1, backends=1)
+    assert f"threads: {fewer.tvm} in TVM's pool, 1 in each backend's pool (not this machine's defaults)" in report(fewer)

@@ -133,3 +133,18 @@ def test_a_warm_database_answers_default_settings_and_other_settings_measure_ane
         monkeypatch.setenv("TVM_NUM_THREADS", str(threads.tvm_threads({}) + 1))
         other = measure()
         assert (other.measured, other.costs[candidates[0].key]) == (1, plugin.FIXED_COST)
+
+
+def test_results_json_records_the_thread_settings_the_run_had(monkeypatch):
+    from types import SimpleNamespace
+
+    from collage_core.outputs.result import OptimizedModel
+
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, "1")
+    monkeypatch.setenv("TVM_NUM_THREADS", "3")
+    placement = SimpleNamespace(search="op-level", why_chosen="")
+    result = OptimizedModel(model=SimpleNamespace(name="m", precision="fp32"), placement=placement, library_path=Path("m.so"),
+                            target=None, end_to_end=[], verification=None, measurement=None, candidates=0, search_s=0.0,
+                            partitioned_mod=None)
+    monkeypatch.delenv("TVM_NUM_THREADS")  # what the run had, not what the process has when it saves
+    assert result.results_json()["threads"] == {"tvm": 3, "backends": 1}

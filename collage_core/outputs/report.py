@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collage_core.measure.threads import ThreadSettings
 from collage_core.measure.timing import STOPPED_PREFIX
 from collage_core.model.precision import FP32
 from collage_core.model.precision import describe as describe_precision
@@ -180,6 +181,9 @@ def render_report(optimized) -> str:
             + (f", {len(m.noisy)} noisy after two measurements" if m.noisy else "")
             + f"; search {optimized.search_s:.2f} s"
         )
+    if optimized.threads != ThreadSettings.machine_defaults():
+        sections.append(f"threads: {optimized.threads.tvm} in TVM's pool, {optimized.threads.backends} in each backend's "
+                        f"pool (not this machine's defaults)")
     if optimized.two_level is not None:
         t = optimized.two_level
         sections.append(

@@ -14,6 +14,7 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.build.deploy import copy_library, load_library
 from collage_core.measure.measurement import MeasurementReport
+from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
@@ -53,6 +54,8 @@ class OptimizedModel:
     searched_placement: Optional[Placement] = attrs.field(default=None, repr=False)
     # The placement file a replay rebuilt (None: this run searched).
     replayed_from: Optional[str] = None
+    # The pool sizes its partitions ran and were measured with (this process's, as the workers inherit them).
+    threads: ThreadSettings = attrs.field(factory=ThreadSettings.from_environment, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -120,4 +123,5 @@ class OptimizedModel:
             "phases_s": self.phases_s,
             "numerics": None if self.verification is None else attrs.asdict(self.verification),
             "throughput": None if work is None else work.to_json(),
+            "threads": self.threads.to_json(),
         }
