@@ -148,3 +148,67 @@ def test_results_json_records_the_thread_settings_the_run_had(monkeypatch):
                             partitioned_mod=None)
     monkeypatch.delenv("TVM_NUM_THREADS")  # what the run had, not what the process has when it saves
     assert result.results_json()["threads"] == {"tvm": 3, "backends": 1}
+
+
+def test_a_users_own_wait_setting_stays_and_the_others_are_added():
+    assert threads.environment_for_partitions({"PATH": "/bin"}) == {"PATH": "/bin", **threads.WAIT_SETTINGS}
+    assert threads.environment_for_partitions({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert threads.wait_settings_in_force({"OMP_WAIT_POLICY": "ACTIVE", "PATH": "/bin"}) == {
+        **threads.WAIT_SETTINGS, "OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def _started_environment(worker) -> dict:
+    """The environment the worker's process (or the zygote it was forked from) started with: what
+    its libraries read as they loaded."""
+    pid = worker.request({"op": "init", "plugins": [], "disabled": []}, 120)["pid"]
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if b"=" in entry)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads a process's environment from /proc")
+@pytest.mark.parametrize("started", ["forked", "exec"])
+def test_processes_that_run_partitions_start_with_idle_threads_that_block(monkeypatch, started):
+    from collage_core.measure.worker_client import MeasurementWorker
+
+    for name in threads.WAIT_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice
+    with MeasurementWorker([], [], env=dict(os.environ) if started == "exec" else None) as worker:
+        environment = _started_environment(worker)
+    assert {name: environment.get(name) for name in threads.WAIT_SETTINGS} == {**threads.WAIT_SETTINGS,
+                                                                                "OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_says_when_the_process_differs(
+        monkeypatch, tmp_path, caplog):
+    from collage_core.build import deploy
+
+    for name in threads.WAIT_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    needs = {name: {"kind": "op-level", "version": "1", "needs": ""} for name in ("dnnl", "tvm")}
+    mixed, alone = tmp_path / "mixed.so", tmp_path / "alone.so"
+    for library in (mixed, alone):
+        library.write_bytes(b"")
+    deploy.write_runtime_file(mixed, needs)
+    deploy.write_runtime_file(alone, {"tvm": needs["tvm"]})
+    assert deploy.read_runtime_file(mixed)["environment"] == threads.WAIT_SETTINGS
+    assert "environment" not in deploy.read_runtime_file(alone)  # one pool: nothing takes turns
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a copy made elsewhere keeps what it was measured with
+    copied = tmp_path / "copied.so"
+    deploy.copy_library(mixed, copied)
+    assert deploy.read_runtime_file(copied)["environment"] == threads.WAIT_SETTINGS
+
+    with caplog.at_level("WARNING", logger="collage"):
+        for _ in range(2):
+            deploy.tell_other_environment("copied.so", threads.WAIT_SETTINGS)
+    told = [record.getMessage() for record in caplog.records]
+    assert len(told) == len(threads.WAIT_SETTINGS)  # each once, in this process
+    assert any("measured with OMP_WAIT_POLICY=PASSIVE; this process has OMP_WAIT_POLICY=ACTIVE" in message
+               for message in told)
+    caplog.clear()
+    monkeypatch.setattr(deploy, "_environment_told", set())
+    for name, value in threads.WAIT_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level("WARNING", logger="collage"):
+        deploy.tell_other_environment("copied.so", threads.WAIT_SETTINGS)
+    assert not caplog.records

@@ -37,6 +37,7 @@ import tvm
 from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.errors import CollageError
+from collage_core.measure import threads
 from collage_core.outputs import output_folder
 from collage_core.plugins import first_result, get_plugin_manager
 
@@ -84,10 +85,14 @@ def carried_dir(library: os.PathLike) -> Path:
     return library.with_name(library.name + ".libs")
 
 
-def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapping[str, list]] = None) -> Path:
+def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapping[str, list]] = None,
+                       environment: Optional[Mapping[str, str]] = None) -> Path:
     """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives
     them); copy each backend's native libraries in ``carried`` (as :func:`runtime_libraries` gives
-    them) into ``<library>.libs/`` and list them, so that the library loads without the plugins."""
+    them) into ``<library>.libs/`` and list them, so that the library loads without the plugins.
+    When its partitions run on more than one backend, whose pools take turns, it also records how
+    their idle threads are to wait (``environment``; default: as this run's partitions did,
+    ``threads.wait_settings_in_force``), for :func:`load_library` to check."""
     needs = copy.deepcopy(needs)
     for name, paths in sorted((carried or {}).items()):
         if name not in needs:
@@ -101,6 +106,8 @@ def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapp
             relative.append(destination.relative_to(Path(library).parent).as_posix())
         needs[name]["carried"] = relative
     record = {"format": FORMAT, "version": VERSION, "library": Path(library).name, "backends": needs}
+    if len(needs) > 1:
+        record["environment"] = dict(threads.wait_settings_in_force() if environment is None else environment)
     return output_folder.write_text(runtime_file(library), json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
@@ -117,7 +124,7 @@ def copy_library(source: os.PathLike, destination: os.PathLike, move: bool = Fal
         output_folder.move_file(source, destination)
     else:
         output_folder.copy_file(source, destination)
-    write_runtime_file(destination, needs, carried)
+    write_runtime_file(destination, needs, carried, record.get("environment"))
     if move:
         os.remove(runtime_file(source))
         shutil.rmtree(carried_dir(source), ignore_errors=True)
@@ -165,6 +172,25 @@ def tell_other_versions(origin: str, recorded: Mapping[str, str], installed: Map
             raise LibraryLoadError(message)
         if message not in _versions_told:
             _versions_told.add(message)
+            log.warning("%s", message)
+
+
+# The environment messages already given in this process.
+_environment_told: set[str] = set()
+
+
+def tell_other_environment(origin: str, recorded: Mapping[str, str]) -> None:
+    """A warning through the ``collage`` logger (once per process) for each variable of how idle
+    threads wait that ``origin`` was measured with and this process did not start with: the pools
+    read them as they load, so only a process started with them runs as measured."""
+    for name, value in sorted(recorded.items()):
+        if os.environ.get(name) == value:
+            continue
+        message = (f"{origin} runs partitions of several backends whose thread pools take turns, measured with "
+                   f"{name}={value}; this process has {name}={os.environ.get(name, '(unset)')}: start it with "
+                   f"{name}={value} to run as measured (docs/threads.md)")
+        if message not in _environment_told:
+            _environment_told.add(message)
             log.warning("%s", message)
 
 
@@ -252,7 +278,8 @@ def load_library(library: os.PathLike, *, pm=None, device=None, strict: bool = F
         record = read_runtime_file(library)
         tell_other_versions(origin or str(library), recorded_versions(record["backends"]), installed_backends(pm),
                             "its partitions run on the installed version", strict=strict)
-    prepare_runtime(library, pm)
+    record = prepare_runtime(library, pm)
+    tell_other_environment(origin or str(library), record.get("environment") or {})
     if device is not None:
         try:
             tvm_compat.ensure_device_runtime(device)

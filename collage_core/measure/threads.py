@@ -36,6 +36,23 @@ from collage_core.errors import CollageError
 
 ENVIRONMENT_VARIABLE = "COLLAGE_NUM_THREADS"
 TVM_VARIABLE = "TVM_NUM_THREADS"
+# What makes idle threads block at once instead of spinning, read by each library when it loads or
+# starts its pool. OpenMP: GNU's libgomp (PyTorch's and oneDNN's here) and LLVM's or Intel's (which
+# then take a block time of 0 too). TVM's pool: its workers' yields before they sleep.
+WAIT_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "TVM_THREAD_POOL_SPIN_COUNT": "0"}
+
+
+def environment_for_partitions(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``environ`` for a process that runs partitions: :data:`WAIT_SETTINGS` added where it sets none
+    of them (a user's own setting of a variable stays)."""
+    return {**WAIT_SETTINGS, **environ}
+
+
+def wait_settings_in_force(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The value of each of :data:`WAIT_SETTINGS`' variables in the processes that run partitions
+    for a process of ``environ``: the user's where set, else Collage's."""
+    partitions_environment = environment_for_partitions(environ)
+    return {name: partitions_environment[name] for name in WAIT_SETTINGS}
 
 
 def backend_threads(environ: Mapping[str, str] = os.environ) -> int:

@@ -22,7 +22,7 @@ import tempfile
 import threading
 from typing import Optional, Sequence
 
-from collage_core.measure import zygote
+from collage_core.measure import threads, zygote
 from collage_core.measure.cost_db import TRANSIENT_REASON
 
 log = logging.getLogger("collage")
@@ -131,7 +131,7 @@ class MeasurementWorker:
             self.process = forked
             threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
             return
-        env = dict(os.environ if self.env is None else self.env)
+        env = threads.environment_for_partitions(os.environ if self.env is None else self.env)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "collage_core.measure.worker"],
             stdin=subprocess.PIPE,

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 from collage_core import tvm_compat
 from collage_core.backends import preload
-from collage_core.measure import worker
+from collage_core.measure import threads, worker
 from collage_core.model.relax_graph import RelaxGraph
 
 MESSAGE_BYTES = 1 << 16
@@ -206,6 +206,7 @@ class Zygote:
             stderr=self.stderr_file,
             pass_fds=(theirs.fileno(),),
             start_new_session=True,
+            env=threads.environment_for_partitions(),
         )
         theirs.close()
         reply = self._call({"op": "init", "plugins": list(plugin_modules), "disabled": list(disabled)}, (),
