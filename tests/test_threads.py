@@ -24,6 +24,18 @@ from collage_core.records import Backend, Cost
 TESTS = Path(__file__).resolve().parent
 
 
+THREAD_VARIABLES = (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS", *threads.WAIT_SETTINGS,
+                    *threads.OTHER_WAIT_VARIABLES)
+
+
+@pytest.fixture
+def no_thread_variables(monkeypatch):
+    """An environment that sets none of the variables of thread pools: the machine's defaults."""
+    for variable in THREAD_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    return monkeypatch
+
+
 def test_every_core_this_process_may_use_by_default(monkeypatch):
     monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
     assert backend_threads() == len(os.sched_getaffinity(0))
@@ -68,12 +80,11 @@ def test_tvm_threads_follow_tvm_runtime_rule(monkeypatch, environ, cpus, machine
     assert threads.tvm_threads(environ) == expected
 
 
-def test_the_machine_defaults_add_nothing_to_the_keys_and_other_sizes_name_both_pools(monkeypatch):
+def test_the_machine_defaults_add_nothing_to_the_keys_and_other_sizes_name_both_pools(no_thread_variables):
+    monkeypatch = no_thread_variables
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(threads.platform, "machine", lambda: "x86_64")
-    for variable in (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS"):
-        monkeypatch.delenv(variable, raising=False)
     assert threads.ThreadSettings.from_environment() == threads.ThreadSettings(tvm=2, backends=4)
     assert threads.key_part() == ""
     monkeypatch.setenv("TVM_NUM_THREADS", "2")  # what TVM takes here anyway: the same measurement
@@ -84,14 +95,18 @@ def test_the_machine_defaults_add_nothing_to_the_keys_and_other_sizes_name_both_
     assert threads.key_part() == "threads:tvm=1,backends=1"
     monkeypatch.delenv(ENVIRONMENT_VARIABLE)
     assert threads.key_part() == "threads:tvm=1,backends=4"
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    monkeypatch.setenv("OMP_WAIT_POLICY", threads.WAIT_SETTINGS["OMP_WAIT_POLICY"])  # Collage's own: the same
+    assert threads.key_part() == ""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # idle threads that spin measure other costs
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    assert threads.key_part() == "threads:tvm=2,backends=4,GOMP_SPINCOUNT=300000,OMP_WAIT_POLICY=ACTIVE"
 
 
-def test_cpu_cost_keys_carry_other_thread_settings_and_gpu_keys_do_not(monkeypatch):
+def test_cpu_cost_keys_carry_other_thread_settings_and_gpu_keys_do_not(no_thread_variables):
+    monkeypatch = no_thread_variables
     backend = Backend("tvm", "op-level", ("cpu", "cuda"), "1")
     cpu, gpu = tvm_compat.host_cpu_target(), tvm_compat.make_target({"kind": "cuda", "arch": "sm_90a"})
-    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
     default_cpu, default_gpu = cost_key(backend, cpu, "abc"), cost_key(backend, gpu, "abc")
     monkeypatch.setenv("TVM_NUM_THREADS", str(threads.tvm_threads({}) + 1))
     assert cost_key(backend, cpu, "abc") != default_cpu
@@ -105,14 +120,13 @@ def _old_key(backend: Backend, target, candidate_key: str) -> CostKey:
                    f"{CANDIDATE_PROTOCOL}:{candidate_key}")
 
 
-def test_a_warm_database_answers_default_settings_and_other_settings_measure_anew(monkeypatch, tmp_path):
+def test_a_warm_database_answers_default_settings_and_other_settings_measure_anew(no_thread_variables, tmp_path):
     """A row written before thread settings entered the keys answers a run with the machine's
     defaults; a run with TVM's pool at another size measures the candidate itself."""
     from plugins_for_tests import fixed_cost_plugin as plugin
 
+    monkeypatch = no_thread_variables
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    for variable in (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS"):
-        monkeypatch.delenv(variable, raising=False)
     module = "plugins_for_tests.fixed_cost_plugin"
     pm = get_plugin_manager(extra_modules=[module])
     backend = discover_backends(pm)[plugin.BACKEND].backend
@@ -135,11 +149,12 @@ def test_a_warm_database_answers_default_settings_and_other_settings_measure_ane
         assert (other.measured, other.costs[candidates[0].key]) == (1, plugin.FIXED_COST)
 
 
-def test_results_json_records_the_thread_settings_the_run_had(monkeypatch):
+def test_results_json_records_the_thread_settings_the_run_had(no_thread_variables):
     from types import SimpleNamespace
 
     from collage_core.outputs.result import OptimizedModel
 
+    monkeypatch = no_thread_variables
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, "1")
     monkeypatch.setenv("TVM_NUM_THREADS", "3")
     placement = SimpleNamespace(search="op-level", why_chosen="")
@@ -147,7 +162,7 @@ def test_results_json_records_the_thread_settings_the_run_had(monkeypatch):
                             target=None, end_to_end=[], verification=None, measurement=None, candidates=0, search_s=0.0,
                             partitioned_mod=None)
     monkeypatch.delenv("TVM_NUM_THREADS")  # what the run had, not what the process has when it saves
-    assert result.results_json()["threads"] == {"tvm": 3, "backends": 1}
+    assert result.results_json()["threads"] == {"tvm": 3, "backends": 1, "waiting": threads.WAIT_SETTINGS}
 
 
 def test_a_users_own_wait_setting_stays_and_the_others_are_added():

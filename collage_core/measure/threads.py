@@ -100,24 +100,34 @@ def _atoi(text: str) -> int:
     return sign * int(number) if number else 0
 
 
+# Variables besides WAIT_SETTINGS' that change how idle OpenMP threads wait (libgomp takes a spin count over
+# the policy; Intel's OpenMP a block time).
+OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
 @attrs.frozen
 class ThreadSettings:
-    """The pool sizes partitions run with: TVM's pool and each backend's own."""
+    """What partitions run with: TVM's pool size, each backend's pool size, and the variables of how
+    idle threads wait (name and value, sorted) in the processes that run them."""
 
     tvm: int
     backends: int
+    waiting: tuple[tuple[str, str], ...] = attrs.field(default=tuple(sorted(WAIT_SETTINGS.items())), converter=tuple)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "ThreadSettings":
-        return cls(tvm=tvm_threads(environ), backends=backend_threads(environ))
+        """The settings of the processes that run partitions for a process of ``environ``."""
+        waiting = {**wait_settings_in_force(environ),
+                   **{name: environ[name] for name in OTHER_WAIT_VARIABLES if name in environ}}
+        return cls(tvm=tvm_threads(environ), backends=backend_threads(environ), waiting=sorted(waiting.items()))
 
     @classmethod
     def machine_defaults(cls) -> "ThreadSettings":
-        """The sizes with no thread variable set, on this machine and CPU affinity."""
+        """The settings with no thread variable set, on this machine and CPU affinity."""
         return cls.from_environment({})
 
     def to_json(self) -> dict:
-        return {"tvm": self.tvm, "backends": self.backends}
+        return {"tvm": self.tvm, "backends": self.backends, "waiting": dict(self.waiting)}
 
 
 def key_part(settings: ThreadSettings | None = None) -> str:
@@ -125,12 +135,16 @@ def key_part(settings: ThreadSettings | None = None) -> str:
 
     Empty for the machine's defaults: costs were keyed without thread settings before, and a cost
     database made then, with every core, still answers runs with every core (a migration would have
-    had to guess the settings of old rows). Other sizes, from ``$COLLAGE_NUM_THREADS``,
-    ``$TVM_NUM_THREADS`` or ``$OMP_NUM_THREADS``, key costs of their own, so costs measured with one
-    thread are never read for a run with all cores, nor the reverse. The default is judged by value:
-    ``TVM_NUM_THREADS=1`` on a machine where TVM takes one thread anyway measures the same thing.
-    The wait settings are not part of it: Collage sets the same ones for every run."""
+    had to guess the settings of old rows; those were measured with the libraries' own waiting,
+    which a default run now replaces by :data:`WAIT_SETTINGS`, a difference taken as acceptable for
+    keeping the warm costs). Other sizes, from ``$COLLAGE_NUM_THREADS``, ``$TVM_NUM_THREADS`` or
+    ``$OMP_NUM_THREADS``, and a user's own way of waiting key costs of their own, so costs measured
+    with one thread are never read for a run with all cores, nor the reverse. The default is
+    judged by value: ``TVM_NUM_THREADS=1`` on a machine where TVM takes one thread anyway measures
+    the same thing."""
     settings = settings or ThreadSettings.from_environment()
-    if settings == ThreadSettings.machine_defaults():
+    defaults = ThreadSettings.machine_defaults()
+    if settings == defaults:
         return ""
-    return f"threads:tvm={settings.tvm},backends={settings.backends}"
+    waiting = "".join(f",{name}={value}" for name, value in settings.waiting if (name, value) not in defaults.waiting)
+    return f"threads:tvm={settings.tvm},backends={settings.backends}{waiting}"

@@ -182,8 +182,9 @@ def render_report(optimized) -> str:
             + f"; search {optimized.search_s:.2f} s"
         )
     if optimized.threads != ThreadSettings.machine_defaults():
+        waiting = ", ".join(f"{name}={value}" for name, value in optimized.threads.waiting)
         sections.append(f"threads: {optimized.threads.tvm} in TVM's pool, {optimized.threads.backends} in each backend's "
-                        f"pool (not this machine's defaults)")
+                        f"pool, idle threads waiting by {waiting} (not this machine's defaults)")
     if optimized.two_level is not None:
         t = optimized.two_level
         sections.append(
