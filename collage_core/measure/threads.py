@@ -1,5 +1,5 @@
 """Thread pools in a process that runs partitions: how many threads each takes, how idle ones
-wait, and how the sizes enter the cost keys. Decided in one place.
+wait, and how both enter the cost keys. Decided in one place.
 
 Sizes. Backends with thread pools of their own (ONNX Runtime, OpenVINO, PyTorch for TorchInductor)
 take :func:`backend_threads`: one per core this process may run on (its CPU affinity), or
@@ -9,19 +9,19 @@ pool takes :func:`tvm_threads` (``$TVM_NUM_THREADS``; TVM's own rule without it)
 run to fewer cores.
 
 Waiting. Pools that take turns must not spin beside each other: a pool whose idle threads spin
-after its kernel holds the cores the next backend's kernel needs. TVM's workers spin through
-300000 yields after each parallel kernel and OpenMP's (PyTorch's, oneDNN's) through libgomp's spin
-count; with both pools of two threads on two busy cores a tiny_bert placement with Inductor's
-matrix products took 6-27 ms instead of 0.4-0.9 ms (``plugins/inductor/benchmarks/thread_settings.py``).
-:data:`WAIT_SETTINGS` are the variables that make them block instead;
-:func:`environment_for_partitions` adds them to an environment where the user has not set them.
-Libraries read them when they load or start their pool, so they are given to the processes that
-run partitions when they start (measurement workers and the zygote they are forked from), and an
-exported library's runtime file lists them for a deployment (``collage_core.build.deploy``).
+after its kernel holds the cores the next backend's kernel needs. OpenMP's threads (PyTorch's,
+oneDNN's) spin through libgomp's spin count after each parallel region; on two busy cores a
+tiny_bert placement with Inductor's matrix products between TVM's kernels took 0.7-33 ms per call
+so, and 0.23-0.27 ms with OpenMP's idle threads blocking (``plugins/inductor/benchmarks/thread_settings.py``).
+:data:`WAIT_SETTINGS` makes them block; :func:`environment_for_partitions` adds it to an
+environment where the user has not set it. OpenMP reads it when it loads, so it is given to the
+processes that run partitions when they start (measurement workers and the zygote they are forked
+from), and an exported library's runtime file names it for a deployment (``collage_core.build.deploy``).
 ``docs/threads.md`` says how a plugin's own pool should wait.
 
-Keys. A cost depends on the pool sizes it was measured with, so :func:`key_part` names them in
-the cost keys; see there why the machine's defaults add nothing.
+Keys. A cost depends on the pool sizes and the waiting it was measured with
+(:class:`ThreadSettings`), so :func:`key_part` names them in the CPU cost keys; see there why the
+machine's defaults add nothing. ``results.json`` records them.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from collage_core.errors import CollageError
 
 ENVIRONMENT_VARIABLE = "COLLAGE_NUM_THREADS"
 TVM_VARIABLE = "TVM_NUM_THREADS"
-# What makes idle threads block at once instead of spinning, read by each library when it loads or
-# starts its pool. OpenMP: GNU's libgomp (PyTorch's and oneDNN's here) and LLVM's or Intel's (which
-# then take a block time of 0 too). TVM's pool: its workers' yields before they sleep.
-WAIT_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "TVM_THREAD_POOL_SPIN_COUNT": "0"}
+# What makes idle threads block at once instead of spinning, read by OpenMP when it loads: GNU's
+# libgomp (PyTorch's and oneDNN's here) and LLVM's or Intel's (which then take a block time of 0 too).
+# TVM's pool is left spinning: its workers yield the core while they spin, and making them block
+# (TVM_THREAD_POOL_SPIN_COUNT=0) measured no faster beside OpenMP's blocking threads.
+WAIT_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def environment_for_partitions(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -100,9 +101,9 @@ def _atoi(text: str) -> int:
     return sign * int(number) if number else 0
 
 
-# Variables besides WAIT_SETTINGS' that change how idle OpenMP threads wait (libgomp takes a spin count over
-# the policy; Intel's OpenMP a block time).
-OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+# Variables besides WAIT_SETTINGS' that change how idle threads wait: libgomp takes a spin count over the
+# policy, Intel's OpenMP a block time, TVM's pool a spin count when it starts.
+OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT")
 
 
 @attrs.frozen
