@@ -134,8 +134,7 @@ class Job:
         fields = [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
         if tvm_compat.is_cuda(self.target):
             fields.append(tvm_compat.device_name(self.target))
-        if threads_key_part(self.target):
-            fields.append(threads_key_part(self.target))
+        fields += [part for part in [threads_key_part(self.target)] if part]
         if self.replays_cuda_graphs(cuda_graphs):
             fields.append("cuda-graphs")
         text = "|".join(fields)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from typing import Mapping
 
 import attrs
@@ -41,6 +42,9 @@ TVM_VARIABLE = "TVM_NUM_THREADS"
 # TVM's pool is left spinning: its workers yield the core while they spin, and making them block
 # (TVM_THREAD_POOL_SPIN_COUNT=0) measured no faster beside OpenMP's blocking threads.
 WAIT_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Variables besides WAIT_SETTINGS' that change how idle threads wait: libgomp takes a spin count over the
+# policy, Intel's OpenMP a block time, TVM's pool a spin count when it starts.
+OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT")
 
 
 def environment_for_partitions(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -84,26 +88,9 @@ def tvm_threads(environ: Mapping[str, str] = os.environ) -> int:
         if platform.machine().lower() in ("x86_64", "amd64"):
             threads //= 2
     else:
-        threads = _atoi(value)
+        leading = re.match(r"\s*[+-]?\d+", value)  # C's atoi: the leading whole number, 0 without one
+        threads = int(leading.group()) if leading else 0
     return max(threads, 1)
-
-
-def _atoi(text: str) -> int:
-    """C's ``atoi``: the leading whole number of ``text`` (after blanks), 0 when there is none."""
-    text = text.lstrip()
-    sign = -1 if text[:1] == "-" else 1
-    digits = text[1:] if text[:1] in "+-" else text
-    number = ""
-    for character in digits:
-        if not character.isdigit():
-            break
-        number += character
-    return sign * int(number) if number else 0
-
-
-# Variables besides WAIT_SETTINGS' that change how idle threads wait: libgomp takes a spin count over the
-# policy, Intel's OpenMP a block time, TVM's pool a spin count when it starts.
-OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT")
 
 
 @attrs.frozen

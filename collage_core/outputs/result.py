@@ -54,7 +54,7 @@ class OptimizedModel:
     searched_placement: Optional[Placement] = attrs.field(default=None, repr=False)
     # The placement file a replay rebuilt (None: this run searched).
     replayed_from: Optional[str] = None
-    # The pool sizes its partitions ran and were measured with (this process's, as the workers inherit them).
+    # The thread settings its partitions ran and were measured with (this process's: the workers inherit them).
     threads: ThreadSettings = attrs.field(factory=ThreadSettings.from_environment, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
 
