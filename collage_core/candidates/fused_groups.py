@@ -10,17 +10,16 @@ checks (on the matched calls of ``main``) and its lowering (on a partition funct
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import attrs
 import numpy as np
-from numpy.typing import ArrayLike
 from tvm import relax
-from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core import tvm_compat
 from collage_core.model.dtypes import DTYPES
-from collage_core.records import PatternMatch, PatternRefused
+from collage_core.records import PatternRefused
 
 FLOAT32 = "float32"
 SQRT2 = math.sqrt(2.0)
@@ -42,8 +41,7 @@ class Group:
         self._producer = {var: call for var, call in zip(bound_vars, calls)}
 
     @classmethod
-    def from_match(cls, match: PatternMatch) -> "Group":
-        """A pattern match's calls, the variables they are bound to, and the group's outputs."""
+    def from_match(cls, match) -> "Group":
         return cls(match.calls, match.bound_vars, match.outputs)
 
     @classmethod
@@ -63,15 +61,13 @@ class Group:
             raise Refused("the partition reads a renamed intermediate result")
         return cls(calls, bound, outputs)
 
-    def producer(self, expr: relax.Expr) -> Optional[relax.Call]:
-        """The group's call ``expr`` is the result of, or None when it comes from outside."""
+    def producer(self, expr):
         return self._producer.get(expr) if isinstance(expr, relax.Var) else None
 
-    def var_of(self, call: relax.Call) -> relax.Var:
-        """The variable the group's ``call`` is bound to."""
+    def var_of(self, call):
         return self.bound_vars[self.calls.index(call)]
 
-    def single_anchor(self, anchor_ops: Sequence[str], dtypes: Sequence[str] = (FLOAT32,)) -> relax.Call:
+    def single_anchor(self, anchor_ops: Sequence[str], dtypes: Sequence[str] = (FLOAT32,)):
         """The group's one anchor call; the group must have one output and calls of ``dtypes`` throughout."""
         if len(self.outputs) != 1:
             raise Refused("an intermediate result of the group is used outside it")
@@ -83,18 +79,16 @@ class Group:
         return anchors[0]
 
 
-def shape_of(expr: relax.Expr) -> tuple[int, ...]:
-    """``expr``'s static tensor shape."""
+def shape_of(expr) -> tuple[int, ...]:
     return tvm_compat.tensor_shape_dtype(expr)[0]
 
 
-def expect_float32(expr: relax.Expr) -> None:
-    """Refuse (:class:`Refused`) unless ``expr`` is a float32 tensor."""
+def expect_float32(expr) -> None:
     expect_dtype(expr, (FLOAT32,))
 
 
-def expect_dtype(expr: relax.Expr, dtypes: Sequence[str]) -> str:
-    """``expr``'s dtype, which must be one of ``dtypes`` (else :class:`Refused` says which it is and which are taken)."""
+def expect_dtype(expr, dtypes: Sequence[str]) -> str:
+    """``expr``'s dtype, which must be one of ``dtypes``."""
     try:
         dtype = tvm_compat.tensor_shape_dtype(expr)[1]
     except ValueError as error:
@@ -104,7 +98,7 @@ def expect_dtype(expr: relax.Expr, dtypes: Sequence[str]) -> str:
     return dtype
 
 
-def uniform_operand_dtype(anchor: relax.Call, operands: Sequence[relax.Expr], allowed: Sequence[str]) -> str:
+def uniform_operand_dtype(anchor, operands, allowed: Sequence[str]) -> str:
     """The one dtype of ``anchor``'s matrix ``operands``, of ``allowed``: float32, or a 16-bit type that
     accumulates into a float32 result (``out_dtype="float32"``), as TVM's mixed-precision pass writes them."""
     dtypes = {expect_dtype(operand, allowed) for operand in operands}
@@ -116,28 +110,24 @@ def uniform_operand_dtype(anchor: relax.Call, operands: Sequence[relax.Expr], al
     return dtype
 
 
-def external(group: Group, expr: relax.Expr, dtypes: Sequence[str] = (FLOAT32,)) -> None:
-    """Refuse (:class:`Refused`) unless ``expr``, an operand a kernel reads, comes from outside the group (or is a
-    constant) and is of one of ``dtypes``."""
+def external(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> None:
+    """Operands a kernel reads must come from outside the group (or be constants), of one of ``dtypes``."""
     if group.producer(expr) is not None:
         raise Refused("an operand is computed inside the group by an operator the kernel does not fuse")
     expect_dtype(expr, dtypes)
 
 
-def expect_plain_out_dtype(call: relax.Call) -> None:
-    """Refuse (:class:`Refused`) a ``call`` whose ``out_dtype`` attribute is set to anything but float32 (unset,
-    the result has its operands' dtype)."""
+def expect_plain_out_dtype(call) -> None:
     out_dtype = call.attrs.out_dtype
     if out_dtype is not None and str(out_dtype) not in ("", "void", FLOAT32):
         raise Refused(f"out_dtype {out_dtype}")
 
 
-def ints(values: Sequence) -> tuple[int, ...]:
-    """``values`` (TVM integers of an attribute or a shape) as Python ints."""
+def ints(values) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def padding4(values: Sequence) -> tuple[int, int, int, int]:
+def padding4(values) -> tuple[int, int, int, int]:
     """A 2-d operator's padding as (top, left, bottom, right) from Relax's 1, 2 or 4 numbers."""
     values = ints(values)
     if len(values) == 1:
@@ -163,7 +153,6 @@ def other_operand(call, value):
 
 
 def plain_strides(shape: Sequence[int]) -> list[int]:
-    """The strides, in elements, of a dense row-major tensor of ``shape``."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.insert(0, step)
@@ -276,7 +265,7 @@ class Epilogue:
     output_shape: tuple = ()
 
 
-def as_dtype(values: ArrayLike, dtype: str) -> np.ndarray:
+def as_dtype(values, dtype: str) -> np.ndarray:
     """``values`` as a numpy array of ``dtype`` (``bfloat16`` is ml_dtypes', which TVM's constants and tensors take)."""
     if dtype == "bfloat16":
         # Deferred: ml_dtypes is optional: only for bfloat16 constants.
@@ -306,7 +295,7 @@ def _sixteen_bit_cast(call) -> str:
 
 
 def read_epilogue(
-    group: Group, anchor: relax.Call, channels: int, channel_axis_from_end: int, allowed: Sequence[str], reshapes: bool = False
+    group: Group, anchor, channels: int, channel_axis_from_end: int, allowed: Sequence[str], reshapes: bool = False
 ) -> Epilogue:
     """The calls after ``anchor``, read as scale, bias, residual add and activation (each optional, in that order).
 
@@ -317,12 +306,6 @@ def read_epilogue(
     the Relax program rounds after each step: closer to float32, within the 16-bit precision's
     tolerance. With ``reshapes``, reshapes between them are taken (memory stays as it is); a bias after
     a reshape must still run along the last axis.
-
-    A bias is a constant of ``channels`` numbers along the axis ``channel_axis_from_end`` from the end (1: the
-    last). Returns an ``Epilogue``: ``scale`` (1.0 when none), ``bias`` (float32, one per channel, or None),
-    ``residual`` (the added tensor's expression, or None), ``activation`` (one of :data:`ACTIVATIONS`, or None),
-    ``out_dtype`` (what the kernel writes) and ``output_shape``. Raises :class:`Refused` for anything else
-    after the anchor.
     """
     rest = group.calls[group.calls.index(anchor) + 1 :]
     value, epilogue, stage = group.var_of(anchor), Epilogue(), 0
@@ -369,7 +352,7 @@ class StridedOperand:
     strides: tuple
 
 
-def strided_operand(group: Group, expr: relax.Expr, dtypes: Sequence[str] = (FLOAT32,)) -> StridedOperand:
+def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> StridedOperand:
     """``expr`` read in place: through the group's ``permute_dims`` of an outside tensor, or as it is."""
     producer = group.producer(expr)
     if producer is not None and tvm_compat.op_name(producer) == "relax.permute_dims":
@@ -393,13 +376,12 @@ def either(op: str, value, other):
     return is_op(op)(value, other) | is_op(op)(other, value)
 
 
-def cast_pattern(value: DFPattern) -> DFPattern:
+def cast_pattern(value):
     """A cast of ``value`` (TVM's mixed-precision pass casts each float32-accumulated result to 16 bits)."""
     return is_op("relax.astype")(value)
 
 
-def bias_pattern(value: DFPattern) -> DFPattern:
-    """``value`` plus a constant, either way round (the bias :func:`read_epilogue` reads per channel)."""
+def bias_pattern(value):
     return either("relax.add", value, is_const())
 
 
@@ -407,8 +389,7 @@ def residual_pattern(value):
     return either("relax.add", value, wildcard())
 
 
-def scale_pattern(value: DFPattern) -> DFPattern:
-    """``value`` times a constant, either way round (a scale :func:`read_epilogue` reads as one number)."""
+def scale_pattern(value):
     return either("relax.multiply", value, is_const())
 
 
@@ -444,7 +425,7 @@ ACTIVATION_PATTERNS = {
 }
 
 
-def activation_pattern(value: DFPattern, names: Sequence[str]) -> DFPattern:
+def activation_pattern(value, names: Sequence[str]):
     """Any of the activations ``names`` applied to ``value``."""
     alternatives = [ACTIVATION_PATTERNS[name](value) for name in names]
     pattern = alternatives[0]
@@ -453,7 +434,7 @@ def activation_pattern(value: DFPattern, names: Sequence[str]) -> DFPattern:
     return pattern
 
 
-def product_epilogues(activations: Sequence[str]) -> dict[str, Callable[[DFPattern], DFPattern]]:
+def product_epilogues(activations: Sequence[str]) -> dict:
     """The epilogue patterns a product kernel fuses, by name suffix: bias, then residual, then one of
     ``activations`` (each optional); a reshape may stand before the activation. Each value takes the
     pattern of the product and returns the pattern of the group's result."""
@@ -472,14 +453,14 @@ def product_epilogues(activations: Sequence[str]) -> dict[str, Callable[[DFPatte
     return epilogues
 
 
-def recognizer_check(recognize: Callable[[Group], object]) -> Callable[[PatternMatch], bool]:
+def recognizer_check(recognize):
     """A pattern check for a backend whose kernels are described by ``recognize(group)`` (which
     raises :class:`Refused` with the reason for what its kernels would compute differently).
 
     A batched matmul pattern with a constant right operand is refused: the dense patterns take it.
     """
 
-    def check(match: PatternMatch) -> bool:
+    def check(match) -> bool:
         matmuls = [call for call in match.calls if tvm_compat.op_name(call) == "relax.matmul"]
         if ".batch_matmul" in match.pattern.name and any(tvm_compat.is_constant(arg) for call in matmuls for arg in call.args):
             raise Refused("a constant right operand is the dense patterns' match")

@@ -5,8 +5,6 @@ strided batch of matrix products and at most a loop around it. Shared by the GPU
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import attrs
 
 from collage_core.candidates.fused_groups import Refused, StridedOperand, plain_strides
@@ -66,7 +64,7 @@ def batch_axes(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[lis
 NO_BATCH = Axis(1, (0, 0, 0))
 
 
-def batch_loops(lhs: StridedOperand, rhs: StridedOperand, out_shape: Sequence[int], max_outer: int) -> tuple[Axis, Axis, Axis]:
+def batch_loops(lhs: StridedOperand, rhs: StridedOperand, out_shape, max_outer: int) -> tuple[Axis, Axis, Axis]:
     """The product as one strided batch (``inner``) looped at most ``max_outer`` times (``outer``) over its rows:
     ``(inner, outer, rows)``, a missing loop of size 1; :class:`Refused` saying why a kernel library cannot run it so."""
     if len(lhs.dims) < 2 or len(rhs.dims) < 2:
