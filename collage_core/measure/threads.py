@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import platform
 import re
-from typing import Mapping
+from typing import Mapping, Optional
 
 import attrs
 
@@ -47,21 +47,24 @@ WAIT_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE"}
 OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT")
 
 
-def environment_for_partitions(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def environment_for_partitions(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """``environ`` for a process that runs partitions: :data:`WAIT_SETTINGS` added where it sets none
     of them (a user's own setting of a variable stays)."""
+    environ = os.environ if environ is None else environ
     return {**WAIT_SETTINGS, **environ}
 
 
-def wait_settings_in_force(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def wait_settings_in_force(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """The value of each of :data:`WAIT_SETTINGS`' variables in the processes that run partitions
     for a process of ``environ``: the user's where set, else Collage's."""
+    environ = os.environ if environ is None else environ
     partitions_environment = environment_for_partitions(environ)
     return {name: partitions_environment[name] for name in WAIT_SETTINGS}
 
 
-def backend_threads(environ: Mapping[str, str] = os.environ) -> int:
+def backend_threads(environ: Optional[Mapping[str, str]] = None) -> int:
     """Threads for a backend's pool: the cores this process may use, or fewer if the user says so."""
+    environ = os.environ if environ is None else environ
     cores = len(os.sched_getaffinity(0))
     value = environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if not value:
@@ -75,13 +78,14 @@ def backend_threads(environ: Mapping[str, str] = os.environ) -> int:
     return min(wanted, cores)
 
 
-def tvm_threads(environ: Mapping[str, str] = os.environ) -> int:
+def tvm_threads(environ: Optional[Mapping[str, str]] = None) -> int:
     """The threads TVM's pool starts with in a process of ``environ``, worked out without starting it
     (asking TVM's runtime would start the pool, which a process that forks workers must not hold).
 
     TVM 0.27's rule (``MaxConcurrency`` in ``src/runtime/threading_backend.cc``): ``$TVM_NUM_THREADS``,
     else ``$OMP_NUM_THREADS``, read as C's ``atoi``; without either the hardware's threads, halved
     on x86-64 to leave out hyper-threads; never fewer than one."""
+    environ = os.environ if environ is None else environ
     value = environ.get(TVM_VARIABLE, environ.get("OMP_NUM_THREADS"))
     if value is None:
         threads = os.cpu_count() or 1
@@ -103,8 +107,9 @@ class ThreadSettings:
     waiting: tuple[tuple[str, str], ...] = attrs.field(default=tuple(sorted(WAIT_SETTINGS.items())), converter=tuple)
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> "ThreadSettings":
+    def from_environment(cls, environ: Optional[Mapping[str, str]] = None) -> "ThreadSettings":
         """The settings of the processes that run partitions for a process of ``environ``."""
+        environ = os.environ if environ is None else environ
         waiting = {**wait_settings_in_force(environ),
                    **{name: environ[name] for name in OTHER_WAIT_VARIABLES if name in environ}}
         return cls(tvm=tvm_threads(environ), backends=backend_threads(environ), waiting=sorted(waiting.items()))
