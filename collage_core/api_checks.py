@@ -1,6 +1,10 @@
-"""The Python API's arguments checked at its door: a value of the wrong type or out of range is one line
-naming the argument (:class:`ArgumentError`), raised before a model is imported or anything measured.
-The ``collage`` command's options are checked by the same rules as argparse reads them."""
+"""What each option of Collage's Python API must be, said once for the API and the ``collage`` command.
+
+A record's field carries its :class:`Rule` and a one-line help text in its metadata (see
+:func:`described`). The record's check names the field and the problem in one line
+(:class:`ArgumentError`), raised before a model is imported or anything measured; the command reads
+the option's text with the rule's ``parse`` and refuses it with the same problem, as argparse's usage
+error."""
 
 from __future__ import annotations
 
@@ -9,32 +13,65 @@ import numbers
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Optional, Sequence
 
-from collage_core import tvm_compat
+import attrs
+
 from collage_core.errors import CollageError
-from collage_core.measure.timing import MeasureSettings
-from collage_core.model.precision import PRECISIONS
-from collage_core.search.two_level import TwoLevelSettings
 
-SEARCHES = ("op-level", "two-level")
 # Written and removed in the output folder before anything is measured: a file system that is full (or
 # nearly) or read-only shows then, not after an hour of measuring.
 PROBE_BYTES = 64 * 1024
-# The least each TwoLevelSettings field may be: crossover draws two placements from the population.
-TWO_LEVEL_LEAST = {"population": 2, "generations": 0, "patience": 1}
-TWO_LEVEL_AT_LEAST_ZERO = ("budget_s", "min_gain")
 
 
 class ArgumentError(CollageError):
     """An argument of Collage's Python API of the wrong type or out of range; the message names it."""
 
 
-def count_problem(value: Any, least: int) -> str:
-    """What is wrong with ``value`` as a whole number of at least ``least``; empty when nothing is."""
+@attrs.frozen
+class Rule:
+    """What a value must be. ``problem(value)``: what is wrong with it, empty when nothing is; with
+    ``names_itself`` the problem is a whole message that names the value itself (a target's, from TVM).
+    ``parse(text)``: the value an option's text on the command line stands for (ValueError, whose
+    message is the problem, when it stands for none). ``choices``: the values there are, where they are few."""
+
+    problem: Callable[[Any], str]
+    parse: Callable[[str], Any] = str
+    names_itself: bool = False
+    choices: Optional[Sequence[str]] = None
+
+    def or_none(self) -> "Rule":
+        """The same rule, with None allowed too."""
+        return attrs.evolve(self, problem=lambda value: "" if value is None else self.problem(value))
+
+    def message(self, name: str, value: Any) -> str:
+        """The one line that refuses ``value`` for the argument ``name``; empty when it is fine."""
+        problem = self.problem(value)
+        if not problem or self.names_itself:
+            return problem
+        return f"{name} {problem}"
+
+
+def refuse_unless_met(name: str, rule: Rule, value: Any, of: str = "optimize") -> None:
+    """Raise :class:`ArgumentError` when ``value`` breaks ``rule``: one line naming ``name``, the argument of ``of``."""
+    message = rule.message(name, value)
+    if message:
+        raise ArgumentError(message if rule.names_itself else f"{of}: {message}")
+
+
+def described(default: Any, rule: Rule, help: str, converter: Optional[Callable[[Any], Any]] = None,
+              **metadata: Any) -> Any:
+    """A record's field: its default, the rule its value must meet and a one-line help text (the
+    ``collage`` command's ``--help`` for its option), more ``metadata`` if any. Nothing is checked as
+    the record is made: the record holding it checks it (see ``collage_core.options``)."""
+    return attrs.field(default=default, converter=converter, metadata={"rule": rule, "help": help, **metadata})
+
+
+def count_problem(value: Any, least: Optional[int]) -> str:
+    """What is wrong with ``value`` as a whole number of at least ``least`` (None: any); empty when nothing is."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         return f"must be a whole number, not {_shown(value)}"
-    if value < least:
+    if least is not None and value < least:
         return f"must be at least {least}, not {value}"
     return ""
 
@@ -48,6 +85,57 @@ def number_problem(value: Any, least: float = 0.0, above: bool = False) -> str:
     if value < least or (above and value == least):
         return f"must be {'more than' if above else 'at least'} {least:g}, not {value:g}"
     return ""
+
+
+def whole(least: Optional[int]) -> Rule:
+    """A whole number of at least ``least`` (None: any)."""
+    return Rule(lambda value: count_problem(value, least), parse=_read(int, "a whole number"))
+
+
+def number(least: float = 0.0, above: bool = False) -> Rule:
+    """A finite number of at least ``least`` (``above``: more than it)."""
+    return Rule(lambda value: number_problem(value, least, above), parse=_read(float, "a number"))
+
+
+def one_of(choices: Sequence[str]) -> Rule:
+    """One of a few names."""
+    def problem(value: Any) -> str:
+        return "" if value in choices else f"must be one of {', '.join(choices)}, not {_shown(value)}"
+    return Rule(problem, choices=tuple(choices))
+
+
+def instance_of(kind: type) -> Rule:
+    """An instance of ``kind`` (True or False, for ``bool``)."""
+    wanted = "True or False" if kind is bool else f"a {kind.__module__}.{kind.__name__}"
+    return Rule(lambda value: "" if isinstance(value, kind) else f"must be {wanted}, not {_shown(value)}")
+
+
+def _path_problem(value: Any) -> str:
+    return "" if isinstance(value, (str, os.PathLike)) else f"must be a path (str or os.PathLike), not {_shown(value)}"
+
+
+PATH = Rule(_path_problem)
+BOOLEAN = instance_of(bool)
+
+
+def _names_problem(value: Any) -> str:
+    if isinstance(value, str):
+        return f"must be a list of backend names, e.g. [{value!r}], not the string {value!r}"
+    if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) for name in value):
+        return f"must be a list of backend names, not {_shown(value)}"
+    return ""
+
+
+# Backend names: a list in Python, comma-separated on the command line.
+BACKEND_NAMES = Rule(_names_problem, parse=lambda text: text.split(","))
+
+
+def refuse_unwritable_output(folder: Optional[os.PathLike]) -> None:
+    """Raise :class:`ArgumentError` when files cannot be written in the output folder ``folder`` (None: a
+    temporary one), before anything is measured."""
+    problem = unwritable_because(folder) if folder else ""
+    if problem:
+        raise ArgumentError(f"{folder}: the output folder cannot be written ({problem}); nothing was measured")
 
 
 def unwritable_because(folder: os.PathLike) -> str:
@@ -69,74 +157,24 @@ def unwritable_because(folder: os.PathLike) -> str:
     return ""
 
 
-def check_optimize_arguments(arguments: Mapping[str, Any]) -> None:
-    """``optimize``'s arguments (its ``locals()`` as it starts): each of the type it takes and within
-    range, the target one TVM makes, and the output folder one that can be written."""
-    given = dict(arguments)
-    backends = given.get("backends")
-    if isinstance(backends, str):
-        raise ArgumentError(f"optimize: backends must be a list of backend names, e.g. [{backends!r}], not the string "
-                            f"{backends!r}")
-    if backends is not None and (not isinstance(backends, (list, tuple)) or not all(isinstance(b, str) for b in backends)):
-        _wrong("backends", "a list of backend names", backends)
-    for name in ("placement", "cost_db", "output_dir"):
-        if given.get(name) is not None and not isinstance(given[name], (str, os.PathLike)):
-            _wrong(name, "a path (str or os.PathLike)", given[name])
-    if given.get("example_inputs") is not None and not isinstance(given["example_inputs"], (list, tuple)):
-        _wrong("example_inputs", "a tuple of tensors", given["example_inputs"])
-    _instance(given, "settings", MeasureSettings)
-    _instance(given, "two_level", TwoLevelSettings)
-    for name in ("verify", "show_progress", "remeasure_invalid"):
-        _instance(given, name, bool)
-    if given.get("compare_backends") is not None:
-        _instance(given, "compare_backends", bool)
-    for name, choices in (("search", SEARCHES), ("precision", PRECISIONS)):
-        if given.get(name) is not None and given[name] not in choices:
-            _wrong(name, f"one of {', '.join(choices)}", given[name])
-    _within("calibration_rounds", count_problem(given.get("calibration_rounds", 0), 0))
-    _within("accuracy_blocks", count_problem(given.get("accuracy_blocks", 1), 1))
-    if given.get("baseline_limit_s") is not None:
-        _within("baseline_limit_s", number_problem(given["baseline_limit_s"]))
-    if given.get("accuracy_budget") is not None:
-        _within("accuracy_budget", number_problem(given["accuracy_budget"], above=True))
-    if "settings" in given:
-        _within("settings.build_workers", count_problem(given["settings"].build_workers, 0))
-    if "two_level" in given:
-        _check_two_level(given["two_level"])
-    tvm_compat.make_target(given.get("target"))
-    if given.get("output_dir"):
-        problem = unwritable_because(given["output_dir"])
-        if problem:
-            raise ArgumentError(f"{given['output_dir']}: the output folder cannot be written ({problem}); nothing was "
-                                "measured")
-
-
-def _check_two_level(settings: TwoLevelSettings) -> None:
-    for field, least in TWO_LEVEL_LEAST.items():
-        _within(f"two_level.{field}", count_problem(getattr(settings, field), least))
-    for field in TWO_LEVEL_AT_LEAST_ZERO:
-        _within(f"two_level.{field}", number_problem(getattr(settings, field)))
-    if settings.predict_margin is not None:
-        _within("two_level.predict_margin", number_problem(settings.predict_margin))
-    if isinstance(settings.seed, bool) or not isinstance(settings.seed, numbers.Integral):
-        _wrong("two_level.seed", "a whole number", settings.seed)
-
-
-def _instance(given: dict, name: str, kind: type) -> None:
-    if name in given and not isinstance(given[name], kind):
-        _wrong(name, f"a {kind.__module__}.{kind.__name__}" if kind is not bool else "True or False", given[name])
-
-
-def _within(name: str, problem: str) -> None:
-    if problem:
-        raise ArgumentError(f"optimize: {name} {problem}")
-
-
-def _wrong(name: str, wanted: str, value: Any) -> None:
-    raise ArgumentError(f"optimize: {name} must be {wanted}, not {_shown(value)}")
+def _read(kind: type, wanted: str) -> Callable[[str], Any]:
+    def read(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"must be {wanted}, not {text!r}") from None
+    return read
 
 
 def _shown(value: Any) -> str:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return f"{type(value).__name__} {shown}" if not isinstance(value, (int, float, str)) else shown
+
+
+def _inputs_problem(value: Any) -> str:
+    return "" if value is None or isinstance(value, (list, tuple)) else f"must be a tuple of tensors, not {_shown(value)}"
+
+
+# A PyTorch module's example inputs (None for a model that knows its own).
+EXAMPLE_INPUTS = Rule(_inputs_problem)

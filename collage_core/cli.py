@@ -14,14 +14,16 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from collage_core import optimizer, tvm_compat
-from collage_core.api_checks import TWO_LEVEL_LEAST, count_problem, number_problem, unwritable_because
+import attrs
+
+from collage_core import optimizer
+from collage_core.api_checks import BOOLEAN, Rule, unwritable_because
 from collage_core.backends import discover_backends
 from collage_core.build.deploy import carried_dir
 from collage_core.errors import CollageError, interrupt_within
 from collage_core.inspection import inspect_model, render_inspection
-from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MAX_BUILD_WORKERS, MeasureSettings
-from collage_core.model.precision import FP32, PRECISIONS
+from collage_core.model.dtypes import FP32, PRECISIONS
+from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.outputs.explain import explain
 from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.output_folder import safe_file_name
@@ -30,10 +32,7 @@ from collage_core.outputs.report import format_table, render_report
 from collage_core.outputs.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
 from collage_core.outputs.show import write_picture
 from collage_core.plugins import get_plugin_manager
-from collage_core.search.calibration import DEFAULT_ROUNDS
-from collage_core.search.two_level import TwoLevelSettings
 
-DEFAULT_TWO_LEVEL = TwoLevelSettings()
 EXIT_ERROR = 1
 EXIT_NUMERICS = 3
 EXIT_WARNINGS = 4
@@ -122,41 +121,47 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
-def _whole(least: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``least``."""
-    def whole(text: str) -> int:
+def _option(parser, path: str, *flags: str, default_said: str = "", **how) -> None:
+    """The option ``flags`` for the field ``path`` of :class:`OptimizeOptions` (``"two_level.population"`` for a
+    nested record's): its default, help and check are the field's (``default_said``: the command's own default, said
+    in the help); the parsed value is kept under ``path``.
+    A field that is False by default is a switch that sets it; one that is True, a ``--no-...`` switch
+    that clears it; any other reads a value and refuses one its rule does (argparse's usage error)."""
+    field = field_at(path)
+    rule, help = field.metadata["rule"], field.metadata["help"]
+    if rule is BOOLEAN:
+        action = "store_false" if field.default else "store_true"
+        parser.add_argument(*flags, dest=path, action=action, default=field.default,
+                            help=f"do not {help}" if field.default else help, **how)
+        return
+    if default_said:
+        help = f"{help} (default: {default_said})"
+    elif field.default is not None and "default" not in help:
+        help = f"{help} (default: %(default)s)"
+    if rule.choices is None:
+        how.setdefault("metavar", flags[-1].lstrip("-").upper().replace("-", "_"))
+    parser.add_argument(*flags, dest=path, type=_read_by(rule), default=field.default, help=help, choices=rule.choices,
+                        **how)
+
+
+def _read_by(rule: Rule) -> Callable[[str], object]:
+    """An argparse type: the value the text stands for, refused with the rule's problem."""
+    def read(text: str) -> object:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-        problem = count_problem(value, least)
+            value = rule.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        problem = rule.problem(value)
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return value
-    return whole
+    return read
 
 
-def _number(least: float = 0.0, above: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number of at least ``least`` (``above``: more than it)."""
-    def number(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
-        problem = number_problem(value, least, above)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-        return value
-    return number
-
-
-def _target(text: str) -> str:
-    """An argparse type: a target TVM makes (a name such as llvm or cuda, or JSON)."""
-    try:
-        tvm_compat.make_target(text)
-    except CollageError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+def options_from(args: argparse.Namespace) -> OptimizeOptions:
+    """The options ``collage optimize`` was given, as the record the Python API takes (every option
+    left out at the record's default)."""
+    return with_values({path: getattr(args, path) for path in command_line_paths()})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -174,8 +179,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", parents=[strict], help="the imported Relax and what each backend's patterns "
                                   "match and refuse, without measuring")
     inspect.add_argument("model", help="an ONNX file")
-    inspect.add_argument("--target", type=_target, default=None, help="a TVM target as JSON, or cuda (default: this CPU)")
-    inspect.add_argument("--backends", default=None, help="comma-separated backends (default: every available one)")
+    _option(inspect, "target", "--target")
+    _option(inspect, "backends", "--backends", metavar="A,B")
     inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
     inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
     inspect.add_argument("--precision", choices=PRECISIONS, default=FP32, help="inspect the model converted to this precision")
@@ -183,62 +188,36 @@ def _parser() -> argparse.ArgumentParser:
 
     optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
     optimize.add_argument("model", help="an ONNX file")
-    optimize.add_argument("--target", type=_target, default=None, help='a TVM target as JSON, e.g. \'{"kind": "llvm"}\' (default: this CPU)')
-    optimize.add_argument("--backends", default=None, help="comma-separated backends to use (default: every available one, except those `collage backends` says run only when named)")
-    optimize.add_argument("-o", "--output", default=None,
-                          help="directory for placement.json, the library and report.txt (default: collage-out/MODEL, "
-                               "and collage-out/MODEL/replay with --placement)")
-    optimize.add_argument("--placement", default=None,
-                          help="replay this placement file instead of searching: build, verify and measure it, and "
-                               "nothing else (no baselines, no contest, unless --compare)")
-    optimize.add_argument("--compare", action="store_true",
-                          help="with --placement: measure the baselines too and time the closest in turns beside the "
-                               "replayed placement (which is returned whatever wins)")
-    optimize.add_argument("--cost-db", default=None, help="cost database (default: $COLLAGE_COST_DB or the user cache)")
-    optimize.add_argument("--remeasure-invalid", action="store_true",
-                          help="measure again every candidate and placement whose stored cost is invalid (a build error, "
-                               "a crash, a hang) instead of reading it; transient failures are measured again anyway")
-    optimize.add_argument("--search", choices=["op-level", "two-level"], default=None,
-                          help="two-level (default when a graph-level backend is selected) also evolves which op groups "
-                          "go to graph-level backends, scored by end-to-end latency")
-    optimize.add_argument("--budget", type=_number(0), default=DEFAULT_TWO_LEVEL.budget_s, help="two-level search budget: seconds of end-to-end measurement, those read from the cost database counted at what they took")
-    optimize.add_argument("--population", type=_whole(TWO_LEVEL_LEAST["population"]), default=DEFAULT_TWO_LEVEL.population, help="two-level population")
-    optimize.add_argument("--generations", type=_whole(TWO_LEVEL_LEAST["generations"]), default=DEFAULT_TWO_LEVEL.generations, help="two-level generations")
-    optimize.add_argument("--patience", type=_whole(TWO_LEVEL_LEAST["patience"]), default=DEFAULT_TWO_LEVEL.patience,
-                          help="two-level: stop after this many generations without a faster placement")
-    optimize.add_argument("--min-gain", type=_number(0), default=DEFAULT_TWO_LEVEL.min_gain, metavar="F",
-                          help="two-level: a generation counts as faster only when its best beats the one before by more "
-                               "than the measurements' spread and by this fraction of it (default %(default)g)")
-    optimize.add_argument("--predict-margin", type=_number(0), default=DEFAULT_TWO_LEVEL.predict_margin, metavar="F",
-                          help="two-level: a genome whose latency, predicted from the placements measured so far, is over "
-                               "the best by more than this fraction is not built (default %(default)g)")
-    optimize.add_argument("--build-every-genome", action="store_true",
-                          help="two-level: build and measure every genome, predicting none")
-    optimize.add_argument("--seed", type=int, default=0, help="two-level random seed (same seed and costs, same result)")
-    optimize.add_argument("--no-compare", action="store_true", help="do not build and measure single-backend baselines "
-                          "(the default with --placement)")
-    optimize.add_argument("--baseline-limit", type=_number(0), default=DEFAULT_BASELINE_LIMIT_S, metavar="S",
-                          help="stop a baseline whose one run takes longer than S seconds and report it as "
-                               f"stopped (default {DEFAULT_BASELINE_LIMIT_S:g}; 0: no limit)")
-    optimize.add_argument(
-        "--calibration-rounds", type=_whole(0), default=DEFAULT_ROUNDS,
-        help="re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
-    )
-    optimize.add_argument("--jobs", type=_whole(0), default=0, metavar="N",
-                          help="build N candidates at once (default 0: half the cores, at most "
-                               f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
-    optimize.add_argument("--precision", choices=PRECISIONS, default=None,
-                          help="fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 (GPUs): the model "
-                               "is converted once by TVM's mixed-precision pass and verified within that precision's "
-                               "tolerance; tf32 (GPUs): float32, with TF32 tensor-core kernels competing where a backend "
-                               "has them; a replayed placement keeps its own")
-    optimize.add_argument("--accuracy-budget", type=_number(0, above=True), default=None, metavar="E",
-                          help="with --precision bf16 or fp16: the largest error allowed, as max |out - ref| over max |ref| "
-                               "against the float32 reference on the verification inputs; parts of the model go back "
-                               "to float32, chosen by measured error, until the placement holds it")
-    optimize.add_argument("--no-cuda-graphs", action="store_true",
-                          help="on a CUDA target, build placements that launch kernel by kernel instead of replaying "
-                               "CUDA graphs (by default the report gives the placement's latency both ways)")
+    _option(optimize, "target", "--target")
+    _option(optimize, "backends", "--backends", metavar="A,B")
+    _option(optimize, "output_dir", "-o", "--output", metavar="FOLDER",
+            default_said="collage-out/MODEL, and collage-out/MODEL/replay with --placement")
+    _option(optimize, "placement", "--placement", metavar="FILE")
+    compare = optimize.add_mutually_exclusive_group()
+    compare_help = field_at("compare_backends").metadata["help"]
+    compare.add_argument("--compare", dest="compare_backends", action="store_const", const=True, default=None,
+                         help=compare_help)
+    compare.add_argument("--no-compare", dest="compare_backends", action="store_const", const=False, help=f"do not {compare_help}")
+    _option(optimize, "cost_db", "--cost-db", metavar="FILE")
+    _option(optimize, "remeasure_invalid", "--remeasure-invalid")
+    _option(optimize, "search", "--search")
+    _option(optimize, "two_level.budget_s", "--budget", metavar="S")
+    _option(optimize, "two_level.population", "--population", metavar="N")
+    _option(optimize, "two_level.generations", "--generations", metavar="N")
+    _option(optimize, "two_level.patience", "--patience", metavar="N")
+    _option(optimize, "two_level.min_gain", "--min-gain", metavar="F")
+    _option(optimize, "two_level.predict_margin", "--predict-margin", metavar="F")
+    optimize.add_argument("--build-every-genome", dest="two_level.predict_margin", action="store_const", const=None,
+                          default=argparse.SUPPRESS, help=field_at("two_level.predict_margin").metadata["help_for_none"])
+    _option(optimize, "two_level.seed", "--seed", metavar="N")
+    _option(optimize, "baseline_limit_s", "--baseline-limit", metavar="S")
+    _option(optimize, "calibration_rounds", "--calibration-rounds", metavar="N")
+    _option(optimize, "settings.build_workers", "--jobs", metavar="N")
+    _option(optimize, "precision", "--precision")
+    _option(optimize, "accuracy_budget", "--accuracy-budget", metavar="E")
+    _option(optimize, "accuracy_blocks", "--accuracy-blocks", metavar="N")
+    _option(optimize, "verify", "--no-verify")
+    _option(optimize, "settings.cuda_graphs", "--no-cuda-graphs")
     optimize.set_defaults(command=_optimize)
 
     export = commands.add_parser("export", parents=[strict], help="rebuild a placement (no measuring), export it for "
@@ -248,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["mlf"], default="mlf", help="mlf: Model Library Format tar (default)")
     export.add_argument("-o", "--output", required=True, help="the tar to write, e.g. model.tar (one that does not load "
                         "and run is left as model.tar.partial)")
-    export.add_argument("--target", type=_target, default=None, help="a TVM target as JSON (default: this CPU)")
+    _option(export, "target", "--target")
     export.set_defaults(command=_export)
 
     show = commands.add_parser("show", help="draw a placement, or explain why each partition was chosen")
@@ -287,33 +266,13 @@ def default_output(model: str) -> Path:
 
 
 def _optimize(args) -> int:
-    if args.compare and not args.placement:
+    options = options_from(args)
+    if options.compare_backends and options.placement is None:
         raise CollageError("--compare is for --placement: a search compares its placement with the baselines unless --no-compare")
-    if args.compare and args.no_compare:
-        raise CollageError("--compare and --no-compare contradict each other")
-    output = Path(args.output) if args.output else default_output(args.model)
-    if args.placement and not args.output:
+    output = Path(options.output_dir) if options.output_dir else default_output(args.model)
+    if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are
-    result = optimizer.optimize(
-        args.model,
-        target=args.target,
-        backends=args.backends.split(",") if args.backends else None,
-        placement=args.placement,
-        cost_db=args.cost_db,
-        output_dir=output,
-        compare_backends=args.compare or (not args.placement and not args.no_compare),
-        baseline_limit_s=args.baseline_limit or None,
-        calibration_rounds=args.calibration_rounds,
-        settings=MeasureSettings(build_workers=args.jobs, cuda_graphs=not args.no_cuda_graphs),
-        search=args.search,
-        precision=args.precision,
-        accuracy_budget=args.accuracy_budget,
-        remeasure_invalid=args.remeasure_invalid,
-        two_level=TwoLevelSettings(
-            population=args.population, generations=args.generations, patience=args.patience, budget_s=args.budget,
-            min_gain=args.min_gain, seed=args.seed, predict_margin=None if args.build_every_genome else args.predict_margin,
-        ),
-    )
+    result = optimizer.optimize(args.model, options=attrs.evolve(options, output_dir=output))
     print(render_report(result))
     saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
     saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
@@ -328,8 +287,7 @@ def _optimize(args) -> int:
 
 
 def _inspect(args) -> int:
-    inspection = inspect_model(args.model, target=args.target,
-                               backends=args.backends.split(",") if args.backends else None, precision=args.precision)
+    inspection = inspect_model(args.model, target=args.target, backends=args.backends, precision=args.precision)
     print(render_inspection(inspection, show_relax=not args.no_relax, show_candidates=args.candidates))
     return 0
 
@@ -341,10 +299,9 @@ def _export(args) -> int:
     backends = sorted({p.backend for p in load_placement(args.placement).partitions})
     # The replay's library and files are only a means to the tar: kept in a folder removed however the export ends.
     with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
-        result = optimizer.optimize(
-            args.model, target=args.target, backends=backends, placement=args.placement, compare_backends=False,
-            show_progress=False, output_dir=replay,
-        )
+        options = OptimizeOptions(target=args.target, backends=backends, placement=args.placement, compare_backends=False,
+                                  show_progress=False, output_dir=replay)
+        result = optimizer.optimize(args.model, options=options)
         path = export_mlf(result, args.output, check_inputs=result.model.random_inputs())
     print(f"saved: {path} (Model Library Format; loaded and run once in a new process; load it with "
           "collage_core.outputs.mlf.load_mlf)")

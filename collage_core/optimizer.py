@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
-from collage_core.api_checks import check_optimize_arguments
+from collage_core.api_checks import EXAMPLE_INPUTS, refuse_unless_met, refuse_unwritable_output
 from collage_core.backends import BackendInfo, contribute_patterns, discover_backends, select_backends, serves
 from collage_core.build import stage as build_stage
 from collage_core.candidates.enumeration import enumerate_candidates
@@ -32,6 +32,7 @@ from collage_core.model.probes import outputs_of_variants
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.verify import Verification, compare_outputs
 from collage_core.model.widening import units
+from collage_core.options import OptimizeOptions, keyword_signature
 from collage_core.outputs import output_folder
 from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
 from collage_core.outputs.placement_file import load_placement
@@ -49,29 +50,11 @@ log = logging.getLogger("collage")
 FIT_FILE = "accuracy-budget.json"  # the accuracy budget's probes, reused by a rerun into the same directory
 
 
-def optimize(
-    model: Any,
-    *,
-    target: Any = None,
-    backends: Optional[Sequence[str]] = None,
-    example_inputs: Optional[Sequence[Any]] = None,
-    placement: Optional[os.PathLike] = None,
-    search: Optional[str] = None,
-    two_level: TwoLevelSettings = TwoLevelSettings(),
-    cost_db: Optional[os.PathLike] = None,
-    output_dir: Optional[os.PathLike] = None,
-    settings: MeasureSettings = MeasureSettings(),
-    compare_backends: Optional[bool] = None,
-    baseline_limit_s: Optional[float] = DEFAULT_BASELINE_LIMIT_S,
-    calibration_rounds: int = DEFAULT_ROUNDS,
-    verify: bool = True,
-    show_progress: bool = True,
-    precision: Optional[str] = None,
-    accuracy_budget: Optional[float] = None,
-    accuracy_blocks: int = DEFAULT_BLOCKS,
-    remeasure_invalid: bool = False,
-) -> OptimizedModel:
-    """Place ``model`` on the fastest mix of ``backends`` (default: every available one) for ``target``.
+def optimize(model: Any, *, example_inputs: Optional[Sequence[Any]] = None, options: Optional[OptimizeOptions] = None,
+             **chosen: Any) -> OptimizedModel:
+    """Place ``model`` on the fastest mix of backends for a target, as ``options`` say (an
+    :class:`OptimizeOptions`; default: every default), each option also given by its name, which wins
+    over ``options``' (``optimize(model, target="cuda", backends=["tvm"])``).
 
     ``model`` is an ONNX path or ModelProto, a ``torch.nn.Module`` with ``example_inputs``, or a
     Relax IRModule. ``search`` is ``"op-level"`` or ``"two-level"`` (the default when a
@@ -94,8 +77,18 @@ def optimize(
     outputs are verified against the budget (see :mod:`collage_core.model.accuracy_budget`; ``accuracy_blocks``
     is how many blocks the units are probed in). With ``remeasure_invalid``, every candidate and placement
     whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read.
+
+    Every option is checked before anything is read (:class:`collage_core.api_checks.ArgumentError`, one line
+    naming it); :class:`OptimizeOptions`' fields say what each must be.
     """
-    check_optimize_arguments(locals())
+    options = OptimizeOptions.given(options, chosen)
+    refuse_unless_met("example_inputs", EXAMPLE_INPUTS, example_inputs)
+    refuse_unwritable_output(options.output_dir)
+    target, backends, placement, search, two_level = options.target, options.backends, options.placement, options.search, options.two_level
+    cost_db, output_dir, settings, baseline_limit_s = options.cost_db, options.output_dir, options.settings, options.baseline_limit_s
+    calibration_rounds, verify, show_progress, precision = options.calibration_rounds, options.verify, options.show_progress, options.precision
+    accuracy_budget, accuracy_blocks, remeasure_invalid = options.accuracy_budget, options.accuracy_blocks, options.remeasure_invalid
+    compare_backends = options.compares_backends()
     say = _Narrator(show_progress)
     clock = PhaseClock()
     workdir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
@@ -103,8 +96,6 @@ def optimize(
     workdir.mkdir(parents=True, exist_ok=True)
     # Held first, so that a second run into the folder stops before it imports anything.
     with _removed_on_failure(workdir, temporary=output_dir is None), output_folder.held(workdir, made_here) as scratch:
-        if compare_backends is None:
-            compare_backends = placement is None
         original = load_model(model, example_inputs)
         if verify:  # a model whose outputs cannot be checked fails here, before anything is measured
             say(check_against_reference(original))
@@ -260,6 +251,9 @@ def optimize(
         else:  # the library lives in a temporary folder as long as the result that runs it
             weakref.finalize(optimized, shutil.rmtree, str(workdir), True)
         return optimized
+
+
+optimize.__signature__ = keyword_signature(optimize)
 
 
 def _say_what_is_overwritten(workdir: Path, placement, say) -> None:

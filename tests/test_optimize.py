@@ -196,7 +196,7 @@ def test_dash_o_and_double_dash_output_name_the_same_directory():
     from collage_core.cli import _parser
 
     for spelling in ("-o", "--output"):
-        assert _parser().parse_args(["optimize", "model.onnx", spelling, "somewhere"]).output == "somewhere"
+        assert _parser().parse_args(["optimize", "model.onnx", spelling, "somewhere"]).output_dir == "somewhere"
 
 
 def test_cli_backends_lists_tvm():

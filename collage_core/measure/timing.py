@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import attrs
 import numpy as np
 
+from collage_core.api_checks import BOOLEAN, described, whole
 from collage_core.records import Cost
 
 # A single-backend baseline whose one run takes longer is stopped (untuned TVM on BERT at batch 8: minutes).
@@ -68,8 +69,10 @@ class MeasureSettings:
     timeout_s: float = 600.0
     cutoff_s: Optional[float] = None
     single_run_s: float = 5.0
-    build_workers: int = 0
-    cuda_graphs: bool = True
+    build_workers: int = described(0, whole(0), f"build this many candidates at once (0: half the cores, at most "
+                                   f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
+    cuda_graphs: bool = described(True, BOOLEAN, "replay CUDA graphs in the placements built for a CUDA target (the "
+                                  "report gives the placement's latency both with and without)")
 
     def parallel_builds(self) -> int:
         """How many candidates are built at once: ``build_workers``, or with 0 half the cores up to MAX_BUILD_WORKERS

@@ -32,6 +32,8 @@ from collage_core.errors import CollageError
 
 DEFAULT_BLOCKS = 8
 DEFAULT_REFINEMENTS = 4  # probes spent giving parts of the last block sent back to float32 their 16 bits again
+NEEDS_REFERENCE = ("an accuracy budget is held by measuring the outputs against the reference: it needs verification "
+                   "and a model with a reference (ONNX or PyTorch)")
 
 
 class AccuracyBudgetError(CollageError):

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import attrs
 from deap import algorithms, base, creator, tools
 
+from collage_core.api_checks import described, number, whole
 from collage_core.records import Cost, Partition
 from collage_core.search.genome_prediction import LatencyPredictor
 from collage_core.search.graph import OpGraph
@@ -40,13 +41,18 @@ class TwoLevelSettings:
     ``predict_margin``: a genome predicted slower than the best measured by more than this share is
     not built (None builds every genome; on BERT-base, 2 cores, each build took about 9 s)."""
 
-    population: int = 12
-    generations: int = 8
-    patience: int = 3
-    budget_s: float = 900.0
-    seed: int = 0
-    min_gain: float = 0.01
-    predict_margin: Optional[float] = 0.1
+    population: int = described(12, whole(2), "two-level population")  # crossover draws two placements from it
+    generations: int = described(8, whole(0), "two-level generations")
+    patience: int = described(3, whole(1), "two-level: stop after this many generations without a faster placement")
+    budget_s: float = described(900.0, number(0), "two-level search budget: seconds of end-to-end measurement, those "
+                                "read from the cost database counted at what they took")
+    seed: int = described(0, whole(None), "two-level random seed (same seed and costs, same result)")
+    min_gain: float = described(0.01, number(0), "two-level: a generation counts as faster only when its best beats "
+                                "the one before by more than the measurements' spread and by this fraction of it")
+    predict_margin: Optional[float] = described(0.1, number(0).or_none(), "two-level: a genome whose latency, "
+                                                "predicted from the placements measured so far, is over the best by "
+                                                "more than this fraction is not built",
+                                                help_for_none="two-level: build and measure every genome, predicting none")
     crossover_probability: float = 0.6
     mutation_probability: float = 0.4
     gene_mutation_probability: float = 0.1

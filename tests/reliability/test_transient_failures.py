@@ -158,8 +158,8 @@ def test_collage_optimize_remeasure_invalid_measures_a_stored_failure_again(load
     assert first.invalid == 1 and first.measured == 2
     assert (run().measured, run(remeasure_invalid=True).measured) == (0, 1)
 
-    def refused(model, **options):
-        raise CollageError(f"remeasure_invalid={options['remeasure_invalid']}")
+    def refused(model, *, options):
+        raise CollageError(f"remeasure_invalid={options.remeasure_invalid}")
 
     monkeypatch.setattr(optimizer, "optimize", refused)
     for flag, passed in (([], False), (["--remeasure-invalid"], True)):
