@@ -114,6 +114,18 @@ def select_backends(infos: dict[str, BackendInfo], names: Optional[Sequence[str]
     return chosen
 
 
+def backends_for(pm: CollagePluginManager, names, target) -> list[BackendInfo]:
+    """The backends a run places on: those :func:`select_backends` chooses (``names``, or by default) that
+    serve ``target``; each plugin that failed to load is warned of."""
+    infos = discover_backends(pm)
+    for failure in pm.failures:
+        log.warning("plugin %s: %s", failure.name, failure.reason)
+    chosen = [info for info in select_backends(infos, names, target) if serves(info, target)]
+    if not chosen:
+        raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
+    return chosen
+
+
 def device_kind(target) -> str:
     """The kind of device ``target`` runs on, as backends name it in ``device_kinds`` (``llvm`` is the CPU)."""
     return "cpu" if target.kind.name == "llvm" else target.kind.name

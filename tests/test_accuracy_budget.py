@@ -11,7 +11,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from collage_core import cli, optimizer, tvm_compat
+from collage_core import cli, tvm_compat
+from collage_core.candidates.enumeration import candidates_for
 from collage_core.errors import CollageError
 from collage_core.model import precision, widening
 from collage_core.model.accuracy_budget import AccuracyBudgetError, blocks_of, fit
@@ -19,6 +20,7 @@ from collage_core.model.model_import import load_model
 from collage_core.model.verify import compare_outputs
 from collage_core.optimizer import optimize
 from collage_core.outputs.placement_file import PlacementFileError, load_placement
+from collage_core.search import accuracy_stage
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CPU = tvm_compat.make_target(tvm_compat.host_cpu_target())
@@ -148,7 +150,7 @@ def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same
     def probing_again(*args, **kwargs):
         raise AssertionError("the rerun probed again")
 
-    monkeypatch.setattr(optimizer, "fit", probing_again)  # a rerun into the same directory reuses the probes
+    monkeypatch.setattr(accuracy_stage, "fit", probing_again)  # a rerun into the same directory reuses the probes
     again = optimize(model, precision="bf16", accuracy_budget=budget, accuracy_blocks=2, output_dir=out, **kwargs)
     assert again.accuracy == held.accuracy and again.placement.float32_units == held.placement.float32_units
 
@@ -221,7 +223,7 @@ def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_who
     placed = []
     for units in [(), (0, count - 1), tuple(range(count))]:  # placed by the search on equal costs: any valid placement
         job = job_of(precision.with_float32_units(converted, units, original))
-        candidates = optimizer._all_candidates(pm, job.graph, chosen, CPU, converted.precision)
+        candidates = candidates_for(pm, job.graph, chosen, CPU, converted.precision)
         placed.append((units, searched_parts(job.graph, candidates, {c.key: Cost.measured(1e-3, 0.0, 1) for c in candidates})))
     base = job_of(converted)
     at_once = outputs_of_variants(base, original, placed, workers=2)

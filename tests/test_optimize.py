@@ -662,9 +662,9 @@ BASELINE_WON = ("unpartitioned relax.build won the contest in turns: 1.000 ms ag
 def code_held_still(monkeypatch) -> None:
     """Collage's source is part of the key a run's end is kept under: held still for tests that rerun a
     command into the same directory, since other files of the working tree may be edited meanwhile."""
-    from collage_core import optimizer
+    from collage_core.outputs import reuse
 
-    monkeypatch.setattr(optimizer, "code_digest", lambda modules: "this code")
+    monkeypatch.setattr(reuse, "code_digest", lambda modules: "this code")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from collage_core import tvm_compat
 
 from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
-from collage_core.measure.cost_db import CostDatabaseError
+from collage_core.measure.cost_db import CostDatabaseError, open_costs
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.job import (
     BASELINE_PROTOCOL,
@@ -31,13 +31,20 @@ from collage_core.measure.job import (
 )
 from collage_core.measure.timing import stopped, stopped_limit
 from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
+from collage_core.measure.progress import PhaseClock
 from collage_core.model import original_model
-from collage_core.model.precision import FP32
+from collage_core.model.accuracy_budget import Fit
+from collage_core.model.precision import FP32, Tolerance, tolerance
+from collage_core.model.verify import Verification, compare_outputs
+from collage_core.options import OptimizeOptions
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
+from collage_core.outputs.output_folder import RunFolder
+from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.search.baselines import (
     IN_TURNS,
+    baseline_file,
     TURNS_MARGIN,
     closest_rivals,
     faster_baseline,
@@ -48,6 +55,7 @@ from collage_core.search.baselines import (
 )
 from collage_core.search.calibration import signature
 from collage_core.search.regions import decode
+from collage_core.search.stage import Placed
 from collage_core.search.two_level import seed_genomes
 
 # The pattern name of TVM's unpartitioned build placed as one partition (see whole_model_on_tvm).
@@ -196,6 +204,95 @@ def found_by(search: str, replayed_from=None, replayed_why: str = "") -> str:
     if replayed_from is None:
         return f"found by the {search} search"
     return f"replayed from {replayed_from}" + (f" (the file says why it was chosen: {replayed_why})" if replayed_why else "")
+
+
+@attrs.frozen
+class Finished:
+    """What a run returns: its ``placement`` (with why it was chosen), that placement's build and
+    verification, the end-to-end rows of the report, and the searched placement when a baseline won
+    the contest and was returned instead."""
+
+    placement: Placement
+    parts: list
+    built: Built
+    verification: Optional[Verification]
+    rows: list
+    searched_placement: Optional[Placement] = None
+
+
+def build_and_compare(job: Job, placed: Placed, options: OptimizeOptions, search: str, replayed: Optional[Placement],
+                      library: Path, folder: RunFolder, fitted: Optional[Fit], clock: PhaseClock) -> Finished:
+    """The placement built into ``library`` and verified; unless ``options`` say not to compare, the
+    baselines measured (their placements saved in a kept folder), timed in turns with it and the
+    fastest by a margin returned instead (never in a replay), and the placement measured without CUDA
+    graphs too. Outputs are held to ``fitted``'s budget where the accuracy budget was fitted, else to
+    the precision's tolerance."""
+    parts, placement = placed.parts, placed.placement
+    job.say("building the placement and measuring it end to end")
+    built = build_placement(job, parts, library)
+    verification = verified(job, built, options.verify, fitted)
+    clock.lap("building and verifying")
+    origin = found_by(search, options.placement, replayed.why_chosen if replayed is not None else "")
+    searched_placement = None
+    if not options.compares_backends():
+        outcome = Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
+                          origin if options.placement is not None else f"{origin}; not compared with baselines")
+    else:
+        with _costs_for_baselines(options) as db:
+            measured = baselines(job, parts, built.cost, placed.candidates, placed.measurement, placed.op_level_parts,
+                                 placed.two_level, options.baseline_limit_s, db)
+        clock.lap("baselines")
+        if folder.kept:
+            for entry, baseline_parts in measured:
+                if baseline_parts is not None:
+                    job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(folder.path, entry.name))
+        # A replay returns the placement it was given, whatever ran faster beside it.
+        outcome = finish(job, library, origin, parts, built, measured, may_replace=options.placement is None)
+        clock.lap("contest in turns")
+        if outcome.replacement is not None:
+            # What ran faster beside it is the result, with the cost it was chosen by.
+            entry, parts = outcome.replacement
+            job.say(f"{entry.name} ran faster than the searched placement: it is the result")
+            searched_placement = attrs.evolve(
+                placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)")
+            placement = job.placement(parts, search, placed.candidates,
+                                      placed.measurement.costs if placed.measurement else None)
+            built = outcome.replacement_build
+            verification = verified(job, built, options.verify, fitted)
+            clock.lap("building and verifying")
+    rows = list(outcome.rows)
+    placement = attrs.evolve(placement, why_chosen=outcome.why)
+    job.say(f"why this placement: {outcome.why}")
+    if options.compares_backends():
+        with _costs_for_baselines(options) as db:
+            plain = without_cuda_graphs(job, parts, options.baseline_limit_s, db)
+        if plain is not None:
+            rows.insert(next(i for i, row in enumerate(rows) if not row.timed_in_turns), plain)
+            clock.lap("without CUDA graphs")
+    if fitted is not None and verification is not None:
+        placement = attrs.evolve(placement, accuracy_budget=fitted.budget, measured_error=verification.max_rel_error)
+    return Finished(placement, parts, built, verification, rows, searched_placement)
+
+
+def verified(job: Job, built: Built, verify: bool, fitted: Optional[Fit]) -> Optional[Verification]:
+    """``built``'s outputs compared with the model's reference (None without verification or a reference):
+    held to the accuracy budget ``fitted`` where there is one, else to the precision's tolerance."""
+    model = job.imported
+    if not verify or model.reference is None:
+        return None
+    held_to = tolerance(model.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
+    verification = compare_outputs(built.outputs, model.reference(job.inputs), model.reference_name,
+                                   rtol=held_to.rtol, atol=held_to.atol)
+    job.say(verification.describe())
+    return verification
+
+
+def _costs_for_baselines(options: OptimizeOptions):
+    """The cost database for the baselines; none when replaying a placement file (it reads no database):
+    a replayed placement measures its baselines afresh."""
+    if options.placement is not None:
+        return contextlib.nullcontext()
+    return open_costs(options.cost_db, options.remeasure_invalid)
 
 
 def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines, may_replace: bool = True) -> Outcome:

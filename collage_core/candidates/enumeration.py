@@ -11,6 +11,7 @@ from tvm import relax
 from tvm.relax import dpl
 
 from collage_core import tvm_compat
+from collage_core.backends import BackendInfo, contribute_patterns
 from collage_core.model.relax_graph import RegionError, RelaxGraph
 from collage_core.records import Candidate, Pattern, PatternMatch, PatternRefused
 
@@ -25,6 +26,12 @@ class Refusal:
     nodes: frozenset
     reason: str
     broken: bool = False
+
+
+def candidates_for(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target, precision: str) -> list[Candidate]:
+    """Every candidate of the ``chosen`` backends' patterns for ``target`` at ``precision`` over ``graph``."""
+    patterns = [pattern for info in chosen for pattern in contribute_patterns(pm, info.backend, target, precision)]
+    return enumerate_candidates(graph, patterns)
 
 
 def enumerate_candidates(graph: RelaxGraph, patterns: Sequence[Pattern],

@@ -619,3 +619,9 @@ def _row_from_cost(cost: Cost) -> tuple:
 def _cost_from_row(row: tuple) -> Cost:
     kind, median_s, spread_s, repeats, reason = row
     return Cost(kind, median_s, spread_s, repeats, reason)
+
+
+def open_costs(path: Optional[os.PathLike], remeasure_invalid: bool = False) -> CostDatabase:
+    """The cost database at ``path`` (default: :func:`default_cost_db_path`); with ``remeasure_invalid``, the
+    invalid costs stored before it is opened are not read, so they are measured again."""
+    return CostDatabase.open(path if path else default_cost_db_path(), remeasure_invalid=remeasure_invalid)

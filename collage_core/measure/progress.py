@@ -57,3 +57,29 @@ class ProgressBar:
             self.stream.write("\n")
             self.stream.flush()
         self.enabled = False
+
+
+class Narrator:
+    """Says what a run is doing on stderr, each line after the minutes and seconds since it started."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.started = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            minutes, seconds = divmod(int(time.perf_counter() - self.started), 60)
+            print(f"[{minutes:02d}:{seconds:02d}] {message}", file=sys.stderr, flush=True)
+
+
+class PhaseClock:
+    """Seconds spent in each phase of a run, in order (a phase lapped twice adds up)."""
+
+    def __init__(self):
+        self.phases_s: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases_s[phase] = self.phases_s.get(phase, 0.0) + now - self.last
+        self.last = now

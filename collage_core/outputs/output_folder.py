@@ -24,6 +24,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -31,6 +32,8 @@ import tempfile
 import unicodedata
 from pathlib import Path
 from typing import Iterator, Optional
+
+import attrs
 
 from collage_core.errors import CollageError
 
@@ -46,6 +49,56 @@ DEFAULT_NAME = "model"
 
 class OutputFolderInUse(CollageError):
     """Another run holds the output folder."""
+
+
+@attrs.frozen
+class RunFolder:
+    """Where a run writes: ``path``, the caller's output folder (``kept``) or else a temporary one, and
+    the run's own ``scratch`` inside it (see :func:`held`)."""
+
+    path: Path
+    scratch: Path
+    kept: bool
+
+
+@contextlib.contextmanager
+def for_run(output_dir: Optional[os.PathLike]) -> Iterator[RunFolder]:
+    """The folder a run writes in, held for it (see :func:`held`): ``output_dir``, made as needed, or a
+    temporary folder, removed if the run fails (on success it lives as long as the run's result). Held
+    first, so that a second run into the folder stops before it imports anything."""
+    path = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="collage-"))
+    made = first_missing(path)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        with held(path, made) as scratch:
+            yield RunFolder(path, scratch, kept=bool(output_dir))
+    except BaseException:
+        if not output_dir:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def first_missing(folder: Path) -> Optional[Path]:
+    """The outermost of ``folder`` and the folders above it that do not exist yet (None when it exists)."""
+    missing = None
+    while not folder.exists() and folder != folder.parent:
+        missing, folder = folder, folder.parent
+    return missing
+
+
+def say_what_is_overwritten(folder: Path, replaying: Optional[os.PathLike], say) -> None:
+    """One line when this run writes over another kind of run's files in ``folder``: a replay over a
+    search's (or over another file's replay), a search over a replay's. A search over a search says
+    whether it reuses it (see ``collage_core.outputs.reuse``)."""
+    try:
+        before = json.loads((folder / "results.json").read_text()).get("replayed_from")
+    except (OSError, ValueError, AttributeError):
+        return
+    replaying = None if replaying is None else str(replaying)
+    if before == replaying:
+        return
+    kind = "searched run" if before is None else f"replay of {before}"
+    say(f"overwriting the {kind} in {folder} (its placement.json, report.txt, results.json and library)")
 
 
 def safe_file_name(name: str, default: str = DEFAULT_NAME) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,8 +22,10 @@ from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
 from collage_core.outputs.picture import backend_colours
+from collage_core.outputs.output_folder import RunFolder
 from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.report import is_noisy, placement_throughput, render_report
+from collage_core.outputs.reuse import FinishedBuild, FinishKey, save_finished
 from collage_core.outputs.search_history import history_svg
 from collage_core.records import Cost
 from collage_core.search.two_level import TwoLevelResult
@@ -125,3 +129,17 @@ class OptimizedModel:
             "throughput": None if work is None else work.to_json(),
             "threads": self.threads.to_json(),
         }
+
+
+def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKey] = None) -> OptimizedModel:
+    """``optimized``, saved in the run's folder when it is the caller's (with ``finish``, the run's end
+    too, for a rerun from the same searched placement to reuse); a temporary folder, which holds the
+    library, is removed with the result instead."""
+    if folder.kept:
+        optimized.save(folder.path)
+        if finish is not None:
+            save_finished(folder.path, optimized.library_path, FinishedBuild(
+                finish, optimized.placement, optimized.end_to_end, optimized.verification, optimized.searched_placement))
+    else:
+        weakref.finalize(optimized, shutil.rmtree, str(folder.path), True)
+    return optimized

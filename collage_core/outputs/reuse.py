@@ -19,15 +19,20 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import attrs
 
+from collage_core import tvm_compat
 from collage_core.errors import CollageError
+from collage_core.measure.job import FINISHED_PROTOCOL, Job
 from collage_core.model.verify import Verification
 from collage_core.outputs.end_to_end import EndToEnd
 from collage_core.outputs.output_folder import write_text
 from collage_core.outputs.placement_file import Placement, placement_from_json
+
+if TYPE_CHECKING:  # a job and the options are what a run's key is made of, never made here
+    from collage_core.options import OptimizeOptions
 
 log = logging.getLogger("collage")
 
@@ -199,3 +204,27 @@ def _sha256(path: os.PathLike) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def key_of_run(job: Job, parts, options: "OptimizeOptions") -> FinishKey:
+    """The key the end of ``job``'s run from the searched ``parts`` is kept under: its model, target,
+    backends, searched placement, the options that change what follows, and the code."""
+    settings = {"accuracy_budget": options.accuracy_budget, "compare_backends": options.compares_backends(),
+                "baseline_limit_s": options.baseline_limit_s, "verify": options.verify,
+                "reference": job.imported.reference_name,
+                "settings": attrs.evolve(options.settings, build_workers=0).to_json()}
+    return FinishKey(model=job.imported.fingerprint, target=tvm_compat.target_to_json(job.target),
+                     backends={name: backend.version for name, backend in sorted(job.backends.items())},
+                     searched=job.end_to_end_key(parts, FINISHED_PROTOCOL), settings=settings,
+                     code=code_digest(job.plugin_modules))
+
+
+def run_before(directory: Path, library: Path, key: FinishKey, say) -> Optional[FinishedBuild]:
+    """The end of the run before in ``directory`` when it can be reused under ``key``; says why it cannot."""
+    kept = load_finished(directory, library, key)
+    if kept.why_not:
+        say(f"the run before in {directory} is not reused: {kept.why_not}")
+    if kept.finished is not None:
+        say(f"the run before in {directory} ended from this same searched placement (same model, target, backends, "
+            f"settings and code): its library, verification and end-to-end measurements are reused")
+    return kept.finished

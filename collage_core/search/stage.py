@@ -4,20 +4,78 @@ to end, and evolve which op groups go to graph-level backends (the two-level sea
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import attrs
 
+from collage_core.backends import BackendInfo
+from collage_core.candidates.enumeration import candidates_for
 from collage_core.errors import CollageError
+from collage_core.measure.cost_db import open_costs
 from collage_core.measure.job import Job, describe_cost
 from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
 from collage_core.measure.progress import ProgressBar
-from collage_core.records import OP_LEVEL, Partition
+from collage_core.measure.progress import PhaseClock
+from collage_core.outputs.placement_file import Placement
+from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Partition
 from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
 from collage_core.search.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
 from collage_core.search.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level
 
+if TYPE_CHECKING:  # the options name the searches defined here
+    from collage_core.options import OptimizeOptions
+
 OP_LEVEL_SEARCH = "op-level"
 TWO_LEVEL = "two-level"
+
+
+@attrs.frozen
+class Placed:
+    """The run's placement (``parts``, and as a :class:`Placement`) and how it was found: with a search, the
+    candidates and their measurement, the searches' seconds, the op-level placement and the two-level
+    search's result (which a replay has none of)."""
+
+    parts: list
+    placement: Placement
+    candidates: list = attrs.field(factory=list)
+    measurement: Optional[MeasurementReport] = None
+    search_s: float = 0.0
+    op_level_parts: Optional[list] = None
+    two_level: Optional[TwoLevelResult] = None
+
+
+def search_kind(asked: Optional[str], chosen: Sequence[BackendInfo]) -> str:
+    """The search asked for, or by default the two-level search when a graph-level backend is chosen."""
+    return asked or (TWO_LEVEL if any(info.backend.kind == GRAPH_LEVEL for info in chosen) else OP_LEVEL_SEARCH)
+
+
+def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) -> Placed:
+    """The placement file ``options.placement`` replayed, or else the candidates measured (costs kept in
+    ``options.cost_db``), the op-level placement searched and calibrated, and with the two-level
+    ``search`` the op groups placed on graph-level backends evolved."""
+    if options.placement is not None:
+        placement = job.replayed(options.placement)
+        clock.lap("import and placement file")
+        return Placed(list(placement.partitions), placement)
+    candidates = candidates_for(job.pm, job.graph, job.chosen, job.target, job.imported.precision)
+    with open_costs(options.cost_db, options.remeasure_invalid) as db:
+        job.say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
+        clock.lap("import and candidates")
+        measurement = measure(job, candidates, db)
+        clock.lap("measuring candidates")
+        started = time.perf_counter()
+        parts = op_level_search(job, candidates, measurement.costs)
+        search_s = time.perf_counter() - started
+        parts = op_level_parts = calibrated_op_level(job, parts, candidates, measurement.costs, db,
+                                                     options.calibration_rounds)
+        two_level = None
+        if search == TWO_LEVEL:
+            two_level = two_level_search(job, op_level_parts, candidates, db, options.two_level)
+            parts = list(two_level.parts)
+            search_s += two_level.seconds
+        clock.lap("search and calibration")
+    placement = job.placement(parts, search, candidates, measurement.costs)
+    return Placed(parts, placement, candidates, measurement, search_s, op_level_parts, two_level)
 
 
 def measure(job: Job, candidates, db) -> MeasurementReport:

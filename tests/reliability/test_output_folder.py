@@ -336,11 +336,12 @@ def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(model, 
 def test_a_run_refused_because_the_folder_is_in_use_removes_nothing_of_it(model, tmp_path, monkeypatch):
     """Two runs into a folder that does not exist yet both make it; the one refused must leave it, with
     the holder's lock and scratch, to the one that holds it."""
+    from collage_core.outputs import output_folder
     from collage_core.outputs.output_folder import OutputFolderInUse
 
     out = tmp_path / "new" / "out"
     out.mkdir(parents=True)  # as both runs did before either locked it
-    monkeypatch.setattr(optimizer, "_first_missing", lambda folder: tmp_path / "new")  # both saw it missing
+    monkeypatch.setattr(output_folder, "first_missing", lambda folder: tmp_path / "new")  # both saw it missing
     with held(out) as scratch:
         with pytest.raises(OutputFolderInUse):
             collage_core.optimize(model, backends=["tvm"], search="op-level", output_dir=tmp_path / "new" / "out",
