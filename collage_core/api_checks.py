@@ -33,12 +33,14 @@ class Rule:
     """What a value must be. ``problem(value)``: what is wrong with it, empty when nothing is; with
     ``names_itself`` the problem is a whole message that names the value itself (a target's, from TVM).
     ``parse(text)``: the value an option's text on the command line stands for (ValueError, whose
-    message is the problem, when it stands for none). ``choices``: the values there are, where they are few."""
+    message is the problem, when it stands for none). ``choices``: the values there are, where they are few.
+    ``error``: what the Python API raises for a value that breaks the rule."""
 
     problem: Callable[[Any], str]
     parse: Callable[[str], Any] = str
     names_itself: bool = False
     choices: Optional[Sequence[str]] = None
+    error: type = ArgumentError
 
     def or_none(self) -> "Rule":
         """The same rule, with None allowed too."""
@@ -53,10 +55,11 @@ class Rule:
 
 
 def refuse_unless_met(name: str, rule: Rule, value: Any, of: str = "optimize") -> None:
-    """Raise :class:`ArgumentError` when ``value`` breaks ``rule``: one line naming ``name``, the argument of ``of``."""
+    """Raise the rule's error (:class:`ArgumentError`) when ``value`` breaks ``rule``: one line naming ``name``,
+    the argument of ``of``."""
     message = rule.message(name, value)
     if message:
-        raise ArgumentError(message if rule.names_itself else f"{of}: {message}")
+        raise rule.error(message if rule.names_itself else f"{of}: {message}")
 
 
 def described(default: Any, rule: Rule, help: str, converter: Optional[Callable[[Any], Any]] = None,

@@ -29,7 +29,7 @@ def _target_problem(value: Any) -> str:
     return ""
 
 
-TARGET = Rule(_target_problem, names_itself=True)  # TVM's message names the target
+TARGET = Rule(_target_problem, names_itself=True, error=tvm_compat.TargetError)  # TVM's message names the target
 
 
 def _no_limit_at_zero(limit: Any) -> Any:

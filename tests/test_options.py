@@ -18,6 +18,7 @@ from collage_core.errors import CollageError
 from collage_core.measure.timing import MeasureSettings
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.search.two_level import TwoLevelSettings
+from collage_core.tvm_compat import TargetError
 
 MODEL = "model.onnx"  # never read: every run here stops before the model is imported
 
@@ -131,6 +132,15 @@ def test_a_value_out_of_range_is_refused_in_the_same_words_by_the_command_and_th
         collage_core.optimize(MODEL, **keywords)
     assert str(refused.value) == f"optimize: {name} {problem}"
     assert not list(tmp_path.iterdir())
+
+
+def test_a_target_tvm_does_not_make_is_refused_in_tvms_words_by_the_command_and_the_api(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    code, stderr = run_main(["optimize", MODEL, "--target", "nonsense"], capfd)
+    with pytest.raises(TargetError) as refused:
+        collage_core.optimize(MODEL, target="nonsense")
+    assert str(refused.value).startswith("target 'nonsense'")
+    assert code == 2 and stderr[-1] == f"collage optimize: error: argument --target: {refused.value}"
 
 
 @pytest.mark.parametrize("argv, keywords, message", [
