@@ -17,6 +17,7 @@ _PUBLIC = {
     "CollageError": "collage_core.errors",
     "Cost": "collage_core.records",
     "MeasureSettings": "collage_core.measure.timing",
+    "OptimizeOptions": "collage_core.options",
     "OptimizedModel": "collage_core.outputs.result",
     "Partition": "collage_core.records",
     "Pattern": "collage_core.records",

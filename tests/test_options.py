@@ -180,6 +180,7 @@ def test_the_command_hands_optimize_the_record_it_read(tmp_path, monkeypatch, ca
 
 
 def test_the_api_takes_a_record_with_keywords_that_win_over_it_and_refuses_an_unknown_keyword():
+    assert collage_core.OptimizeOptions is OptimizeOptions
     record = OptimizeOptions(precision="bf16", calibration_rounds=0)
     assert OptimizeOptions.given(record, {"precision": "fp16"}) == OptimizeOptions(precision="fp16", calibration_rounds=0)
     assert OptimizeOptions.given(None, {}) == OptimizeOptions()
