@@ -91,6 +91,7 @@ _EXPORTS = {
     "Requirement": "collage_core.build.cuda_libraries:Requirement",
     # threads
     "backend_threads": "collage_core.measure.threads:backend_threads",
+    "WAIT_SETTINGS": "collage_core.measure.threads:WAIT_SETTINGS",
     # graph-level engines: the shared operator set, its patterns and lowering, and Relax to ONNX
     "relax_to_onnx": "collage_core.relax_onnx.converter",
     "engine_operators": "collage_core.relax_onnx.support",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from collage_core.kit.testing import format_table
 from collage_core.kit.testing.benchmarks import in_fresh_process
-from collage_core.measure.threads import WAIT_SETTINGS
+from collage_core.kit import WAIT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[3]
 THREAD_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT",
