@@ -33,8 +33,14 @@ def build_libraries(model: Path, placements: list[Path], out: Path) -> tuple[dic
     libraries, inputs = {}, out / "inputs.npz"
     for placement in placements:
         name = placement.stem if placement.name != "placement.json" else "placement"
-        built = collage_core.optimize(str(model), placement=placement, compare_backends=False, verify=False,
-                                      output_dir=out / name, show_progress=False)
+        built = collage_core.optimize(
+            str(model),
+            placement=placement,
+            compare_backends=False,
+            verify=False,
+            output_dir=out / name,
+            show_progress=False,
+        )
         libraries[name] = built.library_path
         if not inputs.exists():
             np.savez(inputs, *built.model.random_inputs())
@@ -45,14 +51,23 @@ def compare(libraries: dict[str, Path], inputs: Path) -> list[list[str]]:
     """The table's rows: each library timed in turns by the contest and by the benchmark."""
     contest = time_in_turns(libraries, inputs, tvm_compat.target_to_json(tvm_compat.host_cpu_target()), [], [])
     kinds = {f"{interleaved.COLLAGE} {name}": name for name in libraries}
-    bench = interleaved.measure("", 1, Path(), contenders=[(kind, libraries[name]) for kind, name in kinds.items()],
-                                inputs=inputs)["contenders"]
+    bench = interleaved.measure(
+        "", 1, Path(), contenders=[(kind, libraries[name]) for kind, name in kinds.items()], inputs=inputs
+    )["contenders"]
     rows = []
     for kind, name in kinds.items():
         ours, theirs = contest[name], bench[kind]
         warm, paused = min(theirs["process_medians_s"]), min(theirs["process_after_pause_medians_s"])
-        rows.append([name, f"{ours.warm.median_s * 1e3:.2f}", f"{ours.after_pause.median_s * 1e3:.2f}",
-                     f"{warm * 1e3:.2f}", f"{paused * 1e3:.2f}", f"{ours.warm.median_s / warm:.3f}"])
+        rows.append(
+            [
+                name,
+                f"{ours.warm.median_s * 1e3:.2f}",
+                f"{ours.after_pause.median_s * 1e3:.2f}",
+                f"{warm * 1e3:.2f}",
+                f"{paused * 1e3:.2f}",
+                f"{ours.warm.median_s / warm:.3f}",
+            ]
+        )
     return rows
 
 
@@ -67,8 +82,19 @@ def main() -> None:
         rows = compare(libraries, inputs)
     from collage_core.outputs.report import format_table
 
-    print(format_table(["library", "contest warm ms", "contest after pause ms", "interleaved warm ms",
-                        "interleaved after pause ms", "contest / interleaved, warm"], rows))
+    print(
+        format_table(
+            [
+                "library",
+                "contest warm ms",
+                "contest after pause ms",
+                "interleaved warm ms",
+                "interleaved after pause ms",
+                "contest / interleaved, warm",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,20 @@ def resnet50_convolutions() -> list[tuple[int, int, int, int, int]]:
     """(in channels, out channels, kernel, stride, input height) of each convolution of ResNet-50 at 224."""
     convs = [(3, 64, 7, 2, 224)]
     size = 56
-    for in_channels, middle, out_channels, blocks, stride in [(64, 64, 256, 3, 1), (256, 128, 512, 4, 2),
-                                                               (512, 256, 1024, 6, 2), (1024, 512, 2048, 3, 2)]:
+    for in_channels, middle, out_channels, blocks, stride in [
+        (64, 64, 256, 3, 1),
+        (256, 128, 512, 4, 2),
+        (512, 256, 1024, 6, 2),
+        (1024, 512, 2048, 3, 2),
+    ]:
         for block in range(blocks):
             step = stride if block == 0 else 1
             source = in_channels if block == 0 else out_channels
-            convs += [(source, middle, 1, 1, size), (middle, middle, 3, step, size), (middle, out_channels, 1, 1, size // step)]
+            convs += [
+                (source, middle, 1, 1, size),
+                (middle, middle, 3, step, size),
+                (middle, out_channels, 1, 1, size // step),
+            ]
             if block == 0:
                 convs.append((source, out_channels, 1, step, size))
             size //= step
@@ -70,7 +78,9 @@ def main() -> None:
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
-    print(f"{torch.cuda.get_device_name()}, cuDNN {torch.backends.cudnn.version()}, {len(resnet50_convolutions())} convolutions")
+    print(
+        f"{torch.cuda.get_device_name()}, cuDNN {torch.backends.cudnn.version()}, {len(resnet50_convolutions())} convolutions"
+    )
     print("| batch | precision | NCHW (ms) | NHWC (ms) | NCHW / NHWC |")
     print("|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):

@@ -51,19 +51,25 @@ def reason_group(reason: str) -> str:
 
 def census(mod) -> dict:
     """The operator calls of ``mod``'s main, and per converter how many it takes and why it refuses the others."""
-    from collage_core import tvm_compat
-    from collage_core.relax_onnx import support
     from collage_inductor import relax_to_torch
 
+    from collage_core import tvm_compat
+    from collage_core.relax_onnx import support
+
     refusals = {"onnx": support.refusal, "inductor": relax_to_torch.refusal}
-    calls = [binding.value for block in mod["main"].body.blocks for binding in block.bindings
-             if tvm_compat.is_op_call(binding.value)]
+    calls = [
+        binding.value
+        for block in mod["main"].body.blocks
+        for binding in block.bindings
+        if tvm_compat.is_op_call(binding.value)
+    ]
     counted = {"operators": len(calls), "by_operator": dict(collections.Counter(tvm_compat.op_name(c) for c in calls))}
     for name, refusal in refusals.items():
         reasons = collections.Counter(filter(None, (refusal(call) for call in calls)))
         counted[name] = {"taken": len(calls) - sum(reasons.values()), "refused": dict(reasons)}
-    callees = collections.Counter(tvm_compat.tir_call(c)[0].name_hint.rstrip("0123456789") for c in calls
-                                  if tvm_compat.tir_call(c) is not None)
+    callees = collections.Counter(
+        tvm_compat.tir_call(c)[0].name_hint.rstrip("0123456789") for c in calls if tvm_compat.tir_call(c) is not None
+    )
     counted["call_tir_callees"] = dict(callees)
     return counted
 
@@ -111,13 +117,19 @@ def measure_all(families, paths, raw: Path) -> None:
         print(f"[{index}/{len(pairs)}] {family} via {path} ...", end=" ", flush=True)
         started = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, __file__, "--one", family, path, "--raw", str(raw)],
-                                  capture_output=True, text=True, timeout=PAIR_TIMEOUT_S)
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", family, path, "--raw", str(raw)],
+                capture_output=True,
+                text=True,
+                timeout=PAIR_TIMEOUT_S,
+            )
             if not out.exists():
                 tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or [f"exit {done.returncode}"]
                 out.write_text(json.dumps({"family": family, "path": path, "failed": f"crash: {tail[0][:400]}"}))
         except subprocess.TimeoutExpired:
-            out.write_text(json.dumps({"family": family, "path": path, "failed": f"no result within {PAIR_TIMEOUT_S} s"}))
+            out.write_text(
+                json.dumps({"family": family, "path": path, "failed": f"no result within {PAIR_TIMEOUT_S} s"})
+            )
         result = json.loads(out.read_text())
         print(f"{'done' if not result['failed'] else 'FAILED'} ({time.perf_counter() - started:.0f} s)", flush=True)
 
@@ -130,8 +142,18 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
     import platform
     from importlib.metadata import version
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.machine()
+    )
     versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers", "onnx", "apache-tvm"))
     results = {}
     for file in sorted(raw.glob("*.json")):
@@ -140,8 +162,10 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
             results[(record["family"], record["path"])] = record
     done = [record for record in results.values() if not record["failed"]]
     totals = {stage: {"operators": 0, **{name: 0 for name in CONVERTERS}} for stage in ("as_imported", "rewritten")}
-    reasons = {stage: {name: collections.defaultdict(lambda: [0, set()]) for name in CONVERTERS}
-               for stage in ("as_imported", "rewritten")}
+    reasons = {
+        stage: {name: collections.defaultdict(lambda: [0, set()]) for name in CONVERTERS}
+        for stage in ("as_imported", "rewritten")
+    }
     for record in done:
         for stage, total in totals.items():
             total["operators"] += record[stage]["operators"]
@@ -180,27 +204,44 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
                 lines.append(f"| {family} | {path} | fails to import | | | | | | |")
                 continue
             first, second = record["as_imported"], record["rewritten"]
-            callees = ", ".join(f"{name} ×{count}" for name, count in sorted(first["call_tir_callees"].items())) or "none"
+            callees = (
+                ", ".join(f"{name} ×{count}" for name, count in sorted(first["call_tir_callees"].items())) or "none"
+            )
             lines.append(
                 f"| {family} | {path} | {first['operators']} | {_share(first['onnx']['taken'], first['operators'])} | "
                 f"{_share(first['inductor']['taken'], first['operators'])} | {second['operators']} | "
                 f"{_share(second['onnx']['taken'], second['operators'])} | "
-                f"{_share(second['inductor']['taken'], second['operators'])} | {callees} |")
+                f"{_share(second['inductor']['taken'], second['operators'])} | {callees} |"
+            )
     tables = {}  # converter -> reason group -> (calls as imported, calls after the rewrites, families)
     for name in CONVERTERS:
         before_reasons, after_reasons = reasons["as_imported"][name], reasons["rewritten"][name]
-        tables[name] = {reason: (before_reasons[reason][0], after_reasons[reason][0],
-                                 ", ".join(sorted(before_reasons[reason][1] | after_reasons[reason][1])))
-                        for reason in sorted(set(before_reasons) | set(after_reasons))}
+        tables[name] = {
+            reason: (
+                before_reasons[reason][0],
+                after_reasons[reason][0],
+                ", ".join(sorted(before_reasons[reason][1] | after_reasons[reason][1])),
+            )
+            for reason in sorted(set(before_reasons) | set(after_reasons))
+        }
     for name, label in (("onnx", "ONNX converter"), ("inductor", "PyTorch converter")):
         if name != "onnx" and tables[name] == tables["onnx"]:
-            lines += ["", f"The {label} refuses the same calls for the same reasons: it refuses what the ONNX converter "
-                          "refuses, and nothing more."]
+            lines += [
+                "",
+                f"The {label} refuses the same calls for the same reasons: it refuses what the ONNX converter "
+                "refuses, and nothing more.",
+            ]
             continue
-        lines += ["", f"The {label}'s refusals, grouped (N: a number that varies), as imported -> after the rewrites, "
-                      "most calls first:", ""]
+        lines += [
+            "",
+            f"The {label}'s refusals, grouped (N: a number that varies), as imported -> after the rewrites, "
+            "most calls first:",
+            "",
+        ]
         ranked = sorted(tables[name].items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
-        lines += [f"- {before} -> {after} × {reason} ({fams})" for reason, (before, after, fams) in ranked] or ["- none"]
+        lines += [f"- {before} -> {after} × {reason} ({fams})" for reason, (before, after, fams) in ranked] or [
+            "- none"
+        ]
     if failures:
         lines += ["", "Pairs that did not import:", "", *failures]
     report.write_text("\n".join(lines) + "\n")

@@ -43,7 +43,10 @@ def rows(convolutions: bool = False) -> list[list[str]]:
 def main() -> None:
     print(f"CUTLASS tuning on this machine (cache {library.cache_dir()}), median ms per configuration:")
     gains = []
-    for convolutions, size, configs in ((False, "M x N x K", TILE_CONFIGS), (True, "NxHxWxC -> K, RxS", CONV_TILE_CONFIGS)):
+    for convolutions, size, configs in (
+        (False, "M x N x K", TILE_CONFIGS),
+        (True, "NxHxWxC -> K, RxS", CONV_TILE_CONFIGS),
+    ):
         table = rows(convolutions)
         if not table:
             continue
@@ -55,12 +58,18 @@ def main() -> None:
         gains += [float(row[-1]) for row in table if row[-1][0].isdigit()]
     table = tuning.tuned()
     seconds = library.compile_seconds()
-    print(f"\n{len(table)} problems tuned; geomean gain over the first configuration "
-          f"{statistics.geometric_mean(gains):.2f}" if gains else f"\n{len(table)} problems tuned")
+    print(
+        f"\n{len(table)} problems tuned; geomean gain over the first configuration "
+        f"{statistics.geometric_mean(gains):.2f}"
+        if gains
+        else f"\n{len(table)} problems tuned"
+    )
     tuning_s = sum(entry.get("seconds", 0.0) for entry in tuning.tuned())
     print(f"tuning took {tuning_s:.1f} s in all (compiling what was not built, loading and timing each configuration)")
-    print(f"{len(seconds)} kernels compiled in {sum(seconds.values()):.0f} nvcc seconds "
-          f"(median {statistics.median(seconds.values()) if seconds else 0:.0f} s each)")
+    print(
+        f"{len(seconds)} kernels compiled in {sum(seconds.values()):.0f} nvcc seconds "
+        f"(median {statistics.median(seconds.values()) if seconds else 0:.0f} s each)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ def build_libraries(model: Path, backends, out: Path) -> tuple[dict[str, Path], 
     libraries = {"placement": out / "search" / f"{result.model.name}.so"}
     for placement in sorted((out / "search" / "baselines").glob("*.json")):
         try:
-            built = collage_core.optimize(str(model), placement=placement, compare_backends=False, verify=False,
-                                          output_dir=out / placement.stem, show_progress=False)
+            built = collage_core.optimize(
+                str(model),
+                placement=placement,
+                compare_backends=False,
+                verify=False,
+                output_dir=out / placement.stem,
+                show_progress=False,
+            )
         except collage_core.CollageError as error:
             print(f"{placement.stem}: not built ({error})")
             continue
@@ -74,7 +80,12 @@ def main() -> None:
                     for copy in range(args.workers):
                         worker, seconds = start(kind)
                         start_s[kind].append(seconds)
-                        request = {"op": "load_library", "library": str(library), "inputs": str(inputs), "target": target}
+                        request = {
+                            "op": "load_library",
+                            "library": str(library),
+                            "inputs": str(inputs),
+                            "target": target,
+                        }
                         once_s[name, kind, copy] = max(worker.request(request, 600)["once_s"], 1e-6)
                         workers[name, kind, copy] = worker
             samples = {key: [] for key in workers}
@@ -97,8 +108,10 @@ def main() -> None:
         ratios.append(forked / fresh)
         print(f"{name:<32} {forked:>10.3f} {fresh:>10.3f} {forked / fresh:>12.3f}")
     print(f"{'geomean':<32} {'':>10} {'':>10} {float(np.exp(np.mean(np.log(ratios)))):>12.3f}")
-    print(f"worker start-up, median: forked {np.median(start_s['fork']) * 1e3:.1f} ms "
-          f"(the first starts the zygote: {start_s['fork'][0]:.2f} s), exec {np.median(start_s['exec']):.2f} s")
+    print(
+        f"worker start-up, median: forked {np.median(start_s['fork']) * 1e3:.1f} ms "
+        f"(the first starts the zygote: {start_s['fork'][0]:.2f} s), exec {np.median(start_s['exec']):.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from peers_report import cost_row, load_raw, operators_text, ratio_text, seconds_of
+
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, WITHOUT_CUDA_GRAPHS
 from collage_core.search.baselines import IN_TURNS
-from peers_report import cost_row, load_raw, operators_text, ratio_text, seconds_of
 
 GPU_PEERS = ("pytorch eager (cuda)", "torch.compile (cuda)", "torch.compile reduce-overhead (cuda)")
 SINGLE_PREFIXES = ("tvm alone", "cublas", "cudnn", "unpartitioned relax.build")
@@ -38,15 +39,28 @@ def model_rows(directory: Path) -> Optional[dict]:
     if cold is None and not any(peers.values()):
         return None
     end_to_end = {row["name"]: row for row in (cold or {}).get("end_to_end", [])}
-    singles = {name: _cost_seconds(row) for name, row in end_to_end.items()
-               if name.startswith(SINGLE_PREFIXES) and not name.endswith(IN_TURNS)}
+    singles = {
+        name: _cost_seconds(row)
+        for name, row in end_to_end.items()
+        if name.startswith(SINGLE_PREFIXES) and not name.endswith(IN_TURNS)
+    }
     # "placement" is the returned placement's time in turns when a contest ran (the library called one
     # call at a time), with its time one after another in a row of its own; earlier runs kept only the latter.
     placement = end_to_end.get("placement")
     returned = end_to_end.get(f"placement, {ONE_AFTER_ANOTHER}", placement)
-    per_call = _cost_seconds(placement) if (placement or {}).get("timed_in_turns") else next(
-        (_cost_seconds(row) for name, row in end_to_end.items() if name.endswith(IN_TURNS)
-         and row.get("operators_by_backend") == (returned or {}).get("operators_by_backend")), None)
+    per_call = (
+        _cost_seconds(placement)
+        if (placement or {}).get("timed_in_turns")
+        else next(
+            (
+                _cost_seconds(row)
+                for name, row in end_to_end.items()
+                if name.endswith(IN_TURNS)
+                and row.get("operators_by_backend") == (returned or {}).get("operators_by_backend")
+            ),
+            None,
+        )
+    )
     return {
         "collage": _cost_seconds(returned),
         "without_graphs": _cost_seconds(end_to_end.get(WITHOUT_CUDA_GRAPHS)),
@@ -71,10 +85,13 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
     machine_file = raw_root / MACHINE_FILE
     machine = json.loads(machine_file.read_text()) if machine_file.exists() else {}
     lines = [
-        "", "# On an NVIDIA GPU", "",
+        "",
+        "# On an NVIDIA GPU",
+        "",
         f"Command: `python benchmarks/peers.py --device cuda` (raw results in `benchmarks/raw-cuda/`). "
         f"GPU: {machine.get('gpu', 'not recorded')}; driver {machine.get('driver', '?')}; PyTorch {machine.get('torch', '?')} "
-        f"(cuDNN {machine.get('torch_cudnn', '?')}); Collage's backends: {machine.get('backends', 'not recorded')}.", "",
+        f"(cuDNN {machine.get('torch_cudnn', '?')}); Collage's backends: {machine.get('backends', 'not recorded')}.",
+        "",
         "Float32 everywhere, TF32 off (PyTorch's matmul and cuDNN flags; cuDNN's tensor-core engines deselected in",
         "Collage). Collage's rows are its cold `collage optimize --target cuda --backends tvm,cublas,cudnn` run:",
         "the placement it returns, built to replay as CUDA graphs, the same placement launching kernel by kernel",
@@ -83,7 +100,8 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
         "\"Per call\" is the returned library timed one call at a time with a synchronization after each, as the",
         "contest in turns times it and as the PyTorch peers are timed; ratios against the peers use it where it",
         "was measured. torch.compile runs in its default mode and in \"reduce-overhead\" (its own CUDA graphs);",
-        "\"best compile\" is the faster of the two. Median ms of one input; ratios are Collage's latency over the other's.", "",
+        "\"best compile\" is the faster of the two. Median ms of one input; ratios are Collage's latency over the other's.",
+        "",
         "| model | Collage (ms) | no graphs (ms) | per call (ms) | operators by backend | best single backend | Collage / it | "
         "eager (ms) | torch.compile (ms) | reduce-overhead (ms) | Collage / eager | Collage / best compile | numerics | "
         "search (s) | commit |",
@@ -108,14 +126,23 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
     notes = [f"- {name}: {rows['note_detail']}." for name, rows in models if rows["note_detail"]]
     commits = sorted({rows["commit"] for _, rows in models if rows["commit"]})
     if len(commits) > 1:
-        notes.append(f"- Rows of different commits ({', '.join(commits)}) come from different runs, on machines of the "
-                     "same kind: compare the figures within a row, and across rows of one commit.")
+        notes.append(
+            f"- Rows of different commits ({', '.join(commits)}) come from different runs, on machines of the "
+            "same kind: compare the figures within a row, and across rows of one commit."
+        )
     if notes:
         lines += ["", "Notes:", *notes]
-    lines += ["", "Each backend alone, as Collage's cold run measured it (ms):", "",
-              "| model | " + " | ".join(SINGLE_PREFIXES) + " |", "|---|" + "---|" * len(SINGLE_PREFIXES)]
+    lines += [
+        "",
+        "Each backend alone, as Collage's cold run measured it (ms):",
+        "",
+        "| model | " + " | ".join(SINGLE_PREFIXES) + " |",
+        "|---|" + "---|" * len(SINGLE_PREFIXES),
+    ]
     for name, rows in models:
-        cells = [next((_ms(v) for k, v in rows["singles"].items() if k.startswith(prefix)), "") for prefix in SINGLE_PREFIXES]
+        cells = [
+            next((_ms(v) for k, v in rows["singles"].items() if k.startswith(prefix)), "") for prefix in SINGLE_PREFIXES
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if _draw(models, chart):
         lines += ["", f"![GPU latency of every contender]({chart.name})"]

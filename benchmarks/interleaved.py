@@ -79,7 +79,9 @@ def _contender_function(kind: str, name: str, batch: int, library: str, inputs: 
         import openvino
 
         onnx_path = ROOT / "models" / "hf" / f"{models.file_stem(name, batch)}.onnx"
-        compiled = openvino.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[kind]})
+        compiled = openvino.Core().compile_model(
+            str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[kind]}
+        )
         request, feeds = compiled.create_infer_request(), {input_name: example.numpy()}
         return lambda: request.infer(feeds)
     if kind in LIBRARIES or kind.startswith(f"{COLLAGE} "):
@@ -137,8 +139,16 @@ def serve(kind: str, name: str, batch: int, library: str, inputs: Optional[str] 
         protocol.flush()
 
 
-def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: Optional[Path] = None,
-            processes: int = PROCESSES, contenders: Optional[list] = None, inputs: Optional[Path] = None) -> dict:
+def measure(
+    name: str,
+    batch: int,
+    library: Path,
+    rounds: int = ROUNDS,
+    single: Optional[Path] = None,
+    processes: int = PROCESSES,
+    contenders: Optional[list] = None,
+    inputs: Optional[Path] = None,
+) -> dict:
     """Every contender's median and IQR over its warm runs in ``rounds`` interleaved turns, and its median
     after a pause (JSON-ready), each contender served by ``processes`` processes that take their turns like
     separate contenders. ``contenders`` ((kind, library) pairs) replaces the peers, Collage's library and
@@ -151,8 +161,21 @@ def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: 
     for kind, path in contenders:  # set up one at a time: a compiling contender would slow another's warm-up
         for copy in range(processes):
             process = subprocess.Popen(
-                [sys.executable, __file__, "--serve", kind, name, str(batch), str(path), *([str(inputs)] if inputs else [])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                [
+                    sys.executable,
+                    __file__,
+                    "--serve",
+                    kind,
+                    name,
+                    str(batch),
+                    str(path),
+                    *([str(inputs)] if inputs else []),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
             line = process.stdout.readline()
             if not line:
                 process.wait()
@@ -163,7 +186,7 @@ def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: 
             servers[kind, copy] = process, json.loads(line), [], []
     for round_index in range(rounds):
         order = list(servers)
-        order = order[round_index % len(order):] + order[:round_index % len(order)]  # rotate who goes first
+        order = order[round_index % len(order) :] + order[: round_index % len(order)]  # rotate who goes first
         for key in order:
             process, ready, warm, after_pause = servers[key]
             run_s = max(float(np.median(warm)) if warm else ready["once_s"], 1e-6)
@@ -175,9 +198,17 @@ def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: 
     for (kind, copy), (process, ready, warm, after_pause) in servers.items():
         process.stdin.close()
         process.wait()
-        result = results.setdefault(kind, {"setup_s": ready["setup_s"], "once_s": ready["once_s"], "samples_s": [],
-                                           "process_medians_s": [], "after_pause_s": [],
-                                           "process_after_pause_medians_s": []})
+        result = results.setdefault(
+            kind,
+            {
+                "setup_s": ready["setup_s"],
+                "once_s": ready["once_s"],
+                "samples_s": [],
+                "process_medians_s": [],
+                "after_pause_s": [],
+                "process_after_pause_medians_s": [],
+            },
+        )
         result["samples_s"] += warm
         result["process_medians_s"].append(float(np.median(warm)))
         result["after_pause_s"] += after_pause
@@ -186,8 +217,12 @@ def measure(name: str, batch: int, library: Path, rounds: int = ROUNDS, single: 
         if "samples_s" in result:
             samples = result.pop("samples_s")
             q1, median, q3 = np.percentile(samples, [25, 50, 75])
-            result.update(median_s=float(median), spread_s=float(q3 - q1), repeats=len(samples),
-                          after_pause_median_s=float(np.median(result.pop("after_pause_s"))))
+            result.update(
+                median_s=float(median),
+                spread_s=float(q3 - q1),
+                repeats=len(samples),
+                after_pause_median_s=float(np.median(result.pop("after_pause_s"))),
+            )
     return {"rounds": rounds, "burst_s": BURST_S, "processes": processes, "turns": TURNS, "contenders": results}
 
 

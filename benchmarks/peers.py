@@ -56,8 +56,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_report import GPU_PEERS, append_gpu_section  # noqa: E402
 import peers_report  # noqa: E402
+from gpu_report import GPU_PEERS, append_gpu_section  # noqa: E402
 from peers_report import PEERS, raw_file, single_backend_row, write_report  # noqa: E402
 
 MODELS = ["mobilenetv2", "resnet50", "convnext-tiny", "bert-base", "vit-base", "gpt2"]
@@ -71,6 +71,8 @@ def family_models() -> list[str]:
     import make_hf_models
 
     return list(make_hf_models.FAMILIES)
+
+
 RUN_TIMEOUT_S = 6 * 3600
 # What depends on Collage's code, measured again with --collage-again where that code changed.
 COLLAGE_CONFIGS = ("collage cold", "collage warm", "interleaved", "collage torch input")
@@ -157,15 +159,20 @@ def _stem(name: str, batch: int) -> str:
 def _onnx_file(name: str, batch: int) -> Path:
     path = ROOT / "models" / "hf" / f"{_stem(name, batch)}.onnx"
     if not path.exists():
-        subprocess.run([sys.executable, str(SCRIPTS / "make_hf_models.py"), "--model", name, "--batch", str(batch)],
-                       check=True, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, str(SCRIPTS / "make_hf_models.py"), "--model", name, "--batch", str(batch)],
+            check=True,
+            cwd=ROOT,
+        )
     return path
 
 
 def _commit() -> str:
     """The Collage commit measured (with "+changes" when the work tree differs from it)."""
+
     def git(*args):
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
     commit = git("rev-parse", "--short", "HEAD")
     if not commit:
         return ""
@@ -178,7 +185,10 @@ def same_collage_code(commit: Optional[str]) -> bool:
     runs now: no commit, a commit with uncommitted changes, or an unknown one count as different."""
     if not commit or commit.endswith("+changes"):
         return False
-    for diff in (["diff", "--quiet", commit, "HEAD", "--", *COLLAGE_CODE], ["diff", "--quiet", "HEAD", "--", *COLLAGE_CODE]):
+    for diff in (
+        ["diff", "--quiet", commit, "HEAD", "--", *COLLAGE_CODE],
+        ["diff", "--quiet", "HEAD", "--", *COLLAGE_CODE],
+    ):
         if subprocess.run(["git", *diff], cwd=ROOT, capture_output=True).returncode != 0:
             return False
     return True
@@ -208,12 +218,16 @@ class RawResults:
         removed. The peers' rows stay. A stale cold run takes everything of Collage's with it (its
         cost database, library and explanation), as the later runs reuse them. Rows measured with
         the current code stay, so an interrupted re-measurement resumes."""
+
         def current(config):
             return is_current(json.loads(self.path(config).read_text()).get("commit"))
 
         cold_current = self.path("collage cold").exists() and current("collage cold")
-        stale = [config for config in COLLAGE_CONFIGS
-                 if self.path(config).exists() and not (cold_current and current(config))]
+        stale = [
+            config
+            for config in COLLAGE_CONFIGS
+            if self.path(config).exists() and not (cold_current and current(config))
+        ]
         for config in stale:
             self.path(config).unlink()
         if stale:
@@ -253,7 +267,9 @@ print(json.dumps({"gpu": f"{props.name} (sm_{props.major}{props.minor})", "drive
 
 def record_gpu_machine(raw_root: Path) -> None:
     """The GPU, driver and library versions of this run, beside its results (``machine.json``)."""
-    (raw_root / "machine.json").write_text(json.dumps(_json_line([sys.executable, "-c", MACHINE_CODE]), indent=1) + "\n")
+    (raw_root / "machine.json").write_text(
+        json.dumps(_json_line([sys.executable, "-c", MACHINE_CODE]), indent=1) + "\n"
+    )
 
 
 def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
@@ -263,15 +279,30 @@ def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
     raw = RawResults(raw_root, stem)
     onnx_path = _onnx_file(name, batch)
     for peer in GPU_PEERS:
-        raw.get_or_measure(peer, lambda: _json_line(
-            [sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]))
-    raw.get_or_measure("collage cold", lambda: _collage_run(
-        onnx_path, raw.directory / "costs.sqlite", raw.directory / "collage-out", ["--target", "cuda", "--backends", GPU_BACKENDS],
-        budget=False))
+        raw.get_or_measure(
+            peer,
+            lambda: _json_line([sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]),
+        )
+    raw.get_or_measure(
+        "collage cold",
+        lambda: _collage_run(
+            onnx_path,
+            raw.directory / "costs.sqlite",
+            raw.directory / "collage-out",
+            ["--target", "cuda", "--backends", GPU_BACKENDS],
+            budget=False,
+        ),
+    )
 
 
-def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = True, collage_again: bool = False,
-                  backends: Optional[str] = None) -> None:
+def measure_model(
+    name: str,
+    batch: int,
+    raw_root: Path,
+    torch_input: bool = True,
+    collage_again: bool = False,
+    backends: Optional[str] = None,
+) -> None:
     stem = _stem(name, batch)
     print(f"{stem}:", flush=True)
     raw = RawResults(raw_root, stem)
@@ -281,8 +312,10 @@ def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = Tru
             print(f"  measuring again (measured with other Collage code): {', '.join(forgotten)}", flush=True)
     onnx_path = _onnx_file(name, batch)
     for peer in PEERS:
-        raw.get_or_measure(peer, lambda: _json_line(
-            [sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]))
+        raw.get_or_measure(
+            peer,
+            lambda: _json_line([sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]),
+        )
     costs = raw.directory / "costs.sqlite"
     out = raw.directory / "collage-out"
 
@@ -295,15 +328,25 @@ def measure_model(name: str, batch: int, raw_root: Path, torch_input: bool = Tru
 
     def interleaved():
         single_name, single = _best_single_library(warm, onnx_path, out, stem)
-        result = _json_line([sys.executable, str(ROOT / "benchmarks" / "interleaved.py"), name, str(batch),
-                             str(out / f"{stem}.so"), *(["--single", str(single)] if single else [])])
+        result = _json_line(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "interleaved.py"),
+                name,
+                str(batch),
+                str(out / f"{stem}.so"),
+                *(["--single", str(single)] if single else []),
+            ]
+        )
         return {**result, "single": single_name}
 
     raw.get_or_measure("interleaved", interleaved)
     if not torch_input:
         return
-    raw.get_or_measure("collage torch input", lambda: _json_line(
-        [sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)]))
+    raw.get_or_measure(
+        "collage torch input",
+        lambda: _json_line([sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)]),
+    )
 
 
 def _best_single_library(warm: dict, onnx_path: Path, out: Path, stem: str):
@@ -319,9 +362,22 @@ def _best_single_library(warm: dict, onnx_path: Path, out: Path, stem: str):
     from collage_core.search.baselines import baseline_file
 
     built = out / "best-single"
-    run = subprocess.run(["collage", "optimize", str(onnx_path), "--placement", str(baseline_file(out, best["name"])),
-                          "--no-compare", "--output", str(built)], capture_output=True, text=True, cwd=ROOT,
-                         timeout=RUN_TIMEOUT_S)
+    run = subprocess.run(
+        [
+            "collage",
+            "optimize",
+            str(onnx_path),
+            "--placement",
+            str(baseline_file(out, best["name"])),
+            "--no-compare",
+            "--output",
+            str(built),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=RUN_TIMEOUT_S,
+    )
     if run.returncode != 0:
         print(f"  building {best['name']} failed: {run.stderr.strip().splitlines()[-1:]}", flush=True)
         return best["name"], None
@@ -333,9 +389,26 @@ def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budg
     budget_args = ["--budget", str(TWO_LEVEL_BUDGET_S)] if budget else []
     log = out.parent / "collage-log.txt"  # written as the run goes: an interrupted run leaves how far it got
     with log.open("w") as stderr:
-        run = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(onnx_path), "--cost-db", str(costs),
-                              "--output", str(out), *budget_args, *extra],
-                             stdout=subprocess.DEVNULL, stderr=stderr, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "collage_core",
+                "optimize",
+                str(onnx_path),
+                "--cost-db",
+                str(costs),
+                "--output",
+                str(out),
+                *budget_args,
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            cwd=ROOT,
+        )
     if run.returncode != 0:
         lines = [line for line in log.read_text().strip().splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit code {run.returncode}"}
@@ -345,8 +418,11 @@ def _collage_run(onnx_path: Path, costs: Path, out: Path, extra: list[str], budg
 
 
 # What benchmarks/precision.py --device cuda wrote, appended to RESULTS.md: the precisions, CUTLASS's rows, TF32's.
-GPU_PRECISION_REPORTS = (ROOT / "benchmarks" / "PRECISION-cuda.md", ROOT / "benchmarks" / "CUTLASS-cuda.md",
-                         ROOT / "benchmarks" / "TF32-cuda.md")
+GPU_PRECISION_REPORTS = (
+    ROOT / "benchmarks" / "PRECISION-cuda.md",
+    ROOT / "benchmarks" / "CUTLASS-cuda.md",
+    ROOT / "benchmarks" / "TF32-cuda.md",
+)
 # Every torch.compile mode against Collage at fp32 and bf16 (precision.py --device cuda --modes all): the GPU part's first table.
 TORCH_COMPILE_REPORT = ROOT / "benchmarks" / "TORCH-COMPILE-cuda.md"
 
@@ -359,22 +435,43 @@ def append_file(report: Path, written: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("public", "families"), default="public",
-                        help="families: the models of more families at batch 1, raw results in benchmarks/raw-families")
-    parser.add_argument("--models", default=None, help=f"default: {','.join(MODELS)} (with --set families, all of them)")
+    parser.add_argument(
+        "--set",
+        choices=("public", "families"),
+        default="public",
+        help="families: the models of more families at batch 1, raw results in benchmarks/raw-families",
+    )
+    parser.add_argument(
+        "--models", default=None, help=f"default: {','.join(MODELS)} (with --set families, all of them)"
+    )
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--torch-batches", default="1",
-                        help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)")
-    parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw (benchmarks/raw-cuda with --device cuda)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: on an NVIDIA GPU, PyTorch eager and torch.compile against Collage over TVM, cuBLAS and cuDNN")
-    parser.add_argument("--backends", default=None,
-                        help="Collage's backends on the CPU (default: Collage's default, every available backend "
-                             "but the opt-in ones; name inductor here to include it)")
+    parser.add_argument(
+        "--torch-batches",
+        default="1",
+        help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)",
+    )
+    parser.add_argument(
+        "--raw", type=Path, default=None, help="default: benchmarks/raw (benchmarks/raw-cuda with --device cuda)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: on an NVIDIA GPU, PyTorch eager and torch.compile against Collage over TVM, cuBLAS and cuDNN",
+    )
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help="Collage's backends on the CPU (default: Collage's default, every available backend "
+        "but the opt-in ones; name inductor here to include it)",
+    )
     parser.add_argument("--only-report", action="store_true", help="write RESULTS.md and the chart from the raw files")
-    parser.add_argument("--collage-again", action="store_true",
-                        help="measure Collage's rows again where Collage's code changed since (its cold and warm "
-                             "runs, the turns, the PyTorch-input run); the peers' rows are kept; resumable")
+    parser.add_argument(
+        "--collage-again",
+        action="store_true",
+        help="measure Collage's rows again where Collage's code changed since (its cold and warm "
+        "runs, the turns, the PyTorch-input run); the peers' rows are kept; resumable",
+    )
     args = parser.parse_args()
     families = args.set == "families"
     if families:
@@ -398,16 +495,31 @@ def main() -> None:
                 if args.device == "cuda":
                     measure_model_on_gpu(name, batch, raw)
                 else:
-                    measure_model(name, batch, raw, torch_input=str(batch) in args.torch_batches.split(","),
-                                  collage_again=args.collage_again, backends=args.backends)
+                    measure_model(
+                        name,
+                        batch,
+                        raw,
+                        torch_input=str(batch) in args.torch_batches.split(","),
+                        collage_again=args.collage_again,
+                        backends=args.backends,
+                    )
     if args.raw is not None and args.raw.resolve() not in (FAMILIES_RAW.resolve(), cpu_raw.resolve()):
         return  # measured somewhere else: the report is written from the project's raw folders
     command = "python benchmarks/peers.py"
     if not families:
-        command = " ".join([command, *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
-    family_section = peers_report.family_section(FAMILIES_RAW, FAMILIES_COMMAND, ROOT / "benchmarks" / "results-families.png")
-    report = write_report(cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png",
-                          sections=(family_section,))
+        command = " ".join(
+            [command, *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))]
+        )
+    family_section = peers_report.family_section(
+        FAMILIES_RAW, FAMILIES_COMMAND, ROOT / "benchmarks" / "results-families.png"
+    )
+    report = write_report(
+        cpu_raw,
+        command,
+        ROOT / "benchmarks" / "RESULTS.md",
+        ROOT / "benchmarks" / "results.png",
+        sections=(family_section,),
+    )
     append_file(report, TORCH_COMPILE_REPORT)
     if gpu_raw.is_dir():
         append_gpu_section(gpu_raw, report, ROOT / "benchmarks" / "results-cuda.png")

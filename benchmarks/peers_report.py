@@ -37,8 +37,14 @@ COLLAGE_ROWS = {  # results.json end-to-end row -> table row (rows measured one 
 }
 TORCH_INPUT = "collage op-level, PyTorch module as input"
 SINGLE_IN_TURNS = "best single backend (Collage's build of it)"
-SINGLE_BACKENDS = ("tvm alone", "dnnl + tvm for the rest", "onnxruntime alone", "onnxruntime + op-level for the rest",
-                   "openvino alone", "openvino + op-level for the rest")
+SINGLE_BACKENDS = (
+    "tvm alone",
+    "dnnl + tvm for the rest",
+    "onnxruntime alone",
+    "onnxruntime + op-level for the rest",
+    "openvino alone",
+    "openvino + op-level for the rest",
+)
 EXPLANATION_LINES = 30
 
 
@@ -109,7 +115,9 @@ def fastest_process(row: dict) -> dict:
     return {**row, "median_s": min(medians), "pooled_median_s": row["median_s"]}
 
 
-def best_single_in_turns(directory: Path, turns: dict[str, dict], collage_s: Optional[float]) -> tuple[Optional[str], Optional[float]]:
+def best_single_in_turns(
+    directory: Path, turns: dict[str, dict], collage_s: Optional[float]
+) -> tuple[Optional[str], Optional[float]]:
     """The best single backend and Collage's ratio to it, both timed in turns (``turns``, the model's
     :func:`interleaved_rows`): its library was one of the contenders, or it is Collage's own placement
     (ratio 1). (None, None) if neither."""
@@ -184,8 +192,14 @@ def recorded_machine(raw_root: Path) -> list[str]:
 def machine() -> list[str]:
     import numpy
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
     for module in ("tvm", "onnxruntime", "openvino", "torch", "transformers"):
         try:
@@ -193,9 +207,11 @@ def machine() -> list[str]:
         except ImportError:
             versions[module] = "not installed"
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return [f"- CPU: {cpu}, {len(os.sched_getaffinity(0))} cores available; memory {memory:.0f} GiB",
-            "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-            "- backends: " + _backends_line()]
+    return [
+        f"- CPU: {cpu}, {len(os.sched_getaffinity(0))} cores available; memory {memory:.0f} GiB",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        "- backends: " + _backends_line(),
+    ]
 
 
 def _backends_line() -> str:
@@ -243,13 +259,17 @@ def _search_line(directory: Path, config: str) -> Optional[str]:
         return f"- {config}: failed: {data['error']}"
     measurement = data.get("measurement") or {}
     two_level = data.get("two_level") or {}
-    line = (f"- {config}: whole `collage optimize` run {data.get('wall_s', 0):.0f} s; candidates "
-            f"{data.get('candidates', '?')}, measured {measurement.get('measured', '?')} "
-            f"({measurement.get('from_database', '?')} from the cost database) in {measurement.get('seconds', 0):.0f} s; "
-            f"search {data.get('search_s', 0):.1f} s")
+    line = (
+        f"- {config}: whole `collage optimize` run {data.get('wall_s', 0):.0f} s; candidates "
+        f"{data.get('candidates', '?')}, measured {measurement.get('measured', '?')} "
+        f"({measurement.get('from_database', '?')} from the cost database) in {measurement.get('seconds', 0):.0f} s; "
+        f"search {data.get('search_s', 0):.1f} s"
+    )
     if two_level:
-        line += (f" (two-level: {two_level.get('generations')} generations, {two_level.get('measured')} placements "
-                 f"scored end to end{_from_database(two_level)})")
+        line += (
+            f" (two-level: {two_level.get('generations')} generations, {two_level.get('measured')} placements "
+            f"scored end to end{_from_database(two_level)})"
+        )
     numerics = data.get("numerics") or {}
     if numerics:
         line += f"; numerics against {numerics.get('reference')}: {'pass' if numerics.get('passed') else 'FAIL'}"
@@ -265,7 +285,9 @@ def _commit(directory: Path, config: str) -> str:
     return f"`{data['commit']}`" if data.get("commit") else ""
 
 
-def model_tables(raw_root: Path, heading: str = "##") -> tuple[list[str], list[str], dict[str, list[float]], list[Path]]:
+def model_tables(
+    raw_root: Path, heading: str = "##"
+) -> tuple[list[str], list[str], dict[str, list[float]], list[Path]]:
     """From every model directory under ``raw_root``: the summary table's rows, each model's details, Collage's
     ratios (against ONNX Runtime, the best peer and the best single backend) and the directories, in order."""
     directories = sorted((p for p in raw_root.iterdir() if p.is_dir() and model_rows(p)), key=_model_order)
@@ -289,37 +311,62 @@ def model_tables(raw_root: Path, heading: str = "##") -> tuple[list[str], list[s
             if value is not None:
                 ratios[key].append(value)
         collage_run = "collage warm" if head is turns else "collage cold"  # the run whose library is headlined
-        summary.append(f"| {directory.name} | {_format_ms(head.get(COLLAGE, {}))} | "
-                       f"{ratio_text(collage, ort)} | {peer_name or ''} | {ratio_text(collage, best_peer)} | "
-                       f"{single_name or ''} | {'' if single_ratio is None else f'{single_ratio:.2f}'} | "
-                       f"{_operators_by_backend(directory, collage_run)} | {_commit(directory, collage_run)} |")
+        summary.append(
+            f"| {directory.name} | {_format_ms(head.get(COLLAGE, {}))} | "
+            f"{ratio_text(collage, ort)} | {peer_name or ''} | {ratio_text(collage, best_peer)} | "
+            f"{single_name or ''} | {'' if single_ratio is None else f'{single_ratio:.2f}'} | "
+            f"{_operators_by_backend(directory, collage_run)} | {_commit(directory, collage_run)} |"
+        )
         details += [f"{heading} {directory.name}", ""]
         if turns:
             processes = (load_raw(directory, "interleaved") or {}).get("processes", 1)
-            details += [f"Timed in turns (`interleaved.py`, {processes} process{'es' if processes > 1 else ''} per "
-                        "contender); Collage's library is the one the warm `collage optimize` "
-                        f"run wrote ({_operators_by_backend(directory, 'collage warm')}):", "",
-                        "| contender | fastest process's median ± IQR of all runs (ms) | runs | vs Collage | "
-                        "median of each process (ms) | median of all runs (ms) |",
-                        "|---|---|---|---|---|---|"]
-            details += [f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {ratio_text(seconds_of(row), collage)} | "
-                        f"{', '.join(_milliseconds(s) for s in row.get('process_medians_s', []))} | "
-                        f"{_milliseconds(row.get('pooled_median_s'))} |"
-                        for name, row in turns.items()]
+            details += [
+                f"Timed in turns (`interleaved.py`, {processes} process{'es' if processes > 1 else ''} per "
+                "contender); Collage's library is the one the warm `collage optimize` "
+                f"run wrote ({_operators_by_backend(directory, 'collage warm')}):",
+                "",
+                "| contender | fastest process's median ± IQR of all runs (ms) | runs | vs Collage | "
+                "median of each process (ms) | median of all runs (ms) |",
+                "|---|---|---|---|---|---|",
+            ]
+            details += [
+                f"| {name} | {_format_ms(row)} | {row.get('repeats', '')} | {ratio_text(seconds_of(row), collage)} | "
+                f"{', '.join(_milliseconds(s) for s in row.get('process_medians_s', []))} | "
+                f"{_milliseconds(row.get('pooled_median_s'))} |"
+                for name, row in turns.items()
+            ]
             details += ["", "Each configuration in its own process, one after another:", ""]
         best_sequential_peer = _best(rows, PEERS)[1]
-        details += ["| configuration | median ± IQR (ms) | vs best peer | vs best single backend |", "|---|---|---|---|"]
-        details += [f"| {name} | {_format_ms(row)} | {ratio_text(seconds_of(row), best_sequential_peer)} | "
-                    f"{ratio_text(seconds_of(row), best_single)} |" for name, row in rows.items()]
+        details += [
+            "| configuration | median ± IQR (ms) | vs best peer | vs best single backend |",
+            "|---|---|---|---|",
+        ]
+        details += [
+            f"| {name} | {_format_ms(row)} | {ratio_text(seconds_of(row), best_sequential_peer)} | "
+            f"{ratio_text(seconds_of(row), best_single)} |"
+            for name, row in rows.items()
+        ]
         details.append("")
-        details += [line for config in ("collage cold", "collage warm", "collage torch input")
-                    for line in [_search_line(directory, config)] if line]
+        details += [
+            line
+            for config in ("collage cold", "collage warm", "collage torch input")
+            for line in [_search_line(directory, config)]
+            if line
+        ]
         text = explanation(directory)
         if text:
             shown = text.strip().splitlines()[:EXPLANATION_LINES]
-            details += ["", "<details><summary>the placement, explained (<code>collage show placement.json</code>, "
-                        f"first {len(shown)} lines of <a href=\"{raw_root.name}/{directory.name}/explanation.txt\">explanation.txt</a>)"
-                        "</summary>", "", "```", *shown, "```", "</details>"]
+            details += [
+                "",
+                "<details><summary>the placement, explained (<code>collage show placement.json</code>, "
+                f"first {len(shown)} lines of <a href=\"{raw_root.name}/{directory.name}/explanation.txt\">explanation.txt</a>)"
+                "</summary>",
+                "",
+                "```",
+                *shown,
+                "```",
+                "</details>",
+            ]
         details.append("")
     return summary, details, ratios, directories
 
@@ -330,7 +377,9 @@ def geomean_table(ratios: dict[str, list[float]]) -> list[str]:
         "| geomean over models | Collage / ONNX Runtime | Collage / best peer | Collage / best single backend |",
         "|---|---|---|---|",
         "| {} model-batch pairs | {} | {} | {} |".format(
-            len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))), "",
+            len(ratios["ort"]), *(f"{geomeans[k]:.2f}" if geomeans[k] else "" for k in ("ort", "peer", "single"))
+        ),
+        "",
     ]
 
 
@@ -342,8 +391,10 @@ SUMMARY_HEAD = [
 
 
 def _chart_of(directories: list[Path], chart: Path) -> None:
-    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)})
-                for d in directories], chart)
+    draw_chart(
+        [(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)}) for d in directories],
+        chart,
+    )
 
 
 def family_section(raw_root: Path, command: str, chart: Path) -> list[str]:
@@ -357,26 +408,43 @@ def family_section(raw_root: Path, command: str, chart: Path) -> list[str]:
     _chart_of(directories, chart)
     within = sum(1 for ratio in ratios["peer"] if ratio <= 1.02)
     return [
-        "## More families, at their published full-size configurations (CPU, batch 1)", "",
+        "## More families, at their published full-size configurations (CPU, batch 1)",
+        "",
         f"Command: `{command}` (resumable; raw results in `benchmarks/{raw_root.name}/`). Models of families beyond "
         "the six above, built by `scripts/make_hf_models.py` from each family's published configuration (its "
         "`FAMILIES`; seeded random weights), timed as above: Collage's library and the peers in turns, in one run "
-        "per model, on the machine above.", "",
-        f"Collage within 2% of the best peer or faster: {within} of {len(ratios['peer'])} models.", "",
-        *geomean_table(ratios), *SUMMARY_HEAD, *summary, "",
-        f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
+        "per model, on the machine above.",
+        "",
+        f"Collage within 2% of the best peer or faster: {within} of {len(ratios['peer'])} models.",
+        "",
+        *geomean_table(ratios),
+        *SUMMARY_HEAD,
+        *summary,
+        "",
+        f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})",
+        "",
+        *details,
     ]
 
 
-def write_report(raw_root: Path, command: str, report: Path, chart: Path, machine_lines: Optional[list[str]] = None,
-                 sections: tuple[list[str], ...] = ()) -> Path:
+def write_report(
+    raw_root: Path,
+    command: str,
+    report: Path,
+    chart: Path,
+    machine_lines: Optional[list[str]] = None,
+    sections: tuple[list[str], ...] = (),
+) -> Path:
     """Write the report and the chart from every model directory under ``raw_root``, then ``sections`` (lines each,
     as ``family_section`` gives); returns the report's path."""
     summary, details, ratios, directories = model_tables(raw_root)
     lines = [
-        "# Collage against its peers", "",
-        f"Command: `{command}` (resumable; raw results in `benchmarks/raw/`).", "",
-        *(recorded_machine(raw_root) if machine_lines is None else machine_lines), "",
+        "# Collage against its peers",
+        "",
+        f"Command: `{command}` (resumable; raw results in `benchmarks/raw/`).",
+        "",
+        *(recorded_machine(raw_root) if machine_lines is None else machine_lines),
+        "",
         "Median latency ± interquartile range for one input. Ratios are Collage's latency over the other's:",
         "below 1 Collage is faster. Collage's library (as the warm `collage optimize` run wrote it) and the",
         "peers are timed in turns (`benchmarks/interleaved.py`), because this machine's speed drifts by a",
@@ -392,16 +460,20 @@ def write_report(raw_root: Path, command: str, report: Path, chart: Path, machin
         "with the op-level placement for what it cannot run), each built by Collage and measured by `collage optimize` beside",
         "its placement.",
         "A baseline whose one run takes longer than `--baseline-limit` (60 s) was stopped; a run over 5 s is",
-        "timed once.", "",
-        *geomean_table(ratios), *SUMMARY_HEAD, *summary, "",
-        f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})", "", *details,
+        "timed once.",
+        "",
+        *geomean_table(ratios),
+        *SUMMARY_HEAD,
+        *summary,
+        "",
+        f"![latency of every configuration and speed relative to ONNX Runtime]({chart.name})",
+        "",
+        *details,
         *(line for section in sections for line in section),
     ]
     report.write_text("\n".join(lines) + "\n")
     _chart_of(directories, chart)
     return report
-
-
 
 
 def _model_order(directory: Path) -> tuple:
@@ -435,8 +507,11 @@ def draw_chart(models: list[tuple[str, dict, dict]], path: Path) -> None:
         return
     speeds = relative_speeds([turns for _, _, turns in models])
     merged = [(name, {**rows, **turns}) for name, rows, turns in models]
-    configs = [c for c in [COLLAGE, *PEERS, SINGLE_IN_TURNS, *SINGLE_BACKENDS, TORCH_INPUT, "tvm unpartitioned relax.build"]
-               if any(seconds_of(rows.get(c)) for _, rows in merged)]
+    configs = [
+        c
+        for c in [COLLAGE, *PEERS, SINGLE_IN_TURNS, *SINGLE_BACKENDS, TORCH_INPUT, "tvm unpartitioned relax.build"]
+        if any(seconds_of(rows.get(c)) for _, rows in merged)
+    ]
     figure, (latency, relative) = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(models)) + 4, 9))
     width = 0.8 / max(1, len(configs))
     positions = range(len(models))
@@ -444,19 +519,29 @@ def draw_chart(models: list[tuple[str, dict, dict]], path: Path) -> None:
         x = [m + index * width for m in positions]
         timed = [seconds_of(turns.get(config)) for _, _, turns in models]
         sequential = [None if t else seconds_of(rows.get(config)) for t, (_, rows, _) in zip(timed, models)]
-        latency.bar(x, [s * 1e3 if s else 0 for s in timed], width, label=config if any(timed) else None,
-                    color=f"C{index}")
+        latency.bar(
+            x, [s * 1e3 if s else 0 for s in timed], width, label=config if any(timed) else None, color=f"C{index}"
+        )
         if any(sequential):
-            latency.bar(x, [s * 1e3 if s else 0 for s in sequential], width, color=f"C{index}", hatch="///",
-                        edgecolor="white", label=None if any(timed) else f"{config} (one after another)")
+            latency.bar(
+                x,
+                [s * 1e3 if s else 0 for s in sequential],
+                width,
+                color=f"C{index}",
+                hatch="///",
+                edgecolor="white",
+                label=None if any(timed) else f"{config} (one after another)",
+            )
     relative_width = 0.8 / max(1, len(speeds))
     for index, config in enumerate(speeds):
         x = [m + index * relative_width for m in positions]
-        relative.bar(x, [speed or 0 for speed in speeds[config]], relative_width, label=config,
-                     color=f"C{configs.index(config)}")
+        relative.bar(
+            x, [speed or 0 for speed in speeds[config]], relative_width, label=config, color=f"C{configs.index(config)}"
+        )
     for axis, bar_width in ((latency, width), (relative, relative_width)):
-        axis.set_xticks([m + 0.4 - bar_width / 2 for m in positions], [name for name, _, _ in models], rotation=20,
-                        fontsize=8)
+        axis.set_xticks(
+            [m + 0.4 - bar_width / 2 for m in positions], [name for name, _, _ in models], rotation=20, fontsize=8
+        )
     latency.set_yscale("log")
     latency.set_ylabel("median latency, ms (log)")
     latency.set_title("solid: timed in turns; hatched: measured one after another", fontsize=9)

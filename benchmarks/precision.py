@@ -71,8 +71,13 @@ from peers_report import operators_text  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 PEERS = ["onnxruntime default session", "pytorch eager", interleaved.TORCH_BF16, *interleaved.OPENVINO_PRECISIONS]
-PEER_PRECISION = {"onnxruntime default session": "fp32", "pytorch eager": "fp32", interleaved.TORCH_BF16: "bf16",
-                  "openvino default session (fp32)": "fp32", "openvino default session (bf16)": "bf16"}
+PEER_PRECISION = {
+    "onnxruntime default session": "fp32",
+    "pytorch eager": "fp32",
+    interleaved.TORCH_BF16: "bf16",
+    "openvino default session (fp32)": "fp32",
+    "openvino default session (bf16)": "bf16",
+}
 
 
 GPU_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -80,8 +85,13 @@ DEFAULT_GPU_PRECISIONS = ("fp32", "bf16", "fp16")
 # The PyTorch peers on the GPU, each at each precision in a process of its own: eager, and torch.compile (inductor)
 # in each of its modes ("default"; "reduce-overhead": CUDA graphs; "max-autotune": Triton GEMM and convolution
 # autotuning with CUDA graphs; "max-autotune-no-cudagraphs": the autotuning alone).
-GPU_MODES = ("pytorch eager", "torch.compile default", "torch.compile reduce-overhead", "torch.compile max-autotune",
-             "torch.compile max-autotune-no-cudagraphs")
+GPU_MODES = (
+    "pytorch eager",
+    "torch.compile default",
+    "torch.compile reduce-overhead",
+    "torch.compile max-autotune",
+    "torch.compile max-autotune-no-cudagraphs",
+)
 DEFAULT_GPU_MODES = ("pytorch eager", "torch.compile reduce-overhead")
 # A peer's process is stopped after this long and recorded as timed out: max-autotune compiles and autotunes for minutes.
 PEER_TIMEOUT_S = 420.0
@@ -158,9 +168,15 @@ def run_peer(name: str, batch: int, mode: str, precision: str, timeout_s: float,
     it ran past ``timeout_s``."""
     with tempfile.TemporaryDirectory(prefix="collage-peer-") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton")}
-        process = subprocess.Popen([sys.executable, "-c", GPU_PEER_CODE, name, str(batch), mode, str(ROOT / "scripts"),
-                                    precision, device], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-c", GPU_PEER_CODE, name, str(batch), mode, str(ROOT / "scripts"), precision, device],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -177,14 +193,35 @@ def collage_name(precision: str) -> str:
     return f"{interleaved.COLLAGE} ({precision})"
 
 
-def optimize(onnx: Path, precision: str, backends: str, out: Path, extra: tuple = (), cost_db: Path | None = None,
-             timeout_s: float | None = None) -> dict | None:
+def optimize(
+    onnx: Path,
+    precision: str,
+    backends: str,
+    out: Path,
+    extra: tuple = (),
+    cost_db: Path | None = None,
+    timeout_s: float | None = None,
+) -> dict | None:
     """Collage's run and its results.json; ``{"error": ...}`` when it failed; None when it was stopped after
     ``timeout_s`` (the benchmark's budget ran out: nothing to record)."""
     started = time.perf_counter()
     # The search is Collage's default: two-level where a graph-level backend is among ``backends``, else op-level.
-    command = [sys.executable, "-m", "collage_core", "optimize", str(onnx), "--precision", precision, "--backends", backends,
-               "--output", str(out), "--cost-db", str(cost_db or out / "costs.sqlite"), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "collage_core",
+        "optimize",
+        str(onnx),
+        "--precision",
+        precision,
+        "--backends",
+        backends,
+        "--output",
+        str(out),
+        "--cost-db",
+        str(cost_db or out / "costs.sqlite"),
+        *extra,
+    ]
     last = "failed"
     with subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
         stopped = threading.Event()
@@ -238,7 +275,9 @@ def relative_errors(name: str, batch: int, libraries: dict) -> dict:
     from collage_core.build.deploy import load_vm
 
     for contender, library in libraries.items():
-        result = load_vm(library)["main"](tvm_compat.to_tensor(example.numpy(), tvm_compat.device_for(tvm_compat.host_cpu_target())))
+        result = load_vm(library)["main"](
+            tvm_compat.to_tensor(example.numpy(), tvm_compat.device_for(tvm_compat.host_cpu_target()))
+        )
         errors[contender] = error(tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0]))
     return errors
 
@@ -251,7 +290,9 @@ def measure(name: str, batch: int, backends: str, raw: Path, again: tuple = ()) 
         return json.loads(path.read_text())
     onnx = _onnx_file(name, batch)
     work = Path(tempfile.mkdtemp(prefix=f"precision-{name}-"))
-    record = json.loads(path.read_text()) if again else {"model": name, "batch": batch, "backends": backends, "collage": {}}
+    record = (
+        json.loads(path.read_text()) if again else {"model": name, "batch": batch, "backends": backends, "collage": {}}
+    )
     libraries = {}
     for precision in PRECISIONS:
         kept = record["collage"].get(precision, {})
@@ -299,9 +340,19 @@ def _to_measure(entry: dict | None, retry_failed: bool) -> bool:
     return entry is None or (retry_failed and isinstance(entry.get("error"), str) and "median_s" not in entry)
 
 
-def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=DEFAULT_GPU_PRECISIONS, compare: bool = False,
-                   modes=DEFAULT_GPU_MODES, only: str = "", budget: Budget | None = None, peer_timeout_s: float = PEER_TIMEOUT_S,
-                   retry_failed: bool = False) -> dict:
+def measure_on_gpu(
+    name: str,
+    batch: int,
+    backends: str,
+    raw: Path,
+    precisions=DEFAULT_GPU_PRECISIONS,
+    compare: bool = False,
+    modes=DEFAULT_GPU_MODES,
+    only: str = "",
+    budget: Budget | None = None,
+    peer_timeout_s: float = PEER_TIMEOUT_S,
+    retry_failed: bool = False,
+) -> dict:
     """Collage at each precision on the GPU and the PyTorch peers (``modes``) at each precision, each measured once
     and kept as it is measured: a call resumes where the one before stopped. ``only``: "peers" or "collage".
 
@@ -312,8 +363,11 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
     are left out unless ``compare``: the comparison here is with the peers."""
     budget = budget or Budget(None)
     path = raw / f"{_stem(name, batch)}.json"
-    record = json.loads(path.read_text()) if path.exists() else {"model": name, "batch": batch, "backends": backends,
-                                                                  "collage": {}, "peers": {}}
+    record = (
+        json.loads(path.read_text())
+        if path.exists()
+        else {"model": name, "batch": batch, "backends": backends, "collage": {}, "peers": {}}
+    )
     raw.mkdir(parents=True, exist_ok=True)
 
     def keep():
@@ -338,7 +392,10 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
             print(f"{name} b{batch}: {mode} at {precision} (stopped after {timeout_s:.0f} s)", flush=True)
             result = run_peer(name, batch, mode, precision, timeout_s)
             if "timed_out_s" in result and timeout_s < peer_timeout_s:
-                print(f"{name} b{batch}: {mode} at {precision} cut short by the budget: measured in a later call", flush=True)
+                print(
+                    f"{name} b{batch}: {mode} at {precision} cut short by the budget: measured in a later call",
+                    flush=True,
+                )
                 return record
             print(f"{name} b{batch}: {mode} at {precision}: {json.dumps(result)}", flush=True)
             # The precisions measured before stay; an entry of records older than one process per precision goes.
@@ -346,7 +403,9 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
             keep()
     cost_db = Path(tempfile.gettempdir()) / "collage-precision" / f"{_stem(name, batch)}.sqlite"
     cost_db.parent.mkdir(parents=True, exist_ok=True)
-    for spec in precisions if only != "peers" else ():  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
+    for spec in (
+        precisions if only != "peers" else ()
+    ):  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
         if wanted(record["collage"].get(spec)):
             onnx = _onnx_file(name, batch) if budget.left() >= 60 else None  # made by scripts/make_hf_models.py once
             left = budget.left()
@@ -354,14 +413,23 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
                 print(f"{name} b{batch}: Collage at {spec} not started: the budget is spent", flush=True)
                 return record
             precision, accuracy_budget, run_backends = parse_run(spec, backends)
-            extra = ("--target", "cuda", *(("--accuracy-budget", accuracy_budget) if accuracy_budget else ()),
-                     *(() if compare else ("--no-compare",)))
-            print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}", flush=True)
+            extra = (
+                "--target",
+                "cuda",
+                *(("--accuracy-budget", accuracy_budget) if accuracy_budget else ()),
+                *(() if compare else ("--no-compare",)),
+            )
+            print(
+                f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}",
+                flush=True,
+            )
             out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-").replace("+", "-")
-            run = optimize(onnx, precision, run_backends, out, extra, cost_db,
-                           None if left == float("inf") else left)
+            run = optimize(onnx, precision, run_backends, out, extra, cost_db, None if left == float("inf") else left)
             if run is None:
-                print(f"{name} b{batch}: Collage at {spec} cut short by the budget: made again in a later call", flush=True)
+                print(
+                    f"{name} b{batch}: Collage at {spec} cut short by the budget: made again in a later call",
+                    flush=True,
+                )
                 return record
             record["collage"][spec] = run
             keep()
@@ -370,14 +438,22 @@ def measure_on_gpu(name: str, batch: int, backends: str, raw: Path, precisions=D
 
 def left_to_measure(record: dict, precisions, modes, only: str = "", retry_failed: bool = False) -> list[str]:
     """What a call of ``measure_on_gpu`` with these settings would still measure for ``record``."""
+
     def wanted(entry) -> bool:
         return _to_measure(entry, retry_failed)
 
     asked = sorted({parse_run(spec, record["backends"])[0] for spec in precisions}, key=GPU_PRECISIONS.index)
     where = f"{record['model']} b{record['batch']}"
-    peers = [f"{where} {mode} {p}" for mode in modes if only != "collage" for p in asked
-             if wanted(record["peers"].get(mode, {}).get(p))]
-    return peers + [f"{where} Collage {spec}" for spec in precisions if only != "peers" and wanted(record["collage"].get(spec))]
+    peers = [
+        f"{where} {mode} {p}"
+        for mode in modes
+        if only != "collage"
+        for p in asked
+        if wanted(record["peers"].get(mode, {}).get(p))
+    ]
+    return peers + [
+        f"{where} Collage {spec}" for spec in precisions if only != "peers" and wanted(record["collage"].get(spec))
+    ]
 
 
 def _placed(run: dict) -> dict:
@@ -437,9 +513,12 @@ def peers_table(records: list[dict]) -> list[str]:
     the fastest peer, the placement's backends, and the FLOPs, rate and fraction of the GPU's peak Collage's run
     recorded (``throughput`` in its results.json); then the geomean of the ratios, and the peaks and their sources."""
     modes = _shown_modes(records)
-    lines = ["| model | batch | precision | " + " | ".join(f"{_short(mode)} (ms)" for mode in modes)
-             + " | fastest peer | Collage (ms) | Collage / fastest peer | Collage's backends | GFLOP | TFLOP/s | of peak |",
-             "|---|---|---|" + "---|" * len(modes) + "---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | batch | precision | "
+        + " | ".join(f"{_short(mode)} (ms)" for mode in modes)
+        + " | fastest peer | Collage (ms) | Collage / fastest peer | Collage's backends | GFLOP | TFLOP/s | of peak |",
+        "|---|---|---|" + "---|" * len(modes) + "---|---|---|---|---|---|---|",
+    ]
     notes: list[str] = []
     ratios, rows, peaks, devices = [], 0, {}, set()
     for record in records:
@@ -462,69 +541,120 @@ def peers_table(records: list[dict]) -> list[str]:
             if work.get("device"):
                 devices.add(work["device"])
             fraction = work.get("fraction_of_peak")
-            collage = (f"{collage_s * 1e3:.3f}" if collage_s else
-                       (f"failed ({len(notes) + 1})" if "error" in run else "-"))
+            collage = (
+                f"{collage_s * 1e3:.3f}" if collage_s else (f"failed ({len(notes) + 1})" if "error" in run else "-")
+            )
             if "error" in run:
                 notes.append(f"{where}, Collage: {run['error']}")
-            cells = [record["model"], str(record["batch"]), precision,
-                     *[_peer_cell(entry, mode, notes, where) for entry, mode in zip(entries, modes)],
-                     _short(fastest[0]) if fastest else "-", collage, f"{ratio:.2f}" if ratio is not None else "-",
-                     operators_text(placed.get("operators_by_backend", {})) or "-",
-                     f"{work['flops'] / 1e9:.1f}" if "flops" in work else "-",
-                     f"{work['tflops']:.2f}" if "tflops" in work else "-",
-                     f"{100 * fraction:.1f}%" if fraction is not None else "-"]
+            cells = [
+                record["model"],
+                str(record["batch"]),
+                precision,
+                *[_peer_cell(entry, mode, notes, where) for entry, mode in zip(entries, modes)],
+                _short(fastest[0]) if fastest else "-",
+                collage,
+                f"{ratio:.2f}" if ratio is not None else "-",
+                operators_text(placed.get("operators_by_backend", {})) or "-",
+                f"{work['flops'] / 1e9:.1f}" if "flops" in work else "-",
+                f"{work['tflops']:.2f}" if "tflops" in work else "-",
+                f"{100 * fraction:.1f}%" if fraction is not None else "-",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     if ratios:
         geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         verdict = f"{1 / geomean:.2f}x faster" if geomean < 1 else f"{geomean:.2f}x slower" if geomean > 1 else "level"
-        lines += ["", f"Geomean of Collage / fastest peer over {len(ratios)} of {rows} rows: {geomean:.2f} (Collage {verdict})."]
+        lines += [
+            "",
+            f"Geomean of Collage / fastest peer over {len(ratios)} of {rows} rows: {geomean:.2f} (Collage {verdict}).",
+        ]
     if devices:
         lines += ["", f"Collage's runs recorded the device as {'; '.join(sorted(devices))}."]
     if peaks:
-        lines += ["", "Peaks: " + "; ".join(f"{peak['gpu']} {precision} {peak['tflops']:g} TFLOP/s ({peak['source']}, "
-                                            f"{peak['url']})" for (_, precision), peak in sorted(peaks.items())) + "."]
+        lines += [
+            "",
+            "Peaks: "
+            + "; ".join(
+                f"{peak['gpu']} {precision} {peak['tflops']:g} TFLOP/s ({peak['source']}, {peak['url']})"
+                for (_, precision), peak in sorted(peaks.items())
+            )
+            + ".",
+        ]
     if notes:
         lines += ["", *[f"{number}. {note}" for number, note in enumerate(notes, 1)]]
     return lines
 
 
-def gpu_report(records: list[dict], command: str = "python benchmarks/precision.py --device cuda",
-               raw: str = "benchmarks/raw-precision-cuda/", about: str = "") -> str:
+def gpu_report(
+    records: list[dict],
+    command: str = "python benchmarks/precision.py --device cuda",
+    raw: str = "benchmarks/raw-precision-cuda/",
+    about: str = "",
+) -> str:
     """The GPU report of ``records``; ``about`` (the raw directory's about.md: the machine, the leases, what
     ran where) goes under the title, and its first line is the title where it starts with "# "."""
     added = sorted({b for record in records for spec in record["collage"] for b in spec.split("+")[1:]})
-    title = ("Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions" if not added else
-             f"Collage on the GPU with and without {', '.join(added)}, beside PyTorch at the same precisions")
+    title = (
+        "Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions"
+        if not added
+        else f"Collage on the GPU with and without {', '.join(added)}, beside PyTorch at the same precisions"
+    )
     about = about.strip()
     if about.startswith("# "):  # a title of its own
         title, _, about = about[2:].partition("\n")
         about = about.strip()
     modes = _shown_modes(records)
     compiled = [f'"{_short(mode)}"' for mode in modes if mode.startswith("torch.compile")]
-    lines = [f"# {title}", "", *([about, ""] if about else []), f"Command: `{command}` (raw results in `{raw}`).", "",
-             "- Collage: `collage optimize --target cuda --precision P --backends B` (op-level search), its placement's "
-             "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
-             "over max |ref|, against ONNX Runtime at fp32 on its random inputs). FLOPs: counted from the model Collage "
-             "imported (2 per multiply-add of matrix products, convolutions and attention; other operators not counted), "
-             "over that latency, against the GPU's peak at the precision (fp32: CUDA cores; others: dense tensor cores).",
-             f"- PyTorch: eager{' and `torch.compile` ' + ', '.join(compiled) if compiled else ''}, fp32 with TF32 off, "
-             "tf32 (fp32 with PyTorch's TF32 flags on), bf16 and fp16 under CUDA autocast; median of up to 50 runs after "
-             "3 warm-ups; error against eager fp32 on the benchmark's input."
-             + (" Each peer at each precision ran in a process of its own with an empty compile cache; in parentheses, "
-                "its first call's seconds (tracing, compiling and autotuning). A process still running after its time "
-                "limit was stopped and is shown as timed out; the fastest peer is the fastest of those that ran."
-                if any("compile_s" in entry for record in records for entries in record["peers"].values()
-                       for entry in entries.values() if isinstance(entry, dict)) else ""),
-             "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
-             "beside it are the same bf16 runs, held to no budget.",
-             *(["- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database."]
-               if added else []), "", *peers_table(records), ""]
+    lines = [
+        f"# {title}",
+        "",
+        *([about, ""] if about else []),
+        f"Command: `{command}` (raw results in `{raw}`).",
+        "",
+        "- Collage: `collage optimize --target cuda --precision P --backends B` (op-level search), its placement's "
+        "end-to-end latency as it measured it (CUDA graphs replayed), and its verification's error (max |out - ref| "
+        "over max |ref|, against ONNX Runtime at fp32 on its random inputs). FLOPs: counted from the model Collage "
+        "imported (2 per multiply-add of matrix products, convolutions and attention; other operators not counted), "
+        "over that latency, against the GPU's peak at the precision (fp32: CUDA cores; others: dense tensor cores).",
+        f"- PyTorch: eager{' and `torch.compile` ' + ', '.join(compiled) if compiled else ''}, fp32 with TF32 off, "
+        "tf32 (fp32 with PyTorch's TF32 flags on), bf16 and fp16 under CUDA autocast; median of up to 50 runs after "
+        "3 warm-ups; error against eager fp32 on the benchmark's input."
+        + (
+            " Each peer at each precision ran in a process of its own with an empty compile cache; in parentheses, "
+            "its first call's seconds (tracing, compiling and autotuning). A process still running after its time "
+            "limit was stopped and is shown as timed out; the fastest peer is the fastest of those that ran."
+            if any(
+                "compile_s" in entry
+                for record in records
+                for entries in record["peers"].values()
+                for entry in entries.values()
+                if isinstance(entry, dict)
+            )
+            else ""
+        ),
+        "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
+        "beside it are the same bf16 runs, held to no budget.",
+        *(
+            [
+                "- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database."
+            ]
+            if added
+            else []
+        ),
+        "",
+        *peers_table(records),
+        "",
+    ]
     for record in records:
-        lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
-                  "| precision | Collage (ms) | speedup over Collage fp32 | operators | "
-                  + " | ".join(f"{_short(mode)} (ms)" for mode in modes) + " | Collage / best peer | Collage error | "
-                  + " | ".join(f"{_short(mode)} error" for mode in modes) + " | Collage's run (s) |",
-                  "|---|---|---|---|" + "---|" * (2 * len(modes) + 3)]
+        lines += [
+            f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})",
+            "",
+            "| precision | Collage (ms) | speedup over Collage fp32 | operators | "
+            + " | ".join(f"{_short(mode)} (ms)" for mode in modes)
+            + " | Collage / best peer | Collage error | "
+            + " | ".join(f"{_short(mode)} error" for mode in modes)
+            + " | Collage's run (s) |",
+            "|---|---|---|---|" + "---|" * (2 * len(modes) + 3),
+        ]
         others = [spec for spec in record["collage"] if spec not in GPU_PRECISIONS]
         float32_s = _placed(record["collage"].get("fp32", {})).get("cost", {}).get("median_s")
         for spec in [*GPU_PRECISIONS, *others]:
@@ -534,7 +664,9 @@ def gpu_report(records: list[dict], command: str = "python benchmarks/precision.
             placed = _placed(run)
             cost = placed.get("cost", {})
             collage_s = cost.get("median_s")
-            mix = ", ".join(f"{b} {n}" for b, n in sorted(placed.get("operators_by_backend", {}).items())) or run.get("error", "-")
+            mix = ", ".join(f"{b} {n}" for b, n in sorted(placed.get("operators_by_backend", {}).items())) or run.get(
+                "error", "-"
+            )
             fitted = results.get("accuracy_budget")
             if fitted:
                 mix += f"; {len(fitted['float32_units'])} of {fitted['units']} units in float32 ({len(fitted['probes'])} probes)"
@@ -543,13 +675,17 @@ def gpu_report(records: list[dict], command: str = "python benchmarks/precision.
                 continue  # a precision not asked for this model
             fastest = _fastest(record, precision, modes)
             numerics = results.get("numerics") or {}
-            cells = [run_label(spec), f"{collage_s * 1e3:.3f}" if collage_s else "-",
-                     f"{float32_s / collage_s:.2f}" if collage_s and float32_s else "-", mix,
-                     *[f"{p['median_s'] * 1e3:.3f}" if "median_s" in p else p.get("error", "-") for p in peers],
-                     f"{collage_s / fastest[1]:.2f}" if collage_s and fastest else "-",
-                     f"{numerics['max_rel_error']:.2e}" if "max_rel_error" in numerics else "-",
-                     *[f"{p['error']:.2e}" if "error" in p and "median_s" in p else "-" for p in peers],
-                     f"{run['wall_s']:.0f}" if "wall_s" in run else "-"]
+            cells = [
+                run_label(spec),
+                f"{collage_s * 1e3:.3f}" if collage_s else "-",
+                f"{float32_s / collage_s:.2f}" if collage_s and float32_s else "-",
+                mix,
+                *[f"{p['median_s'] * 1e3:.3f}" if "median_s" in p else p.get("error", "-") for p in peers],
+                f"{collage_s / fastest[1]:.2f}" if collage_s and fastest else "-",
+                f"{numerics['max_rel_error']:.2e}" if "max_rel_error" in numerics else "-",
+                *[f"{p['error']:.2e}" if "error" in p and "median_s" in p else "-" for p in peers],
+                f"{run['wall_s']:.0f}" if "wall_s" in run else "-",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", *[f"- {note}" for note in record.get("notes", [])], ""]
     return "\n".join(lines)
@@ -583,9 +719,12 @@ def report(records: list[dict]) -> str:
         turns = record["in_turns"]["contenders"]
         errors = record["errors"]
         fp32 = turns.get(collage_name("fp32"), {}).get("median_s")
-        lines += [f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})", "",
-                  "| contender | precision | median ms | vs Collage fp32 | error vs fp32 reference |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            f"## {record['model']}, batch {record['batch']} (Collage's backends: {record['backends']})",
+            "",
+            "| contender | precision | median ms | vs Collage fp32 | error vs fp32 reference |",
+            "|---|---|---|---|---|",
+        ]
         contenders = [collage_name(p) for p in PRECISIONS] + PEERS
         for contender in contenders:
             result = turns.get(contender, {})
@@ -606,7 +745,8 @@ def report(records: list[dict]) -> str:
             lines.append(
                 f"- Collage {precision}: {mix}; cold run {run['wall_s']:.0f} s; its verification: max error "
                 f"{numerics.get('max_rel_error', float('nan')):.2e} of the output scale (tolerance rtol "
-                f"{numerics.get('rtol')}, {'passed' if numerics.get('passed') else 'FAILED'})")
+                f"{numerics.get('rtol')}, {'passed' if numerics.get('passed') else 'FAILED'})"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -615,26 +755,53 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="bert-base,resnet50")
     parser.add_argument("--batches", default="1")
-    parser.add_argument("--backends", default=None,
-                        help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)")
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)",
+    )
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw-precision[-cuda]")
     parser.add_argument("--report", type=Path, default=None, help="default: benchmarks/PRECISION[-cuda].md")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precisions", default=",".join(DEFAULT_GPU_PRECISIONS),
-                        help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E")
-    parser.add_argument("--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone")
-    parser.add_argument("--modes", default=",".join(DEFAULT_GPU_MODES),
-                        help=f"with --device cuda: the PyTorch peers, 'all' for every one ({', '.join(GPU_MODES)})")
-    parser.add_argument("--only", choices=["peers", "collage"], default="", help="with --device cuda: measure only these")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="with --device cuda: start nothing, and stop what runs, past this many seconds; a run cut "
-                             "short is not recorded and the next call measures it (for machines lent by the call)")
-    parser.add_argument("--peer-timeout-s", type=float, default=PEER_TIMEOUT_S,
-                        help="with --device cuda: a peer's process still running after this long is recorded as timed out")
-    parser.add_argument("--retry-failed", action="store_true", help="with --device cuda: measure again what failed or timed out")
+    parser.add_argument(
+        "--precisions",
+        default=",".join(DEFAULT_GPU_PRECISIONS),
+        help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E",
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone"
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(DEFAULT_GPU_MODES),
+        help=f"with --device cuda: the PyTorch peers, 'all' for every one ({', '.join(GPU_MODES)})",
+    )
+    parser.add_argument(
+        "--only", choices=["peers", "collage"], default="", help="with --device cuda: measure only these"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="with --device cuda: start nothing, and stop what runs, past this many seconds; a run cut "
+        "short is not recorded and the next call measures it (for machines lent by the call)",
+    )
+    parser.add_argument(
+        "--peer-timeout-s",
+        type=float,
+        default=PEER_TIMEOUT_S,
+        help="with --device cuda: a peer's process still running after this long is recorded as timed out",
+    )
+    parser.add_argument(
+        "--retry-failed", action="store_true", help="with --device cuda: measure again what failed or timed out"
+    )
     parser.add_argument("--only-report", action="store_true")
-    parser.add_argument("--again", default="", help="CPU: make these precisions' Collage runs anew and time everything in "
-                                                    "turns again, the other precisions' libraries kept")
+    parser.add_argument(
+        "--again",
+        default="",
+        help="CPU: make these precisions' Collage runs anew and time everything in "
+        "turns again, the other precisions' libraries kept",
+    )
     args = parser.parse_args()
     if args.device == "cuda":
         raw = args.raw or HERE / "raw-precision-cuda"
@@ -650,19 +817,41 @@ def main() -> None:
                 if args.only_report:
                     records += [json.loads(path.read_text())] if path.exists() else []
                 else:
-                    records.append(measure_on_gpu(name, batch, args.backends or "tvm,cublas,cudnn", raw,
-                                                  args.precisions.split(","), args.compare, modes, args.only, budget,
-                                                  args.peer_timeout_s, args.retry_failed))
+                    records.append(
+                        measure_on_gpu(
+                            name,
+                            batch,
+                            args.backends or "tvm,cublas,cudnn",
+                            raw,
+                            args.precisions.split(","),
+                            args.compare,
+                            modes,
+                            args.only,
+                            budget,
+                            args.peer_timeout_s,
+                            args.retry_failed,
+                        )
+                    )
         if not args.only_report:
-            left = [item for record in records for item in left_to_measure(
-                record, args.precisions.split(","), modes, args.only, args.retry_failed)]
-            print(f"{len(left)} left to measure ({', '.join(left)}): run the same command again" if left else
-                  "nothing left to measure", flush=True)
+            left = [
+                item
+                for record in records
+                for item in left_to_measure(record, args.precisions.split(","), modes, args.only, args.retry_failed)
+            ]
+            print(
+                f"{len(left)} left to measure ({', '.join(left)}): run the same command again"
+                if left
+                else "nothing left to measure",
+                flush=True,
+            )
         shown = [a for a in sys.argv[1:] if a not in ("--only-report", "--retry-failed")]
         about = raw / ABOUT_FILE
-        text = gpu_report(records, shlex.join(["python", "benchmarks/precision.py", *shown]),
-                          f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/",
-                          about.read_text() if about.is_file() else "")
+        text = gpu_report(
+            records,
+            shlex.join(["python", "benchmarks/precision.py", *shown]),
+            f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/",
+            about.read_text() if about.is_file() else "",
+        )
         (args.report or HERE / "PRECISION-cuda.md").write_text(text + "\n")
         print(text)
         return
@@ -676,7 +865,9 @@ def main() -> None:
                 if path.exists():
                     records.append(json.loads(path.read_text()))
                 continue
-            records.append(measure(name, batch, args.backends, args.raw, tuple(args.again.split(",")) if args.again else ()))
+            records.append(
+                measure(name, batch, args.backends, args.raw, tuple(args.again.split(",")) if args.again else ())
+            )
     text = report(records)
     (args.report or HERE / "PRECISION.md").write_text(text + "\n")
     print(text)

@@ -33,11 +33,24 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-PHASES = ["import and candidates", "measuring candidates", "search and calibration", "building and verifying",
-          "baselines", "contest in turns", "reusing the run before"]
-SHORT = {"import and candidates": "import", "measuring candidates": "measure", "search and calibration": "search",
-         "building and verifying": "build", "baselines": "baselines", "contest in turns": "contest",
-         "reusing the run before": "reuse"}
+PHASES = [
+    "import and candidates",
+    "measuring candidates",
+    "search and calibration",
+    "building and verifying",
+    "baselines",
+    "contest in turns",
+    "reusing the run before",
+]
+SHORT = {
+    "import and candidates": "import",
+    "measuring candidates": "measure",
+    "search and calibration": "search",
+    "building and verifying": "build",
+    "baselines": "baselines",
+    "contest in turns": "contest",
+    "reusing the run before": "reuse",
+}
 
 
 def model_file(name: str, batch: int) -> Path:
@@ -51,15 +64,23 @@ def model_file(name: str, batch: int) -> Path:
 def worktree(ref: str, where: Path) -> Path:
     """A checkout of ``ref`` under ``where``, for running the Collage core as it was."""
     path = where / "before"
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(path), ref],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return path
 
 
 def code_path(core: Path) -> list[str]:
     """What goes first on the path to run the checkout ``core`` as it was: its core and its own plugins
     (the installed plugins' entry points then load those: plugins of this checkout may need a newer core)."""
-    return [str(core), *(str(plugin) for plugin in sorted((core / "plugins").iterdir()) if (plugin / "pyproject.toml").is_file())]
+    return [
+        str(core),
+        *(str(plugin) for plugin in sorted((core / "plugins").iterdir()) if (plugin / "pyproject.toml").is_file()),
+    ]
 
 
 def failed_plugins(stderr: str) -> list[str]:
@@ -76,9 +97,25 @@ def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path
     if core is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*code_path(core), env.get("PYTHONPATH")]))
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "collage_core", "optimize", str(model), "--cost-db",
-                           str(state / "costs.sqlite"), "--output", str(state / "out"), *extra],
-                          env=env, cwd=state, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collage_core",
+            "optimize",
+            str(model),
+            "--cost-db",
+            str(state / "costs.sqlite"),
+            "--output",
+            str(state / "out"),
+            *extra,
+        ],
+        env=env,
+        cwd=state,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall_s = time.perf_counter() - started
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +123,11 @@ def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path
     failed = failed_plugins(done.stderr)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s, "failed_plugins": failed}
+        return {
+            "error": lines[-1] if lines else f"exit code {done.returncode}",
+            "wall_s": wall_s,
+            "failed_plugins": failed,
+        }
     result = json.loads((state / "out" / "results.json").read_text())
     result.update(wall_s=wall_s, failed_plugins=failed)
     return result
@@ -114,7 +155,9 @@ def in_turns(libraries: dict[str, Path], model: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="quickstart", help="quickstart, bert-base, gpt2, resnet50, ... (comma-separated)")
+    parser.add_argument(
+        "--models", default="quickstart", help="quickstart, bert-base, gpt2, resnet50, ... (comma-separated)"
+    )
     parser.add_argument("--batches", default="1")
     parser.add_argument("--before", metavar="REF", help="also run the Collage core at this git revision")
     parser.add_argument("--extra", default="", help="more `collage optimize` arguments, as one string")
@@ -136,19 +179,28 @@ def main() -> None:
                     for temperature in ("cold", "warm"):
                         for variant, core in variants.items():
                             print(f"{label}: {variant}, {temperature} ...", file=sys.stderr, flush=True)
-                            log = args.logs / f"{label}-{variant}-{temperature}.log".replace(" ", "-") if args.logs else None
+                            log = (
+                                args.logs / f"{label}-{variant}-{temperature}.log".replace(" ", "-")
+                                if args.logs
+                                else None
+                            )
                             result = run(model, states[variant], core, extra, log)
                             rows.append((label, variant, temperature, result))
                             shown = result.get("error") or ", ".join(
-                                f"{SHORT.get(p, p)} {s:.1f}" for p, s in result.get("phases_s", {}).items())
+                                f"{SHORT.get(p, p)} {s:.1f}" for p, s in result.get("phases_s", {}).items()
+                            )
                             print(f"  {result['wall_s']:.1f} s: {shown}", file=sys.stderr, flush=True)
                     libraries = {v: s / "out" / f"{model.stem}.so" for v, s in states.items()}
                     if all(path.exists() for path in libraries.values()):
                         turns.append((label, in_turns(libraries, model)))
         finally:
             if args.before:
-                subprocess.run(["git", "worktree", "remove", "--force", str(variants["before"])], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(variants["before"])],
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
     print_table(rows, turns, args.before)
 
 
@@ -160,8 +212,16 @@ def print_table(rows, turns, before_ref) -> None:
             lines.append([label, variant, temperature, f"{result['wall_s']:.1f}", f"error: {result['error'][:80]}"])
             continue
         phases = result.get("phases_s", {})
-        lines.append([label, variant, temperature, f"{result['wall_s']:.1f}",
-                      *(f"{phases[p]:.1f}" if p in phases else "-" for p in PHASES), placement_ms(result)])
+        lines.append(
+            [
+                label,
+                variant,
+                temperature,
+                f"{result['wall_s']:.1f}",
+                *(f"{phases[p]:.1f}" if p in phases else "-" for p in PHASES),
+                placement_ms(result),
+            ]
+        )
     widths = [max(len(str(row[i])) for row in [heads, *lines] if i < len(row)) for i in range(len(heads))]
     print()
     if before_ref:
@@ -169,8 +229,13 @@ def print_table(rows, turns, before_ref) -> None:
     print("  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))))
     for row in lines:
         print("  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    missing = sorted({(label, variant, ", ".join(result["failed_plugins"])) for label, variant, _, result in rows
-                      if result.get("failed_plugins")})
+    missing = sorted(
+        {
+            (label, variant, ", ".join(result["failed_plugins"]))
+            for label, variant, _, result in rows
+            if result.get("failed_plugins")
+        }
+    )
     for label, variant, plugins in missing:
         print(f"  {label} {variant}: ran without the plugins it could not import: {plugins}")
     if turns:

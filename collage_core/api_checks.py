@@ -62,8 +62,9 @@ def refuse_unless_met(name: str, rule: Rule, value: Any, of: str = "optimize") -
         raise rule.error(message if rule.names_itself else f"{of}: {message}")
 
 
-def described(default: Any, rule: Rule, help: str, converter: Optional[Callable[[Any], Any]] = None,
-              **metadata: Any) -> Any:
+def described(
+    default: Any, rule: Rule, help: str, converter: Optional[Callable[[Any], Any]] = None, **metadata: Any
+) -> Any:
     """A record's field: its default, the rule its value must meet and a one-line help text (the
     ``collage`` command's ``--help`` for its option), more ``metadata`` if any. Nothing is checked as
     the record is made: the record holding it checks it (see ``collage_core.options``)."""
@@ -102,8 +103,10 @@ def number(least: float = 0.0, above: bool = False) -> Rule:
 
 def one_of(choices: Sequence[str]) -> Rule:
     """One of a few names."""
+
     def problem(value: Any) -> str:
         return "" if value in choices else f"must be one of {', '.join(choices)}, not {_shown(value)}"
+
     return Rule(problem, choices=tuple(choices))
 
 
@@ -166,6 +169,7 @@ def _read(kind: type, wanted: str) -> Callable[[str], Any]:
             return kind(text)
         except ValueError:
             raise ValueError(f"must be {wanted}, not {text!r}") from None
+
     return read
 
 
@@ -176,7 +180,9 @@ def _shown(value: Any) -> str:
 
 
 def _inputs_problem(value: Any) -> str:
-    return "" if value is None or isinstance(value, (list, tuple)) else f"must be a tuple of tensors, not {_shown(value)}"
+    return (
+        "" if value is None or isinstance(value, (list, tuple)) else f"must be a tuple of tensors, not {_shown(value)}"
+    )
 
 
 # A PyTorch module's example inputs (None for a model that knows its own).

@@ -64,8 +64,9 @@ def collage_contribute_patterns(backend: Backend, target: tvm.target.Target, pre
 
 
 @hookspec(firstresult=True)
-def collage_lower_partitions(backend: Backend, mod: tvm.IRModule, function_names: list[str],
-                             target: tvm.target.Target) -> tvm.IRModule | None:
+def collage_lower_partitions(
+    backend: Backend, mod: tvm.IRModule, function_names: list[str], target: tvm.target.Target
+) -> tvm.IRModule | None:
     """Lower the partitions placed on ``backend`` so that TVM's Relax build can run them.
 
     ``mod`` is an ``IRModule`` whose functions named in ``function_names`` hold the partitions
@@ -78,8 +79,9 @@ def collage_lower_partitions(backend: Backend, mod: tvm.IRModule, function_names
 
 
 @hookspec(firstresult=True)
-def collage_lower_whole_model(backend: Backend, model: bytes, model_format: str, func: relax.Function, name: str,
-                              target: tvm.target.Target) -> relax.Function | None:
+def collage_lower_whole_model(
+    backend: Backend, model: bytes, model_format: str, func: relax.Function, name: str, target: tvm.target.Target
+) -> relax.Function | None:
     """Run the whole model file the user gave Collage in ``backend``'s own session, as its users run it.
 
     Optional, for engines that read model files (ONNX Runtime, OpenVINO). ``model`` is the file's
@@ -96,8 +98,9 @@ def collage_lower_whole_model(backend: Backend, model: bytes, model_format: str,
 
 
 @hookspec(firstresult=True)
-def collage_measure_candidate(backend: Backend, mod: tvm.IRModule, target: tvm.target.Target,
-                              settings: MeasureSettings) -> Cost | None:
+def collage_measure_candidate(
+    backend: Backend, mod: tvm.IRModule, target: tvm.target.Target, settings: MeasureSettings
+) -> Cost | None:
     """Measure the latency of ``mod["main"]`` (one candidate, standalone) on ``backend``.
 
     Optional: the core's default measurement lowers the candidate as one partition, builds it

@@ -51,8 +51,9 @@ class Inspection:
         return [refusal for view in self.views for refusal in view.refusals if refusal.broken]
 
 
-def inspect_model(model, target: Any = None, backends: Optional[Sequence[str]] = None,
-                  example_inputs=None, precision: str = FP32) -> Inspection:
+def inspect_model(
+    model, target: Any = None, backends: Optional[Sequence[str]] = None, example_inputs=None, precision: str = FP32
+) -> Inspection:
     """Import ``model`` (converted to ``precision``) and match the patterns of ``backends`` (default: every
     available one) against it; nothing is built or run, so a named backend is inspected even where it is
     not available, and a precision even on a machine that would not run it fast."""
@@ -60,8 +61,11 @@ def inspect_model(model, target: Any = None, backends: Optional[Sequence[str]] =
     target = tvm_compat.make_target(target)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
-    unavailable = tuple((name, info.availability.reason) for name, info in infos.items()
-                        if not info.availability.available and (backends is None or name in backends))
+    unavailable = tuple(
+        (name, info.availability.reason)
+        for name, info in infos.items()
+        if not info.availability.available and (backends is None or name in backends)
+    )
     if backends is None:
         chosen = [info for info in select_backends(infos, target=target) if serves(info, target)]
     else:  # a named backend is inspected even where it cannot run: matching patterns needs no device
@@ -76,8 +80,14 @@ def inspect_model(model, target: Any = None, backends: Optional[Sequence[str]] =
         refusals: list[Refusal] = []
         candidates = enumerate_candidates(graph, patterns, refusals)
         views.append(BackendView(info.name, tuple(p.name for p in patterns), tuple(candidates), tuple(refusals)))
-    return Inspection(imported.name, tvm_compat.device_name(target), graph, imported.mod.script(show_meta=False),
-                      tuple(views), unavailable)
+    return Inspection(
+        imported.name,
+        tvm_compat.device_name(target),
+        graph,
+        imported.mod.script(show_meta=False),
+        tuple(views),
+        unavailable,
+    )
 
 
 def render_inspection(inspection: Inspection, show_relax: bool = True, show_candidates: bool = False) -> str:
@@ -88,12 +98,25 @@ def render_inspection(inspection: Inspection, show_relax: bool = True, show_cand
     sections.append(f"Model {inspection.model_name}: {len(ops)} operators on {inspection.target}")
     rows = []
     for view in inspection.views:
-        rows.append([view.name, str(len(view.patterns)), str(len(view.candidates)),
-                     f"{len(view.covered())} of {len(ops)}", str(len(view.refusals))])
+        rows.append(
+            [
+                view.name,
+                str(len(view.patterns)),
+                str(len(view.candidates)),
+                f"{len(view.covered())} of {len(ops)}",
+                str(len(view.refusals)),
+            ]
+        )
     sections.append(format_table(["backend", "patterns", "candidates", "operators covered", "matches refused"], rows))
     for name, reason in inspection.unavailable:
-        sections.append(f"{name}: not available here ({reason})" + (
-            "; its patterns are inspected all the same" if any(view.name == name for view in inspection.views) else ""))
+        sections.append(
+            f"{name}: not available here ({reason})"
+            + (
+                "; its patterns are inspected all the same"
+                if any(view.name == name for view in inspection.views)
+                else ""
+            )
+        )
     for view in inspection.views:
         sections += ["", f"## {view.name}", _pattern_table(view, ops)]
         if view.refusals:
@@ -105,11 +128,17 @@ def render_inspection(inspection: Inspection, show_relax: bool = True, show_cand
     uncovered = set(range(len(ops))) - set().union(*(view.covered() for view in inspection.views))
     if uncovered:
         counts = Counter(ops[node] for node in uncovered)
-        sections += ["", "operators no selected backend takes: " + ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))]
+        sections += [
+            "",
+            "operators no selected backend takes: " + ", ".join(f"{op} x{n}" for op, n in sorted(counts.items())),
+        ]
     broken = inspection.broken_checks()
     if broken:
-        sections += ["", f"{len(broken)} matches were refused because a check raised (a bug in the plugin): "
-                     f"{broken[0].pattern}: {broken[0].reason}"]
+        sections += [
+            "",
+            f"{len(broken)} matches were refused because a check raised (a bug in the plugin): "
+            f"{broken[0].pattern}: {broken[0].reason}",
+        ]
     return "\n".join(sections)
 
 
@@ -129,8 +158,10 @@ def _refusal_lines(refusals: Sequence[Refusal], ops) -> list[str]:
         key = (refusal.pattern, refusal.reason)
         first.setdefault(key, refusal)
         counts[key] += 1
-    return [f"{pattern} x{counts[(pattern, reason)]}, {_operators(first[(pattern, reason)].nodes, ops)}: {reason}"
-            for pattern, reason in sorted(first)]
+    return [
+        f"{pattern} x{counts[(pattern, reason)]}, {_operators(first[(pattern, reason)].nodes, ops)}: {reason}"
+        for pattern, reason in sorted(first)
+    ]
 
 
 def _operators(nodes, ops, limit: Optional[int] = OPERATORS_SHOWN) -> str:

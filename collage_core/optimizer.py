@@ -21,8 +21,13 @@ from collage_core.search import accuracy_stage
 from collage_core.search import stage as search_stage
 
 
-def optimize(model: Any, *, example_inputs: Optional[Sequence[Any]] = None, options: Optional[OptimizeOptions] = None,
-             **chosen: Any) -> OptimizedModel:
+def optimize(
+    model: Any,
+    *,
+    example_inputs: Optional[Sequence[Any]] = None,
+    options: Optional[OptimizeOptions] = None,
+    **chosen: Any,
+) -> OptimizedModel:
     """Place ``model`` on the fastest mix of backends for a target, as ``options`` say (an
     :class:`OptimizeOptions`; default: every default), each option also given by its name, which wins
     over ``options``' (``optimize(model, target="cuda", backends=["tvm"])``).
@@ -64,10 +69,22 @@ def optimize(model: Any, *, example_inputs: Optional[Sequence[Any]] = None, opti
         held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock)
         placed_model, target = held.imported.model, imported.target
         graph = RelaxGraph.from_function(placed_model.mod["main"], placed_model.mod)
-        say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; "
-            f"target {target}")
-        job = Job(placed_model, graph, target, pm, backends, options.settings, folder.path, say, options.show_progress,
-                  folder.scratch)
+        say(
+            f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; "
+            f"target {target}"
+        )
+        job = Job(
+            placed_model,
+            graph,
+            target,
+            pm,
+            backends,
+            options.settings,
+            folder.path,
+            say,
+            options.show_progress,
+            folder.scratch,
+        )
         placed = search_stage.place(job, options, search, clock)
 
         library = output_folder.library_file(folder.path, placed_model.name)
@@ -79,21 +96,50 @@ def optimize(model: Any, *, example_inputs: Optional[Sequence[Any]] = None, opti
         previous = reuse.run_before(folder.path, library, finish, say) if finish is not None else None
         if previous is not None:
             clock.lap("reusing the run before")
-            return kept(OptimizedModel(
-                placed_model, previous.placement, library, target, previous.end_to_end, previous.verification,
-                placed.measurement, len(placed.candidates), placed.search_s,
-                job.partitioned(list(previous.placement.partitions)), placed.two_level, phases_s=clock.phases_s,
-                accuracy=held.fit, searched_placement=previous.searched_placement,
-            ), folder)
+            return kept(
+                OptimizedModel(
+                    placed_model,
+                    previous.placement,
+                    library,
+                    target,
+                    previous.end_to_end,
+                    previous.verification,
+                    placed.measurement,
+                    len(placed.candidates),
+                    placed.search_s,
+                    job.partitioned(list(previous.placement.partitions)),
+                    placed.two_level,
+                    phases_s=clock.phases_s,
+                    accuracy=held.fit,
+                    searched_placement=previous.searched_placement,
+                ),
+                folder,
+            )
 
-        finished = build_stage.build_and_compare(job, placed, options, search, imported.replayed, library, folder,
-                                                 held.fit, clock)
-        return kept(OptimizedModel(
-            placed_model, finished.placement, library, target, finished.rows, finished.verification, placed.measurement,
-            len(placed.candidates), placed.search_s, finished.built.partitioned, placed.two_level,
-            phases_s=clock.phases_s, accuracy=held.fit, searched_placement=finished.searched_placement,
-            replayed_from=None if options.placement is None else str(options.placement),
-        ), folder, finish)
+        finished = build_stage.build_and_compare(
+            job, placed, options, search, imported.replayed, library, folder, held.fit, clock
+        )
+        return kept(
+            OptimizedModel(
+                placed_model,
+                finished.placement,
+                library,
+                target,
+                finished.rows,
+                finished.verification,
+                placed.measurement,
+                len(placed.candidates),
+                placed.search_s,
+                finished.built.partitioned,
+                placed.two_level,
+                phases_s=clock.phases_s,
+                accuracy=held.fit,
+                searched_placement=finished.searched_placement,
+                replayed_from=None if options.placement is None else str(options.placement),
+            ),
+            folder,
+            finish,
+        )
 
 
 optimize.__signature__ = keyword_signature(optimize)

@@ -10,8 +10,18 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
-from collage_core.api_checks import (BACKEND_NAMES, BOOLEAN, PATH, Rule, described, instance_of, number, one_of,
-                                     refuse_unless_met, whole)
+from collage_core.api_checks import (
+    BACKEND_NAMES,
+    BOOLEAN,
+    PATH,
+    Rule,
+    described,
+    instance_of,
+    number,
+    one_of,
+    refuse_unless_met,
+    whole,
+)
 from collage_core.errors import CollageError
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, NEEDS_REFERENCE, AccuracyBudgetError
@@ -42,49 +52,92 @@ class OptimizeOptions:
     """How :func:`collage_core.optimize` places a model; each field's metadata holds its rule and help.
     Made, it is checked (:meth:`check`): a record that exists holds options that can run together."""
 
-    target: Any = described(None, TARGET, 'a TVM target: a name such as llvm or cuda, or JSON such as '
-                            '\'{"kind": "llvm"}\' (default: this CPU)')
+    target: Any = described(
+        None,
+        TARGET,
+        'a TVM target: a name such as llvm or cuda, or JSON such as \'{"kind": "llvm"}\' (default: this CPU)',
+    )
     backends: Optional[Sequence[str]] = described(
-        None, BACKEND_NAMES.or_none(), "the backends to place on, comma-separated (default: every available one, "
-        "except those `collage backends` says run only when named)")
-    placement: Any = described(None, PATH.or_none(), "replay this placement file instead of searching: build, verify "
-                               "and measure it, and nothing else (no baselines, no contest, unless compared)")
+        None,
+        BACKEND_NAMES.or_none(),
+        "the backends to place on, comma-separated (default: every available one, "
+        "except those `collage backends` says run only when named)",
+    )
+    placement: Any = described(
+        None,
+        PATH.or_none(),
+        "replay this placement file instead of searching: build, verify "
+        "and measure it, and nothing else (no baselines, no contest, unless compared)",
+    )
     search: Optional[str] = described(
-        None, one_of((OP_LEVEL_SEARCH, TWO_LEVEL)).or_none(), "two-level (default when a graph-level backend is "
-        "selected) also evolves which op groups go to graph-level backends, scored by end-to-end latency")
-    two_level: TwoLevelSettings = described(TwoLevelSettings(), instance_of(TwoLevelSettings),
-                                            "the two-level search's settings")
+        None,
+        one_of((OP_LEVEL_SEARCH, TWO_LEVEL)).or_none(),
+        "two-level (default when a graph-level backend is "
+        "selected) also evolves which op groups go to graph-level backends, scored by end-to-end latency",
+    )
+    two_level: TwoLevelSettings = described(
+        TwoLevelSettings(), instance_of(TwoLevelSettings), "the two-level search's settings"
+    )
     cost_db: Any = described(None, PATH.or_none(), "cost database (default: $COLLAGE_COST_DB or the user cache)")
-    output_dir: Any = described(None, PATH.or_none(), "folder for placement.json, the library and report.txt, the "
-                                "best placement so far saved there as the search goes")
+    output_dir: Any = described(
+        None,
+        PATH.or_none(),
+        "folder for placement.json, the library and report.txt, the "
+        "best placement so far saved there as the search goes",
+    )
     settings: MeasureSettings = described(MeasureSettings(), instance_of(MeasureSettings), "how hard to measure")
     compare_backends: Optional[bool] = described(
-        None, BOOLEAN.or_none(), "measure each backend alone and TVM's unpartitioned build beside the placement and "
+        None,
+        BOOLEAN.or_none(),
+        "measure each backend alone and TVM's unpartitioned build beside the placement and "
         "time the closest in turns: the fastest by a margin is returned, the replayed placement whatever wins "
-        "(default: when searching, not when replaying)")
+        "(default: when searching, not when replaying)",
+    )
     baseline_limit_s: Optional[float] = described(
-        DEFAULT_BASELINE_LIMIT_S, number(0).or_none(), "stop a baseline whose one run takes longer than this many "
-        "seconds and report it as stopped (0 or None: no limit)", converter=_no_limit_at_zero)
-    calibration_rounds: int = described(DEFAULT_ROUNDS, whole(0), "re-searches of the op-level placement with "
-                                        "per-partition costs measured end to end (0: none)")
-    verify: bool = described(True, BOOLEAN, "verify the outputs against the model's reference (ONNX Runtime or "
-                             "PyTorch) within the precision's tolerance")
-    show_progress: bool = described(True, BOOLEAN, "say what the run is doing on stderr",
-                                    api_only="the command always says what it is doing")
+        DEFAULT_BASELINE_LIMIT_S,
+        number(0).or_none(),
+        "stop a baseline whose one run takes longer than this many "
+        "seconds and report it as stopped (0 or None: no limit)",
+        converter=_no_limit_at_zero,
+    )
+    calibration_rounds: int = described(
+        DEFAULT_ROUNDS,
+        whole(0),
+        "re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
+    )
+    verify: bool = described(
+        True,
+        BOOLEAN,
+        "verify the outputs against the model's reference (ONNX Runtime or PyTorch) within the precision's tolerance",
+    )
+    show_progress: bool = described(
+        True, BOOLEAN, "say what the run is doing on stderr", api_only="the command always says what it is doing"
+    )
     precision: Optional[str] = described(
-        None, one_of(PRECISIONS).or_none(), "fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 "
+        None,
+        one_of(PRECISIONS).or_none(),
+        "fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 "
         "(GPUs): the model is converted once by TVM's mixed-precision pass and verified within that precision's "
         "tolerance; tf32 (GPUs): float32, with TF32 tensor-core kernels competing where a backend has them; a "
-        "replayed placement keeps its own")
+        "replayed placement keeps its own",
+    )
     accuracy_budget: Optional[float] = described(
-        None, number(0, above=True).or_none(), "with precision bf16 or fp16: the largest error allowed, as max |out - "
+        None,
+        number(0, above=True).or_none(),
+        "with precision bf16 or fp16: the largest error allowed, as max |out - "
         "ref| over max |ref| against the float32 reference on the verification inputs; parts of the model go back to "
-        "float32, chosen by measured error, until the placement holds it")
-    accuracy_blocks: int = described(DEFAULT_BLOCKS, whole(1), "with an accuracy budget: how many blocks the model's "
-                                     "units are probed in")
-    remeasure_invalid: bool = described(False, BOOLEAN, "measure again every candidate and placement whose stored "
-                                        "cost is invalid (a build error, a crash, a hang) instead of reading it; "
-                                        "transient failures are measured again anyway")
+        "float32, chosen by measured error, until the placement holds it",
+    )
+    accuracy_blocks: int = described(
+        DEFAULT_BLOCKS, whole(1), "with an accuracy budget: how many blocks the model's units are probed in"
+    )
+    remeasure_invalid: bool = described(
+        False,
+        BOOLEAN,
+        "measure again every candidate and placement whose stored "
+        "cost is invalid (a build error, a crash, a hang) instead of reading it; "
+        "transient failures are measured again anyway",
+    )
 
     def __attrs_post_init__(self):
         self.check()
@@ -109,15 +162,20 @@ class OptimizeOptions:
             if attrs.has(type(value)):
                 for inner in attrs.fields(type(value)):
                     if "rule" in inner.metadata:
-                        refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
+                        refuse_unless_met(
+                            f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name)
+                        )
         if self.accuracy_budget is not None:
             if self.placement is not None:
-                raise AccuracyBudgetError("--accuracy-budget searches; a placement file is replayed as it was made, "
-                                          "with the units it kept in float32")
+                raise AccuracyBudgetError(
+                    "--accuracy-budget searches; a placement file is replayed as it was made, "
+                    "with the units it kept in float32"
+                )
             precision = self.precision or FP32
             if precision not in DTYPES:
-                raise AccuracyBudgetError(f"an accuracy budget needs --precision bf16 or fp16 (at {precision} there is "
-                                          f"nothing to give back)")
+                raise AccuracyBudgetError(
+                    f"an accuracy budget needs --precision bf16 or fp16 (at {precision} there is nothing to give back)"
+                )
             if not self.verify:
                 raise AccuracyBudgetError(NEEDS_REFERENCE)
 
@@ -131,8 +189,10 @@ def keyword_signature(function: Callable) -> inspect.Signature:
     default: what ``help(collage_core.optimize)`` shows."""
     signature = inspect.signature(function)
     kept = [parameter for parameter in signature.parameters.values() if parameter.kind is not parameter.VAR_KEYWORD]
-    keywords = [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default)
-                for field in attrs.fields(OptimizeOptions)]
+    keywords = [
+        inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default)
+        for field in attrs.fields(OptimizeOptions)
+    ]
     return signature.replace(parameters=kept + keywords)
 
 
@@ -152,8 +212,9 @@ def command_line_paths() -> Iterator[str]:
     (those marked ``api_only`` aside) and the nested records' fields that have a help text."""
     for field in attrs.fields(OptimizeOptions):
         if attrs.has(type(field.default)):
-            yield from (f"{field.name}.{inner.name}" for inner in attrs.fields(type(field.default))
-                        if "help" in inner.metadata)
+            yield from (
+                f"{field.name}.{inner.name}" for inner in attrs.fields(type(field.default)) if "help" in inner.metadata
+            )
         elif "api_only" not in field.metadata:
             yield field.name
 

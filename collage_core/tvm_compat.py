@@ -61,9 +61,15 @@ def make_target(spec: TargetSpec) -> tvm.target.Target:
     try:
         return tvm.target.Target(spec)
     except Exception as error:  # TVM's message, in its first line
-        hint = " (TVM 0.27 takes a target as JSON: '{\"kind\": \"llvm\", \"mcpu\": ...}')" if " " in str(spec.get("kind")) else ""
+        hint = (
+            " (TVM 0.27 takes a target as JSON: '{\"kind\": \"llvm\", \"mcpu\": ...}')"
+            if " " in str(spec.get("kind"))
+            else ""
+        )
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise TargetError(f"target {given!r}: {first.split(' Target creation from config dict failed')[0]}{hint}") from None
+        raise TargetError(
+            f"target {given!r}: {first.split(' Target creation from config dict failed')[0]}{hint}"
+        ) from None
 
 
 def target_to_json(target: tvm.target.Target) -> str:
@@ -155,9 +161,13 @@ def _cuda_graph_passes(target: tvm.target.Target) -> list:
     # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 
-    return (cuda_pipeline.library_dispatch_passes(target) + cuda_pipeline.legalize_passes(target)
-            + [relax.transform.InlinePrivateFunctions()]
-            + cuda_pipeline.dataflow_lower_passes(target) + cuda_pipeline.finalize_passes(target))
+    return (
+        cuda_pipeline.library_dispatch_passes(target)
+        + cuda_pipeline.legalize_passes(target)
+        + [relax.transform.InlinePrivateFunctions()]
+        + cuda_pipeline.dataflow_lower_passes(target)
+        + cuda_pipeline.finalize_passes(target)
+    )
 
 
 def device_name(target: tvm.target.Target) -> str:
@@ -395,6 +405,7 @@ def from_exported_program(program):
                 except Exception as error:
                     trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
                     raise TorchNodeFailure(name, node.name, trace[-1] if trace else "", error) from error
+
             return convert_naming_the_node
 
         return {name: wrap(name, convert) for name, convert in original(importer, *args, **kwargs).items()}
@@ -440,7 +451,8 @@ def from_onnx(proto):
     import onnx
 
     # Deferred: TVM's compiler, which a runtime-only TVM lacks.
-    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx, onnx_frontend
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+    from tvm.relax.frontend.onnx import onnx_frontend
 
     def convert_naming_the_node(graph, op_name, inputs, attrs, opset):
         try:
@@ -456,7 +468,10 @@ def from_onnx(proto):
             node.name = node.name or (node.output[0] if node.output else node.op_type)
         proto = named
     with _IMPORTER_PATCH:
-        original_map, original_convert = onnx_frontend._get_convert_map, onnx_frontend.ONNXGraphImporter._convert_operator
+        original_map, original_convert = (
+            onnx_frontend._get_convert_map,
+            onnx_frontend.ONNXGraphImporter._convert_operator,
+        )
         original_check = onnx.checker.check_model
         onnx_frontend._get_convert_map = lambda: _with_fixes(original_map())
         onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
@@ -514,8 +529,9 @@ def _constant_clip():
             return None
         dtype = str(x.ty.dtype)
         finite = float(np.finfo(dtype).max)
-        return bb.emit(relax.op.clip(x, tvm.tirx.FloatImm(dtype, max(low, -finite)),
-                                     tvm.tirx.FloatImm(dtype, min(high, finite))))
+        return bb.emit(
+            relax.op.clip(x, tvm.tirx.FloatImm(dtype, max(low, -finite)), tvm.tirx.FloatImm(dtype, min(high, finite)))
+        )
 
     class ConstantClip(tvm_clip):
         @classmethod

@@ -85,7 +85,7 @@ def process_stat(pid: int) -> Optional[tuple[int, str, str]]:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name, in parentheses, may hold spaces
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
     return int(fields[1]), fields[0], fields[19]
 
 
@@ -139,7 +139,9 @@ class Run:
             cmdline = table[pid][3]
             if "collage_core.measure.zygote" in cmdline:
                 kinds["zygote"].append(pid)
-                kinds["worker"].extend(child for child in children.get(pid, []) if "collage_core.measure.zygote" in table[child][3])
+                kinds["worker"].extend(
+                    child for child in children.get(pid, []) if "collage_core.measure.zygote" in table[child][3]
+                )
             elif "collage_core.measure.worker" in cmdline:
                 kinds["worker"].append(pid)
         return kinds
@@ -172,19 +174,39 @@ class Run:
         return " | ".join(lines[-3:])[-600:]
 
 
-def run_arguments(rng: random.Random, model: Path, folder: Path, db: Path, backends: str, graph_level: str) -> list[str]:
+def run_arguments(
+    rng: random.Random, model: Path, folder: Path, db: Path, backends: str, graph_level: str
+) -> list[str]:
     """A quick ``collage optimize``, in one of a few shapes so that kills land in every stage."""
     base = [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--cost-db", str(db), "-o", str(folder)]
     roll = rng.random()
     if graph_level and roll < 0.2:
         # The default two-level search, on a small budget and a seed of its own: new placements to
         # measure end to end in most runs.
-        return base + ["--backends", f"{backends},{graph_level}", "--budget", "10", "--seed", str(rng.randrange(10**6)),
-                       "--calibration-rounds", "0", "--no-compare"]
+        return base + [
+            "--backends",
+            f"{backends},{graph_level}",
+            "--budget",
+            "10",
+            "--seed",
+            str(rng.randrange(10**6)),
+            "--calibration-rounds",
+            "0",
+            "--no-compare",
+        ]
     if roll < 0.35:
         return base + ["--backends", backends, "--search", "op-level", "--calibration-rounds", "1", "--no-compare"]
     if roll < 0.45:  # the baselines and the contest in turns
-        return base + ["--backends", backends, "--search", "op-level", "--calibration-rounds", "0", "--baseline-limit", "5"]
+        return base + [
+            "--backends",
+            backends,
+            "--search",
+            "op-level",
+            "--calibration-rounds",
+            "0",
+            "--baseline-limit",
+            "5",
+        ]
     return base + quick_arguments(backends)
 
 
@@ -204,10 +226,16 @@ def database_rows(db: Path) -> dict[tuple, tuple]:
         try:
             connection = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)
             try:
-                rows = {("candidate", *row[:5]): row[5:] for row in connection.execute(
-                    "SELECT backend, backend_version, target, device, candidate, kind, median_s, reason FROM costs")}
-                rows.update((("end-to-end", row[0]), row[1:]) for row in connection.execute(
-                    "SELECT key, kind, median_s, reason FROM end_to_end_costs"))
+                rows = {
+                    ("candidate", *row[:5]): row[5:]
+                    for row in connection.execute(
+                        "SELECT backend, backend_version, target, device, candidate, kind, median_s, reason FROM costs"
+                    )
+                }
+                rows.update(
+                    (("end-to-end", row[0]), row[1:])
+                    for row in connection.execute("SELECT key, kind, median_s, reason FROM end_to_end_costs")
+                )
                 return rows
             finally:
                 connection.close()
@@ -220,15 +248,21 @@ def database_rows(db: Path) -> dict[tuple, tuple]:
 
 def lost_rows(before: dict, after: dict) -> list[tuple]:
     """Rows of ``before`` missing from ``after``, or measured before and no longer."""
-    return [key for key, (kind, _, _) in before.items()
-            if key not in after or (kind == "measured" and after[key][0] != "measured")]
+    return [
+        key
+        for key, (kind, _, _) in before.items()
+        if key not in after or (kind == "measured" and after[key][0] != "measured")
+    ]
 
 
 def transient_kept_as_permanent(rows: dict) -> list[str]:
     from collage_core.measure.cost_db import TRANSIENT_REASON
 
-    return [reason for kind, _, reason in rows.values()
-            if kind == "invalid" and FROM_OUTSIDE.search(reason) and TRANSIENT_REASON not in reason]
+    return [
+        reason
+        for kind, _, reason in rows.values()
+        if kind == "invalid" and FROM_OUTSIDE.search(reason) and TRANSIENT_REASON not in reason
+    ]
 
 
 def database_problems(db: Path) -> list[str]:
@@ -273,7 +307,9 @@ def check_folder(folder: Path, model: Path, after_rerun: bool) -> list[str]:
         except (ValueError, OSError) as error:
             problems.append(f"{path}: {error}")
     for name in ("placement.json", "searched-placement.json"):
-        placements = [folder / name] + (sorted((folder / "baselines").glob("*.json")) if name == "placement.json" else [])
+        placements = [folder / name] + (
+            sorted((folder / "baselines").glob("*.json")) if name == "placement.json" else []
+        )
         for path in placements:
             if path in parsed:
                 try:
@@ -366,7 +402,9 @@ class Chaos:
         self.lost: set[tuple] = set()
         self.seen: dict[tuple, tuple] = {}
         self.slow_deaths: list[str] = []
-        self.folders = [self.outputs / f"{model}-{letter}" for model in options.models for letter in "ab"[:options.folders]]
+        self.folders = [
+            self.outputs / f"{model}-{letter}" for model in options.models for letter in "ab"[: options.folders]
+        ]
 
     def live(self) -> list[Run]:
         return [run for run in self.runs if run.process.poll() is None]
@@ -374,8 +412,14 @@ class Chaos:
     def start_run(self) -> Run:
         folder = self.rng.choice(self.folders)
         model = folder.name.rsplit("-", 1)[0]
-        arguments = run_arguments(self.rng, ROOT / "models" / f"{model}.onnx", folder, self.db, self.options.backends,
-                                  self.options.graph_level)
+        arguments = run_arguments(
+            self.rng,
+            ROOT / "models" / f"{model}.onnx",
+            folder,
+            self.db,
+            self.options.backends,
+            self.options.graph_level,
+        )
         number = len(self.runs)
         run = Run(number, model, folder, arguments, self.logs / f"run-{number}.log", self.env, self.watched)
         self.runs.append(run)
@@ -443,7 +487,9 @@ class Chaos:
         self.kills[f"{kind} {sig.name}"] += 1
         ended = self.wait_gone(pid, entry[2])
         if not ended:
-            self.slow_deaths.append(f"{kind} {pid} of run {run.number} still there {DEATH_LIMIT_S:g} s after {sig.name}")
+            self.slow_deaths.append(
+                f"{kind} {pid} of run {run.number} still there {DEATH_LIMIT_S:g} s after {sig.name}"
+            )
             if kind == "main":  # where it is stuck: `collage` prints every thread's stack on SIGUSR1 (into its log)
                 os.kill(pid, signal.SIGUSR1)
                 time.sleep(1.0)
@@ -453,8 +499,11 @@ class Chaos:
         lost = lost_rows(before, after)
         self.lost.update(lost)
         self.seen.update(before)
-        print(f"kill {number + 1}/{self.options.kills}: {kind} {sig.name} (run {run.number}, {run.model}, pid {pid}); "
-              f"{len(after)} costs stored, {len(lost)} lost", flush=True)
+        print(
+            f"kill {number + 1}/{self.options.kills}: {kind} {sig.name} (run {run.number}, {run.model}, pid {pid}); "
+            f"{len(after)} costs stored, {len(lost)} lost",
+            flush=True,
+        )
 
     def wait_gone(self, pid: int, started: str) -> bool:
         deadline = time.monotonic() + DEATH_LIMIT_S
@@ -484,8 +533,18 @@ class Chaos:
 
     def rerun(self, folder: Path) -> tuple[bool, str]:
         model = folder.name.rsplit("-", 1)[0]
-        arguments = [sys.executable, "-m", "collage_core.cli", "optimize", str(ROOT / "models" / f"{model}.onnx"),
-                     "--cost-db", str(self.db), "-o", str(folder), *quick_arguments(self.options.backends)]
+        arguments = [
+            sys.executable,
+            "-m",
+            "collage_core.cli",
+            "optimize",
+            str(ROOT / "models" / f"{model}.onnx"),
+            "--cost-db",
+            str(self.db),
+            "-o",
+            str(folder),
+            *quick_arguments(self.options.backends),
+        ]
         done = subprocess.run(arguments, capture_output=True, text=True, env=self.env, cwd=self.watched)
         passed = done.returncode == 0 and "numerics passed" in done.stdout
         said = (done.stdout + done.stderr).strip().splitlines()
@@ -500,23 +559,37 @@ class Chaos:
         outcomes: dict[str, int] = {}
         for run in self.runs:
             outcomes[run.outcome()] = outcomes.get(run.outcome(), 0) + 1
-        failed = [f"run {run.number} ({' '.join(run.arguments[4:])}): exit {run.process.returncode}: {run.tail()}"
-                  for run in self.runs if run.outcome() == "failed"]
-        unclean = [f"run {run.number}: exit {run.process.returncode}: {run.tail()}"
-                   for run in self.runs if run.outcome() == "terminated uncleanly"]
+        failed = [
+            f"run {run.number} ({' '.join(run.arguments[4:])}): exit {run.process.returncode}: {run.tail()}"
+            for run in self.runs
+            if run.outcome() == "failed"
+        ]
+        unclean = [
+            f"run {run.number}: exit {run.process.returncode}: {run.tail()}"
+            for run in self.runs
+            if run.outcome() == "terminated uncleanly"
+        ]
 
         rows = database_rows(self.db)
         self.lost.update(lost_rows(self.seen, rows))
         database = database_problems(self.db)
         transient = transient_kept_as_permanent(rows)
         used = [folder for folder in self.folders if folder.exists()]
-        torn = [problem for folder in used
-                for problem in folder_problems(folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", False,
-                                               self.check_env)]
+        torn = [
+            problem
+            for folder in used
+            for problem in folder_problems(
+                folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", False, self.check_env
+            )
+        ]
         reruns = [self.rerun(folder) for folder in self.folders]
-        torn += [problem for folder in self.folders
-                 for problem in folder_problems(folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", True,
-                                                self.check_env)]
+        torn += [
+            problem
+            for folder in self.folders
+            for problem in folder_problems(
+                folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", True, self.check_env
+            )
+        ]
         outlived = marked_processes(self.mark)
         new_files = listing(self.watched, (self.outputs, self.db.parent)) - watched_before
         outside = sorted(new_files)
@@ -535,8 +608,11 @@ class Chaos:
             ("processes outliving their run", str(len(outlived))),
             ("killed processes slow to end", str(len(self.slow_deaths))),
             ("database", "ok" if not database else "; ".join(database)),
-            ("costs stored", f"{sum(1 for key in rows if key[0] == 'candidate')} candidates, "
-                             f"{sum(1 for key in rows if key[0] == 'end-to-end')} placements"),
+            (
+                "costs stored",
+                f"{sum(1 for key in rows if key[0] == 'candidate')} candidates, "
+                f"{sum(1 for key in rows if key[0] == 'end-to-end')} placements",
+            ),
             ("seconds", f"{time.monotonic() - started:.0f}"),
         ]
         width = max(len(name) for name, _ in table)
@@ -545,15 +621,32 @@ class Chaos:
         print(f"{'-' * width}  {'-' * 6}")
         for name, value in table:
             print(f"{name.ljust(width)}  {value}")
-        details = [("lost", [str(key) for key in sorted(self.lost)]), ("transient kept as permanent", transient),
-                   ("artifacts", torn), ("outside", outside), ("reruns", [text for passed, text in reruns if not passed]),
-                   ("failed runs", failed), ("unclean on SIGTERM", unclean), ("outliving", [f"{pid}: {cmdline}" for pid, cmdline in outlived]),
-                   ("slow to end", self.slow_deaths)]
+        details = [
+            ("lost", [str(key) for key in sorted(self.lost)]),
+            ("transient kept as permanent", transient),
+            ("artifacts", torn),
+            ("outside", outside),
+            ("reruns", [text for passed, text in reruns if not passed]),
+            ("failed runs", failed),
+            ("unclean on SIGTERM", unclean),
+            ("outliving", [f"{pid}: {cmdline}" for pid, cmdline in outlived]),
+            ("slow to end", self.slow_deaths),
+        ]
         for name, items in details:
             for item in items[:20]:
                 print(f"{name}: {item}")
-        trouble = (self.lost or transient or torn or outside or failed or unclean or outlived or self.slow_deaths or database
-                   or not all(passed for passed, _ in reruns))
+        trouble = (
+            self.lost
+            or transient
+            or torn
+            or outside
+            or failed
+            or unclean
+            or outlived
+            or self.slow_deaths
+            or database
+            or not all(passed for passed, _ in reruns)
+        )
         return 1 if trouble else 0
 
 
@@ -563,14 +656,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names of models/*.onnx")
     parser.add_argument("--backends", default="tvm,dnnl", help="op-level backends of every run")
-    parser.add_argument("--graph-level", default="onnxruntime",
-                        help="graph-level backend of the occasional two-level run ('' for none)")
+    parser.add_argument(
+        "--graph-level", default="onnxruntime", help="graph-level backend of the occasional two-level run ('' for none)"
+    )
     parser.add_argument("--lanes", type=int, default=2, help="runs at once")
     parser.add_argument("--folders", type=int, choices=(1, 2), default=2, help="output folders per model")
     parser.add_argument("--min-delay", type=float, default=0.5, help="least seconds between kills")
     parser.add_argument("--max-delay", type=float, default=12.0, help="most seconds between kills")
-    parser.add_argument("--grace", type=float, default=120.0,
-                        help="seconds the runs left after the last kill have to finish before they are killed")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=120.0,
+        help="seconds the runs left after the last kill have to finish before they are killed",
+    )
     parser.add_argument("--root", help="folder for the database, outputs and logs (default: a new temporary folder)")
     parser.add_argument("--check-folder", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

@@ -14,9 +14,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from torch import nn
-
 from make_models import SEED, build_and_check, make_bert, make_gpt2, randomize_norms_and_biases
+from torch import nn
 
 
 class Logits(nn.Module):
@@ -58,7 +57,12 @@ def make_convnext_tiny() -> nn.Module:
     return Logits(ConvNextForImageClassification(config))
 
 
-IMAGE_MODELS = {"resnet50": make_resnet50, "mobilenetv2": make_mobilenetv2, "vit-base": make_vit_base, "convnext-tiny": make_convnext_tiny}
+IMAGE_MODELS = {
+    "resnet50": make_resnet50,
+    "mobilenetv2": make_mobilenetv2,
+    "vit-base": make_vit_base,
+    "convnext-tiny": make_convnext_tiny,
+}
 
 
 class OneOutput(nn.Module):
@@ -74,7 +78,9 @@ class OneOutput(nn.Module):
     def forward(self, inputs):
         extra = {}
         if self.mask:
-            extra["attention_mask"] = torch.ones([int(size) for size in inputs.shape], dtype=torch.int64, device=inputs.device)
+            extra["attention_mask"] = torch.ones(
+                [int(size) for size in inputs.shape], dtype=torch.int64, device=inputs.device
+            )
         return getattr(self.model(**{self.input_name: inputs}, **extra), self.field)
 
 
@@ -85,6 +91,7 @@ def _image(config_name: str, model_name: str, field: str = "logits", **config):
         config.setdefault("num_labels", 1000)
         model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
         return OneOutput(model, "pixel_values", field)
+
     return make
 
 
@@ -95,6 +102,7 @@ def _text(config_name: str, model_name: str, field: str, **config):
         config.setdefault("attn_implementation", "eager")
         model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
         return OneOutput(model, "input_ids", field, mask=True)
+
     return make
 
 
@@ -103,36 +111,84 @@ def _audio(config_name: str, model_name: str, field: str = "last_hidden_state", 
         import transformers
 
         model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
-        return OneOutput(model.get_encoder() if encoder else model, "input_features" if encoder else "input_values", field)
+        return OneOutput(
+            model.get_encoder() if encoder else model, "input_features" if encoder else "input_values", field
+        )
+
     return make
 
 
 # Published full-size configurations of families beyond the six above (benchmarks/coverage.py's families), each
 # named for the checkpoint whose config it repeats; random weights. The input of each: (shape, dtype).
 FAMILIES = {
-    "efficientnet-b0": (_image("EfficientNetConfig", "EfficientNetForImageClassification", width_coefficient=1.0,
-                               depth_coefficient=1.0, image_size=224, dropout_rate=0.2, hidden_dim=1280), (3, 224, 224)),
+    "efficientnet-b0": (
+        _image(
+            "EfficientNetConfig",
+            "EfficientNetForImageClassification",
+            width_coefficient=1.0,
+            depth_coefficient=1.0,
+            image_size=224,
+            dropout_rate=0.2,
+            hidden_dim=1280,
+        ),
+        (3, 224, 224),
+    ),
     "regnet-y-040": (_image("RegNetConfig", "RegNetForImageClassification"), (3, 224, 224)),
     "mobilevit-small": (_image("MobileViTConfig", "MobileViTForImageClassification"), (3, 256, 256)),
-    "deit-small": (_image("DeiTConfig", "DeiTForImageClassification", hidden_size=384, num_attention_heads=6,
-                          intermediate_size=1536), (3, 224, 224)),
+    "deit-small": (
+        _image(
+            "DeiTConfig", "DeiTForImageClassification", hidden_size=384, num_attention_heads=6, intermediate_size=1536
+        ),
+        (3, 224, 224),
+    ),
     # dinov2-small's config says 518 pixels; at the 224 it is usually run at, with positions for 224.
-    "dinov2-small": (_image("Dinov2Config", "Dinov2ForImageClassification", hidden_size=384, num_attention_heads=6,
-                            image_size=224), (3, 224, 224)),
+    "dinov2-small": (
+        _image("Dinov2Config", "Dinov2ForImageClassification", hidden_size=384, num_attention_heads=6, image_size=224),
+        (3, 224, 224),
+    ),
     "swin-tiny": (_image("SwinConfig", "SwinForImageClassification"), (3, 224, 224)),
     "pvt-tiny": (_image("PvtConfig", "PvtForImageClassification"), (3, 224, 224)),
     "segformer-b0": (_image("SegformerConfig", "SegformerForSemanticSegmentation", num_labels=150), (3, 512, 512)),
     "distilbert-base": (_text("DistilBertConfig", "DistilBertModel", "last_hidden_state"), (128,)),
-    "deberta-v3-small": (_text("DebertaV2Config", "DebertaV2Model", "last_hidden_state", hidden_size=768,
-                               num_hidden_layers=6, num_attention_heads=12, intermediate_size=3072, vocab_size=128100,
-                               max_relative_positions=-1, position_buckets=256, relative_attention=True,
-                               pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
-                               position_biased_input=False, type_vocab_size=0), (128,)),
+    "deberta-v3-small": (
+        _text(
+            "DebertaV2Config",
+            "DebertaV2Model",
+            "last_hidden_state",
+            hidden_size=768,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            vocab_size=128100,
+            max_relative_positions=-1,
+            position_buckets=256,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+            type_vocab_size=0,
+        ),
+        (128,),
+    ),
     "opt-125m": (_text("OPTConfig", "OPTForCausalLM", "logits"), (128,)),
     "wav2vec2-base": (_audio("Wav2Vec2Config", "Wav2Vec2Model"), (16000,)),
-    "whisper-tiny-encoder": (_audio("WhisperConfig", "WhisperModel", encoder=True, d_model=384, encoder_layers=4,
-                                    encoder_attention_heads=6, encoder_ffn_dim=1536, decoder_layers=4,
-                                    decoder_attention_heads=6, decoder_ffn_dim=1536, num_mel_bins=80), (80, 3000)),
+    "whisper-tiny-encoder": (
+        _audio(
+            "WhisperConfig",
+            "WhisperModel",
+            encoder=True,
+            d_model=384,
+            encoder_layers=4,
+            encoder_attention_heads=6,
+            encoder_ffn_dim=1536,
+            decoder_layers=4,
+            decoder_attention_heads=6,
+            decoder_ffn_dim=1536,
+            num_mel_bins=80,
+        ),
+        (80, 3000),
+    ),
 }
 MODELS = [*IMAGE_MODELS, "bert", "bert-base", "gpt2", *FAMILIES]
 AUDIO = ("wav2vec2-base", "whisper-tiny-encoder")

@@ -199,12 +199,21 @@ class TokenLogits(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
 
 
-def make_gpt2(embedding: int = 768, heads: int = 12, layers: int = 12, vocab: int = 50257, positions: int = 1024) -> nn.Module:
+def make_gpt2(
+    embedding: int = 768, heads: int = 12, layers: int = 12, vocab: int = 50257, positions: int = 1024
+) -> nn.Module:
     """``GPT2LMHeadModel``'s logits; the defaults are GPT-2 small's."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_embd=embedding, n_head=heads, n_layer=layers, vocab_size=vocab, n_positions=positions,
-                        bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    config = GPT2Config(
+        n_embd=embedding,
+        n_head=heads,
+        n_layer=layers,
+        vocab_size=vocab,
+        n_positions=positions,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
     return TokenLogits(GPT2LMHeadModel(config))
 
 

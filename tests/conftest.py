@@ -14,7 +14,6 @@ def shared_cost_db(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shared-costs") / "costs.sqlite"
 
 
-
 @pytest.fixture
 def runtime_only_env() -> dict:
     """The environment of a process with TVM's runtime alone (no compiler) and no C++ compiler either."""

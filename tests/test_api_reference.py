@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from signatures import documented_signature
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
@@ -40,8 +39,9 @@ def reference_entries(text: str) -> dict[str, list[tuple[str, str]]]:
 def reference_problems(text: str) -> list[str]:
     """What the reference in ``text`` gets wrong about the kit, one line each: none when it is right."""
     entries = reference_entries(text)
-    problems = [f"the reference has a heading for {name}, which is not a kit module" for name in entries
-                if name not in MODULES]
+    problems = [
+        f"the reference has a heading for {name}, which is not a kit module" for name in entries if name not in MODULES
+    ]
     for module_name in MODULES:
         module = importlib.import_module(module_name)
         documented = entries.get(module_name, [])
@@ -54,8 +54,9 @@ def reference_problems(text: str) -> list[str]:
                 continue
             actual = documented_signature(getattr(module, name)) or ""
             if signature.removesuffix(" (module)") != actual:
-                problems.append(f"{module_name}.{name}: the reference says `{name}{signature}`, "
-                                f"the code `{name}{actual}`")
+                problems.append(
+                    f"{module_name}.{name}: the reference says `{name}{signature}`, the code `{name}{actual}`"
+                )
     return problems
 
 
@@ -75,15 +76,27 @@ def one_entry_changed(old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-@pytest.mark.parametrize("old, new, problem", [
-    ("- `pattern_of(func: relax.Function) -> str`", "- `pattern_of(func: relax.Function, name: str) -> str`",
-     "collage_core.kit.pattern_of: the reference says `pattern_of(func: relax.Function, name: str) -> str`, "
-     "the code `pattern_of(func: relax.Function) -> str`"),
-    ("- `pattern_of(func: relax.Function) -> str`", "- `pattern_of`",
-     "collage_core.kit.pattern_of: the reference says `pattern_of`, the code `pattern_of(func: relax.Function) -> str`"),
-    ("- `pattern_of(func: relax.Function) -> str`", "- `pattern_named(func: relax.Function) -> str`",
-     "collage_core.kit.pattern_named is in the reference but not in the module"),
-])
+@pytest.mark.parametrize(
+    "old, new, problem",
+    [
+        (
+            "- `pattern_of(func: relax.Function) -> str`",
+            "- `pattern_of(func: relax.Function, name: str) -> str`",
+            "collage_core.kit.pattern_of: the reference says `pattern_of(func: relax.Function, name: str) -> str`, "
+            "the code `pattern_of(func: relax.Function) -> str`",
+        ),
+        (
+            "- `pattern_of(func: relax.Function) -> str`",
+            "- `pattern_of`",
+            "collage_core.kit.pattern_of: the reference says `pattern_of`, the code `pattern_of(func: relax.Function) -> str`",
+        ),
+        (
+            "- `pattern_of(func: relax.Function) -> str`",
+            "- `pattern_named(func: relax.Function) -> str`",
+            "collage_core.kit.pattern_named is in the reference but not in the module",
+        ),
+    ],
+)
 def test_a_wrong_or_unknown_entry_is_a_problem(old, new, problem):
     assert problem in reference_problems(one_entry_changed(old, new))
 

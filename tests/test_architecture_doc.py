@@ -25,16 +25,19 @@ def core_packages() -> set[str]:
 
 
 def hooks() -> set[str]:
-    return {name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction)
-            if name.startswith(f"{hookspecs.PROJECT}_")}
+    return {
+        name
+        for name, _ in inspect.getmembers(hookspecs, inspect.isfunction)
+        if name.startswith(f"{hookspecs.PROJECT}_")
+    }
 
 
 def section(title: str) -> str:
     """The text under ``title`` (a ``## `` or ``### `` heading) up to the next heading of any level."""
     text = PAGE.read_text()
     start = text.index(f"{title}\n")
-    following = re.search(r"^#{2,3} ", text[start + len(title):], re.MULTILINE)
-    return text[start:start + len(title) + following.start()] if following else text[start:]
+    following = re.search(r"^#{2,3} ", text[start + len(title) :], re.MULTILINE)
+    return text[start : start + len(title) + following.start()] if following else text[start:]
 
 
 def package_sections() -> dict[str, str]:
@@ -49,7 +52,9 @@ def diagram() -> str:
 
 def boxed_names() -> set[str]:
     """The core's packages and modules the picture's boxes name in bold, as paths ("kit/testing", "model/verify")."""
-    return {name.strip().replace(".", "/") for bold in re.findall(r"<b>(.*?)</b>", diagram()) for name in bold.split(",")}
+    return {
+        name.strip().replace(".", "/") for bold in re.findall(r"<b>(.*?)</b>", diagram()) for name in bold.split(",")
+    }
 
 
 def hook_arrows() -> set[str]:

@@ -27,11 +27,17 @@ def write_model(raw: Path, stem: str, collage_ms: float, ort_ms: float, eager_ms
         "end_to_end": [
             {"name": "placement", "cost": measured(collage_ms), "operators_by_backend": {"dnnl": 40, "onnxruntime": 7}},
             {"name": "dnnl + tvm for the rest", "cost": measured(dnnl_ms), "operators_by_backend": {"dnnl": 40}},
-            {"name": "tvm alone", "cost": {"kind": "invalid", "reason": "stopped: one run takes longer than 60 s"},
-             "operators_by_backend": {"tvm": 47}},
+            {
+                "name": "tvm alone",
+                "cost": {"kind": "invalid", "reason": "stopped: one run takes longer than 60 s"},
+                "operators_by_backend": {"tvm": 47},
+            },
         ],
-        "candidates": 120, "measurement": {"measured": 90, "from_database": 0, "seconds": 30.0}, "search_s": 2.0,
-        "wall_s": 300.0, "numerics": {"reference": "onnxruntime 1.32.0", "passed": True},
+        "candidates": 120,
+        "measurement": {"measured": 90, "from_database": 0, "seconds": 30.0},
+        "search_s": 2.0,
+        "wall_s": 300.0,
+        "numerics": {"reference": "onnxruntime 1.32.0", "passed": True},
     }
     peers_report.raw_file(directory, "collage cold").write_text(json.dumps(cold))
 
@@ -41,8 +47,13 @@ def report(tmp_path):
     raw = tmp_path / "raw"
     write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
     write_model(raw, "small_b8", collage_ms=30.0, ort_ms=15.0, eager_ms=60.0, dnnl_ms=30.0)
-    path = peers_report.write_report(raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png",
-                                     machine_lines=["- CPU: test"])
+    path = peers_report.write_report(
+        raw,
+        "python benchmarks/peers.py",
+        tmp_path / "RESULTS.md",
+        tmp_path / "results.png",
+        machine_lines=["- CPU: test"],
+    )
     return path.read_text()
 
 
@@ -54,7 +65,9 @@ def test_geomeans_are_computed_from_the_raw_ratios(report):
 
 def test_each_model_names_its_best_peer_and_single_backend(report):
     row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
-    assert "| 0.50 | onnxruntime default session | 0.50 | dnnl + tvm for the rest | 0.80 | dnnl 40, onnxruntime 7 |" in row
+    assert (
+        "| 0.50 | onnxruntime default session | 0.50 | dnnl + tvm for the rest | 0.80 | dnnl 40, onnxruntime 7 |" in row
+    )
     assert "10.00 ± 0.50" in row
 
 
@@ -75,9 +88,14 @@ def test_the_chart_is_drawn_when_matplotlib_is_installed(report, tmp_path):
 def test_contenders_timed_in_turns_are_the_headline(tmp_path):
     raw = tmp_path / "raw"
     write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
-    turns = {"contenders": {"onnxruntime default session": measured(8.0, repeats=100),
-                            "pytorch eager": measured(30.0, repeats=20),
-                            "collage library": measured(9.0, repeats=90)}, "processes": 2}
+    turns = {
+        "contenders": {
+            "onnxruntime default session": measured(8.0, repeats=100),
+            "pytorch eager": measured(30.0, repeats=20),
+            "collage library": measured(9.0, repeats=90),
+        },
+        "processes": 2,
+    }
     for row in turns["contenders"].values():
         row.pop("kind")
     turns["contenders"]["collage library"]["process_medians_s"] = [9.5e-3, 8.5e-3]
@@ -87,7 +105,9 @@ def test_contenders_timed_in_turns_are_the_headline(tmp_path):
     row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
     # Each contender timed by its fastest process: Collage 8.5 ms against ONNX Runtime's 8 ms, both in turns;
     # against DNNL from the optimizer's run: 10 / 12.5.
-    assert row.startswith("| small_b1 | 8.50 ± 0.50 | 1.06 | onnxruntime default session | 1.06 | dnnl + tvm for the rest | 0.80 |")
+    assert row.startswith(
+        "| small_b1 | 8.50 ± 0.50 | 1.06 | onnxruntime default session | 1.06 | dnnl + tvm for the rest | 0.80 |"
+    )
     assert "| collage library |" not in report  # shown under Collage's name
     assert f"| {peers_report.COLLAGE} | 8.50 ± 0.50 | 90 | 1.00 | 9.50, 8.50 | 9.00 |" in report
     assert "| pytorch eager | 30.00 ± 0.50 | 20 | 3.53 |  |  |" in report  # no process medians kept: as measured
@@ -116,15 +136,25 @@ def test_models_are_listed_by_batch_then_name_whatever_their_names(tmp_path):
     raw = tmp_path / "raw"
     for stem in ("vit_base_b8", "vit_base_b1", "bert_l12_b1_s128", "bert_l12_b8_s128"):
         write_model(raw, stem, collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
-    text = peers_report.write_report(raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png",
-                                     machine_lines=["- CPU: test"]).read_text()
+    text = peers_report.write_report(
+        raw,
+        "python benchmarks/peers.py",
+        tmp_path / "RESULTS.md",
+        tmp_path / "results.png",
+        machine_lines=["- CPU: test"],
+    ).read_text()
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert headings == ["bert_l12_b1_s128", "vit_base_b1", "bert_l12_b8_s128", "vit_base_b8"]
 
 
-@pytest.mark.parametrize("single_timed_ms, expected", [(12.0, "dnnl + tvm for the rest, in turns | 0.75 |"),
-                                                       ([14.0, 12.0], "dnnl + tvm for the rest, in turns | 0.75 |"),
-                                                       (None, "dnnl + tvm for the rest (Collage's own placement), in turns | 1.00 |")])
+@pytest.mark.parametrize(
+    "single_timed_ms, expected",
+    [
+        (12.0, "dnnl + tvm for the rest, in turns | 0.75 |"),
+        ([14.0, 12.0], "dnnl + tvm for the rest, in turns | 0.75 |"),
+        (None, "dnnl + tvm for the rest (Collage's own placement), in turns | 1.00 |"),
+    ],
+)
 def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tmp_path, single_timed_ms, expected):
     """Timed in turns beside Collage (9 ms) its ratio is 9/12, not the sequential 10/12.5, with 12 ms its
     fastest process's median where each process's was kept; when it is Collage's own placement there is
@@ -133,7 +163,10 @@ def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tm
     write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
     contenders = {"onnxruntime default session": measured(8.0), "collage library": measured(9.0)}
     if isinstance(single_timed_ms, list):  # each process's median, all runs' median in between
-        contenders["best single backend library"] = {**measured(13.0), "process_medians_s": [ms / 1e3 for ms in single_timed_ms]}
+        contenders["best single backend library"] = {
+            **measured(13.0),
+            "process_medians_s": [ms / 1e3 for ms in single_timed_ms],
+        }
     elif single_timed_ms is not None:
         contenders["best single backend library"] = measured(single_timed_ms)
     turns = {"contenders": contenders, "single": "dnnl + tvm for the rest"}
@@ -144,7 +177,10 @@ def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tm
 
 
 def test_the_optimizers_own_rows_timed_in_turns_are_not_baselines():
-    assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest") == "onnxruntime + op-level for the rest"
+    assert (
+        peers_report.single_backend_row("onnxruntime + op-level placement for the rest")
+        == "onnxruntime + op-level for the rest"
+    )
     assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest, timed in turns") is None
     assert peers_report.single_backend_row("placement, timed in turns") is None
 
@@ -152,10 +188,15 @@ def test_the_optimizers_own_rows_timed_in_turns_are_not_baselines():
 def test_the_charts_relative_speeds_come_only_from_contenders_timed_in_turns():
     """Ratios across minutes would mislead: only what was timed in the same turns as ONNX Runtime
     gets a speed relative to it."""
-    turns = [{"onnxruntime default session": measured(8.0), "collage library": measured(10.0)},
-             {"onnxruntime default session": measured(30.0), "collage library": measured(15.0),
-              peers_report.SINGLE_IN_TURNS: measured(20.0)},
-             {}]
+    turns = [
+        {"onnxruntime default session": measured(8.0), "collage library": measured(10.0)},
+        {
+            "onnxruntime default session": measured(30.0),
+            "collage library": measured(15.0),
+            peers_report.SINGLE_IN_TURNS: measured(20.0),
+        },
+        {},
+    ]
     named = [{peers_report.COLLAGE if k == "collage library" else k: v for k, v in t.items()} for t in turns]
     speeds = peers_report.relative_speeds(named)
     assert speeds[peers_report.COLLAGE] == pytest.approx([0.8, 2.0, None]) and speeds[peers_report.COLLAGE][2] is None
@@ -170,20 +211,53 @@ def test_gpu_section_shows_collage_each_backend_alone_and_the_gpu_peers(tmp_path
     raw = tmp_path / "raw-cuda"
     directory = raw / "resnet50_b1"
     directory.mkdir(parents=True)
-    (raw / gpu_report.MACHINE_FILE).write_text(json.dumps({"gpu": "NVIDIA H200 (sm_90)", "driver": "580.1", "torch": "2.11",
-                                                           "torch_cudnn": 91900, "backends": "cudnn 9.19"}))
-    for peer, ms in (("pytorch eager (cuda)", 3.0), ("torch.compile (cuda)", 2.0), ("torch.compile reduce-overhead (cuda)", 1.8)):
-        peers_report.raw_file(directory, peer).write_text(json.dumps({k: v for k, v in measured(ms).items() if k != "kind"}))
+    (raw / gpu_report.MACHINE_FILE).write_text(
+        json.dumps(
+            {
+                "gpu": "NVIDIA H200 (sm_90)",
+                "driver": "580.1",
+                "torch": "2.11",
+                "torch_cudnn": 91900,
+                "backends": "cudnn 9.19",
+            }
+        )
+    )
+    for peer, ms in (
+        ("pytorch eager (cuda)", 3.0),
+        ("torch.compile (cuda)", 2.0),
+        ("torch.compile reduce-overhead (cuda)", 1.8),
+    ):
+        peers_report.raw_file(directory, peer).write_text(
+            json.dumps({k: v for k, v in measured(ms).items() if k != "kind"})
+        )
     cold = {
         "end_to_end": [
             {"name": "placement", "cost": measured(2.5), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
-            {"name": "placement without CUDA graphs", "cost": measured(3.2), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
-            {"name": "cudnn + tvm for the rest", "cost": measured(2.6), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
+            {
+                "name": "placement without CUDA graphs",
+                "cost": measured(3.2),
+                "operators_by_backend": {"cudnn": 53, "tvm": 20},
+            },
+            {
+                "name": "cudnn + tvm for the rest",
+                "cost": measured(2.6),
+                "operators_by_backend": {"cudnn": 53, "tvm": 20},
+            },
             {"name": "tvm alone", "cost": measured(5.0), "operators_by_backend": {"tvm": 73}},
-            {"name": "unpartitioned relax.build", "cost": {"kind": "invalid", "reason": "build failed"}, "operators_by_backend": {}},
-            {"name": "cudnn + tvm for the rest, timed in turns", "cost": measured(2.7), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
+            {
+                "name": "unpartitioned relax.build",
+                "cost": {"kind": "invalid", "reason": "build failed"},
+                "operators_by_backend": {},
+            },
+            {
+                "name": "cudnn + tvm for the rest, timed in turns",
+                "cost": measured(2.7),
+                "operators_by_backend": {"cudnn": 53, "tvm": 20},
+            },
         ],
-        "wall_s": 200.0, "numerics": {"passed": True}, "commit": "abc1234",
+        "wall_s": 200.0,
+        "numerics": {"passed": True},
+        "commit": "abc1234",
     }
     peers_report.raw_file(directory, "collage cold").write_text(json.dumps(cold))
     report = tmp_path / "RESULTS.md"
@@ -207,8 +281,13 @@ def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):
     write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
     row = {k: v for k, v in measured(16.0).items() if k != "kind"}
     peers_report.raw_file(raw / "small_b1", peers_report.OPENVINO_PEER).write_text(json.dumps(row))
-    path = peers_report.write_report(raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png",
-                                     machine_lines=["- CPU: test"])
+    path = peers_report.write_report(
+        raw,
+        "python benchmarks/peers.py",
+        tmp_path / "RESULTS.md",
+        tmp_path / "results.png",
+        machine_lines=["- CPU: test"],
+    )
     line = next(line for line in path.read_text().splitlines() if line.startswith("| small_b1 |"))
     assert "| openvino default session (fp32) | 0.62 |" in line  # 10 ms against OpenVINO's 16, the best peer
     assert peers_report.single_backend_row("openvino + tvm for the rest") == "openvino + op-level for the rest"
@@ -216,8 +295,9 @@ def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):
 
 
 def test_a_baseline_left_unbuilt_says_what_its_partitions_add_up_to():
-    reason = ("not built: its partitions' measured costs add up to 26934.980 ms, over 10x the op-level placement's "
-              "117.540 ms")
+    reason = (
+        "not built: its partitions' measured costs add up to 26934.980 ms, over 10x the op-level placement's 117.540 ms"
+    )
     assert peers_report._format_ms({"error": reason}) == "not built: its partitions add up to 26934.980 ms"
 
 
@@ -232,13 +312,27 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
         precision.parse_run("int8", "tvm")
 
     def run(ms, mix):
-        return {"results": {"end_to_end": [{"cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
-                            "numerics": {"max_rel_error": 1e-3}}, "wall_s": 100.0}
+        return {
+            "results": {
+                "end_to_end": [{"cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
+                "numerics": {"max_rel_error": 1e-3},
+            },
+            "wall_s": 100.0,
+        }
 
-    record = {"model": "bert-base", "batch": 1, "backends": "tvm,cublas,cudnn",
-              "collage": {"fp16": run(1.0, {"cublas": 96, "tvm": 100}), "fp16+cutlass": run(0.8, {"cutlass": 60, "cublas": 36})},
-              "peers": {"pytorch eager": {"fp16": {"median_s": 0.012, "error": 1e-3}},
-                        "torch.compile reduce-overhead": {"fp16": {"median_s": 0.0016, "error": 1e-3}}}}
+    record = {
+        "model": "bert-base",
+        "batch": 1,
+        "backends": "tvm,cublas,cudnn",
+        "collage": {
+            "fp16": run(1.0, {"cublas": 96, "tvm": 100}),
+            "fp16+cutlass": run(0.8, {"cutlass": 60, "cublas": 36}),
+        },
+        "peers": {
+            "pytorch eager": {"fp16": {"median_s": 0.012, "error": 1e-3}},
+            "torch.compile reduce-overhead": {"fp16": {"median_s": 0.0016, "error": 1e-3}},
+        },
+    }
     rows = [line for line in precision.gpu_report([record]).splitlines() if line.startswith("| fp16")]
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert [c[0] for c in cells] == ["fp16", "fp16 + cutlass"]
@@ -258,9 +352,17 @@ def test_measuring_the_gpu_peers_at_another_precision_keeps_the_ones_measured_be
 
     stem = precision._stem("resnet50", 8)
     fp32 = {"median_s": 0.004, "error": 0.0}
-    (tmp_path / f"{stem}.json").write_text(json.dumps({
-        "model": "resnet50", "batch": 8, "backends": "tvm,cublas,cudnn", "collage": {"tf32": {"wall_s": 1.0}},
-        "peers": {mode: {"fp32": fp32} for mode in precision.DEFAULT_GPU_MODES}}))
+    (tmp_path / f"{stem}.json").write_text(
+        json.dumps(
+            {
+                "model": "resnet50",
+                "batch": 8,
+                "backends": "tvm,cublas,cudnn",
+                "collage": {"tf32": {"wall_s": 1.0}},
+                "peers": {mode: {"fp32": fp32} for mode in precision.DEFAULT_GPU_MODES},
+            }
+        )
+    )
     asked = []
 
     def run_peer(name, batch, mode, precision_, timeout_s, device="cuda"):
@@ -277,12 +379,27 @@ def test_measuring_the_gpu_peers_at_another_precision_keeps_the_ones_measured_be
 
 def _gpu_run(ms: float, mix: dict, tflops: float = 0.0, fraction: float | None = None) -> dict:
     """A Collage run as precision.py keeps it: its results.json, with the throughput its report gives."""
-    throughput = {"flops": int(tflops * 1e12 * ms / 1e3), "tflops": tflops, "fraction_of_peak": fraction,
-                  "device": "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0)",
-                  "peak": {"gpu": "H200", "precision": "fp32", "tflops": 67.0, "source": "NVIDIA H200 Tensor Core GPU datasheet",
-                           "url": "https://www.nvidia.com/en-us/data-center/h200/"}}
-    return {"results": {"end_to_end": [{"name": "placement", "cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
-                        "numerics": {"max_rel_error": 1e-6}, "throughput": throughput}, "wall_s": 120.0}
+    throughput = {
+        "flops": int(tflops * 1e12 * ms / 1e3),
+        "tflops": tflops,
+        "fraction_of_peak": fraction,
+        "device": "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0)",
+        "peak": {
+            "gpu": "H200",
+            "precision": "fp32",
+            "tflops": 67.0,
+            "source": "NVIDIA H200 Tensor Core GPU datasheet",
+            "url": "https://www.nvidia.com/en-us/data-center/h200/",
+        },
+    }
+    return {
+        "results": {
+            "end_to_end": [{"name": "placement", "cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
+            "numerics": {"max_rel_error": 1e-6},
+            "throughput": throughput,
+        },
+        "wall_s": 120.0,
+    }
 
 
 def _peer_ms(ms: float, compile_s: float = 30.0) -> dict:
@@ -293,17 +410,32 @@ def _torch_compile_records() -> list[dict]:
     import precision
 
     eager, default, reduced, autotuned, autotuned_alone = precision.GPU_MODES
-    resnet = {"model": "resnet50", "batch": 1, "backends": "tvm,cublas,cudnn",
-              "collage": {"fp32": _gpu_run(2.0, {"cudnn": 139, "tvm": 37}, tflops=4.1, fraction=0.0612)},
-              "peers": {eager: {"fp32": _peer_ms(3.5, 0.2)}, default: {"fp32": _peer_ms(3.0, 40.0)},
-                        reduced: {"fp32": _peer_ms(2.5, 45.0)},
-                        autotuned: {"fp32": {"error": "timed out after 420 s", "timed_out_s": 420.0}},
-                        autotuned_alone: {"fp32": {"error": "RuntimeError: out of resource: shared memory"}}}}
-    bert = {"model": "bert-base", "batch": 8, "backends": "tvm,cublas,cudnn",
-            "collage": {"fp32": _gpu_run(4.4, {"cublas": 180, "tvm": 235}, tflops=36.0, fraction=0.537),
-                        "bf16": {"error": "ValueError: no bf16 here"}},
-            "peers": {mode: {"fp32": _peer_ms(ms), "bf16": _peer_ms(ms / 3)}
-                      for mode, ms in zip(precision.GPU_MODES, (9.6, 6.0, 6.0, 4.0, 4.5))}}
+    resnet = {
+        "model": "resnet50",
+        "batch": 1,
+        "backends": "tvm,cublas,cudnn",
+        "collage": {"fp32": _gpu_run(2.0, {"cudnn": 139, "tvm": 37}, tflops=4.1, fraction=0.0612)},
+        "peers": {
+            eager: {"fp32": _peer_ms(3.5, 0.2)},
+            default: {"fp32": _peer_ms(3.0, 40.0)},
+            reduced: {"fp32": _peer_ms(2.5, 45.0)},
+            autotuned: {"fp32": {"error": "timed out after 420 s", "timed_out_s": 420.0}},
+            autotuned_alone: {"fp32": {"error": "RuntimeError: out of resource: shared memory"}},
+        },
+    }
+    bert = {
+        "model": "bert-base",
+        "batch": 8,
+        "backends": "tvm,cublas,cudnn",
+        "collage": {
+            "fp32": _gpu_run(4.4, {"cublas": 180, "tvm": 235}, tflops=36.0, fraction=0.537),
+            "bf16": {"error": "ValueError: no bf16 here"},
+        },
+        "peers": {
+            mode: {"fp32": _peer_ms(ms), "bf16": _peer_ms(ms / 3)}
+            for mode, ms in zip(precision.GPU_MODES, (9.6, 6.0, 6.0, 4.0, 4.5))
+        },
+    }
     return [resnet, bert]
 
 
@@ -312,12 +444,25 @@ def test_the_torch_compile_table_has_one_row_per_model_batch_and_precision_with_
 
     text = precision.gpu_report(_torch_compile_records(), "python benchmarks/precision.py --device cuda --modes all")
     header = next(line for line in text.splitlines() if line.startswith("| model | batch | precision |"))
-    assert header.startswith("| model | batch | precision | eager (ms) | default (ms) | reduce-overhead (ms) | max-autotune (ms) | "
-                             "max-autotune-no-cudagraphs (ms) | fastest peer | Collage (ms) | Collage / fastest peer |")
-    rows = {tuple(cells[:3]): cells for line in text.splitlines() if line.startswith("| resnet50 |") or line.startswith("| bert-base |")
-            for cells in [[cell.strip() for cell in line.strip("|").split("|")]] if len(cells) == len(header.strip("|").split("|"))}
+    assert header.startswith(
+        "| model | batch | precision | eager (ms) | default (ms) | reduce-overhead (ms) | max-autotune (ms) | "
+        "max-autotune-no-cudagraphs (ms) | fastest peer | Collage (ms) | Collage / fastest peer |"
+    )
+    rows = {
+        tuple(cells[:3]): cells
+        for line in text.splitlines()
+        if line.startswith("| resnet50 |") or line.startswith("| bert-base |")
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+        if len(cells) == len(header.strip("|").split("|"))
+    }
     resnet = rows[("resnet50", "1", "fp32")]
-    assert resnet[3:8] == ["3.500", "3.000 (40 s)", "2.500 (45 s)", "timed out (420 s)", "failed (1)"]  # eager: no compile time
+    assert resnet[3:8] == [
+        "3.500",
+        "3.000 (40 s)",
+        "2.500 (45 s)",
+        "timed out (420 s)",
+        "failed (1)",
+    ]  # eager: no compile time
     assert resnet[8:11] == ["reduce-overhead", "2.000", "0.80"]  # the fastest of the peers that ran: 2.0 / 2.5
     assert resnet[11:] == ["cudnn 139, tvm 37", "8.2", "4.10", "6.1%"]
     bert = rows[("bert-base", "8", "fp32")]
@@ -325,15 +470,23 @@ def test_the_torch_compile_table_has_one_row_per_model_batch_and_precision_with_
     assert bert[-1] == "53.7%"
     assert rows[("bert-base", "8", "bf16")][9:11] == ["failed (2)", "-"]
     geomean = math.sqrt(0.8 * 1.1)
-    assert f"Geomean of Collage / fastest peer over 2 of 3 rows: {geomean:.2f} (Collage {1 / geomean:.2f}x faster)." in text
+    assert (
+        f"Geomean of Collage / fastest peer over 2 of 3 rows: {geomean:.2f} (Collage {1 / geomean:.2f}x faster)."
+        in text
+    )
     assert "1. resnet50 b1 fp32, max-autotune-no-cudagraphs: RuntimeError: out of resource: shared memory" in text
     assert "2. bert-base b8 bf16, Collage: ValueError: no bf16 here" in text
-    assert ("Peaks: H200 fp32 67 TFLOP/s (NVIDIA H200 Tensor Core GPU datasheet, "
-            "https://www.nvidia.com/en-us/data-center/h200/).") in text
+    assert (
+        "Peaks: H200 fp32 67 TFLOP/s (NVIDIA H200 Tensor Core GPU datasheet, "
+        "https://www.nvidia.com/en-us/data-center/h200/)."
+    ) in text
     assert "recorded the device as cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0)." in text
     # The per-model tables show every mode too.
     section = text.split("## resnet50, batch 1", 1)[1]
-    assert "| eager (ms) | default (ms) | reduce-overhead (ms) | max-autotune (ms) | max-autotune-no-cudagraphs (ms) | Collage / best peer |" in section
+    assert (
+        "| eager (ms) | default (ms) | reduce-overhead (ms) | max-autotune (ms) | max-autotune-no-cudagraphs (ms) | Collage / best peer |"
+        in section
+    )
 
 
 def test_no_ratio_is_claimed_while_a_peer_is_still_to_be_measured():
@@ -351,12 +504,21 @@ def test_records_of_two_peers_keep_their_columns():
     """Reports made before the other torch.compile modes (PRECISION-cuda.md, TF32-cuda.md) are written as they were."""
     import precision
 
-    record = {"model": "resnet50", "batch": 8, "backends": "tvm,cublas,cudnn", "collage": {"fp32": _gpu_run(3.46, {"cudnn": 127})},
-              "peers": {"pytorch eager": {"fp32": {"median_s": 4.287e-3, "error": 0.0}},
-                        "torch.compile reduce-overhead": {"error": "RuntimeError: compile failed"}}}
+    record = {
+        "model": "resnet50",
+        "batch": 8,
+        "backends": "tvm,cublas,cudnn",
+        "collage": {"fp32": _gpu_run(3.46, {"cudnn": 127})},
+        "peers": {
+            "pytorch eager": {"fp32": {"median_s": 4.287e-3, "error": 0.0}},
+            "torch.compile reduce-overhead": {"error": "RuntimeError: compile failed"},
+        },
+    }
     text = precision.gpu_report([record])
-    assert ("| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
-            "Collage / best peer | Collage error | eager error | reduce-overhead error | Collage's run (s) |") in text
+    assert (
+        "| precision | Collage (ms) | speedup over Collage fp32 | operators | eager (ms) | reduce-overhead (ms) | "
+        "Collage / best peer | Collage error | eager error | reduce-overhead error | Collage's run (s) |"
+    ) in text
     row = next(line for line in text.splitlines() if line.startswith("| fp32 | 3.460"))
     assert "| 4.287 | RuntimeError: compile failed | 0.81 |" in row  # the failed peer is no contender
 
@@ -375,7 +537,11 @@ def test_the_gpu_benchmark_resumes_and_records_a_timeout_but_not_a_run_its_budge
     made = []
     monkeypatch.setattr(precision, "run_peer", run_peer)
     monkeypatch.setattr(precision, "_onnx_file", lambda name, batch: tmp_path / "model.onnx")
-    monkeypatch.setattr(precision, "optimize", lambda onnx, p, backends, out, extra, cost_db, timeout_s: made.append(p) or _gpu_run(0.9, {"tvm": 1}))
+    monkeypatch.setattr(
+        precision,
+        "optimize",
+        lambda onnx, p, backends, out, extra, cost_db, timeout_s: made.append(p) or _gpu_run(0.9, {"tvm": 1}),
+    )
     modes = ("pytorch eager", "torch.compile max-autotune")
 
     class Spent(precision.Budget):  # the second peer finds 100 s left, less than its 420 s
@@ -388,8 +554,10 @@ def test_the_gpu_benchmark_resumes_and_records_a_timeout_but_not_a_run_its_budge
     record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes, budget=Spent())
     assert calls == [("pytorch eager", "fp32", 420.0), ("torch.compile max-autotune", "fp32", 100.0)] and not made
     assert "torch.compile max-autotune" not in record["peers"]  # cut short by the budget: measured next time
-    assert precision.left_to_measure(record, ("fp32",), modes) == ["resnet50 b1 torch.compile max-autotune fp32",
-                                                                   "resnet50 b1 Collage fp32"]
+    assert precision.left_to_measure(record, ("fp32",), modes) == [
+        "resnet50 b1 torch.compile max-autotune fp32",
+        "resnet50 b1 Collage fp32",
+    ]
     calls.clear()
     record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes, only="peers")
     assert calls == [("torch.compile max-autotune", "fp32", 420.0)] and not made  # the eager run is kept
@@ -398,7 +566,9 @@ def test_the_gpu_benchmark_resumes_and_records_a_timeout_but_not_a_run_its_budge
     record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes)
     assert calls == [] and made == ["fp32"]  # a time-out is a result: not measured again
     assert precision.left_to_measure(record, ("fp32",), modes) == []
-    assert precision.left_to_measure(record, ("fp32",), modes, retry_failed=True) == ["resnet50 b1 torch.compile max-autotune fp32"]
+    assert precision.left_to_measure(record, ("fp32",), modes, retry_failed=True) == [
+        "resnet50 b1 torch.compile max-autotune fp32"
+    ]
     assert json.loads((tmp_path / "resnet50_b1.json").read_text()) == record
     assert not list(tmp_path.glob("*.partial"))
 
@@ -421,8 +591,9 @@ def test_more_families_get_a_section_of_their_own_with_their_geomean_and_how_man
     write_model(families, "wide_b1", collage_ms=10.0, ort_ms=10.1, eager_ms=40.0, dnnl_ms=12.5)  # 0.99 of its best peer
     write_model(families, "deep_b1", collage_ms=22.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=30.0)  # 1.10 of it
     section = peers_report.family_section(families, "python benchmarks/peers.py --set families", tmp_path / "f.png")
-    report = peers_report.write_report(public, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[],
-                                       sections=(section,)).read_text()
+    report = peers_report.write_report(
+        public, "cmd", tmp_path / "R.md", tmp_path / "r.png", machine_lines=[], sections=(section,)
+    ).read_text()
     public_part, family_part = report.split("## More families")
     assert "| small_b1 |" in public_part and "wide_b1" not in public_part
     assert "| 1 model-batch pairs | 0.50 |" in public_part

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,9 @@ def contest(tmp_path_factory):
 
         module = "plugins_for_tests.pause_sensitive"
         monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=[module]))
-        settings = in_turns.TurnSettings(rounds=3, burst_s=0.05, workers_per_library=1, pause_s=1.5 * pause_sensitive.IDLE_S)
+        settings = in_turns.TurnSettings(
+            rounds=3, burst_s=0.05, workers_per_library=1, pause_s=1.5 * pause_sensitive.IDLE_S
+        )
         monkeypatch.setattr(build_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=settings))
         bb = relax.BlockBuilder()
         x = relax.Var("x", relax.TensorType((4, 16), "float32"))
@@ -47,8 +49,12 @@ def contest(tmp_path_factory):
             bb.emit_func_output(output)
         out = tmp_path_factory.mktemp("contest-pauses")
         result = collage_core.optimize(
-            bb.get(), backends=[pause_sensitive.PAUSE_SENSITIVE, pause_sensitive.STEADY], cost_db=out / "costs.sqlite",
-            output_dir=out / "out", calibration_rounds=0, show_progress=False,
+            bb.get(),
+            backends=[pause_sensitive.PAUSE_SENSITIVE, pause_sensitive.STEADY],
+            cost_db=out / "costs.sqlite",
+            output_dir=out / "out",
+            calibration_rounds=0,
+            show_progress=False,
         )
     return result, out / "out", pause_sensitive
 

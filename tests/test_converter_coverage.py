@@ -39,14 +39,19 @@ def test_census_counts_what_each_converter_takes_and_names_the_kernels(coverage_
         assert counted[name]["taken"] == 1
         assert sorted(counted[name]["refused"]) == [
             "relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion",
-            "relax.cumsum has no ONNX conversion"]
+            "relax.cumsum has no ONNX conversion",
+        ]
 
 
 def test_reasons_are_grouped_without_the_numbers_that_vary(coverage_script):
-    assert coverage_script.reason_group("relax.call_tir of pad12 (a TIR function) has no ONNX conversion") == \
-        "relax.call_tir of pad (a TIR function) has no ONNX conversion"
-    assert coverage_script.reason_group("nearest resize 5 -> 16 (asymmetric) whose source coordinate 2.5 is a boundary") == \
-        "nearest resize N -> N (asymmetric) whose source coordinate N is a boundary"
+    assert (
+        coverage_script.reason_group("relax.call_tir of pad12 (a TIR function) has no ONNX conversion")
+        == "relax.call_tir of pad (a TIR function) has no ONNX conversion"
+    )
+    assert (
+        coverage_script.reason_group("nearest resize 5 -> 16 (asymmetric) whose source coordinate 2.5 is a boundary")
+        == "nearest resize N -> N (asymmetric) whose source coordinate N is a boundary"
+    )
     assert coverage_script.reason_group("relax.astype on int8") == "relax.astype on int8"
 
 
@@ -54,20 +59,43 @@ def test_report_sums_the_pairs_and_shows_what_the_rewrites_remove(coverage_scrip
     def census(operators, onnx_refused):
         refused = {"relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion": onnx_refused}
         taken = {"taken": operators - onnx_refused, "refused": refused if onnx_refused else {}}
-        return {"operators": operators, "by_operator": {}, "onnx": taken, "inductor": taken,
-                "call_tir_callees": {"pad": onnx_refused} if onnx_refused else {}}
+        return {
+            "operators": operators,
+            "by_operator": {},
+            "onnx": taken,
+            "inductor": taken,
+            "call_tir_callees": {"pad": onnx_refused} if onnx_refused else {},
+        }
 
-    (tmp_path / "efficientnet__torchscript-onnx.json").write_text(json.dumps(
-        {"family": "efficientnet", "kind": "convolutional", "path": "torchscript-onnx", "failed": None,
-         "as_imported": census(10, 4), "rewritten": census(8, 0)}))
-    (tmp_path / "llama__torchscript-onnx.json").write_text(json.dumps(
-        {"family": "llama", "path": "torchscript-onnx", "failed": "AssertionError: not implemented"}))
+    (tmp_path / "efficientnet__torchscript-onnx.json").write_text(
+        json.dumps(
+            {
+                "family": "efficientnet",
+                "kind": "convolutional",
+                "path": "torchscript-onnx",
+                "failed": None,
+                "as_imported": census(10, 4),
+                "rewritten": census(8, 0),
+            }
+        )
+    )
+    (tmp_path / "llama__torchscript-onnx.json").write_text(
+        json.dumps({"family": "llama", "path": "torchscript-onnx", "failed": "AssertionError: not implemented"})
+    )
     report = tmp_path / "report.md"
     coverage_script.write_report(tmp_path, ["efficientnet", "llama"], ["torchscript-onnx"], "command", report)
     text = report.read_text()
-    assert ("**1 model-path pairs, 10 operator calls as imported: the ONNX converter takes 6/10 (60%), the PyTorch "
-            "converter 6/10 (60%). After the rewrites (8 calls): ONNX 8/8 (100%), PyTorch 8/8 (100%).**") in text
-    assert "| efficientnet | torchscript-onnx | 10 | 6/10 (60%) | 6/10 (60%) | 8 | 8/8 (100%) | 8/8 (100%) | pad ×4 |" in text
-    assert "- 4 -> 0 × relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion (efficientnet)" in text
+    assert (
+        "**1 model-path pairs, 10 operator calls as imported: the ONNX converter takes 6/10 (60%), the PyTorch "
+        "converter 6/10 (60%). After the rewrites (8 calls): ONNX 8/8 (100%), PyTorch 8/8 (100%).**"
+    ) in text
+    assert (
+        "| efficientnet | torchscript-onnx | 10 | 6/10 (60%) | 6/10 (60%) | 8 | 8/8 (100%) | 8/8 (100%) | pad ×4 |"
+        in text
+    )
+    assert (
+        "- 4 -> 0 × relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion (efficientnet)"
+        in text
+    )
     assert "The PyTorch converter refuses the same calls for the same reasons" in text
     assert "- llama via torchscript-onnx: AssertionError: not implemented" in text

@@ -9,7 +9,18 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parent.parent / "collage_core"
 # Third-party libraries a function may import for itself: optional, slow to import, or absent from a runtime-only TVM.
-DEFERRABLE = {"graphviz", "matplotlib", "ml_dtypes", "onnx", "onnxruntime", "openvino", "pytest", "torch", "tvm", "tvm_ffi"}
+DEFERRABLE = {
+    "graphviz",
+    "matplotlib",
+    "ml_dtypes",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "pytest",
+    "torch",
+    "tvm",
+    "tvm_ffi",
+}
 
 
 def module_name(path: Path, core: Path = CORE) -> str:
@@ -47,8 +58,10 @@ def function_imports(tree: ast.Module):
 
 
 def is_type_checking_only(tree: ast.Module, node) -> bool:
-    return any(isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test) and node in ast.walk(block)
-               for block in tree.body)
+    return any(
+        isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test) and node in ast.walk(block)
+        for block in tree.body
+    )
 
 
 def import_graph(core: Path = CORE) -> dict[str, set[str]]:
@@ -58,12 +71,15 @@ def import_graph(core: Path = CORE) -> dict[str, set[str]]:
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
         inner = set(map(id, function_imports(tree)))
-        graph[module] = {target
-                         for node in ast.walk(tree)
-                         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in inner
-                         and not is_type_checking_only(tree, node)
-                         for target in imported(node, module, path.name == "__init__.py", modules)
-                         if target != module}
+        graph[module] = {
+            target
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            and id(node) not in inner
+            and not is_type_checking_only(tree, node)
+            for target in imported(node, module, path.name == "__init__.py", modules)
+            if target != module
+        }
     return graph
 
 
@@ -139,7 +155,10 @@ def test_a_cycle_and_a_function_level_core_import_are_found(tmp_path):
     (core / "worker.py").write_text(
         "def run():\n    from collage_core.outputs import result\n\n"
         "def convert():\n    # Deferred: PyTorch is optional.\n    import torch\n\n"
-        "def silent():\n    import onnx\n")
+        "def silent():\n    import onnx\n"
+    )
     assert cycles(import_graph(core)) == [["collage_core.outputs.report", "collage_core.outputs.result"]]
-    assert misplaced_imports(core) == ["collage_core/worker.py:2 imports collage_core inside a function",
-                                       "collage_core/worker.py:9 defers onnx without a comment saying why"]
+    assert misplaced_imports(core) == [
+        "collage_core/worker.py:2 imports collage_core inside a function",
+        "collage_core/worker.py:9 defers onnx without a comment saying why",
+    ]

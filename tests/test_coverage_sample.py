@@ -34,9 +34,14 @@ def coverage():
     return module
 
 
-@pytest.mark.parametrize("path", [pytest.param("torchscript-onnx", marks=pytest.mark.slow),
-                                  pytest.param("dynamo-onnx", marks=pytest.mark.slow),
-                                  pytest.param("torch.export", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("torchscript-onnx", marks=pytest.mark.slow),
+        pytest.param("dynamo-onnx", marks=pytest.mark.slow),
+        pytest.param("torch.export", marks=pytest.mark.slow),
+    ],
+)
 def test_bert_passes_every_stage_through_each_path(coverage, path, tmp_path):
     if path == "dynamo-onnx":
         pytest.importorskip("onnxscript")
@@ -52,8 +57,13 @@ def test_the_report_counts_passes_and_names_each_failure(coverage, tmp_path):
     raw.mkdir()
     records = [
         {"family": "bert", "kind": "encoder-only text", "path": "torch.export", "failed": None},
-        {"family": "bert", "kind": "encoder-only text", "path": "dynamo-onnx", "failed": "import",
-         "error": "ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p' (...)"},
+        {
+            "family": "bert",
+            "kind": "encoder-only text",
+            "path": "dynamo-onnx",
+            "failed": "import",
+            "error": "ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p' (...)",
+        },
     ]
     for record in records:
         (raw / f"{record['family']}__{record['path']}.json").write_text(json.dumps(record))
@@ -62,4 +72,7 @@ def test_the_report_counts_passes_and_names_each_failure(coverage, tmp_path):
     text = report.read_text()
     assert "**1 of 2 model-path pairs pass numerics (50%).**" in text
     assert "| bert | encoder-only text | fails at import | pass |" in text
-    assert "- bert via dynamo-onnx, at import: ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p'" in text
+    assert (
+        "- bert via dynamo-onnx, at import: ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p'"
+        in text
+    )

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from signatures import signature_text
 from tvm import relax
 
 from collage_core import hookspecs, tvm_compat
@@ -21,7 +22,6 @@ from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.plugins import get_plugin_manager
-from signatures import signature_text
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "plugins.md"
@@ -176,14 +176,18 @@ def test_second_example_takes_weights_as_constants_and_inspect_shows_its_refusal
 
     monkeypatch.setattr(inspection, "get_plugin_manager", lambda: numpydense_pm)
     weight = relax.const(np.arange(8 * 16, dtype="float32").reshape(8, 16) / 100)
-    takes = inspection.inspect_model(relax_module(lambda bb, x: bb.emit(relax.op.matmul(x, weight)), (4, 8)),
-                                     backends=["numpydense"])
+    takes = inspection.inspect_model(
+        relax_module(lambda bb, x: bb.emit(relax.op.matmul(x, weight)), (4, 8)), backends=["numpydense"]
+    )
     assert [c.pattern for c in takes.views[0].candidates] == ["numpydense.matmul"]
     half = inspection.inspect_model(
         relax_module(lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), (4, 8), (8, 16), dtype="float16"),
-        backends=["numpydense"])
+        backends=["numpydense"],
+    )
     assert not half.views[0].candidates
-    assert [r.reason for r in half.views[0].refusals] == ["NumPy's matmul here takes 2-D float32 tensors, not float16 of rank 2"]
+    assert [r.reason for r in half.views[0].refusals] == [
+        "NumPy's matmul here takes 2-D float32 tensors, not float16 of rank 2"
+    ]
 
 
 def test_second_example_places_a_constant_weight_matmul_between_tvm_partitions(numpydense_pm):
@@ -193,13 +197,20 @@ def test_second_example_places_a_constant_weight_matmul_between_tvm_partitions(n
     infos = discover_backends(numpydense_pm)
     weight = np.random.default_rng(2).uniform(-1, 1, size=(8, 16)).astype("float32")
     mod = testing.function_module(
-        lambda bb, x: bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(bb.emit(relax.op.nn.relu(x)), relax.const(weight))))),
-        (4, 8))
+        lambda bb, x: bb.emit(
+            relax.op.nn.relu(bb.emit(relax.op.matmul(bb.emit(relax.op.nn.relu(x)), relax.const(weight))))
+        ),
+        (4, 8),
+    )
     graph = RelaxGraph.from_function(mod["main"])
-    patterns = [p for name in ("numpydense", "tvm") for p in contribute_patterns(numpydense_pm, infos[name].backend, target)]
+    patterns = [
+        p for name in ("numpydense", "tvm") for p in contribute_patterns(numpydense_pm, infos[name].backend, target)
+    ]
     candidates = enumerate_candidates(graph, patterns)
     wanted = {0: "tvm.op", 1: "numpydense.matmul", 2: "tvm.op"}
-    parts = [next(c for c in candidates if c.nodes == {node} and c.pattern == pattern) for node, pattern in wanted.items()]
+    parts = [
+        next(c for c in candidates if c.nodes == {node} and c.pattern == pattern) for node, pattern in wanted.items()
+    ]
     executable = build(numpydense_pm, partition_module(graph, parts), {n: i.backend for n, i in infos.items()}, target)
     x = np.random.default_rng(3).uniform(-1, 1, size=(4, 8)).astype("float32")
     device = tvm_compat.device_for(target)
@@ -215,8 +226,11 @@ def relax_module(make, *shapes, dtype="float32"):
 
 def test_every_tvm_compat_helper_is_named_in_the_docs():
     text = DOCS.read_text()
-    helpers = [name for name, function in inspect.getmembers(tvm_compat, inspect.isfunction)
-               if not name.startswith("_") and function.__module__ == tvm_compat.__name__]
+    helpers = [
+        name
+        for name, function in inspect.getmembers(tvm_compat, inspect.isfunction)
+        if not name.startswith("_") and function.__module__ == tvm_compat.__name__
+    ]
     assert [name for name in helpers if f"`{name}" not in text] == []
 
 
@@ -229,7 +243,7 @@ def test_second_example_meets_the_plugin_contract_on_a_shipped_model(numpydense_
 def kit_section() -> str:
     text = DOCS.read_text()
     start = text.index("## The kit: what a plugin imports")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 @pytest.mark.parametrize("module_name", ["collage_core.kit", "collage_core.kit.testing"])
@@ -254,6 +268,9 @@ def test_every_name_the_docs_list_for_the_kit_is_in_it():
 
 @pytest.mark.parametrize("index", [0, 1])
 def test_the_example_plugins_import_the_kit_alone(index):
-    imported = {node.module for node in ast.walk(ast.parse(example_plugin_source(index)))
-                if isinstance(node, ast.ImportFrom) and node.module.startswith("collage_core")}
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(example_plugin_source(index)))
+        if isinstance(node, ast.ImportFrom) and node.module.startswith("collage_core")
+    }
     assert imported == {"collage_core.kit"}

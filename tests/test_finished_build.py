@@ -7,9 +7,8 @@ import json
 import logging
 import os
 
-import pytest
-
 import attrs
+import pytest
 
 from collage_core.model.verify import Verification
 from collage_core.outputs.end_to_end import EndToEnd
@@ -28,17 +27,29 @@ from collage_core.records import Cost, Partition
 
 def placement() -> Placement:
     return Placement(
-        model_name="m", model_fingerprint="f", operators=["relax.nn.relu", "relax.nn.relu"], target={"kind": "llvm"},
-        device="cpu", backends={"tvm": {"version": "1", "kind": "op-level"}}, search="op-level",
-        partitions=[Partition("tvm", "tvm.op", (0,), "k0", Cost.measured(1e-6, 0.0, 3)),
-                    Partition("tvm", "tvm.op", (1,), "k1", Cost.measured(2e-6, 0.0, 3))],
+        model_name="m",
+        model_fingerprint="f",
+        operators=["relax.nn.relu", "relax.nn.relu"],
+        target={"kind": "llvm"},
+        device="cpu",
+        backends={"tvm": {"version": "1", "kind": "op-level"}},
+        search="op-level",
+        partitions=[
+            Partition("tvm", "tvm.op", (0,), "k0", Cost.measured(1e-6, 0.0, 3)),
+            Partition("tvm", "tvm.op", (1,), "k1", Cost.measured(2e-6, 0.0, 3)),
+        ],
         inputs_of=[[], [0]],
     )
 
 
-KEY = FinishKey(model="fingerprint-1", target='{"kind": "llvm"}', backends={"onnxruntime": "1.31.0", "tvm": "0.22"},
-                searched="searched-1", settings={"verify": True, "settings": {"single_run_s": 5.0, "warmup": 1}},
-                code="code-1")
+KEY = FinishKey(
+    model="fingerprint-1",
+    target='{"kind": "llvm"}',
+    backends={"onnxruntime": "1.31.0", "tvm": "0.22"},
+    searched="searched-1",
+    settings={"verify": True, "settings": {"single_run_s": 5.0, "warmup": 1}},
+    code="code-1",
+)
 
 
 @pytest.fixture
@@ -46,10 +57,13 @@ def kept(tmp_path):
     library = tmp_path / "m.so"
     library.write_bytes(b"a library")
     finished = FinishedBuild(
-        KEY, placement(),
-        [EndToEnd("placement", Cost.measured(2e-6, 1e-7, 99), {"tvm": 2}, timed_in_turns=True),
-         EndToEnd("placement, one after another", Cost.measured(3e-6, 1e-7, 5), {"tvm": 2}),
-         EndToEnd("tvm alone", Cost.invalid("stopped: one run takes longer than 60 s"), {"tvm": 2})],
+        KEY,
+        placement(),
+        [
+            EndToEnd("placement", Cost.measured(2e-6, 1e-7, 99), {"tvm": 2}, timed_in_turns=True),
+            EndToEnd("placement, one after another", Cost.measured(3e-6, 1e-7, 5), {"tvm": 2}),
+            EndToEnd("tvm alone", Cost.invalid("stopped: one run takes longer than 60 s"), {"tvm": 2}),
+        ],
         Verification("onnxruntime 1.0", True, 1e-7, 1e-6, 1e-3, 1e-4),
         searched_placement=attrs.evolve(placement(), why_chosen="found by the op-level search; not returned"),
     )
@@ -69,17 +83,25 @@ def test_a_kept_end_is_read_back_whole_under_its_key(kept):
     assert again.searched_placement.why_chosen == "found by the op-level search; not returned"
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"model": "fingerprint-2"}, "the model changed"),
-    ({"target": '{"kind": "cuda"}'}, 'another target (was {"kind": "llvm"})'),
-    ({"backends": {"onnxruntime": "1.32.0", "tvm": "0.22"}},
-     "other backends or versions (was onnxruntime 1.31.0, tvm 0.22, now onnxruntime 1.32.0, tvm 0.22)"),
-    ({"settings": {"verify": False, "settings": {"single_run_s": 1.0, "warmup": 1}}},
-     "other settings (settings.single_run_s, verify)"),
-    ({"code": "code-2"}, "Collage's code or a plugin's changed"),
-    ({"searched": "searched-2"}, "the search ended at another placement"),
-    ({"code": "code-2", "searched": "searched-2"}, "Collage's code or a plugin's changed"),
-], ids=["model", "target", "backends", "settings", "code", "searched", "code and so searched"])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"model": "fingerprint-2"}, "the model changed"),
+        ({"target": '{"kind": "cuda"}'}, 'another target (was {"kind": "llvm"})'),
+        (
+            {"backends": {"onnxruntime": "1.32.0", "tvm": "0.22"}},
+            "other backends or versions (was onnxruntime 1.31.0, tvm 0.22, now onnxruntime 1.32.0, tvm 0.22)",
+        ),
+        (
+            {"settings": {"verify": False, "settings": {"single_run_s": 1.0, "warmup": 1}}},
+            "other settings (settings.single_run_s, verify)",
+        ),
+        ({"code": "code-2"}, "Collage's code or a plugin's changed"),
+        ({"searched": "searched-2"}, "the search ended at another placement"),
+        ({"code": "code-2", "searched": "searched-2"}, "Collage's code or a plugin's changed"),
+    ],
+    ids=["model", "target", "backends", "settings", "code", "searched", "code and so searched"],
+)
 def test_a_run_end_under_another_key_is_not_reused_and_the_part_that_differs_is_named(kept, change, reason):
     directory, library, _ = kept
     lookup = load_finished(directory, library, attrs.evolve(KEY, **change))
@@ -91,7 +113,9 @@ def test_a_changed_library_is_not_reused_and_says_so(kept):
     library.write_bytes(b"another library")
     lookup = load_finished(directory, library, KEY)
     assert lookup.finished is None
-    assert lookup.why_not == "its library m.so was written again after it ended (by another run into the same directory?)"
+    assert (
+        lookup.why_not == "its library m.so was written again after it ended (by another run into the same directory?)"
+    )
 
 
 def test_a_library_rewritten_with_the_same_size_is_not_reused(kept):
@@ -111,8 +135,10 @@ def test_a_library_of_the_same_size_and_time_but_other_bytes_is_not_reused(kept)
     assert (library.stat().st_size, library.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     lookup = load_finished(directory, library, KEY)
     assert lookup.finished is None
-    assert lookup.why_not == ("its library m.so has other bytes than the one it ended with (its SHA-256 differs, "
-                              "though its size and time do not)")
+    assert lookup.why_not == (
+        "its library m.so has other bytes than the one it ended with (its SHA-256 differs, "
+        "though its size and time do not)"
+    )
 
 
 def test_the_record_is_replaced_whole(kept):
@@ -132,12 +158,16 @@ def test_a_missing_library_or_record_is_not_reused(kept, tmp_path):
     assert load_finished(directory, library, KEY).why_not == "its library m.so is missing"
 
 
-@pytest.mark.parametrize("damage", [
-    lambda record: "not json {",
-    lambda record: json.dumps({k: v for k, v in record.items() if k != "end_to_end"}),
-    lambda record: json.dumps({**record, "placement": {"partitions": "nonsense"}}),
-    lambda record: json.dumps({**record, "verification": {"passed": True}}),
-], ids=["not json", "rows missing", "bad placement", "bad verification"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda record: "not json {",
+        lambda record: json.dumps({k: v for k, v in record.items() if k != "end_to_end"}),
+        lambda record: json.dumps({**record, "placement": {"partitions": "nonsense"}}),
+        lambda record: json.dumps({**record, "verification": {"passed": True}}),
+    ],
+    ids=["not json", "rows missing", "bad placement", "bad verification"],
+)
 def test_a_damaged_record_is_not_reused_and_says_why(kept, damage, caplog):
     directory, library, _ = kept
     path = directory / FILE_NAME

@@ -64,29 +64,38 @@ def region(backend: str, nodes) -> Partition:
 
 def halves(first: str, second: str):
     """The operators before the middle (in execution order) in a region of ``first``, the rest in one of ``second``."""
+
     def parts(graph, pm, target):
         middle = len(graph.graph) // 2
         return [region(first, range(middle)), region(second, range(middle, len(graph.graph)))]
+
     return parts
 
 
 def tail_region(backend: str, tail: int, rest: str):
     """The last ``tail`` operators in a region of ``backend``, each other operator alone on ``rest``."""
+
     def parts(graph, pm, target):
         start = len(graph.graph) - tail
         singles = [Partition(rest, f"{rest}.op", (n,), f"{rest}.op:{n}", Cost.unknown()) for n in range(start)]
         return [*singles, region(backend, range(start, len(graph.graph)))]
+
     return parts
 
 
 def op_level(favoured: str, rest: str):
     """The op-level placement searched over made-up costs: a partition of ``favoured`` costs half one of ``rest``."""
+
     def parts(graph, pm, target):
         installed = {name: info.backend for name, info in discover_backends(pm).items()}
-        candidates = [c for name in (favoured, rest)
-                      for c in enumerate_candidates(graph, contribute_patterns(pm, installed[name], target))]
+        candidates = [
+            c
+            for name in (favoured, rest)
+            for c in enumerate_candidates(graph, contribute_patterns(pm, installed[name], target))
+        ]
         costs = {c.key: Cost.measured(1e-3 if c.backend == favoured else 2e-3, 0.0, 1) for c in candidates}
         return [Partition.from_candidate(c, costs[c.key]) for c in search_op_level(graph.graph, candidates, costs)]
+
     return parts
 
 
@@ -100,18 +109,25 @@ def placement_file(path: Path, parts, model: Path = MODEL, target=None) -> Path:
     partitions = parts(graph, pm, target)
     installed = {name: info.backend for name, info in discover_backends(pm).items()}
     return Placement(
-        model_name=imported.name, model_fingerprint=imported.fingerprint, operators=graph.graph.ops,
-        target=tvm_compat.target_to_dict(target), device=tvm_compat.device_name(target),
-        backends={p.backend: {"version": installed[p.backend].version, "kind": installed[p.backend].kind} for p in partitions},
-        search="made for a test, nothing measured", partitions=partitions,
+        model_name=imported.name,
+        model_fingerprint=imported.fingerprint,
+        operators=graph.graph.ops,
+        target=tvm_compat.target_to_dict(target),
+        device=tvm_compat.device_name(target),
+        backends={
+            p.backend: {"version": installed[p.backend].version, "kind": installed[p.backend].kind} for p in partitions
+        },
+        search="made for a test, nothing measured",
+        partitions=partitions,
     ).save(path)
 
 
 def replayed(path: Path, model: Path = MODEL, target=None):
     """The placement file at ``path`` rebuilt and verified by ``optimize``, nothing measured but its end-to-end run."""
     backends = sorted({p.backend for p in load_placement(path).partitions})
-    return collage_core.optimize(str(model), target=target, backends=backends, placement=path, compare_backends=False,
-                                 show_progress=False)
+    return collage_core.optimize(
+        str(model), target=target, backends=backends, placement=path, compare_backends=False, show_progress=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +150,13 @@ def members(path) -> dict[str, tarfile.TarInfo]:
 
 def test_layout_follows_model_library_format(exported):
     names = set(members(exported))
-    assert {"metadata.json", "executor-config/relax-vm.json", "parameters/tiny_resnet.params", "src/relax.txt", "placement.json"} <= names
+    assert {
+        "metadata.json",
+        "executor-config/relax-vm.json",
+        "parameters/tiny_resnet.params",
+        "src/relax.txt",
+        "placement.json",
+    } <= names
     assert {"codegen/host/lib/lib0.o", "codegen/host/lib/devc.o"} <= names
 
 
@@ -193,7 +215,10 @@ def test_loaded_in_a_new_process_with_tvm_runtime_alone_it_gives_the_outputs_it_
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(exported), str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
-        capture_output=True, text=True, timeout=300, env={**runtime_only_env, "CXX": "g++"},  # a linker, not TVM's compiler
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**runtime_only_env, "CXX": "g++"},  # a linker, not TVM's compiler
     )
     assert result.returncode == 0, result.stderr[-2000:]
     with np.load(tmp_path / "outputs.npz") as after:
@@ -231,10 +256,14 @@ def _set_version(files, version):
     [
         (lambda files: _set_version(files, 2), r"Model Library Format version 2 \(this Collage reads version 1\)"),
         (lambda files: files.pop("placement.json"), r"placement\.json is listed in metadata\.json but missing"),
-        (lambda files: files.update({"codegen/host/lib/lib0.o": bytes(len(files["codegen/host/lib/lib0.o"]))}),
-         r"codegen/host/lib/lib0\.o does not match its SHA-256"),
-        (lambda files: files.update({"codegen/host/lib/lib0.o": b"\0" * 64}),
-         r"codegen/host/lib/lib0\.o is 64 bytes in the tar, and metadata\.json declares \d+"),
+        (
+            lambda files: files.update({"codegen/host/lib/lib0.o": bytes(len(files["codegen/host/lib/lib0.o"]))}),
+            r"codegen/host/lib/lib0\.o does not match its SHA-256",
+        ),
+        (
+            lambda files: files.update({"codegen/host/lib/lib0.o": b"\0" * 64}),
+            r"codegen/host/lib/lib0\.o is 64 bytes in the tar, and metadata\.json declares \d+",
+        ),
         (lambda files: files.pop("metadata.json"), r"no metadata\.json"),
     ],
     ids=["other-version", "missing-part", "corrupt-object", "other-size", "no-metadata"],
@@ -256,8 +285,21 @@ def test_cli_export_writes_a_tar_that_loads_and_leaves_no_temporary_files(optimi
     placement = optimized.placement.save(tmp_path / "placement.json")
     (tmp_path / "tmp").mkdir()
     result = subprocess.run(
-        ["collage", "export", str(MODEL), "--placement", str(placement), "--format", "mlf", "-o", str(tmp_path / "out.tar")],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+        [
+            "collage",
+            "export",
+            str(MODEL),
+            "--placement",
+            str(placement),
+            "--format",
+            "mlf",
+            "-o",
+            str(tmp_path / "out.tar"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "loaded and run once in a new process" in result.stdout and "Scope Loaded" not in result.stderr
@@ -273,8 +315,18 @@ def test_cli_export_writes_a_tar_that_loads_and_leaves_no_temporary_files(optimi
 def test_cli_export_of_a_placement_for_another_model_fails_in_one_line(optimized, tmp_path):
     placement = optimized.placement.save(tmp_path / "placement.json")
     result = subprocess.run(
-        ["collage", "export", str(ROOT / "models" / "tiny_bert.onnx"), "--placement", str(placement), "-o", str(tmp_path / "x.tar")],
-        capture_output=True, text=True, timeout=600,
+        [
+            "collage",
+            "export",
+            str(ROOT / "models" / "tiny_bert.onnx"),
+            "--placement",
+            str(placement),
+            "-o",
+            str(tmp_path / "x.tar"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 1 and not (tmp_path / "x.tar").exists()
     errors = [line for line in result.stderr.splitlines() if line.startswith("collage: error:")]
@@ -312,7 +364,11 @@ def test_every_kind_of_placement_exports_and_loads_in_a_new_process(kind, tmp_pa
 def test_the_lowered_ir_says_what_each_partition_calls_under_numbered_names(exported, optimized):
     with tarfile.open(exported) as archive:
         metadata = json.loads(archive.extractfile("metadata.json").read())
-        texts = {m.name: archive.extractfile(m).read().decode() for m in archive.getmembers() if m.name.startswith("src/lowered/") and m.isfile()}
+        texts = {
+            m.name: archive.extractfile(m).read().decode()
+            for m in archive.getmembers()
+            if m.name.startswith("src/lowered/") and m.isfile()
+        }
         relax_text = archive.extractfile("src/relax.txt").read().decode()
     lowered = {entry["function"]: entry for entry in metadata["lowered"]}
     assert lowered["main"]["member"] == "src/lowered/000-main.txt"
@@ -327,7 +383,7 @@ def test_the_lowered_ir_says_what_each_partition_calls_under_numbered_names(expo
             assert "# packed functions it calls: collage_dnnl.run" in text
         elif entry["backend"] == "tvm":
             assert entry["tir_functions"] and entry["packed_functions"] == []
-            assert all(f"@T.prim_func" in text and f"def {tir}(" in text for tir in entry["tir_functions"])
+            assert all("@T.prim_func" in text and f"def {tir}(" in text for tir in entry["tir_functions"])
     assert {entry["backend"] for entry in lowered.values()} == {"", "dnnl", "tvm"}
 
 
@@ -341,7 +397,10 @@ def test_a_model_named_with_spaces_and_accents_exports_and_loads(tmp_path):
     tar = export_mlf(placed, tmp_path / "model.tar")
     assert "parameters/tiny résnet v2.params" in set(members(tar))
     loaded = load_mlf(tar, workdir=tmp_path / "unpacked")
-    assert loaded.metadata["model_name"] == "tiny résnet v2" and loaded.library == tmp_path / "unpacked" / "tiny résnet v2.so"
+    assert (
+        loaded.metadata["model_name"] == "tiny résnet v2"
+        and loaded.library == tmp_path / "unpacked" / "tiny résnet v2.so"
+    )
     assert loaded.parameters
     inputs = placed.model.random_inputs(seed=5)
     np.testing.assert_allclose(loaded.run(*inputs)[0], placed.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
@@ -356,12 +415,16 @@ def test_names_from_the_model_never_choose_a_member_path():
 def with_files(source: Path, target: Path, change) -> Path:
     """A copy of the tar ``source`` with ``change(files)`` applied to its {name: bytes}, its metadata's digests and
     sizes updated."""
+
     def changed_and_listed(files):
         change(files)
         metadata = json.loads(files["metadata.json"])
-        metadata["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "metadata.json"}
+        metadata["files"] = {
+            name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "metadata.json"
+        }
         metadata["sizes"] = {name: len(data) for name, data in files.items() if name != "metadata.json"}
         files["metadata.json"] = json.dumps(metadata).encode()
+
     return rewritten(source, target, changed_and_listed)
 
 
@@ -370,6 +433,7 @@ def with_config(change):
         config = json.loads(files["executor-config/relax-vm.json"])
         change(config)
         files["executor-config/relax-vm.json"] = json.dumps(config).encode()
+
     return apply
 
 
@@ -379,15 +443,19 @@ def test_a_tar_built_with_other_backend_versions_warns_naming_both_or_with_stric
 ):
     installed = discover_backends(get_plugin_manager())["dnnl"].backend.version
     recorded = {"shorter": installed.rsplit("+", 1)[0], "longer": f"{installed}+threads-1"}[other]
-    tar = with_files(exported, tmp_path / "older.tar", with_config(
-        lambda config: config["runtime_backends"]["dnnl"].update(version=recorded)))
+    tar = with_files(
+        exported,
+        tmp_path / "older.tar",
+        with_config(lambda config: config["runtime_backends"]["dnnl"].update(version=recorded)),
+    )
     expected = f"{tar} was built with dnnl {recorded}, and dnnl {installed} is installed here"
     with pytest.raises(MLFError, match=re.escape(expected)):
         load_mlf(tar, strict=True)
     with caplog.at_level(logging.WARNING, logger="collage"):
         loaded = load_mlf(tar)
     assert [r.getMessage() for r in caplog.records if "was built with" in r.getMessage()] == [
-        f"{expected}: its partitions run on the installed version"]
+        f"{expected}: its partitions run on the installed version"
+    ]
     assert loaded.run(*loaded.random_inputs())[0].shape == (1, 10)
 
 
@@ -396,20 +464,30 @@ def test_load_errors_name_the_tar_and_its_members_never_the_files_it_was_unpacke
         load_mlf(exported, pm=get_plugin_manager(disabled=["dnnl"]))
     assert str(refused.value).startswith(f"{exported}: partitions run on backend dnnl, which is not installed here")
     assert "collage-mlf-" not in str(refused.value)
-    broken = with_files(exported, tmp_path / "broken.tar", lambda files: files.update({"codegen/host/lib/devc.o": b"\0" * 64}))
+    broken = with_files(
+        exported, tmp_path / "broken.tar", lambda files: files.update({"codegen/host/lib/devc.o": b"\0" * 64})
+    )
     with pytest.raises(MLFError) as refused:
         load_mlf(broken)
     assert str(refused.value).startswith(f"{broken}: ") and "collage-mlf-" not in str(refused.value)
 
 
 def test_a_tar_that_does_not_load_in_a_new_process_is_named_with_the_problem_in_one_line(exported, tmp_path):
-    unknown = with_files(exported, tmp_path / "model.tar", with_config(lambda config: config["runtime_backends"].update(
-        nosuch={"kind": "op-level", "version": "1", "needs": "pip install collage-nosuch"})))
+    unknown = with_files(
+        exported,
+        tmp_path / "model.tar",
+        with_config(
+            lambda config: config["runtime_backends"].update(
+                nosuch={"kind": "op-level", "version": "1", "needs": "pip install collage-nosuch"}
+            )
+        ),
+    )
     with pytest.raises(MLFError) as refused:
         check_in_new_process(unknown, [np.zeros((1, 3, 32, 32), "float32")])
     message = str(refused.value)
-    assert message == (f"{unknown}: partitions run on backend nosuch, which is not installed here: it needs "
-                       "pip install collage-nosuch")
+    assert message == (
+        f"{unknown}: partitions run on backend nosuch, which is not installed here: it needs pip install collage-nosuch"
+    )
 
 
 def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(exported, optimized):
@@ -419,7 +497,9 @@ def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(
         np.testing.assert_array_equal(made, expected)
 
 
-def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_partial(optimized, tmp_path, monkeypatch, capsys):
+def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_partial(
+    optimized, tmp_path, monkeypatch, capsys
+):
     placement = optimized.placement.save(tmp_path / "placement.json")
     (tmp_path / "out.tar").write_bytes(b"an earlier export")
     (tmp_path / "tmp").mkdir()
@@ -429,7 +509,8 @@ def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("collage: error:")]
     assert status == 1 and errors == [
         f"collage: error: {tmp_path / 'out.tar'}: the exported tar does not load and run in a new process: the process "
-        "loading it died of SIGABRT (left as out.tar.partial)"]
+        "loading it died of SIGABRT (left as out.tar.partial)"
+    ]
     assert not (tmp_path / "out.tar").exists() and tarfile.is_tarfile(tmp_path / "out.tar.partial")
     assert [entry.name for entry in (tmp_path / "tmp").iterdir() if entry.is_dir()] == []
 
@@ -442,12 +523,17 @@ def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_s
     placement.write_text(json.dumps(data))
     result = subprocess.run(
         ["collage", "export", str(MODEL), "--placement", str(placement), "-o", str(tmp_path / "out.tar"), "--strict"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    warned = f"warning: {placement} was measured with dnnl onednn-2.6.3+kernels-1, and dnnl {installed} is installed here"
+    warned = (
+        f"warning: {placement} was measured with dnnl onednn-2.6.3+kernels-1, and dnnl {installed} is installed here"
+    )
     assert result.returncode == EXIT_WARNINGS, result.stderr[-2000:]
     assert [line for line in result.stderr.splitlines() if line.startswith("warning:")] == [
-        f"{warned}: its costs and choices may not hold here"]
+        f"{warned}: its costs and choices may not hold here"
+    ]
     assert load_mlf(tmp_path / "out.tar").metadata["model_name"] == "tiny_resnet"
 
 
@@ -455,7 +541,9 @@ def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_s
 def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
     """tiny_resnet on cuDNN where its patterns cover the operators, TVM for the rest, replaying CUDA graphs;
     compared with ONNX Runtime on the CPU within rtol 1e-4 and atol 1e-4, as tests/test_gpu_placements.py does."""
-    placed = replayed(placement_file(tmp_path / "placement.json", op_level("cudnn", "tvm"), target="cuda"), target="cuda")
+    placed = replayed(
+        placement_file(tmp_path / "placement.json", op_level("cudnn", "tvm"), target="cuda"), target="cuda"
+    )
     assert {p.backend for p in placed.placement.partitions} == {"cudnn", "tvm"}
     tar = export_mlf(placed, tmp_path / "model.tar")
     inputs = placed.model.random_inputs(seed=3)
@@ -464,4 +552,6 @@ def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
     with tarfile.open(tar) as archive:
         lowered = json.loads(archive.extractfile("metadata.json").read())["lowered"]
-    assert {"collage_cudnn.run"} == {name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]}
+    assert {"collage_cudnn.run"} == {
+        name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]
+    }

@@ -12,16 +12,22 @@ import onnx
 import pytest
 import torch
 import torch.utils._pytree as pytree
+import tvm
 from onnx import TensorProto, helper
 from transformers.utils import ModelOutput
-import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 import collage_core
 from collage_core import tvm_compat
-from collage_core.model.model_import import (ImportNumericsError, ModelImportError, TensorSpec, UncheckableModel,
-                                       check_against_reference, load_model)
+from collage_core.model.model_import import (
+    ImportNumericsError,
+    ModelImportError,
+    TensorSpec,
+    UncheckableModel,
+    check_against_reference,
+    load_model,
+)
 from collage_core.model.verify import compare_outputs
 
 MODELS = Path(__file__).parent.parent / "models"
@@ -183,11 +189,15 @@ def clip_model(low, high) -> onnx.ModelProto:
     """Clip(x, low, high) with the bounds as initializers (how exporters write ReLU6); None: bound left out."""
     names = ["x", "low" if low is not None else "", "high" if high is not None else ""]
     graph = helper.make_graph(
-        [helper.make_node("Clip", names, ["y"])], "clip",
+        [helper.make_node("Clip", names, ["y"])],
+        "clip",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor(name, TensorProto.FLOAT, [], [value])
-         for name, value in (("low", low), ("high", high)) if value is not None],
+        [
+            helper.make_tensor(name, TensorProto.FLOAT, [], [value])
+            for name, value in (("low", low), ("high", high))
+            if value is not None
+        ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
@@ -207,8 +217,9 @@ def test_clip_with_constant_bounds_matches_onnx_runtime(low, high):
 
 def _calls(func):
     found = []
-    relax.analysis.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and
-                                    isinstance(e.op, tvm.ir.Op) else None)
+    relax.analysis.post_order_visit(
+        func.body, lambda e: found.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None
+    )
     return found
 
 
@@ -216,9 +227,15 @@ def _calls(func):
 def test_constant_of_constant_shape_imports_including_a_scalar_shape(shape):
     """GPT-2's causal mask starts from ConstantOfShape of an empty shape: a scalar."""
     graph = helper.make_graph(
-        [helper.make_node("ConstantOfShape", ["shape"], ["filled"],
-                          value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.5])),
-         helper.make_node("Add", ["x", "filled"], ["y"])],
+        [
+            helper.make_node(
+                "ConstantOfShape",
+                ["shape"],
+                ["filled"],
+                value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.5]),
+            ),
+            helper.make_node("Add", ["x", "filled"], ["y"]),
+        ],
         "constant_of_shape",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
@@ -247,13 +264,19 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
         helper.make_node("Reshape", ["shifted", "target"], ["out"]),
     ]
     constants = [
-        helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1]),
+        helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor("one", TensorProto.INT64, [], [1]),
         helper.make_tensor("inner_axes", TensorProto.INT64, [2], [1, 2]),
         helper.make_tensor("first_axis", TensorProto.INT64, [1], [0]),
         helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1]),
     ]
-    graph = helper.make_graph(nodes, "shape_arithmetic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 12])], constants)
+    graph = helper.make_graph(
+        nodes,
+        "shape_arithmetic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 12])],
+        constants,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
@@ -279,9 +302,15 @@ def test_shape_arithmetic_is_folded_before_tvm_imports_and_the_original_stays_th
 def test_a_node_tvm_cannot_convert_is_named_with_its_operator_and_what_to_try(tmp_path):
     """Pads given at run time (an input) are beyond TVM's importer, folded or not."""
     graph = helper.make_graph(
-        [helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"), helper.make_node("Relu", ["padded"], ["out"])],
+        [
+            helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"),
+            helper.make_node("Relu", ["padded"], ["out"]),
+        ],
         "dynamic_pads",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]), helper.make_tensor_value_info("pads", TensorProto.INT64, [4])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("pads", TensorProto.INT64, [4]),
+        ],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 6])],
     )
     path = tmp_path / "dynamic_pads.onnx"
@@ -308,9 +337,11 @@ def test_a_module_torch_export_refuses_says_the_onnx_route_takes_it():
         load_model(BranchOnData(), example_inputs=(torch.ones(2, 3),))
     message = str(raised.value)
     assert "\n" not in message and message.startswith("PyTorch module BranchOnData: export or import failed: ")
-    assert message.endswith("the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, "
-                            "opset_version=17, dynamo=False) and optimize the file (a trace: branches on input values "
-                            "follow the example inputs)")
+    assert message.endswith(
+        "the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, "
+        "opset_version=17, dynamo=False) and optimize the file (a trace: branches on input values "
+        "follow the example inputs)"
+    )
 
 
 class CacheThatStartsEmpty(torch.nn.Module):
@@ -340,6 +371,7 @@ def test_a_torch_node_tvm_cannot_convert_is_named_with_its_source_line(monkeypat
 
         def refuse(node, *rest):
             raise ValueError("relu is not supported here")
+
         return {**converters, "relu.default": refuse}
 
     monkeypatch.setattr(translator.ExportedProgramImporter, "create_convert_map", without_working_relu)
@@ -347,7 +379,9 @@ def test_a_torch_node_tvm_cannot_convert_is_named_with_its_source_line(monkeypat
         load_model(ConvReluLinear(), example_inputs=(torch.randn(1, 3, 8, 8),))
     message = str(raised.value)
     assert "\n" not in message
-    assert message.startswith("PyTorch module ConvReluLinear: TVM's importer cannot convert relu.default node 'relu' (made by ")
+    assert message.startswith(
+        "PyTorch module ConvReluLinear: TVM's importer cannot convert relu.default node 'relu' (made by "
+    )
     assert "ValueError: relu is not supported here; the ONNX route " in message
 
 
@@ -394,27 +428,39 @@ RETURNED = {
     "tensor": (lambda p: p[2], ["output"], [2]),
     "tuple": (lambda p: (p[0], p[1]), ["output[0]", "output[1]"], [0, 1]),
     "list": (lambda p: [p[1], None, p[0]], ["output[0]", "output[2]"], [1, 0]),
-    "nested dict": (lambda p: {"z": p[0], "a": [p[1], {"y": p[2], "b": (p[3], None)}], "none": None},
-                    ["output['z']", "output['a'][0]", "output['a'][1]['y']", "output['a'][1]['b'][0]"], [0, 1, 2, 3]),
+    "nested dict": (
+        lambda p: {"z": p[0], "a": [p[1], {"y": p[2], "b": (p[3], None)}], "none": None},
+        ["output['z']", "output['a'][0]", "output['a'][1]['y']", "output['a'][1]['b'][0]"],
+        [0, 1, 2, 3],
+    ),
     "dataclass": (lambda p: Pair(p[1], None, p[0]), ["output.second", "output.first"], [1, 0]),
-    "ModelOutput": (lambda p: Classified(logits=p[4], hidden_states=(p[1], p[2])),
-                    ["output['logits']", "output['hidden_states'][0]", "output['hidden_states'][1]"], [4, 1, 2]),
-    "nested": (lambda p: (Classified(logits=p[3]), {"pair": Pair(p[2], None, p[1])}, [p[0]]),
-               ["output[0]['logits']", "output[1]['pair'].second", "output[1]['pair'].first", "output[2][0]"], [3, 2, 1, 0]),
+    "ModelOutput": (
+        lambda p: Classified(logits=p[4], hidden_states=(p[1], p[2])),
+        ["output['logits']", "output['hidden_states'][0]", "output['hidden_states'][1]"],
+        [4, 1, 2],
+    ),
+    "nested": (
+        lambda p: (Classified(logits=p[3]), {"pair": Pair(p[2], None, p[1])}, [p[0]]),
+        ["output[0]['logits']", "output[1]['pair'].second", "output[1]['pair'].first", "output[2][0]"],
+        [3, 2, 1, 0],
+    ),
 }
 
 
 def exported_order(module, example) -> list[tuple[int, ...]]:
     """The shapes of the outputs torch.export alone makes of ``module``'s, in its order (each Pair returned as
     its registered twin, as torch.export needs)."""
+
     class Exportable(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.module = module
 
         def forward(self, x):
-            return pytree.tree_map(lambda leaf: RegisteredPair(leaf.second, leaf.absent, leaf.first)
-                                   if isinstance(leaf, Pair) else leaf, self.module(x))
+            return pytree.tree_map(
+                lambda leaf: RegisteredPair(leaf.second, leaf.absent, leaf.first) if isinstance(leaf, Pair) else leaf,
+                self.module(x),
+            )
 
     program = torch.export.export(Exportable(), (example,))
     (outputs,) = [node.args[0] for node in program.graph.nodes if node.op == "output"]
@@ -423,7 +469,10 @@ def exported_order(module, example) -> list[tuple[int, ...]]:
 
 def declared_shapes(imported) -> list[tuple[int, ...]]:
     declared = tvm_compat.return_type(imported.mod["main"])
-    return [tvm_compat.type_shape_dtype(ty)[0] for ty in (declared.fields if isinstance(declared, relax.TupleType) else [declared])]
+    return [
+        tvm_compat.type_shape_dtype(ty)[0]
+        for ty in (declared.fields if isinstance(declared, relax.TupleType) else [declared])
+    ]
 
 
 @pytest.mark.parametrize("returned", list(RETURNED))
@@ -456,8 +505,10 @@ def test_an_output_that_is_not_a_tensor_is_refused_naming_where_it_is():
         load_model(CountsToo(), example_inputs=(torch.ones(2, 3),))
     message = str(raised.value)
     assert "\n" not in message
-    assert message.startswith("PyTorch module CountsToo: Collage cannot check its outputs: output[1]['count'] is not a "
-                              "tensor (type int); a module's outputs must be tensors, or tuples, lists, ")
+    assert message.startswith(
+        "PyTorch module CountsToo: Collage cannot check its outputs: output[1]['count'] is not a "
+        "tensor (type int); a module's outputs must be tensors, or tuples, lists, "
+    )
 
 
 class ExportedDifferently(torch.nn.Module):
@@ -475,20 +526,53 @@ def _refuse(x):
     raise ValueError("inputs of this kind are refused")
 
 
-@pytest.mark.parametrize("exported, run, error, message", [
-    (lambda x: x + 1, lambda x: (x + 1, x * 2), UncheckableModel, "pytorch .* gives 2 outputs, the imported model 1$"),
-    (lambda x: {"a": x[:1], "b": x}, lambda x: {"a": x, "b": x}, UncheckableModel,
-     r"output 0 \(output\['a'\]\) is float32\[1, 3\] in the imported model, float32\[2, 3\] from pytorch"),
-    (lambda x: x + 1, lambda x: (x + 1).double(), UncheckableModel, r"output 0 \(output\) is float32\[2, 3\] in the imported "
-     r"model, float64\[2, 3\] from pytorch"),
-    (lambda x: x + 1, _refuse, UncheckableModel, r"its reference \(pytorch .*\) fails on inputs of the model's shapes: "
-     r"ValueError: inputs of this kind are refused$"),
-    (lambda x: x + 1, lambda x: x + torch.rand_like(x), UncheckableModel, "gives other outputs each time on the same inputs"),
-    (lambda x: (x * 2, x + 1), lambda x: (x * 2, x + 2), ImportNumericsError,
-     r"TVM's plain build of the imported model disagrees with pytorch .* at output 1 \(output\[1\]\) \(max abs error 1,"),
-], ids=["count", "shape", "dtype", "reference fails", "reference varies", "numerics"])
-def test_a_model_collage_cannot_check_fails_before_anything_is_measured(monkeypatch, tmp_path, exported, run, error,
-                                                                        message):
+@pytest.mark.parametrize(
+    "exported, run, error, message",
+    [
+        (
+            lambda x: x + 1,
+            lambda x: (x + 1, x * 2),
+            UncheckableModel,
+            "pytorch .* gives 2 outputs, the imported model 1$",
+        ),
+        (
+            lambda x: {"a": x[:1], "b": x},
+            lambda x: {"a": x, "b": x},
+            UncheckableModel,
+            r"output 0 \(output\['a'\]\) is float32\[1, 3\] in the imported model, float32\[2, 3\] from pytorch",
+        ),
+        (
+            lambda x: x + 1,
+            lambda x: (x + 1).double(),
+            UncheckableModel,
+            r"output 0 \(output\) is float32\[2, 3\] in the imported "
+            r"model, float64\[2, 3\] from pytorch",
+        ),
+        (
+            lambda x: x + 1,
+            _refuse,
+            UncheckableModel,
+            r"its reference \(pytorch .*\) fails on inputs of the model's shapes: "
+            r"ValueError: inputs of this kind are refused$",
+        ),
+        (
+            lambda x: x + 1,
+            lambda x: x + torch.rand_like(x),
+            UncheckableModel,
+            "gives other outputs each time on the same inputs",
+        ),
+        (
+            lambda x: (x * 2, x + 1),
+            lambda x: (x * 2, x + 2),
+            ImportNumericsError,
+            r"TVM's plain build of the imported model disagrees with pytorch .* at output 1 \(output\[1\]\) \(max abs error 1,",
+        ),
+    ],
+    ids=["count", "shape", "dtype", "reference fails", "reference varies", "numerics"],
+)
+def test_a_model_collage_cannot_check_fails_before_anything_is_measured(
+    monkeypatch, tmp_path, exported, run, error, message
+):
     from collage_core.search import stage as search_stage
 
     def measure(*args, **kwargs):
@@ -496,15 +580,20 @@ def test_a_model_collage_cannot_check_fails_before_anything_is_measured(monkeypa
 
     monkeypatch.setattr(search_stage, "measure", measure)
     with pytest.raises(error, match=f"^PyTorch module ExportedDifferently: .*{message}") as raised:
-        collage_core.optimize(ExportedDifferently(exported, run), example_inputs=(torch.ones(2, 3),), backends=["tvm"],
-                              output_dir=tmp_path, cost_db=tmp_path / "costs.sqlite", show_progress=False)
+        collage_core.optimize(
+            ExportedDifferently(exported, run),
+            example_inputs=(torch.ones(2, 3),),
+            backends=["tvm"],
+            output_dir=tmp_path,
+            cost_db=tmp_path / "costs.sqlite",
+            show_progress=False,
+        )
     assert "\n" not in str(raised.value)
     assert not (tmp_path / "costs.sqlite").exists()
 
 
 def test_the_check_before_measuring_runs_an_onnx_model_too(tiny_resnet):
-    assert check_against_reference(tiny_resnet).startswith(
-        "ONNX model tiny_resnet: its output agrees with onnxruntime")
+    assert check_against_reference(tiny_resnet).startswith("ONNX model tiny_resnet: its output agrees with onnxruntime")
 
 
 def test_a_model_too_large_to_run_unscheduled_is_checked_in_shapes_only_before_measuring(monkeypatch):
@@ -521,4 +610,5 @@ def test_a_model_too_large_to_run_unscheduled_is_checked_in_shapes_only_before_m
     monkeypatch.setattr(model_import, "_run_plain_build", build)
     assert check_against_reference(imported).endswith(
         "its output agrees with " + imported.reference_name + "'s in shape and dtype; numerics are verified at the end "
-        "only (0.0 G multiply-adds, too many to run TVM's unscheduled build first)")
+        "only (0.0 G multiply-adds, too many to run TVM's unscheduled build first)"
+    )

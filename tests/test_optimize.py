@@ -14,15 +14,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import collage_core
 from collage_core import tvm_compat
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
+from collage_core.outputs.placement_file import PlacementFileError
 from collage_core.outputs.report import render_report
 from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 from collage_core.records import Cost
-from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
-
-import collage_core
-from collage_core.outputs.placement_file import PlacementFileError
+from collage_core.search.baselines import (
+    IN_TURNS,
+    MAX_RIVALS,
+    NEAR_RIVAL,
+    RIVALS,
+    TURNS_MARGIN,
+    baseline_file,
+    closest_rivals,
+)
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY_RESNET = MODELS / "tiny_resnet.onnx"
@@ -59,7 +67,10 @@ def optimized(workspace, costs):
     with pytest.MonkeyPatch.context() as monkeypatch:
         quick_turns(monkeypatch)
         return collage_core.optimize(
-            str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "out",
+            str(TINY_RESNET),
+            backends=["tvm"],
+            cost_db=costs,
+            output_dir=workspace / "out",
             show_progress=False,
         )
 
@@ -79,12 +90,19 @@ def test_optimize_measures_searches_builds_and_verifies(optimized):
 
 def test_the_report_says_where_the_time_went(optimized, workspace):
     phases = optimized.phases_s
-    assert list(phases)[:5] == ["import and candidates", "measuring candidates", "search and calibration",
-                                "building and verifying", "baselines"]
+    assert list(phases)[:5] == [
+        "import and candidates",
+        "measuring candidates",
+        "search and calibration",
+        "building and verifying",
+        "baselines",
+    ]
     assert all(seconds >= 0 for seconds in phases.values()) and phases["building and verifying"] > 0
     saved = json.loads((workspace / "out" / "results.json").read_text())["phases_s"]
     assert saved == phases
-    line = next(line for line in (workspace / "out" / "report.txt").read_text().splitlines() if line.startswith("time: "))
+    line = next(
+        line for line in (workspace / "out" / "report.txt").read_text().splitlines() if line.startswith("time: ")
+    )
     assert line.endswith(f"{sum(phases.values()):.1f} s in all") and "baselines" in line
 
 
@@ -103,7 +121,9 @@ def test_run_prepares_each_backends_runtime_before_loading_the_library(optimized
 
     prepared = []
     original = deploy.prepare_runtime
-    monkeypatch.setattr(deploy, "prepare_runtime", lambda library, pm=None: prepared.append(library) or original(library, pm))
+    monkeypatch.setattr(
+        deploy, "prepare_runtime", lambda library, pm=None: prepared.append(library) or original(library, pm)
+    )
     fresh = attrs.evolve(optimized, vm=None)
     inputs = optimized.model.random_inputs(seed=5)
     np.testing.assert_array_equal(fresh.run(*inputs)[0], optimized.run(*inputs)[0])
@@ -117,7 +137,12 @@ def test_placement_file_replays_the_same_executable(optimized, workspace):
     assert data["model"]["name"] == "tiny_resnet"
     assert all(p["cost"]["kind"] == "measured" for p in data["partitions"])
     replayed = collage_core.optimize(
-        str(TINY_RESNET), placement=saved, backends=["tvm"], output_dir=workspace / "replay", compare_backends=False, show_progress=False
+        str(TINY_RESNET),
+        placement=saved,
+        backends=["tvm"],
+        output_dir=workspace / "replay",
+        compare_backends=False,
+        show_progress=False,
     )
     assert replayed.measurement is None
     assert tvm_compat.structural_equal(replayed.partitioned_mod, optimized.partitioned_mod)
@@ -131,14 +156,19 @@ def test_a_placement_measured_on_another_device_says_so_and_the_report_names_whe
     elsewhere = workspace / "measured-elsewhere.json"
     elsewhere.write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING, logger="collage"):
-        replayed = collage_core.optimize(str(TINY_RESNET), placement=elsewhere, backends=["tvm"], compare_backends=False,
-                                         show_progress=False)
+        replayed = collage_core.optimize(
+            str(TINY_RESNET), placement=elsewhere, backends=["tvm"], compare_backends=False, show_progress=False
+        )
     here = tvm_compat.device_name(tvm_compat.host_cpu_target())
     warned = [r.getMessage() for r in caplog.records if "replayed on" in r.getMessage()]
-    assert warned == [f"{elsewhere} was measured on {data['device']} and is replayed on {here}: its costs and choices "
-                      "may not hold here"]
+    assert warned == [
+        f"{elsewhere} was measured on {data['device']} and is replayed on {here}: its costs and choices "
+        "may not hold here"
+    ]
     assert replayed.placement.ran_on == here
-    assert f"operators on {here}, op-level search (placement measured on cuda:sm_90a (NVIDIA H200" in render_report(replayed)
+    assert f"operators on {here}, op-level search (placement measured on cuda:sm_90a (NVIDIA H200" in render_report(
+        replayed
+    )
 
 
 def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replayed(optimized, workspace):
@@ -150,9 +180,11 @@ def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replay
     saved = baseline_file(workspace / "out", "unpartitioned relax.build")
     whole = load_placement(saved)
     assert [(p.backend, p.pattern, p.nodes) for p in whole.partitions] == [
-        ("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(whole.operators))))]
-    replayed = collage_core.optimize(str(TINY_RESNET), placement=saved, backends=["tvm"], compare_backends=False,
-                                     show_progress=False)
+        ("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(whole.operators))))
+    ]
+    replayed = collage_core.optimize(
+        str(TINY_RESNET), placement=saved, backends=["tvm"], compare_backends=False, show_progress=False
+    )
     assert replayed.verification.passed, replayed.verification.describe()
 
 
@@ -174,17 +206,35 @@ def test_library_runs_in_a_fresh_process(optimized, workspace):
         "np.save(sys.argv[3], out.numpy())\n"
     )
     library = workspace / "out" / "tiny_resnet.so"
-    loaded = subprocess.run([sys.executable, "-c", script, str(library), str(workspace / "input.npy"), str(workspace / "o.npy")],
-                            check=True, capture_output=True, text=True)
+    loaded = subprocess.run(
+        [sys.executable, "-c", script, str(library), str(workspace / "input.npy"), str(workspace / "o.npy")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert "Scope Loaded" not in loaded.stderr, loaded.stderr[-2000:]
     np.testing.assert_allclose(np.load(workspace / "o.npy"), optimized.run(*inputs)[0], rtol=1e-6, atol=1e-6)
 
 
 def test_cli_optimize_reuses_measured_costs(optimized, workspace, costs):
     result = subprocess.run(
-        [sys.executable, "-m", "collage_core.cli", "optimize", str(TINY_RESNET), "--cost-db", str(costs),
-         "--output", str(workspace / "cli"), "--no-compare", "--backends", "tvm"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "collage_core.cli",
+            "optimize",
+            str(TINY_RESNET),
+            "--cost-db",
+            str(costs),
+            "--output",
+            str(workspace / "cli"),
+            "--no-compare",
+            "--backends",
+            "tvm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     assert "measured 0 in" in result.stdout and "numerics passed" in result.stdout
@@ -200,7 +250,9 @@ def test_dash_o_and_double_dash_output_name_the_same_directory():
 
 
 def test_cli_backends_lists_tvm():
-    result = subprocess.run([sys.executable, "-m", "collage_core.cli", "backends"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "collage_core.cli", "backends"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0
     row = next(line for line in result.stdout.splitlines() if line.startswith("tvm "))
     assert "op-level" in row and "yes" in row
@@ -208,8 +260,11 @@ def test_cli_backends_lists_tvm():
 
 def test_cli_reports_a_missing_model_in_one_line_and_leaves_no_output_folder(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "collage_core.cli", "optimize", str(tmp_path / "nope.onnx")], capture_output=True, text=True,
-        timeout=120, cwd=tmp_path,
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(tmp_path / "nope.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [f"collage: error: {tmp_path / 'nope.onnx'}: no such file"]
@@ -231,7 +286,11 @@ def test_optimize_torch_module_is_verified_against_pytorch(costs):
 
     torch.manual_seed(0)
     result = collage_core.optimize(
-        Block(), example_inputs=(torch.randn(1, 3, 8, 8),), backends=["tvm"], cost_db=costs, show_progress=False,
+        Block(),
+        example_inputs=(torch.randn(1, 3, 8, 8),),
+        backends=["tvm"],
+        cost_db=costs,
+        show_progress=False,
         compare_backends=False,
     )
     assert result.verification.passed and result.verification.reference.startswith("pytorch")
@@ -259,9 +318,15 @@ def test_a_torch_module_gets_the_two_level_search_with_a_graph_level_backend(cos
 
     torch.manual_seed(0)
     result = collage_core.optimize(
-        Block(), example_inputs=(torch.randn(4, 16),), backends=["tvm", "onnxruntime"], search="two-level",
-        two_level=TwoLevelSettings(population=4, generations=1), cost_db=costs, compare_backends=False,
-        calibration_rounds=0, show_progress=False,
+        Block(),
+        example_inputs=(torch.randn(4, 16),),
+        backends=["tvm", "onnxruntime"],
+        search="two-level",
+        two_level=TwoLevelSettings(population=4, generations=1),
+        cost_db=costs,
+        compare_backends=False,
+        calibration_rounds=0,
+        show_progress=False,
     )
     assert result.model.source == "torch" and result.placement.search == "two-level"
     assert result.two_level is not None and result.two_level.history
@@ -274,8 +339,13 @@ def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, works
     from collage_core.measure.timing import STOPPED_PREFIX
 
     limited = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "limited",
-        baseline_limit_s=1e-6, calibration_rounds=0, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm"],
+        cost_db=costs,
+        output_dir=workspace / "limited",
+        baseline_limit_s=1e-6,
+        calibration_rounds=0,
+        show_progress=False,
     )
     placement, *baselines = limited.end_to_end
     assert placement.cost.is_measured
@@ -288,8 +358,14 @@ def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, cost
     from collage_core.measure.timing import MeasureSettings
 
     once = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "once",
-        settings=MeasureSettings(single_run_s=0.0), compare_backends=False, calibration_rounds=0, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm"],
+        cost_db=costs,
+        output_dir=workspace / "once",
+        settings=MeasureSettings(single_run_s=0.0),
+        compare_backends=False,
+        calibration_rounds=0,
+        show_progress=False,
     )
     assert once.end_to_end[0].cost.repeats == 1 and once.end_to_end[0].cost.median_s > 0
     assert once.placement.why_chosen == "found by the op-level search; not compared with baselines"
@@ -309,8 +385,13 @@ def test_the_closest_baselines_are_timed_in_turns_with_the_placement(workspace, 
     one_worker = in_turns.TurnSettings(workers_per_library=1)
     monkeypatch.setattr(build_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=one_worker))
     result = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "dnnl", "onnxruntime"], cost_db=costs, output_dir=workspace / "turns",
-        search="op-level", calibration_rounds=0, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm", "dnnl", "onnxruntime"],
+        cost_db=costs,
+        output_dir=workspace / "turns",
+        search="op-level",
+        calibration_rounds=0,
+        show_progress=False,
     )
     turns = {e.name: e for e in result.end_to_end if e.timed_in_turns}
     assert 2 <= len(turns) <= 1 + MAX_RIVALS and all(e.cost.repeats >= 7 for e in turns.values())
@@ -346,24 +427,37 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
 
     def last_rival_fastest(libraries, *args, **kwargs):
         *others, last = libraries
-        return {**{name: alike_in_turns(Cost.measured(2e-3, 1e-5, 20)) for name in others},
-                last: alike_in_turns(Cost.measured(1e-3, 1e-5, 20))}
+        return {
+            **{name: alike_in_turns(Cost.measured(2e-3, 1e-5, 20)) for name in others},
+            last: alike_in_turns(Cost.measured(1e-3, 1e-5, 20)),
+        }
 
     monkeypatch.setattr(build_stage, "time_in_turns", last_rival_fastest)
     # DNNL's candidates cost half TVM's (a deterministic cost model): the search places DNNL wherever it
     # can, and TVM alone stays a rival of another placement, whatever the machine's load.
-    op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3 if candidate.backend == "dnnl" else 2e-3, 0.0, 1))
+    op_level_costs_from(
+        monkeypatch, lambda candidate, ops: Cost.measured(1e-3 if candidate.backend == "dnnl" else 2e-3, 0.0, 1)
+    )
     builds = recorded_builds(monkeypatch)
     result = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "drift",
-        search="op-level", calibration_rounds=0, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm", "dnnl"],
+        cost_db=costs,
+        output_dir=workspace / "drift",
+        search="op-level",
+        calibration_rounds=0,
+        show_progress=False,
     )
     names = [entry.name for entry in result.end_to_end]
     assert names[:2] == [PLACEMENT, f"{SEARCHED}, {IN_TURNS}"]
     assert result.latency() == Cost.measured(1e-3, 1e-5, 20)  # what it won by, in turns
     rival = [e for e in result.end_to_end if e.name.endswith(ONE_AFTER_ANOTHER)][0]
     assert rival.name == f"{PLACEMENT}, {ONE_AFTER_ANOTHER}"
-    assert result.end_to_end[0].operators_by_backend == rival.operators_by_backend != result.end_to_end[1].operators_by_backend
+    assert (
+        result.end_to_end[0].operators_by_backend
+        == rival.operators_by_backend
+        != result.end_to_end[1].operators_by_backend
+    )
     library = workspace / "drift" / f"{result.model.name}.so"
     assert [b for b in builds if b is not None][-1].parent.parent.name == "rivals"  # not built again
     assert result.verification.passed, result.verification.describe()
@@ -371,8 +465,9 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
     assert sorted(p["backend"] for p in saved["partitions"]) == sorted(p.backend for p in result.placement.partitions)
     inputs = result.model.random_inputs(seed=5)
     np.testing.assert_allclose(result.run(*inputs)[0], result.model.reference(inputs)[0], rtol=1e-4, atol=1e-4)
-    assert json.loads((library.parent / f"{library.name}.runtime.json").read_text())["backends"].keys() == \
-        set(result.end_to_end[0].operators_by_backend)
+    assert json.loads((library.parent / f"{library.name}.runtime.json").read_text())["backends"].keys() == set(
+        result.end_to_end[0].operators_by_backend
+    )
 
 
 def candidate_costs_only(source: Path, path: Path) -> None:
@@ -383,7 +478,9 @@ def candidate_costs_only(source: Path, path: Path) -> None:
         copy.commit()
 
 
-def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(optimized, costs, tmp_path, monkeypatch):
+def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
+    optimized, costs, tmp_path, monkeypatch
+):
     """The second run of the same command reads candidates, searched placements and baselines from the
     database: its search ends where the first one did, and the end of the first run kept in the output
     directory (library, verification, end-to-end rows) is reused: nothing is built. Without that
@@ -399,8 +496,13 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
 
     def run():
         return collage_core.optimize(
-            str(TINY_RESNET), backends=["tvm", "onnxruntime"], cost_db=tmp_path / "costs.sqlite",
-            output_dir=tmp_path / "out", search="two-level", calibration_rounds=0, show_progress=False,
+            str(TINY_RESNET),
+            backends=["tvm", "onnxruntime"],
+            cost_db=tmp_path / "costs.sqlite",
+            output_dir=tmp_path / "out",
+            search="two-level",
+            calibration_rounds=0,
+            show_progress=False,
             two_level=TwoLevelSettings(population=4, generations=2),
         )
 
@@ -413,7 +515,8 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     assert ('class="caption"' in svg) == lost == (tmp_path / "out" / SEARCHED_PLACEMENT_FILE).exists()
     if lost:
         assert cold.placement.why_chosen.endswith(
-            f"the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}")
+            f"the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}"
+        )
     else:
         assert cold.placement.why_chosen.startswith("found by the two-level search; ")
     builds = recorded_builds(monkeypatch)
@@ -423,8 +526,10 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
     assert builds == [] and library.stat().st_mtime_ns == built_at
     assert warm.end_to_end == cold.end_to_end and warm.verification == cold.verification
     assert warm.placement.partitions == cold.placement.partitions
-    assert json.loads((tmp_path / "out" / "placement.json").read_text())["partitions"] == \
-        json.loads(cold.placement.save(tmp_path / "cold-placement.json").read_text())["partitions"]
+    assert (
+        json.loads((tmp_path / "out" / "placement.json").read_text())["partitions"]
+        == json.loads(cold.placement.save(tmp_path / "cold-placement.json").read_text())["partitions"]
+    )
 
     (tmp_path / "out" / "finished.json").unlink()
     warm = run()
@@ -443,15 +548,21 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
 
     def baselines(result):
         """Baselines other than the placements measured in either run (those share a fresh cost)."""
-        return [(e.name, e.cost) for e in result.end_to_end
-                if not entrant(e.name) and e.operators_by_backend not in placed and not e.timed_in_turns]
+        return [
+            (e.name, e.cost)
+            for e in result.end_to_end
+            if not entrant(e.name) and e.operators_by_backend not in placed and not e.timed_in_turns
+        ]
 
     assert len(baselines(cold)) >= 3 and baselines(warm) == baselines(cold)
     # Each baseline's placement is kept beside the result, and replays into that baseline's build.
     alone = [e for e in cold.end_to_end if e.name == "onnxruntime alone"][0]
     replayed = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "onnxruntime"], placement=baseline_file(tmp_path / "out", alone.name),
-        compare_backends=False, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm", "onnxruntime"],
+        placement=baseline_file(tmp_path / "out", alone.name),
+        compare_backends=False,
+        show_progress=False,
     )
     assert replayed.end_to_end[0].operators_by_backend == alone.operators_by_backend == {"onnxruntime": 45}
     assert replayed.verification.passed
@@ -462,8 +573,8 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
     unmeasured or too slow to repeat, the RIVALS fastest first and any within NEAR_RIVAL of the last of
     them (at most MAX_RIVALS in all); however much slower than the placement they measured one after
     the other, and whatever the placement measured."""
-    from collage_core.records import Cost, Partition
     from collage_core.measure.timing import MeasureSettings
+    from collage_core.records import Cost, Partition
 
     def parts(backend):
         return [Partition(backend, "p", (0, 1), f"{backend}-key", Cost.measured(1e-3, 0.0, 1))]
@@ -474,10 +585,17 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
 
     settings = MeasureSettings()
     placed = parts("a")
-    baselines = [row("unpartitioned", 1e-3, None), row("same as placed", 5e-3, "a"),
-                 row("too slow to repeat", settings.single_run_s * 1.5, "f"), row("second", 0.12, "c"),
-                 row("first", 0.11, "b"), row("first again", 0.115, "b"), row("broken", None, "e"), row("third", 0.13, "d"),
-                 row("far", 0.12 * (1 + NEAR_RIVAL) * 1.01, "g")]
+    baselines = [
+        row("unpartitioned", 1e-3, None),
+        row("same as placed", 5e-3, "a"),
+        row("too slow to repeat", settings.single_run_s * 1.5, "f"),
+        row("second", 0.12, "c"),
+        row("first", 0.11, "b"),
+        row("first again", 0.115, "b"),
+        row("broken", None, "e"),
+        row("third", 0.13, "d"),
+        row("far", 0.12 * (1 + NEAR_RIVAL) * 1.01, "g"),
+    ]
     assert RIVALS == 2 and 0.13 <= 0.12 * (1 + NEAR_RIVAL)
     expected = ["first", "second", "third"]  # the third within NEAR_RIVAL of the second, "far" not
     for placement_s in (0.01, 0.2):
@@ -501,8 +619,14 @@ def test_each_library_is_timed_in_turns_by_its_own_workers(optimized, workspace,
     np.savez(inputs, *optimized.model.random_inputs(seed=3))
     library = workspace / "out" / "tiny_resnet.so"
     settings = TurnSettings(rounds=3, burst_s=0.0, workers_per_library=workers, pause_s=0.05)
-    costs = time_in_turns({"a": library, "b": library}, inputs, tvm_compat.target_to_json(optimized.target),
-                          get_plugin_manager().module_plugin_names(), [], settings)
+    costs = time_in_turns(
+        {"a": library, "b": library},
+        inputs,
+        tvm_compat.target_to_json(optimized.target),
+        get_plugin_manager().module_plugin_names(),
+        [],
+        settings,
+    )
     assert set(costs) == {"a", "b"}
     assert all(turns.warm.is_measured and turns.warm.repeats == settings.rounds for turns in costs.values())
     assert all(turns.after_pause.repeats == settings.rounds for turns in costs.values())
@@ -518,8 +642,8 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
     from tvm import relax
 
     from collage_core import optimizer
-    from collage_core.plugins import get_plugin_manager
     from collage_core.measure.timing import MeasureSettings
+    from collage_core.plugins import get_plugin_manager
 
     tests = str(Path(__file__).resolve().parent)
     monkeypatch.syspath_prepend(tests)
@@ -536,9 +660,14 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
         bb.emit_func_output(output)
     limit_s = lazy_setup_backend.SETUP_S / 2
     result = collage_core.optimize(
-        bb.get(), backends=[lazy_setup_backend.BACKEND], cost_db=workspace / "lazy.sqlite",
-        output_dir=workspace / "lazy", settings=MeasureSettings(single_run_s=limit_s), baseline_limit_s=limit_s,
-        calibration_rounds=0, show_progress=False,
+        bb.get(),
+        backends=[lazy_setup_backend.BACKEND],
+        cost_db=workspace / "lazy.sqlite",
+        output_dir=workspace / "lazy",
+        settings=MeasureSettings(single_run_s=limit_s),
+        baseline_limit_s=limit_s,
+        calibration_rounds=0,
+        show_progress=False,
     )
     placement = result.end_to_end[0]
     assert placement.operators_by_backend == {lazy_setup_backend.BACKEND: 1}
@@ -548,16 +677,18 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
 
 
 def test_a_baseline_whose_partitions_add_up_to_ten_times_the_placement_is_not_built():
-    from collage_core.search.baselines import CANNOT_WIN_FACTOR, PREDICTED_PREFIX, predicted_cost
     from collage_core.records import Cost, Partition
+    from collage_core.search.baselines import CANNOT_WIN_FACTOR, PREDICTED_PREFIX, predicted_cost
 
     def part(ms):
         return Partition("tvm", "tvm.op", (0,), "k", Cost.measured(ms / 1e3, 0.0, 5))
 
     op_level = [part(0.4), part(0.6)]
     slow = predicted_cost([part(6.0), part(4.5)], op_level)
-    assert slow.reason == (f"{PREDICTED_PREFIX} its partitions' measured costs add up to 10.500 ms, "
-                           "over 10x the op-level placement's 1.000 ms")
+    assert slow.reason == (
+        f"{PREDICTED_PREFIX} its partitions' measured costs add up to 10.500 ms, "
+        "over 10x the op-level placement's 1.000 ms"
+    )
     assert not slow.is_measured and CANNOT_WIN_FACTOR == 10.0
     assert predicted_cost([part(6.0), part(3.9)], op_level) is None  # may win: built and measured
     region = Partition("onnxruntime", "onnxruntime.region", (1,), "r", Cost.unknown())
@@ -583,16 +714,17 @@ def op_level_costs_from(monkeypatch, cost_of) -> None:
     monkeypatch.setattr(search_stage, "measure", deterministically)
 
 
-def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they_cannot_win(workspace, costs, monkeypatch):
+def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they_cannot_win(
+    workspace, costs, monkeypatch
+):
     """When TVM's partitions add up to far more than the placement with DNNL beside it, neither TVM alone
     nor TVM's unpartitioned build is built, and the report says why. The candidates' costs come from a
     deterministic cost model, never the machine (how slow untuned TVM is against DNNL, and DNNL's own
     costs, move with the machine's load): a TVM convolution costs a second, any other TVM candidate 0.1 ms,
     a DNNL candidate 1 ms."""
-    from collage_core.search.baselines import PREDICTED_PREFIX
-    from collage_core.records import Cost
-
     from collage_core.build import stage as build_stage
+    from collage_core.records import Cost
+    from collage_core.search.baselines import PREDICTED_PREFIX
 
     quick_turns(monkeypatch)
 
@@ -610,8 +742,13 @@ def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they
 
     monkeypatch.setattr(build_stage, "baseline_cost", recorded)
     result = collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm", "dnnl"], cost_db=costs, output_dir=workspace / "predicted",
-        search="op-level", calibration_rounds=0, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm", "dnnl"],
+        cost_db=costs,
+        output_dir=workspace / "predicted",
+        search="op-level",
+        calibration_rounds=0,
+        show_progress=False,
     )
     rows = {e.name: e.cost for e in result.end_to_end}
     for name in ("tvm alone", "unpartitioned relax.build"):
@@ -634,6 +771,7 @@ def alike_in_turns(cost: Cost):
 def forced_turns(fastest: str):
     """A contest in turns whose ``fastest`` entrant ("placement" or "last rival") runs 1 ms and every other
     2 ms: what the contest decides, whatever this machine's load does to the libraries' speeds."""
+
     def time_in_turns(libraries, *args, **kwargs):
         winner = PLACEMENT if fastest == "placement" else list(libraries)[-1]
         return {name: alike_in_turns(Cost.measured(1e-3 if name == winner else 2e-3, 1e-5, 20)) for name in libraries}
@@ -646,8 +784,15 @@ def contest_on_tvm(output_dir, costs, monkeypatch, fastest: str, **options):
     from collage_core.build import stage as build_stage
 
     monkeypatch.setattr(build_stage, "time_in_turns", forced_turns(fastest))
-    return collage_core.optimize(str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=output_dir,
-                                 search="op-level", calibration_rounds=0, **{"show_progress": False, **options})
+    return collage_core.optimize(
+        str(TINY_RESNET),
+        backends=["tvm"],
+        cost_db=costs,
+        output_dir=output_dir,
+        search="op-level",
+        calibration_rounds=0,
+        **{"show_progress": False, **options},
+    )
 
 
 def said(line: str) -> str:
@@ -655,8 +800,10 @@ def said(line: str) -> str:
     return re.sub(r"^\[\d\d:\d\d\] ", "", line)
 
 
-BASELINE_WON = ("unpartitioned relax.build won the contest in turns: 1.000 ms against the searched placement's 2.000 ms, "
-                f"2.00x; the searched placement (found by the op-level search) is saved as {SEARCHED_PLACEMENT_FILE}")
+BASELINE_WON = (
+    "unpartitioned relax.build won the contest in turns: 1.000 ms against the searched placement's 2.000 ms, "
+    f"2.00x; the searched placement (found by the op-level search) is saved as {SEARCHED_PLACEMENT_FILE}"
+)
 
 
 def code_held_still(monkeypatch) -> None:
@@ -676,18 +823,27 @@ def baseline_won(optimized, workspace, costs):
 
 
 def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_and_every_file_says_why(
-        baseline_won, workspace, capsys):
+    baseline_won, workspace, capsys
+):
     out = workspace / "baseline-won"
     headline = baseline_won.end_to_end[0]
-    assert headline == EndToEnd(PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, True, Cost.measured(1e-3, 1e-5, 20), 1.0)
+    assert headline == EndToEnd(
+        PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, True, Cost.measured(1e-3, 1e-5, 20), 1.0
+    )
     assert baseline_won.latency() == headline.cost
     assert [(e.name, e.timed_in_turns) for e in baseline_won.end_to_end[:4]] == [
-        (PLACEMENT, True), (f"{SEARCHED}, {IN_TURNS}", True), (f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", False),
-        (f"{SEARCHED}, {ONE_AFTER_ANOTHER}", False)]
+        (PLACEMENT, True),
+        (f"{SEARCHED}, {IN_TURNS}", True),
+        (f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", False),
+        (f"{SEARCHED}, {ONE_AFTER_ANOTHER}", False),
+    ]
     assert baseline_won.placement.why_chosen == BASELINE_WON
     report = (out / "report.txt").read_text().splitlines()
-    assert report[1:3] == ["latency: 1.000 ms ±0.010 warm, back to back, timed in turns with 1 rival build; "
-                           "1.000 ms ±0.010 after 1.0 s idle", f"why this placement: {BASELINE_WON}"]
+    assert report[1:3] == [
+        "latency: 1.000 ms ±0.010 warm, back to back, timed in turns with 1 rival build; "
+        "1.000 ms ±0.010 after 1.0 s idle",
+        f"why this placement: {BASELINE_WON}",
+    ]
     results = json.loads((out / "results.json").read_text())
     assert results["why_chosen"] == BASELINE_WON and results["replayed_from"] is None
     assert results["end_to_end"][0] == {**headline.to_json(), "noisy": False}
@@ -699,7 +855,8 @@ def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_a
 
 
 def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_directory_measuring_nothing_else(
-        baseline_won, workspace, monkeypatch, capsys):
+    baseline_won, workspace, monkeypatch, capsys
+):
     """A replay builds, verifies and times its placement: no baselines, no contest, and the run whose
     file it replays is left as it was."""
     from collage_core.build import stage as build_stage
@@ -717,19 +874,23 @@ def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_dire
     monkeypatch.setattr(build_stage, "baselines", must_not_run)
     monkeypatch.setattr(build_stage, "contest", must_not_run)
     before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
-    replayed = collage_core.optimize(str(TINY_RESNET), placement=out / SEARCHED_PLACEMENT_FILE, backends=["tvm"],
-                                     output_dir=out / "replay")
+    replayed = collage_core.optimize(
+        str(TINY_RESNET), placement=out / SEARCHED_PLACEMENT_FILE, backends=["tvm"], output_dir=out / "replay"
+    )
     assert {path.name: path.stat().st_mtime_ns for path in out.iterdir() if path.name != "replay"} == before
     assert replayed.placement.partitions == searched.partitions and replayed.verification.passed
     assert [(e.name, e.timed_in_turns) for e in replayed.end_to_end] == [(PLACEMENT, False)]
     assert replayed.placement.why_chosen.startswith(f"replayed from {out / SEARCHED_PLACEMENT_FILE} (the file says why")
-    assert json.loads((out / "replay" / "results.json").read_text())["replayed_from"] == str(out / SEARCHED_PLACEMENT_FILE)
+    assert json.loads((out / "replay" / "results.json").read_text())["replayed_from"] == str(
+        out / SEARCHED_PLACEMENT_FILE
+    )
     assert not (out / "replay" / SEARCHED_PLACEMENT_FILE).exists() and not (out / "replay" / "finished.json").exists()
     assert "overwriting" not in capsys.readouterr().err
 
 
 def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_files_it_overwrites(
-        baseline_won, workspace, tmp_path, monkeypatch, capsys):
+    baseline_won, workspace, tmp_path, monkeypatch, capsys
+):
     import shutil
 
     from collage_core.build import stage as build_stage
@@ -750,12 +911,14 @@ def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_f
     assert main(["optimize", str(TINY_RESNET), "--placement", str(searched), "--backends", "tvm", "-o", str(copy)]) == 0
     err = capsys.readouterr().err
     assert [said(line) for line in err.splitlines() if "overwriting" in line] == [
-        f"overwriting the searched run in {copy} (its placement.json, report.txt, results.json and library)"]
+        f"overwriting the searched run in {copy} (its placement.json, report.txt, results.json and library)"
+    ]
     assert json.loads((copy / "results.json").read_text())["replayed_from"] == str(searched)
 
 
 def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placement_that_wins_leaves_no_stale_file(
-        baseline_won, workspace, costs, tmp_path, monkeypatch, capsys):
+    baseline_won, workspace, costs, tmp_path, monkeypatch, capsys
+):
     """The same command into the same directory reuses the run before; a changed setting or a library
     written again since is named in one line. The searched placement winning this time, the run before's
     searched-placement.json goes."""
@@ -770,15 +933,19 @@ def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placemen
     os.utime(library, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     touched = contest_on_tvm(copy, costs, monkeypatch, "last rival", show_progress=True)
     lines = [said(line) for line in capsys.readouterr().err.splitlines() if "is not reused" in line]
-    assert lines == [f"the run before in {copy} is not reused: its library tiny_resnet.so was written again after it "
-                     "ended (by another run into the same directory?)"]
+    assert lines == [
+        f"the run before in {copy} is not reused: its library tiny_resnet.so was written again after it "
+        "ended (by another run into the same directory?)"
+    ]
     assert touched.placement.why_chosen == BASELINE_WON
 
     placement_won = contest_on_tvm(copy, costs, monkeypatch, "placement", show_progress=True, baseline_limit_s=30.0)
     lines = [said(line) for line in capsys.readouterr().err.splitlines() if "is not reused" in line]
     assert lines == [f"the run before in {copy} is not reused: other settings (baseline_limit_s)"]
-    assert placement_won.placement.why_chosen == ("found by the op-level search; it won the contest in turns: 1.000 ms "
-                                                 "against unpartitioned relax.build's 2.000 ms, 2.00x")
+    assert placement_won.placement.why_chosen == (
+        "found by the op-level search; it won the contest in turns: 1.000 ms "
+        "against unpartitioned relax.build's 2.000 ms, 2.00x"
+    )
     assert placement_won.latency() == Cost.measured(1e-3, 1e-5, 20) and placement_won.searched_placement is None
     assert not (copy / SEARCHED_PLACEMENT_FILE).exists()
     why = placement_won.placement.why_chosen
@@ -787,14 +954,30 @@ def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placemen
     assert f"why this placement: {why}" in (copy / "report.txt").read_text().splitlines()
 
 
-@pytest.mark.parametrize("placement_ms, rival_ms, why", [
-    (0.631, 0.700, "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's "
-                   "0.700 ms, 1.11x"),
-    (0.631, 0.625, "found by the two-level search; kept: in the contest in turns onnxruntime alone ran 0.625 ms against "
-                   "its 0.631 ms, within the 2% a baseline must win by"),
-    (0.631, 0.214, "onnxruntime alone won the contest in turns: 0.214 ms against the searched placement's 0.631 ms, "
-                   f"2.95x; the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}"),
-], ids=["the search won", "the search kept within the margin", "a baseline won"])
+@pytest.mark.parametrize(
+    "placement_ms, rival_ms, why",
+    [
+        (
+            0.631,
+            0.700,
+            "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's "
+            "0.700 ms, 1.11x",
+        ),
+        (
+            0.631,
+            0.625,
+            "found by the two-level search; kept: in the contest in turns onnxruntime alone ran 0.625 ms against "
+            "its 0.631 ms, within the 2% a baseline must win by",
+        ),
+        (
+            0.631,
+            0.214,
+            "onnxruntime alone won the contest in turns: 0.214 ms against the searched placement's 0.631 ms, "
+            f"2.95x; the searched placement (found by the two-level search) is saved as {SEARCHED_PLACEMENT_FILE}",
+        ),
+    ],
+    ids=["the search won", "the search kept within the margin", "a baseline won"],
+)
 def test_why_a_placement_won_the_contest_is_said_with_the_latencies_in_turns(placement_ms, rival_ms, why):
     from collage_core.build.stage import Built, Contest, after_contest, found_by
     from collage_core.records import Partition
@@ -803,15 +986,21 @@ def test_why_a_placement_won_the_contest_is_said_with_the_latencies_in_turns(pla
         return [Partition(backend, f"{backend}.region", (0, 1), backend, Cost.unknown())]
 
     rival = (EndToEnd("onnxruntime alone", Cost.measured(0.4e-3, 1e-6, 5), {"onnxruntime": 2}), parts("onnxruntime"))
-    turns = {PLACEMENT: alike_in_turns(Cost.measured(placement_ms / 1e3, 1e-6, 99)),
-             "onnxruntime alone": alike_in_turns(Cost.measured(rival_ms / 1e3, 1e-6, 99))}
+    turns = {
+        PLACEMENT: alike_in_turns(Cost.measured(placement_ms / 1e3, 1e-6, 99)),
+        "onnxruntime alone": alike_in_turns(Cost.measured(rival_ms / 1e3, 1e-6, 99)),
+    }
     won = rival_ms < placement_ms * (1 - TURNS_MARGIN)
     built = Built(None, [], Cost.measured(0.3e-3, 1e-6, 5))
     contest = Contest(turns, 0, Built(None, [], Cost.measured(0.5e-3, 1e-6, 5))) if won else Contest(turns)
     outcome = after_contest(found_by("two-level"), parts("openvino"), built, [rival], [rival], contest)
     assert outcome.why == why and (outcome.replacement is not None) == won
     headline = outcome.rows[0]
-    assert (headline.name, headline.cost, headline.timed_in_turns) == (PLACEMENT, turns["onnxruntime alone" if won else PLACEMENT].warm, True)
+    assert (headline.name, headline.cost, headline.timed_in_turns) == (
+        PLACEMENT,
+        turns["onnxruntime alone" if won else PLACEMENT].warm,
+        True,
+    )
     assert [row.timed_in_turns for row in outcome.rows] == [True, True, False, False] + [False] * won
 
 
@@ -820,5 +1009,7 @@ def test_where_the_placement_came_from_starts_why_it_was_returned():
 
     assert found_by("op-level") == "found by the op-level search"
     assert found_by("two-level", "p.json", "") == "replayed from p.json"
-    assert found_by("two-level", "p.json", "found by the two-level search") == \
-        "replayed from p.json (the file says why it was chosen: found by the two-level search)"
+    assert (
+        found_by("two-level", "p.json", "found by the two-level search")
+        == "replayed from p.json (the file says why it was chosen: found by the two-level search)"
+    )

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_optimize import op_level_costs_from
 from tvm import relax
 
 import collage_core
@@ -26,7 +27,6 @@ from collage_core.plugins import get_plugin_manager
 from collage_core.records import GRAPH_LEVEL, Cost, Partition
 from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, closest_rivals
 from collage_core.search.calibration import signature
-from test_optimize import op_level_costs_from
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY_RESNET = MODELS / "tiny_resnet.onnx"
@@ -60,7 +60,9 @@ class Raises:
         raise RuntimeError("cannot read this file")
 
 
-def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_which_plugin_broke_the_contract(engines):
+def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_which_plugin_broke_the_contract(
+    engines,
+):
     """The module calls one function, the engine's session lowered from the file's bytes, with the model's
     inputs and outputs; a model without a file gets none, and a plugin that raises or returns a function of
     other inputs and outputs is named in one error."""
@@ -80,10 +82,19 @@ def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_
 
     # A plugin that raises leaves the answer to the others: here none runs files for TVM.
     for plugin, backend, complaint in (
-            (WrongSignature(), "onnxruntime", "backend onnxruntime: collage_lower_whole_model returned a function that does "
-                                              "not take the model's inputs and give its outputs"),
-            (Raises(), "tvm", "backend tvm: running the original model failed: plugin broken: collage_lower_whole_model "
-                              "raised RuntimeError: cannot read this file")):
+        (
+            WrongSignature(),
+            "onnxruntime",
+            "backend onnxruntime: collage_lower_whole_model returned a function that does "
+            "not take the model's inputs and give its outputs",
+        ),
+        (
+            Raises(),
+            "tvm",
+            "backend tvm: running the original model failed: plugin broken: collage_lower_whole_model "
+            "raised RuntimeError: cannot read this file",
+        ),
+    ):
         pm.register(plugin, name="broken")
         try:
             with pytest.raises(original_model.OriginalModelError, match=re.escape(complaint)):
@@ -95,6 +106,7 @@ def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_
 def test_an_engines_own_session_is_another_placement_than_its_conversion_and_always_a_rival():
     """Its one partition holds the same operators as the engine alone over Collage's conversion: the two are
     told apart; and every engine's own session is timed in turns even when the closest baselines are others."""
+
     def parts(backend, pattern="region", seconds=1e-3):
         return [Partition(backend, f"{backend}.{pattern}", (0, 1), "key", Cost.measured(seconds, 0.0, 1))]
 
@@ -105,8 +117,10 @@ def test_an_engines_own_session_is_another_placement_than_its_conversion_and_alw
     assert signature(converted) != signature(own) and original_model.engine_of(own) == "onnxruntime"
     assert original_model.engine_of(converted) is None
     crowd = [row(f"near {i}", 0.1 + 0.001 * i, parts(backend)) for i, backend in enumerate("abcdefg")]
-    sessions = [row("openvino's own session", 0.3, parts("openvino", original_model.ORIGINAL_MODEL)),
-                row(SESSION, 0.2, own)]
+    sessions = [
+        row("openvino's own session", 0.3, parts("openvino", original_model.ORIGINAL_MODEL)),
+        row(SESSION, 0.2, own),
+    ]
     rivals = closest_rivals(crowd + sessions, converted, Cost.measured(0.1, 0.0, 5), MeasureSettings())
     assert [entry.name for entry, _ in rivals] == ["near 0", "near 1", SESSION, "openvino's own session"]
     assert len(rivals) == MAX_RIVALS
@@ -116,12 +130,25 @@ def test_an_engines_own_session_is_another_placement_than_its_conversion_and_alw
 
 
 def placement_json(**changes) -> dict:
-    data = {"format": "collage-placement", "version": 1,
-            "model": {"name": "m", "fingerprint": "f", "operators": ["relax.nn.relu", "relax.add"]},
-            "target": {"kind": "llvm"}, "device": "llvm", "backends": {}, "search": "op-level",
-            "partitions": [{"backend": "onnxruntime", "pattern": "onnxruntime.original_model", "operators": [0, 1],
-                            "key": "onnxruntime.original_model:abc", "cost": Cost.unknown().to_json()}],
-            "original_model": {"engine": "onnxruntime", "format": "onnx", "sha256": "abc"}}
+    data = {
+        "format": "collage-placement",
+        "version": 1,
+        "model": {"name": "m", "fingerprint": "f", "operators": ["relax.nn.relu", "relax.add"]},
+        "target": {"kind": "llvm"},
+        "device": "llvm",
+        "backends": {},
+        "search": "op-level",
+        "partitions": [
+            {
+                "backend": "onnxruntime",
+                "pattern": "onnxruntime.original_model",
+                "operators": [0, 1],
+                "key": "onnxruntime.original_model:abc",
+                "cost": Cost.unknown().to_json(),
+            }
+        ],
+        "original_model": {"engine": "onnxruntime", "format": "onnx", "sha256": "abc"},
+    }
     return {**data, **changes}
 
 
@@ -132,7 +159,9 @@ def test_a_placement_file_says_which_file_an_engines_own_session_runs():
     with pytest.raises(PlacementFileError, match="does not say which file"):
         placement_from_json({k: v for k, v in placement_json().items() if k != "original_model"}, "p.json")
     with pytest.raises(PlacementFileError, match="not that one session"):
-        placement_from_json(placement_json(original_model={"engine": "openvino", "format": "onnx", "sha256": "abc"}), "p.json")
+        placement_from_json(
+            placement_json(original_model={"engine": "openvino", "format": "onnx", "sha256": "abc"}), "p.json"
+        )
 
 
 def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
@@ -140,18 +169,26 @@ def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
 
     said = []
     engine = SimpleNamespace(kind=GRAPH_LEVEL)
-    job = SimpleNamespace(imported=SimpleNamespace(original=None, source="torch", precision="fp32"),
-                          graph=SimpleNamespace(graph=[0, 1]), backends={"onnxruntime": engine}, say=said.append)
+    job = SimpleNamespace(
+        imported=SimpleNamespace(original=None, source="torch", precision="fp32"),
+        graph=SimpleNamespace(graph=[0, 1]),
+        backends={"onnxruntime": engine},
+        say=said.append,
+    )
     assert own_sessions(job, None, None) == []
-    assert said == ["no engine's own session over the original model is a contender: the model is a PyTorch module, "
-                    "not a file they read (export it to ONNX and give Collage the file to have them)"]
+    assert said == [
+        "no engine's own session over the original model is a contender: the model is a PyTorch module, "
+        "not a file they read (export it to ONNX and give Collage the file to have them)"
+    ]
 
 
 def own_session_fastest(libraries, *args, **kwargs):
     """A contest in turns that ONNX Runtime's own session wins, 1 ms against 2 ms, whatever the machine does."""
     from collage_core.measure.in_turns import LibraryTurns
 
-    return {name: LibraryTurns(*[Cost.measured(1e-3 if name == SESSION else 2e-3, 1e-5, 20)] * 2, 1.0) for name in libraries}
+    return {
+        name: LibraryTurns(*[Cost.measured(1e-3 if name == SESSION else 2e-3, 1e-5, 20)] * 2, 1.0) for name in libraries
+    }
 
 
 @pytest.fixture(scope="module")
@@ -164,28 +201,48 @@ def session_won(engines, tmp_path_factory, shared_cost_db):
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(build_stage, "time_in_turns", own_session_fastest)
         op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3, 0.0, 1))
-        result = collage_core.optimize(str(TINY_RESNET), backends=["tvm", "onnxruntime"], cost_db=shared_cost_db,
-                                       output_dir=out, search="op-level", calibration_rounds=0, show_progress=False)
+        result = collage_core.optimize(
+            str(TINY_RESNET),
+            backends=["tvm", "onnxruntime"],
+            cost_db=shared_cost_db,
+            output_dir=out,
+            search="op-level",
+            calibration_rounds=0,
+            show_progress=False,
+        )
     return result, out
 
 
 def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replayed_and_exported(
-        session_won, engines, tmp_path, monkeypatch, capsys):
+    session_won, engines, tmp_path, monkeypatch, capsys
+):
     from collage_core.build import stage as build_stage
     from collage_core.cli import main
     from collage_core.outputs.mlf import load_mlf
 
     result, out = session_won
     digest = result.model.original.digest
-    assert result.placement.partitions == (Partition("onnxruntime", "onnxruntime.original_model", range(45),
-                                                     f"onnxruntime.original_model:{digest}", result.placement.partitions[0].cost),)
+    assert result.placement.partitions == (
+        Partition(
+            "onnxruntime",
+            "onnxruntime.original_model",
+            range(45),
+            f"onnxruntime.original_model:{digest}",
+            result.placement.partitions[0].cost,
+        ),
+    )
     assert result.placement.original_model == {"engine": "onnxruntime", "format": "onnx", "sha256": digest}
-    assert [(e.name, e.timed_in_turns) for e in result.end_to_end[:2]] == [(PLACEMENT, True), (f"{SEARCHED}, {IN_TURNS}", True)]
+    assert [(e.name, e.timed_in_turns) for e in result.end_to_end[:2]] == [
+        (PLACEMENT, True),
+        (f"{SEARCHED}, {IN_TURNS}", True),
+    ]
     assert result.latency() == Cost.measured(1e-3, 1e-5, 20)
     assert any(e.name == SESSION and not e.timed_in_turns and e.cost.is_measured for e in result.end_to_end)
     why = result.placement.why_chosen
-    assert why.startswith(f"{SESSION} won the contest in turns: 1.000 ms against the searched placement's 2.000 ms, 2.00x; "
-                          f"{SESSION} runs the original model file as its users run it")
+    assert why.startswith(
+        f"{SESSION} won the contest in turns: 1.000 ms against the searched placement's 2.000 ms, 2.00x; "
+        f"{SESSION} runs the original model file as its users run it"
+    )
     assert result.verification.passed
     inputs = result.model.random_inputs(seed=6)
     np.testing.assert_allclose(result.run(*inputs)[0], result.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
@@ -200,8 +257,13 @@ def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replay
         raise AssertionError("a replay measures no baselines and times no contest")
 
     monkeypatch.setattr(build_stage, "baselines", must_not_run)
-    replayed = collage_core.optimize(str(TINY_RESNET), placement=out / "placement.json", backends=["tvm", "onnxruntime"],
-                                     output_dir=tmp_path / "replay", show_progress=False)
+    replayed = collage_core.optimize(
+        str(TINY_RESNET),
+        placement=out / "placement.json",
+        backends=["tvm", "onnxruntime"],
+        output_dir=tmp_path / "replay",
+        show_progress=False,
+    )
     assert replayed.placement.partitions == result.placement.partitions and replayed.verification.passed
     assert [(e.name, e.operators_by_backend) for e in replayed.end_to_end] == [(PLACEMENT, {"onnxruntime": 45})]
 
@@ -212,8 +274,13 @@ def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replay
     np.testing.assert_allclose(exported.run(*inputs)[0], result.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
     capsys.readouterr()
 
-    assert main(["optimize", str(TINY_BERT), "--placement", str(out / "placement.json"), "-o", str(tmp_path / "bert")]) != 0
+    assert (
+        main(["optimize", str(TINY_BERT), "--placement", str(out / "placement.json"), "-o", str(tmp_path / "bert")])
+        != 0
+    )
     error = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[")]
-    assert error == [f"collage: error: {out / 'placement.json'}: runs the original model file on {SESSION}, made from a "
-                     f"file of SHA-256 {digest[:12]}..., and this model's is {load_model(TINY_BERT).original.digest[:12]}...: "
-                     "it is another model; optimize this one"]
+    assert error == [
+        f"collage: error: {out / 'placement.json'}: runs the original model file on {SESSION}, made from a "
+        f"file of SHA-256 {digest[:12]}..., and this model's is {load_model(TINY_BERT).original.digest[:12]}...: "
+        "it is another model; optimize this one"
+    ]

@@ -16,6 +16,7 @@ RELU = "collage_test.counted_relu"
 def relu_calling(packed_function: str) -> tvm.IRModule:
     def make(bb, x):
         return relax.call_dps_packed(packed_function, [x], tvm_compat.value_type(x))
+
     return testing.function_module(make, (2, 3))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pluggy
 import pytest
+from plugins_for_tests import fixed_cost_plugin
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
@@ -22,7 +23,6 @@ from collage_core.measure.worker_client import MeasurementWorker
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.plugins import DISABLE_ENV, ENTRY_POINT_GROUP, PluginFailure, get_plugin_manager
 from collage_core.records import OP_LEVEL, Availability, Backend, Cost, Pattern
-from plugins_for_tests import fixed_cost_plugin
 
 TESTS = Path(__file__).resolve().parent
 FIXED_COST_MODULE = fixed_cost_plugin.__name__
@@ -111,7 +111,9 @@ def test_a_plugin_whose_import_fails_is_recorded_and_the_others_load(fake_distri
 @pytest.mark.parametrize(
     "blocked, tvm_loaded", [("fixedcost", True), (FIXED_COST_MODULE, True), (" tvm , fixedcost", False)]
 )
-def test_collage_disable_plugins_blocks_by_entry_point_or_module_name(fake_distributions, monkeypatch, blocked, tvm_loaded):
+def test_collage_disable_plugins_blocks_by_entry_point_or_module_name(
+    fake_distributions, monkeypatch, blocked, tvm_loaded
+):
     fake_distributions(("tvm", "collage_tvm.hooks"), ("fixedcost", FIXED_COST_MODULE))
     monkeypatch.setenv(DISABLE_ENV, blocked)
     pm = get_plugin_manager()
@@ -218,12 +220,16 @@ def test_select_backends_unavailable_name_gives_the_reason(pm):
     class Missing(Provides):
         @hookimpl
         def collage_check_availability(self, backend):
-            return Availability.no("libdnnl not found: apt-get install libdnnl-dev") if backend.name == self.name else None
+            return (
+                Availability.no("libdnnl not found: apt-get install libdnnl-dev") if backend.name == self.name else None
+            )
 
     pm.register(Provides("alpha"), name="alpha_plugin")
     pm.register(Missing("dnnl"), name="dnnl_plugin")
     infos = discover_backends(pm)
-    with pytest.raises(BackendError, match="backend dnnl is not available: libdnnl not found: apt-get install libdnnl-dev"):
+    with pytest.raises(
+        BackendError, match="backend dnnl is not available: libdnnl not found: apt-get install libdnnl-dev"
+    ):
         select_backends(infos, ["dnnl"])
     assert [info.name for info in select_backends(infos)] == ["alpha"]
 
@@ -299,7 +305,9 @@ def test_the_precision_reaches_plugins_that_take_it_and_tf32_patterns_only_at_tf
     pm.register(Tf32Aware(), name="tf32_plugin")
     patterns = contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target(), "tf32")
     assert sorted(pattern.name for pattern in patterns) == ["alpha.dense_tf32", "alpha.op"] and seen == ["tf32"]
-    with pytest.raises(BackendError, match="tf32_plugin contributed the TF32 pattern alpha.dense_tf32 at precision fp32"):
+    with pytest.raises(
+        BackendError, match="tf32_plugin contributed the TF32 pattern alpha.dense_tf32 at precision fp32"
+    ):
         contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target())
 
 

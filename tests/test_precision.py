@@ -11,7 +11,6 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-
 from collage_core.errors import CollageError
 from collage_core.model import dtypes, precision
 from collage_core.model.model_import import load_model
@@ -44,14 +43,22 @@ def tiny_bert():
     return load_model(MODELS / "tiny_bert.onnx")
 
 
-def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_softmax_and_the_interface_float32(tiny_bert):
+def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_softmax_and_the_interface_float32(
+    tiny_bert,
+):
     converted = precision.at_precision(tiny_bert, precision.BF16)
     mod = converted.mod
     assert converted.precision == "bf16" and converted.fingerprint == tiny_bert.fingerprint + "+bf16"
     assert "float16" not in mod.script().replace("bfloat16", "")
     matmuls = calls(mod, "relax.matmul")
-    assert matmuls and all(dtype(m.args[0]) == dtype(m.args[1]) == "bfloat16" and dtype(m) == "float32" for m in matmuls)
-    assert all(dtype(op.args[0]) == "float32" for name in ("relax.nn.softmax", "relax.nn.layer_norm") for op in calls(mod, name))
+    assert matmuls and all(
+        dtype(m.args[0]) == dtype(m.args[1]) == "bfloat16" and dtype(m) == "float32" for m in matmuls
+    )
+    assert all(
+        dtype(op.args[0]) == "float32"
+        for name in ("relax.nn.softmax", "relax.nn.layer_norm")
+        for op in calls(mod, name)
+    )
     assert [dtype(p) for p in mod["main"].params] == [spec.dtype for spec in tiny_bert.inputs]
     assert tvm_compat.tensor_shape_dtype(mod["main"].body.body)[1] == "float32"
     assert precision.at_precision(tiny_bert, precision.FP32) is tiny_bert
@@ -76,9 +83,17 @@ def test_no_cast_of_a_constant_is_left_so_a_spelt_out_gelu_applies_constants_of_
 
 
 # bf16 on every shipped model and fp16 on tiny_bert in the default suite; fp16 on the other two (15 s) with --run-slow.
-@pytest.mark.parametrize("model, name", [
-    ("tiny_bert", "bf16"), ("tiny_gpt2", "bf16"), ("tiny_resnet", "bf16"), ("tiny_bert", "fp16"),
-    pytest.param("tiny_gpt2", "fp16", marks=pytest.mark.slow), pytest.param("tiny_resnet", "fp16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "model, name",
+    [
+        ("tiny_bert", "bf16"),
+        ("tiny_gpt2", "bf16"),
+        ("tiny_resnet", "bf16"),
+        ("tiny_bert", "fp16"),
+        pytest.param("tiny_gpt2", "fp16", marks=pytest.mark.slow),
+        pytest.param("tiny_resnet", "fp16", marks=pytest.mark.slow),
+    ],
+)
 def test_a_converted_model_matches_the_float32_reference_within_its_tolerance_and_no_closer_than_float32(model, name):
     imported = load_model(MODELS / f"{model}.onnx")
     inputs = imported.random_inputs()
@@ -90,24 +105,29 @@ def test_a_converted_model_matches_the_float32_reference_within_its_tolerance_an
         return [tvm_compat.to_numpy(r) for r in (result if not hasattr(result, "numpy") else [result])]
 
     held_to = precision.tolerance(name)
-    low = compare_outputs(outputs(precision.convert(imported.mod, name)), reference, "onnxruntime", held_to.rtol, held_to.atol)
+    low = compare_outputs(
+        outputs(precision.convert(imported.mod, name)), reference, "onnxruntime", held_to.rtol, held_to.atol
+    )
     exact = compare_outputs(outputs(imported.mod), reference, "onnxruntime")
     assert low.passed, low.describe()
     assert exact.passed and low.max_abs_error > exact.max_abs_error  # the conversion did change the arithmetic
 
 
-@pytest.mark.parametrize("name, target, flags, refusal", [
-    ("fp32", CPU, set(), None),
-    ("bf16", CPU, {"avx512f", "amx_bf16"}, None),
-    ("bf16", CPU, {"avx512f", "avx512_bf16"}, None),
-    ("bf16", CPU, {"avx2", "fma"}, "has no fast bf16"),
-    ("fp16", CPU, {"avx512f", "amx_bf16"}, "fp16 on the CPU"),
-    ("tf32", CPU, set(), "tf32 on the CPU"),
-    ("tf32", CUDA, set(), None),
-    ("bf16", CUDA, set(), None),
-    ("fp16", CUDA, set(), None),
-    ("int8", CPU, set(), "unknown precision 'int8'"),
-])
+@pytest.mark.parametrize(
+    "name, target, flags, refusal",
+    [
+        ("fp32", CPU, set(), None),
+        ("bf16", CPU, {"avx512f", "amx_bf16"}, None),
+        ("bf16", CPU, {"avx512f", "avx512_bf16"}, None),
+        ("bf16", CPU, {"avx2", "fma"}, "has no fast bf16"),
+        ("fp16", CPU, {"avx512f", "amx_bf16"}, "fp16 on the CPU"),
+        ("tf32", CPU, set(), "tf32 on the CPU"),
+        ("tf32", CUDA, set(), None),
+        ("bf16", CUDA, set(), None),
+        ("fp16", CUDA, set(), None),
+        ("int8", CPU, set(), "unknown precision 'int8'"),
+    ],
+)
 def test_a_precision_the_target_cannot_run_fast_is_refused_in_one_line(monkeypatch, name, target, flags, refusal):
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
     target = tvm.target.Target(target)
@@ -126,8 +146,14 @@ def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monke
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
     model = MODELS / "tiny_bert.onnx"
     out = tmp_path / "out"
-    kwargs = dict(backends=["tvm"], search="op-level", cost_db=tmp_path / "costs.sqlite", compare_backends=False,
-                  show_progress=False, calibration_rounds=0)
+    kwargs = dict(
+        backends=["tvm"],
+        search="op-level",
+        cost_db=tmp_path / "costs.sqlite",
+        compare_backends=False,
+        show_progress=False,
+        calibration_rounds=0,
+    )
     result = optimize(model, precision="bf16", output_dir=out, **kwargs)
     assert result.placement.precision == "bf16" and result.model.fingerprint.endswith("+bf16")
     assert result.verification.passed and (result.verification.rtol, result.verification.atol) == (0.05, 0.005)
@@ -146,11 +172,12 @@ def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monke
 
 def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(tmp_path):
     from collage_core.outputs.placement_file import Placement
-
     from collage_core.records import Cost, Partition
 
     whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
-    path = Placement("m", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole]).save(tmp_path / "p.json")
+    path = Placement("m", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole]).save(
+        tmp_path / "p.json"
+    )
     data = json.loads(path.read_text())
     assert data["precision"] == "fp32"
     data["precision"] = "fp8"
@@ -165,8 +192,20 @@ def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(t
 def test_inspect_at_bf16_shows_which_backends_refuse_bfloat16_and_why(capsys):
     from collage_core import cli
 
-    assert cli.main(["inspect", str(MODELS / "tiny_bert.onnx"), "--precision", "bf16", "--backends", "onnxruntime",
-                     "--no-relax"]) == 0
+    assert (
+        cli.main(
+            [
+                "inspect",
+                str(MODELS / "tiny_bert.onnx"),
+                "--precision",
+                "bf16",
+                "--backends",
+                "onnxruntime",
+                "--no-relax",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "onnxruntime.matmul x8" in text and "bfloat16" in text
     with pytest.raises(SystemExit):

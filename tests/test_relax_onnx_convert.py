@@ -14,8 +14,21 @@ import pytest
 from collage_core import tvm_compat
 from collage_core.relax_onnx import converter, support
 from collage_core.relax_onnx.operator_cases import (
-    CASES, F, NCHW, REFUSED, ROWS, RTOL, ATOL, WEIGHT, R, assert_same, const, function, pool_configurations,
-    random_input, run_tvm,
+    ATOL,
+    CASES,
+    NCHW,
+    REFUSED,
+    ROWS,
+    RTOL,
+    WEIGHT,
+    F,
+    R,
+    assert_same,
+    const,
+    function,
+    pool_configurations,
+    random_input,
+    run_tvm,
 )
 
 
@@ -90,15 +103,19 @@ def test_unsupported_call_is_refused_and_not_converted(make, specs, reason):
 
 
 def _nodes(make, *specs):
-    return [(node.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
-            for node in converter.convert(function(make, *specs)).graph.node if node.op_type != "Identity"]
+    return [
+        (node.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+        for node in converter.convert(function(make, *specs)).graph.node
+        if node.op_type != "Identity"
+    ]
 
 
 def test_ceil_mode_reaches_onnx_as_end_padding_and_count_include_pad_as_a_pad():
     # Runtimes disagree on ceil mode's last window and on what it counts; floor mode over explicit zeros does not.
     (pad, _), (pool, attributes) = _nodes(
         lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True),
-        ((1, 4, 9, 10), F))
+        ((1, 4, 9, 10), F),
+    )
     assert (pad, pool) == ("Pad", "AveragePool")
     assert attributes["ceil_mode"] == 0 and attributes["count_include_pad"] == 0
     assert attributes["pads"] == [0, 0, 0, 0]  # the windows reach no further than the padding (9 + 1 + 1 rows)
@@ -106,13 +123,20 @@ def test_ceil_mode_reaches_onnx_as_end_padding_and_count_include_pad_as_a_pad():
 
 def test_a_window_over_the_whole_input_is_a_global_pooling():
     # OpenVINO refuses an AveragePool wider than its input (EfficientNet's pooler).
-    assert _nodes(lambda x: R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),
-                  ((1, 4, 9, 10), F)) == [("GlobalAveragePool", {})]
+    assert _nodes(
+        lambda x: R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True), ((1, 4, 9, 10), F)
+    ) == [("GlobalAveragePool", {})]
 
 
 def test_nearest_resize_rounding_halves_to_even_is_taken_where_no_coordinate_is_a_half():
-    ((op, attributes),) = _nodes(lambda x: R.image.resize2d(x, (4, 3), method="nearest_neighbor",
-                                                           coordinate_transformation_mode="align_corners"),
-                                 ((1, 3, 7, 5), F))
+    ((op, attributes),) = _nodes(
+        lambda x: R.image.resize2d(
+            x, (4, 3), method="nearest_neighbor", coordinate_transformation_mode="align_corners"
+        ),
+        ((1, 3, 7, 5), F),
+    )
     assert (op, attributes["nearest_mode"], attributes["coordinate_transformation_mode"]) == (
-        "Resize", b"round_prefer_floor", b"align_corners")
+        "Resize",
+        b"round_prefer_floor",
+        b"align_corners",
+    )

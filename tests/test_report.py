@@ -13,7 +13,7 @@ from collage_core.records import Cost
 
 def _row(text: str, name: str) -> list[str]:
     line = next(line for line in text.splitlines() if line.startswith(name + "  "))
-    return line[len(name):].split()
+    return line[len(name) :].split()
 
 
 def _sections(text: str) -> tuple[str, str]:
@@ -24,14 +24,33 @@ def _sections(text: str) -> tuple[str, str]:
 
 
 def _placement(**fields) -> SimpleNamespace:
-    return SimpleNamespace(**{"partitions": [], "model_name": "m", "operators": [0] * 415, "device": "cuda:sm_90a",
-                              "search": "op-level", "ran_on": "", "precision": "fp32", "why_chosen": "", **fields})
+    return SimpleNamespace(
+        **{
+            "partitions": [],
+            "model_name": "m",
+            "operators": [0] * 415,
+            "device": "cuda:sm_90a",
+            "search": "op-level",
+            "ran_on": "",
+            "precision": "fp32",
+            "why_chosen": "",
+            **fields,
+        }
+    )
 
 
 def _report(entries, **placement_fields) -> str:
-    return render_report(SimpleNamespace(placement=_placement(**placement_fields), end_to_end=entries, measurement=None,
-                                         two_level=None, verification=None, phases_s={},
-                                         threads=ThreadSettings.machine_defaults()))
+    return render_report(
+        SimpleNamespace(
+            placement=_placement(**placement_fields),
+            end_to_end=entries,
+            measurement=None,
+            two_level=None,
+            verification=None,
+            phases_s={},
+            threads=ThreadSettings.machine_defaults(),
+        )
+    )
 
 
 def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_itself():
@@ -78,13 +97,21 @@ def test_rows_timed_in_turns_give_their_latency_after_a_pause_beside_the_warm_on
     mix, alone = {"dnnl": 30, "tvm": 15}, {"openvino": 45}
     contest = [
         EndToEnd("placement", Cost.measured(0.214e-3, 1e-6, 99), alone, True, Cost.measured(0.412e-3, 2e-6, 9), 1.26),
-        EndToEnd("searched placement, timed in turns", Cost.measured(0.631e-3, 1e-6, 99), mix, True,
-                 Cost.measured(0.640e-3, 1e-6, 9), 1.31),
+        EndToEnd(
+            "searched placement, timed in turns",
+            Cost.measured(0.631e-3, 1e-6, 99),
+            mix,
+            True,
+            Cost.measured(0.640e-3, 1e-6, 9),
+            1.31,
+        ),
         EndToEnd("placement, one after another", Cost.measured(0.964e-3, 1e-6, 5), alone),
     ]
     text = _report(contest)
-    assert text.splitlines()[1] == ("latency: 0.214 ms ±0.001 warm, back to back, timed in turns with 1 rival build; "
-                                    "0.412 ms ±0.002 after 1.3 s idle")
+    assert text.splitlines()[1] == (
+        "latency: 0.214 ms ±0.001 warm, back to back, timed in turns with 1 rival build; "
+        "0.412 ms ±0.002 after 1.3 s idle"
+    )
     in_turns, one_after_another = _sections(text)
     assert _row(in_turns, "placement")[:9] == ["0.214", "ms", "±0.001", "0.412", "ms", "±0.002", "after", "1.3", "s"]
     assert _row(in_turns, "searched placement")[10] == "2.949"  # against the warm latencies only
@@ -93,10 +120,12 @@ def test_rows_timed_in_turns_give_their_latency_after_a_pause_beside_the_warm_on
 
 
 def test_no_spread_over_half_the_median_is_printed_as_a_bare_plus_minus():
-    rows = [EndToEnd("placement", Cost.measured(0.631e-3, 3.050e-3, 5), {"tvm": 1}),
-            EndToEnd("tvm alone", Cost.measured(8.815e-3, 23.123e-3, 5), {"dnnl": 1}),
-            EndToEnd("dnnl alone", Cost.measured(10e-3, 5.1e-3, 5), {"onnxruntime": 1}),
-            EndToEnd("onnxruntime alone", Cost.measured(10e-3, 4.9e-3, 5), {"openvino": 1})]
+    rows = [
+        EndToEnd("placement", Cost.measured(0.631e-3, 3.050e-3, 5), {"tvm": 1}),
+        EndToEnd("tvm alone", Cost.measured(8.815e-3, 23.123e-3, 5), {"dnnl": 1}),
+        EndToEnd("dnnl alone", Cost.measured(10e-3, 5.1e-3, 5), {"onnxruntime": 1}),
+        EndToEnd("onnxruntime alone", Cost.measured(10e-3, 4.9e-3, 5), {"openvino": 1}),
+    ]
     text = _report(rows)
     for median, spread in re.findall(r"([\d.]+) ms ±([\d.]+)", text):
         assert float(spread) <= float(median) / 2, (median, spread)
@@ -124,14 +153,20 @@ def test_the_report_gives_what_cuda_graphs_gained_when_the_placement_was_measure
 
 
 def test_the_report_says_how_much_of_the_measured_latency_the_partitions_costs_explain():
-    parts = [SimpleNamespace(backend="dnnl", nodes=(0, 1), cost=Cost.measured(60e-6, 1e-6, 5)),
-             SimpleNamespace(backend="tvm", nodes=(2,), cost=Cost.measured(35e-6, 1e-6, 5))]
-    entries = [EndToEnd("placement", Cost.measured(90e-6, 1e-6, 99), {"dnnl": 2, "tvm": 1}, timed_in_turns=True),
-               EndToEnd("placement, one after another", Cost.measured(98e-6, 1e-6, 5), {"dnnl": 2, "tvm": 1})]
+    parts = [
+        SimpleNamespace(backend="dnnl", nodes=(0, 1), cost=Cost.measured(60e-6, 1e-6, 5)),
+        SimpleNamespace(backend="tvm", nodes=(2,), cost=Cost.measured(35e-6, 1e-6, 5)),
+    ]
+    entries = [
+        EndToEnd("placement", Cost.measured(90e-6, 1e-6, 99), {"dnnl": 2, "tvm": 1}, timed_in_turns=True),
+        EndToEnd("placement, one after another", Cost.measured(98e-6, 1e-6, 5), {"dnnl": 2, "tvm": 1}),
+    ]
     text = _report(entries, partitions=parts, operators=[0] * 3, device="llvm:znver3")
     # The partitions were measured one after another: so is the end-to-end latency they are held against.
-    assert ("the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end one after another, "
-            "as they were (97% of it)") in text
+    assert (
+        "the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end one after another, "
+        "as they were (97% of it)"
+    ) in text
     assert _row(text, "dnnl")[2:4] == ["0.060", "ms"] and _row(text, "tvm")[4] == "36.8%"
 
 
@@ -143,20 +178,36 @@ def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches
 
     model = SimpleNamespace(mod=function_module(lambda bb, a, b: relax.op.matmul(a, b), (1024, 2048), (2048, 4096)))
     mix = {"cublas": 1}
-    entries = [EndToEnd("placement", Cost.measured(1.0e-3, 1e-6, 99), mix, timed_in_turns=True),
-               EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-6, 99), {"tvm": 1}, timed_in_turns=True)]
+    entries = [
+        EndToEnd("placement", Cost.measured(1.0e-3, 1e-6, 99), mix, timed_in_turns=True),
+        EndToEnd("tvm alone, timed in turns", Cost.measured(4.0e-3, 1e-6, 99), {"tvm": 1}, timed_in_turns=True),
+    ]
     h200 = "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"
 
     def report(**placement_fields):
-        return render_report(SimpleNamespace(placement=_placement(**placement_fields), end_to_end=entries, measurement=None,
-                                             two_level=None, verification=None, phases_s={}, model=model,
-                                             accuracy=None, threads=ThreadSettings.machine_defaults()))
+        return render_report(
+            SimpleNamespace(
+                placement=_placement(**placement_fields),
+                end_to_end=entries,
+                measurement=None,
+                two_level=None,
+                verification=None,
+                phases_s={},
+                model=model,
+                accuracy=None,
+                threads=ThreadSettings.machine_defaults(),
+            )
+        )
 
     # 2 x 1024 x 2048 x 4096 = 17.2 GFLOP in 1 ms: 17.18 TFLOP/s, 25.6% of 67, 1.7% of bf16's dense 989.5.
     line = report(device=h200).splitlines()[2]
-    assert line.startswith("17.2 GFLOP per run (") and "): 17.18 TFLOP/s, 25.6% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak (NVIDIA H200" in line
-    assert "1.7% of the H200's 989.5 TFLOP/s bf16 dense tensor-core peak" in report(device=h200, precision="bf16",
-                                                                                    sixteen_bit_operators=())
+    assert (
+        line.startswith("17.2 GFLOP per run (")
+        and "): 17.18 TFLOP/s, 25.6% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak (NVIDIA H200" in line
+    )
+    assert "1.7% of the H200's 989.5 TFLOP/s bf16 dense tensor-core peak" in report(
+        device=h200, precision="bf16", sixteen_bit_operators=()
+    )
     # Replayed on another GPU: the latency is that GPU's, and so is the peak.
     replayed = report(device=h200, ran_on="cuda:sm_90a (NVIDIA H100 80GB HBM3, compute capability 9.0, CUDA 13.0)")
     assert "25.6% of the H100 SXM's 67 TFLOP/s" in replayed
@@ -168,10 +219,21 @@ def test_thread_settings_other_than_the_machine_defaults_are_named():
     entries = [EndToEnd("placement", Cost.measured(2.0e-3, 1e-4, 99), {"tvm": 1}, timed_in_turns=True)]
 
     def report(threads):
-        return render_report(SimpleNamespace(placement=_placement(), end_to_end=entries, measurement=None, two_level=None,
-                                             verification=None, phases_s={}, threads=threads))
+        return render_report(
+            SimpleNamespace(
+                placement=_placement(),
+                end_to_end=entries,
+                measurement=None,
+                two_level=None,
+                verification=None,
+                phases_s={},
+                threads=threads,
+            )
+        )
 
     assert "threads:" not in report(ThreadSettings.machine_defaults())
     fewer = ThreadSettings(tvm=ThreadSettings.machine_defaults().tvm + 1, backends=1)
-    assert (f"threads: {fewer.tvm} in TVM's pool, 1 in each backend's pool, idle threads waiting by "
-            f"OMP_WAIT_POLICY=PASSIVE (not this machine's defaults)") in report(fewer)
+    assert (
+        f"threads: {fewer.tvm} in TVM's pool, 1 in each backend's pool, idle threads waiting by "
+        f"OMP_WAIT_POLICY=PASSIVE (not this machine's defaults)"
+    ) in report(fewer)

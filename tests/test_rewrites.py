@@ -35,10 +35,17 @@ def op_names(mod) -> list[str]:
 
 # A pooling whose one window covers its input, (input shape, attributes): ceil mode makes the one window in each.
 WHOLE_WINDOW_POOLS = [
-    ("efficientnet_pooler", (1, 8, 7, 7), dict(op="avg", pool_size=20, strides=20, ceil_mode=True, count_include_pad=True)),
+    (
+        "efficientnet_pooler",
+        (1, 8, 7, 7),
+        dict(op="avg", pool_size=20, strides=20, ceil_mode=True, count_include_pad=True),
+    ),
     ("exclude_pad_padded", (1, 3, 5, 6), dict(op="avg", pool_size=7, strides=7, padding=(1, 1, 2, 0), ceil_mode=True)),
-    ("include_pad_padded", (1, 3, 5, 6), dict(op="avg", pool_size=7, strides=7, padding=(1, 1, 2, 0), ceil_mode=True,
-                                              count_include_pad=True)),
+    (
+        "include_pad_padded",
+        (1, 3, 5, 6),
+        dict(op="avg", pool_size=7, strides=7, padding=(1, 1, 2, 0), ceil_mode=True, count_include_pad=True),
+    ),
     ("kernel_as_input", (2, 4, 5, 6), dict(op="avg", pool_size=(5, 6))),
     ("max_ceil", (1, 3, 5, 6), dict(op="max", pool_size=8, strides=3, padding=(1, 0, 0, 0), ceil_mode=True)),
     ("nhwc", (1, 5, 6, 3), dict(op="avg", pool_size=9, strides=9, ceil_mode=True, layout="NHWC")),
@@ -51,24 +58,32 @@ def pooling(attributes):
     return lambda bb, x: op(x, **attributes)
 
 
-@pytest.mark.parametrize("shape, attributes", [case[1:] for case in WHOLE_WINDOW_POOLS],
-                         ids=[case[0] for case in WHOLE_WINDOW_POOLS])
+@pytest.mark.parametrize(
+    "shape, attributes", [case[1:] for case in WHOLE_WINDOW_POOLS], ids=[case[0] for case in WHOLE_WINDOW_POOLS]
+)
 def test_whole_window_pooling_becomes_global_with_the_same_numbers(shape, attributes):
     mod = module(pooling(attributes), (shape, F))
     rewritten = rewrites.global_pooling(mod)
     names = op_names(rewritten)
     assert not {"relax.nn.avg_pool2d", "relax.nn.max_pool2d"} & set(names)
-    assert names[0] == {"avg": "relax.mean", "max": "relax.max"}[attributes["op"]] or names == ["relax.sum", "relax.divide"]
+    assert names[0] == {"avg": "relax.mean", "max": "relax.max"}[attributes["op"]] or names == [
+        "relax.sum",
+        "relax.divide",
+    ]
     data = random_input(shape, F, RNG)
     assert_same(run(rewritten, [data]), run(mod, [data]))
     assert all(support.supports(call) for call in calls(rewritten))
 
 
-@pytest.mark.parametrize("attributes", [
-    dict(op="avg", pool_size=3, strides=2, ceil_mode=True),  # several windows
-    dict(op="avg", pool_size=7, padding=(2, 0, 0, 0), ceil_mode=True),  # the padding shifts the window off the end
-    dict(op="max", pool_size=3, dilation=3),  # a dilated window skips rows
-], ids=["several_windows", "window_off_the_end", "dilated"])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        dict(op="avg", pool_size=3, strides=2, ceil_mode=True),  # several windows
+        dict(op="avg", pool_size=7, padding=(2, 0, 0, 0), ceil_mode=True),  # the padding shifts the window off the end
+        dict(op="max", pool_size=3, dilation=3),  # a dilated window skips rows
+    ],
+    ids=["several_windows", "window_off_the_end", "dilated"],
+)
 def test_pooling_that_is_not_global_stays(attributes):
     mod = module(pooling(attributes), ((1, 2, 7, 7), F))
     assert tvm_compat.structural_equal(rewrites.global_pooling(mod), mod)
@@ -87,7 +102,9 @@ IMPORTER_PADS = [
 ]
 
 
-@pytest.mark.parametrize("make, expected", [case[1:] for case in IMPORTER_PADS], ids=[case[0] for case in IMPORTER_PADS])
+@pytest.mark.parametrize(
+    "make, expected", [case[1:] for case in IMPORTER_PADS], ids=[case[0] for case in IMPORTER_PADS]
+)
 def test_importer_pad_kernels_become_nn_pad_with_the_same_numbers(make, expected):
     shape = (1, 3, 5, 6)
     mod = module(make, (shape, F))
@@ -114,14 +131,20 @@ def test_an_onnx_model_with_same_padding_and_a_ceil_mode_pooler_converts_whole()
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
         helper.make_node("Pad", ["c", "pads"], ["p"], mode="constant"),
-        helper.make_node("AveragePool", ["p"], ["y"], kernel_shape=[16, 16], strides=[16, 16], ceil_mode=1,
-                         count_include_pad=1),
+        helper.make_node(
+            "AveragePool", ["p"], ["y"], kernel_shape=[16, 16], strides=[16, 16], ceil_mode=1, count_include_pad=1
+        ),
     ]
     graph = helper.make_graph(
-        nodes, "same_padding", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 9, 10])],
+        nodes,
+        "same_padding",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 9, 10])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 1, 1])],
-        initializer=[onnx.numpy_helper.from_array(weight, "w"),
-                     onnx.numpy_helper.from_array(np.array([0, 0, 0, 1, 0, 0, 1, 0], "int64"), "pads")])
+        initializer=[
+            onnx.numpy_helper.from_array(weight, "w"),
+            onnx.numpy_helper.from_array(np.array([0, 0, 0, 1, 0, 0, 1, 0], "int64"), "pads"),
+        ],
+    )
     mod = tvm_compat.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert op_names(mod).count("relax.call_tir") == 2
     rewritten = rewrites.for_backends(mod)

@@ -106,7 +106,18 @@ DIAMOND_CANDIDATES = singletons(DIAMOND) + [
 
 # One input, three branches of two operators, a concatenation, then two separate outputs.
 THREE_BRANCHES = OpGraph(
-    ops=["nn.relu", "nn.conv2d", "nn.relu", "nn.conv2d", "nn.relu", "nn.max_pool2d", "nn.relu", "concat", "sum", "mean"],
+    ops=[
+        "nn.relu",
+        "nn.conv2d",
+        "nn.relu",
+        "nn.conv2d",
+        "nn.relu",
+        "nn.max_pool2d",
+        "nn.relu",
+        "concat",
+        "sum",
+        "mean",
+    ],
     preds=[set(), {0}, {1}, {0}, {3}, {0}, {5}, {2, 4, 6}, {7}, {7}],
 )
 THREE_BRANCHES_CANDIDATES = singletons(THREE_BRANCHES) + [
@@ -278,8 +289,6 @@ def test_brute_force_sees_every_exact_cover():
     # The reference itself: on a 3-operator chain with every subset as a candidate, the exact
     # covers are the set partitions of {0, 1, 2}: Bell(3) = 5.
     chain = OpGraph(ops=["a", "b", "c"], preds=[set(), {0}, {1}])
-    every_group = [
-        candidate("any", *group) for size in (1, 2, 3) for group in itertools.combinations(range(3), size)
-    ]
+    every_group = [candidate("any", *group) for size in (1, 2, 3) for group in itertools.combinations(range(3), size)]
     assert len(list(exact_covers(3, every_group))) == 5
     assert sum(can_run_in_some_order(chain, cover) for cover in exact_covers(3, every_group)) == 4

@@ -20,7 +20,9 @@ from collage_core.records import Cost, Partition
 
 TINY_RESNET = Path(__file__).resolve().parents[1] / "models" / "tiny_resnet.onnx"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed: apt-get install graphviz")
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz's dot is not installed: apt-get install graphviz"
+)
 
 
 def ms(value: float) -> Cost:
@@ -33,8 +35,15 @@ def part(backend: str, pattern: str, nodes, cost: Cost) -> Partition:
 
 def hand_built(partitions, considered, operators, inputs_of) -> Placement:
     return Placement(
-        model_name="hand_built", model_fingerprint="0", operators=operators, target={"kind": "llvm"}, device="cpu",
-        backends={"dnnl": {}, "tvm": {}}, search="op-level", partitions=partitions, inputs_of=inputs_of,
+        model_name="hand_built",
+        model_fingerprint="0",
+        operators=operators,
+        target={"kind": "llvm"},
+        device="cpu",
+        backends={"dnnl": {}, "tvm": {}},
+        search="op-level",
+        partitions=partitions,
+        inputs_of=inputs_of,
         considered=considered,
     )
 
@@ -70,8 +79,14 @@ def optimized(tmp_path_factory, shared_cost_db) -> Path:
     """A real placement of the shipped ResNet on TVM, saved as ``collage optimize`` saves it."""
     workspace = tmp_path_factory.mktemp("show")
     collage_core.optimize(
-        str(TINY_RESNET), backends=["tvm"], cost_db=shared_cost_db, output_dir=workspace / "out",
-        compare_backends=False, calibration_rounds=0, verify=False, show_progress=False,
+        str(TINY_RESNET),
+        backends=["tvm"],
+        cost_db=shared_cost_db,
+        output_dir=workspace / "out",
+        compare_backends=False,
+        calibration_rounds=0,
+        verify=False,
+        show_progress=False,
     )
     return workspace / "out" / "placement.json"
 
@@ -99,13 +114,17 @@ def test_dot_has_one_node_per_operator_a_cluster_per_group_and_the_data_edges(op
     groups = [p for p in placement.partitions if len(p.nodes) > 1]
     assert groups and len(re.findall(r"subgraph cluster_\d+ \{", dot)) == len(groups)
     edges = re.findall(r"^\s*op(\d+) -> op(\d+);", dot, re.MULTILINE)
-    assert sorted((int(b), int(a)) for a, b in edges) == sorted((n, p) for n, ps in enumerate(placement.inputs_of) for p in ps)
+    assert sorted((int(b), int(a)) for a, b in edges) == sorted(
+        (n, p) for n, ps in enumerate(placement.inputs_of) for p in ps
+    )
     assert "rankdir=TB" in dot and "newrank=true" in dot and "legend" in dot
 
 
 def test_costliest_partitions_are_outlined_in_red(small):
     dot = placement_dot(small)
-    assert re.search(rf'label="top 1: dnnl dnnl.conv2d_bias_relu\\n0.500 ms \(58.8%\)".*color="{HIGHLIGHT}".*penwidth=3', dot)
+    assert re.search(
+        rf'label="top 1: dnnl dnnl.conv2d_bias_relu\\n0.500 ms \(58.8%\)".*color="{HIGHLIGHT}".*penwidth=3', dot
+    )
     assert re.search(rf'op3 \[label="3 conv2d\\ntop 2: 0.300 ms".*color="{HIGHLIGHT}".*penwidth=3', dot)
     assert 'label="top 3: tvm tvm.add_relu' in dot
 
@@ -113,7 +132,9 @@ def test_costliest_partitions_are_outlined_in_red(small):
 def test_top_five_and_any_partition_over_five_percent_are_highlighted():
     costs = [10, 9, 8, 7, 6, 5, 4, 1]  # 5 and 4 of 50 are over 5%, 1 is not
     chain = tuple(part("tvm", "tvm.op", (n,), ms(c)) for n, c in enumerate(costs))
-    dot = placement_dot(hand_built(chain, chain, ["relax.nn.relu"] * len(costs), [()] + [(n,) for n in range(len(costs) - 1)]))
+    dot = placement_dot(
+        hand_built(chain, chain, ["relax.nn.relu"] * len(costs), [()] + [(n,) for n in range(len(costs) - 1)])
+    )
     assert [int(rank) for rank in re.findall(r"top (\d+): ", dot)] == list(range(1, 8))
     assert 'op7 [label="7 relu", fillcolor' in dot
     assert "the 7 costliest partitions" in dot
@@ -126,13 +147,19 @@ def test_explanation_lists_the_chosen_candidate_and_its_competitors_with_costs(s
     assert "operators: 0 conv2d, 1 add, 2 relu" in first
     chosen_rows = [line for line in first.splitlines() if line.split()[:1] == ["chosen"]]
     assert len(chosen_rows) == 1 and "dnnl.conv2d_bias_relu" in chosen_rows[0]
-    for pattern, cost in [("dnnl.conv2d_bias_relu", "0.500 ms"), ("tvm.conv2d_bias_relu", "2.000 ms"), ("tvm.relu_conv2d", "0.290 ms")]:
+    for pattern, cost in [
+        ("dnnl.conv2d_bias_relu", "0.500 ms"),
+        ("tvm.conv2d_bias_relu", "2.000 ms"),
+        ("tvm.relu_conv2d", "0.290 ms"),
+    ]:
         assert re.search(rf"{re.escape(pattern)}\s+[\d, -]+\s+{cost}", first), pattern
     assert "invalid" not in first  # the invalid candidate does not touch operators 0-2
     assert re.search(r"onnxruntime\.region\s+0-5\s+measured end to end only", first)
     assert "why: cheapest cover of these operators: 0.500 ms vs tvm.op + tvm.op + tvm.op 0.650 ms" in first
-    assert "cheaper candidates reach into other partitions; the search minimises the whole placement: " \
+    assert (
+        "cheaper candidates reach into other partitions; the search minimises the whole placement: "
         "tvm.relu_conv2d 0.290 ms (2-3)" in first
+    )
 
     second = block_of(explanation, 2)
     assert re.search(r"dnnl\.conv2d_add_relu\s+3-5\s+invalid: no sum post-op for this layout$", second, re.MULTILINE)
@@ -159,22 +186,30 @@ def test_graph_level_region_is_drawn_and_explained_as_measured_end_to_end_only(s
     assert "why: a graph-level region, measured end to end only" in explanation
 
 
-WON_CONTEST = ("onnxruntime alone won the contest in turns: 0.214 ms against the searched placement's 0.631 ms, "
-               "2.95x; the searched placement (found by the two-level search) is saved as searched-placement.json")
+WON_CONTEST = (
+    "onnxruntime alone won the contest in turns: 0.214 ms against the searched placement's 0.631 ms, "
+    "2.95x; the searched placement (found by the two-level search) is saved as searched-placement.json"
+)
 
 
-@pytest.mark.parametrize("why_chosen", [
-    "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's 0.700 ms, 1.11x",
-    "found by the op-level search; not compared with baselines",
-    WON_CONTEST,
-], ids=["two-level search", "op-level search", "a baseline won the contest"])
+@pytest.mark.parametrize(
+    "why_chosen",
+    [
+        "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's 0.700 ms, 1.11x",
+        "found by the op-level search; not compared with baselines",
+        WON_CONTEST,
+    ],
+    ids=["two-level search", "op-level search", "a baseline won the contest"],
+)
 def test_show_says_why_the_placement_was_chosen_as_its_file_says(small, tmp_path, capsys, why_chosen):
     saved = attrs.evolve(small, why_chosen=why_chosen).save(tmp_path / "placement.json")
     assert load_placement(saved).why_chosen == why_chosen
     assert main(["show", str(saved)]) == 0
     summary = blocks_of(capsys.readouterr().out)[0].splitlines()
-    assert summary[:2] == ["hand_built: 6 operators in 3 partitions, op-level search on cpu",
-                           f"why this placement: {why_chosen}"]
+    assert summary[:2] == [
+        "hand_built: 6 operators in 3 partitions, op-level search on cpu",
+        f"why this placement: {why_chosen}",
+    ]
     title = re.search(r'graph \[.*label="([^"]*)"\];', placement_dot(load_placement(saved))).group(1)
     assert " ".join(title.split("\\n")[1:]) == f"why this placement: {why_chosen}"
 
@@ -184,8 +219,10 @@ def test_a_region_of_a_baseline_that_won_the_contest_is_not_said_to_be_kept_by_t
     won = attrs.evolve(small, partitions=(region,), search="two-level", why_chosen=WON_CONTEST)
     explanation = explain(won)
     assert "two-level search kept it" not in explanation
-    assert ("why: a graph-level region, measured end to end only: it came with the whole placement (see why this "
-            "placement, above)") in explanation
+    assert (
+        "why: a graph-level region, measured end to end only: it came with the whole placement (see why this "
+        "placement, above)"
+    ) in explanation
     assert "the two-level search kept it" in explain(attrs.evolve(won, why_chosen=""))  # a file that does not say
 
 
@@ -201,7 +238,9 @@ def test_explanation_of_a_real_placement_covers_every_partition(optimized):
 
 
 def test_placement_written_without_the_graph_is_refused(small):
-    with pytest.raises(PlacementFileError, match="placement: written without the operator graph .* re-run collage optimize"):
+    with pytest.raises(
+        PlacementFileError, match="placement: written without the operator graph .* re-run collage optimize"
+    ):
         placement_dot(attrs.evolve(small, inputs_of=()))
 
 

@@ -24,8 +24,13 @@ from collage_core.records import Backend, Cost
 TESTS = Path(__file__).resolve().parent
 
 
-THREAD_VARIABLES = (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS", *threads.WAIT_SETTINGS,
-                    *threads.OTHER_WAIT_VARIABLES)
+THREAD_VARIABLES = (
+    ENVIRONMENT_VARIABLE,
+    "TVM_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    *threads.WAIT_SETTINGS,
+    *threads.OTHER_WAIT_VARIABLES,
+)
 
 
 @pytest.fixture
@@ -51,7 +56,9 @@ def test_fewer_when_asked_and_never_more_than_the_cores(monkeypatch):
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, value)
-    with pytest.raises(CollageError, match=f"^{ENVIRONMENT_VARIABLE}='{value}' is not a positive whole number of threads$"):
+    with pytest.raises(
+        CollageError, match=f"^{ENVIRONMENT_VARIABLE}='{value}' is not a positive whole number of threads$"
+    ):
         backend_threads()
 
 
@@ -65,15 +72,18 @@ def test_the_graph_level_backends_take_it(monkeypatch):
     assert inductor_runtime.threads() == 1
 
 
-@pytest.mark.parametrize("environ, cpus, machine, expected", [
-    ({"TVM_NUM_THREADS": "3", "OMP_NUM_THREADS": "5"}, 8, "x86_64", 3),
-    ({"OMP_NUM_THREADS": "5"}, 8, "x86_64", 5),
-    ({}, 8, "x86_64", 4),  # hyper-threads left out
-    ({}, 8, "aarch64", 8),
-    ({}, 1, "x86_64", 1),  # never fewer than one
-    ({"TVM_NUM_THREADS": " 6 threads"}, 8, "x86_64", 6),  # read as C's atoi
-    ({"TVM_NUM_THREADS": "many"}, 8, "x86_64", 1),
-])
+@pytest.mark.parametrize(
+    "environ, cpus, machine, expected",
+    [
+        ({"TVM_NUM_THREADS": "3", "OMP_NUM_THREADS": "5"}, 8, "x86_64", 3),
+        ({"OMP_NUM_THREADS": "5"}, 8, "x86_64", 5),
+        ({}, 8, "x86_64", 4),  # hyper-threads left out
+        ({}, 8, "aarch64", 8),
+        ({}, 1, "x86_64", 1),  # never fewer than one
+        ({"TVM_NUM_THREADS": " 6 threads"}, 8, "x86_64", 6),  # read as C's atoi
+        ({"TVM_NUM_THREADS": "many"}, 8, "x86_64", 1),
+    ],
+)
 def test_tvm_threads_follow_tvm_runtime_rule(monkeypatch, environ, cpus, machine, expected):
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     monkeypatch.setattr(threads.platform, "machine", lambda: machine)
@@ -116,8 +126,13 @@ def test_cpu_cost_keys_carry_other_thread_settings_and_gpu_keys_do_not(no_thread
 
 def _old_key(backend: Backend, target, candidate_key: str) -> CostKey:
     """A candidate's key as Collage wrote it before thread settings entered the keys."""
-    return CostKey(backend.name, backend.version, tvm_compat.target_to_json(target), tvm_compat.device_name(target),
-                   f"{CANDIDATE_PROTOCOL}:{candidate_key}")
+    return CostKey(
+        backend.name,
+        backend.version,
+        tvm_compat.target_to_json(target),
+        tvm_compat.device_name(target),
+        f"{CANDIDATE_PROTOCOL}:{candidate_key}",
+    )
 
 
 def test_a_warm_database_answers_default_settings_and_other_settings_measure_anew(no_thread_variables, tmp_path):
@@ -139,8 +154,16 @@ def test_a_warm_database_answers_default_settings_and_other_settings_measure_ane
         db.put(_old_key(backend, target, candidates[0].key), remembered)
 
         def measure():
-            return measure_candidates(graph, candidates, {plugin.BACKEND: backend}, target, db,
-                                      MeasureSettings(build_workers=1), [module], show_progress=False)
+            return measure_candidates(
+                graph,
+                candidates,
+                {plugin.BACKEND: backend},
+                target,
+                db,
+                MeasureSettings(build_workers=1),
+                [module],
+                show_progress=False,
+            )
 
         warm = measure()
         assert (warm.from_database, warm.costs[candidates[0].key]) == (1, remembered)
@@ -158,9 +181,18 @@ def test_results_json_records_the_thread_settings_the_run_had(no_thread_variable
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, "1")
     monkeypatch.setenv("TVM_NUM_THREADS", "3")
     placement = SimpleNamespace(search="op-level", why_chosen="")
-    result = OptimizedModel(model=SimpleNamespace(name="m", precision="fp32"), placement=placement, library_path=Path("m.so"),
-                            target=None, end_to_end=[], verification=None, measurement=None, candidates=0, search_s=0.0,
-                            partitioned_mod=None)
+    result = OptimizedModel(
+        model=SimpleNamespace(name="m", precision="fp32"),
+        placement=placement,
+        library_path=Path("m.so"),
+        target=None,
+        end_to_end=[],
+        verification=None,
+        measurement=None,
+        candidates=0,
+        search_s=0.0,
+        partitioned_mod=None,
+    )
     monkeypatch.delenv("TVM_NUM_THREADS")  # what the run had, not what the process has when it saves
     assert result.results_json()["threads"] == {"tvm": 3, "backends": 1, "waiting": threads.WAIT_SETTINGS}
 
@@ -169,7 +201,9 @@ def test_a_users_own_wait_setting_stays_and_the_others_are_added():
     assert threads.environment_for_partitions({"PATH": "/bin"}) == {"PATH": "/bin", **threads.WAIT_SETTINGS}
     assert threads.environment_for_partitions({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
     assert threads.wait_settings_in_force({"OMP_WAIT_POLICY": "ACTIVE", "PATH": "/bin"}) == {
-        **threads.WAIT_SETTINGS, "OMP_WAIT_POLICY": "ACTIVE"}
+        **threads.WAIT_SETTINGS,
+        "OMP_WAIT_POLICY": "ACTIVE",
+    }
 
 
 def _started_environment(worker) -> dict:
@@ -190,12 +224,15 @@ def test_processes_that_run_partitions_start_with_idle_threads_that_block(monkey
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice
     with MeasurementWorker([], [], env=dict(os.environ) if started == "exec" else None) as worker:
         environment = _started_environment(worker)
-    assert {name: environment.get(name) for name in threads.WAIT_SETTINGS} == {**threads.WAIT_SETTINGS,
-                                                                                "OMP_WAIT_POLICY": "ACTIVE"}
+    assert {name: environment.get(name) for name in threads.WAIT_SETTINGS} == {
+        **threads.WAIT_SETTINGS,
+        "OMP_WAIT_POLICY": "ACTIVE",
+    }
 
 
 def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_says_when_the_process_differs(
-        monkeypatch, tmp_path, caplog):
+    monkeypatch, tmp_path, caplog
+):
     from collage_core.build import deploy
 
     for name in threads.WAIT_SETTINGS:
@@ -218,8 +255,9 @@ def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_
             deploy.tell_other_environment("copied.so", threads.WAIT_SETTINGS)
     told = [record.getMessage() for record in caplog.records]
     assert len(told) == len(threads.WAIT_SETTINGS)  # each once, in this process
-    assert any("measured with OMP_WAIT_POLICY=PASSIVE; this process has OMP_WAIT_POLICY=ACTIVE" in message
-               for message in told)
+    assert any(
+        "measured with OMP_WAIT_POLICY=PASSIVE; this process has OMP_WAIT_POLICY=ACTIVE" in message for message in told
+    )
     caplog.clear()
     monkeypatch.setattr(deploy, "_environment_told", set())
     for name, value in threads.WAIT_SETTINGS.items():

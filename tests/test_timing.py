@@ -7,7 +7,9 @@ import pytest
 
 from collage_core.measure.timing import MeasureSettings, time_callable
 
-SETTINGS = MeasureSettings(warmup=1, min_repeats=3, max_repeats=5, target_spread=0.05, min_repeat_ms=0.0, time_bound_s=1.0)
+SETTINGS = MeasureSettings(
+    warmup=1, min_repeats=3, max_repeats=5, target_spread=0.05, min_repeat_ms=0.0, time_bound_s=1.0
+)
 
 
 class FakeRuns:
@@ -71,12 +73,13 @@ def test_candidate_costs_are_net_of_the_vm_call_and_never_below_their_floor():
     from collage_core import tvm_compat
     from collage_core.measure import worker
     from collage_core.records import Cost
-    from collage_core.records import Cost
 
     state = {}
     overhead = worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings(time_bound_s=2.0))
     assert 0 < overhead < 1e-3  # a call that runs nothing: microseconds
-    assert worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings()) == overhead  # once per process
+    assert (
+        worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings()) == overhead
+    )  # once per process
     net = worker._net_of_call(Cost.measured(50e-6, 2e-6, 9), 5e-6)
     assert net.median_s == pytest.approx(45e-6) and net.spread_s == 2e-6 and net.repeats == 9
     assert worker._net_of_call(Cost.measured(4e-6, 0.0, 3), 5e-6).median_s == pytest.approx(worker.NET_FLOOR * 4e-6)
@@ -93,7 +96,6 @@ def test_a_short_placement_run_is_judged_by_tvms_timer_not_by_its_call_from_pyth
     from tvm import relax
 
     from collage_core import tvm_compat
-
     from collage_core.measure import worker
     from collage_core.records import Cost
 
@@ -109,8 +111,11 @@ def test_a_short_placement_run_is_judged_by_tvms_timer_not_by_its_call_from_pyth
     ticks = iter(np.arange(0.0, 100.0, 0.01))
     monkeypatch.setattr(worker, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     np.savez(tmp_path / "inputs.npz", np.ones(4, dtype="float32"))
-    request = {"inputs": str(tmp_path / "inputs.npz"), "outputs": str(tmp_path / "outputs.npz"),
-               "settings": attrs.evolve(SETTINGS, cutoff_s=5e-3).to_json()}
+    request = {
+        "inputs": str(tmp_path / "inputs.npz"),
+        "outputs": str(tmp_path / "outputs.npz"),
+        "settings": attrs.evolve(SETTINGS, cutoff_s=5e-3).to_json(),
+    }
     answer = worker._run_placement({"progress": lambda stage: None}, request)
     cost = Cost.from_json(answer["cost"])
     assert cost.repeats >= 3 and cost.median_s < 5e-3

@@ -8,7 +8,13 @@ import pytest
 from collage_core.records import Cost, Partition
 from collage_core.search.graph import OpGraph
 from collage_core.search.regions import KEEP, OpGroup, decode, genome_key
-from collage_core.search.two_level import TwoLevelSettings, history_text, operators_by_backend, search_two_level, seed_genomes
+from collage_core.search.two_level import (
+    TwoLevelSettings,
+    history_text,
+    operators_by_backend,
+    search_two_level,
+    seed_genomes,
+)
 
 
 def chain_with_branches() -> OpGraph:
@@ -106,7 +112,10 @@ def test_best_placement_is_reported_as_it_improves():
     groups = groups_for(graph, {"graphy": set(range(8))})
     reported = []
     result = search_two_level(
-        graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=3),
+        graph,
+        groups,
+        deterministic_end_to_end_cost,
+        TwoLevelSettings(population=6, generations=3),
         on_best=lambda parts, cost: reported.append(cost.seconds),
     )
     assert reported == sorted(reported, reverse=True) and reported[-1] == result.latency.seconds
@@ -131,7 +140,9 @@ def test_search_stops_after_generations_without_improvement():
 def test_nothing_measurable_falls_back_to_the_op_level_placement():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})
-    result = search_two_level(graph, groups, lambda parts: Cost.invalid("build failed"), TwoLevelSettings(population=4, generations=1))
+    result = search_two_level(
+        graph, groups, lambda parts: Cost.invalid("build failed"), TwoLevelSettings(population=4, generations=1)
+    )
     assert not result.latency.is_measured and result.genome == (KEEP,) * 8
     assert [p.backend for p in result.parts] == ["tvm"] * 8
 
@@ -170,14 +181,22 @@ def test_each_generation_records_which_backends_gained_ground():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
     seen = []
-    result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=4),
-                              on_generation=seen.append)
+    result = search_two_level(
+        graph,
+        groups,
+        deterministic_end_to_end_cost,
+        TwoLevelSettings(population=6, generations=4),
+        on_generation=seen.append,
+    )
     assert seen == list(result.history) and [r.generation for r in seen] == list(range(result.generations + 1))
     assert seen[0].gained == {}
     for before, after in zip(seen, seen[1:]):
         assert after.best_s <= before.best_s
-        assert after.gained == {b: n for b in set(before.operators_by_backend) | set(after.operators_by_backend)
-                                if (n := after.operators_by_backend.get(b, 0) - before.operators_by_backend.get(b, 0))}
+        assert after.gained == {
+            b: n
+            for b in set(before.operators_by_backend) | set(after.operators_by_backend)
+            if (n := after.operators_by_backend.get(b, 0) - before.operators_by_backend.get(b, 0))
+        }
         assert sum(after.operators_by_backend.values()) == len(graph.ops)
     assert seen[-1].operators_by_backend == {b: n for b, n in operators_by_backend(result.parts).items()}
     assert any(record.gained for record in seen[1:])  # this search moves an operator from tvm to "other"
@@ -190,8 +209,12 @@ def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
     from collage_core.outputs.search_history import BAR_WIDTH, history_svg
     from collage_core.search.two_level import GenerationRecord
 
-    history = [GenerationRecord(0, 0.004, 10.0, {"onnxruntime": 6, "tvm": 2}, {}),
-               GenerationRecord(1, 0.003, 5.0, {"onnxruntime": 4, "openvino": 4}, {"onnxruntime": -2, "openvino": 4, "tvm": -2})]
+    history = [
+        GenerationRecord(0, 0.004, 10.0, {"onnxruntime": 6, "tvm": 2}, {}),
+        GenerationRecord(
+            1, 0.003, 5.0, {"onnxruntime": 4, "openvino": 4}, {"onnxruntime": -2, "openvino": 4, "tvm": -2}
+        ),
+    ]
     root = ElementTree.fromstring(history_svg(history, {"onnxruntime": "#8dd3c7", "tvm": "#ffffb3"}))
     ns = {"svg": "http://www.w3.org/2000/svg"}
     bars = root.findall("svg:g[@class='generation']", ns)
@@ -201,7 +224,11 @@ def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
         assert {r.get("data-backend"): int(r.get("data-operators")) for r in rects} == record.operators_by_backend
         assert sum(float(r.get("width")) for r in rects) == pytest.approx(BAR_WIDTH, abs=0.05)
         assert f"{record.best_s * 1e3:.3f} ms" in "".join(bar.itertext())
-    fills = {r.get("data-backend"): r.get("fill") for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-backend")}
+    fills = {
+        r.get("data-backend"): r.get("fill")
+        for r in root.iter("{http://www.w3.org/2000/svg}rect")
+        if r.get("data-backend")
+    }
     assert fills["onnxruntime"] == "#8dd3c7" and fills["openvino"] not in ("#8dd3c7", "#ffffb3")
 
 
@@ -215,8 +242,10 @@ def test_the_pictures_caption_says_when_the_searchs_best_was_not_returned():
     ns = {"svg": "http://www.w3.org/2000/svg"}
     plain = ElementTree.fromstring(history_svg(history, {}))
     assert plain.findall("svg:text[@class='caption']", ns) == []
-    why = ("The search's best (the last bar) was not returned: onnxruntime alone won the contest in turns: 0.214 ms "
-           "against the searched placement's 0.631 ms, 2.95x")
+    why = (
+        "The search's best (the last bar) was not returned: onnxruntime alone won the contest in turns: 0.214 ms "
+        "against the searched placement's 0.631 ms, 2.95x"
+    )
     captioned = ElementTree.fromstring(history_svg(history, {}, caption=why))
     lines = ["".join(text.itertext()) for text in captioned.findall("svg:text[@class='caption']", ns)]
     assert " ".join(lines) == why and len(lines) == 2 and all(len(line) <= CAPTION_CHARACTERS for line in lines)
@@ -230,10 +259,16 @@ def test_gains_within_the_measurements_spread_do_not_keep_the_search_going():
     def shrunk(spread_s):
         def cost(parts) -> Cost:  # the model's differences shrunk to microseconds on a 10 ms run
             return Cost.measured(0.01 + 1e-3 * deterministic_end_to_end_cost(parts).median_s, spread_s, 5)
+
         return cost
 
-    settings = TwoLevelSettings(population=6, generations=20, patience=2, seed=1,  # seed 1: improves for 8 generations
-                                predict_margin=None)  # every genome built, as the spread is what is tested
+    settings = TwoLevelSettings(
+        population=6,
+        generations=20,
+        patience=2,
+        seed=1,  # seed 1: improves for 8 generations
+        predict_margin=None,
+    )  # every genome built, as the spread is what is tested
     noisy = search_two_level(graph, groups, shrunk(2e-4), settings)
     assert noisy.generations == settings.patience  # nothing beat the seeds by more than the 0.2 ms spread
     exact = search_two_level(graph, groups, shrunk(0.0), attrs.evolve(settings, min_gain=0.0))
@@ -273,7 +308,10 @@ def test_a_placement_whose_run_outlasts_the_cutoff_is_stopped_and_not_measured_a
         stopped = evaluate(slow)
         assert not stopped.is_measured and stopped.reason.startswith(STOPPED_PREFIX)
         assert evaluate(slow) == stopped  # read from the database, not run again
-    assert job.runs == [("fast", None, None), ("slow", CUTOFF_FACTOR * 0.2, max(CUTOFF_FACTOR * 0.2, RUN_LIMIT_FLOOR_S))]
+    assert job.runs == [
+        ("fast", None, None),
+        ("slow", CUTOFF_FACTOR * 0.2, max(CUTOFF_FACTOR * 0.2, RUN_LIMIT_FLOOR_S)),
+    ]
     assert "stopped, a run took longer than 1 s" in job.said[-1]
 
 
@@ -347,7 +385,9 @@ def test_genomes_predicted_slower_than_the_best_are_not_built_and_the_search_fin
                 calls.append(genome_key(parts))
                 return charged_end_to_end_cost(parts)
 
-            settings = TwoLevelSettings(population=8, generations=6, seed=seed, predict_margin=0.1 if predicting else None)
+            settings = TwoLevelSettings(
+                population=8, generations=6, seed=seed, predict_margin=0.1 if predicting else None
+            )
             results[predicting] = search_two_level(graph, groups, evaluate, settings)
             assert results[predicting].measured == len(calls)
             built[predicting] += len(calls)

@@ -26,13 +26,13 @@ def options(parser: argparse.ArgumentParser) -> set[str]:
 def commands_section() -> str:
     text = PAGE.read_text()
     start = text.index("## The commands\n")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def command_items() -> dict[str, str]:
     """Each command's item of the list, with the lines before the list (the options every command shares)."""
     section = commands_section()
-    shared = section[:section.index("\n- ")]
+    shared = section[: section.index("\n- ")]
     items = re.findall(r"^- `collage (\w+)(.*?)(?=^- |^\S|\Z)", section, re.MULTILINE | re.DOTALL)
     return {command: shared + text for command, text in items}
 

@@ -34,8 +34,17 @@ def test_workers_are_forked_fresh_processes_that_answer():
         assert one.pid != two.pid and os.getpgid(one.pid) == one.pid  # each leads its own session
         settings = MeasureSettings(warmup=0, min_repeats=1, max_repeats=1)
         with pytest.raises(WorkerFailure, match="No such file"):  # it ran the request: no such module
-            first.request({"op": "measure_candidate", "module": "/nonexistent/module.json", "backend": "tvm",
-                           "pattern": "p", "target": "{}", "settings": settings.to_json()}, 60)
+            first.request(
+                {
+                    "op": "measure_candidate",
+                    "module": "/nonexistent/module.json",
+                    "backend": "tvm",
+                    "pattern": "p",
+                    "target": "{}",
+                    "settings": settings.to_json(),
+                },
+                60,
+            )
         assert second.request({"op": "init", "plugins": [], "disabled": []}, 60)["pid"] == two.pid
     for process in (one, two):
         assert process.returncode is not None  # killed and reaped by the zygote: no zombie left
@@ -73,7 +82,6 @@ def test_a_zygote_that_opened_the_gpu_refuses_to_fork(monkeypatch):
         zygote._init({}, {"plugins": [], "disabled": []})
 
 
-
 def small_model():
     from tvm import relax
 
@@ -91,9 +99,15 @@ def small_model():
 def run_placement(tmp_path, name: str, **how) -> list:
     from collage_core import tvm_compat
 
-    request = {"op": "run_placement", "target": tvm_compat.target_to_json(tvm_compat.host_cpu_target()),
-               "inputs": str(tmp_path / "inputs.npz"), "outputs": str(tmp_path / f"{name}.npz"), "settings": None,
-               "library": None, **how}
+    request = {
+        "op": "run_placement",
+        "target": tvm_compat.target_to_json(tvm_compat.host_cpu_target()),
+        "inputs": str(tmp_path / "inputs.npz"),
+        "outputs": str(tmp_path / f"{name}.npz"),
+        "settings": None,
+        "library": None,
+        **how,
+    }
     with MeasurementWorker([], []) as worker:
         worker.request(request, 300)
     with np.load(tmp_path / f"{name}.npz") as saved:
@@ -116,8 +130,12 @@ def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
     assert zygote.hold_model([], [], "small-model", lambda: model_path)
     model_path.unlink()  # read once, when the zygote took it
     assert zygote.hold_model([], [], "small-model", lambda: pytest.fail("held already: not written again"))
-    held = run_placement(tmp_path, "held", held="small-model",
-                         parts=[{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts])
+    held = run_placement(
+        tmp_path,
+        "held",
+        held="small-model",
+        parts=[{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts],
+    )
     sent = run_placement(tmp_path, "sent", module=str(placed_path))
     with np.load(tmp_path / "inputs.npz") as saved:
         x = saved["arr_0"]
@@ -149,8 +167,9 @@ def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plug
 
     load_test_plugin("plugins_for_tests.slow_import")  # PYTHONPATH for the run and its workers
     env = {**os.environ, "SLOW_IMPORT_S": "120"}
-    run = subprocess.Popen([sys.executable, "-c", RUN_THAT_DIES, started], stdout=subprocess.PIPE, text=True, env=env,
-                           cwd=tmp_path)
+    run = subprocess.Popen(
+        [sys.executable, "-c", RUN_THAT_DIES, started], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
     worker_pid = int(run.stdout.readline())
     time.sleep(1.0)  # the worker is importing the slow plugin now
     assert process_start(worker_pid) is not None
@@ -165,8 +184,9 @@ def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plug
 
 
 @pytest.mark.parametrize("started", ["forked", "exec"])
-def test_a_process_a_library_forks_from_a_thread_while_the_worker_waits_ends(started, load_test_plugin, tmp_path,
-                                                                             monkeypatch):
+def test_a_process_a_library_forks_from_a_thread_while_the_worker_waits_ends(
+    started, load_test_plugin, tmp_path, monkeypatch
+):
     """A library that forks from a thread while the worker waits for its next request (OpenVINO's
     telemetry on import) gets a child that ends: the worker does not hold stdin's lock as it waits."""
     import time

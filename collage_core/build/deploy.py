@@ -73,8 +73,11 @@ def runtime_libraries(pm, backends: Iterable) -> dict[str, list[Path]]:
         paths, errors = first_result(pm.hook.collage_runtime_libraries, backend=backend)
         missing = [str(path) for path in paths or () if not Path(path).is_file()]
         if errors or missing:  # the export still works where the plugin is installed; say why it carries nothing
-            log.warning("backend %s: exports carry no native kernels (%s)", backend.name,
-                        "; ".join(errors) or f"no such file: {', '.join(missing)}")
+            log.warning(
+                "backend %s: exports carry no native kernels (%s)",
+                backend.name,
+                "; ".join(errors) or f"no such file: {', '.join(missing)}",
+            )
         elif paths is not None:
             found[backend.name] = [Path(path) for path in paths]
     return found
@@ -85,8 +88,12 @@ def carried_dir(library: os.PathLike) -> Path:
     return library.with_name(library.name + ".libs")
 
 
-def write_runtime_file(library: os.PathLike, needs: dict, carried: Optional[Mapping[str, list]] = None,
-                       environment: Optional[Mapping[str, str]] = None) -> Path:
+def write_runtime_file(
+    library: os.PathLike,
+    needs: dict,
+    carried: Optional[Mapping[str, list]] = None,
+    environment: Optional[Mapping[str, str]] = None,
+) -> Path:
     """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives
     them); copy each backend's native libraries in ``carried`` (as :func:`runtime_libraries` gives
     them) into ``<library>.libs/`` and list them, so that the library loads without the plugins.
@@ -161,8 +168,14 @@ def other_versions(recorded: Mapping[str, str], installed: Mapping) -> list[tupl
 _versions_told: set[str] = set()
 
 
-def tell_other_versions(origin: str, recorded: Mapping[str, str], installed: Mapping, consequence: str,
-                        made: str = "built", strict: bool = False) -> None:
+def tell_other_versions(
+    origin: str,
+    recorded: Mapping[str, str],
+    installed: Mapping,
+    consequence: str,
+    made: str = "built",
+    strict: bool = False,
+) -> None:
     """For each backend ``origin`` was ``made`` with at another version than is installed here, a
     warning through the ``collage`` logger naming the backend and both versions (once per process),
     or with ``strict`` a :class:`LibraryLoadError` for the first."""
@@ -186,9 +199,11 @@ def tell_other_environment(origin: str, recorded: Mapping[str, str]) -> None:
     for name, value in sorted(recorded.items()):
         if os.environ.get(name) == value:
             continue
-        message = (f"{origin} runs partitions of several backends whose thread pools take turns, measured with "
-                   f"{name}={value}; this process has {name}={os.environ.get(name, '(unset)')}: start it with "
-                   f"{name}={value} to run as measured (docs/threads.md)")
+        message = (
+            f"{origin} runs partitions of several backends whose thread pools take turns, measured with "
+            f"{name}={value}; this process has {name}={os.environ.get(name, '(unset)')}: start it with "
+            f"{name}={value} to run as measured (docs/threads.md)"
+        )
         if message not in _environment_told:
             _environment_told.add(message)
             log.warning("%s", message)
@@ -222,7 +237,9 @@ def prepare_runtime(library: os.PathLike, pm=None) -> dict:
         elif name in installed:
             _prepare_by_plugin(library, name, installed[name], wanted, pm)
         else:
-            raise LibraryLoadError(f"{library}: partitions run on backend {name}, which is not installed here: it needs {wanted}")
+            raise LibraryLoadError(
+                f"{library}: partitions run on backend {name}, which is not installed here: it needs {wanted}"
+            )
     return record
 
 
@@ -247,7 +264,9 @@ _carried_loaded: dict[str, list[str]] = {}
 def _load_carried(library, name: str, carried: list) -> None:
     for relative in carried:
         if not isinstance(relative, str) or Path(relative).is_absolute() or ".." in Path(relative).parts:
-            raise LibraryLoadError(f"{runtime_file(library)}: backend {name}'s runtime library {relative!r} is not beside the library")
+            raise LibraryLoadError(
+                f"{runtime_file(library)}: backend {name}'s runtime library {relative!r} is not beside the library"
+            )
     paths = [Path(library).parent / relative for relative in carried]
     for path in paths:
         if not path.is_file():
@@ -264,7 +283,9 @@ def _load_carried(library, name: str, carried: list) -> None:
         try:
             ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         except OSError as error:
-            raise LibraryLoadError(f"{library}: backend {name}'s runtime library {path} does not load ({error})") from None
+            raise LibraryLoadError(
+                f"{library}: backend {name}'s runtime library {path} does not load ({error})"
+            ) from None
     _carried_loaded[name] = digests
 
 
@@ -276,8 +297,13 @@ def load_library(library: os.PathLike, *, pm=None, device=None, strict: bool = F
 
     if tvm_compat.has_compiler():  # the plugins prepare the backends: their versions are the ones that run
         record = read_runtime_file(library)
-        tell_other_versions(origin or str(library), recorded_versions(record["backends"]), installed_backends(pm),
-                            "its partitions run on the installed version", strict=strict)
+        tell_other_versions(
+            origin or str(library),
+            recorded_versions(record["backends"]),
+            installed_backends(pm),
+            "its partitions run on the installed version",
+            strict=strict,
+        )
     record = prepare_runtime(library, pm)
     tell_other_environment(origin or str(library), record.get("environment") or {})
     if device is not None:

@@ -29,8 +29,9 @@ def partitions_by_backend(mod: tvm.IRModule) -> dict[str, list[str]]:
     return {backend: sorted(names) for backend, names in sorted(found.items())}
 
 
-def lower_partitions(pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapping[str, Backend],
-                     target: tvm.target.Target) -> tvm.IRModule:
+def lower_partitions(
+    pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapping[str, Backend], target: tvm.target.Target
+) -> tvm.IRModule:
     """Hand each backend its partitions; ``backends`` maps names to ``Backend`` records. An engine's own
     session over the original model file was lowered where the file was (``collage_core.model.original_model``):
     its backend's runtime is only prepared here."""
@@ -47,7 +48,11 @@ def lower_partitions(pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapp
             if not names:
                 continue
         lowered, errors = first_result(
-            pm.hook.collage_lower_partitions, backend=backends[backend_name], mod=mod, function_names=names, target=target
+            pm.hook.collage_lower_partitions,
+            backend=backends[backend_name],
+            mod=mod,
+            function_names=names,
+            target=target,
         )
         if lowered is None and errors:
             raise BuildError(f"backend {backend_name}: lowering failed: {'; '.join(_last_line_of(e) for e in errors)}")
@@ -57,8 +62,9 @@ def lower_partitions(pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapp
     return relax.transform.RunCodegen()(mod)
 
 
-def replace_functions(mod: tvm.IRModule, function_names: Sequence[str],
-                      lower: Callable[[relax.Function, str], relax.Function]) -> tvm.IRModule:
+def replace_functions(
+    mod: tvm.IRModule, function_names: Sequence[str], lower: Callable[[relax.Function, str], relax.Function]
+) -> tvm.IRModule:
     """A copy of ``mod`` with each named function replaced by ``lower(function, name)``.
 
     What a plugin whose ``collage_lower_partitions`` rewrites each partition on its own returns.
@@ -70,8 +76,13 @@ def replace_functions(mod: tvm.IRModule, function_names: Sequence[str],
     return lowered
 
 
-def build(pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapping[str, Backend], target: tvm.target.Target,
-          cuda_graphs: bool = False) -> relax.Executable:
+def build(
+    pm: CollagePluginManager,
+    mod: tvm.IRModule,
+    backends: Mapping[str, Backend],
+    target: tvm.target.Target,
+    cuda_graphs: bool = False,
+) -> relax.Executable:
     """Lower, then build with TVM's default pipeline for ``target``; returns a ``relax.Executable``.
 
     With ``cuda_graphs`` on a CUDA target, ``main`` replays its kernels and library calls as CUDA
@@ -96,11 +107,16 @@ def _last_line_of(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def packed_call_function(func: relax.Function, name: str, packed_function: str, spec: str | np.ndarray,
-                         operands: Sequence[relax.Expr],
-                         before: Optional[Mapping[int, Callable[[relax.Expr], relax.Expr]]] = None,
-                         out_type: Optional[relax.TensorType] = None,
-                         after: Optional[Callable[[relax.Expr], relax.Expr]] = None) -> relax.Function:
+def packed_call_function(
+    func: relax.Function,
+    name: str,
+    packed_function: str,
+    spec: str | np.ndarray,
+    operands: Sequence[relax.Expr],
+    before: Optional[Mapping[int, Callable[[relax.Expr], relax.Expr]]] = None,
+    out_type: Optional[relax.TensorType] = None,
+    after: Optional[Callable[[relax.Expr], relax.Expr]] = None,
+) -> relax.Function:
     """``func`` (a partition) with its body replaced by ``R.call_dps_packed(packed_function, [spec, *operands])``.
 
     What a native backend's lowering returns: ``spec`` is what the kernel reads to know what to
@@ -129,7 +145,9 @@ def packed_call_function(func: relax.Function, name: str, packed_function: str, 
     with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
         with bb.dataflow():
             operands = [bb.emit(before[i](operand)) if i in before else operand for i, operand in enumerate(operands)]
-            call = relax.call_dps_packed(packed_function, [spec_expr, *operands], out_types if out_type is None else out_type)
+            call = relax.call_dps_packed(
+                packed_function, [spec_expr, *operands], out_types if out_type is None else out_type
+            )
             output = bb.emit_output(call if after is None else after(bb.emit(call)))
         bb.emit_func_output(output)
     return bb.get()[name]

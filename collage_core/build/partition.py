@@ -55,9 +55,7 @@ def partition_module(graph: RelaxGraph, parts: Sequence[Candidate | Partition]) 
 
     functions, regions = [], []
     for index, part in enumerate(parts):
-        func, region = graph.region_function(
-            part.nodes, {BACKEND_ATTR: part.backend, PATTERN_ATTR: part.pattern}
-        )
+        func, region = graph.region_function(part.nodes, {BACKEND_ATTR: part.backend, PATTERN_ATTR: part.pattern})
         functions.append(func.without_attr("global_symbol"))
         regions.append(region)
 

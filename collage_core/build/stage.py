@@ -16,7 +16,6 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-
 from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.measure.cost_db import CostDatabaseError, open_costs
@@ -29,9 +28,9 @@ from collage_core.measure.job import (
     describe_cost,
     placement_claim_lifetime_s,
 )
+from collage_core.measure.progress import PhaseClock
 from collage_core.measure.timing import stopped, stopped_limit
 from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
-from collage_core.measure.progress import PhaseClock
 from collage_core.model import original_model
 from collage_core.model.accuracy_budget import Fit
 from collage_core.model.precision import FP32, Tolerance, tolerance
@@ -44,8 +43,8 @@ from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.search.baselines import (
     IN_TURNS,
-    baseline_file,
     TURNS_MARGIN,
+    baseline_file,
     closest_rivals,
     faster_baseline,
     op_groups,
@@ -60,6 +59,7 @@ from collage_core.search.two_level import seed_genomes
 
 # The pattern name of TVM's unpartitioned build placed as one partition (see whole_model_on_tvm).
 WHOLE_MODEL_PATTERN = "tvm.whole_model"
+
 
 @attrs.frozen
 class Built:
@@ -93,9 +93,17 @@ class Outcome:
     replacement_build: Optional[Built] = None
 
 
-
-def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result,
-              limit_s: Optional[float] = None, db=None) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
+def baselines(
+    job: Job,
+    parts,
+    placement_cost,
+    candidates,
+    measurement,
+    op_level_parts,
+    two_level_result,
+    limit_s: Optional[float] = None,
+    db=None,
+) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
     """TVM's unpartitioned build, the op-level placement, each backend alone (or with a fallback) and each
     engine's own session over the original model file (:func:`own_sessions`), each with its partitions
     (TVM's unpartitioned build as one TVM partition of the whole model; None where TVM is not selected),
@@ -140,8 +148,9 @@ def baselines(job: Job, parts, placement_cost, candidates, measurement, op_level
             if cannot_win is not None:
                 job.say(f"{name}: {cannot_win.reason}")
             measured[baseline_signature] = cannot_win or baseline_cost(job, name, baseline_parts, limit_s, db)
-        results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)),
-                        baseline_parts))
+        results.append(
+            (EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)), baseline_parts)
+        )
     return results + own_sessions(job, limit_s, db)
 
 
@@ -203,7 +212,9 @@ def found_by(search: str, replayed_from=None, replayed_why: str = "") -> str:
     found it, or the placement file replayed (with why that file's placement had been chosen)."""
     if replayed_from is None:
         return f"found by the {search} search"
-    return f"replayed from {replayed_from}" + (f" (the file says why it was chosen: {replayed_why})" if replayed_why else "")
+    return f"replayed from {replayed_from}" + (
+        f" (the file says why it was chosen: {replayed_why})" if replayed_why else ""
+    )
 
 
 @attrs.frozen
@@ -220,8 +231,17 @@ class Finished:
     searched_placement: Optional[Placement] = None
 
 
-def build_and_compare(job: Job, placed: Placed, options: OptimizeOptions, search: str, replayed: Optional[Placement],
-                      library: Path, folder: RunFolder, fitted: Optional[Fit], clock: PhaseClock) -> Finished:
+def build_and_compare(
+    job: Job,
+    placed: Placed,
+    options: OptimizeOptions,
+    search: str,
+    replayed: Optional[Placement],
+    library: Path,
+    folder: RunFolder,
+    fitted: Optional[Fit],
+    clock: PhaseClock,
+) -> Finished:
     """The placement built into ``library`` and verified; unless ``options`` say not to compare, the
     baselines measured (their placements saved in a kept folder), timed in turns with it and the
     fastest by a margin returned instead (never in a replay), and the placement measured without CUDA
@@ -235,17 +255,30 @@ def build_and_compare(job: Job, placed: Placed, options: OptimizeOptions, search
     origin = found_by(search, options.placement, replayed.why_chosen if replayed is not None else "")
     searched_placement = None
     if not options.compares_backends():
-        outcome = Outcome([EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
-                          origin if options.placement is not None else f"{origin}; not compared with baselines")
+        outcome = Outcome(
+            [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
+            origin if options.placement is not None else f"{origin}; not compared with baselines",
+        )
     else:
         with _costs_for_baselines(options) as db:
-            measured = baselines(job, parts, built.cost, placed.candidates, placed.measurement, placed.op_level_parts,
-                                 placed.two_level, options.baseline_limit_s, db)
+            measured = baselines(
+                job,
+                parts,
+                built.cost,
+                placed.candidates,
+                placed.measurement,
+                placed.op_level_parts,
+                placed.two_level,
+                options.baseline_limit_s,
+                db,
+            )
         clock.lap("baselines")
         if folder.kept:
             for entry, baseline_parts in measured:
                 if baseline_parts is not None:
-                    job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(folder.path, entry.name))
+                    job.placement(baseline_parts, f"baseline: {entry.name}").save(
+                        baseline_file(folder.path, entry.name)
+                    )
         # A replay returns the placement it was given, whatever ran faster beside it.
         outcome = finish(job, library, origin, parts, built, measured, may_replace=options.placement is None)
         clock.lap("contest in turns")
@@ -254,9 +287,11 @@ def build_and_compare(job: Job, placed: Placed, options: OptimizeOptions, search
             entry, parts = outcome.replacement
             job.say(f"{entry.name} ran faster than the searched placement: it is the result")
             searched_placement = attrs.evolve(
-                placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)")
-            placement = job.placement(parts, search, placed.candidates,
-                                      placed.measurement.costs if placed.measurement else None)
+                placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)"
+            )
+            placement = job.placement(
+                parts, search, placed.candidates, placed.measurement.costs if placed.measurement else None
+            )
             built = outcome.replacement_build
             verification = verified(job, built, options.verify, fitted)
             clock.lap("building and verifying")
@@ -281,8 +316,9 @@ def verified(job: Job, built: Built, verify: bool, fitted: Optional[Fit]) -> Opt
     if not verify or model.reference is None:
         return None
     held_to = tolerance(model.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
-    verification = compare_outputs(built.outputs, model.reference(job.inputs), model.reference_name,
-                                   rtol=held_to.rtol, atol=held_to.atol)
+    verification = compare_outputs(
+        built.outputs, model.reference(job.inputs), model.reference_name, rtol=held_to.rtol, atol=held_to.atol
+    )
     job.say(verification.describe())
     return verification
 
@@ -309,14 +345,21 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     faster = faster_baseline(baselines, built.cost) if may_replace else None
     if faster is None:
         measured = "no baseline measured faster one after another" if sequential else "no baseline was measured"
-        return Outcome([EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)")
+        return Outcome(
+            [EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)"
+        )
     entry, rival_parts = faster
     rebuilt = build_placement(job, rival_parts, library)
-    why = (f"{entry.name} measured faster one after another (none could be timed in turns): "
-           f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
-           f"{_what_it_runs(rival_parts)}the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
-    rows = [EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)), EndToEnd(SEARCHED, built.cost, mix),
-            *sequential]
+    why = (
+        f"{entry.name} measured faster one after another (none could be timed in turns): "
+        f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
+        f"{_what_it_runs(rival_parts)}the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}"
+    )
+    rows = [
+        EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)),
+        EndToEnd(SEARCHED, built.cost, mix),
+        *sequential,
+    ]
     return Outcome(rows, why, faster, rebuilt)
 
 
@@ -325,34 +368,51 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     and ``rivals``: the returned placement's row carries its latency in turns."""
     timed_turns, mix = timed.turns, operators_by_backend(parts)
     turns = {name: library.warm for name, library in timed_turns.items()}
-    in_turns = {entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend)
-                for entry, _ in rivals}
+    in_turns = {
+        entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend)
+        for entry, _ in rivals
+    }
     sequential = [entry for entry, _ in baselines]
     fastest, _ = min(rivals, key=lambda pair: turns[pair[0].name].seconds)
     placed, best = turns[PLACEMENT], turns[fastest.name]
     if timed.winner is None:
         if best.seconds >= placed.seconds:
-            why = (f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, "
-                   f"{_times(best, placed)}")
+            why = (
+                f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, "
+                f"{_times(best, placed)}"
+            )
         elif best.seconds >= placed.seconds * (1 - TURNS_MARGIN):
-            why = (f"{origin}; kept: in the contest in turns {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
-                   f"within the {TURNS_MARGIN:.0%} a baseline must win by")
+            why = (
+                f"{origin}; kept: in the contest in turns {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
+                f"within the {TURNS_MARGIN:.0%} a baseline must win by"
+            )
         else:
-            why = (f"{origin}; a replay returns its placement, though in the contest in turns {fastest.name} ran "
-                   f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}")
-        rows = [_in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix), *in_turns.values(),
-                EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
+            why = (
+                f"{origin}; a replay returns its placement, though in the contest in turns {fastest.name} ran "
+                f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}"
+            )
+        rows = [
+            _in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix),
+            *in_turns.values(),
+            EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix),
+            *sequential,
+        ]
         return Outcome(rows, why)
     entry, rival_parts = rivals[timed.winner]
     rival_mix = operators_by_backend(rival_parts)
-    why = (f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
-           f"{_ms(placed)}, {_times(placed, turns[entry.name])}; {_what_it_runs(rival_parts)}the searched placement "
-           f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}")
-    rows = [_in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix),
-            _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix),
-            *(row for name, row in in_turns.items() if name != entry.name),
-            EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
-            EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix), *sequential]
+    why = (
+        f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
+        f"{_ms(placed)}, {_times(placed, turns[entry.name])}; {_what_it_runs(rival_parts)}the searched placement "
+        f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}"
+    )
+    rows = [
+        _in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix),
+        _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix),
+        *(row for name, row in in_turns.items() if name != entry.name),
+        EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
+        EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix),
+        *sequential,
+    ]
     return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
 
 
@@ -393,13 +453,21 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
         np.savez(inputs, *job.inputs)
         libraries = {PLACEMENT: library}
         libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
-        turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules,
-                              job.disabled)
-        job.say("  in turns, warm back to back: " + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items()))
-        job.say("  in turns, after a pause: " + ", ".join(f"{name} {describe_cost(t.after_pause)} ({t.paused_s:.1f} s idle)"
-                                                          for name, t in turns.items()))
+        turns = time_in_turns(
+            libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules, job.disabled
+        )
+        job.say(
+            "  in turns, warm back to back: "
+            + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items())
+        )
+        job.say(
+            "  in turns, after a pause: "
+            + ", ".join(f"{name} {describe_cost(t.after_pause)} ({t.paused_s:.1f} s idle)" for name, t in turns.items())
+        )
         fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].warm.seconds)
-        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (1 - TURNS_MARGIN):
+        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (
+            1 - TURNS_MARGIN
+        ):
             return Contest(turns)
         won = rivals_dir / str(fastest) / library.name
         copy_library(won, library, move=True)
@@ -457,4 +525,3 @@ def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda
     if db is not None:
         db.put_end_to_end(key, cost, effort_s=time.perf_counter() - started)
     return cost
-

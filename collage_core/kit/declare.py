@@ -14,7 +14,6 @@ from collage_core.build.executable import replace_functions
 from collage_core.hookspecs import hookimpl
 from collage_core.records import Availability, Backend
 
-
 Hook = TypeVar("Hook", bound=Callable)
 
 
@@ -60,9 +59,17 @@ class NativeKernelHooks:
     collage_runtime_libraries: Callable
 
 
-def native_kernel_hooks(backend_name: str, *, describe: Callable[[], Backend], load: Callable[[], object],
-                        unavailable: type[Exception], target_kinds: Sequence[str], patterns: Callable[[str], list],
-                        lower_function: Callable, built_library: Callable[[], Path]) -> NativeKernelHooks:
+def native_kernel_hooks(
+    backend_name: str,
+    *,
+    describe: Callable[[], Backend],
+    load: Callable[[], object],
+    unavailable: type[Exception],
+    target_kinds: Sequence[str],
+    patterns: Callable[[str], list],
+    lower_function: Callable,
+    built_library: Callable[[], Path],
+) -> NativeKernelHooks:
     """Declare a native-kernel backend once; the kit implements its hooks.
 
     ``describe()`` is its ``Backend`` (called when backends are registered); ``load()`` builds and loads its
@@ -106,5 +113,11 @@ def native_kernel_hooks(backend_name: str, *, describe: Callable[[], Backend], l
     def collage_runtime_libraries(backend):
         return [built_library()]
 
-    return NativeKernelHooks(collage_register_backends, collage_check_availability, collage_contribute_patterns,
-                             collage_lower_partitions, collage_prepare_runtime, collage_runtime_libraries)
+    return NativeKernelHooks(
+        collage_register_backends,
+        collage_check_availability,
+        collage_contribute_patterns,
+        collage_lower_partitions,
+        collage_prepare_runtime,
+        collage_runtime_libraries,
+    )

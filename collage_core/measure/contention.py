@@ -66,14 +66,17 @@ def contention(timings: Timings, factor: float = FACTOR, min_slowdown_s: float =
     alone, fastest_beside = timings.median_alone_s, min(timings.beside_tvm_s)
     if fastest_beside < factor * alone or fastest_beside - alone < min_slowdown_s:
         return None
-    return (f"thread contention: a run right after a parallel TVM kernel takes {timings.median_beside_tvm_s * 1e3:.3g} ms "
-            f"(median of {len(timings.beside_tvm_s)}, the fastest {fastest_beside * 1e3:.3g} ms) against "
-            f"{alone * 1e3:.3g} ms alone: its threads and TVM's, which spin after each parallel kernel, compete for "
-            "the cores; make its pool wait without spinning, or give the pools fewer threads")
+    return (
+        f"thread contention: a run right after a parallel TVM kernel takes {timings.median_beside_tvm_s * 1e3:.3g} ms "
+        f"(median of {len(timings.beside_tvm_s)}, the fastest {fastest_beside * 1e3:.3g} ms) against "
+        f"{alone * 1e3:.3g} ms alone: its threads and TVM's, which spin after each parallel kernel, compete for "
+        "the cores; make its pool wait without spinning, or give the pools fewer threads"
+    )
 
 
-def confirmed_contention(measure: Callable[[], Timings], rounds: int = ROUNDS, factor: float = FACTOR,
-                         min_slowdown_s: float = MIN_SLOWDOWN_S) -> Optional[str]:
+def confirmed_contention(
+    measure: Callable[[], Timings], rounds: int = ROUNDS, factor: float = FACTOR, min_slowdown_s: float = MIN_SLOWDOWN_S
+) -> Optional[str]:
     """:func:`contention` of ``measure()``, measured again up to ``rounds`` times in all while it says so: a
     contention every round shows (the last round's line), else None."""
     found = None
@@ -84,9 +87,12 @@ def confirmed_contention(measure: Callable[[], Timings], rounds: int = ROUNDS, f
     return found
 
 
-def wait_until_quiet(max_s: float = MAX_QUIET_WAIT_S, window_s: float = QUIET_WINDOW_S,
-                     cpu_clock: Callable[[], float] = time.process_time,
-                     sleep: Callable[[float], object] = time.sleep) -> bool:
+def wait_until_quiet(
+    max_s: float = MAX_QUIET_WAIT_S,
+    window_s: float = QUIET_WINDOW_S,
+    cpu_clock: Callable[[], float] = time.process_time,
+    sleep: Callable[[float], object] = time.sleep,
+) -> bool:
     """Sleep window by window until this process uses less than a fifth of a core over one (TVM's workers
     asleep), for ``max_s`` at most; whether it went quiet."""
     for _ in range(max(1, math.ceil(max_s / window_s))):
@@ -97,9 +103,13 @@ def wait_until_quiet(max_s: float = MAX_QUIET_WAIT_S, window_s: float = QUIET_WI
     return False
 
 
-def times_beside_tvm(run: Callable[[], object], run_tvm: Callable[[], object], repeats: int = REPEATS,
-                     clock: Callable[[], float] = time.perf_counter,
-                     settle: Callable[[], object] = wait_until_quiet) -> Timings:
+def times_beside_tvm(
+    run: Callable[[], object],
+    run_tvm: Callable[[], object],
+    repeats: int = REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+    settle: Callable[[], object] = wait_until_quiet,
+) -> Timings:
     """``run`` timed ``repeats`` times alone, one run after another once the process is quiet (``settle``:
     TVM's workers asleep, the kernel's own pool as a loop of its runs keeps it), after one untimed run;
     then ``repeats`` times right after ``run_tvm`` each, as a partition runs between TVM's kernels."""

@@ -57,6 +57,7 @@ BASELINE_PROTOCOL = "baseline-2"
 # Part of the key under which a run's end (build, verification, baselines, contest) is kept beside its library.
 FINISHED_PROTOCOL = "finished-1"
 
+
 @attrs.define
 class Job:
     """What one optimization carries from step to step."""
@@ -102,10 +103,17 @@ class Job:
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
         here = tvm_compat.device_name(self.target)
         if placement.device != here:
-            log.warning("%s was measured on %s and is replayed on %s: its costs and choices may not hold here",
-                        path, placement.device, here)
-        return attrs.evolve(placement, inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
-                            ran_on=here if placement.device != here else "")
+            log.warning(
+                "%s was measured on %s and is replayed on %s: its costs and choices may not hold here",
+                path,
+                placement.device,
+                here,
+            )
+        return attrs.evolve(
+            placement,
+            inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
+            ran_on=here if placement.device != here else "",
+        )
 
     def op_level_candidates(self, candidates) -> list[Candidate]:
         """Candidates whose costs add up; graph-level ones are judged end to end by the two-level search."""
@@ -172,7 +180,8 @@ class Job:
         collage_core.model.original_model), lowered once per job; None when no plugin runs it."""
         if backend not in self.original_modules:
             self.original_modules[backend] = original_model.lowered_module(
-                self.pm, self.imported, self.backends[backend], self.target)
+                self.pm, self.imported, self.backends[backend], self.target
+            )
         return self.original_modules[backend]
 
     def partitioned(self, parts):
@@ -190,8 +199,15 @@ class Job:
         wanted = self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
         return wanted and tvm_compat.is_cuda(self.target)
 
-    def run_built(self, parts, library: Optional[Path], cutoff_s: Optional[float] = None,
-                  run_limit_s: Optional[float] = None, mod=None, cuda_graphs: Optional[bool] = None):
+    def run_built(
+        self,
+        parts,
+        library: Optional[Path],
+        cutoff_s: Optional[float] = None,
+        run_limit_s: Optional[float] = None,
+        mod=None,
+        cuda_graphs: Optional[bool] = None,
+    ):
         """Build ``parts`` (None: TVM's unpartitioned build of the model; ``mod``: their module when
         the caller has it) in a fresh worker, run it on the job's inputs and time it; returns
         (outputs, cost).
@@ -202,25 +218,35 @@ class Job:
         :class:`StageTooSlow`. The first run, which pays one-time setup, has SETUP_GRACE_S more
         (see :func:`_run_limits`). ``cuda_graphs`` overrides the settings' choice for this build.
         """
-        module_path, inputs_path, outputs_path = (self.scratch / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
+        module_path, inputs_path, outputs_path = (
+            self.scratch / name for name in ("placed.json", "inputs.npz", "outputs.npz")
+        )
         np.savez(inputs_path, *self.inputs)
         request = {
             "op": "run_placement",
             "target": tvm_compat.target_to_json(self.target),
             "inputs": str(inputs_path),
             "outputs": str(outputs_path),
-            "settings": attrs.evolve(self.settings, cutoff_s=cutoff_s,
-                                     cuda_graphs=self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs).to_json(),
+            "settings": attrs.evolve(
+                self.settings,
+                cutoff_s=cutoff_s,
+                cuda_graphs=self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs,
+            ).to_json(),
             "library": str(library) if library else None,
         }
         # A worker holding the model has Relax, not the original file an engine's own session runs: that is sent lowered.
-        held = parts is not None and not original_model.engine_of(parts) and zygote.hold_model(
-            self.plugin_modules, self.disabled, self.held_key, self._write_model)
+        held = (
+            parts is not None
+            and not original_model.engine_of(parts)
+            and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
+        )
         (self.scratch / "model.json").unlink(missing_ok=True)
         response = None
         if held:
             try:
-                response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_to_json(parts)}, run_limit_s)
+                response = self._run_in_worker(
+                    {**request, "held": self.held_key, "parts": parts_to_json(parts)}, run_limit_s
+                )
             except HeldElsewhere:
                 pass  # sent whole below
         try:
@@ -240,8 +266,11 @@ class Job:
     def _run_in_worker(self, request: dict, run_limit_s: Optional[float]) -> dict:
         try:
             with MeasurementWorker(self.plugin_modules, self.disabled) as worker:
-                return worker.request(request, self.settings.timeout_s + BUILD_TIMEOUT_S,
-                                      stage_limits=None if run_limit_s is None else run_limits(run_limit_s))
+                return worker.request(
+                    request,
+                    self.settings.timeout_s + BUILD_TIMEOUT_S,
+                    stage_limits=None if run_limit_s is None else run_limits(run_limit_s),
+                )
         except StageTooSlow:
             raise
         except WorkerFailure as failure:
@@ -254,7 +283,6 @@ class Job:
         path = self.scratch / "model.json"
         path.write_text(tvm_compat.save_ir_json(self.imported.mod))
         return path
-
 
 
 def parts_to_json(parts) -> list[dict]:
@@ -305,8 +333,9 @@ class EndToEndEvaluator:
 
     def __init__(self, job: "Job", db, cut_off: bool, claim_lifetime_s: Optional[float] = None):
         self.job, self.db, self.cut_off = job, db, cut_off
-        self.claim_lifetime_s = (placement_claim_lifetime_s(MeasureSettings()) if claim_lifetime_s is None
-                                 else claim_lifetime_s)
+        self.claim_lifetime_s = (
+            placement_claim_lifetime_s(MeasureSettings()) if claim_lifetime_s is None else claim_lifetime_s
+        )
         self.best_s = math.inf
         self.spent_s = 0.0
         self.from_database = 0
@@ -337,8 +366,9 @@ class EndToEndEvaluator:
     def _claimed(self, key: str, parts) -> Claim:
         """The placement's cost, measured by this run or another; or the claim to measure it here,
         granted unless another live run held it for longer than its measurement may take."""
-        return claimed_end_to_end(self.db, key, self.claim_lifetime_s, self.job.say,
-                                  f"placement of {len(parts)} partitions")
+        return claimed_end_to_end(
+            self.db, key, self.claim_lifetime_s, self.job.say, f"placement of {len(parts)} partitions"
+        )
 
     def _measured(self, parts) -> tuple[Cost, float]:
         """The placement measured here, and the seconds that took."""
@@ -356,12 +386,13 @@ class EndToEndEvaluator:
             job.say(f"  placement of {len(parts)} partitions: {describe_cost(cost)}, best {self.best_s * 1e3:.3f} ms")
         except StageTooSlow:
             cost = stopped(limit)
-            job.say(f"  placement of {len(parts)} partitions: stopped, a run took longer than {limit:g} s, "
-                    f"best {self.best_s * 1e3:.3f} ms")
+            job.say(
+                f"  placement of {len(parts)} partitions: stopped, a run took longer than {limit:g} s, "
+                f"best {self.best_s * 1e3:.3f} ms"
+            )
         except CollageError as error:
             cost = Cost.invalid(str(error))
         return cost, time.perf_counter() - started
-
 
 
 def run_limits(run_limit_s: float) -> dict:

@@ -36,7 +36,7 @@ def stopped_limit(cost: Cost) -> Optional[float]:
     if cost.is_measured or not cost.reason.startswith(STOPPED_PREFIX):
         return None
     try:
-        return float(cost.reason[len(STOPPED_PREFIX):].strip().removesuffix("s"))
+        return float(cost.reason[len(STOPPED_PREFIX) :].strip().removesuffix("s"))
     except ValueError:
         return None
 
@@ -69,15 +69,25 @@ class MeasureSettings:
     timeout_s: float = 600.0
     cutoff_s: Optional[float] = None
     single_run_s: float = 5.0
-    build_workers: int = described(0, whole(0), f"build this many candidates at once (0: half the cores, at most "
-                                   f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds")
-    cuda_graphs: bool = described(True, BOOLEAN, "replay CUDA graphs in the placements built for a CUDA target (the "
-                                  "report gives the placement's latency both with and without)")
+    build_workers: int = described(
+        0,
+        whole(0),
+        f"build this many candidates at once (0: half the cores, at most "
+        f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds",
+    )
+    cuda_graphs: bool = described(
+        True,
+        BOOLEAN,
+        "replay CUDA graphs in the placements built for a CUDA target (the "
+        "report gives the placement's latency both with and without)",
+    )
 
     def parallel_builds(self) -> int:
         """How many candidates are built at once: ``build_workers``, or with 0 half the cores up to MAX_BUILD_WORKERS
         (on 2 cores, building one while exporting another gained nothing over building and timing in turn)."""
-        return self.build_workers if self.build_workers > 0 else max(1, min((os.cpu_count() or 1) // 2, MAX_BUILD_WORKERS))
+        return (
+            self.build_workers if self.build_workers > 0 else max(1, min((os.cpu_count() or 1) // 2, MAX_BUILD_WORKERS))
+        )
 
     def to_json(self) -> dict:
         return attrs.asdict(self)

@@ -101,7 +101,7 @@ def process_start(pid: int) -> Optional[str]:
             stat = file.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
@@ -121,7 +121,13 @@ def end_with(pid: int) -> None:
 
 # What CUDA's runtime (through TVM or PyTorch), cuBLAS and cuDNN say when device memory runs out.
 OUT_OF_GPU_MEMORY_REASON = "out of GPU memory"
-OUT_OF_GPU_MEMORY = ("CUDA: out of memory", "CUDA out of memory", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY", "STATUS_ALLOC_FAILED")
+OUT_OF_GPU_MEMORY = (
+    "CUDA: out of memory",
+    "CUDA out of memory",
+    "cudaErrorMemoryAllocation",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "STATUS_ALLOC_FAILED",
+)
 
 
 def describe_failure(error: Exception) -> str:
@@ -183,7 +189,9 @@ def _call_overhead_s(state, target, settings) -> float:
         with bb.function("main", [param]):
             bb.emit_func_output(param)
         vm, device = _vm(relax.build(bb.get(), target), target)
-        cache[key] = _time_vm(vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]).median_s
+        cache[key] = _time_vm(
+            vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]
+        ).median_s
     return cache[key]
 
 
@@ -197,7 +205,10 @@ def _net_of_call(cost, overhead_s: float):
 def _own_measurement(state, backend_name: str, mod, target, settings):
     """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None."""
     cost, errors = first_result(
-        state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target,
+        state["pm"].hook.collage_measure_candidate,
+        backend=state["backends"][backend_name],
+        mod=mod,
+        target=target,
         settings=settings,
     )
     if cost is None and errors:
@@ -328,7 +339,6 @@ def _held_placement(state, request):
     if graph is None:
         raise LookupError(f"this worker does not hold model {request['held'][:12]}")
     if request.get("float32_units"):  # a variant: these units of the held 16-bit model widened first
-
         converted, original = state["widenable"][request["held"]]
         widened = widen(converted, request["float32_units"], original)
         graph = RelaxGraph.from_function(widened["main"], widened)

@@ -125,8 +125,11 @@ class MeasurementWorker:
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile(mode="w+b")
         self.lines = queue.Queue()
-        forked = None if self.env is not None else zygote.forked_worker(self.plugin_modules, self.disabled,
-                                                                         self.stderr_file.fileno())
+        forked = (
+            None
+            if self.env is not None
+            else zygote.forked_worker(self.plugin_modules, self.disabled, self.stderr_file.fileno())
+        )
         if forked is not None:
             self.process = forked
             threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
@@ -143,8 +146,9 @@ class MeasurementWorker:
         )
         self.lines = queue.Queue()
         threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
-        response = self._exchange({"op": "init", "plugins": self.plugin_modules, "disabled": self.disabled},
-                                   START_TIMEOUT_S)
+        response = self._exchange(
+            {"op": "init", "plugins": self.plugin_modules, "disabled": self.disabled}, START_TIMEOUT_S
+        )
         if "error" in response:
             self.close()
             raise WorkerFailure(f"worker could not load its plugins: {response['error']}")

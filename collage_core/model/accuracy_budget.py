@@ -32,8 +32,10 @@ from collage_core.errors import CollageError
 
 DEFAULT_BLOCKS = 8
 DEFAULT_REFINEMENTS = 4  # probes spent giving parts of the last block sent back to float32 their 16 bits again
-NEEDS_REFERENCE = ("an accuracy budget is held by measuring the outputs against the reference: it needs verification "
-                   "and a model with a reference (ONNX or PyTorch)")
+NEEDS_REFERENCE = (
+    "an accuracy budget is held by measuring the outputs against the reference: it needs verification "
+    "and a model with a reference (ONNX or PyTorch)"
+)
 
 
 class AccuracyBudgetError(CollageError):
@@ -58,19 +60,30 @@ class Fit:
     probes: tuple[Probe, ...]
 
     def to_json(self) -> dict:
-        return {"budget": self.budget, "units": self.units, "float32_units": list(self.float32_units),
-                "error": self.error, "probes": [attrs.asdict(p) for p in self.probes]}
+        return {
+            "budget": self.budget,
+            "units": self.units,
+            "float32_units": list(self.float32_units),
+            "error": self.error,
+            "probes": [attrs.asdict(p) for p in self.probes],
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> "Fit":
-        return cls(float(data["budget"]), int(data["units"]), tuple(int(u) for u in data["float32_units"]),
-                   float(data["error"]), tuple(Probe(tuple(p["float32_units"]), float(p["error"]), str(p["why"]))
-                                               for p in data["probes"]))
+        return cls(
+            float(data["budget"]),
+            int(data["units"]),
+            tuple(int(u) for u in data["float32_units"]),
+            float(data["error"]),
+            tuple(Probe(tuple(p["float32_units"]), float(p["error"]), str(p["why"])) for p in data["probes"]),
+        )
 
     def describe(self) -> str:
         kept = len(self.float32_units)
-        return (f"accuracy budget {self.budget:g}: {kept} of {self.units} units back in float32, "
-                f"measured error {self.error:.3g} ({len(self.probes)} probes)")
+        return (
+            f"accuracy budget {self.budget:g}: {kept} of {self.units} units back in float32, "
+            f"measured error {self.error:.3g} ({len(self.probes)} probes)"
+        )
 
 
 def _named(piece: Sequence[int]) -> str:
@@ -106,8 +119,14 @@ def blocks_of(units: int, count: int) -> list[tuple[int, ...]]:
     return [tuple(range(edges[i], edges[i + 1])) for i in range(count) if edges[i + 1] > edges[i]]
 
 
-def fit(units: int, budget: float, errors_of: Callable[[list[tuple[int, ...]]], list[float]], blocks: int = DEFAULT_BLOCKS,
-        say: Optional[Callable[[str], None]] = None, refinements: int = DEFAULT_REFINEMENTS) -> Fit:
+def fit(
+    units: int,
+    budget: float,
+    errors_of: Callable[[list[tuple[int, ...]]], list[float]],
+    blocks: int = DEFAULT_BLOCKS,
+    say: Optional[Callable[[str], None]] = None,
+    refinements: int = DEFAULT_REFINEMENTS,
+) -> Fit:
     """The float32 units that hold ``budget``; ``errors_of([float32_units, ...])`` builds and measures
     probes, the blocks' probes in one call (they do not depend on each other, so they may be built at once)."""
     if not budget > 0:
@@ -156,13 +175,22 @@ def fit(units: int, budget: float, errors_of: Callable[[list[tuple[int, ...]]], 
     if error <= budget or units == 0:
         return done((), error)
     split = blocks_of(units, blocks)
-    alone = dict(zip(split, probe_all([(tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits")
-                                       for block in split])))
+    alone = dict(
+        zip(
+            split,
+            probe_all(
+                [
+                    (tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits")
+                    for block in split
+                ]
+            ),
+        )
+    )
     order = sorted(split, key=lambda block: -alone[block])
     chosen: list[int] = []
     for position, block in enumerate(order):
         chosen += block
-        left = order[position + 1:]
+        left = order[position + 1 :]
         predicted = math.sqrt(sum(alone[b] ** 2 for b in left))
         if not left:
             break
@@ -173,5 +201,7 @@ def fit(units: int, budget: float, errors_of: Callable[[list[tuple[int, ...]]], 
     error = probe(everything, "every unit in float32")
     if error <= budget:
         return done(*refined(list(everything), order[-1], error))
-    raise AccuracyBudgetError(f"accuracy budget {budget:g} is below what the placement measured with every unit in "
-                              f"float32 ({error:.3g}): raise the budget, or use --precision fp32")
+    raise AccuracyBudgetError(
+        f"accuracy budget {budget:g} is below what the placement measured with every unit in "
+        f"float32 ({error:.3g}): raise the budget, or use --precision fp32"
+    )

@@ -110,7 +110,9 @@ def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name:
         if example_inputs is None:
             raise ModelImportError("a PyTorch module needs example_inputs (a tuple of tensors) to be exported")
         return _from_torch(model, tuple(example_inputs), name or type(model).__name__)
-    raise ModelImportError(f"cannot import a {type(model).__name__}: pass an ONNX file, a torch.nn.Module or a Relax IRModule")
+    raise ModelImportError(
+        f"cannot import a {type(model).__name__}: pass an ONNX file, a torch.nn.Module or a Relax IRModule"
+    )
 
 
 # Collage makes an array of each input's shape to check and time a model: a larger input is refused before any is made.
@@ -125,8 +127,10 @@ def _checked_size(spec: TensorSpec, origin: str) -> TensorSpec:
     elements = math.prod(spec.shape)
     size = elements * np.dtype(spec.dtype).itemsize
     if size > MAX_INPUT_BYTES:
-        raise ModelImportError(f"{origin}: input {spec.name!r} is {shown}, {elements:.3g} elements ({size / 2**30:.3g} GiB); "
-                               f"Collage makes inputs of at most {MAX_INPUT_BYTES / 2**30:g} GiB to check and time a model")
+        raise ModelImportError(
+            f"{origin}: input {spec.name!r} is {shown}, {elements:.3g} elements ({size / 2**30:.3g} GiB); "
+            f"Collage makes inputs of at most {MAX_INPUT_BYTES / 2**30:g} GiB to check and time a model"
+        )
     return spec
 
 
@@ -153,8 +157,10 @@ def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
 
 # Operators that compute shapes at run time; a model with any is folded before TVM imports it.
 SHAPE_ARITHMETIC = ("Shape", "Size")
-TRY_INSTEAD = ("try exporting with static shapes (or another opset), or pass the PyTorch module with example "
-               "inputs to collage_core.optimize, which imports it through torch.export")
+TRY_INSTEAD = (
+    "try exporting with static shapes (or another opset), or pass the PyTorch module with example "
+    "inputs to collage_core.optimize, which imports it through torch.export"
+)
 
 
 def fold_static_shapes(data: bytes, origin: str):
@@ -191,11 +197,15 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         dims = value.type.tensor_type.shape.dim
         if any(not dim.HasField("dim_value") for dim in dims):
             shown = [dim.dim_param or "?" if not dim.HasField("dim_value") else dim.dim_value for dim in dims]
-            raise ModelImportError(f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes")
+            raise ModelImportError(
+                f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes"
+            )
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
         if any(dim.dim_value == 0 for dim in dims):  # TVM's importer would take it for a dynamic dimension
-            raise ModelImportError(f"{origin}: input {value.name!r} is {dtype}{[dim.dim_value for dim in dims]}, zero-sized: "
-                                   "it holds no data to place a model on; export it with every dimension at least 1")
+            raise ModelImportError(
+                f"{origin}: input {value.name!r} is {dtype}{[dim.dim_value for dim in dims]}, zero-sized: "
+                "it holds no data to place a model on; export it with every dimension at least 1"
+            )
         inputs.append(_checked_size(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype), origin))
     fingerprint = hashlib.sha256(data).hexdigest()
     original = OriginalModel(ONNX, data, fingerprint)
@@ -204,13 +214,16 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
     cache_name = import_cache.key(fingerprint)
     cached = import_cache.load(cache_name)
     if cached is not None:
-        return ImportedModel(name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name,
-                             original=original)
+        return ImportedModel(
+            name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name, original=original
+        )
     fold_failure = ""
     if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
         try:  # what TVM imports; the original stays the numerics reference
             proto = fold_static_shapes(data, origin)
-            fingerprint = hashlib.sha256(f"{fingerprint}|folded by onnxruntime {onnxruntime.__version__}".encode()).hexdigest()
+            fingerprint = hashlib.sha256(
+                f"{fingerprint}|folded by onnxruntime {onnxruntime.__version__}".encode()
+            ).hexdigest()
         except ModelImportError as failed:  # TVM may still take the model as exported
             fold_failure = f" (folding its shape computations failed first: {str(failed).split(': ', 1)[-1]})"
     supported = tvm_compat.onnx_convert_map()
@@ -226,10 +239,14 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
             f"({_first_line(failure.cause)}){fold_failure}{advice}"
         ) from None
     except Exception as error:
-        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
+        raise ModelImportError(
+            f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}"
+        ) from None
     canonical = canonicalize(mod, origin)
     import_cache.store(cache_name, canonical, fingerprint, len(data))
-    return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original)
+    return ImportedModel(
+        name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original
+    )
 
 
 def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
@@ -251,8 +268,10 @@ def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
     return reference
 
 
-TENSORS_ONLY = ("a module's outputs must be tensors, or tuples, lists, dicts, dataclasses or transformers ModelOutputs "
-                "of them (None is left out)")
+TENSORS_ONLY = (
+    "a module's outputs must be tensors, or tuples, lists, dicts, dataclasses or transformers ModelOutputs "
+    "of them (None is left out)"
+)
 
 
 def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
@@ -266,8 +285,9 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
             program = torch.export.export(flattened, example_inputs)
             mod = tvm_compat.from_exported_program(program)
     except NotATensor as output:
-        raise UncheckableModel(f"PyTorch module {name}: Collage cannot check its outputs: {output}; "
-                               f"{TENSORS_ONLY}") from None
+        raise UncheckableModel(
+            f"PyTorch module {name}: Collage cannot check its outputs: {output}; {TENSORS_ONLY}"
+        ) from None
     except tvm_compat.TorchNodeFailure as failure:
         verdict = _onnx_route_verdict(module, example_inputs, name)
         where = f" (made by {failure.source})" if failure.source else ""
@@ -277,9 +297,12 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
         ) from None
     except Exception as error:
         verdict = _onnx_route_verdict(module, example_inputs, name)
-        raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}") from None
+        raise ModelImportError(
+            f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}"
+        ) from None
     inputs = tuple(
-        TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs)
+        TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        for i, t in enumerate(example_inputs)
     )
 
     def reference(arrays):
@@ -310,12 +333,15 @@ def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
     try:
         with torch.no_grad():
             torch.onnx.export(module, example_inputs, buffer, opset_version=17, dynamo=False)
-        _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(),
-                         origin="its ONNX export", advise=False)
+        _from_onnx_proto(
+            onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(), origin="its ONNX export", advise=False
+        )
     except Exception as error:
         return f"the ONNX route fails too ({_first_line(error)})"
-    return ("the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, opset_version=17, "
-            "dynamo=False) and optimize the file (a trace: branches on input values follow the example inputs)")
+    return (
+        "the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, opset_version=17, "
+        "dynamo=False) and optimize the file (a trace: branches on input values follow the example inputs)"
+    )
 
 
 def _from_relax(mod, name: str) -> ImportedModel:
@@ -350,7 +376,9 @@ def canonicalize(mod, origin: str):
     body = mod["main"].body
     blocks = [block for block in body.blocks if block.bindings]
     if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
-        raise ModelImportError(f"{origin}: main must be a single dataflow block after import (found {len(blocks)} blocks)")
+        raise ModelImportError(
+            f"{origin}: main must be a single dataflow block after import (found {len(blocks)} blocks)"
+        )
     for param in mod["main"].params:
         try:
             tvm_compat.tensor_shape_dtype(param)
@@ -381,27 +409,34 @@ def check_against_reference(imported: ImportedModel) -> str:
     try:
         expected = [np.asarray(array) for array in imported.reference(inputs)]
     except Exception as error:
-        raise UncheckableModel(f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's "
-                               f"shapes: {_first_line(error)}") from None
+        raise UncheckableModel(
+            f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's "
+            f"shapes: {_first_line(error)}"
+        ) from None
     declared = tvm_compat.return_type(imported.mod["main"])
     declared = list(declared.fields) if isinstance(declared, relax.TupleType) else [declared]
     if len(declared) != len(expected):
-        raise UncheckableModel(f"{label}: {imported.reference_name} gives {len(expected)} outputs, the imported model "
-                               f"{len(declared)}")
+        raise UncheckableModel(
+            f"{label}: {imported.reference_name} gives {len(expected)} outputs, the imported model {len(declared)}"
+        )
     for index, (ty, array) in enumerate(zip(declared, expected)):
         try:
             shape, dtype = tvm_compat.type_shape_dtype(ty)
         except ValueError as error:
             raise UncheckableModel(f"{label}: {_output(imported, index)} of the imported model is {error}") from None
         if (shape, dtype) != (array.shape, array.dtype.name):
-            raise UncheckableModel(f"{label}: {_output(imported, index)} is {dtype}{list(shape)} in the imported model, "
-                                   f"{array.dtype.name}{list(array.shape)} from {imported.reference_name}")
+            raise UncheckableModel(
+                f"{label}: {_output(imported, index)} is {dtype}{list(shape)} in the imported model, "
+                f"{array.dtype.name}{list(array.shape)} from {imported.reference_name}"
+            )
     outputs_agree = "its output agrees" if len(expected) == 1 else f"its {len(expected)} outputs agree"
     agree = f"{label}: {outputs_agree} with {imported.reference_name}'s in shape and dtype"
     work = _multiply_adds(imported.mod["main"])
     if work > CHECK_BUILD_MULTIPLY_ADDS:
-        return (f"{agree}; numerics are verified at the end only ({work / 1e9:.1f} G multiply-adds, too many to run "
-                f"TVM's unscheduled build first)")
+        return (
+            f"{agree}; numerics are verified at the end only ({work / 1e9:.1f} G multiply-adds, too many to run "
+            f"TVM's unscheduled build first)"
+        )
     try:
         outputs = _run_plain_build(imported.mod, inputs)
     except Exception as error:
@@ -412,15 +447,21 @@ def check_against_reference(imported: ImportedModel) -> str:
         return f"{agree}; TVM's plain build: {verification.describe()}"
     again = compare_outputs(imported.reference(inputs), expected, imported.reference_name, held_to.rtol, held_to.atol)
     if not again.passed:
-        raise UncheckableModel(f"{label}: {imported.reference_name} gives other outputs each time on the same inputs "
-                               f"(max error relative to output scale {again.max_rel_error:.3g} between two runs)")
-    off = next(index for index, (out, ref) in enumerate(zip(outputs, expected))
-               if not compare_outputs([out], [ref], "", held_to.rtol, held_to.atol).passed)
+        raise UncheckableModel(
+            f"{label}: {imported.reference_name} gives other outputs each time on the same inputs "
+            f"(max error relative to output scale {again.max_rel_error:.3g} between two runs)"
+        )
+    off = next(
+        index
+        for index, (out, ref) in enumerate(zip(outputs, expected))
+        if not compare_outputs([out], [ref], "", held_to.rtol, held_to.atol).passed
+    )
     raise ImportNumericsError(
         f"{label}: TVM's plain build of the imported model disagrees with {imported.reference_name} at "
         f"{_output(imported, off)} (max abs error {verification.max_abs_error:.3g}, max error relative to output "
         f"scale {verification.max_rel_error:.3g}; tolerance atol {held_to.atol:g} + rtol {held_to.rtol:g} x "
-        f"max|reference|): every placement of it would fail the verification")
+        f"max|reference|): every placement of it would fail the verification"
+    )
 
 
 def _label(imported: ImportedModel) -> str:

@@ -71,8 +71,12 @@ def engine_of(parts) -> Optional[str]:
 
 def is_lowered_already(func) -> bool:
     """Whether a partition function is an engine's session over the original file: lowered where the file was."""
-    return isinstance(func, relax.Function) and func.attrs is not None and BACKEND_ATTR in func.attrs and \
-        pattern_of(func) == pattern(str(func.attrs[BACKEND_ATTR]))
+    return (
+        isinstance(func, relax.Function)
+        and func.attrs is not None
+        and BACKEND_ATTR in func.attrs
+        and pattern_of(func) == pattern(str(func.attrs[BACKEND_ATTR]))
+    )
 
 
 def contender_name(backend: str) -> str:
@@ -82,11 +86,15 @@ def contender_name(backend: str) -> str:
 
 def what_it_runs(backend: str) -> str:
     """Why such a placement is what it is, for the sentence saying why it was returned."""
-    return (f"{contender_name(backend)} runs the original model file as its users run it (the engine's default session, "
-            f"Collage's thread settings), every operator in the engine, none converted by Collage")
+    return (
+        f"{contender_name(backend)} runs the original model file as its users run it (the engine's default session, "
+        f"Collage's thread settings), every operator in the engine, none converted by Collage"
+    )
 
 
-def placement_parts(backend: str, operators: int, original: OriginalModel, cost: Cost = Cost.unknown()) -> list[Partition]:
+def placement_parts(
+    backend: str, operators: int, original: OriginalModel, cost: Cost = Cost.unknown()
+) -> list[Partition]:
     """The placement: one partition of every operator, keyed by the file's digest."""
     return [Partition(backend, pattern(backend), range(operators), f"{pattern(backend)}:{original.digest}", cost)]
 
@@ -106,17 +114,29 @@ def lowered_module(pm, imported, backend, target) -> Optional[tvm.IRModule]:
         return None
     main = imported.mod["main"]
     name = partition_function_name(backend.name, 0)
-    func = main.without_attr("global_symbol").with_attrs({BACKEND_ATTR: backend.name, PATTERN_ATTR: pattern(backend.name)})
-    lowered, errors = first_result(pm.hook.collage_lower_whole_model, backend=backend, model=original.data,
-                                   model_format=original.format, func=func, name=name, target=target)
+    func = main.without_attr("global_symbol").with_attrs(
+        {BACKEND_ATTR: backend.name, PATTERN_ATTR: pattern(backend.name)}
+    )
+    lowered, errors = first_result(
+        pm.hook.collage_lower_whole_model,
+        backend=backend,
+        model=original.data,
+        model_format=original.format,
+        func=func,
+        name=name,
+        target=target,
+    )
     if lowered is None:
         if errors:
             raise OriginalModelError(f"backend {backend.name}: running the original model failed: {'; '.join(errors)}")
         return None
     if len(lowered.params) != len(main.params) or not tvm_compat.structural_equal(
-            tvm_compat.return_type(lowered), tvm_compat.return_type(main)):
-        raise OriginalModelError(f"backend {backend.name}: collage_lower_whole_model returned a function that does not "
-                                 f"take the model's inputs and give its outputs")
+        tvm_compat.return_type(lowered), tvm_compat.return_type(main)
+    ):
+        raise OriginalModelError(
+            f"backend {backend.name}: collage_lower_whole_model returned a function that does not "
+            f"take the model's inputs and give its outputs"
+        )
     lowered = lowered.with_attrs(dict(func.attrs))  # marked as what it is however the plugin built it
     bb = relax.BlockBuilder()
     params = [relax.Var(param.name, tvm_compat.value_type(param)) for param in main.params]

@@ -85,14 +85,19 @@ def check_precision(precision: str, target) -> None:
     if tvm_compat.is_cuda(target):
         return
     if precision == TF32:
-        raise PrecisionError("precision tf32 on the CPU: TF32 is an NVIDIA tensor-core format; use fp32 here, "
-                             "or tf32 with --target cuda")
+        raise PrecisionError(
+            "precision tf32 on the CPU: TF32 is an NVIDIA tensor-core format; use fp32 here, or tf32 with --target cuda"
+        )
     if precision == FP16:
-        raise PrecisionError("precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
-                             "use bf16 on a CPU with AMX or AVX512-BF16, or fp16 with --target cuda")
+        raise PrecisionError(
+            "precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
+            "use bf16 on a CPU with AMX or AVX512-BF16, or fp16 with --target cuda"
+        )
     if not has_fast_bf16():
-        raise PrecisionError(f"precision bf16: this CPU ({cpu_model()}) has no fast bf16 (neither "
-                             f"{' nor '.join(FAST_BF16_FLAGS)} among its flags), so bf16 would run slower than fp32; use fp32")
+        raise PrecisionError(
+            f"precision bf16: this CPU ({cpu_model()}) has no fast bf16 (neither "
+            f"{' nor '.join(FAST_BF16_FLAGS)} among its flags), so bf16 would run slower than fp32; use fp32"
+        )
 
 
 def has_fast_bf16() -> bool:
@@ -131,8 +136,13 @@ def convert(mod, precision: str):
     mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
     if precision == BF16:
         mod = _float16_to_bfloat16(mod)
-    return tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(),
-                                     relax.transform.DeadCodeElimination(["main"])])(_constant_casts_folded(mod))
+    return tvm.transform.Sequential(
+        [
+            relax.transform.FoldConstant(),
+            relax.transform.CanonicalizeBindings(),
+            relax.transform.DeadCodeElimination(["main"]),
+        ]
+    )(_constant_casts_folded(mod))
 
 
 def _constant_casts_folded(mod):
@@ -164,8 +174,12 @@ def at_precision(imported: ImportedModel, precision: str) -> ImportedModel:
         return imported
     if imported.precision != FP32:
         raise PrecisionError(f"{imported.name} is already at {imported.precision}")
-    return attrs.evolve(imported, mod=convert(imported.mod, precision), precision=precision,
-                        fingerprint=fingerprint(imported.fingerprint, precision))
+    return attrs.evolve(
+        imported,
+        mod=convert(imported.mod, precision),
+        precision=precision,
+        fingerprint=fingerprint(imported.fingerprint, precision),
+    )
 
 
 def with_float32_units(converted, float32_units, original):
@@ -175,13 +189,19 @@ def with_float32_units(converted, float32_units, original):
     if not units:
         return converted
     if converted.precision not in DTYPES or converted.float32_units:
-        raise PrecisionError(f"{converted.name}: units can go back to float32 only from a plain {'/'.join(DTYPES)} conversion")
+        raise PrecisionError(
+            f"{converted.name}: units can go back to float32 only from a plain {'/'.join(DTYPES)} conversion"
+        )
     try:
         mod = widening.widen(converted.mod, units, original.mod)
     except ValueError as error:
         raise PrecisionError(f"{converted.name} at {converted.precision}: {error}") from error
-    return attrs.evolve(converted, mod=mod, float32_units=units,
-                        fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}")
+    return attrs.evolve(
+        converted,
+        mod=mod,
+        float32_units=units,
+        fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}",
+    )
 
 
 def fingerprint(model_fingerprint: str, precision: str) -> str:
@@ -193,15 +213,19 @@ def describe(precision: str) -> Optional[str]:
     """One line for the report on what ``precision`` did to the model; None for fp32."""
     if precision == TF32:
         tol = tolerance(precision)
-        return (f"precision tf32: float32 throughout; matrix products may round their operands to TF32 where a backend's "
-                f"TF32 kernel measured fastest; numerics tolerance atol {tol.atol:g} + rtol {tol.rtol:g} x max|reference| "
-                f"against the float32 reference")
+        return (
+            f"precision tf32: float32 throughout; matrix products may round their operands to TF32 where a backend's "
+            f"TF32 kernel measured fastest; numerics tolerance atol {tol.atol:g} + rtol {tol.rtol:g} x max|reference| "
+            f"against the float32 reference"
+        )
     if precision not in DTYPES:
         return None
     tol = tolerance(precision)
-    return (f"precision {precision}: TVM's mixed-precision pass gave matrix products and convolutions {DTYPES[precision]} "
-            f"operands accumulating in float32, softmax and normalizations stay float32; numerics tolerance "
-            f"atol {tol.atol:g} + rtol {tol.rtol:g} x max|reference| against the float32 reference")
+    return (
+        f"precision {precision}: TVM's mixed-precision pass gave matrix products and convolutions {DTYPES[precision]} "
+        f"operands accumulating in float32, softmax and normalizations stay float32; numerics tolerance "
+        f"atol {tol.atol:g} + rtol {tol.rtol:g} x max|reference| against the float32 reference"
+    )
 
 
 def _float16_to_bfloat16(mod):

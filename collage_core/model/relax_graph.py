@@ -77,10 +77,24 @@ class RelaxGraph:
             preds=[producers[i] for i in op_bindings],
         )
         others = tvm.IRModule(
-            {gvar: f for gvar, f in (module.functions.items() if module is not None else ()) if gvar.name_hint != "main"}
+            {
+                gvar: f
+                for gvar, f in (module.functions.items() if module is not None else ())
+                if gvar.name_hint != "main"
+            }
         )
-        return cls(func, bindings, tuple(op_bindings), graph, tuple(producers), users, definer, others,
-                   {node: tuple(found) for node, found in glue_by_node.items()}, glue_reads)
+        return cls(
+            func,
+            bindings,
+            tuple(op_bindings),
+            graph,
+            tuple(producers),
+            users,
+            definer,
+            others,
+            {node: tuple(found) for node, found in glue_by_node.items()},
+            glue_reads,
+        )
 
     def builder(self) -> relax.BlockBuilder:
         """A BlockBuilder over the functions ``main`` calls, so cut-out groups keep what they call."""
@@ -108,7 +122,9 @@ class RelaxGraph:
                     seen.add(var)
                     inputs.append(var)
         outputs = tuple(
-            self.bindings[i].var for i in ordered if any(user not in included for user in self.users.get(self.bindings[i].var, ()))
+            self.bindings[i].var
+            for i in ordered
+            if any(user not in included for user in self.users.get(self.bindings[i].var, ()))
         )
         if not outputs:
             raise RegionError("operator group produces nothing that is used")

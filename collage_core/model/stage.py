@@ -26,8 +26,9 @@ class Imported:
     replayed: Optional[Placement]
 
 
-def import_model(model: Any, example_inputs: Optional[Sequence[Any]], options: OptimizeOptions,
-                 say: Callable[[str], None]) -> Imported:
+def import_model(
+    model: Any, example_inputs: Optional[Sequence[Any]], options: OptimizeOptions, say: Callable[[str], None]
+) -> Imported:
     """``model`` (see :func:`load_model`) ready to place as ``options`` say. With verification, a model
     whose outputs cannot be checked fails here, before anything is measured."""
     original = load_model(model, example_inputs)
@@ -50,6 +51,8 @@ def _precision_wanted(precision: Optional[str], replayed: Optional[Placement], p
         return precision or FP32
     recorded = replayed.precision
     if precision is not None and precision != recorded:
-        raise CollageError(f"{placement}: the placement was made at precision {recorded}, not {precision}; "
-                           f"replay it at {recorded} (leave --precision out) or search again at {precision}")
+        raise CollageError(
+            f"{placement}: the placement was made at precision {recorded}, not {precision}; "
+            f"replay it at {recorded} (leave --precision out) or search again at {precision}"
+        )
     return recorded

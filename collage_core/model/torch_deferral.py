@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
-
 # Modules whose loading imports PyTorch though they run without it.
 LOADING_WITHOUT_TORCH = ("tvm_ffi", "tvm", "tvm.relax")
 
@@ -27,7 +26,9 @@ class DeferTorch(importlib.abc.MetaPathFinder):
         if name.split(".")[0] != "torch":
             return None
         if any(_initialising(sys.modules.get(module)) for module in LOADING_WITHOUT_TORCH):
-            raise ImportError("PyTorch is imported when needed, not while TVM loads (collage_core.model.torch_deferral)")
+            raise ImportError(
+                "PyTorch is imported when needed, not while TVM loads (collage_core.model.torch_deferral)"
+            )
         if "tvm.relax" in sys.modules:
             remove()
         return None

@@ -26,8 +26,14 @@ from collage_core import tvm_compat
 from collage_core.model.dtypes import DTYPES
 from collage_core.model.relax_graph import substitute
 
-ANCHORS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.attention",
-           "relax.nn.attention_bias")
+ANCHORS = (
+    "relax.matmul",
+    "relax.nn.conv1d",
+    "relax.nn.conv2d",
+    "relax.nn.conv3d",
+    "relax.nn.attention",
+    "relax.nn.attention_bias",
+)
 SIXTEEN_BIT = tuple(DTYPES.values())
 ASTYPE = "relax.astype"
 
@@ -81,7 +87,11 @@ def units(mod) -> list[list[int]]:
     found: list[list[int]] = []
     for index, binding in enumerate(bindings):
         value = binding.value
-        if touches_sixteen_bit(value) and tvm_compat.op_name(value) in ANCHORS and any(_is_sixteen_bit(a) for a in value.args):
+        if (
+            touches_sixteen_bit(value)
+            and tvm_compat.op_name(value) in ANCHORS
+            and any(_is_sixteen_bit(a) for a in value.args)
+        ):
             found.append([index])
             unit_of[binding.var] = len(found) - 1
             continue
@@ -172,8 +182,9 @@ def widen(mod, chosen: Iterable[int], original_mod):
             output = builder.emit_output(current(func.body.body))
         builder.emit_func_output(output)
     result = tvm.IRModule({"main": builder.get()["main"]}, attrs=mod.attrs)
-    return tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
-                                     relax.transform.DeadCodeElimination(["main"])])(result)
+    return tvm.transform.Sequential(
+        [relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination(["main"])]
+    )(result)
 
 
 def _float32_form(value, as_float32):
@@ -189,14 +200,25 @@ def _float32_form(value, as_float32):
 
 def _casts_down(value) -> bool:
     """Whether ``value`` rounds a float32 value to 16 bits (the float32 value is what a widened unit reads)."""
-    return (isinstance(value, relax.Call) and tvm_compat.is_op_call(value) and tvm_compat.op_name(value) == ASTYPE
-            and _dtype(value) in SIXTEEN_BIT and _dtype(value.args[0]) == "float32")
+    return (
+        isinstance(value, relax.Call)
+        and tvm_compat.is_op_call(value)
+        and tvm_compat.op_name(value) == ASTYPE
+        and _dtype(value) in SIXTEEN_BIT
+        and _dtype(value.args[0]) == "float32"
+    )
 
 
 def _casts_a_twin_up(value, wide) -> bool:
     """Whether ``value`` casts a widened 16-bit value back up to float32 (it becomes the twin itself)."""
-    return (isinstance(value, relax.Call) and tvm_compat.is_op_call(value) and tvm_compat.op_name(value) == ASTYPE
-            and _dtype(value) == "float32" and isinstance(value.args[0], relax.Var) and value.args[0] in wide)
+    return (
+        isinstance(value, relax.Call)
+        and tvm_compat.is_op_call(value)
+        and tvm_compat.op_name(value) == ASTYPE
+        and _dtype(value) == "float32"
+        and isinstance(value.args[0], relax.Var)
+        and value.args[0] in wide
+    )
 
 
 def _attributes(func) -> dict:

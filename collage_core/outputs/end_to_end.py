@@ -33,8 +33,12 @@ class EndToEnd:
     paused_s: Optional[float] = None
 
     def to_json(self) -> dict:
-        data = {"name": self.name, "cost": self.cost.to_json(), "operators_by_backend": self.operators_by_backend,
-                "timed_in_turns": self.timed_in_turns}
+        data = {
+            "name": self.name,
+            "cost": self.cost.to_json(),
+            "operators_by_backend": self.operators_by_backend,
+            "timed_in_turns": self.timed_in_turns,
+        }
         if self.after_pause is not None:
             data.update(after_pause=self.after_pause.to_json(), paused_s=self.paused_s)
         return data
@@ -42,6 +46,11 @@ class EndToEnd:
     @classmethod
     def from_json(cls, data: dict) -> "EndToEnd":
         after_pause = data.get("after_pause")
-        return cls(str(data["name"]), Cost.from_json(data["cost"]), dict(data["operators_by_backend"]),
-                   bool(data.get("timed_in_turns", False)), None if after_pause is None else Cost.from_json(after_pause),
-                   data.get("paused_s"))
+        return cls(
+            str(data["name"]),
+            Cost.from_json(data["cost"]),
+            dict(data["operators_by_backend"]),
+            bool(data.get("timed_in_turns", False)),
+            None if after_pause is None else Cost.from_json(after_pause),
+            data.get("paused_s"),
+        )

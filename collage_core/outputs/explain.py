@@ -110,8 +110,15 @@ def summarise(placement: Placement, numbers: dict) -> str:
             cost, share = "measured end to end only", "-"
         rows.append([backend, str(len(parts)), str(operators), cost, share])
     top_rows = [
-        [str(rank), f"#{numbers[part]}", part.backend, part.pattern, operator_ids(part.nodes), describe_cost(part),
-         f"{100 * part.cost.median_s / total:.1f}%"]
+        [
+            str(rank),
+            f"#{numbers[part]}",
+            part.backend,
+            part.pattern,
+            operator_ids(part.nodes),
+            describe_cost(part),
+            f"{100 * part.cost.median_s / total:.1f}%",
+        ]
         for rank, part in enumerate(most_expensive(placement), start=1)
     ]
     heading = [
@@ -134,8 +141,10 @@ def summarise(placement: Placement, numbers: dict) -> str:
 
 def precision_line(placement: Placement) -> str:
     at_sixteen = sum(1 for part in placement.partitions if placement.precision_of(part) != FP32)
-    line = (f"precision {placement.precision}: {at_sixteen} of {counted(len(placement.partitions), 'partition')} compute on "
-            f"16-bit values (marked [{placement.precision}] below), the others in float32")
+    line = (
+        f"precision {placement.precision}: {at_sixteen} of {counted(len(placement.partitions), 'partition')} compute on "
+        f"16-bit values (marked [{placement.precision}] below), the others in float32"
+    )
     if placement.float32_units:
         line += f"; units kept in float32 for the accuracy budget: {list(placement.float32_units)}"
     if placement.accuracy_budget is not None:
@@ -159,10 +168,17 @@ def explain_partition(placement: Placement, part: Partition, number: int, rank: 
     rivals = overlapping(placement.considered, part)
     listed = sorted([part, *rivals], key=_cheapest_first)
     # The chosen one is always shown, even behind many cheaper ones.
-    shown = listed[:LISTED_CANDIDATES] if part in listed[:LISTED_CANDIDATES] else [*listed[:LISTED_CANDIDATES - 1], part]
+    shown = (
+        listed[:LISTED_CANDIDATES] if part in listed[:LISTED_CANDIDATES] else [*listed[: LISTED_CANDIDATES - 1], part]
+    )
     rows = [
-        ["chosen" if candidate == part else "", candidate.backend, candidate.pattern, operator_ids(candidate.nodes),
-         describe_cost(candidate)]
+        [
+            "chosen" if candidate == part else "",
+            candidate.backend,
+            candidate.pattern,
+            operator_ids(candidate.nodes),
+            describe_cost(candidate),
+        ]
         for candidate in shown
     ]
     lines.append("  candidates touching these operators, cheapest first:")
@@ -190,10 +206,14 @@ def why(part: Partition, rivals: Sequence[Partition], placement_why: str = "") -
     A graph-level region won with its whole placement: ``placement_why`` says how, when the file says."""
     if not part.cost.is_measured:
         if placement_why:
-            return ["why: a graph-level region, measured end to end only: it came with the whole placement "
-                    "(see why this placement, above)"]
-        return ["why: a graph-level region, measured end to end only: the two-level search kept it because the "
-                "whole placement measured faster with it"]
+            return [
+                "why: a graph-level region, measured end to end only: it came with the whole placement "
+                "(see why this placement, above)"
+            ]
+        return [
+            "why: a graph-level region, measured end to end only: the two-level search kept it because the "
+            "whole placement measured faster with it"
+        ]
     inside = [c for c in rivals if set(c.nodes) <= set(part.nodes)]
     cover = cheapest_cover(part.nodes, inside)
     mine = part.cost.median_s

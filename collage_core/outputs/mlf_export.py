@@ -26,9 +26,21 @@ from collage_core.build.deploy import backend_needs, runtime_libraries
 from collage_core.build.executable import build, lower_partitions
 from collage_core.build.partition import BACKEND_ATTR, pattern_of
 from collage_core.build.plugin_calls import calls_of
-from collage_core.outputs.mlf import (CALL_KINDS, EXECUTOR, EXECUTOR_CONFIG, FORMAT, LOWERED_DIR, OBJECTS_DIR, PLACEMENT,
-                                      RELAX_TEXT, RUNTIME_DIR, VERSION, MLFError, _parameters_member,
-                                      check_in_new_process)
+from collage_core.outputs.mlf import (
+    CALL_KINDS,
+    EXECUTOR,
+    EXECUTOR_CONFIG,
+    FORMAT,
+    LOWERED_DIR,
+    OBJECTS_DIR,
+    PLACEMENT,
+    RELAX_TEXT,
+    RUNTIME_DIR,
+    VERSION,
+    MLFError,
+    _parameters_member,
+    check_in_new_process,
+)
 from collage_core.plugins import get_plugin_manager
 
 
@@ -47,7 +59,9 @@ def _tensor_bytes(expr) -> int:
 def _constants(func) -> list:
 
     found = []
-    relax.analysis.post_order_visit(func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None)
+    relax.analysis.post_order_visit(
+        func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None
+    )
     return found
 
 
@@ -57,7 +71,9 @@ def _function_memory(name: str, func) -> dict:
     outputs = set(_output_vars(func))
     return {
         "function": name,
-        "backend": str(func.attrs["collage.backend"]) if func.attrs is not None and "collage.backend" in func.attrs else "",
+        "backend": str(func.attrs["collage.backend"])
+        if func.attrs is not None and "collage.backend" in func.attrs
+        else "",
         "input_bytes": sum(_tensor_bytes(param) for param in func.params),
         "output_bytes": sum(_tensor_bytes(var) for var in _output_vars(func)),
         "constant_bytes": sum(_tensor_bytes(constant) for constant in _constants(func)),
@@ -118,8 +134,10 @@ def _epoch() -> int:
 
 
 def _export_time() -> str:
-    moment = datetime.datetime.fromtimestamp(_epoch(), datetime.timezone.utc) if "SOURCE_DATE_EPOCH" in os.environ else (
-        datetime.datetime.now(datetime.timezone.utc)
+    moment = (
+        datetime.datetime.fromtimestamp(_epoch(), datetime.timezone.utc)
+        if "SOURCE_DATE_EPOCH" in os.environ
+        else (datetime.datetime.now(datetime.timezone.utc))
     )
     return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -147,8 +165,10 @@ def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool)
     # (DNNL's layout choices are kept in its kernel cache), so this is what the build compiled.
     lowered = lower_partitions(pm, partitioned, backends, target)
     built = tvm_compat.lowered_for_build(lowered, target)
-    names = sorted((gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)),
-                   key=_function_order)
+    names = sorted(
+        (gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)),
+        key=_function_order,
+    )
     built_names = {gvar.name_hint for gvar in built.get_global_vars()}
     files, summary = {}, []
     for number, name in enumerate(names):
@@ -160,7 +180,9 @@ def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool)
         lines = [f"# {name}: {about}"]
         lines += [f"# {CALL_KINDS[kind]} it calls: {', '.join(found) or 'none'}" for kind, found in calls.items()]
         if name == "main" and replays_cuda_graphs:
-            lines.append("# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)")
+            lines.append(
+                "# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)"
+            )
         lines += ["", "# as lowered by its backend:", func.script(name=name)]
         for tir_name in calls["tir_functions"]:
             lines += ["", f"# TIR function {tir_name}, as TVM compiles it:", built[tir_name].script(name=tir_name)]
@@ -170,9 +192,10 @@ def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool)
 
 
 def _write_tar(path: Path, files: dict[str, bytes]) -> None:
-    directories = sorted({name.rsplit("/", 1)[0] + "/" for name in files if "/" in name} | {
-        "/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))
-    })
+    directories = sorted(
+        {name.rsplit("/", 1)[0] + "/" for name in files if "/" in name}
+        | {"/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))}
+    )
     partial = path.with_name(path.name + ".writing")
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
         for name in directories + sorted(files):
@@ -189,8 +212,9 @@ def _write_tar(path: Path, files: dict[str, bytes]) -> None:
     partial.replace(path)
 
 
-def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
-               check_inputs: Optional[Sequence[np.ndarray]] = None) -> Path:
+def export_mlf(
+    optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True, check_inputs: Optional[Sequence[np.ndarray]] = None
+) -> Path:
     """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path.
     On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it.
 
@@ -211,8 +235,9 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
     with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
         executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
         objects = tvm_compat.host_objects(executable, optimized.target, scratch)
-    lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target,
-                                      cuda_graphs and tvm_compat.is_cuda(optimized.target))
+    lowered_files, lowered = _lowered(
+        pm, partitioned, backends, optimized.target, cuda_graphs and tvm_compat.is_cuda(optimized.target)
+    )
     name = placement.model_name
     main = partitioned["main"]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
@@ -250,7 +275,11 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
         "target": {"host": placement.target},
         "executor": EXECUTOR,
         "memory": memory_map(partitioned),
-        "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
+        "placement": {
+            "search": placement.search,
+            "backends": per_backend,
+            "summed_cost_s": placement.to_json()["summed_cost_s"],
+        },
         "lowered": lowered,
         "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
         "sizes": {member: len(data) for member, data in sorted(files.items())},
@@ -267,7 +296,8 @@ def export_mlf(optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True,
     except MLFError as error:
         path.unlink(missing_ok=True)  # an earlier export must not pass for this one
         problem = str(error).removeprefix(f"{partial}: ")
-        raise MLFError(f"{path}: the exported tar does not load and run in a new process: {problem} "
-                       f"(left as {partial.name})") from None
+        raise MLFError(
+            f"{path}: the exported tar does not load and run in a new process: {problem} (left as {partial.name})"
+        ) from None
     partial.replace(path)
     return path

@@ -111,7 +111,7 @@ def safe_file_name(name: str, default: str = DEFAULT_NAME) -> str:
     encoded = cleaned.encode("utf-8", "replace")
     if len(encoded) > NAME_BYTES:
         digest = hashlib.sha256(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        cleaned = encoded[:NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore") + "-" + digest
+        cleaned = encoded[: NAME_BYTES - len(digest) - 1].decode("utf-8", "ignore") + "-" + digest
     return cleaned or default
 
 
@@ -191,8 +191,11 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
             _remove_leftovers(directory)
-            if failed and made is not None and all(path.is_dir() or path.name == LOCK_FILE
-                                                   for path in Path(made).rglob("*")):
+            if (
+                failed
+                and made is not None
+                and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*"))
+            ):
                 shutil.rmtree(made, ignore_errors=True)
 
 
@@ -228,13 +231,14 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise OutputFolderInUse(f"{directory} is in use by another Collage run (pid {holder}); wait for it to end "
-                                    "or choose another output directory") from None
+            raise OutputFolderInUse(
+                f"{directory} is in use by another Collage run (pid {holder}); wait for it to end "
+                "or choose another output directory"
+            ) from None
         except OSError as error:  # a file system without locks
             raise CollageError(f"{directory}: cannot lock {LOCK_FILE} ({error.strerror})") from None
         if not _names(path, descriptor):  # a run that failed removed the folder, lock and all, as this one locked it
-            raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; "
-                                    "run again")
+            raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; run again")
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield

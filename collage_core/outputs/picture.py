@@ -23,9 +23,7 @@ HIGHLIGHT = "#d62728"
 OUTLINE = "#707070"
 # Small nodes and tight spacing keep a 400-operator model (BERT-base) legible on one page.
 GRAPH_ATTRIBUTES = 'rankdir=TB, newrank=true, nodesep=0.12, ranksep=0.2, fontname="Helvetica", fontsize=10, labelloc=t'
-NODE_ATTRIBUTES = (
-    'shape=box, style="filled,rounded", fontname="Helvetica", fontsize=8, width=0, height=0, margin="0.05,0.02", penwidth=0.5'
-)
+NODE_ATTRIBUTES = 'shape=box, style="filled,rounded", fontname="Helvetica", fontsize=8, width=0, height=0, margin="0.05,0.02", penwidth=0.5'
 EDGE_ATTRIBUTES = 'arrowsize=0.4, penwidth=0.6, color="#606060"'
 # The title's why-line is wrapped at this many characters, so that it does not set the picture's width.
 TITLE_CHARACTERS = 90

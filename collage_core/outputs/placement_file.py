@@ -85,8 +85,11 @@ class Placement:
             "precision": self.precision,
             **({"float32_units": list(self.float32_units)} if self.float32_units else {}),
             **({"sixteen_bit_operators": list(self.sixteen_bit_operators)} if self.sixteen_bit_operators else {}),
-            **({"accuracy_budget": self.accuracy_budget, "measured_error": _finite_or_none(self.measured_error)}
-               if self.accuracy_budget is not None else {}),
+            **(
+                {"accuracy_budget": self.accuracy_budget, "measured_error": _finite_or_none(self.measured_error)}
+                if self.accuracy_budget is not None
+                else {}
+            ),
             **({"why_chosen": self.why_chosen} if self.why_chosen else {}),
             **({"original_model": self.original_model} if self.original_model is not None else {}),
             "summed_cost_s": _finite_or_none(self.summed_cost_s),
@@ -106,7 +109,9 @@ class Placement:
         """Refuse a placement made for another model, naming the first mismatch."""
         for index, (expected, actual) in enumerate(zip(self.operators, graph.ops)):
             if expected != actual:
-                raise PlacementFileError(f"{origin}: operator {index} is {expected} in the placement but {actual} in the model")
+                raise PlacementFileError(
+                    f"{origin}: operator {index} is {expected} in the placement but {actual} in the model"
+                )
         if len(self.operators) != len(graph.ops):
             raise PlacementFileError(
                 f"{origin}: the placement covers {len(self.operators)} operators but the model has {len(graph.ops)}"
@@ -134,7 +139,9 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
     default every plugin) is read with a warning naming each such backend and both versions."""
     path = Path(path)
     if path.exists() and not path.is_file():  # a folder, or a device such as /dev/zero that reads without end
-        raise PlacementFileError(f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not a placement file")
+        raise PlacementFileError(
+            f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not a placement file"
+        )
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -148,7 +155,9 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
     placement = placement_from_json(data, str(path))
     used = {part.backend for part in placement.partitions}
     recorded = {name: version for name, version in recorded_versions(placement.backends).items() if name in used}
-    tell_other_versions(str(path), recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured")
+    tell_other_versions(
+        str(path), recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured"
+    )
     return placement
 
 
@@ -177,7 +186,9 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         partitions = partitions_of(data["partitions"], "partition")
         considered = partitions_of(data.get("candidates", []), "candidate")
         inputs_of = [[int(n) for n in preds] for preds in model.get("inputs_of", [])]
-        if inputs_of and (len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)):
+        if inputs_of and (
+            len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)
+        ):
             fail("model.inputs_of does not list earlier operators for each operator")
         precision = str(data.get("precision", FP32))
         if precision not in PRECISIONS:
@@ -225,18 +236,24 @@ def _original_model(value, partitions, fail) -> Optional[dict]:
         if any(runs_original(part) for part in partitions):
             fail("a partition runs the original model file, but the placement does not say which file (original_model)")
         return None
-    if not isinstance(value, dict) or not all(isinstance(value.get(field), str) for field in ("engine", "format", "sha256")):
+    if not isinstance(value, dict) or not all(
+        isinstance(value.get(field), str) for field in ("engine", "format", "sha256")
+    ):
         fail('original_model must say the engine, format and sha256 of the file its placement runs')
     if engine_of(partitions) != value["engine"]:
-        fail(f"original_model says the file runs on {value['engine']}'s own session, but the partitions are not that one session")
+        fail(
+            f"original_model says the file runs on {value['engine']}'s own session, but the partitions are not that one session"
+        )
     return {field: value[field] for field in ("engine", "format", "sha256")}
 
 
 def _checked_cost(cost: Cost, where: str, fail) -> Cost:
     """A measured cost's numbers are finite and not negative: the search adds them up and compares them."""
     if cost.is_measured and not (0 <= cost.median_s < math.inf and 0 <= cost.spread_s < math.inf and cost.repeats >= 0):
-        fail(f"{where}'s cost is measured as median {cost.median_s} s, spread {cost.spread_s} s, {cost.repeats} repeats; "
-             "a measured cost is a finite, non-negative number of seconds")
+        fail(
+            f"{where}'s cost is measured as median {cost.median_s} s, spread {cost.spread_s} s, {cost.repeats} repeats; "
+            "a measured cost is a finite, non-negative number of seconds"
+        )
     return cost
 
 
@@ -261,9 +278,13 @@ def check_same_file(placement, imported, origin: str) -> None:
         return
     engine = recorded["engine"]
     if imported.original is None:
-        raise PlacementFileError(f"{origin}: runs the original {recorded['format'].upper()} file on {contender_name(engine)}, "
-                                 f"but this model is {kind_of(imported)}: give Collage that file")
+        raise PlacementFileError(
+            f"{origin}: runs the original {recorded['format'].upper()} file on {contender_name(engine)}, "
+            f"but this model is {kind_of(imported)}: give Collage that file"
+        )
     if imported.original.digest != recorded["sha256"]:
-        raise PlacementFileError(f"{origin}: runs the original model file on {contender_name(engine)}, made from a file "
-                                 f"of SHA-256 {recorded['sha256'][:12]}..., and this model's is {imported.original.digest[:12]}...: "
-                                 f"it is another model; optimize this one")
+        raise PlacementFileError(
+            f"{origin}: runs the original model file on {contender_name(engine)}, made from a file "
+            f"of SHA-256 {recorded['sha256'][:12]}..., and this model's is {imported.original.digest[:12]}...: "
+            f"it is another model; optimize this one"
+        )

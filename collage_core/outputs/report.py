@@ -16,10 +16,14 @@ from collage_core.search.two_level import history_text
 # spread not printed as a ± that could read as "anywhere from zero": on a busy 2-core machine one
 # baseline measured 8.8 ms with its quartiles 23 ms apart.
 NOISY_SPREAD = 0.5
-IN_TURNS_HEADING = ("timed in turns, side by side in one sitting (the choice was made on the warm latencies, back to "
-                    "back; compare them only with each other):")
-ONE_AFTER_ANOTHER_HEADING = ("measured one after another, each build alone in its own worker (the machine's speed "
-                             "drifts between them; compare them only with each other):")
+IN_TURNS_HEADING = (
+    "timed in turns, side by side in one sitting (the choice was made on the warm latencies, back to "
+    "back; compare them only with each other):"
+)
+ONE_AFTER_ANOTHER_HEADING = (
+    "measured one after another, each build alone in its own worker (the machine's speed "
+    "drifts between them; compare them only with each other):"
+)
 
 
 def is_noisy(cost) -> bool:
@@ -73,9 +77,13 @@ def _best_other_build(entry, entries):
     """The fastest measured latency of a different build (another mix of backends) timed the same way
     as ``entry`` (in turns, or one after the other), or None: a library is not compared with itself."""
     return min(
-        (other.cost.median_s for other in entries
-         if other.cost.is_measured and other.timed_in_turns == entry.timed_in_turns
-         and other.operators_by_backend != entry.operators_by_backend),
+        (
+            other.cost.median_s
+            for other in entries
+            if other.cost.is_measured
+            and other.timed_in_turns == entry.timed_in_turns
+            and other.operators_by_backend != entry.operators_by_backend
+        ),
         default=None,
     )
 
@@ -121,8 +129,10 @@ def _cuda_graphs_line(entries) -> str:
     with_graphs, without = alone.cost if alone is not None else None, by_name.get(WITHOUT_CUDA_GRAPHS)
     if with_graphs is None or without is None or not (with_graphs.is_measured and without.is_measured):
         return ""
-    return (f"CUDA graphs: {with_graphs.median_s * 1e3:.3f} ms replayed as graphs, {without.median_s * 1e3:.3f} ms "
-            f"launching kernel by kernel ({without.median_s / with_graphs.median_s:.2f}x)")
+    return (
+        f"CUDA graphs: {with_graphs.median_s * 1e3:.3f} ms replayed as graphs, {without.median_s * 1e3:.3f} ms "
+        f"launching kernel by kernel ({without.median_s / with_graphs.median_s:.2f}x)"
+    )
 
 
 def placement_throughput(optimized):
@@ -134,7 +144,9 @@ def placement_throughput(optimized):
         return None
     flops = count_flops(model.mod).flops
     placement = optimized.placement
-    return throughput(flops, placed.median_s, placement.ran_on or placement.device, placement.precision) if flops else None
+    return (
+        throughput(flops, placed.median_s, placement.ran_on or placement.device, placement.precision) if flops else None
+    )
 
 
 def render_report(optimized) -> str:
@@ -145,13 +157,26 @@ def render_report(optimized) -> str:
     for part in placement.partitions:
         ops, parts, seconds, regions = per_backend.get(part.backend, (0, 0, 0.0, 0))
         measured = part.cost.seconds if part.cost.is_measured else 0.0
-        per_backend[part.backend] = (ops + len(part.nodes), parts + 1, seconds + measured, regions + (not part.cost.is_measured))
+        per_backend[part.backend] = (
+            ops + len(part.nodes),
+            parts + 1,
+            seconds + measured,
+            regions + (not part.cost.is_measured),
+        )
     rows = []
     for name, (ops, parts, seconds, regions) in sorted(per_backend.items()):
         if regions:  # graph-level regions: only their end-to-end effect is measured
             rows.append([name, str(ops), str(parts), "whole regions", "-"])
         else:
-            rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
+            rows.append(
+                [
+                    name,
+                    str(ops),
+                    str(parts),
+                    f"{seconds * 1e3:.3f} ms",
+                    f"{100 * seconds / total:.1f}%" if total else "-",
+                ]
+            )
     sections = [
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
@@ -165,9 +190,11 @@ def render_report(optimized) -> str:
     alone = _measured_alone(optimized.end_to_end)
     placed = None if alone is None else alone.cost
     if total and placed is not None and placed.is_measured and all(p.cost.is_measured for p in placement.partitions):
-        sections.append(f"the partitions' costs add up to {total * 1e3:.3f} ms; the placement measured "
-                        f"{placed.median_s * 1e3:.3f} ms end to end one after another, as they were "
-                        f"({100 * total / placed.median_s:.0f}% of it)")
+        sections.append(
+            f"the partitions' costs add up to {total * 1e3:.3f} ms; the placement measured "
+            f"{placed.median_s * 1e3:.3f} ms end to end one after another, as they were "
+            f"({100 * total / placed.median_s:.0f}% of it)"
+        )
     sections.append("")
     sections += _end_to_end_sections(optimized.end_to_end)
     graphs_line = _cuda_graphs_line(optimized.end_to_end)
@@ -183,8 +210,10 @@ def render_report(optimized) -> str:
         )
     if optimized.threads != ThreadSettings.machine_defaults():
         waiting = ", ".join(f"{name}={value}" for name, value in optimized.threads.waiting)
-        sections.append(f"threads: {optimized.threads.tvm} in TVM's pool, {optimized.threads.backends} in each backend's "
-                        f"pool, idle threads waiting by {waiting} (not this machine's defaults)")
+        sections.append(
+            f"threads: {optimized.threads.tvm} in TVM's pool, {optimized.threads.backends} in each backend's "
+            f"pool, idle threads waiting by {waiting} (not this machine's defaults)"
+        )
     if optimized.two_level is not None:
         t = optimized.two_level
         sections.append(
@@ -212,8 +241,10 @@ def sixteen_bit_summary(placement, accuracy) -> str:
     if not placement.sixteen_bit_operators:
         return ""
     at_sixteen = sum(1 for part in placement.partitions if placement.precision_of(part) != FP32)
-    text = (f"\n{len(placement.sixteen_bit_operators)} of {len(placement.operators)} operators compute on 16-bit values, "
-            f"in {at_sixteen} of {len(placement.partitions)} partitions; the others compute in float32")
+    text = (
+        f"\n{len(placement.sixteen_bit_operators)} of {len(placement.operators)} operators compute on 16-bit values, "
+        f"in {at_sixteen} of {len(placement.partitions)} partitions; the others compute in float32"
+    )
     if accuracy is not None:
         text += f"\n{accuracy.describe()}: units in float32 {list(accuracy.float32_units) or 'none'}"
     elif placement.float32_units:

@@ -21,8 +21,8 @@ from collage_core.model.model_import import ImportedModel
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
-from collage_core.outputs.picture import backend_colours
 from collage_core.outputs.output_folder import RunFolder
+from collage_core.outputs.picture import backend_colours
 from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.report import is_noisy, placement_throughput, render_report
 from collage_core.outputs.reuse import FinishedBuild, FinishKey, save_finished
@@ -92,12 +92,19 @@ class OptimizedModel:
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
         output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
-        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        output_folder.write_text(
+            directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n"
+        )
         if self.two_level is not None and self.two_level.history:
-            lost = "" if self.searched_placement is None else (
-                f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
-            output_folder.write_text(directory / SEARCH_PICTURE,
-                                     history_svg(self.two_level.history, backend_colours(self.placement), caption=lost))
+            lost = (
+                ""
+                if self.searched_placement is None
+                else (f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
+            )
+            output_folder.write_text(
+                directory / SEARCH_PICTURE,
+                history_svg(self.two_level.history, backend_colours(self.placement), caption=lost),
+            )
         return directory
 
     def results_json(self) -> dict:
@@ -113,14 +120,25 @@ class OptimizedModel:
             "replayed_from": self.replayed_from,
             "end_to_end": [{**row.to_json(), "noisy": is_noisy(row.cost)} for row in self.end_to_end],
             "candidates": self.candidates,
-            "measurement": None if measurement is None else {
-                "distinct": measurement.distinct, "measured": measurement.measured, "from_database": measurement.from_database,
-                "invalid": measurement.invalid, "seconds": measurement.seconds, "noisy": list(measurement.noisy),
+            "measurement": None
+            if measurement is None
+            else {
+                "distinct": measurement.distinct,
+                "measured": measurement.measured,
+                "from_database": measurement.from_database,
+                "invalid": measurement.invalid,
+                "seconds": measurement.seconds,
+                "noisy": list(measurement.noisy),
             },
-            "two_level": None if self.two_level is None else {
-                "generations": self.two_level.generations, "measured": self.two_level.measured,
-                "from_database": self.two_level.from_database, "evaluated": self.two_level.evaluated,
-                "predicted": self.two_level.predicted, "seconds": self.two_level.seconds,
+            "two_level": None
+            if self.two_level is None
+            else {
+                "generations": self.two_level.generations,
+                "measured": self.two_level.measured,
+                "from_database": self.two_level.from_database,
+                "evaluated": self.two_level.evaluated,
+                "predicted": self.two_level.predicted,
+                "seconds": self.two_level.seconds,
                 "history": [attrs.asdict(record) for record in self.two_level.history],
             },
             "search_s": self.search_s,
@@ -138,8 +156,17 @@ def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKe
     if folder.kept:
         optimized.save(folder.path)
         if finish is not None:
-            save_finished(folder.path, optimized.library_path, FinishedBuild(
-                finish, optimized.placement, optimized.end_to_end, optimized.verification, optimized.searched_placement))
+            save_finished(
+                folder.path,
+                optimized.library_path,
+                FinishedBuild(
+                    finish,
+                    optimized.placement,
+                    optimized.end_to_end,
+                    optimized.verification,
+                    optimized.searched_placement,
+                ),
+            )
     else:
         weakref.finalize(optimized, shutil.rmtree, str(folder.path), True)
     return optimized

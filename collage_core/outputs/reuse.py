@@ -69,7 +69,9 @@ class FinishKey:
         if "target" in changed:
             said.append(f"another target (was {kept.get('target')})")
         if "backends" in changed:
-            said.append(f"other backends or versions (was {_versions(kept.get('backends'))}, now {_versions(self.backends)})")
+            said.append(
+                f"other backends or versions (was {_versions(kept.get('backends'))}, now {_versions(self.backends)})"
+            )
         if "settings" in changed:
             said.append(f"other settings ({', '.join(_changed_settings(kept.get('settings'), mine['settings']))})")
         if "code" in changed:
@@ -94,7 +96,9 @@ def _changed_settings(kept, mine: dict) -> list[str]:
         if before == now:
             continue
         if isinstance(before, dict) and isinstance(now, dict):
-            changed += [f"{name}.{inner}" for inner in sorted(set(before) | set(now)) if before.get(inner) != now.get(inner)]
+            changed += [
+                f"{name}.{inner}" for inner in sorted(set(before) | set(now)) if before.get(inner) != now.get(inner)
+            ]
         else:
             changed.append(name)
     return changed
@@ -123,7 +127,9 @@ class Lookup:
 def finish_key(searched_key: str, settings: dict, code_modules) -> str:
     """The key of a run's end: the searched placement's key, every setting that changes what follows,
     and the source of Collage's core and of ``code_modules`` (the plugins in use)."""
-    text = json.dumps({"searched": searched_key, "settings": settings, "code": code_digest(code_modules)}, sort_keys=True)
+    text = json.dumps(
+        {"searched": searched_key, "settings": settings, "code": code_digest(code_modules)}, sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -149,8 +155,12 @@ def save_finished(directory: os.PathLike, library: os.PathLike, finished: Finish
         "format": FORMAT,
         "version": VERSION,
         "key": finished.key.to_json(),
-        "library": {"name": Path(library).name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                    "sha256": _sha256(library)},
+        "library": {
+            "name": Path(library).name,
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "sha256": _sha256(library),
+        },
         "placement": finished.placement.to_json(),
         "searched_placement": None if finished.searched_placement is None else finished.searched_placement.to_json(),
         "end_to_end": [row.to_json() for row in finished.end_to_end],
@@ -180,11 +190,15 @@ def load_finished(directory: os.PathLike, library: os.PathLike, key: FinishKey) 
         except FileNotFoundError:
             return Lookup(why_not=f"its library {Path(library).name} is missing")
         if (kept["name"], kept["size"], kept["mtime_ns"]) != (Path(library).name, stat.st_size, stat.st_mtime_ns):
-            return Lookup(why_not=f"its library {Path(library).name} was written again after it ended "
-                                  "(by another run into the same directory?)")
+            return Lookup(
+                why_not=f"its library {Path(library).name} was written again after it ended "
+                "(by another run into the same directory?)"
+            )
         if kept["sha256"] != _sha256(library):
-            return Lookup(why_not=f"its library {Path(library).name} has other bytes than the one it ended with "
-                                  "(its SHA-256 differs, though its size and time do not)")
+            return Lookup(
+                why_not=f"its library {Path(library).name} has other bytes than the one it ended with "
+                "(its SHA-256 differs, though its size and time do not)"
+            )
         rows = [EndToEnd.from_json(row) for row in record["end_to_end"]]
         verification = None if record["verification"] is None else Verification(**record["verification"])
         placement = placement_from_json(record["placement"], str(path))
@@ -209,14 +223,22 @@ def _sha256(path: os.PathLike) -> str:
 def key_of_run(job: Job, parts, options: "OptimizeOptions") -> FinishKey:
     """The key the end of ``job``'s run from the searched ``parts`` is kept under: its model, target,
     backends, searched placement, the options that change what follows, and the code."""
-    settings = {"accuracy_budget": options.accuracy_budget, "compare_backends": options.compares_backends(),
-                "baseline_limit_s": options.baseline_limit_s, "verify": options.verify,
-                "reference": job.imported.reference_name,
-                "settings": attrs.evolve(options.settings, build_workers=0).to_json()}
-    return FinishKey(model=job.imported.fingerprint, target=tvm_compat.target_to_json(job.target),
-                     backends={name: backend.version for name, backend in sorted(job.backends.items())},
-                     searched=job.end_to_end_key(parts, FINISHED_PROTOCOL), settings=settings,
-                     code=code_digest(job.plugin_modules))
+    settings = {
+        "accuracy_budget": options.accuracy_budget,
+        "compare_backends": options.compares_backends(),
+        "baseline_limit_s": options.baseline_limit_s,
+        "verify": options.verify,
+        "reference": job.imported.reference_name,
+        "settings": attrs.evolve(options.settings, build_workers=0).to_json(),
+    }
+    return FinishKey(
+        model=job.imported.fingerprint,
+        target=tvm_compat.target_to_json(job.target),
+        backends={name: backend.version for name, backend in sorted(job.backends.items())},
+        searched=job.end_to_end_key(parts, FINISHED_PROTOCOL),
+        settings=settings,
+        code=code_digest(job.plugin_modules),
+    )
 
 
 def run_before(directory: Path, library: Path, key: FinishKey, say) -> Optional[FinishedBuild]:
@@ -225,6 +247,8 @@ def run_before(directory: Path, library: Path, key: FinishKey, say) -> Optional[
     if kept.why_not:
         say(f"the run before in {directory} is not reused: {kept.why_not}")
     if kept.finished is not None:
-        say(f"the run before in {directory} ended from this same searched placement (same model, target, backends, "
-            f"settings and code): its library, verification and end-to-end measurements are reused")
+        say(
+            f"the run before in {directory} ended from this same searched placement (same model, target, backends, "
+            f"settings and code): its library, verification and end-to-end measurements are reused"
+        )
     return kept.finished

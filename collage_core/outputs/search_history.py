@@ -42,8 +42,11 @@ def history_svg(history: Sequence, colours: dict[str, str], caption: str = "") -
         f'<text x="0" y="16" {FONT} font-weight="bold">Two-level search: operators by backend in the fastest '
         'placement so far</text>',
     ]
-    lines += [f'<text class="caption" x="0" y="{16 + CAPTION_HEIGHT * (number + 1)}" {FONT} fill="{HIGHLIGHT}">'
-              f'{html.escape(line)}</text>' for number, line in enumerate(caption_lines)]
+    lines += [
+        f'<text class="caption" x="0" y="{16 + CAPTION_HEIGHT * (number + 1)}" {FONT} fill="{HIGHLIGHT}">'
+        f'{html.escape(line)}</text>'
+        for number, line in enumerate(caption_lines)
+    ]
     for row, record in enumerate(history):
         y = top + row * ROW_HEIGHT
         total = sum(record.operators_by_backend.values()) or 1
@@ -54,9 +57,11 @@ def history_svg(history: Sequence, colours: dict[str, str], caption: str = "") -
         for backend, count in record.operators_by_backend.items():
             span = BAR_WIDTH * count / total
             title = html.escape(f"{backend}: {count} operators")
-            lines.append(f'<rect x="{x:.2f}" y="{y}" width="{span:.2f}" height="{BAR_HEIGHT}" fill="{colours[backend]}" '
-                         f'stroke="#707070" stroke-width="0.5" data-backend="{html.escape(backend)}" '
-                         f'data-operators="{count}"><title>{title}</title></rect>')
+            lines.append(
+                f'<rect x="{x:.2f}" y="{y}" width="{span:.2f}" height="{BAR_HEIGHT}" fill="{colours[backend]}" '
+                f'stroke="#707070" stroke-width="0.5" data-backend="{html.escape(backend)}" '
+                f'data-operators="{count}"><title>{title}</title></rect>'
+            )
             x += span
         lines.append(f'<text x="{LABEL_WIDTH + BAR_WIDTH + 8}" y="{y + BAR_HEIGHT - 3}" {FONT}>{latency}</text>')
         lines.append("</g>")
@@ -64,8 +69,10 @@ def history_svg(history: Sequence, colours: dict[str, str], caption: str = "") -
     x = float(LABEL_WIDTH)
     used = sorted({b for record in history for b in record.operators_by_backend})
     for backend in used:
-        lines.append(f'<rect x="{x:.2f}" y="{legend_y}" width="10" height="10" fill="{colours[backend]}" stroke="#707070" '
-                     'stroke-width="0.5"/>')
+        lines.append(
+            f'<rect x="{x:.2f}" y="{legend_y}" width="10" height="10" fill="{colours[backend]}" stroke="#707070" '
+            'stroke-width="0.5"/>'
+        )
         lines.append(f'<text x="{x + 14:.2f}" y="{legend_y + 9}" {FONT}>{html.escape(backend)}</text>')
         x += 24 + 7 * len(backend)
     lines.append("</svg>")

@@ -23,7 +23,9 @@ def find_dot() -> str:
     """The path of Graphviz's ``dot``, or an error that says how to install it."""
     found = shutil.which("dot")
     if found is None:
-        raise CollageError("Graphviz's dot is not installed: apt-get install graphviz (or write a .dot file and render it elsewhere)")
+        raise CollageError(
+            "Graphviz's dot is not installed: apt-get install graphviz (or write a .dot file and render it elsewhere)"
+        )
     return found
 
 
@@ -71,7 +73,7 @@ def html_page(placement: Placement, svg: str) -> str:
         for backend, fill in backend_colours(placement).items()
     )
     # dot's SVG starts with an XML declaration and a DOCTYPE, which do not belong inside HTML.
-    inline_svg = svg[svg.index("<svg"):]
+    inline_svg = svg[svg.index("<svg") :]
     title = html.escape(f"Placement of {placement.model_name}")
     return f"""<!DOCTYPE html>
 <html lang="en">

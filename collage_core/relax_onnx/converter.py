@@ -201,8 +201,12 @@ def _pool2d(g: _Graph, call) -> str:
     if include and any(begins + zeros):
         x = g.node("Pad", [x, g.int64s([0, 0, *begins, 0, 0, *zeros])], mode="constant")
         begins, ends = [0, 0], [end - zero for end, zero in zip(ends, zeros)]
-    attributes = dict(kernel_shape=[axis.kernel for axis in axes], strides=[axis.stride for axis in axes],
-                      pads=begins + ends, ceil_mode=0)
+    attributes = dict(
+        kernel_shape=[axis.kernel for axis in axes],
+        strides=[axis.stride for axis in axes],
+        pads=begins + ends,
+        ceil_mode=0,
+    )
     if is_max:
         return g.node("MaxPool", [x], dilations=[axis.dilation for axis in axes], **attributes)
     return g.node("AveragePool", [x], count_include_pad=0, **attributes)
@@ -217,8 +221,13 @@ def _resize2d(g: _Graph, call) -> str:
     elif method == "cubic":
         extra.update(cubic_coeff_a=float(attrs.cubic_alpha), exclude_outside=int(attrs.cubic_exclude))
     # Sizes, not scales: the runtimes derive the scale from the lengths, as TVM does.
-    return g.node("Resize", [g.value(call.args[0]), "", "", g.int64s(_out_shape(call))],
-                  mode=support.RESIZE_METHODS[method], coordinate_transformation_mode=mode, **extra)
+    return g.node(
+        "Resize",
+        [g.value(call.args[0]), "", "", g.int64s(_out_shape(call))],
+        mode=support.RESIZE_METHODS[method],
+        coordinate_transformation_mode=mode,
+        **extra,
+    )
 
 
 def _pad(g: _Graph, call) -> str:
@@ -397,8 +406,12 @@ def _convert_binding(g: _Graph, binding, sixteen_bit: frozenset = frozenset()) -
         raise UnsupportedError(f"binding of {type(value).__name__}: {value}")
 
 
-def convert(func: relax.Function, name: str = "collage_partition", sixteen_bit: frozenset = frozenset(),
-            widened: frozenset = frozenset()) -> onnx.ModelProto:
+def convert(
+    func: relax.Function,
+    name: str = "collage_partition",
+    sixteen_bit: frozenset = frozenset(),
+    widened: frozenset = frozenset(),
+) -> onnx.ModelProto:
     """``func`` as an ONNX model; raises :class:`UnsupportedError` for anything it cannot reproduce.
     ``sixteen_bit``: the 16-bit floating types the backend running the model takes (see ``support.refusal``).
     ``widened`` (of those): types that are float32 inside the model, cast only where the model's inputs and

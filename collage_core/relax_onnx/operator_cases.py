@@ -21,6 +21,7 @@ R = relax.op
 RTOL, ATOL = 1e-5, 1e-5
 F = "float32"
 
+
 def function(make, *specs) -> relax.Function:
     """A one-block function over parameters of ``specs`` (shape, dtype) whose result is ``make(*params)``."""
     params = [relax.Var(f"p{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
@@ -130,27 +131,103 @@ CASES = [
     ("max_pool2d", lambda x: R.nn.max_pool2d(x, 3, strides=2, padding=1), [NCHW], "any"),
     ("max_pool2d_ceil_dilated", lambda x: R.nn.max_pool2d(x, 2, strides=2, dilation=2, ceil_mode=True), [NCHW4], "any"),
     ("avg_pool2d", lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=1), [NCHW], "any"),
-    ("avg_pool2d_include_pad", lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=1, count_include_pad=True), [NCHW], "any"),
+    (
+        "avg_pool2d_include_pad",
+        lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=1, count_include_pad=True),
+        [NCHW],
+        "any",
+    ),
     ("avg_pool2d_ceil", lambda x: R.nn.avg_pool2d(x, 2, strides=2, ceil_mode=True), [NCHW4], "any"),
     # Ceil mode adds a window that overhangs the input: Relax counts the explicit padding, never the overhang.
-    ("avg_pool2d_ceil_include_pad", lambda x: R.nn.avg_pool2d(x, 2, strides=2, ceil_mode=True, count_include_pad=True), [NCHW4], "any"),
-    ("avg_pool2d_ceil_include_pad_padded", lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True), [NCHW4], "any"),
-    ("max_pool2d_ceil_drops_window_past_input", lambda x: R.nn.max_pool2d(x, 1, strides=2, ceil_mode=True), [((1, 2, 10, 10), F)], "any"),
+    (
+        "avg_pool2d_ceil_include_pad",
+        lambda x: R.nn.avg_pool2d(x, 2, strides=2, ceil_mode=True, count_include_pad=True),
+        [NCHW4],
+        "any",
+    ),
+    (
+        "avg_pool2d_ceil_include_pad_padded",
+        lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True),
+        [NCHW4],
+        "any",
+    ),
+    (
+        "max_pool2d_ceil_drops_window_past_input",
+        lambda x: R.nn.max_pool2d(x, 1, strides=2, ceil_mode=True),
+        [((1, 2, 10, 10), F)],
+        "any",
+    ),
     ("max_pool2d_uneven_padding", lambda x: R.nn.max_pool2d(x, 3, padding=(2, 1, 0, 2)), [NCHW4], "any"),
     # One window over the whole input: EfficientNet's pooler, AvgPool2d(1280, ceil_mode=True) over 7x7.
-    ("avg_pool2d_global_ceil", lambda x: R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True), [NCHW4], "any"),
-    ("avg_pool2d_global_include_padded", lambda x: R.nn.avg_pool2d(x, 11, strides=11, padding=(1, 1, 2, 0), ceil_mode=True, count_include_pad=True), [NCHW4], "any"),
+    (
+        "avg_pool2d_global_ceil",
+        lambda x: R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),
+        [NCHW4],
+        "any",
+    ),
+    (
+        "avg_pool2d_global_include_padded",
+        lambda x: R.nn.avg_pool2d(x, 11, strides=11, padding=(1, 1, 2, 0), ceil_mode=True, count_include_pad=True),
+        [NCHW4],
+        "any",
+    ),
     ("max_pool2d_global", lambda x: R.nn.max_pool2d(x, 10, padding=(1, 0, 0, 0)), [NCHW4], "any"),
     ("resize2d_linear_half_pixel", lambda x: R.image.resize2d(x, (16, 11)), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_linear_align_corners_down", lambda x: R.image.resize2d(x, (3, 4), coordinate_transformation_mode="align_corners"), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_linear_asymmetric", lambda x: R.image.resize2d(x, (10, 9), coordinate_transformation_mode="asymmetric"), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_linear_pytorch_half_pixel_to_1", lambda x: R.image.resize2d(x, (1, 13), coordinate_transformation_mode="pytorch_half_pixel"), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_nearest_asymmetric_floor_3x", lambda x: R.image.resize2d(x, (15, 21), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="floor"), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_nearest_half_pixel_round_prefer_ceil", lambda x: R.image.resize2d(x, (12, 9), method="nearest_neighbor", rounding_method="round_prefer_ceil"), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_nearest_round_down", lambda x: R.image.resize2d(x, (4, 3), method="nearest_neighbor", coordinate_transformation_mode="align_corners", rounding_method=""), [((1, 3, 7, 5), F)], "any"),
-    ("resize2d_nearest_ceil_2x", lambda x: R.image.resize2d(x, (10, 14), method="nearest_neighbor", rounding_method="ceil"), [((1, 3, 5, 7), F)], "any"),
+    (
+        "resize2d_linear_align_corners_down",
+        lambda x: R.image.resize2d(x, (3, 4), coordinate_transformation_mode="align_corners"),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
+    (
+        "resize2d_linear_asymmetric",
+        lambda x: R.image.resize2d(x, (10, 9), coordinate_transformation_mode="asymmetric"),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
+    (
+        "resize2d_linear_pytorch_half_pixel_to_1",
+        lambda x: R.image.resize2d(x, (1, 13), coordinate_transformation_mode="pytorch_half_pixel"),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
+    (
+        "resize2d_nearest_asymmetric_floor_3x",
+        lambda x: R.image.resize2d(
+            x, (15, 21), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="floor"
+        ),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
+    (
+        "resize2d_nearest_half_pixel_round_prefer_ceil",
+        lambda x: R.image.resize2d(x, (12, 9), method="nearest_neighbor", rounding_method="round_prefer_ceil"),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
+    (
+        "resize2d_nearest_round_down",
+        lambda x: R.image.resize2d(
+            x, (4, 3), method="nearest_neighbor", coordinate_transformation_mode="align_corners", rounding_method=""
+        ),
+        [((1, 3, 7, 5), F)],
+        "any",
+    ),
+    (
+        "resize2d_nearest_ceil_2x",
+        lambda x: R.image.resize2d(x, (10, 14), method="nearest_neighbor", rounding_method="ceil"),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
     ("resize2d_cubic_half_pixel", lambda x: R.image.resize2d(x, (9, 16), method="cubic"), [((1, 3, 5, 7), F)], "any"),
-    ("resize2d_cubic_align_corners", lambda x: R.image.resize2d(x, (11, 4), method="cubic", coordinate_transformation_mode="align_corners", cubic_alpha=-0.5), [((1, 3, 5, 7), F)], "any"),
+    (
+        "resize2d_cubic_align_corners",
+        lambda x: R.image.resize2d(
+            x, (11, 4), method="cubic", coordinate_transformation_mode="align_corners", cubic_alpha=-0.5
+        ),
+        [((1, 3, 5, 7), F)],
+        "any",
+    ),
     ("pad_constant", lambda x: R.nn.pad(x, [0, 0, 0, 0, 1, 2, 0, 3], pad_value=1.5), [NCHW4], "any"),
     ("pad_reflect", lambda x: R.nn.pad(x, [0, 0, 0, 0, 2, 1, 3, 0], pad_mode="reflect"), [NCHW4], "any"),
     ("pad_replicate", lambda x: R.nn.pad(x, [0, 0, 1, 0, 2, 2, 0, 1], pad_mode="replicate"), [NCHW4], "any"),
@@ -166,14 +243,24 @@ CASES = [
     ("softmax_axis0", lambda x: R.nn.softmax(x, axis=0), [ROWS], "any"),
     ("log_softmax", lambda x: R.nn.log_softmax(x, axis=1), [ROWS], "any"),
     ("layer_norm", lambda x: R.nn.layer_norm(x, const(GAMMA), const(BETA), axes=[-1]), [((2, 4, 16), F)], "any"),
-    ("layer_norm_two_axes", lambda x: R.nn.layer_norm(x, const(np.ones((4, 16), F)), const(np.zeros((4, 16), F)), axes=[1, 2]), [((2, 4, 16), F)], "any"),
+    (
+        "layer_norm_two_axes",
+        lambda x: R.nn.layer_norm(x, const(np.ones((4, 16), F)), const(np.zeros((4, 16), F)), axes=[1, 2]),
+        [((2, 4, 16), F)],
+        "any",
+    ),
     ("reshape", lambda x: R.reshape(x, (2, 3, -1)), [NCHW], "any"),
     ("reshape_int64", lambda x: R.reshape(x, (6,)), [((2, 3), "int64")], "any"),
     ("permute_dims", lambda x: R.permute_dims(x, [0, 2, 3, 1]), [NCHW], "any"),
     ("permute_dims_reverse", lambda x: R.permute_dims(x), [((2, 3, 4), F)], "any"),
     ("concat", lambda x, y: R.concat([x, y, x], axis=1), [((2, 3), F), ((2, 5), F)], "any"),
     ("concat_negative_axis", lambda x, y: R.concat([x, y], axis=-2), [((2, 3), "int64"), ((4, 3), "int64")], "any"),
-    ("strided_slice", lambda x: R.strided_slice(x, axes=[1, 2], begin=[0, 1], end=[2, 100], strides=[1, 2]), [NCHW], "any"),
+    (
+        "strided_slice",
+        lambda x: R.strided_slice(x, axes=[1, 2], begin=[0, 1], end=[2, 100], strides=[1, 2]),
+        [NCHW],
+        "any",
+    ),
     ("strided_slice_negative", lambda x: R.strided_slice(x, axes=[-1], begin=[-4], end=[-1]), [NCHW], "any"),
     ("squeeze", lambda x: R.squeeze(x, [1]), [((2, 1, 3), F)], "any"),
     ("squeeze_all", lambda x: R.squeeze(x), [((1, 2, 1, 3), F)], "any"),
@@ -181,7 +268,12 @@ CASES = [
     ("flatten", R.flatten, [((2, 3, 4), F)], "any"),
     ("take", lambda x, i: R.take(x, i, axis=0), [((10, 4), F), ((2, 3), "int64")], "any"),
     ("take_axis1_int32", lambda x, i: R.take(x, i, axis=1), [((2, 5, 3), F), ((4,), "int32")], "any"),
-    ("take_wrap_const", lambda x: R.take(x, const(np.array([-1, 0, 2], "int64")), axis=0, mode="wrap"), [((3, 2), F)], "any"),
+    (
+        "take_wrap_const",
+        lambda x: R.take(x, const(np.array([-1, 0, 2], "int64")), axis=0, mode="wrap"),
+        [((3, 2), F)],
+        "any",
+    ),
     ("astype_to_int64", lambda x: R.astype(x, "int64"), [ROWS], "any"),
     ("astype_to_float32", lambda x: R.astype(x, F), [((2, 3), "int64")], "any"),
     ("broadcast_to", lambda x: R.broadcast_to(x, (2, 4, 3)), [((4, 1), F)], "any"),
@@ -212,36 +304,111 @@ def pool_configurations(count: int, seed: int = 11):
             count_include_pad=bool(rng.integers(0, 2)),
         )
         if index % 5 == 4:
-            config.update(pool_size=[side + int(rng.integers(0, 3)) for side in size], strides=int(rng.integers(1, 20)),
-                          padding=[int(v) for v in rng.integers(0, 2, 4)], dilation=1)
+            config.update(
+                pool_size=[side + int(rng.integers(0, 3)) for side in size],
+                strides=int(rng.integers(1, 20)),
+                padding=[int(v) for v in rng.integers(0, 2, 4)],
+                dilation=1,
+            )
         yield config
 
 
 # (id, make, input specs, words the refusal's reason contains)
 REFUSED = [
-    ("conv2d_nhwc", lambda x: R.nn.conv2d(x, const(np.ones((3, 3, 3, 8), F)), data_layout="NHWC", kernel_layout="HWIO"), [((1, 9, 9, 3), F)], "data_layout"),
+    (
+        "conv2d_nhwc",
+        lambda x: R.nn.conv2d(x, const(np.ones((3, 3, 3, 8), F)), data_layout="NHWC", kernel_layout="HWIO"),
+        [((1, 9, 9, 3), F)],
+        "data_layout",
+    ),
     ("conv2d_out_dtype", lambda x: R.nn.conv2d(x, const(WEIGHT), out_dtype="float64"), [NCHW], "on float64"),
     ("add_float16", R.add, [((2, 3), "float16"), ((2, 3), "float16")], "float16"),
     ("divide_int64", R.divide, [((2, 3), "int64"), ((2, 3), "int64")], "on int64"),
     ("dynamic_shape", R.nn.relu, [((tvm.tirx.Var("n", "int64"), 3), F)], "dynamic"),
-    ("max_pool2d_window_in_padding", lambda x: R.nn.max_pool2d(x, 2, strides=1, padding=(0, 0, 3, 0)), [NCHW4], "wholly in the padding"),
-    ("max_pool2d_padding_as_wide_as_window", lambda x: R.nn.max_pool2d(x, 2, padding=2, dilation=2), [NCHW4], "as wide as the window"),
+    (
+        "max_pool2d_window_in_padding",
+        lambda x: R.nn.max_pool2d(x, 2, strides=1, padding=(0, 0, 3, 0)),
+        [NCHW4],
+        "wholly in the padding",
+    ),
+    (
+        "max_pool2d_padding_as_wide_as_window",
+        lambda x: R.nn.max_pool2d(x, 2, padding=2, dilation=2),
+        [NCHW4],
+        "as wide as the window",
+    ),
     ("avg_pool2d_dilated", lambda x: R.nn.avg_pool2d(x, 2, dilation=2), [NCHW], "dilation"),
     ("max_pool2d_nhwc", lambda x: R.nn.max_pool2d(x, 2, layout="NHWC"), [NCHW], "layout"),
     ("adaptive_avg_pool2d_2x2", lambda x: R.nn.adaptive_avg_pool2d(x, 2), [NCHW], "1x1"),
     ("resize2d_nhwc", lambda x: R.image.resize2d(x, (10, 10), layout="NHWC"), [((1, 5, 5, 3), F)], "layout"),
-    ("resize2d_tf_half_pixel_for_nn", lambda x: R.image.resize2d(x, (10, 10), method="nearest_neighbor", coordinate_transformation_mode="tf_half_pixel_for_nn"), [NCHW], "coordinate_transformation_mode"),
-    ("resize2d_cubic_exclude_outside", lambda x: R.image.resize2d(x, (12, 12), method="cubic", cubic_exclude=1), [NCHW], "exclude_outside"),
-    ("resize2d_align_corners_to_1", lambda x: R.image.resize2d(x, (1, 12), coordinate_transformation_mode="align_corners"), [NCHW], "length of 1"),
-    ("resize2d_nearest_half_to_even", lambda x: R.image.resize2d(x, (18, 18), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="round"), [NCHW], "to even"),
-    ("resize2d_nearest_inexact_boundary", lambda x: R.image.resize2d(x, (3, 3), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="floor"), [NCHW], "inexactly"),
+    (
+        "resize2d_tf_half_pixel_for_nn",
+        lambda x: R.image.resize2d(
+            x, (10, 10), method="nearest_neighbor", coordinate_transformation_mode="tf_half_pixel_for_nn"
+        ),
+        [NCHW],
+        "coordinate_transformation_mode",
+    ),
+    (
+        "resize2d_cubic_exclude_outside",
+        lambda x: R.image.resize2d(x, (12, 12), method="cubic", cubic_exclude=1),
+        [NCHW],
+        "exclude_outside",
+    ),
+    (
+        "resize2d_align_corners_to_1",
+        lambda x: R.image.resize2d(x, (1, 12), coordinate_transformation_mode="align_corners"),
+        [NCHW],
+        "length of 1",
+    ),
+    (
+        "resize2d_nearest_half_to_even",
+        lambda x: R.image.resize2d(
+            x, (18, 18), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="round"
+        ),
+        [NCHW],
+        "to even",
+    ),
+    (
+        "resize2d_nearest_inexact_boundary",
+        lambda x: R.image.resize2d(
+            x, (3, 3), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="floor"
+        ),
+        [NCHW],
+        "inexactly",
+    ),
     ("pad_circular", lambda x: R.nn.pad(x, [0, 0, 0, 0, 1, 1, 1, 1], pad_mode="circular"), [NCHW], "circular"),
-    ("pad_reflect_wider_than_axis", lambda x: R.nn.pad(x, [0, 0, 0, 0, 9, 0, 0, 0], pad_mode="reflect"), [NCHW], "as wide as the axis"),
-    ("layer_norm_leading_axis", lambda x: R.nn.layer_norm(x, const(np.ones(2, F)), const(np.zeros(2, F)), axes=[0]), [((2, 4, 16), F)], "trailing"),
-    ("layer_norm_no_center", lambda x: R.nn.layer_norm(x, const(GAMMA), const(BETA), axes=[-1], center=False), [((2, 4, 16), F)], "center or scale"),
+    (
+        "pad_reflect_wider_than_axis",
+        lambda x: R.nn.pad(x, [0, 0, 0, 0, 9, 0, 0, 0], pad_mode="reflect"),
+        [NCHW],
+        "as wide as the axis",
+    ),
+    (
+        "layer_norm_leading_axis",
+        lambda x: R.nn.layer_norm(x, const(np.ones(2, F)), const(np.zeros(2, F)), axes=[0]),
+        [((2, 4, 16), F)],
+        "trailing",
+    ),
+    (
+        "layer_norm_no_center",
+        lambda x: R.nn.layer_norm(x, const(GAMMA), const(BETA), axes=[-1], center=False),
+        [((2, 4, 16), F)],
+        "center or scale",
+    ),
     ("strided_slice_reverse", lambda x: R.strided_slice(x, axes=[0], begin=[3], end=[0], strides=[-1]), [ROWS], "step"),
-    ("take_clip_variable", lambda x, i: R.take(x, i, axis=0, mode="clip"), [((10, 4), F), ((3,), "int64")], "out of range"),
-    ("take_wrap_out_of_range", lambda x: R.take(x, const(np.array([5], "int64")), axis=0, mode="wrap"), [((3, 2), F)], "out of range"),
+    (
+        "take_clip_variable",
+        lambda x, i: R.take(x, i, axis=0, mode="clip"),
+        [((10, 4), F), ((3,), "int64")],
+        "out of range",
+    ),
+    (
+        "take_wrap_out_of_range",
+        lambda x: R.take(x, const(np.array([5], "int64")), axis=0, mode="wrap"),
+        [((3, 2), F)],
+        "out of range",
+    ),
     ("clip_min_above_max", lambda x: R.clip(x, 3.0, 1.0), [ROWS], "above max"),
     ("split_empty_piece", lambda x: R.split(x, [0, 2], axis=1), [((2, 6), F)], "split into pieces of"),
     ("isnan_int64", R.isnan, [((2, 3), "int64")], "isnan of int64"),

@@ -118,8 +118,15 @@ def pool_axes(call) -> tuple[PoolAxis, PoolAxis]:
     """The pooling's height and width axes (its static shapes; Relax padding is top, left, bottom, right)."""
     attrs, padding = call.attrs, _ints(call.attrs.padding)
     return tuple(
-        PoolAxis(_shape(call.args[0])[2 + axis], int(attrs.pool_size[axis]), int(attrs.strides[axis]),
-                 int(attrs.dilation[axis]), padding[axis], padding[axis + 2], _shape(call)[2 + axis])
+        PoolAxis(
+            _shape(call.args[0])[2 + axis],
+            int(attrs.pool_size[axis]),
+            int(attrs.strides[axis]),
+            int(attrs.dilation[axis]),
+            padding[axis],
+            padding[axis + 2],
+            _shape(call)[2 + axis],
+        )
         for axis in (0, 1)
     )
 
@@ -159,8 +166,13 @@ RESIZE_METHODS = {"nearest_neighbor": "nearest", "linear": "linear", "cubic": "c
 RESIZE_COORDINATES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel")
 # Relax's nearest rounding methods -> ONNX's nearest_mode. Relax's "round" rounds halves to even, which ONNX cannot:
 # it is taken where no source coordinate is a half (then every rounding of halves agrees).
-NEAREST_MODES = {"round": "round_prefer_floor", "round_prefer_floor": "round_prefer_floor",
-                 "round_prefer_ceil": "round_prefer_ceil", "floor": "floor", "ceil": "ceil"}
+NEAREST_MODES = {
+    "round": "round_prefer_floor",
+    "round_prefer_floor": "round_prefer_floor",
+    "round_prefer_ceil": "round_prefer_ceil",
+    "floor": "floor",
+    "ceil": "ceil",
+}
 # TVM floors ``x + 1e-5`` and ceils ``x - 1e-5``; a source coordinate nearer a rounding boundary than this (and
 # not on it) may round either way in float32.
 NEAREST_MARGIN = 1e-4
@@ -206,11 +218,15 @@ def _nearest_axis_refusal(mode: str, size: int, length: int, rounding: str) -> O
         if distance == 0 and rounding == "round":
             return f"nearest resize rounding the half {float(source)} to even (ONNX rounds halves one way)"
         if distance == 0 and not _exactly_computed(mode, size, length, rounding):
-            return (f"nearest resize {size} -> {length} ({mode}) whose source coordinate {float(source)} is a "
-                    "rounding boundary the runtimes compute inexactly")
+            return (
+                f"nearest resize {size} -> {length} ({mode}) whose source coordinate {float(source)} is a "
+                "rounding boundary the runtimes compute inexactly"
+            )
         if 0 < distance < NEAREST_MARGIN * max(1, abs(source)):
-            return (f"nearest resize {size} -> {length} ({mode}) with a source coordinate within float32 error of a "
-                    "rounding boundary")
+            return (
+                f"nearest resize {size} -> {length} ({mode}) with a source coordinate within float32 error of a "
+                "rounding boundary"
+            )
     return None
 
 
@@ -237,8 +253,10 @@ def _check_resize2d(call) -> Optional[str]:
         rounding = resize_rounding(call)
         if rounding not in NEAREST_MODES:
             return f"resize2d rounding_method {rounding}"
-        return next(filter(None, (_nearest_axis_refusal(mode, size, length, rounding)
-                                  for size, length in zip(sizes, lengths))), None)
+        return next(
+            filter(None, (_nearest_axis_refusal(mode, size, length, rounding) for size, length in zip(sizes, lengths))),
+            None,
+        )
     return None
 
 
@@ -291,7 +309,7 @@ def _check_layer_norm(call) -> Optional[str]:
     if not (call.attrs.center and call.attrs.scale):
         # The attributes say to leave out beta or gamma; TVM 0.27's legalization applies both anyway.
         return "layer_norm with center or scale off (TVM and its attributes disagree on the meaning)"
-    normalized = shape[axes[0]:]
+    normalized = shape[axes[0] :]
     for name, index in (("gamma", 1), ("beta", 2)):
         if _shape(call.args[index]) != normalized:
             return f"layer_norm {name} of shape {_shape(call.args[index])}, not {normalized}"
@@ -403,11 +421,31 @@ def _check_comparison(call) -> Optional[str]:
     return None
 
 
-UNARY_FLOAT = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
-               "relax.erf", "relax.sqrt", "relax.rsqrt", "relax.exp", "relax.log", "relax.negative", "relax.abs")
+UNARY_FLOAT = (
+    "relax.nn.relu",
+    "relax.nn.gelu",
+    "relax.nn.gelu_tanh",
+    "relax.nn.silu",
+    "relax.sigmoid",
+    "relax.tanh",
+    "relax.erf",
+    "relax.sqrt",
+    "relax.rsqrt",
+    "relax.exp",
+    "relax.log",
+    "relax.negative",
+    "relax.abs",
+)
 BINARY_NUMERIC = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum")
 BINARY_FLOAT = ("relax.divide", "relax.power")
-COMPARISONS = ("relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.equal", "relax.not_equal")
+COMPARISONS = (
+    "relax.less",
+    "relax.less_equal",
+    "relax.greater",
+    "relax.greater_equal",
+    "relax.equal",
+    "relax.not_equal",
+)
 RESHAPES = ("relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims")
 
 Check = Optional[Callable[[relax.Call], Optional[str]]]
@@ -485,7 +523,11 @@ def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
             return f"{name} on {', '.join(sorted(result_dtypes - dtypes))}"
         operand_dtypes = {_dtype(operand) for operand in _tensor_operands(call)}
         accumulating = name in PRODUCTS and result_dtypes == {"float32"} and len(operand_dtypes) == 1
-        if name not in MIXED_DTYPES and operand_dtypes - result_dtypes and not (accumulating and operand_dtypes <= sixteen_bit):
+        if (
+            name not in MIXED_DTYPES
+            and operand_dtypes - result_dtypes
+            and not (accumulating and operand_dtypes <= sixteen_bit)
+        ):
             return f"{name} mixes {', '.join(sorted(operand_dtypes | result_dtypes))}"
         if name == "relax.astype" and _dtype(call.args[0]) in sixteen_bit:
             return None

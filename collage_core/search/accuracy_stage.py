@@ -38,8 +38,15 @@ class Held:
     fit: Optional[Fit]
 
 
-def held_to_budget(imported: Imported, options: OptimizeOptions, pm, chosen: Sequence[BackendInfo], folder: RunFolder,
-                   say: Callable[[str], None], clock: PhaseClock) -> Held:
+def held_to_budget(
+    imported: Imported,
+    options: OptimizeOptions,
+    pm,
+    chosen: Sequence[BackendInfo],
+    folder: RunFolder,
+    say: Callable[[str], None],
+    clock: PhaseClock,
+) -> Held:
     """``imported`` with as few units back in float32 as hold ``options.accuracy_budget`` (as it is without
     a budget). The fit is kept in the run's folder, and reused by a rerun into it; the probes' files go
     to its scratch."""
@@ -56,8 +63,9 @@ def held_to_budget(imported: Imported, options: OptimizeOptions, pm, chosen: Seq
         variant = with_float32_units(model, float32_units, imported.original)
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
         # Nothing of a probe is kept: its job's folder is the run's scratch.
-        return Job(variant, graph, imported.target, pm, chosen, options.settings, folder.scratch, lambda message: None,
-                   False)
+        return Job(
+            variant, graph, imported.target, pm, chosen, options.settings, folder.scratch, lambda message: None, False
+        )
 
     base = job_for(())
     reference = model.reference(base.inputs)
@@ -75,18 +83,24 @@ def held_to_budget(imported: Imported, options: OptimizeOptions, pm, chosen: Seq
         outputs = outputs_of_variants(base, imported.original, placed, builds)
         return [compare_outputs(o, reference, model.reference_name).max_rel_error for o in outputs]
 
-    key = finish_key(base.end_to_end_key(None, "accuracy-budget"),
-                     {"budget": budget, "blocks": options.accuracy_blocks, "reference": model.reference_name},
-                     base.plugin_modules)
+    key = finish_key(
+        base.end_to_end_key(None, "accuracy-budget"),
+        {"budget": budget, "blocks": options.accuracy_blocks, "reference": model.reference_name},
+        base.plugin_modules,
+    )
     record = folder.path / FIT_FILE
     fitted = load_fit(record, key)
     if fitted is not None:
-        say(f"the accuracy budget's probes of the run before in {folder.path} are reused (same model, budget, "
-            f"backends and code)")
+        say(
+            f"the accuracy budget's probes of the run before in {folder.path} are reused (same model, budget, "
+            f"backends and code)"
+        )
     else:
         with open_costs(options.cost_db, options.remeasure_invalid) as db:
             fitted = fit(len(units(model.mod)), budget, errors_of, options.accuracy_blocks, say)
         save_fit(record, key, fitted)
     say(fitted.describe())
     clock.lap("accuracy budget")
-    return Held(attrs.evolve(imported, model=with_float32_units(model, fitted.float32_units, imported.original)), fitted)
+    return Held(
+        attrs.evolve(imported, model=with_float32_units(model, fitted.float32_units, imported.original)), fitted
+    )

@@ -60,8 +60,10 @@ def predicted_cost(parts, reference_parts, whose: str = "its"):
     reference = sum(part.cost.seconds for part in reference_parts)
     if total <= CANNOT_WIN_FACTOR * reference:
         return None
-    return Cost.invalid(f"{PREDICTED_PREFIX} {whose} partitions' measured costs add up to {total * 1e3:.3f} ms, "
-                        f"over {CANNOT_WIN_FACTOR:g}x the op-level placement's {reference * 1e3:.3f} ms")
+    return Cost.invalid(
+        f"{PREDICTED_PREFIX} {whose} partitions' measured costs add up to {total * 1e3:.3f} ms, "
+        f"over {CANNOT_WIN_FACTOR:g}x the op-level placement's {reference * 1e3:.3f} ms"
+    )
 
 
 def baseline_file(output_dir: os.PathLike, name: str) -> Path:
@@ -100,7 +102,9 @@ def closest_rivals(baselines, parts, placement_cost: Cost, settings: MeasureSett
         return []
     seen = {signature(parts)}
     rivals = []
-    for entry, rival_parts in sorted(baselines, key=lambda pair: pair[0].cost.seconds if pair[0].cost.is_measured else math.inf):
+    for entry, rival_parts in sorted(
+        baselines, key=lambda pair: pair[0].cost.seconds if pair[0].cost.is_measured else math.inf
+    ):
         if rival_parts is None or not entry.cost.is_measured or entry.cost.seconds > settings.single_run_s:
             continue
         if signature(rival_parts) not in seen:
@@ -112,7 +116,7 @@ def closest_rivals(baselines, parts, placement_cost: Cost, settings: MeasureSett
     near = [pair for pair in rivals[RIVALS:] if pair[0].cost.seconds <= last * (1 + NEAR_RIVAL)]
     sessions = [pair for pair in rivals if engine_of(pair[1])]
     others = [pair for pair in (rivals[:RIVALS] + near) if not engine_of(pair[1])]
-    return others[:max(1, MAX_RIVALS - len(sessions))] + sessions
+    return others[: max(1, MAX_RIVALS - len(sessions))] + sessions
 
 
 def faster_baseline(baselines, placement_cost: Cost):

@@ -36,8 +36,12 @@ class LatencyPredictor:
     """Learns from measured placements (:meth:`learn`) and predicts others (:meth:`predict`)."""
 
     def __init__(self, groups: Sequence[OpGroup]):
-        self._op_level_s = {node: g.partition.cost.median_s / len(g.partition.nodes)
-                            for g in groups if g.partition.cost.is_measured for node in g.partition.nodes}
+        self._op_level_s = {
+            node: g.partition.cost.median_s / len(g.partition.nodes)
+            for g in groups
+            if g.partition.cost.is_measured
+            for node in g.partition.nodes
+        }
         self.kept_charge_s: Optional[float] = None
         self.scale: dict[str, float] = {}
         self._region_residuals: list[float] = []

@@ -14,8 +14,7 @@ from collage_core.errors import CollageError
 from collage_core.measure.cost_db import open_costs
 from collage_core.measure.job import Job, describe_cost
 from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
-from collage_core.measure.progress import ProgressBar
-from collage_core.measure.progress import PhaseClock
+from collage_core.measure.progress import PhaseClock, ProgressBar
 from collage_core.outputs.placement_file import Placement
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Partition
 from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
@@ -66,8 +65,9 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
         started = time.perf_counter()
         parts = op_level_search(job, candidates, measurement.costs)
         search_s = time.perf_counter() - started
-        parts = op_level_parts = calibrated_op_level(job, parts, candidates, measurement.costs, db,
-                                                     options.calibration_rounds)
+        parts = op_level_parts = calibrated_op_level(
+            job, parts, candidates, measurement.costs, db, options.calibration_rounds
+        )
         two_level = None
         if search == TWO_LEVEL:
             two_level = two_level_search(job, op_level_parts, candidates, db, options.two_level)
@@ -81,7 +81,14 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
 def measure(job: Job, candidates, db) -> MeasurementReport:
     op_level = job.op_level_candidates(candidates)
     report = measure_candidates(
-        job.graph, op_level, job.backends, job.target, db, job.settings, job.plugin_modules, job.disabled,
+        job.graph,
+        op_level,
+        job.backends,
+        job.target,
+        db,
+        job.settings,
+        job.plugin_modules,
+        job.disabled,
         job.show_progress,
     )
     job.say(
@@ -89,16 +96,20 @@ def measure(job: Job, candidates, db) -> MeasurementReport:
         f"{report.invalid} invalid"
     )
     if report.noisy:
-        job.say(f"{len(report.noisy)} candidates' costs stayed noisy after a second measurement (spread above "
-                f"{NOISY_FACTOR * job.settings.target_spread:.0%} of the median) and are used as measured: "
-                f"{', '.join(report.noisy[:3])}{', ...' if len(report.noisy) > 3 else ''}")
+        job.say(
+            f"{len(report.noisy)} candidates' costs stayed noisy after a second measurement (spread above "
+            f"{NOISY_FACTOR * job.settings.target_spread:.0%} of the median) and are used as measured: "
+            f"{', '.join(report.noisy[:3])}{', ...' if len(report.noisy) > 3 else ''}"
+        )
     return report
 
 
 def op_level_search(job: Job, candidates, costs) -> list[Partition]:
     op_level = job.op_level_candidates(candidates)
     if not op_level:
-        raise CollageError("no op-level backend selected: one (such as tvm) must cover what graph-level backends do not")
+        raise CollageError(
+            "no op-level backend selected: one (such as tvm) must cover what graph-level backends do not"
+        )
     started = time.perf_counter()
     parts = searched_parts(job.graph, op_level, costs)
     job.say(f"op-level search: {len(parts)} partitions in {time.perf_counter() - started:.2f} s")
@@ -118,14 +129,17 @@ def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLeve
             job.placement(parts, TWO_LEVEL).save(job.workdir / "placement.json")
 
         def on_generation(record):
-            line = (f"generation {record.generation}: best {record.best_s * 1e3:.3f} ms "
-                    f"({record.gains_text() if record.generation else 'from the seeds'}), "
-                    f"budget left {max(record.budget_left_s, 0):.0f} s")
+            line = (
+                f"generation {record.generation}: best {record.best_s * 1e3:.3f} ms "
+                f"({record.gains_text() if record.generation else 'from the seeds'}), "
+                f"budget left {max(record.budget_left_s, 0):.0f} s"
+            )
             if record.generation:
                 bar.advance(line)
 
-        result = search_two_level(job.graph.graph, groups, evaluate, settings, on_generation, on_best,
-                                  spent=lambda: evaluate.spent_s)
+        result = search_two_level(
+            job.graph.graph, groups, evaluate, settings, on_generation, on_best, spent=lambda: evaluate.spent_s
+        )
     result = attrs.evolve(result, from_database=evaluate.from_database)
     job.say(
         f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
@@ -160,11 +174,14 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
             f"{'unexplained' if step.charge_per_partition_s >= 0 else 'over-counted'} by the candidates"
         )
     for name, guess in result.predicted:
-        job.say(f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over "
-                f"{PREDICTED_LOSS_FACTOR:g}x the best measured")
+        job.say(
+            f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over "
+            f"{PREDICTED_LOSS_FACTOR:g}x the best measured"
+        )
     if result.alternative:
-        job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")
+        job.say(
+            f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement"
+        )
     elif signature(result.parts) != signature(parts):
         job.say(f"calibrated op-level placement: {len(result.parts)} partitions, {describe_cost(result.latency)}")
     return list(result.parts)
-

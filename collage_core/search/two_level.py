@@ -44,15 +44,27 @@ class TwoLevelSettings:
     population: int = described(12, whole(2), "two-level population")  # crossover draws two placements from it
     generations: int = described(8, whole(0), "two-level generations")
     patience: int = described(3, whole(1), "two-level: stop after this many generations without a faster placement")
-    budget_s: float = described(900.0, number(0), "two-level search budget: seconds of end-to-end measurement, those "
-                                "read from the cost database counted at what they took")
+    budget_s: float = described(
+        900.0,
+        number(0),
+        "two-level search budget: seconds of end-to-end measurement, those "
+        "read from the cost database counted at what they took",
+    )
     seed: int = described(0, whole(None), "two-level random seed (same seed and costs, same result)")
-    min_gain: float = described(0.01, number(0), "two-level: a generation counts as faster only when its best beats "
-                                "the one before by more than the measurements' spread and by this fraction of it")
-    predict_margin: Optional[float] = described(0.1, number(0).or_none(), "two-level: a genome whose latency, "
-                                                "predicted from the placements measured so far, is over the best by "
-                                                "more than this fraction is not built",
-                                                help_for_none="two-level: build and measure every genome, predicting none")
+    min_gain: float = described(
+        0.01,
+        number(0),
+        "two-level: a generation counts as faster only when its best beats "
+        "the one before by more than the measurements' spread and by this fraction of it",
+    )
+    predict_margin: Optional[float] = described(
+        0.1,
+        number(0).or_none(),
+        "two-level: a genome whose latency, "
+        "predicted from the placements measured so far, is over the best by "
+        "more than this fraction is not built",
+        help_for_none="two-level: build and measure every genome, predicting none",
+    )
     crossover_probability: float = 0.6
     mutation_probability: float = 0.4
     gene_mutation_probability: float = 0.1
@@ -74,14 +86,20 @@ class GenerationRecord:
         """``openvino +12 ops, onnxruntime -12 ops``, or ``no change``."""
         if not self.gained:
             return "no change"
-        return ", ".join(f"{backend} {count:+d} ops" for backend, count in sorted(self.gained.items(), key=lambda kv: -kv[1]))
+        return ", ".join(
+            f"{backend} {count:+d} ops" for backend, count in sorted(self.gained.items(), key=lambda kv: -kv[1])
+        )
 
 
 def history_text(history: Sequence[GenerationRecord]) -> str:
     """``0: tvm 40, onnxruntime 7 (1.234 ms); 1: openvino +7 ops, onnxruntime -7 ops (1.100 ms); ...``"""
     pieces = []
     for record in history:
-        what = ", ".join(f"{b} {n}" for b, n in record.operators_by_backend.items()) if record.generation == 0 else record.gains_text()
+        what = (
+            ", ".join(f"{b} {n}" for b, n in record.operators_by_backend.items())
+            if record.generation == 0
+            else record.gains_text()
+        )
         best = f"{record.best_s * 1e3:.3f} ms" if math.isfinite(record.best_s) else "nothing measured"
         pieces.append(f"{record.generation}: {what} ({best})")
     return "; ".join(pieces)
@@ -163,7 +181,11 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         counts["evaluated"] += 1
         if key not in scores:
             guess = predictor.predict(parts) if settings.predict_margin is not None else None
-            if guess is not None and best["cost"].is_measured and guess > best["cost"].seconds * (1 + settings.predict_margin):
+            if (
+                guess is not None
+                and best["cost"].is_measured
+                and guess > best["cost"].seconds * (1 + settings.predict_margin)
+            ):
                 predicted.add(key)
                 return guess
             scores[key] = evaluate(parts)
@@ -193,8 +215,15 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         counts_now = operators_by_backend(best["parts"] or decode(graph, groups, tuple(seeds[0])))
         before = history[-1].operators_by_backend if history else counts_now
         gained = {b: counts_now.get(b, 0) - before.get(b, 0) for b in set(counts_now) | set(before)}
-        history.append(GenerationRecord(generation, best["cost"].seconds, settings.budget_s - spent(), counts_now,
-                                        {b: n for b, n in gained.items() if n}))
+        history.append(
+            GenerationRecord(
+                generation,
+                best["cost"].seconds,
+                settings.budget_s - spent(),
+                counts_now,
+                {b: n for b, n in gained.items() if n},
+            )
+        )
         if on_generation is not None:
             on_generation(history[-1])
 
@@ -218,11 +247,22 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
             break
     if best["parts"] is None:
         op_level = tuple(seeds[0])
-        best.update(cost=Cost.invalid("no placement could be measured"), parts=tuple(decode(graph, groups, op_level)),
-                    genome=op_level)
-    return TwoLevelResult(best["parts"], best["cost"], best["genome"], counts["measured"], counts["evaluated"],
-                          generation, time.perf_counter() - started, history=tuple(history),
-                          predicted=len(predicted - set(scores)))
+        best.update(
+            cost=Cost.invalid("no placement could be measured"),
+            parts=tuple(decode(graph, groups, op_level)),
+            genome=op_level,
+        )
+    return TwoLevelResult(
+        best["parts"],
+        best["cost"],
+        best["genome"],
+        counts["measured"],
+        counts["evaluated"],
+        generation,
+        time.perf_counter() - started,
+        history=tuple(history),
+        predicted=len(predicted - set(scores)),
+    )
 
 
 def beats(new: Cost, old: Cost, min_gain: float) -> bool:

@@ -9,8 +9,7 @@ import math
 
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core import Availability, Backend, Pattern, hookimpl, tvm_compat
-from collage_core import PatternRefused
+from collage_core import Availability, Backend, Pattern, PatternRefused, hookimpl, tvm_compat
 from collage_core.records import OP_LEVEL
 
 BACKEND = "picky"

@@ -73,9 +73,9 @@ def fault(backend_name: str, what: str) -> None:
         _held_up()
 
 
-collage_register_backends, collage_check_availability, collage_contribute_patterns = (
-    any_operator_backends(BACKENDS, ("cpu",), "test backend whose worker fails from outside ({name})")[:3]
-)
+collage_register_backends, collage_check_availability, collage_contribute_patterns = any_operator_backends(
+    BACKENDS, ("cpu",), "test backend whose worker fails from outside ({name})"
+)[:3]
 
 
 @hookimpl

@@ -12,9 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ZERO_ROWS = ("lost costs", "transient failures kept as permanent", "truncated or mismatched artifacts",
-             "files outside the output and database folders", "runs failed otherwise",
-             "runs not ending cleanly on SIGTERM", "processes outliving their run", "killed processes slow to end")
+ZERO_ROWS = (
+    "lost costs",
+    "transient failures kept as permanent",
+    "truncated or mismatched artifacts",
+    "files outside the output and database folders",
+    "runs failed otherwise",
+    "runs not ending cleanly on SIGTERM",
+    "processes outliving their run",
+    "killed processes slow to end",
+)
 
 
 def table_of(stdout: str) -> dict[str, str]:
@@ -25,10 +32,33 @@ def table_of(stdout: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_two_kills_leave_no_loss_no_torn_file_and_a_rerun_that_passes(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--kills", "2", "--seed", "0", "--models", "tiny_resnet",
-         "--backends", "tvm", "--graph-level", "", "--folders", "1", "--min-delay", "2", "--max-delay", "5", "--grace", "60",
-         "--root", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "chaos.py"),
+            "--kills",
+            "2",
+            "--seed",
+            "0",
+            "--models",
+            "tiny_resnet",
+            "--backends",
+            "tvm",
+            "--graph-level",
+            "",
+            "--folders",
+            "1",
+            "--min-delay",
+            "2",
+            "--max-delay",
+            "5",
+            "--grace",
+            "60",
+            "--root",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     table = table_of(done.stdout)
     assert table.get("kills in all") == "2", done.stdout + done.stderr[-3000:]

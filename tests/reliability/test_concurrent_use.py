@@ -23,7 +23,9 @@ from collage_core.model.relax_graph import RelaxGraph
 from collage_core.records import Cost
 
 ROOT = Path(__file__).resolve().parents[2]
-SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
+SUMMARY = re.compile(
+    r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid"
+)
 
 
 def small_model(path: Path) -> Path:
@@ -32,13 +34,25 @@ def small_model(path: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
-               for name, shape in (("w1", (64, 64)), ("b1", (64,)), ("w2", (64, 32)), ("b2", (32,)))]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
-             helper.make_node("Add", ["o", "b2"], ["ob"]), helper.make_node("Softmax", ["ob"], ["y"], axis=-1)]
-    graph = helper.make_graph(nodes, "two_dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])], weights)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name)
+        for name, shape in (("w1", (64, 64)), ("b1", (64,)), ("w2", (64, 32)), ("b2", (32,)))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["ob"]),
+        helper.make_node("Softmax", ["ob"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+        weights,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
@@ -48,9 +62,28 @@ def test_two_processes_share_a_cost_database_and_both_finish(tmp_path):
     model = small_model(tmp_path / "two_dense.onnx")
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--backends", "tvm", "--search", "op-level",
-             "--no-compare", "--calibration-rounds", "0", "--cost-db", str(db), "--output", str(tmp_path / f"out{i}")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "collage_core.cli",
+                "optimize",
+                str(model),
+                "--backends",
+                "tvm",
+                "--search",
+                "op-level",
+                "--no-compare",
+                "--calibration-rounds",
+                "0",
+                "--cost-db",
+                str(db),
+                "--output",
+                str(tmp_path / f"out{i}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
         )
         for i in range(2)
     ]
@@ -104,8 +137,16 @@ def measure_as(run: str, db_path: str, report_path: str) -> None:
     graph = RelaxGraph.from_function(chain_of_distinct_operators()["main"])
     candidates = enumerate_candidates(graph, contribute_patterns(pm, backend, target))
     with CostDatabase.open(db_path) as db:
-        report = measure_candidates(graph, candidates, {"together": backend}, target, db,
-                                    MeasureSettings(timeout_s=60.0, build_workers=1), [RENDEZVOUS], show_progress=False)
+        report = measure_candidates(
+            graph,
+            candidates,
+            {"together": backend},
+            target,
+            db,
+            MeasureSettings(timeout_s=60.0, build_workers=1),
+            [RENDEZVOUS],
+            show_progress=False,
+        )
     counts = [report.measured, report.distinct, sum(1 for cost in report.costs.values() if cost.is_measured)]
     Path(report_path).write_text(json.dumps(counts))
 
@@ -118,8 +159,10 @@ def test_two_runs_measuring_at_once_measure_each_candidate_once_in_all(load_test
     monkeypatch.setenv("RENDEZVOUS_DIR", str(tmp_path / "rendezvous"))
     monkeypatch.setenv("RENDEZVOUS_RUNS", "a,b")
     spawn = multiprocessing.get_context("spawn")
-    runs = [spawn.Process(target=measure_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path / f"{run}.json")))
-            for run in "ab"]
+    runs = [
+        spawn.Process(target=measure_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path / f"{run}.json")))
+        for run in "ab"
+    ]
     for run in runs:
         run.start()
     for run in runs:
@@ -254,8 +297,17 @@ def evaluate_as(run: str, db_path: str, folder: str, report_path: str) -> None:
     CostDatabase.claim_end_to_end, Job.run_built = claimed, built_together
     pm = get_plugin_manager(disabled=(), extra_modules=[FIXED])
     model = load_model(three_operators())
-    job = Job(model, RelaxGraph.from_function(model.mod["main"], model.mod), tvm_compat.host_cpu_target(), pm,
-              select_backends(discover_backends(pm), ["fixedcost", "tvm"]), QUICK, workdir, lambda _: None, False)
+    job = Job(
+        model,
+        RelaxGraph.from_function(model.mod["main"], model.mod),
+        tvm_compat.host_cpu_target(),
+        pm,
+        select_backends(discover_backends(pm), ["fixedcost", "tvm"]),
+        QUICK,
+        workdir,
+        lambda _: None,
+        False,
+    )
     with CostDatabase.open(db_path) as db:
         evaluate = job.end_to_end_evaluator(db, cut_off=False)
         costs = [evaluate(parts).to_json() for parts in placements()]
@@ -265,8 +317,12 @@ def evaluate_as(run: str, db_path: str, folder: str, report_path: str) -> None:
 def test_two_runs_measuring_placements_at_once_measure_each_once_in_all(load_test_plugin, tmp_path):
     load_test_plugin(FIXED)  # for PYTHONPATH, which the runs and their workers inherit
     spawn = multiprocessing.get_context("spawn")
-    runs = [spawn.Process(target=evaluate_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path),
-                                                    str(tmp_path / f"{run}.json"))) for run in "ab"]
+    runs = [
+        spawn.Process(
+            target=evaluate_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path), str(tmp_path / f"{run}.json"))
+        )
+        for run in "ab"
+    ]
     for run in runs:
         run.start()
     for run in runs:
@@ -375,4 +431,6 @@ def test_a_baseline_another_run_is_measuring_is_waited_for_not_measured_again(tm
         failing = Job(fails=True)
         assert baseline_cost(failing, "dnnl alone", "dnnl alone", None, db).kind == "invalid"
         assert failing.runs == ["dnnl alone"]
-        assert other.claim_end_to_end(failing.end_to_end_key("dnnl alone", BASELINE_PROTOCOL, None), 3600).granted  # given up
+        assert other.claim_end_to_end(
+            failing.end_to_end_key("dnnl alone", BASELINE_PROTOCOL, None), 3600
+        ).granted  # given up

@@ -33,8 +33,20 @@ VALID = {
     "backends": {"tvm": {"version": "1", "kind": "op-level"}},
     "search": "op-level",
     "partitions": [
-        {"backend": "tvm", "pattern": "tvm.op", "operators": [0], "key": "a", "cost": {"kind": "measured", "median_s": 1e-3, "spread_s": 0.0, "repeats": 3}},
-        {"backend": "tvm", "pattern": "tvm.op", "operators": [1], "key": "b", "cost": {"kind": "measured", "median_s": 1e-3, "spread_s": 0.0, "repeats": 3}},
+        {
+            "backend": "tvm",
+            "pattern": "tvm.op",
+            "operators": [0],
+            "key": "a",
+            "cost": {"kind": "measured", "median_s": 1e-3, "spread_s": 0.0, "repeats": 3},
+        },
+        {
+            "backend": "tvm",
+            "pattern": "tvm.op",
+            "operators": [1],
+            "key": "b",
+            "cost": {"kind": "measured", "median_s": 1e-3, "spread_s": 0.0, "repeats": 3},
+        },
     ],
 }
 
@@ -75,7 +87,9 @@ def test_placement_loader_never_crashes_on_a_valid_file_with_one_part_replaced(d
 
 
 def test_no_file_collage_reads_is_unpickled_or_evaluated():
-    forbidden = re.compile(r"\bpickle\b|(?<![.\w])eval\(|(?<![.\w])exec\(|allow_pickle\s*=\s*True|yaml\.load\(|marshal\.loads|torch\.load\(")
+    forbidden = re.compile(
+        r"\bpickle\b|(?<![.\w])eval\(|(?<![.\w])exec\(|allow_pickle\s*=\s*True|yaml\.load\(|marshal\.loads|torch\.load\("
+    )
     hits = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for source in SOURCES
@@ -124,8 +138,18 @@ def test_deny_list_leaves_out_the_named_plugins():
 def _replay(placement: Path) -> subprocess.CompletedProcess:
     """The ``collage`` command replaying ``placement``, run in the placement's folder (its default output goes there)."""
     return subprocess.run(
-        ["collage", "optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"],
-        capture_output=True, text=True, timeout=600, cwd=placement.parent,
+        [
+            "collage",
+            "optimize",
+            str(ROOT / "models" / "tiny_resnet.onnx"),
+            "--placement",
+            str(placement),
+            "--no-compare",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=placement.parent,
     )
 
 
@@ -139,7 +163,8 @@ def _placement_for_tiny_resnet() -> dict:
     document["model"]["inputs_of"] = []
     cost = VALID["partitions"][0]["cost"]
     document["partitions"] = [
-        {"backend": "tvm", "pattern": "tvm.op", "operators": [n], "key": f"k{n}", "cost": cost} for n in range(len(graph.graph))
+        {"backend": "tvm", "pattern": "tvm.op", "operators": [n], "key": f"k{n}", "cost": cost}
+        for n in range(len(graph.graph))
     ]
     return document
 
@@ -159,7 +184,9 @@ def _replay_here(placement: Path, capfd) -> tuple[int, str]:
     """What ``collage optimize --placement`` returns and writes to stderr, run by ``cli.main`` in this process."""
     previous = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
     try:
-        code = main(["optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"])
+        code = main(
+            ["optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"]
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     return code, capfd.readouterr().err
@@ -171,10 +198,19 @@ def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path, m
     monkeypatch.chdir(tmp_path)  # main() makes its default output directory here
     document = _placement_for_tiny_resnet()
     cases = {
-        "other_version.json": (json.dumps(_with(document, version=7)), "placement version 7 is not supported (this Collage reads version 1)"),
+        "other_version.json": (
+            json.dumps(_with(document, version=7)),
+            "placement version 7 is not supported (this Collage reads version 1)",
+        ),
         "malformed.json": ('{"format": "collage-placement", "version": 1,', "not JSON"),
-        "unknown_backend.json": (json.dumps(_with(document, partitions__0__backend="cutlass")), "placed on backend(s) not available here: cutlass"),
-        "other_model.json": (json.dumps(_with(document, model__operators__0="relax.nn.softmax")), "operator 0 is relax.nn.softmax in the placement"),
+        "unknown_backend.json": (
+            json.dumps(_with(document, partitions__0__backend="cutlass")),
+            "placed on backend(s) not available here: cutlass",
+        ),
+        "other_model.json": (
+            json.dumps(_with(document, model__operators__0="relax.nn.softmax")),
+            "operator 0 is relax.nn.softmax in the placement",
+        ),
     }
     for name, (text, message) in cases.items():
         path = tmp_path / name
@@ -202,22 +238,35 @@ def _show_here(path: Path, capfd) -> tuple[int, list[str]]:
 def test_placements_nested_too_deeply_or_with_numbers_past_floats_are_refused_in_one_line(tmp_path, capfd):
     cases = {
         "deep.json": ("[" * 100_000 + "]" * 100_000, "not a placement (its JSON is nested too deeply to read)"),
-        "huge-operator.json": (json.dumps(VALID).replace('"operators": [0]', '"operators": [1e999]'),
-                               "malformed placement (OverflowError: cannot convert float infinity to integer)"),
-        "huge-repeats.json": (json.dumps(VALID).replace('"repeats": 3', '"repeats": 1e999', 1),
-                              "malformed placement (OverflowError: cannot convert float infinity to integer)"),
-        "infinite-cost.json": (json.dumps(VALID).replace('"median_s": 0.001', '"median_s": 1e999', 1),
-                               "partition 0's cost is measured as median inf s"),
-        "nan-cost.json": (json.dumps(VALID).replace('"median_s": 0.001', '"median_s": NaN', 1),
-                          "partition 0's cost is measured as median nan s"),
-        "negative-cost.json": (json.dumps(VALID).replace('"spread_s": 0.0', '"spread_s": -1', 1),
-                               "partition 0's cost is measured as median 0.001 s, spread -1.0 s"),
+        "huge-operator.json": (
+            json.dumps(VALID).replace('"operators": [0]', '"operators": [1e999]'),
+            "malformed placement (OverflowError: cannot convert float infinity to integer)",
+        ),
+        "huge-repeats.json": (
+            json.dumps(VALID).replace('"repeats": 3', '"repeats": 1e999', 1),
+            "malformed placement (OverflowError: cannot convert float infinity to integer)",
+        ),
+        "infinite-cost.json": (
+            json.dumps(VALID).replace('"median_s": 0.001', '"median_s": 1e999', 1),
+            "partition 0's cost is measured as median inf s",
+        ),
+        "nan-cost.json": (
+            json.dumps(VALID).replace('"median_s": 0.001', '"median_s": NaN', 1),
+            "partition 0's cost is measured as median nan s",
+        ),
+        "negative-cost.json": (
+            json.dumps(VALID).replace('"spread_s": 0.0', '"spread_s": -1', 1),
+            "partition 0's cost is measured as median 0.001 s, spread -1.0 s",
+        ),
     }
     for name, (text, message) in cases.items():
         path = tmp_path / name
         path.write_text(text)
         code, errors = _show_here(path, capfd)
-        assert code == 1 and len(errors) == 1 and errors[0].startswith(f"collage: error: {path}: {message}"), (name, errors)
+        assert code == 1 and len(errors) == 1 and errors[0].startswith(f"collage: error: {path}: {message}"), (
+            name,
+            errors,
+        )
 
 
 def test_a_folder_or_a_device_as_a_placement_is_refused_without_reading_it(tmp_path, capfd):

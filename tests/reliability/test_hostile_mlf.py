@@ -24,9 +24,15 @@ import pytest
 from collage_core.outputs import mlf
 from collage_core.outputs.mlf import MLFError, load_mlf
 
-CONFIG = {"executor": "relax-vm", "entry": "main", "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
-          "outputs": [{"name": "y", "shape": [1, 4], "dtype": "float32"}], "device": "cpu", "runtime_backends": {},
-          "parameters_embedded": True}
+CONFIG = {
+    "executor": "relax-vm",
+    "entry": "main",
+    "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
+    "outputs": [{"name": "y", "shape": [1, 4], "dtype": "float32"}],
+    "device": "cpu",
+    "runtime_backends": {},
+    "parameters_embedded": True,
+}
 MEMBERS = {
     "executor-config/relax-vm.json": json.dumps(CONFIG).encode(),
     "placement.json": b"{}",
@@ -37,9 +43,13 @@ HEADROOM = 200 * 2**20
 
 
 def metadata_for(listed: dict[str, bytes], /, **changes) -> bytes:
-    metadata = {"format": "collage-model-library-format", "version": 1, "model_name": "m",
-                "files": {name: hashlib.sha256(data).hexdigest() for name, data in listed.items()},
-                "sizes": {name: len(data) for name, data in listed.items()}}
+    metadata = {
+        "format": "collage-model-library-format",
+        "version": 1,
+        "model_name": "m",
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in listed.items()},
+        "sizes": {name: len(data) for name, data in listed.items()},
+    }
     metadata.update(changes)
     return json.dumps(metadata).encode()
 
@@ -130,29 +140,48 @@ def test_tars_declaring_more_than_memory_holds_are_refused_without_reading_it(tm
     metadata = metadata_for(MEMBERS, sizes={})  # lists lib0.o with its small digest: the large one must not match
     bounded = "; Collage refuses such a tar (collage_core.outputs.mlf bounds it)"
     tars = {
-        write_tar(tmp_path / "sparse.tar", {}, extra=sparse_header("metadata.json", 64 * 2**30, 512) + bytes(512)):
-            f"its members unpack to more than 16 GiB{bounded}",
-        write_tar(tmp_path / "pax.tar", {}, extra=raw_header("././@PaxHeader", 64 * 2**30, tarfile.XHDTYPE) + bytes(10240)):
-            f"its headers take more than 256 MiB{bounded}",
-        write_tar(tmp_path / "long-name.tar", {}, extra=raw_header("././@LongLink", 64 * 2**30, tarfile.GNUTYPE_LONGNAME)
-                  + bytes(10240)): f"its headers take more than 256 MiB{bounded}",
-        write_tar(tmp_path / "unlisted.tar.gz", {"metadata.json": metadata_for(MEMBERS, files=dict(
-            json.loads(metadata_for(MEMBERS))["files"], **{"placement.json": "0" * 64})),
-            "unlisted.bin": (300 * 2**20, Zeros(300 * 2**20)), **MEMBERS}, compress=True):
-            "placement.json does not match its SHA-256 in metadata.json",
-        write_tar(tmp_path / "listed.tar.gz", {"metadata.json": metadata, **listed_large}, compress=True):
-            "codegen/host/lib/lib0.o does not match its SHA-256 in metadata.json",
+        write_tar(
+            tmp_path / "sparse.tar", {}, extra=sparse_header("metadata.json", 64 * 2**30, 512) + bytes(512)
+        ): f"its members unpack to more than 16 GiB{bounded}",
+        write_tar(
+            tmp_path / "pax.tar", {}, extra=raw_header("././@PaxHeader", 64 * 2**30, tarfile.XHDTYPE) + bytes(10240)
+        ): f"its headers take more than 256 MiB{bounded}",
+        write_tar(
+            tmp_path / "long-name.tar",
+            {},
+            extra=raw_header("././@LongLink", 64 * 2**30, tarfile.GNUTYPE_LONGNAME) + bytes(10240),
+        ): f"its headers take more than 256 MiB{bounded}",
+        write_tar(
+            tmp_path / "unlisted.tar.gz",
+            {
+                "metadata.json": metadata_for(
+                    MEMBERS, files=dict(json.loads(metadata_for(MEMBERS))["files"], **{"placement.json": "0" * 64})
+                ),
+                "unlisted.bin": (300 * 2**20, Zeros(300 * 2**20)),
+                **MEMBERS,
+            },
+            compress=True,
+        ): "placement.json does not match its SHA-256 in metadata.json",
+        write_tar(
+            tmp_path / "listed.tar.gz", {"metadata.json": metadata, **listed_large}, compress=True
+        ): "codegen/host/lib/lib0.o does not match its SHA-256 in metadata.json",
     }
     assert all(path.stat().st_size < 2 * 2**20 for path in tars)
-    run = subprocess.run([sys.executable, "-c", LOAD_UNDER_A_MEMORY_BOUND, str(HEADROOM), *map(str, tars)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_UNDER_A_MEMORY_BOUND, str(HEADROOM), *map(str, tars)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.splitlines() == [f"refused: {path}: {message}" for path, message in tars.items()]
     assert not list((tmp_path / "listed.tar.gz.unpacked").rglob("*.partial"))
 
 
 def test_a_member_of_another_size_than_metadata_declares_is_refused_before_it_is_read(tmp_path):
-    tar = export_like(tmp_path / "m.tar", sizes={**{name: len(data) for name, data in MEMBERS.items()}, "placement.json": 1})
+    tar = export_like(
+        tmp_path / "m.tar", sizes={**{name: len(data) for name, data in MEMBERS.items()}, "placement.json": 1}
+    )
     assert refused_in_one_line(tar) == "placement.json is 2 bytes in the tar, and metadata.json declares 1"
 
 
@@ -160,33 +189,67 @@ def broken_config(text: bytes) -> dict:
     return {"executor-config/relax-vm.json": text}
 
 
-@pytest.mark.parametrize("replaced, metadata, message", [
-    (broken_config(b'{"executor": "relax-vm",'), {}, "executor-config/relax-vm.json is not JSON (Expecting"),
-    (broken_config(b"[" * 100_000 + b"]" * 100_000), {}, "executor-config/relax-vm.json is not JSON Collage reads (nested too deeply)"),
-    (broken_config(b"[1, 2]"), {}, "executor-config/relax-vm.json: a JSON object is wanted, not list"),
-    (broken_config(json.dumps({k: v for k, v in CONFIG.items() if k != "runtime_backends"}).encode()), {},
-     "executor-config/relax-vm.json: runtime_backends must map each backend to what it needs"),
-    (broken_config(json.dumps(dict(CONFIG, inputs=[{"name": "x", "shape": [-1], "dtype": "float32"}])).encode()), {},
-     "executor-config/relax-vm.json: inputs must list each tensor's name, shape (non-negative integers) and dtype"),
-    (broken_config(json.dumps(dict(CONFIG, outputs=[{"name": "y", "shape": [1], "dtype": "no such type"}])).encode()), {},
-     "executor-config/relax-vm.json: outputs must list each tensor's name, shape (non-negative integers) and dtype"),
-    ({}, {"model_name": None}, "model name None in metadata.json is not a name"),
-    ({}, {"files": {"placement.json": 7}}, "metadata.json's files must map each member to its SHA-256 as text"),
-    ({}, {"sizes": {"placement.json": "two"}}, "metadata.json's sizes must map members to their sizes in bytes"),
-    ({"../escape.txt": b"x"}, {}, "member ../escape.txt points outside the tar"),
-], ids=["config-not-json", "config-nested-deeply", "config-not-an-object", "config-without-runtime-backends",
-        "config-negative-shape", "config-unknown-dtype", "metadata-without-model-name", "metadata-digest-not-text",
-        "metadata-size-not-a-number", "member-outside"])
-def test_tars_whose_digests_were_recomputed_over_bad_contents_are_refused_in_one_line(tmp_path, replaced, metadata, message):
+@pytest.mark.parametrize(
+    "replaced, metadata, message",
+    [
+        (broken_config(b'{"executor": "relax-vm",'), {}, "executor-config/relax-vm.json is not JSON (Expecting"),
+        (
+            broken_config(b"[" * 100_000 + b"]" * 100_000),
+            {},
+            "executor-config/relax-vm.json is not JSON Collage reads (nested too deeply)",
+        ),
+        (broken_config(b"[1, 2]"), {}, "executor-config/relax-vm.json: a JSON object is wanted, not list"),
+        (
+            broken_config(json.dumps({k: v for k, v in CONFIG.items() if k != "runtime_backends"}).encode()),
+            {},
+            "executor-config/relax-vm.json: runtime_backends must map each backend to what it needs",
+        ),
+        (
+            broken_config(json.dumps(dict(CONFIG, inputs=[{"name": "x", "shape": [-1], "dtype": "float32"}])).encode()),
+            {},
+            "executor-config/relax-vm.json: inputs must list each tensor's name, shape (non-negative integers) and dtype",
+        ),
+        (
+            broken_config(
+                json.dumps(dict(CONFIG, outputs=[{"name": "y", "shape": [1], "dtype": "no such type"}])).encode()
+            ),
+            {},
+            "executor-config/relax-vm.json: outputs must list each tensor's name, shape (non-negative integers) and dtype",
+        ),
+        ({}, {"model_name": None}, "model name None in metadata.json is not a name"),
+        ({}, {"files": {"placement.json": 7}}, "metadata.json's files must map each member to its SHA-256 as text"),
+        ({}, {"sizes": {"placement.json": "two"}}, "metadata.json's sizes must map members to their sizes in bytes"),
+        ({"../escape.txt": b"x"}, {}, "member ../escape.txt points outside the tar"),
+    ],
+    ids=[
+        "config-not-json",
+        "config-nested-deeply",
+        "config-not-an-object",
+        "config-without-runtime-backends",
+        "config-negative-shape",
+        "config-unknown-dtype",
+        "metadata-without-model-name",
+        "metadata-digest-not-text",
+        "metadata-size-not-a-number",
+        "member-outside",
+    ],
+)
+def test_tars_whose_digests_were_recomputed_over_bad_contents_are_refused_in_one_line(
+    tmp_path, replaced, metadata, message
+):
     tar = export_like(tmp_path / "m.tar", replaced, **metadata)
     assert refused_in_one_line(tar).startswith(message)
     assert not (tmp_path / "escape.txt").exists()
 
 
-@pytest.mark.parametrize("metadata, message", [
-    (b"[" * 100_000 + b"]" * 100_000, "metadata.json is not JSON Collage reads (nested too deeply)"),
-    (b"[1]", "metadata.json is not Collage's Model Library Format (a JSON list, not an object)"),
-], ids=["nested-deeply", "not-an-object"])
+@pytest.mark.parametrize(
+    "metadata, message",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "metadata.json is not JSON Collage reads (nested too deeply)"),
+        (b"[1]", "metadata.json is not Collage's Model Library Format (a JSON list, not an object)"),
+    ],
+    ids=["nested-deeply", "not-an-object"],
+)
 def test_bad_metadata_is_refused_in_one_line(tmp_path, metadata, message):
     tar = write_tar(tmp_path / "m.tar", {"metadata.json": metadata, **MEMBERS})
     assert refused_in_one_line(tar) == message
@@ -206,8 +269,9 @@ def test_a_member_twice_in_the_tar_is_refused(tmp_path):
 def test_too_many_members_are_refused_from_the_headers(tmp_path, monkeypatch):
     monkeypatch.setattr(mlf, "MAX_MEMBERS", 3)
     tar = export_like(tmp_path / "m.tar")
-    assert refused_in_one_line(tar) == ("it has more than 3 members; Collage refuses such a tar "
-                                        "(collage_core.outputs.mlf bounds it)")
+    assert refused_in_one_line(tar) == (
+        "it has more than 3 members; Collage refuses such a tar (collage_core.outputs.mlf bounds it)"
+    )
 
 
 def test_a_failed_load_leaves_no_folder_behind(tmp_path, monkeypatch):

@@ -44,8 +44,13 @@ def model(tmp_path_factory) -> Path:
         return name
 
     def conv(x, channels_in, channels_out, stride, name):
-        return node("Conv", [x, const(f"{name}.w", (channels_out, channels_in, 3, 3)), const(f"{name}.b", (channels_out,))],
-                    name, pads=[1, 1, 1, 1], strides=[stride, stride])
+        return node(
+            "Conv",
+            [x, const(f"{name}.w", (channels_out, channels_in, 3, 3)), const(f"{name}.b", (channels_out,))],
+            name,
+            pads=[1, 1, 1, 1],
+            strides=[stride, stride],
+        )
 
     a = node("Relu", [conv("input", 3, 8, 1, "conv1")], "relu1")
     b = node("Relu", [node("Add", [conv(a, 8, 8, 1, "conv2"), a], "add2")], "relu2")
@@ -54,8 +59,11 @@ def model(tmp_path_factory) -> Path:
     flat = node("Flatten", [node("GlobalAveragePool", [d], "pool")], "flat")
     node("Gemm", [flat, const("fc.w", (10, 16)), const("fc.b", (10,))], "output", transB=1)
     graph = helper.make_graph(
-        nodes, "small_cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 10])], weights,
+        nodes,
+        "small_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 10])],
+        weights,
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="collage-tests")
     proto.ir_version = 8
@@ -80,8 +88,22 @@ class Optimize:
 
     def __init__(self, model: Path, db: Path, out: Path, *extra: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--cost-db", str(db), "--output", str(out), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "collage_core.cli",
+                "optimize",
+                str(model),
+                "--cost-db",
+                str(db),
+                "--output",
+                str(out),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
             # A shell running the tests in the background ignores SIGINT for its children, and
             # Python then leaves it ignored; a user's terminal delivers it.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -112,8 +134,22 @@ class Optimize:
 
 def _rerun(model: Path, db: Path, out: Path, *extra: str) -> str:
     run = subprocess.run(
-        [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--cost-db", str(db), "--output", str(out), *extra],
-        capture_output=True, text=True, cwd=ROOT, timeout=1200,
+        [
+            sys.executable,
+            "-m",
+            "collage_core.cli",
+            "optimize",
+            str(model),
+            "--cost-db",
+            str(db),
+            "--output",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stderr
@@ -134,23 +170,45 @@ def test_signal_during_measurement_keeps_every_cost_for_the_rerun(model, tmp_pat
     assert any(f"collage: {word}; costs measured so far are kept" in line for line in run.lines)
     kept = _count(db, "costs")
     assert kept >= 5
-    found = MEASURED.search(_rerun(model, db, tmp_path / "again", "--backends", "tvm", "--no-compare", "--calibration-rounds", "0"))
+    found = MEASURED.search(
+        _rerun(model, db, tmp_path / "again", "--backends", "tvm", "--no-compare", "--calibration-rounds", "0")
+    )
     measured, from_database = int(found.group(1)), int(found.group(2))
     assert from_database >= kept and measured + from_database == _count(db, "costs")
 
 
 # SIGINT's own path (exit 130, "interrupted") is covered by the measurement test above; here it
 # repeats a minute of search, so it runs with --run-slow.
-@pytest.mark.parametrize("signum, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow, id="SIGINT"),
-                                          pytest.param(signal.SIGTERM, 143, id="SIGTERM")])
+@pytest.mark.parametrize(
+    "signum, code",
+    [
+        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow, id="SIGINT"),
+        pytest.param(signal.SIGTERM, 143, id="SIGTERM"),
+    ],
+)
 def test_signal_during_the_evolutionary_search_keeps_measured_placements(model, tmp_path, signum, code):
     pytest.importorskip("onnxruntime")
     db = tmp_path / "costs.sqlite"
-    search = ("--backends", "tvm,onnxruntime", "--search", "two-level", "--no-compare", "--calibration-rounds", "0",
-              "--population", "4", "--generations", "2")
+    search = (
+        "--backends",
+        "tvm,onnxruntime",
+        "--search",
+        "two-level",
+        "--no-compare",
+        "--calibration-rounds",
+        "0",
+        "--population",
+        "4",
+        "--generations",
+        "2",
+    )
     run = Optimize(model, db, tmp_path / "out", *search)
-    run.wait_until(lambda: any(re.match(rf"{STEP}two-level search:", line) for line in run.lines)
-                   and _count(db, "end_to_end_costs") >= 2)
+    run.wait_until(
+        lambda: (
+            any(re.match(rf"{STEP}two-level search:", line) for line in run.lines)
+            and _count(db, "end_to_end_costs") >= 2
+        )
+    )
     run.process.send_signal(signum)
     assert run.finish() == code
     candidates, placements = _count(db, "costs"), _count(db, "end_to_end_costs")

@@ -7,7 +7,15 @@ from pathlib import Path
 import attrs
 import pytest
 import tvm
-from plugins_for_tests.faulty_backends import CRASHING, FAULTS, HANGING, POISONING, POISONING_MESSAGE, RAISED_MESSAGE, RAISING
+from plugins_for_tests.faulty_backends import (
+    CRASHING,
+    FAULTS,
+    HANGING,
+    POISONING,
+    POISONING_MESSAGE,
+    RAISED_MESSAGE,
+    RAISING,
+)
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -114,7 +122,9 @@ def test_a_candidate_whose_fault_poisons_its_process_costs_itself_alone(plugins,
     faulting = {c.key for c in candidates if tiny_resnet.graph.ops[next(iter(c.nodes))] == "relax.nn.conv2d"}
     assert faulting and len(faulting) < len({c.key for c in candidates})
     with CostDatabase.open(tmp_path / "c.sqlite") as db:
-        report = measure(tiny_resnet, candidates, {POISONING: backends[POISONING]}, db, attrs.evolve(QUICK, build_workers=1))
+        report = measure(
+            tiny_resnet, candidates, {POISONING: backends[POISONING]}, db, attrs.evolve(QUICK, build_workers=1)
+        )
     for key, cost in report.costs.items():
         if key in faulting:
             assert not cost.is_measured and POISONING_MESSAGE in cost.reason

@@ -18,20 +18,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from plugins_for_tests.broken_export import START_OF_A_LIBRARY
 
 import collage_core
 from collage_core import optimizer
 from collage_core.build.deploy import carried_dir, read_runtime_file, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.outputs.output_folder import LOCK_FILE, NAME_BYTES, SCRATCH_PREFIX, held, library_file, safe_file_name
-from plugins_for_tests.broken_export import START_OF_A_LIBRARY
 
 onnx = pytest.importorskip("onnx")
 
 TESTS = Path(__file__).resolve().parents[1]
 PLUGIN = "plugins_for_tests.broken_export"
 # What a finished run leaves in its folder (for a model called relu).
-FINISHED = {LOCK_FILE, "finished.json", "placement.json", "relu.so", "relu.so.runtime.json", "report.txt", "results.json"}
+FINISHED = {
+    LOCK_FILE,
+    "finished.json",
+    "placement.json",
+    "relu.so",
+    "relu.so.runtime.json",
+    "report.txt",
+    "results.json",
+}
 HOSTILE = {
     "parent": "../../escaped",
     "absolute": "ABSOLUTE",  # a path in the test's own folder, outside the output folder
@@ -45,9 +53,12 @@ HOSTILE = {
 def relu_model(graph_name: str = "relu"):
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], graph_name,
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        graph_name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     proto.ir_version = 8
     return proto
@@ -66,8 +77,16 @@ def cost_db(tmp_path_factory) -> Path:
 
 
 def optimize_into(out: Path, model, cost_db: Path):
-    return collage_core.optimize(model, backends=["tvm"], search="op-level", compare_backends=False,
-                                 calibration_rounds=0, output_dir=out, cost_db=cost_db, show_progress=False)
+    return collage_core.optimize(
+        model,
+        backends=["tvm"],
+        search="op-level",
+        compare_backends=False,
+        calibration_rounds=0,
+        output_dir=out,
+        cost_db=cost_db,
+        show_progress=False,
+    )
 
 
 def names_in(folder: Path) -> set[str]:
@@ -117,7 +136,8 @@ def test_a_backend_name_does_not_lead_out_of_the_carried_libraries(tmp_path):
 
 
 def test_an_export_that_breaks_midway_leaves_the_library_before_intact_and_no_scratch(
-        model, cost_db, tmp_path, load_test_plugin, monkeypatch):
+    model, cost_db, tmp_path, load_test_plugin, monkeypatch
+):
     out = tmp_path / "out"
     pm, _ = load_test_plugin(PLUGIN)
     monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: pm)
@@ -148,12 +168,37 @@ class PausedRun:
             "optimizer.get_plugin_manager = lambda: pm\n"
             "sys.exit(main(sys.argv[1:]))\n"
         )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-               "BROKEN_EXPORT": "pause", "BROKEN_EXPORT_INTO": str(out), "BROKEN_EXPORT_DIR": str(handshake)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+            "BROKEN_EXPORT": "pause",
+            "BROKEN_EXPORT_INTO": str(out),
+            "BROKEN_EXPORT_DIR": str(handshake),
+        }
         self.process = subprocess.Popen(
-            [sys.executable, "-c", code, "optimize", str(model), "--backends", "tvm", "--search", "op-level",
-             "--no-compare", "--calibration-rounds", "0", "--cost-db", str(cost_db), "-o", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-c",
+                code,
+                "optimize",
+                str(model),
+                "--backends",
+                "tvm",
+                "--search",
+                "op-level",
+                "--no-compare",
+                "--calibration-rounds",
+                "0",
+                "--cost-db",
+                str(cost_db),
+                "-o",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
 
     def wait_until_exporting(self) -> Path:
@@ -204,25 +249,56 @@ def test_a_run_killed_while_it_writes_the_library_leaves_the_library_before_inta
 
 
 def test_a_second_run_into_a_folder_in_use_stops_in_one_line_and_the_first_finishes(
-        model, cost_db, tmp_path, paused, capsys):
+    model, cost_db, tmp_path, paused, capsys
+):
     from collage_core.cli import main
 
     out = tmp_path / "out"
     first = paused(out)
     first.wait_until_exporting()
-    status = main(["optimize", str(model), "--backends", "tvm", "--search", "op-level", "--no-compare",
-                   "--cost-db", str(cost_db), "-o", str(out)])
+    status = main(
+        [
+            "optimize",
+            str(model),
+            "--backends",
+            "tvm",
+            "--search",
+            "op-level",
+            "--no-compare",
+            "--cost-db",
+            str(cost_db),
+            "-o",
+            str(out),
+        ]
+    )
     assert status == 1
     assert capsys.readouterr().err.splitlines() == [
         f"collage: error: {out} is in use by another Collage run (pid {first.process.pid}); wait for it to end or "
-        "choose another output directory"]
+        "choose another output directory"
+    ]
     first.go()
     _, err = first.process.communicate(timeout=300)
     assert first.process.returncode == 0 and "Traceback" not in err, err
     assert names_in(out) == FINISHED
     # Its lock went with it: the same command now runs.
-    assert main(["optimize", str(model), "--backends", "tvm", "--search", "op-level", "--no-compare",
-                 "--cost-db", str(cost_db), "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "optimize",
+                str(model),
+                "--backends",
+                "tvm",
+                "--search",
+                "op-level",
+                "--no-compare",
+                "--cost-db",
+                str(cost_db),
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
 
 
 def test_sigterm_leaves_nothing_of_the_runs_scratch(model, cost_db, tmp_path, paused):
@@ -241,11 +317,13 @@ def test_a_dead_runs_lock_is_free_and_its_scratch_is_cleared(tmp_path):
     """A holder killed by SIGKILL: the kernel drops its lock, and the next holder removes what it left."""
     out = tmp_path / "out"
     out.mkdir()
-    code = ("import sys, time\nfrom collage_core.outputs.output_folder import held\n"
-            "with held(sys.argv[1]) as scratch:\n"
-            "    (scratch / 'inputs.npz').write_bytes(b'inputs')\n"
-            "    print(scratch, flush=True)\n"
-            "    time.sleep(300)\n")
+    code = (
+        "import sys, time\nfrom collage_core.outputs.output_folder import held\n"
+        "with held(sys.argv[1]) as scratch:\n"
+        "    (scratch / 'inputs.npz').write_bytes(b'inputs')\n"
+        "    print(scratch, flush=True)\n"
+        "    time.sleep(300)\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         scratch = Path(holder.stdout.readline().strip())
@@ -283,14 +361,21 @@ def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, mon
     import gc
     import tempfile
 
+    from tvm import relax
+
     import collage_core
     from collage_core.testing import function_module
-    from tvm import relax
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     relu = function_module(lambda bb, x: relax.op.nn.relu(x), (2, 8))
-    options = dict(backends=["tvm"], search="op-level", compare_backends=False, calibration_rounds=0,
-                   cost_db=tmp_path / "costs.sqlite", show_progress=False)
+    options = dict(
+        backends=["tvm"],
+        search="op-level",
+        compare_backends=False,
+        calibration_rounds=0,
+        cost_db=tmp_path / "costs.sqlite",
+        show_progress=False,
+    )
     result = collage_core.optimize(relu, **options)
     (folder,) = [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
     assert result.library_path.parent == folder and result.run(np.ones((2, 8), "float32"))[0].shape == (2, 8)
@@ -302,7 +387,9 @@ def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, mon
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
 
 
-def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(model, tmp_path, load_test_plugin, monkeypatch):
+def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(
+    model, tmp_path, load_test_plugin, monkeypatch
+):
     """What the run and its workers leave in their temporary folder (a killed linker's files) lands in
     the run's scratch, removed with it; the second run's workers come from the zygote the first
     started, under the first run's TMPDIR, and still use the second's."""
@@ -344,8 +431,9 @@ def test_a_run_refused_because_the_folder_is_in_use_removes_nothing_of_it(model,
     monkeypatch.setattr(output_folder, "first_missing", lambda folder: tmp_path / "new")  # both saw it missing
     with held(out) as scratch:
         with pytest.raises(OutputFolderInUse):
-            collage_core.optimize(model, backends=["tvm"], search="op-level", output_dir=tmp_path / "new" / "out",
-                                  show_progress=False)
+            collage_core.optimize(
+                model, backends=["tvm"], search="op-level", output_dir=tmp_path / "new" / "out", show_progress=False
+            )
         assert scratch.is_dir() and (out / LOCK_FILE).exists()
         with pytest.raises(OutputFolderInUse):
             with held(out, made=tmp_path / "new"):

@@ -58,9 +58,19 @@ def measure(plugins, db):
     pm, backends = plugins
     graph = RelaxGraph.from_function(one_relu()["main"])
     target = tvm_compat.host_cpu_target()
-    candidates = [c for name in BACKENDS for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target))]
-    report = measure_candidates(graph, candidates, {name: backends[name] for name in BACKENDS}, target, db, QUICK,
-                                plugin_modules=[PLUGIN], show_progress=False)
+    candidates = [
+        c for name in BACKENDS for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target))
+    ]
+    report = measure_candidates(
+        graph,
+        candidates,
+        {name: backends[name] for name in BACKENDS},
+        target,
+        db,
+        QUICK,
+        plugin_modules=[PLUGIN],
+        show_progress=False,
+    )
     return report, {c.backend: report.costs[c.key] for c in candidates}
 
 
@@ -77,8 +87,11 @@ def test_killed_workers_are_retried_and_a_held_up_one_is_measured_again_by_the_n
         # In the run that stored it, a transient failure is known like any other cost.
         assert measure(plugins, db)[0].measured == 0
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    for backend, said in [(KILLED_ONCE, "crashed with SIGKILL"), (TERMINATED_ONCE, "crashed with SIGTERM"),
-                          (HELD_UP_TWICE, "a later run measures it again")]:
+    for backend, said in [
+        (KILLED_ONCE, "crashed with SIGKILL"),
+        (TERMINATED_ONCE, "crashed with SIGTERM"),
+        (HELD_UP_TWICE, "a later run measures it again"),
+    ]:
         assert any(message.startswith(f"{backend} candidate ") and said in message for message in warnings), backend
 
     with CostDatabase.open(path) as db:
@@ -102,8 +115,8 @@ def test_remeasure_invalid_measures_every_invalid_cost_again(plugins, tmp_path):
 def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measured_again_by_the_next_run(
     plugins, tmp_path, caplog, monkeypatch
 ):
-    from collage_core.measure import job as job_module
     from collage_core.backends import discover_backends, select_backends
+    from collage_core.measure import job as job_module
     from collage_core.measure.job import Job
     from collage_core.model.model_import import load_model
     from collage_core.records import Cost, Partition
@@ -112,8 +125,17 @@ def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measure
     pm, _ = plugins
     model = load_model(one_relu())
     chosen = select_backends(discover_backends(pm), list(BACKENDS))
-    job = Job(model, RelaxGraph.from_function(model.mod["main"], model.mod), tvm_compat.host_cpu_target(), pm, chosen,
-              QUICK, tmp_path, lambda message: None, False)
+    job = Job(
+        model,
+        RelaxGraph.from_function(model.mod["main"], model.mod),
+        tvm_compat.host_cpu_target(),
+        pm,
+        chosen,
+        QUICK,
+        tmp_path,
+        lambda message: None,
+        False,
+    )
 
     def placed_on(backend):
         return [Partition(backend, f"{backend}.op", (0,), "", Cost.unknown())]
@@ -126,10 +148,13 @@ def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measure
         held_up = evaluate(placed_on(HELD_UP_TWICE))
         assert is_transient(held_up), held_up
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert any(message.startswith(f"placement of 1 partition on {KILLED_ONCE}: worker crashed with SIGKILL")
-               for message in warnings), warnings
-    assert any(message.startswith(f"placement of 1 partition on {HELD_UP_TWICE}: transient failure")
-               for message in warnings), warnings
+    assert any(
+        message.startswith(f"placement of 1 partition on {KILLED_ONCE}: worker crashed with SIGKILL")
+        for message in warnings
+    ), warnings
+    assert any(
+        message.startswith(f"placement of 1 partition on {HELD_UP_TWICE}: transient failure") for message in warnings
+    ), warnings
 
     with CostDatabase.open(path) as db:
         evaluate = job.end_to_end_evaluator(db, cut_off=False)
@@ -150,9 +175,17 @@ def test_collage_optimize_remeasure_invalid_measures_a_stored_failure_again(load
     path = tmp_path / "costs.sqlite"
 
     def run(**options):
-        return collage_core.optimize(one_relu(), backends=["raising", "tvm"], cost_db=path, settings=QUICK,
-                                     search="op-level", calibration_rounds=0, compare_backends=False,
-                                     show_progress=False, **options).measurement
+        return collage_core.optimize(
+            one_relu(),
+            backends=["raising", "tvm"],
+            cost_db=path,
+            settings=QUICK,
+            search="op-level",
+            calibration_rounds=0,
+            compare_backends=False,
+            show_progress=False,
+            **options,
+        ).measurement
 
     first = run()
     assert first.invalid == 1 and first.measured == 2

@@ -12,7 +12,13 @@ import functools
 from pathlib import Path
 
 from collage_core.kit import (
-    KERNEL_CACHE_HEADER, CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries,
+    KERNEL_CACHE_HEADER,
+    CudaUnavailable,
+    NativeBuildError,
+    NativeLibrary,
+    Requirement,
+    cache_root,
+    cuda_libraries,
     find_compiler,
 )
 
@@ -20,7 +26,12 @@ SOURCE = Path(__file__).parent / "runtime" / "collage_cublas.cc"
 INSTALL_HINT = "pip install nvidia-cublas nvidia-cuda-runtime (what PyTorch's CUDA wheels bring), and g++"
 REQUIREMENTS = (
     Requirement("cublasLt.h", "cublasLt", "pip install nvidia-cublas"),
-    Requirement("cuda_runtime.h", "cudart", "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)", ("crt/host_defines.h",)),
+    Requirement(
+        "cuda_runtime.h",
+        "cudart",
+        "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)",
+        ("crt/host_defines.h",),
+    ),
 )
 
 
@@ -30,9 +41,10 @@ class CublasUnavailable(RuntimeError):
 
 def cublas_version() -> str:
     """The installed cuBLAS wheel's version, else the shared object's file name."""
-    return cuda_libraries.installed_version(
-        ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"), "cublasLt"
-    ) or "not installed"
+    return (
+        cuda_libraries.installed_version(("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"), "cublasLt")
+        or "not installed"
+    )
 
 
 def cache_dir() -> Path:
@@ -45,7 +57,9 @@ def native_library() -> NativeLibrary:
         compiler = find_compiler(INSTALL_HINT)
     except (CudaUnavailable, NativeBuildError) as missing:
         raise CublasUnavailable(str(missing)) from None
-    return NativeLibrary("cublas", SOURCE, compiler, flags, versions=(cublas_version(), *libraries), headers=(KERNEL_CACHE_HEADER,))
+    return NativeLibrary(
+        "cublas", SOURCE, compiler, flags, versions=(cublas_version(), *libraries), headers=(KERNEL_CACHE_HEADER,)
+    )
 
 
 @functools.lru_cache(maxsize=None)

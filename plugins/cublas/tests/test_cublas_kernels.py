@@ -13,15 +13,26 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from collage_cublas import lowering, patterns, specs
+from cublas_cases import reference
 from tvm import relax
 
 from collage_core.kit import Group, tvm_compat
 from collage_core.kit.testing import (
-    EXACT_FLOAT32_ATOL, build, function_module, lower_partitions, operand_arrays, partition_module,
-    product_case as case, rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
+    EXACT_FLOAT32_ATOL,
+    build,
+    function_module,
+    lower_partitions,
+    operand_arrays,
+    partition_module,
+    rounded_to,
+    sixteen_bit_atol,
+    tf32_atol,
+    whole_candidate,
 )
-from collage_cublas import lowering, patterns, specs
-from cublas_cases import reference
+from collage_core.kit.testing import (
+    product_case as case,
+)
 
 pytestmark = pytest.mark.gpu
 R = relax.op
@@ -65,12 +76,15 @@ def _run_tf32(pm, backends, cuda, mod, pattern_name, inputs):
     got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=True)
     assert spec.words[-2] == specs.TF32_OPERANDS
-    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
+    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(
+        got.shape
+    )
     return got, expected, spec
 
 
-@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_gelu", "batch_matmul_tt_scale",
-                                          "batch_matmul"])
+@pytest.mark.parametrize(
+    "pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_gelu", "batch_matmul_tt_scale", "batch_matmul"]
+)
 def test_a_tf32_kernel_matches_float64_within_tf32_rounding(pm, backends, cuda, pattern_name):
     """At --precision tf32 the ``_tf32`` pattern runs cuBLASLt with CUBLAS_COMPUTE_32F_FAST_TF32 (which may still
     pick an exact kernel for a problem this small): within TF32's rounding of exact float64."""
@@ -103,14 +117,16 @@ def _sixteen_bit_case(pattern_name: str, dtype: str, rng):
         weight = rng.uniform(-1, 1, size=(24, 40)).astype(F)
         make = lambda bb, x: R.matmul(x, relax.const(rounded_to(weight, dtype)), out_dtype=F)  # noqa: E731
         return make, [(2, 8, 24)], lambda x: x @ torch.from_numpy(weight).to(_torch(dtype)).double()
-    make = lambda bb, q, k: R.matmul(bb.emit(R.permute_dims(q, [0, 2, 1, 3])),  # noqa: E731
-                                     bb.emit(R.permute_dims(k, [0, 2, 3, 1])), out_dtype=F)
+    make = lambda bb, q, k: R.matmul(
+        bb.emit(R.permute_dims(q, [0, 2, 1, 3])),  # noqa: E731
+        bb.emit(R.permute_dims(k, [0, 2, 3, 1])),
+        out_dtype=F,
+    )
     return make, [(2, 16, 4, 8), (2, 16, 4, 8)], lambda q, k: q.permute(0, 2, 1, 3) @ k.permute(0, 2, 3, 1)
 
 
 def _torch(dtype):
     return torch.bfloat16 if dtype == "bfloat16" else torch.float16
-
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -13,7 +13,13 @@ import functools
 from pathlib import Path
 
 from collage_core.kit import (
-    KERNEL_CACHE_HEADER, CudaUnavailable, NativeBuildError, NativeLibrary, Requirement, cache_root, cuda_libraries,
+    KERNEL_CACHE_HEADER,
+    CudaUnavailable,
+    NativeBuildError,
+    NativeLibrary,
+    Requirement,
+    cache_root,
+    cuda_libraries,
     find_compiler,
 )
 
@@ -23,7 +29,12 @@ REQUIREMENTS = (
     Requirement("cudnn.h", "cudnn", "pip install nvidia-cudnn-cu13"),
     Requirement("cudnn_frontend.h", None, "pip install nvidia-cudnn-frontend"),
     Requirement("nvrtc.h", "nvrtc", "pip install nvidia-cuda-nvrtc"),
-    Requirement("cuda_runtime.h", "cudart", "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)", ("crt/host_defines.h",)),
+    Requirement(
+        "cuda_runtime.h",
+        "cudart",
+        "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)",
+        ("crt/host_defines.h",),
+    ),
 )
 
 
@@ -48,7 +59,9 @@ def native_library() -> NativeLibrary:
         compiler = find_compiler(INSTALL_HINT)
     except (CudaUnavailable, NativeBuildError) as missing:
         raise CudnnUnavailable(str(missing)) from None
-    return NativeLibrary("cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries), headers=(KERNEL_CACHE_HEADER,))
+    return NativeLibrary(
+        "cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries), headers=(KERNEL_CACHE_HEADER,)
+    )
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,7 +11,12 @@ import functools
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from collage_core.kit import (
-    TF32_PATTERN_SUFFIX, Pattern, activation_pattern, bias_pattern, cast_pattern, recognizer_check,
+    TF32_PATTERN_SUFFIX,
+    Pattern,
+    activation_pattern,
+    bias_pattern,
+    cast_pattern,
+    recognizer_check,
 )
 from collage_cudnn import specs
 

@@ -16,11 +16,11 @@ import math
 
 import numpy as np
 import torch
+from collage_cudnn import specs
 from tvm import relax
 
 from collage_core.kit import ACTIVATIONS
 from collage_core.kit.testing import rounded_to
-from collage_cudnn import specs
 
 R = relax.op
 F = "float32"
@@ -123,8 +123,17 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
         shapes = [x_shape] + ([out_shape] if "add" in parts else [])
 
         def make(bb, x, *residual):
-            v = anchored(bb, R.nn.conv2d(x, _const(rng, 16, 4, 3, 3, dtype=operand_dtype), strides=(2, 2),
-                                         padding=(1, 1, 1, 1), groups=2, out_dtype=F))
+            v = anchored(
+                bb,
+                R.nn.conv2d(
+                    x,
+                    _const(rng, 16, 4, 3, 3, dtype=operand_dtype),
+                    strides=(2, 2),
+                    padding=(1, 1, 1, 1),
+                    groups=2,
+                    out_dtype=F,
+                ),
+            )
             v = v if isinstance(v, relax.Var) else bb.emit(v)
             return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
 
@@ -161,4 +170,8 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
 
 def case_ids(pattern_names) -> list[tuple[str, str]]:
     """(pattern, activation) pairs: each pattern once, and each activation once per pattern that fuses one."""
-    return [(name, activation) for name in pattern_names for activation in (ACTIVATIONS if name.endswith("_act") else ("relu",))]
+    return [
+        (name, activation)
+        for name in pattern_names
+        for activation in (ACTIVATIONS if name.endswith("_act") else ("relu",))
+    ]

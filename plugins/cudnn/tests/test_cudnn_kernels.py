@@ -14,15 +14,22 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from collage_cudnn import lowering, patterns, specs
+from cudnn_cases import case, case_ids, cast_dtype, reference
 from tvm import relax
 
 from collage_core.kit import Group, tvm_compat
 from collage_core.kit.testing import (
-    build, function_module, lower_partitions, operand_arrays, partition_module, rounded_to, sixteen_bit_atol,
-    tf32_atol, whole_candidate,
+    build,
+    function_module,
+    lower_partitions,
+    operand_arrays,
+    partition_module,
+    rounded_to,
+    sixteen_bit_atol,
+    tf32_atol,
+    whole_candidate,
 )
-from collage_cudnn import lowering, patterns, specs
-from cudnn_cases import case, case_ids, cast_dtype, reference
 
 pytestmark = pytest.mark.gpu
 RTOL, ATOL = 1e-4, 1e-4
@@ -95,6 +102,7 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
 
         def expected_of(a, b):
             return a @ b
+
     mod = function_module(make, *shapes, dtype=dtype)
     graph, candidate = whole_candidate(mod, patterns.patterns(), f"cudnn.{pattern_name}")
     assert candidate is not None, f"cudnn.{pattern_name} does not take {dtype} operands"

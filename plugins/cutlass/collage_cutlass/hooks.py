@@ -11,7 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from collage_core.kit import (
-    OP_LEVEL, TF32, Availability, Backend, fused_groups, hookimpl, hookimpl_for, replace_functions, sources_digest,
+    OP_LEVEL,
+    TF32,
+    Availability,
+    Backend,
+    fused_groups,
+    hookimpl,
+    hookimpl_for,
+    replace_functions,
+    sources_digest,
     strided_products,
 )
 from collage_cutlass import conv_kernels, conv_specs, kernels, library, lowering, patterns, specs, tuning
@@ -19,8 +27,15 @@ from collage_cutlass import conv_kernels, conv_specs, kernels, library, lowering
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides CUTLASS and nvcc: the kernels' sources, how groups are read and lowered.
 KERNELS_DIGEST = sources_digest(
-    (library.COMMON_HEADER, library.RUNNER_HEADER, library.CONV_RUNNER_HEADER,
-     *(Path(module.__file__) for module in (kernels, specs, conv_kernels, conv_specs, tuning, lowering, fused_groups, strided_products)))
+    (
+        library.COMMON_HEADER,
+        library.RUNNER_HEADER,
+        library.CONV_RUNNER_HEADER,
+        *(
+            Path(module.__file__)
+            for module in (kernels, specs, conv_kernels, conv_specs, tuning, lowering, fused_groups, strided_products)
+        ),
+    )
 )
 
 

@@ -26,7 +26,13 @@ from pathlib import Path
 import attrs
 
 from collage_core.kit import (
-    ChoiceStore, CudaUnavailable, NativeBuildError, NativeLibrary, ProgressBar, cache_root, cuda_libraries,
+    ChoiceStore,
+    CudaUnavailable,
+    NativeBuildError,
+    NativeLibrary,
+    ProgressBar,
+    cache_root,
+    cuda_libraries,
     sources_digest,
 )
 from collage_cutlass.conv_kernels import ConvKind
@@ -41,7 +47,15 @@ CONV_RUNNER_HEADER = RUNTIME_DIR / "conv_runner.h"
 INSTALL_HINT = "pip install nvidia-cutlass, and the CUDA toolkit's nvcc (apt-get install cuda-nvcc-13-0)"
 ARCH = "sm_90a"  # Hopper with its arch-specific features (WGMMA, TMA multicast)
 HOPPER = "9.0"
-NVCC_FLAGS = ("-std=c++17", "-O3", f"-arch={ARCH}", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC", "-shared", "-DNDEBUG")
+NVCC_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    f"-arch={ARCH}",
+    "--expt-relaxed-constexpr",
+    "-Xcompiler=-fPIC",
+    "-shared",
+    "-DNDEBUG",
+)
 COMPILE_MEMORY_BYTES = 3 << 30  # what one nvcc of a CUTLASS 3 kernel may take
 
 
@@ -83,7 +97,9 @@ def find_nvcc() -> str:
 def nvcc_version() -> str:
     result = subprocess.run([find_nvcc(), "--version"], capture_output=True, text=True)
     found = re.search(r"release [\d.]+, V([\d.]+)", result.stdout)
-    return found.group(1) if found else result.stdout.strip().splitlines()[-1:][0] if result.stdout.strip() else "unknown"
+    return (
+        found.group(1) if found else result.stdout.strip().splitlines()[-1:][0] if result.stdout.strip() else "unknown"
+    )
 
 
 def check_gpu() -> None:
@@ -93,7 +109,9 @@ def check_gpu() -> None:
     except CudaUnavailable as missing:
         raise CutlassUnavailable(str(missing)) from None
     if gpu.compute_capability != HOPPER:
-        raise CutlassUnavailable(f"{gpu.name} (compute capability {gpu.compute_capability}): the CUTLASS kernels here target Hopper (sm_90)")
+        raise CutlassUnavailable(
+            f"{gpu.name} (compute capability {gpu.compute_capability}): the CUTLASS kernels here target Hopper (sm_90)"
+        )
 
 
 def cache_dir() -> Path:
@@ -116,8 +134,12 @@ def native_library(kernel) -> NativeLibrary:
         partial.write_text(text)
         os.replace(partial, source)
     return NativeLibrary(
-        f"cutlass/{kernel.name}", source, find_nvcc(), (f"-I{RUNTIME_DIR}", f"-I{include}", f"-I{util}"),
-        versions=(cutlass_version(), nvcc_version(), sources_digest(runner_headers(kernel))), base_flags=NVCC_FLAGS,
+        f"cutlass/{kernel.name}",
+        source,
+        find_nvcc(),
+        (f"-I{RUNTIME_DIR}", f"-I{include}", f"-I{util}"),
+        versions=(cutlass_version(), nvcc_version(), sources_digest(runner_headers(kernel))),
+        base_flags=NVCC_FLAGS,
     )
 
 
@@ -144,14 +166,18 @@ def build_all(kernels, progress: bool = True) -> dict[Kernel, object]:
     """Compile every kernel not built yet, in parallel, showing progress; each kernel's library path, or
     the :class:`NativeBuildError` that says why it did not compile."""
     libraries = {kernel: native_library(kernel) for kernel in kernels}
-    results: dict[Kernel, object] = {kernel: library.path() for kernel, library in libraries.items() if library.path().exists()}
+    results: dict[Kernel, object] = {
+        kernel: library.path() for kernel, library in libraries.items() if library.path().exists()
+    }
     if len(results) == len(libraries):
         return results
     with machine_lock("compiling"):
         missing = [kernel for kernel, library in libraries.items() if not library.path().exists()]
         results.update({kernel: libraries[kernel].path() for kernel in libraries if kernel not in missing})
-        with ProgressBar(len(missing), "compiling CUTLASS kernels", enabled=progress) as bar, \
-                concurrent.futures.ThreadPoolExecutor(compile_jobs(len(missing)) if missing else 1) as pool:
+        with (
+            ProgressBar(len(missing), "compiling CUTLASS kernels", enabled=progress) as bar,
+            concurrent.futures.ThreadPoolExecutor(compile_jobs(len(missing)) if missing else 1) as pool,
+        ):
             futures = {pool.submit(_timed_build, libraries[kernel]): kernel for kernel in missing}
             for future in concurrent.futures.as_completed(futures):
                 kernel = futures[future]
@@ -193,7 +219,9 @@ def _chosen_file() -> Path:
 
 
 def record_chosen(kernel) -> None:
-    ChoiceStore(_chosen_file()).put(kernel.name, {"op": kernel.kind.op, "kind": attrs.asdict(kernel.kind), "config": attrs.asdict(kernel.config)})
+    ChoiceStore(_chosen_file()).put(
+        kernel.name, {"op": kernel.kind.op, "kind": attrs.asdict(kernel.kind), "config": attrs.asdict(kernel.config)}
+    )
 
 
 def chosen_kernels() -> list:
@@ -207,7 +235,9 @@ def chosen_kernels() -> list:
         try:
             kind = KINDS[entry.get("op", "gemm")](**entry["kind"])
             config = entry["config"]
-            config = TileConfig(config["schedule"], tuple(config["tile"]), tuple(config["cluster"]), config["scheduler"])
+            config = TileConfig(
+                config["schedule"], tuple(config["tile"]), tuple(config["cluster"]), config["scheduler"]
+            )
         except (KeyError, TypeError):
             continue
         found.append(kind.kernel(config))

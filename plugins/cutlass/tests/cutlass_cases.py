@@ -14,9 +14,9 @@ import struct
 
 import numpy as np
 import torch
+from collage_cutlass import conv_specs, kernels, specs
 
 from collage_core.kit.testing import rounded_to
-from collage_cutlass import conv_specs, kernels, specs
 
 OUT_DTYPES = {code: dtype for dtype, code in kernels.TYPE_CODES.items()}
 ACTIVATIONS = {code: name for name, code in kernels.ACTIVATION_CODES.items()}
@@ -43,11 +43,20 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     w = [int(x) for x in words]
     assert w[0] == specs.SPEC_VERSION
     out_dtype, a_m_major, b_n_major, has_bias, has_residual, activation = (
-        OUT_DTYPES[w[2]], w[3], w[4], w[5], w[6], ACTIVATIONS[w[7]])
+        OUT_DTYPES[w[2]],
+        w[3],
+        w[4],
+        w[5],
+        w[6],
+        ACTIVATIONS[w[7]],
+    )
     m, n, k, batch = w[8:12]
     lead_a, batch_a, lead_b, batch_b, lead_d, batch_d, outer, outer_a, outer_b, outer_d = w[12:22]
     alpha = _float(w[22])
-    flat = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype) for x in operands]
+    flat = [
+        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype)
+        for x in operands
+    ]
     first, second = flat[0], flat[1]
     bias = flat[2] if has_bias else None
     residual = flat[2 + has_bias] if has_residual else None
@@ -66,7 +75,9 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     return rounded_to(out.cpu().numpy(), out_dtype).astype(np.float64)
 
 
-def conv_reference(spec: conv_specs.ConvSpec, operands: list[np.ndarray], device: str = "cpu", dtype=torch.float64) -> np.ndarray:
+def conv_reference(
+    spec: conv_specs.ConvSpec, operands: list[np.ndarray], device: str = "cpu", dtype=torch.float64
+) -> np.ndarray:
     """What the CUTLASS convolution kernel computes for ``spec`` (runtime/conv_runner.h), with the lowering's layout
     changes: operands the spec names channel-first are taken NCHW, and the output is given in the partition's layout."""
     w = [int(x) for x in spec.words]
@@ -78,8 +89,9 @@ def conv_reference(spec: conv_specs.ConvSpec, operands: list[np.ndarray], device
     x, filters = tensors[0], tensors[1]
     assert tuple(x.shape) == (n, h, width, c) and tuple(filters.shape) == (k, r, s, c)
     padded = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
-    y = torch.nn.functional.conv2d(padded, filters.permute(0, 3, 1, 2), stride=(stride_h, stride_w),
-                                   dilation=(dilation_h, dilation_w)).permute(0, 2, 3, 1)
+    y = torch.nn.functional.conv2d(
+        padded, filters.permute(0, 3, 1, 2), stride=(stride_h, stride_w), dilation=(dilation_h, dilation_w)
+    ).permute(0, 2, 3, 1)
     assert tuple(y.shape) == (n, p, q, k)
     if has_bias:
         y = y + tensors[2]

@@ -17,9 +17,10 @@ import os
 import sys
 from pathlib import Path
 
+from collage_cutlass import patterns, prebuild, specs
+
 from collage_core.kit import Group, at_precision, load_model
 from collage_core.kit.testing import function_module, product_case, whole_candidate
-from collage_cutlass import patterns, prebuild, specs
 
 TESTS_CONFIGURATIONS = "2"  # what the GPU tests try unless COLLAGE_CUTLASS_TILES says otherwise
 MODELS = Path(__file__).resolve().parents[3] / "models"
@@ -27,7 +28,9 @@ PLACEMENT_MODELS = ("tiny_bert", "tiny_gpt2")  # test_cutlass_placements.py's, a
 
 
 def _kind(mod, pattern_name: str, tf32: bool = False):
-    graph, candidate = whole_candidate(mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{'_tf32' if tf32 else ''}")
+    graph, candidate = whole_candidate(
+        mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{'_tf32' if tf32 else ''}"
+    )
     if candidate is None:
         raise LookupError(f"no cutlass.{pattern_name} candidate")
     return specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=tf32).kind

@@ -9,13 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-
-from collage_core.kit import NativeBuildError
 from collage_cutlass import kernels, library
 from collage_cutlass.conv_kernels import CONV_TILE_CONFIGS, ConvKind
 from collage_cutlass.kernels import TILE_CONFIGS, Kernel, KernelKind
 
-KIND = KernelKind("bfloat16", "bfloat16", a_k_major=True, b_k_major=False, bias=True, residual=False, activation="gelu_erf")
+from collage_core.kit import NativeBuildError
+
+KIND = KernelKind(
+    "bfloat16", "bfloat16", a_k_major=True, b_k_major=False, bias=True, residual=False, activation="gelu_erf"
+)
 
 
 def test_each_kind_and_configuration_is_its_own_kernel_and_source():
@@ -25,7 +27,9 @@ def test_each_kind_and_configuration_is_its_own_kernel_and_source():
     assert other.name not in names
     source = Kernel(KIND, TILE_CONFIGS[0]).source()
     assert "LinCombPerColBiasEltAct<cutlass::epilogue::thread::GELU, cutlass::bfloat16_t" in source
-    assert "cutlass::layout::RowMajor, 16 / sizeof(Element)" in source and "KernelTmaWarpSpecializedCooperative" in source
+    assert (
+        "cutlass::layout::RowMajor, 16 / sizeof(Element)" in source and "KernelTmaWarpSpecializedCooperative" in source
+    )
 
 
 def test_a_tf32_kernel_takes_float_operands_with_a_k_tile_of_the_same_bytes():
@@ -45,10 +49,16 @@ def test_a_convolution_kernel_is_an_implicit_gemm_over_nhwc_with_the_gemm_kernel
     assert "LinCombPerColBiasEltAct<cutlass::epilogue::thread::ReLu, cutlass::half_t" in source
     assert source.count("cutlass::layout::TensorNHWC") == 4 and '#include "conv_runner.h"' in source
     assert kind.words() == (2, 2, 1, 1, kernels.ACTIVATION_CODES["relu"])
-    assert "Shape<_128, _128, Shape<_32>>" in ConvKind("float32", "float32", False, False, None).kernel(CONV_TILE_CONFIGS[0]).source()
+    assert (
+        "Shape<_128, _128, Shape<_32>>"
+        in ConvKind("float32", "float32", False, False, None).kernel(CONV_TILE_CONFIGS[0]).source()
+    )
     # Their builds are keyed by the shared runtime header and their own; the GEMM kernels' by the shared one and
     # theirs (a convolution runner's change leaves the GEMM kernels' cache valid).
-    assert library.runner_headers(kind.kernel(CONV_TILE_CONFIGS[0])) == [library.COMMON_HEADER, library.CONV_RUNNER_HEADER]
+    assert library.runner_headers(kind.kernel(CONV_TILE_CONFIGS[0])) == [
+        library.COMMON_HEADER,
+        library.CONV_RUNNER_HEADER,
+    ]
     assert library.runner_headers(Kernel(KIND, TILE_CONFIGS[0])) == [library.COMMON_HEADER, library.RUNNER_HEADER]
 
 
@@ -79,9 +89,10 @@ def test_a_kernel_compiles_with_nvcc_loads_and_registers_its_call_and_timing_fun
 
 
 def _spec():
+    from collage_cutlass import specs
+
     from collage_core.kit import Group
     from collage_core.kit.testing import function_module, product_case
-    from collage_cutlass import specs
 
     make, shapes = product_case("dense_bias", cast_to="float16")
     return specs.recognize(Group.from_function(function_module(make, *shapes, dtype="float16")["main"]))
@@ -91,14 +102,18 @@ def test_tuning_keeps_the_fastest_configuration_that_runs_and_times_a_problem_on
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    monkeypatch.setattr(
+        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
+    )
     timed = []
 
     def fake_times(spec, candidates, key=""):  # what the GPU would say: the third fastest, the first cannot run it
         timed.append(len(candidates))
         speeds = {0: "CUTLASS cannot run this problem with it", 2: 0.001}
-        return {kernel.config.name: speeds.get(TILE_CONFIGS.index(kernel.config), 0.01 * TILE_CONFIGS.index(kernel.config))
-                for kernel in candidates}
+        return {
+            kernel.config.name: speeds.get(TILE_CONFIGS.index(kernel.config), 0.01 * TILE_CONFIGS.index(kernel.config))
+            for kernel in candidates
+        }
 
     monkeypatch.setattr(tuning, "time_kernels", fake_times)
     spec = _spec()
@@ -115,8 +130,12 @@ def test_a_problem_no_configuration_runs_fails_with_each_configurations_reason(t
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
-    monkeypatch.setattr(tuning, "time_kernels", lambda spec, kernels, key="": {k.config.name: "did not compile: x" for k in kernels})
+    monkeypatch.setattr(
+        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
+    )
+    monkeypatch.setattr(
+        tuning, "time_kernels", lambda spec, kernels, key="": {k.config.name: "did not compile: x" for k in kernels}
+    )
     with pytest.raises(ValueError, match=r"no CUTLASS configuration runs this float16->float16 .* did not compile"):
         tuning.best_kernel(_spec())
 
@@ -125,8 +144,12 @@ def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
-    monkeypatch.setattr(tuning.library, "build_all", lambda kernels, progress=True: {k: tmp_path / k.name for k in kernels})
+    monkeypatch.setattr(
+        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
+    )
+    monkeypatch.setattr(
+        tuning.library, "build_all", lambda kernels, progress=True: {k: tmp_path / k.name for k in kernels}
+    )
     monkeypatch.setattr(tuning.library, "load", lambda kernel: None)
     hangs, ran = TILE_CONFIGS[1], []
 
@@ -135,6 +158,7 @@ def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_
             config = next(c for c in TILE_CONFIGS if f"collage_cutlass.time.{Kernel(spec.kind, c).name}" == name)
             ran.append(config)
             return tuning.HUNG if config == hangs else 0.01 + 0.001 * TILE_CONFIGS.index(config)
+
         return time
 
     monkeypatch.setattr(tuning.tvm, "get_global_func", timing_function)
@@ -152,8 +176,9 @@ def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_
 def test_without_a_gpu_the_first_configuration_is_taken_untimed(monkeypatch):
     from collage_cutlass import tuning
 
-    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu",
-                        lambda: (_ for _ in ()).throw(tuning.CudaUnavailable("no NVIDIA GPU here")))
+    monkeypatch.setattr(
+        tuning.cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(tuning.CudaUnavailable("no NVIDIA GPU here"))
+    )
     monkeypatch.setattr(tuning, "time_kernels", lambda *a: pytest.fail("timed without a GPU"))
     assert tuning.best_kernel(_spec()).config == TILE_CONFIGS[0]
 
@@ -167,14 +192,16 @@ def test_a_bad_tile_count_is_refused_with_what_to_give(monkeypatch):
 
 
 def _conv_spec():
+    from collage_cutlass import specs
     from tvm import relax
 
     from collage_core.kit import Group
     from collage_core.kit.testing import function_module
-    from collage_cutlass import specs
 
     filters = relax.const(np.ones((16, 8, 3, 3), "float16"))
-    make = lambda bb, x: relax.op.astype(bb.emit(relax.op.nn.conv2d(x, filters, padding=[1, 1, 1, 1], out_dtype="float32")), "float16")  # noqa: E731
+    make = lambda bb, x: relax.op.astype(
+        bb.emit(relax.op.nn.conv2d(x, filters, padding=[1, 1, 1, 1], out_dtype="float32")), "float16"
+    )  # noqa: E731
     return specs.recognize(Group.from_function(function_module(make, (1, 8, 6, 6), dtype="float16")["main"]))
 
 
@@ -182,9 +209,16 @@ def test_a_convolution_is_tuned_over_the_convolution_configurations_and_its_choi
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
-    monkeypatch.setattr(tuning, "time_kernels", lambda spec, candidates, key="": {
-        kernel.config.name: 0.01 + 0.001 * abs(CONV_TILE_CONFIGS.index(kernel.config) - 3) for kernel in candidates})
+    monkeypatch.setattr(
+        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
+    )
+    monkeypatch.setattr(
+        tuning,
+        "time_kernels",
+        lambda spec, candidates, key="": {
+            kernel.config.name: 0.01 + 0.001 * abs(CONV_TILE_CONFIGS.index(kernel.config) - 3) for kernel in candidates
+        },
+    )
     spec = _conv_spec()
     chosen = tuning.best_kernel(spec)
     assert chosen.config == CONV_TILE_CONFIGS[3] and chosen.name.startswith("conv2d_")

@@ -16,23 +16,40 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from tvm import relax
-
-from collage_core.kit import Group, tvm_compat
-from collage_core.kit.testing import (
-    EXACT_FLOAT32_ATOL, build, function_module, lower_partitions, operand_arrays, partition_module, product_case,
-    rounded_to, sixteen_bit_atol, tf32_atol, whole_candidate,
-)
 from collage_cutlass import library, patterns, specs, tuning
 from collage_cutlass.kernels import Kernel
 from cutlass_cases import conv_reference, reference
 from test_cutlass_conv_specs import CASES as CONV_CASES
+from tvm import relax
+
+from collage_core.kit import Group, tvm_compat
+from collage_core.kit.testing import (
+    EXACT_FLOAT32_ATOL,
+    build,
+    function_module,
+    lower_partitions,
+    operand_arrays,
+    partition_module,
+    product_case,
+    rounded_to,
+    sixteen_bit_atol,
+    tf32_atol,
+    whole_candidate,
+)
 
 pytestmark = pytest.mark.gpu
 R = relax.op
 F = "float32"
-CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_bias_reshape_gelu", "dense_add_silu", "dense_bias_add_relu",
-         "batch_matmul_tt_scale", "batch_matmul", "batch_matmul_tn"]
+CASES = [
+    "dense_bias",
+    "dense_t_bias_add_gelu_erf",
+    "dense_bias_reshape_gelu",
+    "dense_add_silu",
+    "dense_bias_add_relu",
+    "batch_matmul_tt_scale",
+    "batch_matmul",
+    "batch_matmul_tn",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +77,10 @@ def _run_on_cutlass(pm, backends, cuda, mod, pattern_name, seed=1, tf32=False):
     assert f"collage_cutlass.{kernel}" in str(lower_partitions(pm, placed, backends, target))  # really a CUTLASS kernel
     vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
     rng = np.random.default_rng(seed)
-    inputs = [rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype)
-              for shape, dtype in map(tvm_compat.tensor_shape_dtype, mod["main"].params)]
+    inputs = [
+        rounded_to(rng.uniform(-1, 1, size=shape).astype(F), dtype)
+        for shape, dtype in map(tvm_compat.tensor_shape_dtype, mod["main"].params)
+    ]
     got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=tf32)
     return got, inputs, spec
@@ -92,7 +111,9 @@ def test_a_tf32_kernel_matches_float64_within_tf32_rounding_and_does_round(pm, b
     mod = function_module(make, *shapes)
     got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, pattern_name, tf32=True)
     assert got.dtype == np.float32 and spec.kind.operand_dtype == F
-    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
+    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(
+        got.shape
+    )
     error = np.max(np.abs(got.astype(np.float64) - expected))
     assert EXACT_FLOAT32_ATOL < error <= tf32_atol(spec.words[10]), f"max error {error:.3g}"
 
@@ -100,7 +121,9 @@ def test_a_tf32_kernel_matches_float64_within_tf32_rounding_and_does_round(pm, b
 def sixteen_bit_product_to_float32():
     """A bfloat16 product written in float32, and its weight."""
     weight = rounded_to(np.random.default_rng(3).uniform(-1, 1, size=(64, 32)).astype(F), "bfloat16")
-    return function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16"), weight
+    return function_module(
+        lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16"
+    ), weight
 
 
 def test_sixteen_bit_operands_may_write_a_float32_result(pm, backends, cuda):
@@ -132,8 +155,9 @@ def stream_k_problem(rng):
     and the stream-K kernel that runs it."""
     streamk = next(config for config in tuning.TILE_CONFIGS if config.scheduler == "streamk")
     weight = rounded_to(rng.uniform(-1, 1, size=(3072, 768)).astype(F), "float16")
-    mod = function_module(lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072),
-                          dtype="float16")
+    mod = function_module(
+        lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072), dtype="float16"
+    )
     return mod, weight, Kernel(specs.recognize(Group.from_function(mod["main"])).kind, streamk)
 
 
@@ -169,7 +193,9 @@ def test_a_convolution_kernel_matches_pytorch_on_cuda(pm, backends, cuda, case):
     mod = function_module(make, *shapes, dtype=dtype)
     got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, case.split("__")[0])
     assert str(got.dtype) == dtype
-    expected = conv_reference(spec, operand_arrays(spec.operands, mod["main"].params, inputs), device="cuda", dtype=torch.float32)
+    expected = conv_reference(
+        spec, operand_arrays(spec.operands, mod["main"].params, inputs), device="cuda", dtype=torch.float32
+    )
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
 
 

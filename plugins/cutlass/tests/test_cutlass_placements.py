@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from collage_cutlass import library
 
 import collage_core
 from collage_core.kit.testing import tolerance
-from collage_cutlass import library
 
 pytestmark = pytest.mark.gpu
 MODELS = Path(__file__).resolve().parents[3] / "models"
@@ -40,8 +40,14 @@ def _cache_state() -> tuple[str, str]:
 
 def _optimize(name, tmp_path, run):
     return collage_core.optimize(
-        str(MODELS / f"{name}.onnx"), target="cuda", backends=BACKENDS, cost_db=tmp_path / f"costs-{run}.sqlite",
-        output_dir=tmp_path / f"{name}-{run}", show_progress=False, compare_backends=False, precision="fp16",
+        str(MODELS / f"{name}.onnx"),
+        target="cuda",
+        backends=BACKENDS,
+        cost_db=tmp_path / f"costs-{run}.sqlite",
+        output_dir=tmp_path / f"{name}-{run}",
+        show_progress=False,
+        compare_backends=False,
+        precision="fp16",
     )
 
 
@@ -56,8 +62,10 @@ def test_cutlass_candidates_are_tuned_and_measured_and_a_rerun_compiles_nothing(
     got, expected = result.run(*inputs)[0], result.model.reference(inputs)[0]
     assert np.abs(got - expected).max() <= held_to.atol + held_to.rtol * np.abs(expected).max()
     chosen = sorted({p.backend for p in result.placement.partitions})
-    print(f"{name} fp16: backends placed {chosen}; CUTLASS candidates measured "
-          f"{sum(c.cost.is_measured for c in considered)} of {len(considered)}")
+    print(
+        f"{name} fp16: backends placed {chosen}; CUTLASS candidates measured "
+        f"{sum(c.cost.is_measured for c in considered)} of {len(considered)}"
+    )
 
     compiled, tuned = _cache_state()
     assert json.loads(tuned or "{}"), "tuning recorded nothing"

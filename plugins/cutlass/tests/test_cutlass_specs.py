@@ -12,14 +12,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from collage_cutlass import kernels, patterns, specs
+from cutlass_cases import OUT_DTYPES, reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
 from collage_core.kit.testing import (
-    assert_matches, function_module, inputs_and_answer, operand_arrays, product_case, rounded_to, whole_candidate,
+    assert_matches,
+    function_module,
+    inputs_and_answer,
+    operand_arrays,
+    product_case,
+    rounded_to,
+    whole_candidate,
 )
-from collage_cutlass import kernels, patterns, specs
-from cutlass_cases import OUT_DTYPES, reference
 
 R = relax.op
 F = "float32"
@@ -27,9 +33,16 @@ MODELS = Path(__file__).resolve().parents[3] / "models"
 RNG = np.random.default_rng(0)
 PATTERN_NAMES = sorted(p.name.split(".", 1)[1] for p in patterns.patterns() if ".conv2d" not in p.name)  # products
 # Every pattern in the slow grid; these in the default suite: each operand form, each epilogue part, each activation.
-QUICK = [("dense_bias", "bfloat16"), ("dense_t_bias_add_gelu_erf", "bfloat16"), ("dense_bias_reshape_gelu", "float16"),
-         ("dense_add_silu", "bfloat16"), ("dense_relu", "float16"), ("batch_matmul_tt_scale", "bfloat16"),
-         ("batch_matmul", "float16"), ("batch_matmul_tn", "bfloat16")]
+QUICK = [
+    ("dense_bias", "bfloat16"),
+    ("dense_t_bias_add_gelu_erf", "bfloat16"),
+    ("dense_bias_reshape_gelu", "float16"),
+    ("dense_add_silu", "bfloat16"),
+    ("dense_relu", "float16"),
+    ("batch_matmul_tt_scale", "bfloat16"),
+    ("batch_matmul", "float16"),
+    ("batch_matmul_tn", "bfloat16"),
+]
 
 
 def _tvm_builds_on_the_cpu(pattern_name, dtype) -> bool:
@@ -44,7 +57,9 @@ def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.Kerne
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
     inputs, expected = inputs_and_answer(standalone, RNG)
-    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(expected.shape)
+    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(
+        expected.shape
+    )
     assert_matches(got, expected, OUT_DTYPES[spec.words[2]])
     return spec
 
@@ -78,8 +93,9 @@ def test_every_pattern_covers_its_case_and_its_spec_computes_what_tvm_computes(p
 
 def test_the_spec_names_the_operand_layouts_and_the_epilogue_the_kernel_is_compiled_for():
     spec = _covers_and_computes("dense_t_bias_add_gelu_erf", "float16")
-    assert spec.kind == kernels.KernelKind("float16", "float16", a_k_major=False, b_k_major=False, bias=True,
-                                           residual=True, activation="gelu_erf")
+    assert spec.kind == kernels.KernelKind(
+        "float16", "float16", a_k_major=False, b_k_major=False, bias=True, residual=True, activation="gelu_erf"
+    )
     assert len(spec.operands) == 4 and str(tvm_compat.constant_array(spec.operands[2]).dtype) == "float16"
     attention = _covers_and_computes("batch_matmul_tt_scale", "bfloat16")
     assert attention.kind.a_k_major and attention.kind.b_k_major and attention.kind.activation is None
@@ -99,13 +115,33 @@ def _recognize_all(mod):
     return specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]))
 
 
-@pytest.mark.parametrize("make, shapes, dtype, reason", [
-    (lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))), [(8, 32)], F, "float32 as TF32 \\(--precision tf32\\)"),
-    (lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((32, 12), F), "bfloat16")), out_dtype=F)),
-     [(8, 32)], "bfloat16", "multiple of 8"),
-    (lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((12, 64), F), "bfloat16")), out_dtype=F)),
-     [(8, 12)], "bfloat16", "multiple of 8"),
-])
+@pytest.mark.parametrize(
+    "make, shapes, dtype, reason",
+    [
+        (
+            lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))),
+            [(8, 32)],
+            F,
+            "float32 as TF32 \\(--precision tf32\\)",
+        ),
+        (
+            lambda bb, x: _cast(
+                bb, R.matmul(x, relax.const(rounded_to(np.ones((32, 12), F), "bfloat16")), out_dtype=F)
+            ),
+            [(8, 32)],
+            "bfloat16",
+            "multiple of 8",
+        ),
+        (
+            lambda bb, x: _cast(
+                bb, R.matmul(x, relax.const(rounded_to(np.ones((12, 64), F), "bfloat16")), out_dtype=F)
+            ),
+            [(8, 12)],
+            "bfloat16",
+            "multiple of 8",
+        ),
+    ],
+)
 def test_products_the_kernels_cannot_run_are_refused_with_the_reason(make, shapes, dtype, reason):
     with pytest.raises(Refused, match=reason):
         _recognize_all(function_module(make, *shapes, dtype=dtype))
@@ -118,9 +154,13 @@ def test_at_sixteen_bits_each_dense_layer_takes_its_cast_and_epilogue_and_erf_ge
     graph = RelaxGraph.from_function(at_precision(load_model(str(MODELS / f"{model}.onnx")), precision).mod["main"])
     candidates = enumerate_candidates(graph, patterns.patterns())
     succs = graph.graph.succs
-    dense = [node for node in range(len(graph.graph))
-             if tvm_compat.op_name(graph.call(node)) == "relax.matmul" and tvm_compat.is_constant(graph.call(node).args[1])
-             and any(graph.graph.ops[user] == "relax.astype" for user in succs[node])]
+    dense = [
+        node
+        for node in range(len(graph.graph))
+        if tvm_compat.op_name(graph.call(node)) == "relax.matmul"
+        and tvm_compat.is_constant(graph.call(node).args[1])
+        and any(graph.graph.ops[user] == "relax.astype" for user in succs[node])
+    ]
     assert len(dense) >= 4
     for node in dense:
         largest = max((c for c in candidates if node in c.nodes), key=lambda c: len(c.nodes))
@@ -143,7 +183,9 @@ TF32_CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_relu", "batch_ma
 @pytest.mark.parametrize("pattern_name", TF32_CASES)
 def test_at_tf32_float32_products_become_tf32_kernels_computing_what_tvm_computes(pattern_name):
     make, shapes = product_case(pattern_name)
-    graph, candidate = whole_candidate(function_module(make, *shapes), patterns.patterns(tf32=True), f"cutlass.{pattern_name}_tf32")
+    graph, candidate = whole_candidate(
+        function_module(make, *shapes), patterns.patterns(tf32=True), f"cutlass.{pattern_name}_tf32"
+    )
     assert candidate is not None, f"no cutlass.{pattern_name}_tf32 candidate covers the float32 function"
     spec = check_candidate(graph, candidate.nodes, tf32=True)
     assert (spec.kind.operand_dtype, spec.kind.out_dtype) == (F, F) and spec.words[1:3] == (kernels.TYPE_CODES[F],) * 2
@@ -155,7 +197,9 @@ def test_at_tf32_a_weight_beside_a_k_major_left_operand_is_transposed_once_and_a
     """CUTLASS's TF32 kernels for a K-major left and an N-major right operand swap them, and computed wrong on an
     H200: a constant weight is taken transposed (the spec then reads it K-major), a product of activations is refused."""
     make, shapes = product_case("dense_bias")
-    graph, candidate = whole_candidate(function_module(make, *shapes), patterns.patterns(tf32=True), "cutlass.dense_bias_tf32")
+    graph, candidate = whole_candidate(
+        function_module(make, *shapes), patterns.patterns(tf32=True), "cutlass.dense_bias_tf32"
+    )
     spec = check_candidate(graph, candidate.nodes, tf32=True)
     weight = tvm_compat.constant_array(spec.operands[1])
     assert spec.kind.a_k_major and spec.kind.b_k_major and weight.shape == (40, 24) and weight.flags.c_contiguous
@@ -180,7 +224,10 @@ def test_tf32_patterns_are_named_apart_and_take_only_float32_operands():
 def test_every_dense_layer_of_tiny_bert_has_a_tf32_candidate():
     graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_bert.onnx")).mod["main"])
     candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
-    dense = [node for node in range(len(graph.graph))
-             if graph.graph.ops[node] == "relax.matmul" and tvm_compat.is_constant(graph.call(node).args[1])]
+    dense = [
+        node
+        for node in range(len(graph.graph))
+        if graph.graph.ops[node] == "relax.matmul" and tvm_compat.is_constant(graph.call(node).args[1])
+    ]
     assert dense and all(any(node in c.nodes for c in candidates) for node in dense)
     assert all(c.pattern.endswith("_tf32") for c in candidates)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from collage_dnnl import lowering, specs
 from tvm import relax
 
 from collage_core.kit import tvm_compat
 from collage_core.kit.testing.benchmarks import OneOperator, shape_from_arguments, timed
-from collage_dnnl import lowering, specs
 
 
 def main() -> None:
@@ -31,12 +31,16 @@ def main() -> None:
     spec_tensor = tvm_compat.to_tensor(spec.array(), device)
     run = tvm.get_global_func(lowering.RUN_FUNCTION)
     expected = np.exp(x - x.max(-1, keepdims=True))
-    np.testing.assert_allclose(tvm_compat.to_numpy(dnnl_vm(x_tensor)), expected / expected.sum(-1, keepdims=True), rtol=1e-5)
-    results = timed([
-        ("kernel from Python", lambda: run(spec_tensor, x_tensor, out_tensor)),
-        ("VM -> DNNL partition", lambda: dnnl_vm(x_tensor)),
-        ("VM -> TVM kernel", lambda: tvm_vm(x_tensor)),
-    ])
+    np.testing.assert_allclose(
+        tvm_compat.to_numpy(dnnl_vm(x_tensor)), expected / expected.sum(-1, keepdims=True), rtol=1e-5
+    )
+    results = timed(
+        [
+            ("kernel from Python", lambda: run(spec_tensor, x_tensor, out_tensor)),
+            ("VM -> DNNL partition", lambda: dnnl_vm(x_tensor)),
+            ("VM -> TVM kernel", lambda: tvm_vm(x_tensor)),
+        ]
+    )
     print(f"softmax on float32 {shape}")
     print(f"{'path':<24} {'median us':>10} {'IQR us':>8}")
     for name, median, spread in results:

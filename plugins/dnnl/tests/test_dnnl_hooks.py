@@ -10,13 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tvm
+from collage_dnnl import hooks, library, lowering, patterns, specs
+from test_dnnl_kernels import DEVICE, TARGET, W8, dnnl_candidates, module, np_conv2d, uniform, whole_candidate
 from tvm import relax
 
 from collage_core.kit import OP_LEVEL, RelaxGraph, tvm_compat
 from collage_core.kit.testing import build, contribute_patterns, lower_partitions, partition_module
-from collage_dnnl import hooks, library, lowering, patterns, specs
-
-from test_dnnl_kernels import DEVICE, TARGET, W8, dnnl_candidates, module, np_conv2d, uniform, whole_candidate
 
 R = relax.op
 F = "float32"
@@ -44,10 +43,14 @@ def test_onednn_3_is_reported_as_the_wrong_version(tmp_path, monkeypatch):
     headers = tmp_path / "include" / "oneapi" / "dnnl"
     headers.mkdir(parents=True)
     (headers / "dnnl.hpp").write_text("")
-    (headers / "dnnl_version.h").write_text("#define DNNL_VERSION_MAJOR 3\n#define DNNL_VERSION_MINOR 13\n#define DNNL_VERSION_PATCH 2\n")
+    (headers / "dnnl_version.h").write_text(
+        "#define DNNL_VERSION_MAJOR 3\n#define DNNL_VERSION_MINOR 13\n#define DNNL_VERSION_PATCH 2\n"
+    )
     (headers / "dnnl_config.h").write_text("#define DNNL_CPU_RUNTIME DNNL_RUNTIME_SYCL\n")
     monkeypatch.setattr(library, "_roots", lambda: [tmp_path])
-    with pytest.raises(library.OneDNNUnavailable, match=r"oneDNN 3\.13\.2 at .* needs 2\.x.*apt-get install libdnnl-dev"):
+    with pytest.raises(
+        library.OneDNNUnavailable, match=r"oneDNN 3\.13\.2 at .* needs 2\.x.*apt-get install libdnnl-dev"
+    ):
         library.find_onednn()
 
 
@@ -64,7 +67,12 @@ def test_library_is_built_once_per_source_and_versions(tmp_path, monkeypatch):
 
 def test_collage_contribute_patterns_only_on_cpu_targets(pm, backends):
     names = {p.name for p in contribute_patterns(pm, backends["dnnl"], TARGET)}
-    assert {"dnnl.conv2d_bias_add_relu", "dnnl.dense_bias_gelu", "dnnl.batch_matmul_nt_scale", "dnnl.layer_norm"} <= names
+    assert {
+        "dnnl.conv2d_bias_add_relu",
+        "dnnl.dense_bias_gelu",
+        "dnnl.batch_matmul_nt_scale",
+        "dnnl.layer_norm",
+    } <= names
     cuda = tvm_compat.make_target({"kind": "cuda"})
     assert hooks.collage_contribute_patterns(backend=backends["dnnl"], target=cuda, precision="fp32") == []
 
@@ -74,7 +82,9 @@ def refused(make, *shapes, dtype=F) -> list[str]:
     mod = module(make, *shapes, dtype=dtype)
     graph, candidates = dnnl_candidates(mod)
     var2val = relax.analysis.get_var2val(graph.func)
-    matched = {p.name for p in patterns.patterns() for n in range(len(graph.graph)) if p.dpl.match(graph.call(n), var2val)}
+    matched = {
+        p.name for p in patterns.patterns() for n in range(len(graph.graph)) if p.dpl.match(graph.call(n), var2val)
+    }
     return sorted(matched - {c.pattern for c in candidates})
 
 
@@ -91,14 +101,41 @@ def not_quite_gelu(bb, x):
 @pytest.mark.parametrize(
     "make, shapes, dtype, refused_pattern",
     [
-        (lambda bb, x: R.nn.conv2d(x, relax.const(W_NHWC), data_layout="NHWC", kernel_layout="OHWI"), [(1, 9, 9, 4)], F, "dnnl.conv2d"),
-        (lambda bb, x: R.add(bb.emit(R.nn.conv2d(x, relax.const(W8))), relax.const(uniform(7))), [(1, 4, 9, 9)], F, "dnnl.conv2d_bias"),
+        (
+            lambda bb, x: R.nn.conv2d(x, relax.const(W_NHWC), data_layout="NHWC", kernel_layout="OHWI"),
+            [(1, 9, 9, 4)],
+            F,
+            "dnnl.conv2d",
+        ),
+        (
+            lambda bb, x: R.add(bb.emit(R.nn.conv2d(x, relax.const(W8))), relax.const(uniform(7))),
+            [(1, 4, 9, 9)],
+            F,
+            "dnnl.conv2d_bias",
+        ),
         (lambda bb, x: R.matmul(x, relax.const(uniform(8, 8).astype("float16"))), [(2, 8)], "float16", "dnnl.dense"),
-        (lambda bb, x: R.nn.max_pool2d(x, (3, 3), strides=(2, 2), ceil_mode=True), [(1, 4, 8, 8)], F, "dnnl.max_pool2d"),
-        (lambda bb, x: R.nn.layer_norm(x, relax.const(uniform(5, 8)), relax.const(uniform(5, 8)), axes=[-2, -1]), [(2, 5, 8)], F, "dnnl.layer_norm"),
+        (
+            lambda bb, x: R.nn.max_pool2d(x, (3, 3), strides=(2, 2), ceil_mode=True),
+            [(1, 4, 8, 8)],
+            F,
+            "dnnl.max_pool2d",
+        ),
+        (
+            lambda bb, x: R.nn.layer_norm(x, relax.const(uniform(5, 8)), relax.const(uniform(5, 8)), axes=[-2, -1]),
+            [(2, 5, 8)],
+            F,
+            "dnnl.layer_norm",
+        ),
         (not_quite_gelu, [(2, 8)], F, "dnnl.dense_gelu"),
     ],
-    ids=["nhwc-conv", "bias-on-the-wrong-axis", "float16", "ceil-mode-window", "two-axis-layer-norm", "gelu-with-another-constant"],
+    ids=[
+        "nhwc-conv",
+        "bias-on-the-wrong-axis",
+        "float16",
+        "ceil-mode-window",
+        "two-axis-layer-norm",
+        "gelu-with-another-constant",
+    ],
 )
 def test_checks_refuse_what_the_kernels_cannot_compute(make, shapes, dtype, refused_pattern):
     assert refused_pattern in refused(make, *shapes, dtype=dtype)
@@ -139,7 +176,12 @@ def test_weights_in_another_layout_are_reordered_not_misread(pm, backends):
     # The unpacked spec says "plain OIHW weights"; this CPU's primitive wants another layout.
     x, out = uniform(1, 4, 9, 9), tvm_compat.to_tensor(np.zeros((1, 8, 9, 9), F), DEVICE)
     run = tvm.get_global_func(lowering.RUN_FUNCTION)
-    run(tvm_compat.to_tensor(spec.array(), DEVICE), tvm_compat.to_tensor(x, DEVICE), tvm_compat.to_tensor(W8, DEVICE), out)
+    run(
+        tvm_compat.to_tensor(spec.array(), DEVICE),
+        tvm_compat.to_tensor(x, DEVICE),
+        tvm_compat.to_tensor(W8, DEVICE),
+        out,
+    )
     np.testing.assert_allclose(tvm_compat.to_numpy(out), np_conv2d(x, W8, padding=(1, 1, 1, 1)), rtol=1e-4, atol=1e-4)
 
 

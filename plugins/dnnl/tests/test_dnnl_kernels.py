@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tvm
+from collage_dnnl import patterns, specs
 from tvm import relax
 
 from collage_core.kit import RelaxGraph, enumerate_candidates, tvm_compat
 from collage_core.kit.testing import build, partition_module, rounded_to
-from collage_dnnl import patterns, specs
 
 R = relax.op
 F = "float32"
@@ -58,7 +58,9 @@ def whole_candidate(mod, pattern_name):
 def run_on_dnnl(pm, backends, mod, pattern_name, *arrays):
     graph, candidate = whole_candidate(mod, pattern_name)
     assert candidate is not None, f"dnnl.{pattern_name} does not cover the function"
-    placed = partition_module(graph, [SimpleNamespace(backend="dnnl", pattern=candidate.pattern, nodes=candidate.nodes)])
+    placed = partition_module(
+        graph, [SimpleNamespace(backend="dnnl", pattern=candidate.pattern, nodes=candidate.nodes)]
+    )
     executable = build(pm, placed, backends, TARGET)
     assert "collage_dnnl.run" in placed_calls(executable, placed, backends, pm)
     vm = relax.VirtualMachine(executable, DEVICE)
@@ -87,8 +89,12 @@ def np_conv2d(x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups
         xs = x[:, g * cg : (g + 1) * cg]
         for i in range(kh):
             for j in range(kw):
-                patch = xs[:, :, i * dilation[0] : i * dilation[0] + stride[0] * (oh - 1) + 1 : stride[0],
-                           j * dilation[1] : j * dilation[1] + stride[1] * (ow - 1) + 1 : stride[1]]
+                patch = xs[
+                    :,
+                    :,
+                    i * dilation[0] : i * dilation[0] + stride[0] * (oh - 1) + 1 : stride[0],
+                    j * dilation[1] : j * dilation[1] + stride[1] * (ow - 1) + 1 : stride[1],
+                ]
                 out[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[g * og : (g + 1) * og, :, i, j])
     return out
 
@@ -203,10 +209,40 @@ def single(name, op, reference, shapes):
 CASES = [
     conv_case("conv2d", W8, dict(padding=1), dict(padding=(1, 1, 1, 1))),
     conv_case("conv2d_relu", W8, dict(strides=2), dict(stride=(2, 2)), relu=True),
-    conv_case("conv2d_bias", W8, dict(padding=(0, 1, 2, 1), dilation=2), dict(padding=(0, 1, 2, 1), dilation=(2, 2)), bias=True),
-    conv_case("conv2d_bias_relu", W_DEPTHWISE, dict(padding=1, groups=8), dict(padding=(1, 1, 1, 1), groups=8), bias=True, relu=True, in_channels=8),
-    conv_case("conv2d_bias_add", W_GROUPED, dict(padding=1, groups=4), dict(padding=(1, 1, 1, 1), groups=4), bias=True, residual=True, in_channels=8),
-    conv_case("conv2d_bias_add_relu", W8, dict(padding=1, strides=2), dict(padding=(1, 1, 1, 1), stride=(2, 2)), bias=True, residual=True, relu=True),
+    conv_case(
+        "conv2d_bias",
+        W8,
+        dict(padding=(0, 1, 2, 1), dilation=2),
+        dict(padding=(0, 1, 2, 1), dilation=(2, 2)),
+        bias=True,
+    ),
+    conv_case(
+        "conv2d_bias_relu",
+        W_DEPTHWISE,
+        dict(padding=1, groups=8),
+        dict(padding=(1, 1, 1, 1), groups=8),
+        bias=True,
+        relu=True,
+        in_channels=8,
+    ),
+    conv_case(
+        "conv2d_bias_add",
+        W_GROUPED,
+        dict(padding=1, groups=4),
+        dict(padding=(1, 1, 1, 1), groups=4),
+        bias=True,
+        residual=True,
+        in_channels=8,
+    ),
+    conv_case(
+        "conv2d_bias_add_relu",
+        W8,
+        dict(padding=1, strides=2),
+        dict(padding=(1, 1, 1, 1), stride=(2, 2)),
+        bias=True,
+        residual=True,
+        relu=True,
+    ),
     dense_case("dense"),
     dense_case("dense_relu", activation="relu"),
     dense_case("dense_gelu", activation="gelu"),
@@ -220,16 +256,32 @@ CASES = [
     batch_case("batch_matmul_scale", scale=0.125),
     batch_case("batch_matmul_nt_scale", rhs_axes=[0, 2, 3, 1], scale=0.5),
     batch_case("batch_matmul_tt", lhs_axes=[0, 1, 3, 2], rhs_axes=[0, 2, 3, 1]),
-    single("max_pool2d", lambda x: R.nn.max_pool2d(x, (3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
-           lambda x: np_pool(x, "max", (3, 3), (2, 2), (1, 1, 1, 1)), [(1, 4, 9, 9)]),
-    single("avg_pool2d", lambda x: R.nn.avg_pool2d(x, (3, 3), strides=(1, 1), padding=(1, 1, 1, 1), count_include_pad=False),
-           lambda x: np_pool(x, "avg", (3, 3), (1, 1), (1, 1, 1, 1)), [(1, 4, 9, 9)]),
-    single("avg_pool2d", lambda x: R.nn.avg_pool2d(x, (2, 2), strides=(2, 2), padding=(1, 0, 1, 0), count_include_pad=True),
-           lambda x: np_pool(x, "avg", (2, 2), (2, 2), (1, 0, 1, 0), count_include_pad=True), [(1, 4, 8, 8)]),
+    single(
+        "max_pool2d",
+        lambda x: R.nn.max_pool2d(x, (3, 3), strides=(2, 2), padding=(1, 1, 1, 1)),
+        lambda x: np_pool(x, "max", (3, 3), (2, 2), (1, 1, 1, 1)),
+        [(1, 4, 9, 9)],
+    ),
+    single(
+        "avg_pool2d",
+        lambda x: R.nn.avg_pool2d(x, (3, 3), strides=(1, 1), padding=(1, 1, 1, 1), count_include_pad=False),
+        lambda x: np_pool(x, "avg", (3, 3), (1, 1), (1, 1, 1, 1)),
+        [(1, 4, 9, 9)],
+    ),
+    single(
+        "avg_pool2d",
+        lambda x: R.nn.avg_pool2d(x, (2, 2), strides=(2, 2), padding=(1, 0, 1, 0), count_include_pad=True),
+        lambda x: np_pool(x, "avg", (2, 2), (2, 2), (1, 0, 1, 0), count_include_pad=True),
+        [(1, 4, 8, 8)],
+    ),
     single("softmax", lambda x: R.nn.softmax(x, axis=-1), lambda x: np_softmax(x, -1), [(2, 3, 16)]),
     single("softmax", lambda x: R.nn.softmax(x, axis=1), lambda x: np_softmax(x, 1), [(2, 3, 16)]),
-    single("layer_norm", lambda x: R.nn.layer_norm(x, relax.const(GAMMA), relax.const(BETA), axes=[-1]),
-           lambda x: np_layer_norm(x, GAMMA, BETA), [(2, 5, 32)]),
+    single(
+        "layer_norm",
+        lambda x: R.nn.layer_norm(x, relax.const(GAMMA), relax.const(BETA), axes=[-1]),
+        lambda x: np_layer_norm(x, GAMMA, BETA),
+        [(2, 5, 32)],
+    ),
 ]
 
 
@@ -246,7 +298,9 @@ def test_every_pattern_has_a_numerics_case():
     tested = {param.values[0] for param in CASES}
     offered = {pattern.name.split(".", 1)[1] for pattern in patterns.patterns()}
     # Transposed forms of the dense and batch patterns share the plain forms' kernels and checks.
-    untested = {name for name in offered - tested if not name.startswith(("dense_t", "batch_matmul_t", "batch_matmul_nt"))}
+    untested = {
+        name for name in offered - tested if not name.startswith(("dense_t", "batch_matmul_t", "batch_matmul_nt"))
+    }
     assert not untested
 
 
@@ -265,22 +319,34 @@ def bf16(array):
 
 def mixed(make_f32):
     """``make_f32`` with its float32 tensor operands cast to bfloat16 first and out_dtype float32, as the pass writes it."""
+
     def make(bb, *params):
         cast = [bb.emit(R.astype(p, BF16)) for p in params]
         return make_f32(*cast)
+
     return make
 
 
 BF16_CASES = [
-    ("dense", lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F), lambda x: x @ bf16(W_DENSE).astype(np.float64),
-     [(3, 32)]),
+    (
+        "dense",
+        lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F),
+        lambda x: x @ bf16(W_DENSE).astype(np.float64),
+        [(3, 32)],
+    ),
     ("batch_matmul", lambda a, b: R.matmul(a, b, out_dtype=F), lambda a, b: a @ b, [(2, 5, 16), (2, 16, 7)]),
-    ("conv2d", lambda x: R.nn.conv2d(x, relax.const(bf16(W8)), padding=(1, 1), out_dtype=F),
-     lambda x: np_conv2d(x, bf16(W8).astype(np.float64), padding=(1, 1, 1, 1)), [(1, 4, 8, 8)]),
+    (
+        "conv2d",
+        lambda x: R.nn.conv2d(x, relax.const(bf16(W8)), padding=(1, 1), out_dtype=F),
+        lambda x: np_conv2d(x, bf16(W8).astype(np.float64), padding=(1, 1, 1, 1)),
+        [(1, 4, 8, 8)],
+    ),
 ]
 
 
-@pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): DNNL refuses bfloat16 here")
+@pytest.mark.skipif(
+    not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): DNNL refuses bfloat16 here"
+)
 @pytest.mark.parametrize("pattern_name, make, reference, shapes", BF16_CASES, ids=[case[0] for case in BF16_CASES])
 def test_bfloat16_operands_accumulate_in_float32_like_numpy(pm, backends, pattern_name, make, reference, shapes):
     params = [relax.Var(f"x{i}", relax.TensorType(shape, BF16)) for i, shape in enumerate(shapes)]
@@ -299,12 +365,28 @@ def test_bfloat16_operands_accumulate_in_float32_like_numpy(pm, backends, patter
 @pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16)")
 def test_bfloat16_matmuls_run_on_onednn_bfloat16_kernels():
     import tvm as tvm_
-
     from collage_dnnl import library
 
     library.load()
-    words = (specs.MATMUL, specs.OPERAND_TYPES[BF16], 2, 64, 256, 256, 1, 256, 128, 128, 1, 64, 128, 0,
-             specs.float_word(1.0), specs.NO_ELTWISE, 0)
+    words = (
+        specs.MATMUL,
+        specs.OPERAND_TYPES[BF16],
+        2,
+        64,
+        256,
+        256,
+        1,
+        256,
+        128,
+        128,
+        1,
+        64,
+        128,
+        0,
+        specs.float_word(1.0),
+        specs.NO_ELTWISE,
+        0,
+    )
     spec = tvm_compat.to_tensor(np.array((specs.SPEC_VERSION, *words), dtype=np.int64), DEVICE)
     implementation = str(tvm_.get_global_func("collage_dnnl.implementation")(spec))
     assert "bf16" in implementation or "amx" in implementation, implementation

@@ -18,11 +18,24 @@ def test_resnet50_places_every_convolution_on_dnnl_and_matches_onnxruntime(tmp_p
     model = ROOT / "models" / "hf" / "resnet50_b1.onnx"
     if not model.exists():
         pytest.importorskip("transformers")
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), "--model", "resnet50"], check=True, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), "--model", "resnet50"], check=True, cwd=ROOT
+        )
     run = subprocess.run(
-        ["collage", "optimize", str(model), "--backends", "dnnl,tvm", "--cost-db", str(tmp_path / "costs.sqlite"),
-         "--output", str(tmp_path / "out"), "--no-compare"],
-        capture_output=True, text=True,
+        [
+            "collage",
+            "optimize",
+            str(model),
+            "--backends",
+            "dnnl,tvm",
+            "--cost-db",
+            str(tmp_path / "costs.sqlite"),
+            "--output",
+            str(tmp_path / "out"),
+            "--no-compare",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "numerics passed" in run.stdout

@@ -73,8 +73,10 @@ def main() -> None:
     for name in ("import_s", "load_s", "torch_import_s", "first_call_s", "later_call_ms", "later_mean_ms"):
         values = [run[name] for run in warm]
         label, unit = name.rsplit("_", 1)
-        print(f"warm cache, {label.replace('_', ' ')}: median {statistics.median(values):.3f} {unit} "
-              f"({', '.join(f'{v:.3f}' for v in values)})")
+        print(
+            f"warm cache, {label.replace('_', ' ')}: median {statistics.median(values):.3f} {unit} "
+            f"({', '.join(f'{v:.3f}' for v in values)})"
+        )
 
 
 if __name__ == "__main__":

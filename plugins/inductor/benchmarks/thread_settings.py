@@ -15,13 +15,20 @@ import argparse
 import os
 from pathlib import Path
 
+from collage_core.kit import WAIT_SETTINGS
 from collage_core.kit.testing import format_table
 from collage_core.kit.testing.benchmarks import in_fresh_process
-from collage_core.kit import WAIT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[3]
-THREAD_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT",
-                  "TVM_NUM_THREADS", "OMP_NUM_THREADS", "COLLAGE_NUM_THREADS")
+THREAD_VARIABLES = (
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "KMP_BLOCKTIME",
+    "TVM_THREAD_POOL_SPIN_COUNT",
+    "TVM_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "COLLAGE_NUM_THREADS",
+)
 BOTH_BLOCK = {**WAIT_SETTINGS, "TVM_THREAD_POOL_SPIN_COUNT": "0"}
 ENVIRONMENTS = {
     "defaults": {},
@@ -67,8 +74,13 @@ def main() -> None:
         for placement in placements:
             for name, environment in ENVIRONMENTS.items():
                 results[placement, name].append(measure(args.model, placement, environment))
-    rows = [[placement, *(" ".join(f"{r['median_s'] * 1e6:.0f}" for r in results[placement, name])
-                          for name in ENVIRONMENTS)] for placement in placements]
+    rows = [
+        [
+            placement,
+            *(" ".join(f"{r['median_s'] * 1e6:.0f}" for r in results[placement, name]) for name in ENVIRONMENTS),
+        ]
+        for placement in placements
+    ]
     print(format_table(["placement", *ENVIRONMENTS], rows))
     print(f"{args.model.name}: median latency in microseconds, one per round, each in a fresh process")
 

@@ -18,15 +18,23 @@ import importlib.util
 import io
 import os
 import shutil
-from typing import Optional
-
 from pathlib import Path
+from typing import Optional
 
 from tvm import relax
 
 from collage_core.kit import (
-    GRAPH_LEVEL, Availability, Backend, cuda_libraries, engine_lowering, engine_operators, engine_patterns, hookimpl,
-    hookimpl_for, packed_call_function, replace_functions,
+    GRAPH_LEVEL,
+    Availability,
+    Backend,
+    cuda_libraries,
+    engine_lowering,
+    engine_operators,
+    engine_patterns,
+    hookimpl,
+    hookimpl_for,
+    packed_call_function,
+    replace_functions,
 )
 from collage_inductor import runtime
 
@@ -71,8 +79,7 @@ def _cuda_refusal() -> Optional[str]:
     except cuda_libraries.CudaUnavailable:
         return None
     if not _torch_has_cuda():
-        return (f"this machine has an NVIDIA GPU but torch {_torch_version()} is built without CUDA: "
-                f"{CUDA_INSTALL_HINT}")
+        return f"this machine has an NVIDIA GPU but torch {_torch_version()} is built without CUDA: {CUDA_INSTALL_HINT}"
     if importlib.util.find_spec("triton") is None:
         return f"TorchInductor's CUDA kernels are Triton's and triton is not installed: {TRITON_INSTALL_HINT}"
     return None
@@ -99,9 +106,9 @@ def collage_register_backends(register):
             device_kinds=("cpu", "cuda"),
             version=f"torch-{_torch_version()}+lowering-{LOWERING_REVISION}",
             description="TorchInductor: torch.compile of partitions converted to PyTorch programs "
-                        "(C++ kernels on the CPU, Triton kernels on CUDA; fp32, and bf16/fp16 on CUDA)",
+            "(C++ kernels on the CPU, Triton kernels on CUDA; fp32, and bf16/fp16 on CUDA)",
             runtime_needs=f"the collage-inductor plugin (pip install -e plugins/inductor), torch ({INSTALL_HINT}; "
-                          f"on CUDA a CUDA build, {CUDA_INSTALL_HINT}, and triton) and a C++ compiler",
+            f"on CUDA a CUDA build, {CUDA_INSTALL_HINT}, and triton) and a C++ compiler",
             lowering_uses_device=False,  # converts and traces only; AOTInductor compiles when the partition first runs
             # Inductor compiles each region for seconds: by default on CUDA, where that is small beside the
             # run's other costs; on the CPU only when named.
@@ -115,8 +122,10 @@ def collage_check_availability(backend):
     if importlib.util.find_spec("torch") is None:
         return Availability.no(f"torch is not installed: {INSTALL_HINT}")
     if _cpp_compiler() is None:
-        return Availability.no(f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on "
-                               "the PATH: apt-get install g++")
+        return Availability.no(
+            f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on "
+            "the PATH: apt-get install g++"
+        )
     cuda_refusal = _cuda_refusal()
     if cuda_refusal is not None:
         return Availability.no(cuda_refusal)
@@ -146,8 +155,9 @@ def lower_function(func, name: str, taken: frozenset = frozenset()):
     buffer = io.BytesIO()
     torch.export.save(relax_to_torch.exported(func, taken), buffer)
     blob = engine_lowering.pack_blob(buffer.getvalue())
-    return packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.key_of(blob),
-                                [relax.const(blob), *func.params])
+    return packed_call_function(
+        func, name, runtime.RUN_FUNCTION, runtime.key_of(blob), [relax.const(blob), *func.params]
+    )
 
 
 @hookimpl_for(BACKEND)

@@ -115,8 +115,9 @@ def _conv2d(call):
     strides, dilation, groups = _ints(attrs.strides), _ints(attrs.dilation), int(attrs.groups)
     if (top, left) == (bottom, right):
         return _accumulating(call, lambda x, w: F.conv2d(x, w, None, strides, [top, left], dilation, groups))
-    return _accumulating(call, lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0,
-                                                     dilation, groups))
+    return _accumulating(
+        call, lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0, dilation, groups)
+    )
 
 
 def _pool2d(call):
@@ -136,8 +137,9 @@ def _pool2d(call):
     if is_max:
         dilation = [height.dilation, width.dilation]
         return lambda x: F.max_pool2d(F.pad(x, padding, value=float("-inf")), kernel, strides, 0, dilation)
-    counts = np.outer(*[[axis.divisor(index * axis.stride - axis.begin, include) for index in range(axis.length)]
-                        for axis in axes])
+    counts = np.outer(
+        *[[axis.divisor(index * axis.stride - axis.begin, include) for index in range(axis.length)] for axis in axes]
+    )
     divisor = torch.from_numpy(counts.astype(np.float32)).to(_torch_dtype(tvm_compat.tensor_shape_dtype(call)[1]))
     return lambda x: F.avg_pool2d(F.pad(x, padding), kernel, strides, 0, divisor_override=1) / divisor
 
@@ -156,8 +158,12 @@ def _interpolation(call, axis: int) -> np.ndarray:
             taps = {base: 1 - t, base + 1: t}
         else:  # cubic: TVM's spline weights for the four taps around the coordinate
             a = float(attrs.cubic_alpha)
-            taps = {base - 1: a * (t**3 - 2 * t**2 + t), base: (a + 2) * t**3 - (3 + a) * t**2 + 1,
-                    base + 1: -(a + 2) * t**3 + (3 + 2 * a) * t**2 - a * t, base + 2: -a * t**3 + a * t**2}
+            taps = {
+                base - 1: a * (t**3 - 2 * t**2 + t),
+                base: (a + 2) * t**3 - (3 + a) * t**2 + 1,
+                base + 1: -(a + 2) * t**3 + (3 + 2 * a) * t**2 - a * t,
+                base + 2: -a * t**3 + a * t**2,
+            }
         for tap, weight in taps.items():
             weights[index, min(max(tap, 0), size - 1)] += weight
     return weights
@@ -293,7 +299,7 @@ def _take(call):
         if wrap:  # the check admits wrap only with constant indices in [-extent, extent)
             indices = torch.remainder(indices, extent)
         picked = torch.index_select(data, axis, indices.reshape(-1))
-        return picked.reshape(list(data_shape[:axis]) + list(indices.shape) + list(data_shape[axis + 1:]))
+        return picked.reshape(list(data_shape[:axis]) + list(indices.shape) + list(data_shape[axis + 1 :]))
 
     return take
 
@@ -376,8 +382,9 @@ CONVERTERS: dict[str, Callable] = {
 }
 
 
-STATIC_AFTER_FIRST = frozenset({"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip",
-                                "relax.image.resize2d"})
+STATIC_AFTER_FIRST = frozenset(
+    {"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip", "relax.image.resize2d"}
+)
 
 
 class RelaxProgram(torch.nn.Module):
@@ -437,7 +444,9 @@ class _Builder:
         fn = CONVERTERS[tvm_compat.op_name(call)](call)
         # Operators whose later arguments are static (a shape, bounds) that the converter already read.
         tensor_arguments = 1 if tvm_compat.op_name(call) in STATIC_AFTER_FIRST else len(call.args)
-        arguments = [self.reference(arg) if index < tensor_arguments else ("tuple", []) for index, arg in enumerate(call.args)]
+        arguments = [
+            self.reference(arg) if index < tensor_arguments else ("tuple", []) for index, arg in enumerate(call.args)
+        ]
         self.steps.append((fn, arguments))
         return ("value", len(self.steps) - 1)
 
@@ -492,4 +501,3 @@ def exported(func: relax.Function, sixteen_bit: frozenset = frozenset()) -> "tor
     """``func`` converted and traced by ``torch.export`` at its static shapes and dtypes, on the CPU (the
     runtime moves it to its device)."""
     return torch.export.export(convert(func, sixteen_bit), example_inputs(func), strict=False)
-

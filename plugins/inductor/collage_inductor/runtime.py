@@ -167,8 +167,10 @@ class _Program:
                 f"but {len(tensors)} tensors were passed"
             )
         if capturing and not self.has_run:
-            raise CaptureError(f"{RUN_FUNCTION}: a program's first run (where inductor compiles and Triton tunes) "
-                               "is inside a CUDA graph capture; run the function once before capturing it")
+            raise CaptureError(
+                f"{RUN_FUNCTION}: a program's first run (where inductor compiles and Triton tunes) "
+                "is inside a CUDA graph capture; run the function once before capturing it"
+            )
         views = self._views.get(tensors)
         with torch.inference_mode():
             if capturing:
@@ -182,7 +184,7 @@ class _Program:
 
     def _run(self, views):
         results = self.compiled(*views[: self.inputs])
-        for target, result in zip(views[self.inputs:], results):
+        for target, result in zip(views[self.inputs :], results):
             target.copy_(result)
         return results
 
@@ -255,14 +257,21 @@ def build_signature(device) -> dict:
     processor and the threads; on CUDA, the GPU, CUDA's and triton's versions), the compiler, the options."""
     import torch
 
-    signature = {"revision": PACKAGE_REVISION, "torch": torch.__version__, "options": PACKAGE_OPTIONS,
-                 "machine": platform.machine()}
+    signature = {
+        "revision": PACKAGE_REVISION,
+        "torch": torch.__version__,
+        "options": PACKAGE_OPTIONS,
+        "machine": platform.machine(),
+    }
     if device[0] == CUDA:
         import triton
 
         properties = torch.cuda.get_device_properties(device[1])
-        signature.update(device=f"cuda {properties.name} sm_{properties.major}{properties.minor}",
-                         cuda=torch.version.cuda, triton=triton.__version__)
+        signature.update(
+            device=f"cuda {properties.name} sm_{properties.major}{properties.minor}",
+            cuda=torch.version.cuda,
+            triton=triton.__version__,
+        )
     else:
         # Inductor writes the thread count into the C++ it generates (``omp parallel num_threads``).
         signature.update(device="cpu", processor=_processor(), threads=threads())
@@ -309,8 +318,9 @@ def _loader(path: Path, device):
     except TypeError:  # another torch's constructor: ask the public function
         import torch._inductor
 
-        return torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded,
-                                                 device_index=index).loader
+        return torch._inductor.aoti_load_package(
+            str(path), run_single_threaded=single_threaded, device_index=index
+        ).loader
 
 
 def _load_package(path: Path, device):
@@ -325,8 +335,9 @@ def _load_package(path: Path, device):
             raise ValueError(f"{broken} fails its CRC check")
         return _Package(_loader(path, device), single_threaded=device[0] == CUDA)
     except Exception as error:  # whatever a truncated or corrupt file raises, it is compiled again
-        log.warning("%s: the compiled package %s cannot be read (%s); compiling it again", OWNER, path.name,
-                    _first_line(error))
+        log.warning(
+            "%s: the compiled package %s cannot be read (%s); compiling it again", OWNER, path.name, _first_line(error)
+        )
         return None
 
 
@@ -347,12 +358,20 @@ def _compile_package(program, path: Path, device):
     import torch._inductor
 
     try:
-        _write_whole(path, lambda temporary: torch._inductor.aoti_compile_and_package(
-            program, package_path=str(temporary), inductor_configs=dict(PACKAGE_OPTIONS)))
+        _write_whole(
+            path,
+            lambda temporary: torch._inductor.aoti_compile_and_package(
+                program, package_path=str(temporary), inductor_configs=dict(PACKAGE_OPTIONS)
+            ),
+        )
     except Exception as error:
         why = _first_line(error)
-        log.warning("%s: AOTInductor cannot compile program %s (%s); torch.compile runs it in each process",
-                    OWNER, path.name[:16], why)
+        log.warning(
+            "%s: AOTInductor cannot compile program %s (%s); torch.compile runs it in each process",
+            OWNER,
+            path.name[:16],
+            why,
+        )
         try:
             _write_whole(path.with_name(path.name + FAILED_SUFFIX), lambda temporary: temporary.write_text(why + "\n"))
         except OSError:  # an unwritable cache: the next process tries AOTInductor again
@@ -407,8 +426,9 @@ def _compile(key: str, read, device) -> _Program:
         return _Program(package, *_counts(package), device)
     program = _exported(read(), device)
     signature = program.graph_signature
-    compiled = torch.compile(program.module(), backend="inductor", dynamic=False, fullgraph=True,
-                             options=COMPILE_OPTIONS)
+    compiled = torch.compile(
+        program.module(), backend="inductor", dynamic=False, fullgraph=True, options=COMPILE_OPTIONS
+    )
     return _Program(compiled, len(signature.user_inputs), len(signature.user_outputs), device)
 
 
@@ -420,9 +440,11 @@ def _program(key: str, blob, device, capturing: bool) -> _Program:
     if program is not None:
         return program
     if capturing:
-        raise CaptureError(f"{RUN_FUNCTION}: program {key[:16]} is met for the first time inside a CUDA graph "
-                           "capture, where it can be neither read from the device nor compiled; run the function "
-                           "once before capturing it")
+        raise CaptureError(
+            f"{RUN_FUNCTION}: program {key[:16]} is met for the first time inside a CUDA graph "
+            "capture, where it can be neither read from the device nor compiled; run the function "
+            "once before capturing it"
+        )
     return PROGRAMS.load(key, blob, device)
 
 

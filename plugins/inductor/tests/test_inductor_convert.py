@@ -8,13 +8,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from collage_inductor import relax_to_torch
 from tvm import relax
 
 from collage_core.kit import engine_operators
 from collage_core.kit.testing.operator_cases import (
-    CASES, F, R, REFUSED, assert_same, function, pool_configurations, random_input, run_tvm,
+    CASES,
+    REFUSED,
+    F,
+    R,
+    assert_same,
+    function,
+    pool_configurations,
+    random_input,
+    run_tvm,
 )
-from collage_inductor import relax_to_torch
 
 
 def run_torch(func, arrays):

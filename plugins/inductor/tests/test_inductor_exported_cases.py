@@ -9,10 +9,10 @@ import io
 import numpy as np
 import pytest
 import torch
+from collage_inductor import relax_to_torch, runtime
 
 from collage_core.kit import engine_lowering
-from collage_core.kit.testing.operator_cases import CASES, F, NCHW4, R, assert_same, function, random_input, run_tvm
-from collage_inductor import relax_to_torch, runtime
+from collage_core.kit.testing.operator_cases import CASES, NCHW4, F, R, assert_same, function, random_input, run_tvm
 
 EXPORTED = [case for case in CASES if case[0].startswith(("max_pool2d", "avg_pool2d", "resize2d", "pad_"))]
 
@@ -34,14 +34,22 @@ def test_exported_program_matches_tvm(make, specs, kind):
 
 def test_compiled_by_inductor_matches_tvm(tmp_path, monkeypatch):
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    func = function(lambda x: [
-        R.image.resize2d(x, (13, 17), method="cubic"),
-        R.image.resize2d(x, (18, 20), method="nearest_neighbor", coordinate_transformation_mode="asymmetric",
-                         rounding_method="floor"),
-        R.nn.pad(x, [0, 0, 1, 0, 2, 1, 0, 3], pad_mode="reflect"),
-        R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True),
-        R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),
-    ], NCHW4)
+    func = function(
+        lambda x: [
+            R.image.resize2d(x, (13, 17), method="cubic"),
+            R.image.resize2d(
+                x,
+                (18, 20),
+                method="nearest_neighbor",
+                coordinate_transformation_mode="asymmetric",
+                rounding_method="floor",
+            ),
+            R.nn.pad(x, [0, 0, 1, 0, 2, 1, 0, 3], pad_mode="reflect"),
+            R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True),
+            R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),
+        ],
+        NCHW4,
+    )
     x = random_input(NCHW4[0], F, np.random.default_rng(2))
     serialized = saved_and_loaded(func)
     key = runtime.key_of(engine_lowering.pack_blob(serialized))

@@ -10,22 +10,40 @@ import functools
 import importlib.util
 import io
 
+import collage_inductor
 import numpy as np
-import torch
 import pytest
+import torch
 import tvm
+from collage_inductor import hooks, relax_to_torch, runtime
 from tvm import relax
 
-import collage_inductor
 from collage_core.kit import (
-    GRAPH_LEVEL, RelaxGraph, cuda_libraries, engine_lowering, engine_operators, enumerate_candidates, tvm_compat,
+    GRAPH_LEVEL,
+    RelaxGraph,
+    cuda_libraries,
+    engine_lowering,
+    engine_operators,
+    enumerate_candidates,
+    tvm_compat,
 )
 from collage_core.kit.testing import contribute_patterns, partitions_by_backend
 from collage_core.kit.testing.placement_cases import (
-    ATOL, CONV_INPUT, DEVICE, F, R, RNG, RTOL, check_exported_library_runs_in_a_fresh_process, check_mixed_placements,
-    check_runs_in_place, conv_bias_relu_scale, module, numpy_conv_bias_relu_scale, place,
+    ATOL,
+    CONV_INPUT,
+    DEVICE,
+    RNG,
+    RTOL,
+    F,
+    R,
+    check_exported_library_runs_in_a_fresh_process,
+    check_mixed_placements,
+    check_runs_in_place,
+    conv_bias_relu_scale,
+    module,
+    numpy_conv_bias_relu_scale,
+    place,
 )
-from collage_inductor import hooks, relax_to_torch, runtime
 
 TARGET = tvm_compat.host_cpu_target()
 CUDA = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
@@ -45,8 +63,9 @@ def test_collage_check_availability_says_what_is_missing(backends, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
     availability = hooks.collage_check_availability(backends["inductor"])
     assert not availability.available
-    assert availability.reason == ("TorchInductor needs a C++ compiler and no-such-compiler is not on the PATH: "
-                                   "apt-get install g++")
+    assert availability.reason == (
+        "TorchInductor needs a C++ compiler and no-such-compiler is not on the PATH: apt-get install g++"
+    )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as if torch were not installed
     availability = hooks.collage_check_availability(backends["inductor"])
     assert availability.reason == "torch is not installed: pip install torch==2.13.0"
@@ -60,8 +79,10 @@ def test_on_a_machine_with_a_gpu_inductor_needs_torch_built_with_cuda(backends, 
     as_if_there_were_a_gpu(monkeypatch)
     monkeypatch.setattr(hooks, "_torch_has_cuda", lambda: False)
     availability = hooks.collage_check_availability(backends["inductor"])
-    assert availability.reason == (f"this machine has an NVIDIA GPU but torch {torch.__version__} is built without "
-                                   "CUDA: pip install torch --index-url https://download.pytorch.org/whl/cu130")
+    assert availability.reason == (
+        f"this machine has an NVIDIA GPU but torch {torch.__version__} is built without "
+        "CUDA: pip install torch --index-url https://download.pytorch.org/whl/cu130"
+    )
 
 
 def test_on_a_machine_with_a_gpu_inductor_needs_triton(backends, monkeypatch):
@@ -70,8 +91,9 @@ def test_on_a_machine_with_a_gpu_inductor_needs_triton(backends, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "triton" else find_spec(name))
     availability = hooks.collage_check_availability(backends["inductor"])
-    assert availability.reason == ("TorchInductor's CUDA kernels are Triton's and triton is not installed: "
-                                   "pip install triton")
+    assert availability.reason == (
+        "TorchInductor's CUDA kernels are Triton's and triton is not installed: pip install triton"
+    )
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     assert hooks.collage_check_availability(backends["inductor"]).available == (find_spec("triton") is not None)
 

@@ -21,13 +21,22 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from collage_inductor import hooks, runtime
 
 from collage_core.kit import tvm_compat
 from collage_core.kit.testing import partitions_by_backend
 from collage_core.kit.testing.placement_cases import (
-    ATOL, CONV_INPUT, DEVICE, F, RNG, RTOL, conv_bias_relu_scale, module, numpy_conv_bias_relu_scale, place,
+    ATOL,
+    CONV_INPUT,
+    DEVICE,
+    RNG,
+    RTOL,
+    F,
+    conv_bias_relu_scale,
+    module,
+    numpy_conv_bias_relu_scale,
+    place,
 )
-from collage_inductor import hooks, runtime
 
 CPU = (runtime.CPU, 0)
 OUTPUT_SHAPE = (1, 8, 8, 8)
@@ -115,9 +124,22 @@ def run_in_new_processes(region, tmp_path, cache, modes) -> list[dict]:
     np.save(tmp_path / "x.npy", x)
     environment = {**os.environ, "COLLAGE_CACHE_DIR": str(cache)}
     processes = [
-        subprocess.Popen([sys.executable, "-c", RUN_IN_A_NEW_PROCESS, key, str(tmp_path / "blob.npy"),
-                          str(tmp_path / "x.npy"), str(tmp_path / f"out{index}.npy"), mode],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RUN_IN_A_NEW_PROCESS,
+                key,
+                str(tmp_path / "blob.npy"),
+                str(tmp_path / "x.npy"),
+                str(tmp_path / f"out{index}.npy"),
+                mode,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
         for index, mode in enumerate(modes)
     ]
     results = []
@@ -134,8 +156,7 @@ def only_package(cache):
     return package
 
 
-def test_a_region_compiled_in_one_process_is_loaded_by_the_next_without_compiling(region, compiled, package,
-                                                                                   tmp_path):
+def test_a_region_compiled_in_one_process_is_loaded_by_the_next_without_compiling(region, compiled, package, tmp_path):
     folder, result = compiled
     np.testing.assert_allclose(result, region[3], rtol=RTOL, atol=ATOL)
     (made,) = (folder / "inductor" / "aoti").iterdir()  # the package alone: no temporary file left
@@ -185,7 +206,8 @@ def test_a_truncated_package_is_compiled_again(region, package, caplog):
     with caplog.at_level(logging.WARNING, logger="collage.inductor"):
         np.testing.assert_allclose(run_here(region), region[3], rtol=RTOL, atol=ATOL)
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
-        f"collage_inductor: the compiled package {package.name} cannot be read"]
+        f"collage_inductor: the compiled package {package.name} cannot be read"
+    ]
     assert zipfile.ZipFile(package).testzip() is None
     runtime.PROGRAMS.clear()
     caplog.clear()
@@ -204,8 +226,10 @@ def test_a_program_aotinductor_cannot_compile_runs_through_torch_compile(region,
     with caplog.at_level(logging.WARNING, logger="collage.inductor"):
         np.testing.assert_allclose(run_here(region), region[3], rtol=RTOL, atol=ATOL)
     (record,) = caplog.records
-    assert record.getMessage() == (f"collage_inductor: AOTInductor cannot compile program {region[0][:16]} "
-                                   "(RuntimeError: no lowering for aten.made_up); torch.compile runs it in each process")
+    assert record.getMessage() == (
+        f"collage_inductor: AOTInductor cannot compile program {region[0][:16]} "
+        "(RuntimeError: no lowering for aten.made_up); torch.compile runs it in each process"
+    )
     path = runtime.package_path(region[0], CPU)
     assert not path.exists() and path.with_name(path.name + runtime.FAILED_SUFFIX).is_file()
     # A later process goes to torch.compile at once: AOTInductor is not asked again.

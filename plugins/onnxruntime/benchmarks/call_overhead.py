@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from collage_onnxruntime import runtime
 from tvm import relax
 
 from collage_core.kit import relax_to_onnx, tvm_compat
 from collage_core.kit.testing.benchmarks import OneOperator, shape_from_arguments, timed
-from collage_onnxruntime import runtime
 
 
 def main() -> None:
@@ -42,13 +42,15 @@ def main() -> None:
     feeds = {"input_0": x}
 
     np.testing.assert_array_equal(tvm_compat.to_numpy(onnxruntime_vm(x_tensor)), np.maximum(x, 0))
-    results = timed([
-        ("ORT run_with_iobinding", lambda: session.run_with_iobinding(binding)),
-        ("ORT session.run", lambda: session.run(None, feeds)),
-        ("bridge function", lambda: runtime.run(blob, x_tensor, out_tensor)),
-        ("VM -> ORT partition", lambda: onnxruntime_vm(x_tensor)),
-        ("VM -> TVM kernel", lambda: tvm_vm(x_tensor)),
-    ])
+    results = timed(
+        [
+            ("ORT run_with_iobinding", lambda: session.run_with_iobinding(binding)),
+            ("ORT session.run", lambda: session.run(None, feeds)),
+            ("bridge function", lambda: runtime.run(blob, x_tensor, out_tensor)),
+            ("VM -> ORT partition", lambda: onnxruntime_vm(x_tensor)),
+            ("VM -> TVM kernel", lambda: tvm_vm(x_tensor)),
+        ]
+    )
     floor = results[0][1]
     print(f"ReLU on float32 {shape}; ONNX Runtime intra-op threads: {len(os.sched_getaffinity(0))}, no spinning")
     print(f"{'path':<24} {'median us':>10} {'IQR us':>8} {'over ORT floor':>15}")

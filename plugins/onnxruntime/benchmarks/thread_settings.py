@@ -60,12 +60,19 @@ def main() -> None:
     for mix in ("all onnxruntime", "all tvm", "mixed"):
         blocking, spinning = measure(args.model, mix, "block"), measure(args.model, mix, "spin")
         rows.append(
-            [mix, str(blocking["partitions"]),
-             f"{blocking['median_s'] * 1e6:.1f} ±{blocking['spread_s'] * 1e6:.1f}",
-             f"{spinning['median_s'] * 1e6:.1f} ±{spinning['spread_s'] * 1e6:.1f}"]
+            [
+                mix,
+                str(blocking["partitions"]),
+                f"{blocking['median_s'] * 1e6:.1f} ±{blocking['spread_s'] * 1e6:.1f}",
+                f"{spinning['median_s'] * 1e6:.1f} ±{spinning['spread_s'] * 1e6:.1f}",
+            ]
         )
     print(f"{args.model.name}: median latency in microseconds, each in a fresh process")
-    print(format_table(["placement", "partitions", "idle threads block (plugin)", "idle threads spin (ORT default)"], rows))
+    print(
+        format_table(
+            ["placement", "partitions", "idle threads block (plugin)", "idle threads spin (ORT default)"], rows
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ def test_shipped_model_runs_whole_on_onnxruntime(pm, backends, name):
     candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["onnxruntime"], TARGET))
     assert sorted(n for c in candidates for n in c.nodes) == list(range(len(graph.graph)))
 
-    everything = SimpleNamespace(backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(range(len(graph.graph))))
+    everything = SimpleNamespace(
+        backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(range(len(graph.graph)))
+    )
     executable = build(pm, partition_module(graph, [everything]), backends, TARGET)
     inputs = model.random_inputs(seed=2)
     vm = relax.VirtualMachine(executable, DEVICE)
@@ -56,13 +58,13 @@ def dense_norm_softmax() -> tvm.IRModule:
     return bb.get(), weight, bias
 
 
-
 @pytest.mark.parametrize("name", ["tiny_resnet", "tiny_bert", "tiny_gpt2"])
 def test_the_original_file_runs_whole_in_onnxruntimes_own_session(pm, backends, name):
     """collage_lower_whole_model: the library whose one partition is onnxruntime's own session over the ONNX
     file, not Collage's conversion of it, computes what ONNX Runtime's reference does within RTOL/ATOL
     (the same engine as the reference, with Collage's thread count: sums may be split otherwise)."""
     check_original_file_runs_whole(pm, backends, "onnxruntime", MODELS / f"{name}.onnx", TARGET, RTOL, ATOL)
+
 
 def test_optimize_measures_and_places_with_onnxruntime(tmp_path):
     mod, weight, bias = dense_norm_softmax()

@@ -12,8 +12,17 @@ from __future__ import annotations
 import importlib
 
 from collage_core.kit import (
-    GRAPH_LEVEL, Availability, Backend, engine_lowering, engine_patterns, has_fast_bf16, hookimpl, hookimpl_for,
-    relax_to_onnx, replace_functions, tvm_compat,
+    GRAPH_LEVEL,
+    Availability,
+    Backend,
+    engine_lowering,
+    engine_patterns,
+    has_fast_bf16,
+    hookimpl,
+    hookimpl_for,
+    relax_to_onnx,
+    replace_functions,
+    tvm_compat,
 )
 from collage_openvino import runtime
 
@@ -64,7 +73,9 @@ def collage_check_availability(backend):
     except Exception as error:  # noqa: BLE001 - OpenVINO raises its own RuntimeError subclasses
         return Availability.no(f"openvino cannot start ({error}): {INSTALL_HINT}")
     if "CPU" not in devices:
-        return Availability.no(f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}")
+        return Availability.no(
+            f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}"
+        )
     return Availability.yes()
 
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from collage_openvino import runtime
 
 from collage_core.kit import engine_operators, relax_to_onnx
 from collage_core.kit.testing.operator_cases import (
-    CASES, F, assert_same, function, pool_configurations, random_input, run_tvm,
+    CASES,
+    F,
+    assert_same,
+    function,
+    pool_configurations,
+    random_input,
+    run_tvm,
 )
-from collage_openvino import runtime
 
 
 def run_openvino(func, arrays):

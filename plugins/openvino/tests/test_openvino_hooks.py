@@ -8,22 +8,36 @@ from __future__ import annotations
 
 import sys
 
+import collage_openvino
 import numpy as np
 import openvino
 import pytest
 import tvm
+from collage_openvino import hooks, runtime
 from tvm import relax
 
-import collage_openvino
 from collage_core.kit import (
-    GRAPH_LEVEL, RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat,
+    GRAPH_LEVEL,
+    RelaxGraph,
+    engine_lowering,
+    engine_operators,
+    enumerate_candidates,
+    relax_to_onnx,
+    tvm_compat,
 )
 from collage_core.kit.testing import contribute_patterns, partitions_by_backend
 from collage_core.kit.testing.placement_cases import (
-    CONV_INPUT, DEVICE, F, R, check_exported_library_runs_in_a_fresh_process, check_mixed_placements,
-    check_runs_in_place, conv_bias_relu_scale, module, place,
+    CONV_INPUT,
+    DEVICE,
+    F,
+    R,
+    check_exported_library_runs_in_a_fresh_process,
+    check_mixed_placements,
+    check_runs_in_place,
+    conv_bias_relu_scale,
+    module,
+    place,
 )
-from collage_openvino import hooks, runtime
 
 TARGET = tvm_compat.host_cpu_target()
 

@@ -8,7 +8,14 @@ import tvm
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core.kit import (
-    OP_LEVEL, Availability, Backend, Pattern, hookimpl, hookimpl_for, replace_functions, sources_digest,
+    OP_LEVEL,
+    Availability,
+    Backend,
+    Pattern,
+    hookimpl,
+    hookimpl_for,
+    replace_functions,
+    sources_digest,
 )
 from collage_tvm import integer_powers
 
