@@ -106,8 +106,11 @@ def test_the_machine_defaults_add_nothing_to_the_keys_and_other_sizes_name_both_
     monkeypatch.delenv(ENVIRONMENT_VARIABLE)
     assert threads.key_part() == "threads:tvm=1,backends=4"
     monkeypatch.delenv("TVM_NUM_THREADS")
-    monkeypatch.setenv("OMP_WAIT_POLICY", threads.WAIT_SETTINGS["OMP_WAIT_POLICY"])  # Collage's own: the same
+    monkeypatch.setenv("GOMP_SPINCOUNT", threads.WAIT_SETTINGS["GOMP_SPINCOUNT"])  # Collage's own: the same
     assert threads.key_part() == ""
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the user's policy, and no spin count of Collage's
+    assert threads.key_part() == "threads:tvm=2,backends=4,OMP_WAIT_POLICY=PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # idle threads that spin measure other costs
     monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
     assert threads.key_part() == "threads:tvm=2,backends=4,GOMP_SPINCOUNT=300000,OMP_WAIT_POLICY=ACTIVE"
@@ -197,13 +200,14 @@ def test_results_json_records_the_thread_settings_the_run_had(no_thread_variable
     assert result.results_json()["threads"] == {"tvm": 3, "backends": 1, "waiting": threads.WAIT_SETTINGS}
 
 
-def test_a_users_own_wait_setting_stays_and_the_others_are_added():
+def test_collages_spin_count_is_added_only_where_the_user_chose_nothing_of_how_openmp_waits():
     assert threads.environment_for_partitions({"PATH": "/bin"}) == {"PATH": "/bin", **threads.WAIT_SETTINGS}
-    assert threads.environment_for_partitions({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert threads.wait_settings_in_force({"OMP_WAIT_POLICY": "ACTIVE", "PATH": "/bin"}) == {
-        **threads.WAIT_SETTINGS,
-        "OMP_WAIT_POLICY": "ACTIVE",
-    }
+    assert threads.wait_settings_in_force({"PATH": "/bin"}) == threads.WAIT_SETTINGS
+    # libgomp takes a spin count over the policy: one of Collage's would undo the user's policy.
+    assert threads.environment_for_partitions({"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert threads.wait_settings_in_force({"OMP_WAIT_POLICY": "ACTIVE", "PATH": "/bin"}) == {}
+    assert threads.environment_for_partitions({"GOMP_SPINCOUNT": "5"}) == {"GOMP_SPINCOUNT": "5"}
+    assert threads.wait_settings_in_force({"GOMP_SPINCOUNT": "5"}) == {"GOMP_SPINCOUNT": "5"}
 
 
 def _started_environment(worker) -> dict:
@@ -216,17 +220,16 @@ def _started_environment(worker) -> dict:
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads a process's environment from /proc")
 @pytest.mark.parametrize("started", ["forked", "exec"])
-def test_processes_that_run_partitions_start_with_idle_threads_that_block(monkeypatch, started):
+def test_processes_that_run_partitions_start_with_idle_threads_that_spin_briefly(monkeypatch, started):
     from collage_core.measure.worker_client import MeasurementWorker
 
-    for name in threads.WAIT_SETTINGS:
+    for name in threads.USER_WAIT_CHOICES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice
     with MeasurementWorker([], [], env=dict(os.environ) if started == "exec" else None) as worker:
         environment = _started_environment(worker)
-    assert {name: environment.get(name) for name in threads.WAIT_SETTINGS} == {
+    assert {name: environment.get(name) for name in threads.USER_WAIT_CHOICES} == {
         **threads.WAIT_SETTINGS,
-        "OMP_WAIT_POLICY": "ACTIVE",
+        "OMP_WAIT_POLICY": None,
     }
 
 
@@ -235,7 +238,7 @@ def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_
 ):
     from collage_core.build import deploy
 
-    for name in threads.WAIT_SETTINGS:
+    for name in threads.USER_WAIT_CHOICES:
         monkeypatch.delenv(name, raising=False)
     needs = {name: {"kind": "op-level", "version": "1", "needs": ""} for name in ("dnnl", "tvm")}
     mixed, alone = tmp_path / "mixed.so", tmp_path / "alone.so"
@@ -245,7 +248,7 @@ def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_
     deploy.write_runtime_file(alone, {"tvm": needs["tvm"]})
     assert deploy.read_runtime_file(mixed)["environment"] == threads.WAIT_SETTINGS
     assert "environment" not in deploy.read_runtime_file(alone)  # one pool: nothing takes turns
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a copy made elsewhere keeps what it was measured with
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")  # a copy made elsewhere keeps what it was measured with
     copied = tmp_path / "copied.so"
     deploy.copy_library(mixed, copied)
     assert deploy.read_runtime_file(copied)["environment"] == threads.WAIT_SETTINGS
@@ -256,7 +259,7 @@ def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_
     told = [record.getMessage() for record in caplog.records]
     assert len(told) == len(threads.WAIT_SETTINGS)  # each once, in this process
     assert any(
-        "measured with OMP_WAIT_POLICY=PASSIVE; this process has OMP_WAIT_POLICY=ACTIVE" in message for message in told
+        "measured with GOMP_SPINCOUNT=30000; this process has GOMP_SPINCOUNT=300000" in message for message in told
     )
     caplog.clear()
     monkeypatch.setattr(deploy, "_environment_told", set())

@@ -12,9 +12,9 @@ Waiting. Pools that take turns must not spin beside each other: a pool whose idl
 after its kernel holds the cores the next backend's kernel needs. OpenMP's threads (PyTorch's,
 oneDNN's) spin through libgomp's spin count after each parallel region; on two busy cores a
 tiny_bert placement with Inductor's matrix products between TVM's kernels took 0.7-33 ms per call
-so, and 0.23-0.27 ms with OpenMP's idle threads blocking (``plugins/inductor/benchmarks/thread_settings.py``).
-:data:`WAIT_SETTINGS` makes them block; :func:`environment_for_partitions` adds it to an
-environment where the user has not set it. OpenMP reads it when it loads, so it is given to the
+so (``plugins/inductor/benchmarks/thread_settings.py``). Blocking at once costs a wake-up per call
+instead. :data:`WAIT_SETTINGS` makes them spin briefly, then block; :func:`environment_for_partitions`
+adds it to an environment where the user has chosen nothing of the kind. OpenMP reads it when it loads, so it is given to the
 processes that run partitions when they start (measurement workers and the zygote they are forked
 from), and an exported library's runtime file names it for a deployment (``collage_core.build.deploy``).
 ``docs/threads.md`` says how a plugin's own pool should wait.
@@ -37,29 +37,39 @@ from collage_core.errors import CollageError
 
 ENVIRONMENT_VARIABLE = "COLLAGE_NUM_THREADS"
 TVM_VARIABLE = "TVM_NUM_THREADS"
-# What makes idle threads block at once instead of spinning, read by OpenMP when it loads: GNU's
-# libgomp (PyTorch's and oneDNN's here) and LLVM's or Intel's (which then take a block time of 0 too).
-# TVM's pool is left spinning: its workers yield the core while they spin, and making them block
-# (TVM_THREAD_POOL_SPIN_COUNT=0) measured no faster beside OpenMP's blocking threads.
-WAIT_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE"}
-# Variables besides WAIT_SETTINGS' that change how idle threads wait: libgomp takes a spin count over the
-# policy, Intel's OpenMP a block time, TVM's pool a spin count when it starts.
-OTHER_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT")
+# How long idle OpenMP threads spin before they block, read by GNU's libgomp (PyTorch's and oneDNN's here) when
+# it loads: 30000 spins instead of libgomp's 300000, long enough that a kernel called right after another finds
+# its threads awake, short enough that a spinning pool does not starve the next backend's kernel on a busy
+# machine. tiny_bert with Inductor's matrix products between TVM's kernels (median us per call, fresh processes,
+# plugins/inductor/benchmarks/thread_settings.py): quiet, 215 with libgomp's defaults, 220 with 30000 spins, 484
+# blocking at once (OMP_WAIT_POLICY=PASSIVE: every call wakes its threads from sleep); beside two busy loops with
+# TVM's pool at two threads, 12568, 461 and 271. Blocking at once also made tiny_bert's placement of oneDNN and
+# TVM partitions 0.55 ms against 0.063. TVM's pool is left spinning: its workers yield the core while they
+# spin, and making them block measured no faster.
+WAIT_SETTINGS = {"GOMP_SPINCOUNT": "30000"}
+# Variables besides WAIT_SETTINGS' that change how idle threads wait: OpenMP's wait policy (libgomp takes a spin
+# count over it, so a user who sets the policy gets no spin count of Collage's), Intel's and LLVM's OpenMP a block
+# time, TVM's pool a spin count when it starts.
+OTHER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "TVM_THREAD_POOL_SPIN_COUNT")
+# A user who sets any of these has chosen how OpenMP's threads wait: Collage adds nothing.
+USER_WAIT_CHOICES = ("OMP_WAIT_POLICY", *WAIT_SETTINGS)
 
 
 def environment_for_partitions(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """``environ`` for a process that runs partitions: :data:`WAIT_SETTINGS` added where it sets none
-    of them (a user's own setting of a variable stays)."""
+    """``environ`` for a process that runs partitions: :data:`WAIT_SETTINGS` added where it sets none of
+    :data:`USER_WAIT_CHOICES` (a user's own choice of how OpenMP waits stays whole)."""
     environ = os.environ if environ is None else environ
+    if any(name in environ for name in USER_WAIT_CHOICES):
+        return dict(environ)
     return {**WAIT_SETTINGS, **environ}
 
 
 def wait_settings_in_force(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """The value of each of :data:`WAIT_SETTINGS`' variables in the processes that run partitions
-    for a process of ``environ``: the user's where set, else Collage's."""
+    """The value of each of :data:`WAIT_SETTINGS`' variables that is set in the processes that run partitions
+    for a process of ``environ``: the user's where set, else Collage's (none when the user chose a policy)."""
     environ = os.environ if environ is None else environ
     partitions_environment = environment_for_partitions(environ)
-    return {name: partitions_environment[name] for name in WAIT_SETTINGS}
+    return {name: partitions_environment[name] for name in WAIT_SETTINGS if name in partitions_environment}
 
 
 def backend_threads(environ: Optional[Mapping[str, str]] = None) -> int:
