@@ -49,7 +49,7 @@ def hookimpl_for(backend_name: str, **options) -> Callable[[Hook], Hook]:
 @attrs.frozen
 class NativeKernelHooks:
     """The hooks of an op-level backend whose partitions each become one call of its native kernels (DNNL,
-    cuBLAS, cuDNN), made by :func:`native_kernel_hooks`; a plugin's hooks module assigns each to its name."""
+    cuBLAS, cuDNN), made by :func:`native_kernel_hooks`; a plugin's hooks module holds each under its name (:meth:`hookimpls`)."""
 
     collage_register_backends: Callable
     collage_check_availability: Callable
@@ -57,6 +57,11 @@ class NativeKernelHooks:
     collage_lower_partitions: Callable
     collage_prepare_runtime: Callable
     collage_runtime_libraries: Callable
+
+    def hookimpls(self) -> dict[str, Callable]:
+        """Each hook under its name, for the plugin's hooks module to hold as its own:
+        ``globals().update(HOOKS.hookimpls())``."""
+        return attrs.asdict(self, recurse=False)
 
 
 def native_kernel_hooks(

@@ -49,9 +49,4 @@ HOOKS = native_kernel_hooks(
     lower_function=lowering.lower_function,
     built_library=lambda: library.native_library().build(),  # exports carry the kernels (no GPU needed to build them)
 )
-collage_register_backends = HOOKS.collage_register_backends
-collage_check_availability = HOOKS.collage_check_availability
-collage_contribute_patterns = HOOKS.collage_contribute_patterns
-collage_lower_partitions = HOOKS.collage_lower_partitions
-collage_prepare_runtime = HOOKS.collage_prepare_runtime
-collage_runtime_libraries = HOOKS.collage_runtime_libraries
+globals().update(HOOKS.hookimpls())  # collage_register_backends, collage_check_availability, ...
