@@ -34,12 +34,7 @@ def build_libraries(model: Path, placements: list[Path], out: Path) -> tuple[dic
     for placement in placements:
         name = placement.stem if placement.name != "placement.json" else "placement"
         built = collage_core.optimize(
-            str(model),
-            placement=placement,
-            compare_backends=False,
-            verify=False,
-            output_dir=out / name,
-            show_progress=False,
+            str(model), placement=placement, compare_backends=False, verify=False, output_dir=out / name, show_progress=False
         )
         libraries[name] = built.library_path
         if not inputs.exists():
@@ -51,9 +46,9 @@ def compare(libraries: dict[str, Path], inputs: Path) -> list[list[str]]:
     """The table's rows: each library timed in turns by the contest and by the benchmark."""
     contest = time_in_turns(libraries, inputs, tvm_compat.target_to_json(tvm_compat.host_cpu_target()), [], [])
     kinds = {f"{interleaved.COLLAGE} {name}": name for name in libraries}
-    bench = interleaved.measure(
-        "", 1, Path(), contenders=[(kind, libraries[name]) for kind, name in kinds.items()], inputs=inputs
-    )["contenders"]
+    bench = interleaved.measure("", 1, Path(), contenders=[(kind, libraries[name]) for kind, name in kinds.items()], inputs=inputs)[
+        "contenders"
+    ]
     rows = []
     for kind, name in kinds.items():
         ours, theirs = contest[name], bench[kind]

@@ -30,11 +30,7 @@ def resnet50_convolutions() -> list[tuple[int, int, int, int, int]]:
         for block in range(blocks):
             step = stride if block == 0 else 1
             source = in_channels if block == 0 else out_channels
-            convs += [
-                (source, middle, 1, 1, size),
-                (middle, middle, 3, step, size),
-                (middle, out_channels, 1, 1, size // step),
-            ]
+            convs += [(source, middle, 1, 1, size), (middle, middle, 3, step, size), (middle, out_channels, 1, 1, size // step)]
             if block == 0:
                 convs.append((source, out_channels, 1, step, size))
             size //= step
@@ -78,9 +74,7 @@ def main() -> None:
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
-    print(
-        f"{torch.cuda.get_device_name()}, cuDNN {torch.backends.cudnn.version()}, {len(resnet50_convolutions())} convolutions"
-    )
+    print(f"{torch.cuda.get_device_name()}, cuDNN {torch.backends.cudnn.version()}, {len(resnet50_convolutions())} convolutions")
     print("| batch | precision | NCHW (ms) | NHWC (ms) | NCHW / NHWC |")
     print("|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):

@@ -57,12 +57,7 @@ def census(mod) -> dict:
     from collage_core.relax_onnx import support
 
     refusals = {"onnx": support.refusal, "inductor": relax_to_torch.refusal}
-    calls = [
-        binding.value
-        for block in mod["main"].body.blocks
-        for binding in block.bindings
-        if tvm_compat.is_op_call(binding.value)
-    ]
+    calls = [binding.value for block in mod["main"].body.blocks for binding in block.bindings if tvm_compat.is_op_call(binding.value)]
     counted = {"operators": len(calls), "by_operator": dict(collections.Counter(tvm_compat.op_name(c) for c in calls))}
     for name, refusal in refusals.items():
         reasons = collections.Counter(filter(None, (refusal(call) for call in calls)))
@@ -118,18 +113,13 @@ def measure_all(families, paths, raw: Path) -> None:
         started = time.perf_counter()
         try:
             done = subprocess.run(
-                [sys.executable, __file__, "--one", family, path, "--raw", str(raw)],
-                capture_output=True,
-                text=True,
-                timeout=PAIR_TIMEOUT_S,
+                [sys.executable, __file__, "--one", family, path, "--raw", str(raw)], capture_output=True, text=True, timeout=PAIR_TIMEOUT_S
             )
             if not out.exists():
                 tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or [f"exit {done.returncode}"]
                 out.write_text(json.dumps({"family": family, "path": path, "failed": f"crash: {tail[0][:400]}"}))
         except subprocess.TimeoutExpired:
-            out.write_text(
-                json.dumps({"family": family, "path": path, "failed": f"no result within {PAIR_TIMEOUT_S} s"})
-            )
+            out.write_text(json.dumps({"family": family, "path": path, "failed": f"no result within {PAIR_TIMEOUT_S} s"}))
         result = json.loads(out.read_text())
         print(f"{'done' if not result['failed'] else 'FAILED'} ({time.perf_counter() - started:.0f} s)", flush=True)
 
@@ -144,11 +134,7 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
 
     cpu = (
         next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
+            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
             platform.machine(),
         )
         if Path("/proc/cpuinfo").exists()
@@ -162,10 +148,7 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
             results[(record["family"], record["path"])] = record
     done = [record for record in results.values() if not record["failed"]]
     totals = {stage: {"operators": 0, **{name: 0 for name in CONVERTERS}} for stage in ("as_imported", "rewritten")}
-    reasons = {
-        stage: {name: collections.defaultdict(lambda: [0, set()]) for name in CONVERTERS}
-        for stage in ("as_imported", "rewritten")
-    }
+    reasons = {stage: {name: collections.defaultdict(lambda: [0, set()]) for name in CONVERTERS} for stage in ("as_imported", "rewritten")}
     for record in done:
         for stage, total in totals.items():
             total["operators"] += record[stage]["operators"]
@@ -204,9 +187,7 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
                 lines.append(f"| {family} | {path} | fails to import | | | | | | |")
                 continue
             first, second = record["as_imported"], record["rewritten"]
-            callees = (
-                ", ".join(f"{name} ×{count}" for name, count in sorted(first["call_tir_callees"].items())) or "none"
-            )
+            callees = ", ".join(f"{name} ×{count}" for name, count in sorted(first["call_tir_callees"].items())) or "none"
             lines.append(
                 f"| {family} | {path} | {first['operators']} | {_share(first['onnx']['taken'], first['operators'])} | "
                 f"{_share(first['inductor']['taken'], first['operators'])} | {second['operators']} | "
@@ -228,20 +209,16 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
         if name != "onnx" and tables[name] == tables["onnx"]:
             lines += [
                 "",
-                f"The {label} refuses the same calls for the same reasons: it refuses what the ONNX converter "
-                "refuses, and nothing more.",
+                f"The {label} refuses the same calls for the same reasons: it refuses what the ONNX converter refuses, and nothing more.",
             ]
             continue
         lines += [
             "",
-            f"The {label}'s refusals, grouped (N: a number that varies), as imported -> after the rewrites, "
-            "most calls first:",
+            f"The {label}'s refusals, grouped (N: a number that varies), as imported -> after the rewrites, most calls first:",
             "",
         ]
         ranked = sorted(tables[name].items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
-        lines += [f"- {before} -> {after} × {reason} ({fams})" for reason, (before, after, fams) in ranked] or [
-            "- none"
-        ]
+        lines += [f"- {before} -> {after} × {reason} ({fams})" for reason, (before, after, fams) in ranked] or ["- none"]
     if failures:
         lines += ["", "Pairs that did not import:", "", *failures]
     report.write_text("\n".join(lines) + "\n")

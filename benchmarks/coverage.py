@@ -86,21 +86,10 @@ def _families() -> dict:
     import transformers as t
 
     small_vit = dict(
-        image_size=64,
-        patch_size=16,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=10,
+        image_size=64, patch_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=10
     )
     small_text = dict(
-        vocab_size=128,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64
     )
     return {
         "resnet": (
@@ -129,12 +118,7 @@ def _families() -> dict:
         "convnext": (
             "convolutional",
             _image_classifier(
-                t.ConvNextConfig,
-                t.ConvNextForImageClassification,
-                num_stages=2,
-                hidden_sizes=[16, 32],
-                depths=[1, 1],
-                num_labels=10,
+                t.ConvNextConfig, t.ConvNextForImageClassification, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10
             ),
         ),
         "efficientnet": (
@@ -167,10 +151,7 @@ def _families() -> dict:
         ),
         "vit": ("vision transformer", _image_classifier(t.ViTConfig, t.ViTForImageClassification, **small_vit)),
         "deit": ("vision transformer", _image_classifier(t.DeiTConfig, t.DeiTForImageClassification, **small_vit)),
-        "dinov2": (
-            "vision transformer",
-            _image_classifier(t.Dinov2Config, t.Dinov2ForImageClassification, **small_vit),
-        ),
+        "dinov2": ("vision transformer", _image_classifier(t.Dinov2Config, t.Dinov2ForImageClassification, **small_vit)),
         "swin": (
             "windowed hierarchical vision transformer",
             _image_classifier(
@@ -188,12 +169,7 @@ def _families() -> dict:
         "pvt": (
             "hierarchical vision transformer",
             _image_classifier(
-                t.PvtConfig,
-                t.PvtForImageClassification,
-                image_size=64,
-                depths=[1, 1, 1, 1],
-                hidden_sizes=[16, 32, 80, 128],
-                num_labels=10,
+                t.PvtConfig, t.PvtForImageClassification, image_size=64, depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 80, 128], num_labels=10
             ),
         ),
         "segformer": (
@@ -252,10 +228,7 @@ def _families() -> dict:
                 eos_token_id=0,
             ),
         ),
-        "llama": (
-            "decoder-only text",
-            _text_model(t.LlamaConfig, t.LlamaForCausalLM, num_key_value_heads=1, **small_text),
-        ),
+        "llama": ("decoder-only text", _text_model(t.LlamaConfig, t.LlamaForCausalLM, num_key_value_heads=1, **small_text)),
         "opt": (
             "decoder-only text",
             _text_model(
@@ -272,17 +245,7 @@ def _families() -> dict:
         ),
         "t5": (
             "encoder-decoder text",
-            _text_model(
-                t.T5Config,
-                t.T5Model,
-                seq2seq=True,
-                vocab_size=128,
-                d_model=32,
-                d_kv=16,
-                d_ff=64,
-                num_layers=2,
-                num_heads=2,
-            ),
+            _text_model(t.T5Config, t.T5Model, seq2seq=True, vocab_size=128, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2),
         ),
         "bart": (
             "encoder-decoder text",
@@ -385,11 +348,7 @@ def _stage_of(error: BaseException) -> str:
 
 def _one_line(error: BaseException) -> str:
     """The error's type and its last telling line, and its cause's (exporters wrap the error that matters)."""
-    lines = [
-        line.strip()
-        for line in str(error).strip().splitlines()
-        if line.strip() and not line.strip().startswith("(Refer")
-    ]
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip() and not line.strip().startswith("(Refer")]
     text = f"{type(error).__name__}: {lines[-1] if lines else ''}"
     if error.__cause__ is not None and error.__cause__ is not error:
         text += f" (caused by {_one_line(error.__cause__)})"
@@ -468,29 +427,18 @@ def measure_all(families, paths, raw: Path) -> None:
         started = time.perf_counter()
         try:
             done = subprocess.run(
-                [sys.executable, __file__, "--one", family, path, "--raw", str(raw)],
-                capture_output=True,
-                text=True,
-                timeout=PAIR_TIMEOUT_S,
+                [sys.executable, __file__, "--one", family, path, "--raw", str(raw)], capture_output=True, text=True, timeout=PAIR_TIMEOUT_S
             )
             if not out.exists():
                 tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or [f"exit {done.returncode}"]
                 out.write_text(json.dumps({"family": family, "path": path, "failed": "crash", "error": tail[0][:400]}))
         except subprocess.TimeoutExpired:
             out.write_text(
-                json.dumps(
-                    {
-                        "family": family,
-                        "path": path,
-                        "failed": "timeout",
-                        "error": f"no result within {PAIR_TIMEOUT_S} s",
-                    }
-                )
+                json.dumps({"family": family, "path": path, "failed": "timeout", "error": f"no result within {PAIR_TIMEOUT_S} s"})
             )
         result = json.loads(out.read_text())
         print(
-            f"{'passed' if not result['failed'] else 'FAILED at ' + result['failed']} ({time.perf_counter() - started:.0f} s)",
-            flush=True,
+            f"{'passed' if not result['failed'] else 'FAILED at ' + result['failed']} ({time.perf_counter() - started:.0f} s)", flush=True
         )
 
 
@@ -500,20 +448,13 @@ def write_report(raw: Path, families, paths, command: str, report: Path) -> None
 
     cpu = (
         next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
+            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
             platform.machine(),
         )
         if Path("/proc/cpuinfo").exists()
         else platform.machine()
     )
-    versions = ", ".join(
-        f"{name} {version(name)}"
-        for name in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "apache-tvm")
-    )
+    versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "apache-tvm"))
     results = {}
     for file in sorted(raw.glob("*.json")):
         record = json.loads(file.read_text())

@@ -43,10 +43,7 @@ def rows(convolutions: bool = False) -> list[list[str]]:
 def main() -> None:
     print(f"CUTLASS tuning on this machine (cache {library.cache_dir()}), median ms per configuration:")
     gains = []
-    for convolutions, size, configs in (
-        (False, "M x N x K", TILE_CONFIGS),
-        (True, "NxHxWxC -> K, RxS", CONV_TILE_CONFIGS),
-    ):
+    for convolutions, size, configs in ((False, "M x N x K", TILE_CONFIGS), (True, "NxHxWxC -> K, RxS", CONV_TILE_CONFIGS)):
         table = rows(convolutions)
         if not table:
             continue
@@ -59,8 +56,7 @@ def main() -> None:
     table = tuning.tuned()
     seconds = library.compile_seconds()
     print(
-        f"\n{len(table)} problems tuned; geomean gain over the first configuration "
-        f"{statistics.geometric_mean(gains):.2f}"
+        f"\n{len(table)} problems tuned; geomean gain over the first configuration {statistics.geometric_mean(gains):.2f}"
         if gains
         else f"\n{len(table)} problems tuned"
     )

@@ -36,12 +36,7 @@ def build_libraries(model: Path, backends, out: Path) -> tuple[dict[str, Path], 
     for placement in sorted((out / "search" / "baselines").glob("*.json")):
         try:
             built = collage_core.optimize(
-                str(model),
-                placement=placement,
-                compare_backends=False,
-                verify=False,
-                output_dir=out / placement.stem,
-                show_progress=False,
+                str(model), placement=placement, compare_backends=False, verify=False, output_dir=out / placement.stem, show_progress=False
             )
         except collage_core.CollageError as error:
             print(f"{placement.stem}: not built ({error})")
@@ -80,12 +75,7 @@ def main() -> None:
                     for copy in range(args.workers):
                         worker, seconds = start(kind)
                         start_s[kind].append(seconds)
-                        request = {
-                            "op": "load_library",
-                            "library": str(library),
-                            "inputs": str(inputs),
-                            "target": target,
-                        }
+                        request = {"op": "load_library", "library": str(library), "inputs": str(inputs), "target": target}
                         once_s[name, kind, copy] = max(worker.request(request, 600)["once_s"], 1e-6)
                         workers[name, kind, copy] = worker
             samples = {key: [] for key in workers}

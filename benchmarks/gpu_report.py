@@ -40,9 +40,7 @@ def model_rows(directory: Path) -> Optional[dict]:
         return None
     end_to_end = {row["name"]: row for row in (cold or {}).get("end_to_end", [])}
     singles = {
-        name: _cost_seconds(row)
-        for name, row in end_to_end.items()
-        if name.startswith(SINGLE_PREFIXES) and not name.endswith(IN_TURNS)
+        name: _cost_seconds(row) for name, row in end_to_end.items() if name.startswith(SINGLE_PREFIXES) and not name.endswith(IN_TURNS)
     }
     # "placement" is the returned placement's time in turns when a contest ran (the library called one
     # call at a time), with its time one after another in a row of its own; earlier runs kept only the latter.
@@ -55,8 +53,7 @@ def model_rows(directory: Path) -> Optional[dict]:
             (
                 _cost_seconds(row)
                 for name, row in end_to_end.items()
-                if name.endswith(IN_TURNS)
-                and row.get("operators_by_backend") == (returned or {}).get("operators_by_backend")
+                if name.endswith(IN_TURNS) and row.get("operators_by_backend") == (returned or {}).get("operators_by_backend")
             ),
             None,
         )
@@ -140,9 +137,7 @@ def append_gpu_section(raw_root: Path, report: Path, chart: Path) -> None:
         "|---|" + "---|" * len(SINGLE_PREFIXES),
     ]
     for name, rows in models:
-        cells = [
-            next((_ms(v) for k, v in rows["singles"].items() if k.startswith(prefix)), "") for prefix in SINGLE_PREFIXES
-        ]
+        cells = [next((_ms(v) for k, v in rows["singles"].items() if k.startswith(prefix)), "") for prefix in SINGLE_PREFIXES]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if _draw(models, chart):
         lines += ["", f"![GPU latency of every contender]({chart.name})"]

@@ -79,9 +79,7 @@ def _contender_function(kind: str, name: str, batch: int, library: str, inputs: 
         import openvino
 
         onnx_path = ROOT / "models" / "hf" / f"{models.file_stem(name, batch)}.onnx"
-        compiled = openvino.Core().compile_model(
-            str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[kind]}
-        )
+        compiled = openvino.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[kind]})
         request, feeds = compiled.create_infer_request(), {input_name: example.numpy()}
         return lambda: request.infer(feeds)
     if kind in LIBRARIES or kind.startswith(f"{COLLAGE} "):
@@ -161,16 +159,7 @@ def measure(
     for kind, path in contenders:  # set up one at a time: a compiling contender would slow another's warm-up
         for copy in range(processes):
             process = subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--serve",
-                    kind,
-                    name,
-                    str(batch),
-                    str(path),
-                    *([str(inputs)] if inputs else []),
-                ],
+                [sys.executable, __file__, "--serve", kind, name, str(batch), str(path), *([str(inputs)] if inputs else [])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

@@ -139,9 +139,7 @@ def main() -> None:
         start = time.perf_counter()
         placement = search_op_level(graph, candidates, costs, on_progress=expanded.append)
         seconds = time.perf_counter() - start
-        print(
-            f"{name:<16} {len(graph):>6} {len(candidates):>10} {expanded[-1]:>8} {seconds:>8.2f}   ({len(placement)} parts)"
-        )
+        print(f"{name:<16} {len(graph):>6} {len(candidates):>10} {expanded[-1]:>8} {seconds:>8.2f}   ({len(placement)} parts)")
 
 
 if __name__ == "__main__":

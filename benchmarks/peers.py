@@ -159,11 +159,7 @@ def _stem(name: str, batch: int) -> str:
 def _onnx_file(name: str, batch: int) -> Path:
     path = ROOT / "models" / "hf" / f"{_stem(name, batch)}.onnx"
     if not path.exists():
-        subprocess.run(
-            [sys.executable, str(SCRIPTS / "make_hf_models.py"), "--model", name, "--batch", str(batch)],
-            check=True,
-            cwd=ROOT,
-        )
+        subprocess.run([sys.executable, str(SCRIPTS / "make_hf_models.py"), "--model", name, "--batch", str(batch)], check=True, cwd=ROOT)
     return path
 
 
@@ -185,10 +181,7 @@ def same_collage_code(commit: Optional[str]) -> bool:
     runs now: no commit, a commit with uncommitted changes, or an unknown one count as different."""
     if not commit or commit.endswith("+changes"):
         return False
-    for diff in (
-        ["diff", "--quiet", commit, "HEAD", "--", *COLLAGE_CODE],
-        ["diff", "--quiet", "HEAD", "--", *COLLAGE_CODE],
-    ):
+    for diff in (["diff", "--quiet", commit, "HEAD", "--", *COLLAGE_CODE], ["diff", "--quiet", "HEAD", "--", *COLLAGE_CODE]):
         if subprocess.run(["git", *diff], cwd=ROOT, capture_output=True).returncode != 0:
             return False
     return True
@@ -223,11 +216,7 @@ class RawResults:
             return is_current(json.loads(self.path(config).read_text()).get("commit"))
 
         cold_current = self.path("collage cold").exists() and current("collage cold")
-        stale = [
-            config
-            for config in COLLAGE_CONFIGS
-            if self.path(config).exists() and not (cold_current and current(config))
-        ]
+        stale = [config for config in COLLAGE_CONFIGS if self.path(config).exists() and not (cold_current and current(config))]
         for config in stale:
             self.path(config).unlink()
         if stale:
@@ -267,9 +256,7 @@ print(json.dumps({"gpu": f"{props.name} (sm_{props.major}{props.minor})", "drive
 
 def record_gpu_machine(raw_root: Path) -> None:
     """The GPU, driver and library versions of this run, beside its results (``machine.json``)."""
-    (raw_root / "machine.json").write_text(
-        json.dumps(_json_line([sys.executable, "-c", MACHINE_CODE]), indent=1) + "\n"
-    )
+    (raw_root / "machine.json").write_text(json.dumps(_json_line([sys.executable, "-c", MACHINE_CODE]), indent=1) + "\n")
 
 
 def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
@@ -280,8 +267,7 @@ def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
     onnx_path = _onnx_file(name, batch)
     for peer in GPU_PEERS:
         raw.get_or_measure(
-            peer,
-            lambda: _json_line([sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]),
+            peer, lambda: _json_line([sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)])
         )
     raw.get_or_measure(
         "collage cold",
@@ -296,12 +282,7 @@ def measure_model_on_gpu(name: str, batch: int, raw_root: Path) -> None:
 
 
 def measure_model(
-    name: str,
-    batch: int,
-    raw_root: Path,
-    torch_input: bool = True,
-    collage_again: bool = False,
-    backends: Optional[str] = None,
+    name: str, batch: int, raw_root: Path, torch_input: bool = True, collage_again: bool = False, backends: Optional[str] = None
 ) -> None:
     stem = _stem(name, batch)
     print(f"{stem}:", flush=True)
@@ -313,8 +294,7 @@ def measure_model(
     onnx_path = _onnx_file(name, batch)
     for peer in PEERS:
         raw.get_or_measure(
-            peer,
-            lambda: _json_line([sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)]),
+            peer, lambda: _json_line([sys.executable, "-c", PEER_CODE, name, str(batch), peer, str(SCRIPTS), str(onnx_path)])
         )
     costs = raw.directory / "costs.sqlite"
     out = raw.directory / "collage-out"
@@ -344,8 +324,7 @@ def measure_model(
     if not torch_input:
         return
     raw.get_or_measure(
-        "collage torch input",
-        lambda: _json_line([sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)]),
+        "collage torch input", lambda: _json_line([sys.executable, "-c", TORCH_INPUT_CODE, name, str(batch), str(SCRIPTS), str(costs)])
     )
 
 
@@ -441,18 +420,14 @@ def main() -> None:
         default="public",
         help="families: the models of more families at batch 1, raw results in benchmarks/raw-families",
     )
-    parser.add_argument(
-        "--models", default=None, help=f"default: {','.join(MODELS)} (with --set families, all of them)"
-    )
+    parser.add_argument("--models", default=None, help=f"default: {','.join(MODELS)} (with --set families, all of them)")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument(
         "--torch-batches",
         default="1",
         help="batch sizes at which Collage is also fed the PyTorch module (its own measurements: 2-10 minutes)",
     )
-    parser.add_argument(
-        "--raw", type=Path, default=None, help="default: benchmarks/raw (benchmarks/raw-cuda with --device cuda)"
-    )
+    parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw (benchmarks/raw-cuda with --device cuda)")
     parser.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -507,18 +482,10 @@ def main() -> None:
         return  # measured somewhere else: the report is written from the project's raw folders
     command = "python benchmarks/peers.py"
     if not families:
-        command = " ".join(
-            [command, *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))]
-        )
-    family_section = peers_report.family_section(
-        FAMILIES_RAW, FAMILIES_COMMAND, ROOT / "benchmarks" / "results-families.png"
-    )
+        command = " ".join([command, *(a for a in sys.argv[1:] if a not in ("--only-report", "--collage-again", "--device", "cuda"))])
+    family_section = peers_report.family_section(FAMILIES_RAW, FAMILIES_COMMAND, ROOT / "benchmarks" / "results-families.png")
     report = write_report(
-        cpu_raw,
-        command,
-        ROOT / "benchmarks" / "RESULTS.md",
-        ROOT / "benchmarks" / "results.png",
-        sections=(family_section,),
+        cpu_raw, command, ROOT / "benchmarks" / "RESULTS.md", ROOT / "benchmarks" / "results.png", sections=(family_section,)
     )
     append_file(report, TORCH_COMPILE_REPORT)
     if gpu_raw.is_dir():

@@ -115,9 +115,7 @@ def fastest_process(row: dict) -> dict:
     return {**row, "median_s": min(medians), "pooled_median_s": row["median_s"]}
 
 
-def best_single_in_turns(
-    directory: Path, turns: dict[str, dict], collage_s: Optional[float]
-) -> tuple[Optional[str], Optional[float]]:
+def best_single_in_turns(directory: Path, turns: dict[str, dict], collage_s: Optional[float]) -> tuple[Optional[str], Optional[float]]:
     """The best single backend and Collage's ratio to it, both timed in turns (``turns``, the model's
     :func:`interleaved_rows`): its library was one of the contenders, or it is Collage's own placement
     (ratio 1). (None, None) if neither."""
@@ -193,11 +191,7 @@ def machine() -> list[str]:
     import numpy
 
     cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
         platform.processor(),
     )
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
@@ -285,9 +279,7 @@ def _commit(directory: Path, config: str) -> str:
     return f"`{data['commit']}`" if data.get("commit") else ""
 
 
-def model_tables(
-    raw_root: Path, heading: str = "##"
-) -> tuple[list[str], list[str], dict[str, list[float]], list[Path]]:
+def model_tables(raw_root: Path, heading: str = "##") -> tuple[list[str], list[str], dict[str, list[float]], list[Path]]:
     """From every model directory under ``raw_root``: the summary table's rows, each model's details, Collage's
     ratios (against ONNX Runtime, the best peer and the best single backend) and the directories, in order."""
     directories = sorted((p for p in raw_root.iterdir() if p.is_dir() and model_rows(p)), key=_model_order)
@@ -337,10 +329,7 @@ def model_tables(
             ]
             details += ["", "Each configuration in its own process, one after another:", ""]
         best_sequential_peer = _best(rows, PEERS)[1]
-        details += [
-            "| configuration | median ± IQR (ms) | vs best peer | vs best single backend |",
-            "|---|---|---|---|",
-        ]
+        details += ["| configuration | median ± IQR (ms) | vs best peer | vs best single backend |", "|---|---|---|---|"]
         details += [
             f"| {name} | {_format_ms(row)} | {ratio_text(seconds_of(row), best_sequential_peer)} | "
             f"{ratio_text(seconds_of(row), best_single)} |"
@@ -348,10 +337,7 @@ def model_tables(
         ]
         details.append("")
         details += [
-            line
-            for config in ("collage cold", "collage warm", "collage torch input")
-            for line in [_search_line(directory, config)]
-            if line
+            line for config in ("collage cold", "collage warm", "collage torch input") for line in [_search_line(directory, config)] if line
         ]
         text = explanation(directory)
         if text:
@@ -391,10 +377,7 @@ SUMMARY_HEAD = [
 
 
 def _chart_of(directories: list[Path], chart: Path) -> None:
-    draw_chart(
-        [(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)}) for d in directories],
-        chart,
-    )
+    draw_chart([(d.name, model_rows(d), {k: v for k, v in interleaved_rows(d).items() if seconds_of(v)}) for d in directories], chart)
 
 
 def family_section(raw_root: Path, command: str, chart: Path) -> list[str]:
@@ -428,12 +411,7 @@ def family_section(raw_root: Path, command: str, chart: Path) -> list[str]:
 
 
 def write_report(
-    raw_root: Path,
-    command: str,
-    report: Path,
-    chart: Path,
-    machine_lines: Optional[list[str]] = None,
-    sections: tuple[list[str], ...] = (),
+    raw_root: Path, command: str, report: Path, chart: Path, machine_lines: Optional[list[str]] = None, sections: tuple[list[str], ...] = ()
 ) -> Path:
     """Write the report and the chart from every model directory under ``raw_root``, then ``sections`` (lines each,
     as ``family_section`` gives); returns the report's path."""
@@ -519,9 +497,7 @@ def draw_chart(models: list[tuple[str, dict, dict]], path: Path) -> None:
         x = [m + index * width for m in positions]
         timed = [seconds_of(turns.get(config)) for _, _, turns in models]
         sequential = [None if t else seconds_of(rows.get(config)) for t, (_, rows, _) in zip(timed, models)]
-        latency.bar(
-            x, [s * 1e3 if s else 0 for s in timed], width, label=config if any(timed) else None, color=f"C{index}"
-        )
+        latency.bar(x, [s * 1e3 if s else 0 for s in timed], width, label=config if any(timed) else None, color=f"C{index}")
         if any(sequential):
             latency.bar(
                 x,
@@ -535,13 +511,9 @@ def draw_chart(models: list[tuple[str, dict, dict]], path: Path) -> None:
     relative_width = 0.8 / max(1, len(speeds))
     for index, config in enumerate(speeds):
         x = [m + index * relative_width for m in positions]
-        relative.bar(
-            x, [speed or 0 for speed in speeds[config]], relative_width, label=config, color=f"C{configs.index(config)}"
-        )
+        relative.bar(x, [speed or 0 for speed in speeds[config]], relative_width, label=config, color=f"C{configs.index(config)}")
     for axis, bar_width in ((latency, width), (relative, relative_width)):
-        axis.set_xticks(
-            [m + 0.4 - bar_width / 2 for m in positions], [name for name, _, _ in models], rotation=20, fontsize=8
-        )
+        axis.set_xticks([m + 0.4 - bar_width / 2 for m in positions], [name for name, _, _ in models], rotation=20, fontsize=8)
     latency.set_yscale("log")
     latency.set_ylabel("median latency, ms (log)")
     latency.set_title("solid: timed in turns; hatched: measured one after another", fontsize=9)

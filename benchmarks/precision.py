@@ -194,13 +194,7 @@ def collage_name(precision: str) -> str:
 
 
 def optimize(
-    onnx: Path,
-    precision: str,
-    backends: str,
-    out: Path,
-    extra: tuple = (),
-    cost_db: Path | None = None,
-    timeout_s: float | None = None,
+    onnx: Path, precision: str, backends: str, out: Path, extra: tuple = (), cost_db: Path | None = None, timeout_s: float | None = None
 ) -> dict | None:
     """Collage's run and its results.json; ``{"error": ...}`` when it failed; None when it was stopped after
     ``timeout_s`` (the benchmark's budget ran out: nothing to record)."""
@@ -275,9 +269,7 @@ def relative_errors(name: str, batch: int, libraries: dict) -> dict:
     from collage_core.build.deploy import load_vm
 
     for contender, library in libraries.items():
-        result = load_vm(library)["main"](
-            tvm_compat.to_tensor(example.numpy(), tvm_compat.device_for(tvm_compat.host_cpu_target()))
-        )
+        result = load_vm(library)["main"](tvm_compat.to_tensor(example.numpy(), tvm_compat.device_for(tvm_compat.host_cpu_target())))
         errors[contender] = error(tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0]))
     return errors
 
@@ -290,9 +282,7 @@ def measure(name: str, batch: int, backends: str, raw: Path, again: tuple = ()) 
         return json.loads(path.read_text())
     onnx = _onnx_file(name, batch)
     work = Path(tempfile.mkdtemp(prefix=f"precision-{name}-"))
-    record = (
-        json.loads(path.read_text()) if again else {"model": name, "batch": batch, "backends": backends, "collage": {}}
-    )
+    record = json.loads(path.read_text()) if again else {"model": name, "batch": batch, "backends": backends, "collage": {}}
     libraries = {}
     for precision in PRECISIONS:
         kept = record["collage"].get(precision, {})
@@ -364,9 +354,7 @@ def measure_on_gpu(
     budget = budget or Budget(None)
     path = raw / f"{_stem(name, batch)}.json"
     record = (
-        json.loads(path.read_text())
-        if path.exists()
-        else {"model": name, "batch": batch, "backends": backends, "collage": {}, "peers": {}}
+        json.loads(path.read_text()) if path.exists() else {"model": name, "batch": batch, "backends": backends, "collage": {}, "peers": {}}
     )
     raw.mkdir(parents=True, exist_ok=True)
 
@@ -392,10 +380,7 @@ def measure_on_gpu(
             print(f"{name} b{batch}: {mode} at {precision} (stopped after {timeout_s:.0f} s)", flush=True)
             result = run_peer(name, batch, mode, precision, timeout_s)
             if "timed_out_s" in result and timeout_s < peer_timeout_s:
-                print(
-                    f"{name} b{batch}: {mode} at {precision} cut short by the budget: measured in a later call",
-                    flush=True,
-                )
+                print(f"{name} b{batch}: {mode} at {precision} cut short by the budget: measured in a later call", flush=True)
                 return record
             print(f"{name} b{batch}: {mode} at {precision}: {json.dumps(result)}", flush=True)
             # The precisions measured before stay; an entry of records older than one process per precision goes.
@@ -403,9 +388,7 @@ def measure_on_gpu(
             keep()
     cost_db = Path(tempfile.gettempdir()) / "collage-precision" / f"{_stem(name, batch)}.sqlite"
     cost_db.parent.mkdir(parents=True, exist_ok=True)
-    for spec in (
-        precisions if only != "peers" else ()
-    ):  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
+    for spec in precisions if only != "peers" else ():  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
         if wanted(record["collage"].get(spec)):
             onnx = _onnx_file(name, batch) if budget.left() >= 60 else None  # made by scripts/make_hf_models.py once
             left = budget.left()
@@ -419,17 +402,11 @@ def measure_on_gpu(
                 *(("--accuracy-budget", accuracy_budget) if accuracy_budget else ()),
                 *(() if compare else ("--no-compare",)),
             )
-            print(
-                f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}",
-                flush=True,
-            )
+            print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}", flush=True)
             out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-").replace("+", "-")
             run = optimize(onnx, precision, run_backends, out, extra, cost_db, None if left == float("inf") else left)
             if run is None:
-                print(
-                    f"{name} b{batch}: Collage at {spec} cut short by the budget: made again in a later call",
-                    flush=True,
-                )
+                print(f"{name} b{batch}: Collage at {spec} cut short by the budget: made again in a later call", flush=True)
                 return record
             record["collage"][spec] = run
             keep()
@@ -444,16 +421,8 @@ def left_to_measure(record: dict, precisions, modes, only: str = "", retry_faile
 
     asked = sorted({parse_run(spec, record["backends"])[0] for spec in precisions}, key=GPU_PRECISIONS.index)
     where = f"{record['model']} b{record['batch']}"
-    peers = [
-        f"{where} {mode} {p}"
-        for mode in modes
-        if only != "collage"
-        for p in asked
-        if wanted(record["peers"].get(mode, {}).get(p))
-    ]
-    return peers + [
-        f"{where} Collage {spec}" for spec in precisions if only != "peers" and wanted(record["collage"].get(spec))
-    ]
+    peers = [f"{where} {mode} {p}" for mode in modes if only != "collage" for p in asked if wanted(record["peers"].get(mode, {}).get(p))]
+    return peers + [f"{where} Collage {spec}" for spec in precisions if only != "peers" and wanted(record["collage"].get(spec))]
 
 
 def _placed(run: dict) -> dict:
@@ -541,9 +510,7 @@ def peers_table(records: list[dict]) -> list[str]:
             if work.get("device"):
                 devices.add(work["device"])
             fraction = work.get("fraction_of_peak")
-            collage = (
-                f"{collage_s * 1e3:.3f}" if collage_s else (f"failed ({len(notes) + 1})" if "error" in run else "-")
-            )
+            collage = f"{collage_s * 1e3:.3f}" if collage_s else (f"failed ({len(notes) + 1})" if "error" in run else "-")
             if "error" in run:
                 notes.append(f"{where}, Collage: {run['error']}")
             cells = [
@@ -563,10 +530,7 @@ def peers_table(records: list[dict]) -> list[str]:
     if ratios:
         geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         verdict = f"{1 / geomean:.2f}x faster" if geomean < 1 else f"{geomean:.2f}x slower" if geomean > 1 else "level"
-        lines += [
-            "",
-            f"Geomean of Collage / fastest peer over {len(ratios)} of {rows} rows: {geomean:.2f} (Collage {verdict}).",
-        ]
+        lines += ["", f"Geomean of Collage / fastest peer over {len(ratios)} of {rows} rows: {geomean:.2f} (Collage {verdict})."]
     if devices:
         lines += ["", f"Collage's runs recorded the device as {'; '.join(sorted(devices))}."]
     if peaks:
@@ -633,13 +597,7 @@ def gpu_report(
         ),
         "- \"bf16, budget E\": Collage with `--accuracy-budget E` (the error of its outputs at most E, measured); the peers "
         "beside it are the same bf16 runs, held to no budget.",
-        *(
-            [
-                "- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database."
-            ]
-            if added
-            else []
-        ),
+        *(["- \"fp16 + B\": Collage with backend B besides the section's backends, in the same run and cost database."] if added else []),
         "",
         *peers_table(records),
         "",
@@ -664,9 +622,7 @@ def gpu_report(
             placed = _placed(run)
             cost = placed.get("cost", {})
             collage_s = cost.get("median_s")
-            mix = ", ".join(f"{b} {n}" for b, n in sorted(placed.get("operators_by_backend", {}).items())) or run.get(
-                "error", "-"
-            )
+            mix = ", ".join(f"{b} {n}" for b, n in sorted(placed.get("operators_by_backend", {}).items())) or run.get("error", "-")
             fitted = results.get("accuracy_budget")
             if fitted:
                 mix += f"; {len(fitted['float32_units'])} of {fitted['units']} units in float32 ({len(fitted['probes'])} probes)"
@@ -756,9 +712,7 @@ def main() -> None:
     parser.add_argument("--models", default="bert-base,resnet50")
     parser.add_argument("--batches", default="1")
     parser.add_argument(
-        "--backends",
-        default=None,
-        help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)",
+        "--backends", default=None, help="Collage's backends (default: tvm,dnnl,onnxruntime,openvino; with --device cuda tvm,cublas,cudnn)"
     )
     parser.add_argument("--raw", type=Path, default=None, help="default: benchmarks/raw-precision[-cuda]")
     parser.add_argument("--report", type=Path, default=None, help="default: benchmarks/PRECISION[-cuda].md")
@@ -768,17 +722,13 @@ def main() -> None:
         default=",".join(DEFAULT_GPU_PRECISIONS),
         help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E",
     )
-    parser.add_argument(
-        "--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone"
-    )
+    parser.add_argument("--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone")
     parser.add_argument(
         "--modes",
         default=",".join(DEFAULT_GPU_MODES),
         help=f"with --device cuda: the PyTorch peers, 'all' for every one ({', '.join(GPU_MODES)})",
     )
-    parser.add_argument(
-        "--only", choices=["peers", "collage"], default="", help="with --device cuda: measure only these"
-    )
+    parser.add_argument("--only", choices=["peers", "collage"], default="", help="with --device cuda: measure only these")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -792,15 +742,12 @@ def main() -> None:
         default=PEER_TIMEOUT_S,
         help="with --device cuda: a peer's process still running after this long is recorded as timed out",
     )
-    parser.add_argument(
-        "--retry-failed", action="store_true", help="with --device cuda: measure again what failed or timed out"
-    )
+    parser.add_argument("--retry-failed", action="store_true", help="with --device cuda: measure again what failed or timed out")
     parser.add_argument("--only-report", action="store_true")
     parser.add_argument(
         "--again",
         default="",
-        help="CPU: make these precisions' Collage runs anew and time everything in "
-        "turns again, the other precisions' libraries kept",
+        help="CPU: make these precisions' Collage runs anew and time everything in turns again, the other precisions' libraries kept",
     )
     args = parser.parse_args()
     if args.device == "cuda":
@@ -839,9 +786,7 @@ def main() -> None:
                 for item in left_to_measure(record, args.precisions.split(","), modes, args.only, args.retry_failed)
             ]
             print(
-                f"{len(left)} left to measure ({', '.join(left)}): run the same command again"
-                if left
-                else "nothing left to measure",
+                f"{len(left)} left to measure ({', '.join(left)}): run the same command again" if left else "nothing left to measure",
                 flush=True,
             )
         shown = [a for a in sys.argv[1:] if a not in ("--only-report", "--retry-failed")]
@@ -865,9 +810,7 @@ def main() -> None:
                 if path.exists():
                     records.append(json.loads(path.read_text()))
                 continue
-            records.append(
-                measure(name, batch, args.backends, args.raw, tuple(args.again.split(",")) if args.again else ())
-            )
+            records.append(measure(name, batch, args.backends, args.raw, tuple(args.again.split(",")) if args.again else ()))
     text = report(records)
     (args.report or HERE / "PRECISION.md").write_text(text + "\n")
     print(text)

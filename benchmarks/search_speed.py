@@ -65,11 +65,7 @@ def worktree(ref: str, where: Path) -> Path:
     """A checkout of ``ref`` under ``where``, for running the Collage core as it was."""
     path = where / "before"
     subprocess.run(
-        ["git", "worktree", "add", "--detach", str(path), ref],
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        ["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     return path
 
@@ -77,10 +73,7 @@ def worktree(ref: str, where: Path) -> Path:
 def code_path(core: Path) -> list[str]:
     """What goes first on the path to run the checkout ``core`` as it was: its core and its own plugins
     (the installed plugins' entry points then load those: plugins of this checkout may need a newer core)."""
-    return [
-        str(core),
-        *(str(plugin) for plugin in sorted((core / "plugins").iterdir()) if (plugin / "pyproject.toml").is_file()),
-    ]
+    return [str(core), *(str(plugin) for plugin in sorted((core / "plugins").iterdir()) if (plugin / "pyproject.toml").is_file())]
 
 
 def failed_plugins(stderr: str) -> list[str]:
@@ -123,11 +116,7 @@ def run(model: Path, state: Path, core: Path | None, extra: list[str], log: Path
     failed = failed_plugins(done.stderr)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {
-            "error": lines[-1] if lines else f"exit code {done.returncode}",
-            "wall_s": wall_s,
-            "failed_plugins": failed,
-        }
+        return {"error": lines[-1] if lines else f"exit code {done.returncode}", "wall_s": wall_s, "failed_plugins": failed}
     result = json.loads((state / "out" / "results.json").read_text())
     result.update(wall_s=wall_s, failed_plugins=failed)
     return result
@@ -155,9 +144,7 @@ def in_turns(libraries: dict[str, Path], model: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--models", default="quickstart", help="quickstart, bert-base, gpt2, resnet50, ... (comma-separated)"
-    )
+    parser.add_argument("--models", default="quickstart", help="quickstart, bert-base, gpt2, resnet50, ... (comma-separated)")
     parser.add_argument("--batches", default="1")
     parser.add_argument("--before", metavar="REF", help="also run the Collage core at this git revision")
     parser.add_argument("--extra", default="", help="more `collage optimize` arguments, as one string")
@@ -179,11 +166,7 @@ def main() -> None:
                     for temperature in ("cold", "warm"):
                         for variant, core in variants.items():
                             print(f"{label}: {variant}, {temperature} ...", file=sys.stderr, flush=True)
-                            log = (
-                                args.logs / f"{label}-{variant}-{temperature}.log".replace(" ", "-")
-                                if args.logs
-                                else None
-                            )
+                            log = args.logs / f"{label}-{variant}-{temperature}.log".replace(" ", "-") if args.logs else None
                             result = run(model, states[variant], core, extra, log)
                             rows.append((label, variant, temperature, result))
                             shown = result.get("error") or ", ".join(
@@ -230,11 +213,7 @@ def print_table(rows, turns, before_ref) -> None:
     for row in lines:
         print("  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     missing = sorted(
-        {
-            (label, variant, ", ".join(result["failed_plugins"]))
-            for label, variant, _, result in rows
-            if result.get("failed_plugins")
-        }
+        {(label, variant, ", ".join(result["failed_plugins"])) for label, variant, _, result in rows if result.get("failed_plugins")}
     )
     for label, variant, plugins in missing:
         print(f"  {label} {variant}: ran without the plugins it could not import: {plugins}")

@@ -62,9 +62,7 @@ def refuse_unless_met(name: str, rule: Rule, value: Any, of: str = "optimize") -
         raise rule.error(message if rule.names_itself else f"{of}: {message}")
 
 
-def described(
-    default: Any, rule: Rule, help: str, converter: Optional[Callable[[Any], Any]] = None, **metadata: Any
-) -> Any:
+def described(default: Any, rule: Rule, help: str, converter: Optional[Callable[[Any], Any]] = None, **metadata: Any) -> Any:
     """A record's field: its default, the rule its value must meet and a one-line help text (the
     ``collage`` command's ``--help`` for its option), more ``metadata`` if any. Nothing is checked as
     the record is made: the record holding it checks it (see ``collage_core.options``)."""
@@ -180,9 +178,7 @@ def _shown(value: Any) -> str:
 
 
 def _inputs_problem(value: Any) -> str:
-    return (
-        "" if value is None or isinstance(value, (list, tuple)) else f"must be a tuple of tensors, not {_shown(value)}"
-    )
+    return "" if value is None or isinstance(value, (list, tuple)) else f"must be a tuple of tensors, not {_shown(value)}"
 
 
 # A PyTorch module's example inputs (None for a model that knows its own).

@@ -70,9 +70,7 @@ def _registering(pm, registered):
             raise BackendError(f"plugin {current['plugin']} registered {backend!r}, not a Backend")
         if backend.name in registered:
             owner = registered[backend.name][1]
-            raise BackendError(
-                f"backend {backend.name!r} of plugin {current['plugin']} is already registered by {owner}"
-            )
+            raise BackendError(f"backend {backend.name!r} of plugin {current['plugin']} is already registered by {owner}")
         registered[backend.name] = (backend, current["plugin"])
 
     for impl in reversed(pm.hook.collage_register_backends.get_hookimpls()):
@@ -148,25 +146,19 @@ def serves(info: BackendInfo, target) -> bool:
     return device_kind(target) in info.backend.device_kinds
 
 
-def contribute_patterns(
-    pm: CollagePluginManager, backend: Backend, target: tvm.target.Target, precision: str = FP32
-) -> list[Pattern]:
+def contribute_patterns(pm: CollagePluginManager, backend: Backend, target: tvm.target.Target, precision: str = FP32) -> list[Pattern]:
     """The patterns every plugin contributes for ``backend`` at ``precision``; a plugin that raises is skipped
     with a warning. A TF32 pattern contributed at another precision is an error naming the plugin."""
     patterns: list[Pattern] = []
     calls = call_each(pm.hook.collage_contribute_patterns, backend=backend, target=target, precision=precision)
     for plugin_name, result, error in calls:
         if error:
-            log.warning(
-                "plugin %s: collage_contribute_patterns raised %s; its patterns are left out", plugin_name, error
-            )
+            log.warning("plugin %s: collage_contribute_patterns raised %s; its patterns are left out", plugin_name, error)
             continue
         for pattern in result or ():
             if not isinstance(pattern, Pattern) or pattern.backend != backend.name:
                 raise BackendError(f"plugin {plugin_name} contributed {pattern!r} for backend {backend.name}")
             if computes_tf32(pattern.name) and precision != TF32:
-                raise BackendError(
-                    f"plugin {plugin_name} contributed the TF32 pattern {pattern.name} at precision {precision}"
-                )
+                raise BackendError(f"plugin {plugin_name} contributed the TF32 pattern {pattern.name} at precision {precision}")
             patterns.append(pattern)
     return patterns

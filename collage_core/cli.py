@@ -135,12 +135,7 @@ def _option(parser, path: str, *flags: str, default_said: str = "", **how) -> No
     if rule is BOOLEAN:
         action = "store_false" if field.default else "store_true"
         parser.add_argument(
-            *flags,
-            dest=path,
-            action=action,
-            default=field.default,
-            help=f"do not {help}" if field.default else help,
-            **how,
+            *flags, dest=path, action=action, default=field.default, help=f"do not {help}" if field.default else help, **how
         )
         return
     if default_said:
@@ -149,9 +144,7 @@ def _option(parser, path: str, *flags: str, default_said: str = "", **how) -> No
         help = f"{help} (default: %(default)s)"
     if rule.choices is None:
         how.setdefault("metavar", flags[-1].lstrip("-").upper().replace("-", "_"))
-    parser.add_argument(
-        *flags, dest=path, type=_read_by(rule), default=field.default, help=help, choices=rule.choices, **how
-    )
+    parser.add_argument(*flags, dest=path, type=_read_by(rule), default=field.default, help=help, choices=rule.choices, **how)
 
 
 def _read_by(rule: Rule) -> Callable[[str], object]:
@@ -192,23 +185,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     inspect = commands.add_parser(
-        "inspect",
-        parents=[strict],
-        help="the imported Relax and what each backend's patterns match and refuse, without measuring",
+        "inspect", parents=[strict], help="the imported Relax and what each backend's patterns match and refuse, without measuring"
     )
     inspect.add_argument("model", help="an ONNX file")
     _option(inspect, "target", "--target")
     _option(inspect, "backends", "--backends", metavar="A,B")
     inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
     inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
-    inspect.add_argument(
-        "--precision", choices=PRECISIONS, default=FP32, help="inspect the model converted to this precision"
-    )
+    inspect.add_argument("--precision", choices=PRECISIONS, default=FP32, help="inspect the model converted to this precision")
     inspect.set_defaults(command=_inspect)
 
-    optimize = commands.add_parser(
-        "optimize", parents=[strict], help="measure, search, build and verify a placement for a model"
-    )
+    optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
     optimize.add_argument("model", help="an ONNX file")
     _option(optimize, "target", "--target")
     _option(optimize, "backends", "--backends", metavar="A,B")
@@ -223,12 +210,8 @@ def _parser() -> argparse.ArgumentParser:
     _option(optimize, "placement", "--placement", metavar="FILE")
     compare = optimize.add_mutually_exclusive_group()
     compare_help = field_at("compare_backends").metadata["help"]
-    compare.add_argument(
-        "--compare", dest="compare_backends", action="store_const", const=True, default=None, help=compare_help
-    )
-    compare.add_argument(
-        "--no-compare", dest="compare_backends", action="store_const", const=False, help=f"do not {compare_help}"
-    )
+    compare.add_argument("--compare", dest="compare_backends", action="store_const", const=True, default=None, help=compare_help)
+    compare.add_argument("--no-compare", dest="compare_backends", action="store_const", const=False, help=f"do not {compare_help}")
     _option(optimize, "cost_db", "--cost-db", metavar="FILE")
     _option(optimize, "remeasure_invalid", "--remeasure-invalid")
     _option(optimize, "search", "--search")
@@ -260,8 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export",
         parents=[strict],
-        help="rebuild a placement (no measuring), export it for "
-        "deployment, and load and run what was written once in a new process",
+        help="rebuild a placement (no measuring), export it for deployment, and load and run what was written once in a new process",
     )
     export.add_argument("model", help="the ONNX file the placement was made for")
     export.add_argument("--placement", required=True, help="a placement.json written by collage optimize")
@@ -281,8 +263,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         default=None,
-        help="write the picture here: .svg, .png, .html (picture and "
-        "explanation) or .dot (without -o: print the explanation)",
+        help="write the picture here: .svg, .png, .html (picture and explanation) or .dot (without -o: print the explanation)",
     )
     show.add_argument("--explain", action="store_true", help="with -o, print the explanation as well")
     show.set_defaults(command=_show)
@@ -299,9 +280,7 @@ def _backends(args) -> int:
             availability = f"yes, when named (--backends ...,{name})"
         elif info.availability.available and not isinstance(default, bool):
             named_on = [kind for kind in info.backend.device_kinds if kind not in default]
-            availability = (
-                f"yes, by default on {','.join(default)}; on {','.join(named_on)} when named (--backends ...,{name})"
-            )
+            availability = f"yes, by default on {','.join(default)}; on {','.join(named_on)} when named (--backends ...,{name})"
         backend = info.backend
         rows.append([name, backend.kind, ",".join(backend.device_kinds), backend.version, info.plugin, availability])
     print(format_table(["backend", "kind", "devices", "version", "plugin", "available"], rows))
@@ -319,9 +298,7 @@ def default_output(model: str) -> Path:
 def _optimize(args) -> int:
     options = options_from(args)
     if options.compare_backends and options.placement is None:
-        raise CollageError(
-            "--compare is for --placement: a search compares its placement with the baselines unless --no-compare"
-        )
+        raise CollageError("--compare is for --placement: a search compares its placement with the baselines unless --no-compare")
     output = Path(options.output_dir) if options.output_dir else default_output(args.model)
     if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are
@@ -329,10 +306,9 @@ def _optimize(args) -> int:
     print(render_report(result))
     saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
     saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
-    saved += [
-        f"{output / SEARCHED_PLACEMENT_FILE} (the search's placement, which lost the contest; replay it with "
-        f"--placement)"
-    ] * (result.searched_placement is not None)
+    saved += [f"{output / SEARCHED_PLACEMENT_FILE} (the search's placement, which lost the contest; replay it with --placement)"] * (
+        result.searched_placement is not None
+    )
     carried = carried_dir(output / f"{result.model.name}.so")
     saved += [f"{carried}/ (the native kernels the library carries)"] * carried.is_dir()
     print(f"\nsaved: {', '.join(str(path) for path in saved)}")
@@ -355,19 +331,11 @@ def _export(args) -> int:
     # The replay's library and files are only a means to the tar: kept in a folder removed however the export ends.
     with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
         options = OptimizeOptions(
-            target=args.target,
-            backends=backends,
-            placement=args.placement,
-            compare_backends=False,
-            show_progress=False,
-            output_dir=replay,
+            target=args.target, backends=backends, placement=args.placement, compare_backends=False, show_progress=False, output_dir=replay
         )
         result = optimizer.optimize(args.model, options=options)
         path = export_mlf(result, args.output, check_inputs=result.model.random_inputs())
-    print(
-        f"saved: {path} (Model Library Format; loaded and run once in a new process; load it with "
-        "collage_core.outputs.mlf.load_mlf)"
-    )
+    print(f"saved: {path} (Model Library Format; loaded and run once in a new process; load it with collage_core.outputs.mlf.load_mlf)")
     if result.verification is not None and not result.verification.passed:
         print(result.verification.describe(), file=sys.stderr)
         return EXIT_NUMERICS

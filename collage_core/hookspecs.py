@@ -98,9 +98,7 @@ def collage_lower_whole_model(
 
 
 @hookspec(firstresult=True)
-def collage_measure_candidate(
-    backend: Backend, mod: tvm.IRModule, target: tvm.target.Target, settings: MeasureSettings
-) -> Cost | None:
+def collage_measure_candidate(backend: Backend, mod: tvm.IRModule, target: tvm.target.Target, settings: MeasureSettings) -> Cost | None:
     """Measure the latency of ``mod["main"]`` (one candidate, standalone) on ``backend``.
 
     Optional: the core's default measurement lowers the candidate as one partition, builds it

@@ -80,14 +80,7 @@ def inspect_model(
         refusals: list[Refusal] = []
         candidates = enumerate_candidates(graph, patterns, refusals)
         views.append(BackendView(info.name, tuple(p.name for p in patterns), tuple(candidates), tuple(refusals)))
-    return Inspection(
-        imported.name,
-        tvm_compat.device_name(target),
-        graph,
-        imported.mod.script(show_meta=False),
-        tuple(views),
-        unavailable,
-    )
+    return Inspection(imported.name, tvm_compat.device_name(target), graph, imported.mod.script(show_meta=False), tuple(views), unavailable)
 
 
 def render_inspection(inspection: Inspection, show_relax: bool = True, show_candidates: bool = False) -> str:
@@ -99,23 +92,13 @@ def render_inspection(inspection: Inspection, show_relax: bool = True, show_cand
     rows = []
     for view in inspection.views:
         rows.append(
-            [
-                view.name,
-                str(len(view.patterns)),
-                str(len(view.candidates)),
-                f"{len(view.covered())} of {len(ops)}",
-                str(len(view.refusals)),
-            ]
+            [view.name, str(len(view.patterns)), str(len(view.candidates)), f"{len(view.covered())} of {len(ops)}", str(len(view.refusals))]
         )
     sections.append(format_table(["backend", "patterns", "candidates", "operators covered", "matches refused"], rows))
     for name, reason in inspection.unavailable:
         sections.append(
             f"{name}: not available here ({reason})"
-            + (
-                "; its patterns are inspected all the same"
-                if any(view.name == name for view in inspection.views)
-                else ""
-            )
+            + ("; its patterns are inspected all the same" if any(view.name == name for view in inspection.views) else "")
         )
     for view in inspection.views:
         sections += ["", f"## {view.name}", _pattern_table(view, ops)]
@@ -128,16 +111,12 @@ def render_inspection(inspection: Inspection, show_relax: bool = True, show_cand
     uncovered = set(range(len(ops))) - set().union(*(view.covered() for view in inspection.views))
     if uncovered:
         counts = Counter(ops[node] for node in uncovered)
-        sections += [
-            "",
-            "operators no selected backend takes: " + ", ".join(f"{op} x{n}" for op, n in sorted(counts.items())),
-        ]
+        sections += ["", "operators no selected backend takes: " + ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))]
     broken = inspection.broken_checks()
     if broken:
         sections += [
             "",
-            f"{len(broken)} matches were refused because a check raised (a bug in the plugin): "
-            f"{broken[0].pattern}: {broken[0].reason}",
+            f"{len(broken)} matches were refused because a check raised (a bug in the plugin): {broken[0].pattern}: {broken[0].reason}",
         ]
     return "\n".join(sections)
 

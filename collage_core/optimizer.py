@@ -22,11 +22,7 @@ from collage_core.search import stage as search_stage
 
 
 def optimize(
-    model: Any,
-    *,
-    example_inputs: Optional[Sequence[Any]] = None,
-    options: Optional[OptimizeOptions] = None,
-    **chosen: Any,
+    model: Any, *, example_inputs: Optional[Sequence[Any]] = None, options: Optional[OptimizeOptions] = None, **chosen: Any
 ) -> OptimizedModel:
     """Place ``model`` on the fastest mix of backends for a target, as ``options`` say (an
     :class:`OptimizeOptions`; default: every default), each option also given by its name, which wins
@@ -69,22 +65,8 @@ def optimize(
         held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock)
         placed_model, target = held.imported.model, imported.target
         graph = RelaxGraph.from_function(placed_model.mod["main"], placed_model.mod)
-        say(
-            f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; "
-            f"target {target}"
-        )
-        job = Job(
-            placed_model,
-            graph,
-            target,
-            pm,
-            backends,
-            options.settings,
-            folder.path,
-            say,
-            options.show_progress,
-            folder.scratch,
-        )
+        say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; target {target}")
+        job = Job(placed_model, graph, target, pm, backends, options.settings, folder.path, say, options.show_progress, folder.scratch)
         placed = search_stage.place(job, options, search, clock)
 
         library = output_folder.library_file(folder.path, placed_model.name)
@@ -116,9 +98,7 @@ def optimize(
                 folder,
             )
 
-        finished = build_stage.build_and_compare(
-            job, placed, options, search, imported.replayed, library, folder, held.fit, clock
-        )
+        finished = build_stage.build_and_compare(job, placed, options, search, imported.replayed, library, folder, held.fit, clock)
         return kept(
             OptimizedModel(
                 placed_model,

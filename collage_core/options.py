@@ -10,18 +10,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
-from collage_core.api_checks import (
-    BACKEND_NAMES,
-    BOOLEAN,
-    PATH,
-    Rule,
-    described,
-    instance_of,
-    number,
-    one_of,
-    refuse_unless_met,
-    whole,
-)
+from collage_core.api_checks import BACKEND_NAMES, BOOLEAN, PATH, Rule, described, instance_of, number, one_of, refuse_unless_met, whole
 from collage_core.errors import CollageError
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, NEEDS_REFERENCE, AccuracyBudgetError
@@ -53,9 +42,7 @@ class OptimizeOptions:
     Made, it is checked (:meth:`check`): a record that exists holds options that can run together."""
 
     target: Any = described(
-        None,
-        TARGET,
-        'a TVM target: a name such as llvm or cuda, or JSON such as \'{"kind": "llvm"}\' (default: this CPU)',
+        None, TARGET, 'a TVM target: a name such as llvm or cuda, or JSON such as \'{"kind": "llvm"}\' (default: this CPU)'
     )
     backends: Optional[Sequence[str]] = described(
         None,
@@ -75,15 +62,12 @@ class OptimizeOptions:
         "two-level (default when a graph-level backend is "
         "selected) also evolves which op groups go to graph-level backends, scored by end-to-end latency",
     )
-    two_level: TwoLevelSettings = described(
-        TwoLevelSettings(), instance_of(TwoLevelSettings), "the two-level search's settings"
-    )
+    two_level: TwoLevelSettings = described(TwoLevelSettings(), instance_of(TwoLevelSettings), "the two-level search's settings")
     cost_db: Any = described(None, PATH.or_none(), "cost database (default: $COLLAGE_COST_DB or the user cache)")
     output_dir: Any = described(
         None,
         PATH.or_none(),
-        "folder for placement.json, the library and report.txt, the "
-        "best placement so far saved there as the search goes",
+        "folder for placement.json, the library and report.txt, the best placement so far saved there as the search goes",
     )
     settings: MeasureSettings = described(MeasureSettings(), instance_of(MeasureSettings), "how hard to measure")
     compare_backends: Optional[bool] = described(
@@ -96,19 +80,14 @@ class OptimizeOptions:
     baseline_limit_s: Optional[float] = described(
         DEFAULT_BASELINE_LIMIT_S,
         number(0).or_none(),
-        "stop a baseline whose one run takes longer than this many "
-        "seconds and report it as stopped (0 or None: no limit)",
+        "stop a baseline whose one run takes longer than this many seconds and report it as stopped (0 or None: no limit)",
         converter=_no_limit_at_zero,
     )
     calibration_rounds: int = described(
-        DEFAULT_ROUNDS,
-        whole(0),
-        "re-searches of the op-level placement with per-partition costs measured end to end (0: none)",
+        DEFAULT_ROUNDS, whole(0), "re-searches of the op-level placement with per-partition costs measured end to end (0: none)"
     )
     verify: bool = described(
-        True,
-        BOOLEAN,
-        "verify the outputs against the model's reference (ONNX Runtime or PyTorch) within the precision's tolerance",
+        True, BOOLEAN, "verify the outputs against the model's reference (ONNX Runtime or PyTorch) within the precision's tolerance"
     )
     show_progress: bool = described(
         True, BOOLEAN, "say what the run is doing on stderr", api_only="the command always says what it is doing"
@@ -128,9 +107,7 @@ class OptimizeOptions:
         "ref| over max |ref| against the float32 reference on the verification inputs; parts of the model go back to "
         "float32, chosen by measured error, until the placement holds it",
     )
-    accuracy_blocks: int = described(
-        DEFAULT_BLOCKS, whole(1), "with an accuracy budget: how many blocks the model's units are probed in"
-    )
+    accuracy_blocks: int = described(DEFAULT_BLOCKS, whole(1), "with an accuracy budget: how many blocks the model's units are probed in")
     remeasure_invalid: bool = described(
         False,
         BOOLEAN,
@@ -162,14 +139,11 @@ class OptimizeOptions:
             if attrs.has(type(value)):
                 for inner in attrs.fields(type(value)):
                     if "rule" in inner.metadata:
-                        refuse_unless_met(
-                            f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name)
-                        )
+                        refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
         if self.accuracy_budget is not None:
             if self.placement is not None:
                 raise AccuracyBudgetError(
-                    "--accuracy-budget searches; a placement file is replayed as it was made, "
-                    "with the units it kept in float32"
+                    "--accuracy-budget searches; a placement file is replayed as it was made, with the units it kept in float32"
                 )
             precision = self.precision or FP32
             if precision not in DTYPES:
@@ -190,8 +164,7 @@ def keyword_signature(function: Callable) -> inspect.Signature:
     signature = inspect.signature(function)
     kept = [parameter for parameter in signature.parameters.values() if parameter.kind is not parameter.VAR_KEYWORD]
     keywords = [
-        inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default)
-        for field in attrs.fields(OptimizeOptions)
+        inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default) for field in attrs.fields(OptimizeOptions)
     ]
     return signature.replace(parameters=kept + keywords)
 
@@ -212,9 +185,7 @@ def command_line_paths() -> Iterator[str]:
     (those marked ``api_only`` aside) and the nested records' fields that have a help text."""
     for field in attrs.fields(OptimizeOptions):
         if attrs.has(type(field.default)):
-            yield from (
-                f"{field.name}.{inner.name}" for inner in attrs.fields(type(field.default)) if "help" in inner.metadata
-            )
+            yield from (f"{field.name}.{inner.name}" for inner in attrs.fields(type(field.default)) if "help" in inner.metadata)
         elif "api_only" not in field.metadata:
             yield field.name
 

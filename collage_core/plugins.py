@@ -47,11 +47,7 @@ def call_each(hook, **kwargs):
     """
     for impl in reversed(hook.get_hookimpls()):
         try:
-            yield (
-                impl.plugin_name,
-                impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs}),
-                None,
-            )
+            yield (impl.plugin_name, impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs}), None)
         except Exception as error:
             reraise_interrupt(error)
             yield impl.plugin_name, None, f"{type(error).__name__}: {error}"

@@ -65,11 +65,7 @@ def whole_candidate(mod: tvm.IRModule, patterns: Sequence[Pattern], pattern_name
     """
     graph = RelaxGraph.from_function(mod["main"])
     everything = frozenset(range(len(graph.graph)))
-    found = [
-        c
-        for c in enumerate_candidates(graph, patterns)
-        if c.pattern == pattern_name and frozenset(c.nodes) == everything
-    ]
+    found = [c for c in enumerate_candidates(graph, patterns) if c.pattern == pattern_name and frozenset(c.nodes) == everything]
     return WholeCandidate(graph, found[0] if found else None)
 
 
@@ -118,9 +114,7 @@ def inputs_and_answer(standalone: tvm.IRModule, rng: np.random.Generator) -> tup
     return inputs, run_on_cpu(standalone, inputs).astype(np.float64)
 
 
-def assert_matches(
-    got: np.ndarray, expected: np.ndarray, out_dtype: str, rtol: float = 1e-4, atol: float = 1e-4
-) -> None:
+def assert_matches(got: np.ndarray, expected: np.ndarray, out_dtype: str, rtol: float = 1e-4, atol: float = 1e-4) -> None:
     """``got`` equals ``expected`` within ``rtol`` and ``atol`` for a float32 result, and within a few units in the
     last place (``sixteen_bit_atol``) for a 16-bit one: TVM's build rounds after each step."""
     if out_dtype == "float32":
@@ -129,23 +123,14 @@ def assert_matches(
         np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
 
 
-def operand_arrays(
-    operands: Sequence[relax.Expr], params: Sequence[relax.Var], inputs: Sequence[np.ndarray]
-) -> list[np.ndarray]:
+def operand_arrays(operands: Sequence[relax.Expr], params: Sequence[relax.Var], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The arrays a kernel's ``operands`` stand for: constants' values, and parameters' inputs (matched by name)."""
     by_name = {param.name: array for param, array in zip(params, inputs)}
     return [tvm_compat.constant_array(o) if tvm_compat.is_constant(o) else by_name[o.name] for o in operands]
 
 
 def contract_problems(
-    pm,
-    backend_name: str,
-    model,
-    target=None,
-    limit: int = 8,
-    rtol: float = 1e-4,
-    atol: float = 1e-5,
-    timed: bool = True,
+    pm, backend_name: str, model, target=None, limit: int = 8, rtol: float = 1e-4, atol: float = 1e-5, timed: bool = True
 ) -> list[str]:
     """What a plugin's hooks do against the contract, on ``model`` (an ONNX path, a Relax IRModule or
     anything ``collage_core.optimize`` takes): one line per problem, none when all is well.
@@ -181,9 +166,7 @@ def contract_problems(
         problems.append("the reason it is not available spans several lines; say it in one")
     patterns = contribute_patterns(pm, info.backend, target)
     problems += [
-        f"pattern {p.name!r} does not start with {backend_name!r} and a dot"
-        for p in patterns
-        if not p.name.startswith(f"{backend_name}.")
+        f"pattern {p.name!r} does not start with {backend_name!r} and a dot" for p in patterns if not p.name.startswith(f"{backend_name}.")
     ]
     imported = load_model(model)
     graph = RelaxGraph.from_function(imported.mod["main"], imported.mod)
@@ -201,9 +184,7 @@ def contract_problems(
         found = _candidate_problems(pm, info.backend, graph, candidate, target, rtol, atol, run_tvm_kernel)
         problems += [f"pattern {pattern}: {problem}" for problem in found]
     if pm.hook.collage_prepare_runtime(backend=info.backend) is None:
-        problems.append(
-            "collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)"
-        )
+        problems.append("collage_prepare_runtime answered nothing for it (return True when there is nothing to prepare)")
     return problems
 
 
@@ -218,10 +199,7 @@ def _refusal_reason_problems(refusals) -> list[str]:
             problems.add(f"pattern {refusal.pattern}: its check refuses with an empty reason; say why")
         elif "\n" in refusal.reason.strip():
             first_line = refusal.reason.strip().splitlines()[0]
-            problems.add(
-                f"pattern {refusal.pattern}: its check refuses with a reason of several lines "
-                f"({first_line!r} ...); say it in one"
-            )
+            problems.add(f"pattern {refusal.pattern}: its check refuses with a reason of several lines ({first_line!r} ...); say it in one")
     return sorted(problems)
 
 
@@ -262,9 +240,7 @@ def _candidate_problems(pm, backend, graph, candidate, target, rtol, atol, run_t
             result = relax.VirtualMachine(executable, device)["main"](*tensors)
     except Exception as error:
         return [f"running the built partition failed: {type(error).__name__}: {_last_line(error)}"]
-    problems = [
-        f"the built partition never called {name} when it ran" for name, count in sorted(calls.items()) if not count
-    ]
+    problems = [f"the built partition never called {name} when it ran" for name, count in sorted(calls.items()) if not count]
     got = tvm_compat.to_numpy(result if hasattr(result, "numpy") else result[0])
     expected = run_on_cpu(standalone, inputs)
     if got.shape != expected.shape or not np.allclose(got, expected, rtol=rtol, atol=atol):
@@ -285,11 +261,8 @@ def _multiline_lowering_errors(pm, backend, placed, target) -> list[str]:
     core shows only the last one."""
     names = partitions_by_backend(placed)[backend.name]
     return [
-        f"the lowering's error spans several lines and Collage shows only the last; say it in one "
-        f"({error.splitlines()[0]!r} ...)"
-        for _, _, error in call_each(
-            pm.hook.collage_lower_partitions, backend=backend, mod=placed, function_names=names, target=target
-        )
+        f"the lowering's error spans several lines and Collage shows only the last; say it in one ({error.splitlines()[0]!r} ...)"
+        for _, _, error in call_each(pm.hook.collage_lower_partitions, backend=backend, mod=placed, function_names=names, target=target)
         if error and "\n" in error.strip()
     ]
 
@@ -330,9 +303,7 @@ def _gelu_tanh_spelt_out(bb, x, dtype=F):
     return R.multiply(bb.emit(R.multiply(x, _scalar(0.5, dtype))), one)
 
 
-def product_case(
-    pattern_name: str, seed: int = 0, cast_to: str = F
-) -> tuple[Callable[..., relax.Expr], list[tuple[int, ...]]]:
+def product_case(pattern_name: str, seed: int = 0, cast_to: str = F) -> tuple[Callable[..., relax.Expr], list[tuple[int, ...]]]:
     """``(make(bb, *params), param shapes)`` for a function a product pattern ``<backend>.<pattern_name>`` covers
     whole, its name read as :func:`~collage_core.candidates.fused_groups.product_epilogues` and the GPU backends write
     it: ``dense[_t][_bias][_add][_reshape][_relu|_gelu|_gelu_erf|_silu]`` (``_gelu`` is tanh GELU) or
@@ -370,9 +341,7 @@ def product_case(
             if "relu" in parts:
                 v = bb.emit(R.nn.relu(v))
             if "gelu" in parts:
-                v = bb.emit(
-                    _gelu_erf_spelt_out(bb, v, cast_to) if "erf" in parts else _gelu_tanh_spelt_out(bb, v, cast_to)
-                )
+                v = bb.emit(_gelu_erf_spelt_out(bb, v, cast_to) if "erf" in parts else _gelu_tanh_spelt_out(bb, v, cast_to))
             if "silu" in parts:
                 v = bb.emit(R.multiply(v, bb.emit(R.sigmoid(v))))
             return v

@@ -61,15 +61,9 @@ def make_target(spec: TargetSpec) -> tvm.target.Target:
     try:
         return tvm.target.Target(spec)
     except Exception as error:  # TVM's message, in its first line
-        hint = (
-            " (TVM 0.27 takes a target as JSON: '{\"kind\": \"llvm\", \"mcpu\": ...}')"
-            if " " in str(spec.get("kind"))
-            else ""
-        )
+        hint = " (TVM 0.27 takes a target as JSON: '{\"kind\": \"llvm\", \"mcpu\": ...}')" if " " in str(spec.get("kind")) else ""
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise TargetError(
-            f"target {given!r}: {first.split(' Target creation from config dict failed')[0]}{hint}"
-        ) from None
+        raise TargetError(f"target {given!r}: {first.split(' Target creation from config dict failed')[0]}{hint}") from None
 
 
 def target_to_json(target: tvm.target.Target) -> str:
@@ -468,10 +462,7 @@ def from_onnx(proto):
             node.name = node.name or (node.output[0] if node.output else node.op_type)
         proto = named
     with _IMPORTER_PATCH:
-        original_map, original_convert = (
-            onnx_frontend._get_convert_map,
-            onnx_frontend.ONNXGraphImporter._convert_operator,
-        )
+        original_map, original_convert = (onnx_frontend._get_convert_map, onnx_frontend.ONNXGraphImporter._convert_operator)
         original_check = onnx.checker.check_model
         onnx_frontend._get_convert_map = lambda: _with_fixes(original_map())
         onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
@@ -529,9 +520,7 @@ def _constant_clip():
             return None
         dtype = str(x.ty.dtype)
         finite = float(np.finfo(dtype).max)
-        return bb.emit(
-            relax.op.clip(x, tvm.tirx.FloatImm(dtype, max(low, -finite)), tvm.tirx.FloatImm(dtype, min(high, finite)))
-        )
+        return bb.emit(relax.op.clip(x, tvm.tirx.FloatImm(dtype, max(low, -finite)), tvm.tirx.FloatImm(dtype, min(high, finite))))
 
     class ConstantClip(tvm_clip):
         @classmethod

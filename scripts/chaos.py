@@ -139,9 +139,7 @@ class Run:
             cmdline = table[pid][3]
             if "collage_core.measure.zygote" in cmdline:
                 kinds["zygote"].append(pid)
-                kinds["worker"].extend(
-                    child for child in children.get(pid, []) if "collage_core.measure.zygote" in table[child][3]
-                )
+                kinds["worker"].extend(child for child in children.get(pid, []) if "collage_core.measure.zygote" in table[child][3])
             elif "collage_core.measure.worker" in cmdline:
                 kinds["worker"].append(pid)
         return kinds
@@ -174,9 +172,7 @@ class Run:
         return " | ".join(lines[-3:])[-600:]
 
 
-def run_arguments(
-    rng: random.Random, model: Path, folder: Path, db: Path, backends: str, graph_level: str
-) -> list[str]:
+def run_arguments(rng: random.Random, model: Path, folder: Path, db: Path, backends: str, graph_level: str) -> list[str]:
     """A quick ``collage optimize``, in one of a few shapes so that kills land in every stage."""
     base = [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--cost-db", str(db), "-o", str(folder)]
     roll = rng.random()
@@ -197,16 +193,7 @@ def run_arguments(
     if roll < 0.35:
         return base + ["--backends", backends, "--search", "op-level", "--calibration-rounds", "1", "--no-compare"]
     if roll < 0.45:  # the baselines and the contest in turns
-        return base + [
-            "--backends",
-            backends,
-            "--search",
-            "op-level",
-            "--calibration-rounds",
-            "0",
-            "--baseline-limit",
-            "5",
-        ]
+        return base + ["--backends", backends, "--search", "op-level", "--calibration-rounds", "0", "--baseline-limit", "5"]
     return base + quick_arguments(backends)
 
 
@@ -248,20 +235,14 @@ def database_rows(db: Path) -> dict[tuple, tuple]:
 
 def lost_rows(before: dict, after: dict) -> list[tuple]:
     """Rows of ``before`` missing from ``after``, or measured before and no longer."""
-    return [
-        key
-        for key, (kind, _, _) in before.items()
-        if key not in after or (kind == "measured" and after[key][0] != "measured")
-    ]
+    return [key for key, (kind, _, _) in before.items() if key not in after or (kind == "measured" and after[key][0] != "measured")]
 
 
 def transient_kept_as_permanent(rows: dict) -> list[str]:
     from collage_core.measure.cost_db import TRANSIENT_REASON
 
     return [
-        reason
-        for kind, _, reason in rows.values()
-        if kind == "invalid" and FROM_OUTSIDE.search(reason) and TRANSIENT_REASON not in reason
+        reason for kind, _, reason in rows.values() if kind == "invalid" and FROM_OUTSIDE.search(reason) and TRANSIENT_REASON not in reason
     ]
 
 
@@ -307,9 +288,7 @@ def check_folder(folder: Path, model: Path, after_rerun: bool) -> list[str]:
         except (ValueError, OSError) as error:
             problems.append(f"{path}: {error}")
     for name in ("placement.json", "searched-placement.json"):
-        placements = [folder / name] + (
-            sorted((folder / "baselines").glob("*.json")) if name == "placement.json" else []
-        )
+        placements = [folder / name] + (sorted((folder / "baselines").glob("*.json")) if name == "placement.json" else [])
         for path in placements:
             if path in parsed:
                 try:
@@ -402,9 +381,7 @@ class Chaos:
         self.lost: set[tuple] = set()
         self.seen: dict[tuple, tuple] = {}
         self.slow_deaths: list[str] = []
-        self.folders = [
-            self.outputs / f"{model}-{letter}" for model in options.models for letter in "ab"[: options.folders]
-        ]
+        self.folders = [self.outputs / f"{model}-{letter}" for model in options.models for letter in "ab"[: options.folders]]
 
     def live(self) -> list[Run]:
         return [run for run in self.runs if run.process.poll() is None]
@@ -413,12 +390,7 @@ class Chaos:
         folder = self.rng.choice(self.folders)
         model = folder.name.rsplit("-", 1)[0]
         arguments = run_arguments(
-            self.rng,
-            ROOT / "models" / f"{model}.onnx",
-            folder,
-            self.db,
-            self.options.backends,
-            self.options.graph_level,
+            self.rng, ROOT / "models" / f"{model}.onnx", folder, self.db, self.options.backends, self.options.graph_level
         )
         number = len(self.runs)
         run = Run(number, model, folder, arguments, self.logs / f"run-{number}.log", self.env, self.watched)
@@ -487,9 +459,7 @@ class Chaos:
         self.kills[f"{kind} {sig.name}"] += 1
         ended = self.wait_gone(pid, entry[2])
         if not ended:
-            self.slow_deaths.append(
-                f"{kind} {pid} of run {run.number} still there {DEATH_LIMIT_S:g} s after {sig.name}"
-            )
+            self.slow_deaths.append(f"{kind} {pid} of run {run.number} still there {DEATH_LIMIT_S:g} s after {sig.name}")
             if kind == "main":  # where it is stuck: `collage` prints every thread's stack on SIGUSR1 (into its log)
                 os.kill(pid, signal.SIGUSR1)
                 time.sleep(1.0)
@@ -565,9 +535,7 @@ class Chaos:
             if run.outcome() == "failed"
         ]
         unclean = [
-            f"run {run.number}: exit {run.process.returncode}: {run.tail()}"
-            for run in self.runs
-            if run.outcome() == "terminated uncleanly"
+            f"run {run.number}: exit {run.process.returncode}: {run.tail()}" for run in self.runs if run.outcome() == "terminated uncleanly"
         ]
 
         rows = database_rows(self.db)
@@ -578,17 +546,13 @@ class Chaos:
         torn = [
             problem
             for folder in used
-            for problem in folder_problems(
-                folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", False, self.check_env
-            )
+            for problem in folder_problems(folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", False, self.check_env)
         ]
         reruns = [self.rerun(folder) for folder in self.folders]
         torn += [
             problem
             for folder in self.folders
-            for problem in folder_problems(
-                folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", True, self.check_env
-            )
+            for problem in folder_problems(folder, ROOT / "models" / f"{folder.name.rsplit('-', 1)[0]}.onnx", True, self.check_env)
         ]
         outlived = marked_processes(self.mark)
         new_files = listing(self.watched, (self.outputs, self.db.parent)) - watched_before
@@ -656,18 +620,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names of models/*.onnx")
     parser.add_argument("--backends", default="tvm,dnnl", help="op-level backends of every run")
-    parser.add_argument(
-        "--graph-level", default="onnxruntime", help="graph-level backend of the occasional two-level run ('' for none)"
-    )
+    parser.add_argument("--graph-level", default="onnxruntime", help="graph-level backend of the occasional two-level run ('' for none)")
     parser.add_argument("--lanes", type=int, default=2, help="runs at once")
     parser.add_argument("--folders", type=int, choices=(1, 2), default=2, help="output folders per model")
     parser.add_argument("--min-delay", type=float, default=0.5, help="least seconds between kills")
     parser.add_argument("--max-delay", type=float, default=12.0, help="most seconds between kills")
     parser.add_argument(
-        "--grace",
-        type=float,
-        default=120.0,
-        help="seconds the runs left after the last kill have to finish before they are killed",
+        "--grace", type=float, default=120.0, help="seconds the runs left after the last kill have to finish before they are killed"
     )
     parser.add_argument("--root", help="folder for the database, outputs and logs (default: a new temporary folder)")
     parser.add_argument("--check-folder", help=argparse.SUPPRESS)

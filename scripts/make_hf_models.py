@@ -57,12 +57,7 @@ def make_convnext_tiny() -> nn.Module:
     return Logits(ConvNextForImageClassification(config))
 
 
-IMAGE_MODELS = {
-    "resnet50": make_resnet50,
-    "mobilenetv2": make_mobilenetv2,
-    "vit-base": make_vit_base,
-    "convnext-tiny": make_convnext_tiny,
-}
+IMAGE_MODELS = {"resnet50": make_resnet50, "mobilenetv2": make_mobilenetv2, "vit-base": make_vit_base, "convnext-tiny": make_convnext_tiny}
 
 
 class OneOutput(nn.Module):
@@ -78,9 +73,7 @@ class OneOutput(nn.Module):
     def forward(self, inputs):
         extra = {}
         if self.mask:
-            extra["attention_mask"] = torch.ones(
-                [int(size) for size in inputs.shape], dtype=torch.int64, device=inputs.device
-            )
+            extra["attention_mask"] = torch.ones([int(size) for size in inputs.shape], dtype=torch.int64, device=inputs.device)
         return getattr(self.model(**{self.input_name: inputs}, **extra), self.field)
 
 
@@ -111,9 +104,7 @@ def _audio(config_name: str, model_name: str, field: str = "last_hidden_state", 
         import transformers
 
         model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
-        return OneOutput(
-            model.get_encoder() if encoder else model, "input_features" if encoder else "input_values", field
-        )
+        return OneOutput(model.get_encoder() if encoder else model, "input_features" if encoder else "input_values", field)
 
     return make
 
@@ -136,9 +127,7 @@ FAMILIES = {
     "regnet-y-040": (_image("RegNetConfig", "RegNetForImageClassification"), (3, 224, 224)),
     "mobilevit-small": (_image("MobileViTConfig", "MobileViTForImageClassification"), (3, 256, 256)),
     "deit-small": (
-        _image(
-            "DeiTConfig", "DeiTForImageClassification", hidden_size=384, num_attention_heads=6, intermediate_size=1536
-        ),
+        _image("DeiTConfig", "DeiTForImageClassification", hidden_size=384, num_attention_heads=6, intermediate_size=1536),
         (3, 224, 224),
     ),
     # dinov2-small's config says 518 pixels; at the 224 it is usually run at, with positions for 224.

@@ -89,9 +89,7 @@ def check_onnx(path: Path, onnx_model: onnx.ModelProto, feeds: dict[str, np.ndar
 
 def conv_bn_relu(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
-        nn.ReLU(),
+        nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU()
     )
 
 
@@ -111,9 +109,7 @@ class TwoBranchBlock(nn.Module):
         super().__init__()
         self.branch_3x3 = conv_bn_relu(in_channels, branch_channels, stride=2)
         self.branch_1x1 = nn.Sequential(
-            nn.Conv2d(in_channels, branch_channels, 1, stride=2, bias=False),
-            nn.BatchNorm2d(branch_channels),
-            nn.ReLU(),
+            nn.Conv2d(in_channels, branch_channels, 1, stride=2, bias=False), nn.BatchNorm2d(branch_channels), nn.ReLU()
         )
 
     def forward(self, x):
@@ -124,12 +120,7 @@ class TinyResNet(nn.Module):
     def __init__(self, num_classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            conv_bn_relu(3, 16),
-            ResidualBlock(16),
-            TwoBranchBlock(16, 16),
-            ResidualBlock(32),
-            TwoBranchBlock(32, 32),
-            ResidualBlock(64),
+            conv_bn_relu(3, 16), ResidualBlock(16), TwoBranchBlock(16, 16), ResidualBlock(32), TwoBranchBlock(32, 32), ResidualBlock(64)
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Linear(64, num_classes)
@@ -199,9 +190,7 @@ class TokenLogits(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
 
 
-def make_gpt2(
-    embedding: int = 768, heads: int = 12, layers: int = 12, vocab: int = 50257, positions: int = 1024
-) -> nn.Module:
+def make_gpt2(embedding: int = 768, heads: int = 12, layers: int = 12, vocab: int = 50257, positions: int = 1024) -> nn.Module:
     """``GPT2LMHeadModel``'s logits; the defaults are GPT-2 small's."""
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -44,10 +44,7 @@ def signature_text(obj: Callable) -> str:
     made per call as ``...`` and a function default by its name, and a class's without its ``__init__``'s
     ``-> None``."""
     signature = inspect.signature(obj)
-    parameters = [
-        p.replace(annotation=_annotation(p.annotation), default=_default(p.default))
-        for p in signature.parameters.values()
-    ]
+    parameters = [p.replace(annotation=_annotation(p.annotation), default=_default(p.default)) for p in signature.parameters.values()]
     returned = inspect.Signature.empty if inspect.isclass(obj) else _annotation(signature.return_annotation)
     return str(signature.replace(parameters=parameters, return_annotation=returned))
 

@@ -34,12 +34,7 @@ def run(mod, inputs) -> list:
 
 # tiny_bert in the default suite; the convolution net (10 s) and GPT-2 with --run-slow.
 @pytest.mark.parametrize(
-    "model",
-    [
-        "tiny_bert",
-        pytest.param("tiny_resnet", marks=pytest.mark.slow),
-        pytest.param("tiny_gpt2", marks=pytest.mark.slow),
-    ],
+    "model", ["tiny_bert", pytest.param("tiny_resnet", marks=pytest.mark.slow), pytest.param("tiny_gpt2", marks=pytest.mark.slow)]
 )
 def test_every_unit_widened_computes_as_float32_does_and_none_widened_is_the_conversion(model):
     imported = load_model(MODELS / f"{model}.onnx")
@@ -52,9 +47,7 @@ def test_every_unit_widened_computes_as_float32_does_and_none_widened_is_the_con
     reference = imported.reference(inputs)
     exact = compare_outputs(run(imported.mod, inputs), reference, "onnxruntime")
     low = compare_outputs(run(converted.mod, inputs), reference, "onnxruntime")
-    wide = compare_outputs(
-        run(widening.widen(converted.mod, range(len(units)), imported.mod), inputs), reference, "onnxruntime"
-    )
+    wide = compare_outputs(run(widening.widen(converted.mod, range(len(units)), imported.mod), inputs), reference, "onnxruntime")
     # Weights come back from the float32 model and no product sees a 16-bit operand: float32's error, not bf16's.
     assert wide.max_rel_error < 3 * exact.max_rel_error + 1e-6 < low.max_rel_error / 50, (exact, wide, low)
 
@@ -80,11 +73,7 @@ def test_a_widened_unit_reads_no_16_bit_value_and_the_others_keep_theirs():
         return [tvm_compat.tensor_shape_dtype(m.args[0])[1] for m in found]
 
     before, after = products(converted.mod), products(widened.mod)
-    assert (
-        before.count("float16") == len(before)
-        and after.count("float32") == 2
-        and after.count("float16") == len(before) - 2
-    )
+    assert before.count("float16") == len(before) and after.count("float32") == 2 and after.count("float16") == len(before) - 2
     with pytest.raises(precision.PrecisionError, match=f"units 0-{len(units) - 1}, not \\[99\\]"):
         precision.with_float32_units(converted, [99], imported)
 
@@ -102,10 +91,7 @@ def additive_error(contributions: dict):
     def errors_of(variants):
         batches.append(len(variants))
         probes.extend(variants)
-        return [
-            math.sqrt(sum(e**2 for unit, e in contributions.items() if unit not in float32_units)) + 1e-7
-            for float32_units in variants
-        ]
+        return [math.sqrt(sum(e**2 for unit, e in contributions.items() if unit not in float32_units)) + 1e-7 for float32_units in variants]
 
     errors_of.batches = batches
     return errors_of, probes
@@ -147,9 +133,7 @@ def bf16_everywhere(monkeypatch):
 
 
 @pytest.mark.slow  # a minute: the whole optimize twice; the probes and the widening have quick tests of their own
-def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(
-    bf16_everywhere, tmp_path, capsys, monkeypatch
-):
+def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(bf16_everywhere, tmp_path, capsys, monkeypatch):
     model = MODELS / "tiny_bert.onnx"
     kwargs = dict(
         backends=["tvm"],
@@ -200,13 +184,9 @@ def test_a_budget_is_refused_at_fp32_and_when_replaying(bf16_everywhere, tmp_pat
     from collage_core.records import Cost, Partition
 
     whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
-    made = Placement(
-        "tiny_bert", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole], precision="bf16"
-    )
+    made = Placement("tiny_bert", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole], precision="bf16")
     with pytest.raises(CollageError, match="a placement file is replayed as it was made"):
-        optimize(
-            model, backends=["tvm"], placement=made.save(tmp_path / "p.json"), accuracy_budget=1e-3, show_progress=False
-        )
+        optimize(model, backends=["tvm"], placement=made.save(tmp_path / "p.json"), accuracy_budget=1e-3, show_progress=False)
 
 
 def test_a_placement_file_with_bad_float32_units_is_refused_naming_the_file(tmp_path):
@@ -215,16 +195,7 @@ def test_a_placement_file_with_bad_float32_units_is_refused_naming_the_file(tmp_
 
     whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
     path = Placement(
-        "m",
-        "f",
-        ["relax.add"],
-        {"kind": "llvm"},
-        "cpu",
-        {},
-        "op-level",
-        [whole],
-        precision="bf16",
-        float32_units=[1, 2],
+        "m", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole], precision="bf16", float32_units=[1, 2]
     ).save(tmp_path / "p.json")
     assert load_placement(path).float32_units == (1, 2)
     data = json.loads(path.read_text())
@@ -242,9 +213,7 @@ def test_a_placement_file_with_bad_float32_units_is_refused_naming_the_file(tmp_
 
 
 @pytest.mark.slow  # 22 s: six builds; how probes are chosen (fit) and widened have quick tests above
-def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_whole(
-    bf16_everywhere, tmp_path, monkeypatch
-):
+def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_whole(bf16_everywhere, tmp_path, monkeypatch):
     from collage_core.backends import discover_backends, select_backends
     from collage_core.measure.job import Job
     from collage_core.measure.timing import MeasureSettings
@@ -277,9 +246,7 @@ def test_probes_built_at_once_from_the_held_model_are_the_variants_each_sent_who
     for units in [(), (0, count - 1), tuple(range(count))]:  # placed by the search on equal costs: any valid placement
         job = job_of(precision.with_float32_units(converted, units, original))
         candidates = candidates_for(pm, job.graph, chosen, CPU, converted.precision)
-        placed.append(
-            (units, searched_parts(job.graph, candidates, {c.key: Cost.measured(1e-3, 0.0, 1) for c in candidates}))
-        )
+        placed.append((units, searched_parts(job.graph, candidates, {c.key: Cost.measured(1e-3, 0.0, 1) for c in candidates})))
     base = job_of(converted)
     at_once = outputs_of_variants(base, original, placed, workers=2)
     monkeypatch.setenv("COLLAGE_FRESH_WORKERS", "exec")  # no zygote: each variant is widened here and sent whole

@@ -39,9 +39,7 @@ def reference_entries(text: str) -> dict[str, list[tuple[str, str]]]:
 def reference_problems(text: str) -> list[str]:
     """What the reference in ``text`` gets wrong about the kit, one line each: none when it is right."""
     entries = reference_entries(text)
-    problems = [
-        f"the reference has a heading for {name}, which is not a kit module" for name in entries if name not in MODULES
-    ]
+    problems = [f"the reference has a heading for {name}, which is not a kit module" for name in entries if name not in MODULES]
     for module_name in MODULES:
         module = importlib.import_module(module_name)
         documented = entries.get(module_name, [])
@@ -54,9 +52,7 @@ def reference_problems(text: str) -> list[str]:
                 continue
             actual = documented_signature(getattr(module, name)) or ""
             if signature.removesuffix(" (module)") != actual:
-                problems.append(
-                    f"{module_name}.{name}: the reference says `{name}{signature}`, the code `{name}{actual}`"
-                )
+                problems.append(f"{module_name}.{name}: the reference says `{name}{signature}`, the code `{name}{actual}`")
     return problems
 
 

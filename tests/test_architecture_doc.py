@@ -25,11 +25,7 @@ def core_packages() -> set[str]:
 
 
 def hooks() -> set[str]:
-    return {
-        name
-        for name, _ in inspect.getmembers(hookspecs, inspect.isfunction)
-        if name.startswith(f"{hookspecs.PROJECT}_")
-    }
+    return {name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith(f"{hookspecs.PROJECT}_")}
 
 
 def section(title: str) -> str:
@@ -52,9 +48,7 @@ def diagram() -> str:
 
 def boxed_names() -> set[str]:
     """The core's packages and modules the picture's boxes name in bold, as paths ("kit/testing", "model/verify")."""
-    return {
-        name.strip().replace(".", "/") for bold in re.findall(r"<b>(.*?)</b>", diagram()) for name in bold.split(",")
-    }
+    return {name.strip().replace(".", "/") for bold in re.findall(r"<b>(.*?)</b>", diagram()) for name in bold.split(",")}
 
 
 def hook_arrows() -> set[str]:

@@ -48,12 +48,8 @@ def test_rows_measured_with_the_current_code_stay_so_a_remeasurement_resumes(tmp
 def test_collage_code_is_compared_by_what_git_says_changed(tmp_path):
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=peers.ROOT, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=peers.ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = (
-        subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *peers.COLLAGE_CODE], cwd=peers.ROOT).returncode != 0
-    )
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=peers.ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *peers.COLLAGE_CODE], cwd=peers.ROOT).returncode != 0
     assert peers.same_collage_code(head) is not dirty
     assert not peers.same_collage_code(head + "+changes")
     assert not peers.same_collage_code(None)

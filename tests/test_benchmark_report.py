@@ -48,11 +48,7 @@ def report(tmp_path):
     write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
     write_model(raw, "small_b8", collage_ms=30.0, ort_ms=15.0, eager_ms=60.0, dnnl_ms=30.0)
     path = peers_report.write_report(
-        raw,
-        "python benchmarks/peers.py",
-        tmp_path / "RESULTS.md",
-        tmp_path / "results.png",
-        machine_lines=["- CPU: test"],
+        raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png", machine_lines=["- CPU: test"]
     )
     return path.read_text()
 
@@ -65,9 +61,7 @@ def test_geomeans_are_computed_from_the_raw_ratios(report):
 
 def test_each_model_names_its_best_peer_and_single_backend(report):
     row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
-    assert (
-        "| 0.50 | onnxruntime default session | 0.50 | dnnl + tvm for the rest | 0.80 | dnnl 40, onnxruntime 7 |" in row
-    )
+    assert "| 0.50 | onnxruntime default session | 0.50 | dnnl + tvm for the rest | 0.80 | dnnl 40, onnxruntime 7 |" in row
     assert "10.00 ± 0.50" in row
 
 
@@ -105,9 +99,7 @@ def test_contenders_timed_in_turns_are_the_headline(tmp_path):
     row = next(line for line in report.splitlines() if line.startswith("| small_b1 |"))
     # Each contender timed by its fastest process: Collage 8.5 ms against ONNX Runtime's 8 ms, both in turns;
     # against DNNL from the optimizer's run: 10 / 12.5.
-    assert row.startswith(
-        "| small_b1 | 8.50 ± 0.50 | 1.06 | onnxruntime default session | 1.06 | dnnl + tvm for the rest | 0.80 |"
-    )
+    assert row.startswith("| small_b1 | 8.50 ± 0.50 | 1.06 | onnxruntime default session | 1.06 | dnnl + tvm for the rest | 0.80 |")
     assert "| collage library |" not in report  # shown under Collage's name
     assert f"| {peers_report.COLLAGE} | 8.50 ± 0.50 | 90 | 1.00 | 9.50, 8.50 | 9.00 |" in report
     assert "| pytorch eager | 30.00 ± 0.50 | 20 | 3.53 |  |  |" in report  # no process medians kept: as measured
@@ -137,11 +129,7 @@ def test_models_are_listed_by_batch_then_name_whatever_their_names(tmp_path):
     for stem in ("vit_base_b8", "vit_base_b1", "bert_l12_b1_s128", "bert_l12_b8_s128"):
         write_model(raw, stem, collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
     text = peers_report.write_report(
-        raw,
-        "python benchmarks/peers.py",
-        tmp_path / "RESULTS.md",
-        tmp_path / "results.png",
-        machine_lines=["- CPU: test"],
+        raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png", machine_lines=["- CPU: test"]
     ).read_text()
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert headings == ["bert_l12_b1_s128", "vit_base_b1", "bert_l12_b8_s128", "vit_base_b8"]
@@ -163,10 +151,7 @@ def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tm
     write_model(raw, "small_b1", collage_ms=10.0, ort_ms=20.0, eager_ms=40.0, dnnl_ms=12.5)
     contenders = {"onnxruntime default session": measured(8.0), "collage library": measured(9.0)}
     if isinstance(single_timed_ms, list):  # each process's median, all runs' median in between
-        contenders["best single backend library"] = {
-            **measured(13.0),
-            "process_medians_s": [ms / 1e3 for ms in single_timed_ms],
-        }
+        contenders["best single backend library"] = {**measured(13.0), "process_medians_s": [ms / 1e3 for ms in single_timed_ms]}
     elif single_timed_ms is not None:
         contenders["best single backend library"] = measured(single_timed_ms)
     turns = {"contenders": contenders, "single": "dnnl + tvm for the rest"}
@@ -177,10 +162,7 @@ def test_the_best_single_backend_timed_in_turns_replaces_the_sequential_ratio(tm
 
 
 def test_the_optimizers_own_rows_timed_in_turns_are_not_baselines():
-    assert (
-        peers_report.single_backend_row("onnxruntime + op-level placement for the rest")
-        == "onnxruntime + op-level for the rest"
-    )
+    assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest") == "onnxruntime + op-level for the rest"
     assert peers_report.single_backend_row("onnxruntime + op-level placement for the rest, timed in turns") is None
     assert peers_report.single_backend_row("placement, timed in turns") is None
 
@@ -190,11 +172,7 @@ def test_the_charts_relative_speeds_come_only_from_contenders_timed_in_turns():
     gets a speed relative to it."""
     turns = [
         {"onnxruntime default session": measured(8.0), "collage library": measured(10.0)},
-        {
-            "onnxruntime default session": measured(30.0),
-            "collage library": measured(15.0),
-            peers_report.SINGLE_IN_TURNS: measured(20.0),
-        },
+        {"onnxruntime default session": measured(30.0), "collage library": measured(15.0), peers_report.SINGLE_IN_TURNS: measured(20.0)},
         {},
     ]
     named = [{peers_report.COLLAGE if k == "collage library" else k: v for k, v in t.items()} for t in turns]
@@ -212,48 +190,18 @@ def test_gpu_section_shows_collage_each_backend_alone_and_the_gpu_peers(tmp_path
     directory = raw / "resnet50_b1"
     directory.mkdir(parents=True)
     (raw / gpu_report.MACHINE_FILE).write_text(
-        json.dumps(
-            {
-                "gpu": "NVIDIA H200 (sm_90)",
-                "driver": "580.1",
-                "torch": "2.11",
-                "torch_cudnn": 91900,
-                "backends": "cudnn 9.19",
-            }
-        )
+        json.dumps({"gpu": "NVIDIA H200 (sm_90)", "driver": "580.1", "torch": "2.11", "torch_cudnn": 91900, "backends": "cudnn 9.19"})
     )
-    for peer, ms in (
-        ("pytorch eager (cuda)", 3.0),
-        ("torch.compile (cuda)", 2.0),
-        ("torch.compile reduce-overhead (cuda)", 1.8),
-    ):
-        peers_report.raw_file(directory, peer).write_text(
-            json.dumps({k: v for k, v in measured(ms).items() if k != "kind"})
-        )
+    for peer, ms in (("pytorch eager (cuda)", 3.0), ("torch.compile (cuda)", 2.0), ("torch.compile reduce-overhead (cuda)", 1.8)):
+        peers_report.raw_file(directory, peer).write_text(json.dumps({k: v for k, v in measured(ms).items() if k != "kind"}))
     cold = {
         "end_to_end": [
             {"name": "placement", "cost": measured(2.5), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
-            {
-                "name": "placement without CUDA graphs",
-                "cost": measured(3.2),
-                "operators_by_backend": {"cudnn": 53, "tvm": 20},
-            },
-            {
-                "name": "cudnn + tvm for the rest",
-                "cost": measured(2.6),
-                "operators_by_backend": {"cudnn": 53, "tvm": 20},
-            },
+            {"name": "placement without CUDA graphs", "cost": measured(3.2), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
+            {"name": "cudnn + tvm for the rest", "cost": measured(2.6), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
             {"name": "tvm alone", "cost": measured(5.0), "operators_by_backend": {"tvm": 73}},
-            {
-                "name": "unpartitioned relax.build",
-                "cost": {"kind": "invalid", "reason": "build failed"},
-                "operators_by_backend": {},
-            },
-            {
-                "name": "cudnn + tvm for the rest, timed in turns",
-                "cost": measured(2.7),
-                "operators_by_backend": {"cudnn": 53, "tvm": 20},
-            },
+            {"name": "unpartitioned relax.build", "cost": {"kind": "invalid", "reason": "build failed"}, "operators_by_backend": {}},
+            {"name": "cudnn + tvm for the rest, timed in turns", "cost": measured(2.7), "operators_by_backend": {"cudnn": 53, "tvm": 20}},
         ],
         "wall_s": 200.0,
         "numerics": {"passed": True},
@@ -282,11 +230,7 @@ def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):
     row = {k: v for k, v in measured(16.0).items() if k != "kind"}
     peers_report.raw_file(raw / "small_b1", peers_report.OPENVINO_PEER).write_text(json.dumps(row))
     path = peers_report.write_report(
-        raw,
-        "python benchmarks/peers.py",
-        tmp_path / "RESULTS.md",
-        tmp_path / "results.png",
-        machine_lines=["- CPU: test"],
+        raw, "python benchmarks/peers.py", tmp_path / "RESULTS.md", tmp_path / "results.png", machine_lines=["- CPU: test"]
     )
     line = next(line for line in path.read_text().splitlines() if line.startswith("| small_b1 |"))
     assert "| openvino default session (fp32) | 0.62 |" in line  # 10 ms against OpenVINO's 16, the best peer
@@ -295,9 +239,7 @@ def test_openvino_is_a_peer_and_its_single_backend_rows_are_baselines(tmp_path):
 
 
 def test_a_baseline_left_unbuilt_says_what_its_partitions_add_up_to():
-    reason = (
-        "not built: its partitions' measured costs add up to 26934.980 ms, over 10x the op-level placement's 117.540 ms"
-    )
+    reason = "not built: its partitions' measured costs add up to 26934.980 ms, over 10x the op-level placement's 117.540 ms"
     assert peers_report._format_ms({"error": reason}) == "not built: its partitions add up to 26934.980 ms"
 
 
@@ -313,10 +255,7 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
 
     def run(ms, mix):
         return {
-            "results": {
-                "end_to_end": [{"cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}],
-                "numerics": {"max_rel_error": 1e-3},
-            },
+            "results": {"end_to_end": [{"cost": {"median_s": ms / 1e3}, "operators_by_backend": mix}], "numerics": {"max_rel_error": 1e-3}},
             "wall_s": 100.0,
         }
 
@@ -324,10 +263,7 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
         "model": "bert-base",
         "batch": 1,
         "backends": "tvm,cublas,cudnn",
-        "collage": {
-            "fp16": run(1.0, {"cublas": 96, "tvm": 100}),
-            "fp16+cutlass": run(0.8, {"cutlass": 60, "cublas": 36}),
-        },
+        "collage": {"fp16": run(1.0, {"cublas": 96, "tvm": 100}), "fp16+cutlass": run(0.8, {"cutlass": 60, "cublas": 36})},
         "peers": {
             "pytorch eager": {"fp16": {"median_s": 0.012, "error": 1e-3}},
             "torch.compile reduce-overhead": {"fp16": {"median_s": 0.0016, "error": 1e-3}},
@@ -432,8 +368,7 @@ def _torch_compile_records() -> list[dict]:
             "bf16": {"error": "ValueError: no bf16 here"},
         },
         "peers": {
-            mode: {"fp32": _peer_ms(ms), "bf16": _peer_ms(ms / 3)}
-            for mode, ms in zip(precision.GPU_MODES, (9.6, 6.0, 6.0, 4.0, 4.5))
+            mode: {"fp32": _peer_ms(ms), "bf16": _peer_ms(ms / 3)} for mode, ms in zip(precision.GPU_MODES, (9.6, 6.0, 6.0, 4.0, 4.5))
         },
     }
     return [resnet, bert]
@@ -456,13 +391,7 @@ def test_the_torch_compile_table_has_one_row_per_model_batch_and_precision_with_
         if len(cells) == len(header.strip("|").split("|"))
     }
     resnet = rows[("resnet50", "1", "fp32")]
-    assert resnet[3:8] == [
-        "3.500",
-        "3.000 (40 s)",
-        "2.500 (45 s)",
-        "timed out (420 s)",
-        "failed (1)",
-    ]  # eager: no compile time
+    assert resnet[3:8] == ["3.500", "3.000 (40 s)", "2.500 (45 s)", "timed out (420 s)", "failed (1)"]  # eager: no compile time
     assert resnet[8:11] == ["reduce-overhead", "2.000", "0.80"]  # the fastest of the peers that ran: 2.0 / 2.5
     assert resnet[11:] == ["cudnn 139, tvm 37", "8.2", "4.10", "6.1%"]
     bert = rows[("bert-base", "8", "fp32")]
@@ -470,16 +399,10 @@ def test_the_torch_compile_table_has_one_row_per_model_batch_and_precision_with_
     assert bert[-1] == "53.7%"
     assert rows[("bert-base", "8", "bf16")][9:11] == ["failed (2)", "-"]
     geomean = math.sqrt(0.8 * 1.1)
-    assert (
-        f"Geomean of Collage / fastest peer over 2 of 3 rows: {geomean:.2f} (Collage {1 / geomean:.2f}x faster)."
-        in text
-    )
+    assert f"Geomean of Collage / fastest peer over 2 of 3 rows: {geomean:.2f} (Collage {1 / geomean:.2f}x faster)." in text
     assert "1. resnet50 b1 fp32, max-autotune-no-cudagraphs: RuntimeError: out of resource: shared memory" in text
     assert "2. bert-base b8 bf16, Collage: ValueError: no bf16 here" in text
-    assert (
-        "Peaks: H200 fp32 67 TFLOP/s (NVIDIA H200 Tensor Core GPU datasheet, "
-        "https://www.nvidia.com/en-us/data-center/h200/)."
-    ) in text
+    assert ("Peaks: H200 fp32 67 TFLOP/s (NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/).") in text
     assert "recorded the device as cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0)." in text
     # The per-model tables show every mode too.
     section = text.split("## resnet50, batch 1", 1)[1]
@@ -538,9 +461,7 @@ def test_the_gpu_benchmark_resumes_and_records_a_timeout_but_not_a_run_its_budge
     monkeypatch.setattr(precision, "run_peer", run_peer)
     monkeypatch.setattr(precision, "_onnx_file", lambda name, batch: tmp_path / "model.onnx")
     monkeypatch.setattr(
-        precision,
-        "optimize",
-        lambda onnx, p, backends, out, extra, cost_db, timeout_s: made.append(p) or _gpu_run(0.9, {"tvm": 1}),
+        precision, "optimize", lambda onnx, p, backends, out, extra, cost_db, timeout_s: made.append(p) or _gpu_run(0.9, {"tvm": 1})
     )
     modes = ("pytorch eager", "torch.compile max-autotune")
 
@@ -566,9 +487,7 @@ def test_the_gpu_benchmark_resumes_and_records_a_timeout_but_not_a_run_its_budge
     record = precision.measure_on_gpu("resnet50", 1, "tvm", tmp_path, ("fp32",), modes=modes)
     assert calls == [] and made == ["fp32"]  # a time-out is a result: not measured again
     assert precision.left_to_measure(record, ("fp32",), modes) == []
-    assert precision.left_to_measure(record, ("fp32",), modes, retry_failed=True) == [
-        "resnet50 b1 torch.compile max-autotune fp32"
-    ]
+    assert precision.left_to_measure(record, ("fp32",), modes, retry_failed=True) == ["resnet50 b1 torch.compile max-autotune fp32"]
     assert json.loads((tmp_path / "resnet50_b1.json").read_text()) == record
     assert not list(tmp_path.glob("*.partial"))
 

@@ -12,15 +12,9 @@ from collage_core.search.op_level import search_op_level
 # conv -> add -> relu, twice: each conv group can run fused (one "fused" candidate of three ops)
 # or as three single operators on "singles", which measure cheaper alone.
 GRAPH = OpGraph(ops=["conv", "add", "relu"] * 2, preds=[[], [0], [1], [2], [3], [4]])
-FUSED = [
-    Candidate("fused", "fused.conv_add_relu", {0, 1, 2}, "f0"),
-    Candidate("fused", "fused.conv_add_relu", {3, 4, 5}, "f1"),
-]
+FUSED = [Candidate("fused", "fused.conv_add_relu", {0, 1, 2}, "f0"), Candidate("fused", "fused.conv_add_relu", {3, 4, 5}, "f1")]
 SINGLES = [Candidate("singles", "singles.op", {n}, f"s{n}") for n in range(6)]
-COSTS = {
-    **{c.key: Cost.measured(3.0e-3, 0.0, 3) for c in FUSED},
-    **{c.key: Cost.measured(0.9e-3, 0.0, 3) for c in SINGLES},
-}
+COSTS = {**{c.key: Cost.measured(3.0e-3, 0.0, 3) for c in FUSED}, **{c.key: Cost.measured(0.9e-3, 0.0, 3) for c in SINGLES}}
 PER_PARTITION_S = 0.5e-3
 
 
@@ -102,9 +96,7 @@ def test_a_named_alternative_that_measures_faster_is_returned_with_its_name():
     result = calibrate(GRAPH, SINGLES, COSTS, only_singles_merged, model, alternatives=[("fused alone", fused)])
     assert result.alternative == "" and signature(result.parts) == signature(only_singles_merged)
     cheap = DeterministicEndToEnd(hidden={"singles": 1.0e-3})
-    result = calibrate(
-        GRAPH, SINGLES, COSTS, only_singles_merged, cheap, rounds=0, alternatives=[("fused alone", fused)]
-    )
+    result = calibrate(GRAPH, SINGLES, COSTS, only_singles_merged, cheap, rounds=0, alternatives=[("fused alone", fused)])
     assert result.alternative == "fused alone" and signature(result.parts) == signature(fused)
     assert len(cheap.calls) == 2
 
@@ -146,13 +138,7 @@ def test_an_alternative_whose_candidates_predict_a_loss_is_not_built_and_is_repo
     hopeless = [Partition("slow", "slow.op", [n], f"x{n}", Cost.measured(5e-3, 0.0, 3)) for n in range(6)]
     close = [Partition("near", "near.op", [n], f"n{n}", Cost.measured(1.0e-3, 0.0, 3)) for n in range(6)]
     result = calibrate(
-        GRAPH,
-        SINGLES,
-        COSTS,
-        singles,
-        model,
-        rounds=0,
-        alternatives=[("slow everywhere", hopeless), ("near everywhere", close)],
+        GRAPH, SINGLES, COSTS, singles, model, rounds=0, alternatives=[("slow everywhere", hopeless), ("near everywhere", close)]
     )
     # singles measure 6 x (0.9 + 0.5) = 8.4 ms, a charge of 0.5 ms per partition; "slow" predicts
     # 6 x 5.5 = 33 ms, over twice that, and is not built; "near" predicts 9 ms and is measured

@@ -18,8 +18,7 @@ MS = 1e-3
 def test_every_run_beside_tvm_many_times_slower_is_contention_and_says_by_how_much():
     found = contention.contention(Timings([0.1 * MS] * 7, [4 * MS, 5 * MS, 4 * MS, 6 * MS, 4 * MS, 5 * MS, 40 * MS]))
     assert found.startswith(
-        "thread contention: a run right after a parallel TVM kernel takes 5 ms "
-        "(median of 7, the fastest 4 ms) against 0.1 ms alone"
+        "thread contention: a run right after a parallel TVM kernel takes 5 ms (median of 7, the fastest 4 ms) against 0.1 ms alone"
     )
 
 
@@ -74,9 +73,7 @@ class MadeUpKernels:
 
 def test_alone_is_timed_run_after_run_once_settled_and_beside_each_run_right_after_tvm():
     kernels = MadeUpKernels()
-    timings = contention.times_beside_tvm(
-        kernels.run, kernels.run_tvm, repeats=3, clock=kernels.clock, settle=kernels.settle
-    )
+    timings = contention.times_beside_tvm(kernels.run, kernels.run_tvm, repeats=3, clock=kernels.clock, settle=kernels.settle)
     assert kernels.events == ["settle", "run"] + ["run"] * 3 + ["tvm", "run"] * 3
     assert timings.alone_s == pytest.approx([0.1 * MS] * 3) and timings.beside_tvm_s == pytest.approx([5 * MS] * 3)
     assert contention.contention(timings) is not None

@@ -37,9 +37,7 @@ def contest(tmp_path_factory):
 
         module = "plugins_for_tests.pause_sensitive"
         monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=[module]))
-        settings = in_turns.TurnSettings(
-            rounds=3, burst_s=0.05, workers_per_library=1, pause_s=1.5 * pause_sensitive.IDLE_S
-        )
+        settings = in_turns.TurnSettings(rounds=3, burst_s=0.05, workers_per_library=1, pause_s=1.5 * pause_sensitive.IDLE_S)
         monkeypatch.setattr(build_stage, "time_in_turns", functools.partial(in_turns.time_in_turns, settings=settings))
         bb = relax.BlockBuilder()
         x = relax.Var("x", relax.TensorType((4, 16), "float32"))

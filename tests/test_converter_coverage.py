@@ -89,13 +89,7 @@ def test_report_sums_the_pairs_and_shows_what_the_rewrites_remove(coverage_scrip
         "**1 model-path pairs, 10 operator calls as imported: the ONNX converter takes 6/10 (60%), the PyTorch "
         "converter 6/10 (60%). After the rewrites (8 calls): ONNX 8/8 (100%), PyTorch 8/8 (100%).**"
     ) in text
-    assert (
-        "| efficientnet | torchscript-onnx | 10 | 6/10 (60%) | 6/10 (60%) | 8 | 8/8 (100%) | 8/8 (100%) | pad ×4 |"
-        in text
-    )
-    assert (
-        "- 4 -> 0 × relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion (efficientnet)"
-        in text
-    )
+    assert "| efficientnet | torchscript-onnx | 10 | 6/10 (60%) | 6/10 (60%) | 8 | 8/8 (100%) | 8/8 (100%) | pad ×4 |" in text
+    assert "- 4 -> 0 × relax.call_tir of pad (a TIR function, not an operator) has no ONNX conversion (efficientnet)" in text
     assert "The PyTorch converter refuses the same calls for the same reasons" in text
     assert "- llama via torchscript-onnx: AssertionError: not implemented" in text

@@ -9,18 +9,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parent.parent / "collage_core"
 # Third-party libraries a function may import for itself: optional, slow to import, or absent from a runtime-only TVM.
-DEFERRABLE = {
-    "graphviz",
-    "matplotlib",
-    "ml_dtypes",
-    "onnx",
-    "onnxruntime",
-    "openvino",
-    "pytest",
-    "torch",
-    "tvm",
-    "tvm_ffi",
-}
+DEFERRABLE = {"graphviz", "matplotlib", "ml_dtypes", "onnx", "onnxruntime", "openvino", "pytest", "torch", "tvm", "tvm_ffi"}
 
 
 def module_name(path: Path, core: Path = CORE) -> str:
@@ -58,10 +47,7 @@ def function_imports(tree: ast.Module):
 
 
 def is_type_checking_only(tree: ast.Module, node) -> bool:
-    return any(
-        isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test) and node in ast.walk(block)
-        for block in tree.body
-    )
+    return any(isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test) and node in ast.walk(block) for block in tree.body)
 
 
 def import_graph(core: Path = CORE) -> dict[str, set[str]]:
@@ -74,9 +60,7 @@ def import_graph(core: Path = CORE) -> dict[str, set[str]]:
         graph[module] = {
             target
             for node in ast.walk(tree)
-            if isinstance(node, (ast.Import, ast.ImportFrom))
-            and id(node) not in inner
-            and not is_type_checking_only(tree, node)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in inner and not is_type_checking_only(tree, node)
             for target in imported(node, module, path.name == "__init__.py", modules)
             if target != module
         }

@@ -72,7 +72,4 @@ def test_the_report_counts_passes_and_names_each_failure(coverage, tmp_path):
     text = report.read_text()
     assert "**1 of 2 model-path pairs pass numerics (50%).**" in text
     assert "| bert | encoder-only text | fails at import | pass |" in text
-    assert (
-        "- bert via dynamo-onnx, at import: ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p'"
-        in text
-    )
+    assert "- bert via dynamo-onnx, at import: ModelImportError: m.onnx: TVM's ONNX importer cannot convert Pad node 'p'" in text

@@ -112,8 +112,7 @@ def test_a_cpu_build_ignores_cuda_graphs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "name, backends",
-    [("tiny_bert", ["cublas", "tvm"]), ("tiny_resnet", ["cudnn", "tvm"]), ("tiny_gpt2", ["cublas", "tvm"])],
+    "name, backends", [("tiny_bert", ["cublas", "tvm"]), ("tiny_resnet", ["cudnn", "tvm"]), ("tiny_gpt2", ["cublas", "tvm"])]
 )
 def test_replayed_graphs_compute_what_kernel_by_kernel_launches_compute_as_inputs_change(name, backends):
     pm = get_plugin_manager()

@@ -112,16 +112,11 @@ def test_library_runs_in_a_fresh_process_loaded_by_its_runtime_file(exported, tm
 
 # Versions a library may have been built with, from the installed one: the reported case was a library built
 # with kernels-1 loaded silently under kernels-1+threads-1.
-OTHER_VERSIONS = {
-    "shorter": lambda installed: installed.rsplit("+", 1)[0],
-    "longer": lambda installed: f"{installed}+threads-1",
-}
+OTHER_VERSIONS = {"shorter": lambda installed: installed.rsplit("+", 1)[0], "longer": lambda installed: f"{installed}+threads-1"}
 
 
 @pytest.mark.parametrize("other", OTHER_VERSIONS)
-def test_a_library_built_with_other_backend_versions_warns_naming_both_or_with_strict_is_refused(
-    exported, tmp_path, caplog, other
-):
+def test_a_library_built_with_other_backend_versions_warns_naming_both_or_with_strict_is_refused(exported, tmp_path, caplog, other):
     library, x, expected = exported
     older = tmp_path / "older.so"
     copy_library(library, older)
@@ -134,9 +129,7 @@ def test_a_library_built_with_other_backend_versions_warns_naming_both_or_with_s
         load_vm(older, strict=True)
     with caplog.at_level(logging.WARNING, logger="collage"):
         vm = load_vm(older, origin="the shipped model")
-    assert [r.getMessage() for r in caplog.records if "was built with" in r.getMessage()] == [
-        f"the shipped model {said}"
-    ]
+    assert [r.getMessage() for r in caplog.records if "was built with" in r.getMessage()] == [f"the shipped model {said}"]
     out = vm["main"](tvm_compat.to_tensor(x, tvm.cpu(0)))
     np.testing.assert_array_equal(tvm_compat.to_numpy(out), expected)
 
@@ -160,14 +153,7 @@ RUN_LIBRARY = (
 def run_library_alone(library, x, tmp_path, env):
     np.save(tmp_path / "x.npy", x)
     return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            RUNTIME_ONLY_CHECK + RUN_LIBRARY,
-            str(library),
-            str(tmp_path / "x.npy"),
-            str(tmp_path / "out.npy"),
-        ],
+        [sys.executable, "-c", RUNTIME_ONLY_CHECK + RUN_LIBRARY, str(library), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")],
         capture_output=True,
         text=True,
         timeout=300,
@@ -187,9 +173,7 @@ def test_the_library_carries_its_native_kernels_and_runs_with_tvm_runtime_alone(
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
 
 
-def test_with_tvm_runtime_alone_a_missing_carried_library_or_a_python_backend_is_named(
-    exported, tmp_path, runtime_only_env
-):
+def test_with_tvm_runtime_alone_a_missing_carried_library_or_a_python_backend_is_named(exported, tmp_path, runtime_only_env):
     library, x, _ = exported
     record = json.loads(runtime_file(library).read_text())
     moved = tmp_path / "moved" / library.name
@@ -198,24 +182,17 @@ def test_with_tvm_runtime_alone_a_missing_carried_library_or_a_python_backend_is
     runtime_file(moved).write_text(json.dumps(record))  # the .libs folder left behind
     result = run_library_alone(moved, x, tmp_path, runtime_only_env)
     assert result.returncode != 0
-    assert (
-        f"{moved}: backend dnnl's runtime library {moved.parent / record['backends']['dnnl']['carried'][0]} is missing"
-        in result.stderr
-    )
+    assert f"{moved}: backend dnnl's runtime library {moved.parent / record['backends']['dnnl']['carried'][0]} is missing" in result.stderr
     del record["backends"]["dnnl"]["carried"]  # as a backend whose partitions need their plugin at run time
     runtime_file(moved).write_text(json.dumps(record))
     result = run_library_alone(moved, x, tmp_path, runtime_only_env)
-    assert (
-        "partitions run on backend dnnl, which needs its plugin at run time, and TVM here is runtime-only"
-        in result.stderr
-    )
+    assert "partitions run on backend dnnl, which needs its plugin at run time, and TVM here is runtime-only" in result.stderr
 
 
 def test_a_library_whose_backend_is_not_installed_says_which_and_how(exported):
     library, _, _ = exported
     with pytest.raises(
-        LibraryLoadError,
-        match=r"mixed\.so: partitions run on backend dnnl, which is not installed here: .*apt-get install libdnnl-dev",
+        LibraryLoadError, match=r"mixed\.so: partitions run on backend dnnl, which is not installed here: .*apt-get install libdnnl-dev"
     ):
         load_vm(library, pm=get_plugin_manager(disabled=["dnnl"]))
 

@@ -30,10 +30,7 @@ def anchors(page: Path) -> set[str]:
 
 def local_links() -> list[tuple[str, str]]:
     return [
-        (str(page.relative_to(ROOT)), target)
-        for page in PAGES
-        for target in LINK.findall(prose(page))
-        if not re.match(r"[a-z]+:", target)
+        (str(page.relative_to(ROOT)), target) for page in PAGES for target in LINK.findall(prose(page)) if not re.match(r"[a-z]+:", target)
     ]
 
 
@@ -45,9 +42,7 @@ def test_anchors_are_made_as_github_makes_them():
 
 def test_the_readme_links_every_docs_page():
     linked = {target for page, target in local_links() if page == "README.md"}
-    assert (
-        sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md") if f"docs/{path.name}" not in linked) == []
-    )
+    assert sorted(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md") if f"docs/{path.name}" not in linked) == []
 
 
 @pytest.mark.parametrize("page, target", local_links(), ids=lambda value: value)

@@ -134,8 +134,7 @@ def test_example_plugin_builds_and_runs_relu_between_tvm_partitions(example_pm):
     candidates = enumerate_candidates(graph, patterns)
     wanted = {1: ("example", "example.relu"), 0: ("tvm", "tvm.op"), 2: ("tvm", "tvm.op")}
     parts = [
-        next(c for c in candidates if c.nodes == {node} and (c.backend, c.pattern) == chosen)
-        for node, chosen in sorted(wanted.items())
+        next(c for c in candidates if c.nodes == {node} and (c.backend, c.pattern) == chosen) for node, chosen in sorted(wanted.items())
     ]
     placed = partition_module(graph, parts)
     assert {backend: len(names) for backend, names in partitions_by_backend(placed).items()} == {"example": 1, "tvm": 2}
@@ -176,18 +175,13 @@ def test_second_example_takes_weights_as_constants_and_inspect_shows_its_refusal
 
     monkeypatch.setattr(inspection, "get_plugin_manager", lambda: numpydense_pm)
     weight = relax.const(np.arange(8 * 16, dtype="float32").reshape(8, 16) / 100)
-    takes = inspection.inspect_model(
-        relax_module(lambda bb, x: bb.emit(relax.op.matmul(x, weight)), (4, 8)), backends=["numpydense"]
-    )
+    takes = inspection.inspect_model(relax_module(lambda bb, x: bb.emit(relax.op.matmul(x, weight)), (4, 8)), backends=["numpydense"])
     assert [c.pattern for c in takes.views[0].candidates] == ["numpydense.matmul"]
     half = inspection.inspect_model(
-        relax_module(lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), (4, 8), (8, 16), dtype="float16"),
-        backends=["numpydense"],
+        relax_module(lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), (4, 8), (8, 16), dtype="float16"), backends=["numpydense"]
     )
     assert not half.views[0].candidates
-    assert [r.reason for r in half.views[0].refusals] == [
-        "NumPy's matmul here takes 2-D float32 tensors, not float16 of rank 2"
-    ]
+    assert [r.reason for r in half.views[0].refusals] == ["NumPy's matmul here takes 2-D float32 tensors, not float16 of rank 2"]
 
 
 def test_second_example_places_a_constant_weight_matmul_between_tvm_partitions(numpydense_pm):
@@ -197,20 +191,13 @@ def test_second_example_places_a_constant_weight_matmul_between_tvm_partitions(n
     infos = discover_backends(numpydense_pm)
     weight = np.random.default_rng(2).uniform(-1, 1, size=(8, 16)).astype("float32")
     mod = testing.function_module(
-        lambda bb, x: bb.emit(
-            relax.op.nn.relu(bb.emit(relax.op.matmul(bb.emit(relax.op.nn.relu(x)), relax.const(weight))))
-        ),
-        (4, 8),
+        lambda bb, x: bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(bb.emit(relax.op.nn.relu(x)), relax.const(weight))))), (4, 8)
     )
     graph = RelaxGraph.from_function(mod["main"])
-    patterns = [
-        p for name in ("numpydense", "tvm") for p in contribute_patterns(numpydense_pm, infos[name].backend, target)
-    ]
+    patterns = [p for name in ("numpydense", "tvm") for p in contribute_patterns(numpydense_pm, infos[name].backend, target)]
     candidates = enumerate_candidates(graph, patterns)
     wanted = {0: "tvm.op", 1: "numpydense.matmul", 2: "tvm.op"}
-    parts = [
-        next(c for c in candidates if c.nodes == {node} and c.pattern == pattern) for node, pattern in wanted.items()
-    ]
+    parts = [next(c for c in candidates if c.nodes == {node} and c.pattern == pattern) for node, pattern in wanted.items()]
     executable = build(numpydense_pm, partition_module(graph, parts), {n: i.backend for n, i in infos.items()}, target)
     x = np.random.default_rng(3).uniform(-1, 1, size=(4, 8)).astype("float32")
     device = tvm_compat.device_for(target)

@@ -13,15 +13,7 @@ import pytest
 from collage_core.model.verify import Verification
 from collage_core.outputs.end_to_end import EndToEnd
 from collage_core.outputs.placement_file import Placement
-from collage_core.outputs.reuse import (
-    FILE_NAME,
-    FinishedBuild,
-    FinishKey,
-    code_digest,
-    finish_key,
-    load_finished,
-    save_finished,
-)
+from collage_core.outputs.reuse import FILE_NAME, FinishedBuild, FinishKey, code_digest, finish_key, load_finished, save_finished
 from collage_core.records import Cost, Partition
 
 
@@ -92,10 +84,7 @@ def test_a_kept_end_is_read_back_whole_under_its_key(kept):
             {"backends": {"onnxruntime": "1.32.0", "tvm": "0.22"}},
             "other backends or versions (was onnxruntime 1.31.0, tvm 0.22, now onnxruntime 1.32.0, tvm 0.22)",
         ),
-        (
-            {"settings": {"verify": False, "settings": {"single_run_s": 1.0, "warmup": 1}}},
-            "other settings (settings.single_run_s, verify)",
-        ),
+        ({"settings": {"verify": False, "settings": {"single_run_s": 1.0, "warmup": 1}}}, "other settings (settings.single_run_s, verify)"),
         ({"code": "code-2"}, "Collage's code or a plugin's changed"),
         ({"searched": "searched-2"}, "the search ended at another placement"),
         ({"code": "code-2", "searched": "searched-2"}, "Collage's code or a plugin's changed"),
@@ -113,9 +102,7 @@ def test_a_changed_library_is_not_reused_and_says_so(kept):
     library.write_bytes(b"another library")
     lookup = load_finished(directory, library, KEY)
     assert lookup.finished is None
-    assert (
-        lookup.why_not == "its library m.so was written again after it ended (by another run into the same directory?)"
-    )
+    assert lookup.why_not == "its library m.so was written again after it ended (by another run into the same directory?)"
 
 
 def test_a_library_rewritten_with_the_same_size_is_not_reused(kept):
@@ -136,8 +123,7 @@ def test_a_library_of_the_same_size_and_time_but_other_bytes_is_not_reused(kept)
     lookup = load_finished(directory, library, KEY)
     assert lookup.finished is None
     assert lookup.why_not == (
-        "its library m.so has other bytes than the one it ended with (its SHA-256 differs, "
-        "though its size and time do not)"
+        "its library m.so has other bytes than the one it ended with (its SHA-256 differs, though its size and time do not)"
     )
 
 

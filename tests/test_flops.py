@@ -28,9 +28,7 @@ def test_convolutions_count_their_window_over_their_group_of_input_channels():
     assert flops(lambda bb, x, w: conv(x, w, padding=1), (1, 3, 8, 8), (16, 3, 3, 3)) == 2 * (16 * 8 * 8) * (3 * 3 * 3)
     grouped = flops(lambda bb, x, w: conv(x, w, padding=1, groups=4), (1, 8, 8, 8), (8, 2, 3, 3))
     assert grouped == 2 * (8 * 8 * 8) * (2 * 3 * 3)
-    nhwc = flops(
-        lambda bb, x, w: conv(x, w, padding=1, data_layout="NHWC", kernel_layout="OHWI"), (1, 8, 8, 3), (16, 3, 3, 3)
-    )
+    nhwc = flops(lambda bb, x, w: conv(x, w, padding=1, data_layout="NHWC", kernel_layout="OHWI"), (1, 8, 8, 3), (16, 3, 3, 3))
     assert nhwc == 2 * (8 * 8 * 16) * 27
     strided = flops(lambda bb, x, w: conv(x, w, strides=2), (2, 3, 9, 9), (4, 3, 3, 3))  # 4x4 outputs
     assert strided == 2 * (2 * 4 * 4 * 4) * 27
@@ -118,16 +116,11 @@ def test_the_peak_comes_from_the_device_collage_records_at_the_runs_precision():
 
 def test_the_throughput_line_names_the_rate_the_fraction_of_peak_and_its_source():
     line = throughput(12_300_000_000, 2.674e-3, H200, "fp32").describe()
-    assert line.startswith(
-        "12.3 GFLOP per run (2 FLOPs per multiply-add of matrix products, convolutions and attention;"
-    )
+    assert line.startswith("12.3 GFLOP per run (2 FLOPs per multiply-add of matrix products, convolutions and attention;")
     assert line.endswith(
         "): 4.60 TFLOP/s, 6.9% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak "
         "(NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/)"
     )
     assert "989.5 TFLOP/s bf16 dense tensor-core peak" in throughput(10**12, 1e-3, H200, "bf16").describe()
     cpu = throughput(4 * 10**9, 0.02, "llvm:znver3", "fp32")
-    assert (
-        cpu.describe().endswith(": 200.0 GFLOP/s, peak of llvm:znver3 unknown")
-        and cpu.to_json()["fraction_of_peak"] is None
-    )
+    assert cpu.describe().endswith(": 200.0 GFLOP/s, peak of llvm:znver3 unknown") and cpu.to_json()["fraction_of_peak"] is None

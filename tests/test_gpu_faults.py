@@ -26,9 +26,7 @@ TESTS = Path(__file__).resolve().parent
 PLUGIN = "plugins_for_tests.gpu_faults"
 # A healthy single-operator candidate is built and timed within seconds; the spinning kernel waits this out.
 TIMEOUT_S = 45.0
-QUICK = MeasureSettings(
-    warmup=1, min_repeats=3, max_repeats=5, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=TIMEOUT_S, build_workers=1
-)
+QUICK = MeasureSettings(warmup=1, min_repeats=3, max_repeats=5, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=TIMEOUT_S, build_workers=1)
 
 
 @pytest.fixture
@@ -49,16 +47,12 @@ def test_faulting_hanging_and_oversized_kernels_cost_their_candidates_alone(plug
     ops = graph.graph.ops
     chosen = []
     for name in (FAULTING, OUT_OF_MEMORY, HANGING):  # per backend: its first conv2d, then two other operators
-        single = [
-            c for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target)) if len(c.nodes) == 1
-        ]
+        single = [c for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target)) if len(c.nodes) == 1]
         conv = next(c for c in single if ops[next(iter(c.nodes))] == "relax.nn.conv2d")
         others = [c for c in single if ops[next(iter(c.nodes))] in ("relax.nn.relu", "relax.add")][:2]
         chosen += [conv, *others]
     with CostDatabase.open(tmp_path / "costs.sqlite") as db:
-        report = measure_candidates(
-            graph, chosen, backends, target, db, QUICK, plugin_modules=[PLUGIN], disabled=(), show_progress=False
-        )
+        report = measure_candidates(graph, chosen, backends, target, db, QUICK, plugin_modules=[PLUGIN], disabled=(), show_progress=False)
     costs = {c.key: report.costs[c.key] for c in chosen}
     conv_cost = {c.backend: costs[c.key] for c in chosen if "conv2d" in ops[next(iter(c.nodes))]}
     assert "illegal memory access" in conv_cost[FAULTING].reason, conv_cost[FAULTING]

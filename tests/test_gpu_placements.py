@@ -67,9 +67,7 @@ def test_the_library_loads_in_a_fresh_vm_and_gives_the_same_outputs(optimized):
     device = tvm_compat.device_for(result.target)
     outputs = vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs])
     first = outputs if hasattr(outputs, "numpy") else outputs[0]
-    np.testing.assert_allclose(
-        tvm_compat.to_numpy(first), result.run(*inputs)[0], rtol=1e-5, atol=1e-5, equal_nan=False
-    )
+    np.testing.assert_allclose(tvm_compat.to_numpy(first), result.run(*inputs)[0], rtol=1e-5, atol=1e-5, equal_nan=False)
 
 
 def test_the_library_replays_cuda_graphs_and_the_report_gives_the_gain(optimized):
@@ -103,15 +101,7 @@ RUN_ALONE = (
 def run_alone(kind, path, inputs, tmp_path, env):
     np.savez(tmp_path / "inputs.npz", *inputs)
     result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            RUNTIME_ONLY_CHECK + RUN_ALONE,
-            kind,
-            str(path),
-            str(tmp_path / "inputs.npz"),
-            str(tmp_path / "out.npy"),
-        ],
+        [sys.executable, "-c", RUNTIME_ONLY_CHECK + RUN_ALONE, kind, str(path), str(tmp_path / "inputs.npz"), str(tmp_path / "out.npy")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -144,9 +134,7 @@ def test_a_model_library_format_tar_runs_with_tvm_runtime_alone(optimized, tmp_p
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("name, vendor", [("tiny_bert", "cublas"), ("tiny_resnet", "cudnn")])
-def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_its_tolerance(
-    workspace, name, vendor, precision
-):
+def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_its_tolerance(workspace, name, vendor, precision):
     result = collage_core.optimize(
         str(MODELS / f"{name}.onnx"),
         target="cuda",

@@ -55,9 +55,7 @@ def test_collage_contribute_patterns_only_for_cuda_targets(name):
     hooks = importlib.import_module(f"collage_{name}.hooks")
     backend = discover_backends(get_plugin_manager())[name].backend
     cuda = tvm_compat.make_target({"kind": "cuda"})
-    assert (
-        hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.host_cpu_target(), precision="fp32") == []
-    )
+    assert hooks.collage_contribute_patterns(backend=backend, target=tvm_compat.host_cpu_target(), precision="fp32") == []
     patterns = hooks.collage_contribute_patterns(backend=backend, target=cuda, precision="fp32")
     assert patterns and all(p.name.startswith(f"{name}.") and not p.name.endswith("_tf32") for p in patterns)
     at_tf32 = hooks.collage_contribute_patterns(backend=backend, target=cuda, precision="tf32")
@@ -103,9 +101,7 @@ def test_collage_prepare_runtime_raises_saying_what_is_missing_without_a_gpu(nam
     library = importlib.import_module(f"collage_{name}.library")
     clear = getattr(library.load, "cache_clear", lambda: None)  # cuBLAS and cuDNN load one library, once
     clear()
-    monkeypatch.setattr(
-        cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(CudaUnavailable("no NVIDIA GPU here: test"))
-    )
+    monkeypatch.setattr(cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(CudaUnavailable("no NVIDIA GPU here: test")))
     try:
         backend = discover_backends(get_plugin_manager())[name].backend
         with pytest.raises(RuntimeError, match="no NVIDIA GPU here: test"):
@@ -162,16 +158,9 @@ def test_gpu_cost_keys_name_the_gpu_its_compute_capability_cuda_and_driver(monke
     target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90a"})
     backend = Backend("cublas", "op-level", ("cuda",), "1", "")
     keys = {}
-    for name, driver in (
-        ("NVIDIA H200", "580.159.04"),
-        ("NVIDIA H100 80GB HBM3", "580.159.04"),
-        ("NVIDIA H200", "575.51.03"),
-    ):
+    for name, driver in (("NVIDIA H200", "580.159.04"), ("NVIDIA H100 80GB HBM3", "580.159.04"), ("NVIDIA H200", "575.51.03")):
         gpu = cuda_libraries.Gpu(0, name, "9.0", 13000, driver)
         monkeypatch.setattr(cuda_libraries, "first_gpu", lambda gpu=gpu: gpu)
         keys[(name, driver)] = cost_key(backend, target, "cublas.dense:abc")
     assert len(set(keys.values())) == 3  # another GPU or another driver never reads these costs
-    assert (
-        keys[("NVIDIA H200", "580.159.04")].device
-        == "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"
-    )
+    assert keys[("NVIDIA H200", "580.159.04")].device == "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"

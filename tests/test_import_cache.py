@@ -33,11 +33,7 @@ def test_the_second_import_is_read_back_and_equals_the_first(cache, monkeypatch)
     second = load_model(str(MODELS / "tiny_resnet.onnx"))
     tvm.ir.assert_structural_equal(second.mod, first.mod)
     assert tvm_compat.structural_key(second.mod["main"]) == tvm_compat.structural_key(first.mod["main"])
-    assert (second.fingerprint, second.inputs, second.reference_name) == (
-        first.fingerprint,
-        first.inputs,
-        first.reference_name,
-    )
+    assert (second.fingerprint, second.inputs, second.reference_name) == (first.fingerprint, first.inputs, first.reference_name)
     inputs = second.random_inputs()
     np.testing.assert_array_equal(second.reference(inputs)[0], first.reference(inputs)[0])
 

@@ -51,10 +51,7 @@ class StandInWorker:
             if request["op"] == "load_library":
                 return {"once_s": runs["warm"]}
             StandInWorker.turns.append(self.library)
-            return {
-                "samples_s": [runs["after_pause"]] + [runs["warm"]] * (request["count"] - 1),
-                "paused_s": request["pause_s"],
-            }
+            return {"samples_s": [runs["after_pause"]] + [runs["warm"]] * (request["count"] - 1), "paused_s": request["pause_s"]}
         if request["op"] == "load_library":
             self.library = request["library"]
             copy = StandInWorker.loaded.get(self.library, 0)
@@ -82,9 +79,7 @@ def test_turns_stop_after_the_minimum_rounds_when_the_leader_is_clear(stand_ins)
     costs = timed(stand_ins, {"placement": [1.0, 1.02, 0.98], "onnxruntime": [2.0, 2.1, 1.9]}, settings)
     assert len(stand_ins.turns) == 3 * 2 * 2  # three rounds of four workers
     assert costs["placement"].warm.repeats == costs["onnxruntime"].warm.repeats == 3  # the fastest worker's runs
-    assert costs["placement"].warm.seconds == pytest.approx(1.0) and costs["onnxruntime"].warm.seconds == pytest.approx(
-        2.0
-    )
+    assert costs["placement"].warm.seconds == pytest.approx(1.0) and costs["onnxruntime"].warm.seconds == pytest.approx(2.0)
 
 
 def test_turns_run_every_round_while_the_libraries_overlap(stand_ins):
@@ -104,13 +99,9 @@ def test_a_library_is_costed_by_its_fastest_worker_not_by_an_unlucky_one(stand_i
     # As GPT-2 b8 in OpenVINO ran in turns: one process slowed round after round, the other ran as alone.
     settings = TurnSettings(rounds=7, min_rounds=3, burst_s=0.0, workers_per_library=2)
     costs = timed(
-        stand_ins,
-        {"openvino": [[1.27, 1.33, 1.24], [0.92, 0.93, 0.91]], "onnxruntime": [[1.05, 1.07, 1.06], [1.09, 1.10, 1.11]]},
-        settings,
+        stand_ins, {"openvino": [[1.27, 1.33, 1.24], [0.92, 0.93, 0.91]], "onnxruntime": [[1.05, 1.07, 1.06], [1.09, 1.10, 1.11]]}, settings
     )
-    assert costs["openvino"].warm.seconds == pytest.approx(0.92) and costs["onnxruntime"].warm.seconds == pytest.approx(
-        1.06
-    )
+    assert costs["openvino"].warm.seconds == pytest.approx(0.92) and costs["onnxruntime"].warm.seconds == pytest.approx(1.06)
     assert costs["openvino"].warm.spread_s == pytest.approx(0.01)  # the fastest worker's quartiles, not both workers'
     assert len(stand_ins.turns) == 3 * 4  # and with its fastest worker the leader is clear after three rounds
 
@@ -119,11 +110,7 @@ def test_each_turn_is_a_run_after_a_pause_then_runs_back_to_back_and_the_two_are
     """A library slow after a pause and fast warm, as OpenVINO can be, against a steady one: each figure
     is its own, neither pooled into the other, and how many runs fit a burst comes from the warm runs."""
     settings = TurnSettings(rounds=3, min_rounds=3, burst_s=0.03, workers_per_library=1, warmup_runs=3, pause_s=1.5)
-    costs = timed(
-        stand_ins,
-        {"pausy": {"after_pause": 0.05, "warm": 0.01}, "steady": {"after_pause": 0.02, "warm": 0.02}},
-        settings,
-    )
+    costs = timed(stand_ins, {"pausy": {"after_pause": 0.05, "warm": 0.01}, "steady": {"after_pause": 0.02, "warm": 0.02}}, settings)
     assert (costs["pausy"].warm.seconds, costs["pausy"].after_pause.seconds) == (0.01, 0.05)
     assert (costs["steady"].warm.seconds, costs["steady"].after_pause.seconds) == (0.02, 0.02)
     assert costs["pausy"].warm.repeats == 3 * 3 and costs["steady"].warm.repeats == 3  # a burst of 0.03 s of warm runs

@@ -59,9 +59,7 @@ def test_strict_fails_a_run_in_which_a_check_raised_and_otherwise_the_run_ends_w
 
 
 def test_a_named_backend_is_inspected_where_it_cannot_run():
-    result = inspection.inspect_model(
-        str(MODELS / "tiny_bert.onnx"), target={"kind": "cuda", "arch": "sm_90"}, backends=["cublas"]
-    )
+    result = inspection.inspect_model(str(MODELS / "tiny_bert.onnx"), target={"kind": "cuda", "arch": "sm_90"}, backends=["cublas"])
     cublas = result.views[0]
     assert cublas.name == "cublas" and cublas.candidates
     assert any(r.reason == "a constant right operand is the dense patterns' match" for r in cublas.refusals)
@@ -77,16 +75,7 @@ def test_an_unknown_backend_is_named_with_the_installed_ones():
 
 def test_python_m_collage_core_runs_the_cli():
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "collage_core",
-            "inspect",
-            str(MODELS / "tiny_resnet.onnx"),
-            "--backends",
-            "tvm",
-            "--no-relax",
-        ],
+        [sys.executable, "-m", "collage_core", "inspect", str(MODELS / "tiny_resnet.onnx"), "--backends", "tvm", "--no-relax"],
         capture_output=True,
         text=True,
         timeout=300,

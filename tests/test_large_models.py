@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {
-    "resnet50": ["--model", "resnet50"],
-    "bert_l4_b1_s128": ["--model", "bert", "--layers", "4"],
-}
+MODELS = {"resnet50": ["--model", "resnet50"], "bert_l4_b1_s128": ["--model", "bert", "--layers", "4"]}
 FILES = {"resnet50": "resnet50_b1.onnx", "bert_l4_b1_s128": "bert_l4_b1_s128.onnx"}
 
 
@@ -21,9 +18,7 @@ def _model_file(name: str) -> Path:
     path = ROOT / "models" / "hf" / FILES[name]
     if not path.exists():
         pytest.importorskip("transformers")
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), *MODELS[name]], check=True, cwd=ROOT
-        )
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), *MODELS[name]], check=True, cwd=ROOT)
     return path
 
 
@@ -33,9 +28,7 @@ def test_optimize_and_replay_large_model(name, tmp_path):
     model = _model_file(name)
     costs = tmp_path / "costs.sqlite"
     run = subprocess.run(
-        ["collage", "optimize", str(model), "--cost-db", str(costs), "--output", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
+        ["collage", "optimize", str(model), "--cost-db", str(costs), "--output", str(tmp_path / "out")], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "numerics passed" in run.stdout
@@ -93,15 +86,7 @@ def test_resnet50_exported_to_mlf_runs_in_a_new_process_as_before_export(tmp_pat
     )
     assert run.returncode == 0, run.stderr[-2000:]
     export = subprocess.run(
-        [
-            "collage",
-            "export",
-            str(model),
-            "--placement",
-            str(out / "placement.json"),
-            "-o",
-            str(tmp_path / "resnet50.tar"),
-        ],
+        ["collage", "export", str(model), "--placement", str(out / "placement.json"), "-o", str(tmp_path / "resnet50.tar")],
         capture_output=True,
         text=True,
     )
@@ -118,16 +103,12 @@ def test_resnet50_exported_to_mlf_runs_in_a_new_process_as_before_export(tmp_pat
         "print('same outputs', before.shape)\n"
     )
     check = subprocess.run(
-        [sys.executable, "-c", code, str(out / "resnet50_b1.so"), str(tmp_path / "resnet50.tar")],
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", code, str(out / "resnet50_b1.so"), str(tmp_path / "resnet50.tar")], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stderr[-2000:]
     assert "same outputs (1, 1000)" in check.stdout
     picture = subprocess.run(
-        ["collage", "show", str(out / "placement.json"), "-o", str(tmp_path / "resnet50.png")],
-        capture_output=True,
-        text=True,
+        ["collage", "show", str(out / "placement.json"), "-o", str(tmp_path / "resnet50.png")], capture_output=True, text=True
     )
     assert picture.returncode == 0, picture.stderr[-2000:]
     width, height = _png_size(tmp_path / "resnet50.png")
@@ -139,9 +120,7 @@ def test_bert_base_placement_renders_to_png(tmp_path):
     model = ROOT / "models" / "hf" / "bert_l12_b1_s128.onnx"
     if not model.exists():
         pytest.importorskip("transformers")
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), "--model", "bert-base"], check=True, cwd=ROOT
-        )
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), "--model", "bert-base"], check=True, cwd=ROOT)
     out = tmp_path / "out"
     run = subprocess.run(
         [
@@ -163,13 +142,9 @@ def test_bert_base_placement_renders_to_png(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     picture = subprocess.run(
-        ["collage", "show", str(out / "placement.json"), "-o", str(tmp_path / "bert.png"), "--explain"],
-        capture_output=True,
-        text=True,
+        ["collage", "show", str(out / "placement.json"), "-o", str(tmp_path / "bert.png"), "--explain"], capture_output=True, text=True
     )
     assert picture.returncode == 0, picture.stderr[-2000:]
     width, height = _png_size(tmp_path / "bert.png")
     assert width >= 300 and height >= 4000
-    assert picture.stdout.count("chosen") >= len(
-        __import__("json").loads((out / "placement.json").read_text())["partitions"]
-    )
+    assert picture.stdout.count("chosen") >= len(__import__("json").loads((out / "placement.json").read_text())["partitions"])

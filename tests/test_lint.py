@@ -48,10 +48,7 @@ def test_the_files_left_unformatted_are_those_the_plugins_digest():
     for hooks in sorted((ROOT / "plugins").glob("*/collage_*/hooks.py")):
         tree = ast.parse(hooks.read_text())
         origin = {
-            alias.asname or alias.name: node.module
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom)
-            for alias in node.names
+            alias.asname or alias.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
         }
         for call in ast.walk(tree):
             if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "sources_digest"):

@@ -37,9 +37,7 @@ def measured(monkeypatch, tmp_path, module: str, backend_names, node_sets, setti
         patterns = contribute_patterns(pm, infos[name].backend, target)
         candidates += [c for c in enumerate_candidates(graph, patterns) if c.nodes in node_sets]
     with CostDatabase.open(tmp_path / "costs.sqlite") as db:
-        return candidates, measure_candidates(
-            graph, candidates, backends, target, db, settings, [module], show_progress=False
-        )
+        return candidates, measure_candidates(graph, candidates, backends, target, db, settings, [module], show_progress=False)
 
 
 def test_a_noisy_cost_is_measured_again_and_one_that_stays_noisy_is_named(monkeypatch, tmp_path):
@@ -59,12 +57,7 @@ def test_a_candidate_far_slower_than_a_known_way_to_compute_its_operators_is_tim
     log = tmp_path / "cutoffs.jsonl"
     monkeypatch.setenv("CUTOFF_LOG", str(log))
     candidates, report = measured(
-        monkeypatch,
-        tmp_path,
-        "plugins_for_tests.cutoff_plugin",
-        plugin.BACKENDS,
-        ({0}, {1}),
-        MeasureSettings(build_workers=1),
+        monkeypatch, tmp_path, "plugins_for_tests.cutoff_plugin", plugin.BACKENDS, ({0}, {1}), MeasureSettings(build_workers=1)
     )
     given = [tuple(json.loads(line)) for line in log.read_text().splitlines()]
     assert given == [("afast", None)] * 2 + [("zslow", CANDIDATE_CUTOFF_FACTOR * plugin.FAST_S)] * 2

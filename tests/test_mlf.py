@@ -88,11 +88,7 @@ def op_level(favoured: str, rest: str):
 
     def parts(graph, pm, target):
         installed = {name: info.backend for name, info in discover_backends(pm).items()}
-        candidates = [
-            c
-            for name in (favoured, rest)
-            for c in enumerate_candidates(graph, contribute_patterns(pm, installed[name], target))
-        ]
+        candidates = [c for name in (favoured, rest) for c in enumerate_candidates(graph, contribute_patterns(pm, installed[name], target))]
         costs = {c.key: Cost.measured(1e-3 if c.backend == favoured else 2e-3, 0.0, 1) for c in candidates}
         return [Partition.from_candidate(c, costs[c.key]) for c in search_op_level(graph.graph, candidates, costs)]
 
@@ -114,9 +110,7 @@ def placement_file(path: Path, parts, model: Path = MODEL, target=None) -> Path:
         operators=graph.graph.ops,
         target=tvm_compat.target_to_dict(target),
         device=tvm_compat.device_name(target),
-        backends={
-            p.backend: {"version": installed[p.backend].version, "kind": installed[p.backend].kind} for p in partitions
-        },
+        backends={p.backend: {"version": installed[p.backend].version, "kind": installed[p.backend].kind} for p in partitions},
         search="made for a test, nothing measured",
         partitions=partitions,
     ).save(path)
@@ -125,9 +119,7 @@ def placement_file(path: Path, parts, model: Path = MODEL, target=None) -> Path:
 def replayed(path: Path, model: Path = MODEL, target=None):
     """The placement file at ``path`` rebuilt and verified by ``optimize``, nothing measured but its end-to-end run."""
     backends = sorted({p.backend for p in load_placement(path).partitions})
-    return collage_core.optimize(
-        str(model), target=target, backends=backends, placement=path, compare_backends=False, show_progress=False
-    )
+    return collage_core.optimize(str(model), target=target, backends=backends, placement=path, compare_backends=False, show_progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -150,13 +142,7 @@ def members(path) -> dict[str, tarfile.TarInfo]:
 
 def test_layout_follows_model_library_format(exported):
     names = set(members(exported))
-    assert {
-        "metadata.json",
-        "executor-config/relax-vm.json",
-        "parameters/tiny_resnet.params",
-        "src/relax.txt",
-        "placement.json",
-    } <= names
+    assert {"metadata.json", "executor-config/relax-vm.json", "parameters/tiny_resnet.params", "src/relax.txt", "placement.json"} <= names
     assert {"codegen/host/lib/lib0.o", "codegen/host/lib/devc.o"} <= names
 
 
@@ -285,17 +271,7 @@ def test_cli_export_writes_a_tar_that_loads_and_leaves_no_temporary_files(optimi
     placement = optimized.placement.save(tmp_path / "placement.json")
     (tmp_path / "tmp").mkdir()
     result = subprocess.run(
-        [
-            "collage",
-            "export",
-            str(MODEL),
-            "--placement",
-            str(placement),
-            "--format",
-            "mlf",
-            "-o",
-            str(tmp_path / "out.tar"),
-        ],
+        ["collage", "export", str(MODEL), "--placement", str(placement), "--format", "mlf", "-o", str(tmp_path / "out.tar")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -315,15 +291,7 @@ def test_cli_export_writes_a_tar_that_loads_and_leaves_no_temporary_files(optimi
 def test_cli_export_of_a_placement_for_another_model_fails_in_one_line(optimized, tmp_path):
     placement = optimized.placement.save(tmp_path / "placement.json")
     result = subprocess.run(
-        [
-            "collage",
-            "export",
-            str(ROOT / "models" / "tiny_bert.onnx"),
-            "--placement",
-            str(placement),
-            "-o",
-            str(tmp_path / "x.tar"),
-        ],
+        ["collage", "export", str(ROOT / "models" / "tiny_bert.onnx"), "--placement", str(placement), "-o", str(tmp_path / "x.tar")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -365,9 +333,7 @@ def test_the_lowered_ir_says_what_each_partition_calls_under_numbered_names(expo
     with tarfile.open(exported) as archive:
         metadata = json.loads(archive.extractfile("metadata.json").read())
         texts = {
-            m.name: archive.extractfile(m).read().decode()
-            for m in archive.getmembers()
-            if m.name.startswith("src/lowered/") and m.isfile()
+            m.name: archive.extractfile(m).read().decode() for m in archive.getmembers() if m.name.startswith("src/lowered/") and m.isfile()
         }
         relax_text = archive.extractfile("src/relax.txt").read().decode()
     lowered = {entry["function"]: entry for entry in metadata["lowered"]}
@@ -397,10 +363,7 @@ def test_a_model_named_with_spaces_and_accents_exports_and_loads(tmp_path):
     tar = export_mlf(placed, tmp_path / "model.tar")
     assert "parameters/tiny résnet v2.params" in set(members(tar))
     loaded = load_mlf(tar, workdir=tmp_path / "unpacked")
-    assert (
-        loaded.metadata["model_name"] == "tiny résnet v2"
-        and loaded.library == tmp_path / "unpacked" / "tiny résnet v2.so"
-    )
+    assert loaded.metadata["model_name"] == "tiny résnet v2" and loaded.library == tmp_path / "unpacked" / "tiny résnet v2.so"
     assert loaded.parameters
     inputs = placed.model.random_inputs(seed=5)
     np.testing.assert_allclose(loaded.run(*inputs)[0], placed.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
@@ -419,9 +382,7 @@ def with_files(source: Path, target: Path, change) -> Path:
     def changed_and_listed(files):
         change(files)
         metadata = json.loads(files["metadata.json"])
-        metadata["files"] = {
-            name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "metadata.json"
-        }
+        metadata["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "metadata.json"}
         metadata["sizes"] = {name: len(data) for name, data in files.items() if name != "metadata.json"}
         files["metadata.json"] = json.dumps(metadata).encode()
 
@@ -438,15 +399,11 @@ def with_config(change):
 
 
 @pytest.mark.parametrize("other", ["shorter", "longer"])
-def test_a_tar_built_with_other_backend_versions_warns_naming_both_or_with_strict_is_refused(
-    exported, tmp_path, caplog, other
-):
+def test_a_tar_built_with_other_backend_versions_warns_naming_both_or_with_strict_is_refused(exported, tmp_path, caplog, other):
     installed = discover_backends(get_plugin_manager())["dnnl"].backend.version
     recorded = {"shorter": installed.rsplit("+", 1)[0], "longer": f"{installed}+threads-1"}[other]
     tar = with_files(
-        exported,
-        tmp_path / "older.tar",
-        with_config(lambda config: config["runtime_backends"]["dnnl"].update(version=recorded)),
+        exported, tmp_path / "older.tar", with_config(lambda config: config["runtime_backends"]["dnnl"].update(version=recorded))
     )
     expected = f"{tar} was built with dnnl {recorded}, and dnnl {installed} is installed here"
     with pytest.raises(MLFError, match=re.escape(expected)):
@@ -464,9 +421,7 @@ def test_load_errors_name_the_tar_and_its_members_never_the_files_it_was_unpacke
         load_mlf(exported, pm=get_plugin_manager(disabled=["dnnl"]))
     assert str(refused.value).startswith(f"{exported}: partitions run on backend dnnl, which is not installed here")
     assert "collage-mlf-" not in str(refused.value)
-    broken = with_files(
-        exported, tmp_path / "broken.tar", lambda files: files.update({"codegen/host/lib/devc.o": b"\0" * 64})
-    )
+    broken = with_files(exported, tmp_path / "broken.tar", lambda files: files.update({"codegen/host/lib/devc.o": b"\0" * 64}))
     with pytest.raises(MLFError) as refused:
         load_mlf(broken)
     assert str(refused.value).startswith(f"{broken}: ") and "collage-mlf-" not in str(refused.value)
@@ -485,9 +440,7 @@ def test_a_tar_that_does_not_load_in_a_new_process_is_named_with_the_problem_in_
     with pytest.raises(MLFError) as refused:
         check_in_new_process(unknown, [np.zeros((1, 3, 32, 32), "float32")])
     message = str(refused.value)
-    assert message == (
-        f"{unknown}: partitions run on backend nosuch, which is not installed here: it needs pip install collage-nosuch"
-    )
+    assert message == (f"{unknown}: partitions run on backend nosuch, which is not installed here: it needs pip install collage-nosuch")
 
 
 def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(exported, optimized):
@@ -497,9 +450,7 @@ def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(
         np.testing.assert_array_equal(made, expected)
 
 
-def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_partial(
-    optimized, tmp_path, monkeypatch, capsys
-):
+def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_partial(optimized, tmp_path, monkeypatch, capsys):
     placement = optimized.placement.save(tmp_path / "placement.json")
     (tmp_path / "out.tar").write_bytes(b"an earlier export")
     (tmp_path / "tmp").mkdir()
@@ -527,9 +478,7 @@ def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_s
         text=True,
         timeout=600,
     )
-    warned = (
-        f"warning: {placement} was measured with dnnl onednn-2.6.3+kernels-1, and dnnl {installed} is installed here"
-    )
+    warned = f"warning: {placement} was measured with dnnl onednn-2.6.3+kernels-1, and dnnl {installed} is installed here"
     assert result.returncode == EXIT_WARNINGS, result.stderr[-2000:]
     assert [line for line in result.stderr.splitlines() if line.startswith("warning:")] == [
         f"{warned}: its costs and choices may not hold here"
@@ -541,9 +490,7 @@ def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_s
 def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
     """tiny_resnet on cuDNN where its patterns cover the operators, TVM for the rest, replaying CUDA graphs;
     compared with ONNX Runtime on the CPU within rtol 1e-4 and atol 1e-4, as tests/test_gpu_placements.py does."""
-    placed = replayed(
-        placement_file(tmp_path / "placement.json", op_level("cudnn", "tvm"), target="cuda"), target="cuda"
-    )
+    placed = replayed(placement_file(tmp_path / "placement.json", op_level("cudnn", "tvm"), target="cuda"), target="cuda")
     assert {p.backend for p in placed.placement.partitions} == {"cudnn", "tvm"}
     tar = export_mlf(placed, tmp_path / "model.tar")
     inputs = placed.model.random_inputs(seed=3)
@@ -552,6 +499,4 @@ def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
     with tarfile.open(tar) as archive:
         lowered = json.loads(archive.extractfile("metadata.json").read())["lowered"]
-    assert {"collage_cudnn.run"} == {
-        name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]
-    }
+    assert {"collage_cudnn.run"} == {name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]}

@@ -193,11 +193,7 @@ def clip_model(low, high) -> onnx.ModelProto:
         "clip",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
-        [
-            helper.make_tensor(name, TensorProto.FLOAT, [], [value])
-            for name, value in (("low", low), ("high", high))
-            if value is not None
-        ],
+        [helper.make_tensor(name, TensorProto.FLOAT, [], [value]) for name, value in (("low", low), ("high", high)) if value is not None],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
@@ -228,12 +224,7 @@ def test_constant_of_constant_shape_imports_including_a_scalar_shape(shape):
     """GPT-2's causal mask starts from ConstantOfShape of an empty shape: a scalar."""
     graph = helper.make_graph(
         [
-            helper.make_node(
-                "ConstantOfShape",
-                ["shape"],
-                ["filled"],
-                value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.5]),
-            ),
+            helper.make_node("ConstantOfShape", ["shape"], ["filled"], value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.5])),
             helper.make_node("Add", ["x", "filled"], ["y"]),
         ],
         "constant_of_shape",
@@ -302,15 +293,9 @@ def test_shape_arithmetic_is_folded_before_tvm_imports_and_the_original_stays_th
 def test_a_node_tvm_cannot_convert_is_named_with_its_operator_and_what_to_try(tmp_path):
     """Pads given at run time (an input) are beyond TVM's importer, folded or not."""
     graph = helper.make_graph(
-        [
-            helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"),
-            helper.make_node("Relu", ["padded"], ["out"]),
-        ],
+        [helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad_by_input"), helper.make_node("Relu", ["padded"], ["out"])],
         "dynamic_pads",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
-            helper.make_tensor_value_info("pads", TensorProto.INT64, [4]),
-        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]), helper.make_tensor_value_info("pads", TensorProto.INT64, [4])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 6])],
     )
     path = tmp_path / "dynamic_pads.onnx"
@@ -379,9 +364,7 @@ def test_a_torch_node_tvm_cannot_convert_is_named_with_its_source_line(monkeypat
         load_model(ConvReluLinear(), example_inputs=(torch.randn(1, 3, 8, 8),))
     message = str(raised.value)
     assert "\n" not in message
-    assert message.startswith(
-        "PyTorch module ConvReluLinear: TVM's importer cannot convert relu.default node 'relu' (made by "
-    )
+    assert message.startswith("PyTorch module ConvReluLinear: TVM's importer cannot convert relu.default node 'relu' (made by ")
     assert "ValueError: relu is not supported here; the ONNX route " in message
 
 
@@ -458,8 +441,7 @@ def exported_order(module, example) -> list[tuple[int, ...]]:
 
         def forward(self, x):
             return pytree.tree_map(
-                lambda leaf: RegisteredPair(leaf.second, leaf.absent, leaf.first) if isinstance(leaf, Pair) else leaf,
-                self.module(x),
+                lambda leaf: RegisteredPair(leaf.second, leaf.absent, leaf.first) if isinstance(leaf, Pair) else leaf, self.module(x)
             )
 
     program = torch.export.export(Exportable(), (example,))
@@ -469,10 +451,7 @@ def exported_order(module, example) -> list[tuple[int, ...]]:
 
 def declared_shapes(imported) -> list[tuple[int, ...]]:
     declared = tvm_compat.return_type(imported.mod["main"])
-    return [
-        tvm_compat.type_shape_dtype(ty)[0]
-        for ty in (declared.fields if isinstance(declared, relax.TupleType) else [declared])
-    ]
+    return [tvm_compat.type_shape_dtype(ty)[0] for ty in (declared.fields if isinstance(declared, relax.TupleType) else [declared])]
 
 
 @pytest.mark.parametrize("returned", list(RETURNED))
@@ -529,12 +508,7 @@ def _refuse(x):
 @pytest.mark.parametrize(
     "exported, run, error, message",
     [
-        (
-            lambda x: x + 1,
-            lambda x: (x + 1, x * 2),
-            UncheckableModel,
-            "pytorch .* gives 2 outputs, the imported model 1$",
-        ),
+        (lambda x: x + 1, lambda x: (x + 1, x * 2), UncheckableModel, "pytorch .* gives 2 outputs, the imported model 1$"),
         (
             lambda x: {"a": x[:1], "b": x},
             lambda x: {"a": x, "b": x},
@@ -555,12 +529,7 @@ def _refuse(x):
             r"its reference \(pytorch .*\) fails on inputs of the model's shapes: "
             r"ValueError: inputs of this kind are refused$",
         ),
-        (
-            lambda x: x + 1,
-            lambda x: x + torch.rand_like(x),
-            UncheckableModel,
-            "gives other outputs each time on the same inputs",
-        ),
+        (lambda x: x + 1, lambda x: x + torch.rand_like(x), UncheckableModel, "gives other outputs each time on the same inputs"),
         (
             lambda x: (x * 2, x + 1),
             lambda x: (x * 2, x + 2),
@@ -570,9 +539,7 @@ def _refuse(x):
     ],
     ids=["count", "shape", "dtype", "reference fails", "reference varies", "numerics"],
 )
-def test_a_model_collage_cannot_check_fails_before_anything_is_measured(
-    monkeypatch, tmp_path, exported, run, error, message
-):
+def test_a_model_collage_cannot_check_fails_before_anything_is_measured(monkeypatch, tmp_path, exported, run, error, message):
     from collage_core.search import stage as search_stage
 
     def measure(*args, **kwargs):

@@ -22,15 +22,7 @@ from collage_core.outputs.placement_file import PlacementFileError
 from collage_core.outputs.report import render_report
 from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 from collage_core.records import Cost
-from collage_core.search.baselines import (
-    IN_TURNS,
-    MAX_RIVALS,
-    NEAR_RIVAL,
-    RIVALS,
-    TURNS_MARGIN,
-    baseline_file,
-    closest_rivals,
-)
+from collage_core.search.baselines import IN_TURNS, MAX_RIVALS, NEAR_RIVAL, RIVALS, TURNS_MARGIN, baseline_file, closest_rivals
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY_RESNET = MODELS / "tiny_resnet.onnx"
@@ -66,13 +58,7 @@ def costs(shared_cost_db):
 def optimized(workspace, costs):
     with pytest.MonkeyPatch.context() as monkeypatch:
         quick_turns(monkeypatch)
-        return collage_core.optimize(
-            str(TINY_RESNET),
-            backends=["tvm"],
-            cost_db=costs,
-            output_dir=workspace / "out",
-            show_progress=False,
-        )
+        return collage_core.optimize(str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "out", show_progress=False)
 
 
 def test_optimize_measures_searches_builds_and_verifies(optimized):
@@ -100,9 +86,7 @@ def test_the_report_says_where_the_time_went(optimized, workspace):
     assert all(seconds >= 0 for seconds in phases.values()) and phases["building and verifying"] > 0
     saved = json.loads((workspace / "out" / "results.json").read_text())["phases_s"]
     assert saved == phases
-    line = next(
-        line for line in (workspace / "out" / "report.txt").read_text().splitlines() if line.startswith("time: ")
-    )
+    line = next(line for line in (workspace / "out" / "report.txt").read_text().splitlines() if line.startswith("time: "))
     assert line.endswith(f"{sum(phases.values()):.1f} s in all") and "baselines" in line
 
 
@@ -121,9 +105,7 @@ def test_run_prepares_each_backends_runtime_before_loading_the_library(optimized
 
     prepared = []
     original = deploy.prepare_runtime
-    monkeypatch.setattr(
-        deploy, "prepare_runtime", lambda library, pm=None: prepared.append(library) or original(library, pm)
-    )
+    monkeypatch.setattr(deploy, "prepare_runtime", lambda library, pm=None: prepared.append(library) or original(library, pm))
     fresh = attrs.evolve(optimized, vm=None)
     inputs = optimized.model.random_inputs(seed=5)
     np.testing.assert_array_equal(fresh.run(*inputs)[0], optimized.run(*inputs)[0])
@@ -137,12 +119,7 @@ def test_placement_file_replays_the_same_executable(optimized, workspace):
     assert data["model"]["name"] == "tiny_resnet"
     assert all(p["cost"]["kind"] == "measured" for p in data["partitions"])
     replayed = collage_core.optimize(
-        str(TINY_RESNET),
-        placement=saved,
-        backends=["tvm"],
-        output_dir=workspace / "replay",
-        compare_backends=False,
-        show_progress=False,
+        str(TINY_RESNET), placement=saved, backends=["tvm"], output_dir=workspace / "replay", compare_backends=False, show_progress=False
     )
     assert replayed.measurement is None
     assert tvm_compat.structural_equal(replayed.partitioned_mod, optimized.partitioned_mod)
@@ -161,14 +138,9 @@ def test_a_placement_measured_on_another_device_says_so_and_the_report_names_whe
         )
     here = tvm_compat.device_name(tvm_compat.host_cpu_target())
     warned = [r.getMessage() for r in caplog.records if "replayed on" in r.getMessage()]
-    assert warned == [
-        f"{elsewhere} was measured on {data['device']} and is replayed on {here}: its costs and choices "
-        "may not hold here"
-    ]
+    assert warned == [f"{elsewhere} was measured on {data['device']} and is replayed on {here}: its costs and choices may not hold here"]
     assert replayed.placement.ran_on == here
-    assert f"operators on {here}, op-level search (placement measured on cuda:sm_90a (NVIDIA H200" in render_report(
-        replayed
-    )
+    assert f"operators on {here}, op-level search (placement measured on cuda:sm_90a (NVIDIA H200" in render_report(replayed)
 
 
 def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replayed(optimized, workspace):
@@ -179,12 +151,8 @@ def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replay
     assert entry.cost.is_measured
     saved = baseline_file(workspace / "out", "unpartitioned relax.build")
     whole = load_placement(saved)
-    assert [(p.backend, p.pattern, p.nodes) for p in whole.partitions] == [
-        ("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(whole.operators))))
-    ]
-    replayed = collage_core.optimize(
-        str(TINY_RESNET), placement=saved, backends=["tvm"], compare_backends=False, show_progress=False
-    )
+    assert [(p.backend, p.pattern, p.nodes) for p in whole.partitions] == [("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(whole.operators))))]
+    replayed = collage_core.optimize(str(TINY_RESNET), placement=saved, backends=["tvm"], compare_backends=False, show_progress=False)
     assert replayed.verification.passed, replayed.verification.describe()
 
 
@@ -250,9 +218,7 @@ def test_dash_o_and_double_dash_output_name_the_same_directory():
 
 
 def test_cli_backends_lists_tvm():
-    result = subprocess.run(
-        [sys.executable, "-m", "collage_core.cli", "backends"], capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([sys.executable, "-m", "collage_core.cli", "backends"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     row = next(line for line in result.stdout.splitlines() if line.startswith("tvm "))
     assert "op-level" in row and "yes" in row
@@ -286,12 +252,7 @@ def test_optimize_torch_module_is_verified_against_pytorch(costs):
 
     torch.manual_seed(0)
     result = collage_core.optimize(
-        Block(),
-        example_inputs=(torch.randn(1, 3, 8, 8),),
-        backends=["tvm"],
-        cost_db=costs,
-        show_progress=False,
-        compare_backends=False,
+        Block(), example_inputs=(torch.randn(1, 3, 8, 8),), backends=["tvm"], cost_db=costs, show_progress=False, compare_backends=False
     )
     assert result.verification.passed and result.verification.reference.startswith("pytorch")
 
@@ -435,9 +396,7 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
     monkeypatch.setattr(build_stage, "time_in_turns", last_rival_fastest)
     # DNNL's candidates cost half TVM's (a deterministic cost model): the search places DNNL wherever it
     # can, and TVM alone stays a rival of another placement, whatever the machine's load.
-    op_level_costs_from(
-        monkeypatch, lambda candidate, ops: Cost.measured(1e-3 if candidate.backend == "dnnl" else 2e-3, 0.0, 1)
-    )
+    op_level_costs_from(monkeypatch, lambda candidate, ops: Cost.measured(1e-3 if candidate.backend == "dnnl" else 2e-3, 0.0, 1))
     builds = recorded_builds(monkeypatch)
     result = collage_core.optimize(
         str(TINY_RESNET),
@@ -453,11 +412,7 @@ def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again
     assert result.latency() == Cost.measured(1e-3, 1e-5, 20)  # what it won by, in turns
     rival = [e for e in result.end_to_end if e.name.endswith(ONE_AFTER_ANOTHER)][0]
     assert rival.name == f"{PLACEMENT}, {ONE_AFTER_ANOTHER}"
-    assert (
-        result.end_to_end[0].operators_by_backend
-        == rival.operators_by_backend
-        != result.end_to_end[1].operators_by_backend
-    )
+    assert result.end_to_end[0].operators_by_backend == rival.operators_by_backend != result.end_to_end[1].operators_by_backend
     library = workspace / "drift" / f"{result.model.name}.so"
     assert [b for b in builds if b is not None][-1].parent.parent.name == "rivals"  # not built again
     assert result.verification.passed, result.verification.describe()
@@ -478,9 +433,7 @@ def candidate_costs_only(source: Path, path: Path) -> None:
         copy.commit()
 
 
-def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
-    optimized, costs, tmp_path, monkeypatch
-):
+def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(optimized, costs, tmp_path, monkeypatch):
     """The second run of the same command reads candidates, searched placements and baselines from the
     database: its search ends where the first one did, and the end of the first run kept in the output
     directory (library, verification, end-to-end rows) is reused: nothing is built. Without that
@@ -686,8 +639,7 @@ def test_a_baseline_whose_partitions_add_up_to_ten_times_the_placement_is_not_bu
     op_level = [part(0.4), part(0.6)]
     slow = predicted_cost([part(6.0), part(4.5)], op_level)
     assert slow.reason == (
-        f"{PREDICTED_PREFIX} its partitions' measured costs add up to 10.500 ms, "
-        "over 10x the op-level placement's 1.000 ms"
+        f"{PREDICTED_PREFIX} its partitions' measured costs add up to 10.500 ms, over 10x the op-level placement's 1.000 ms"
     )
     assert not slow.is_measured and CANNOT_WIN_FACTOR == 10.0
     assert predicted_cost([part(6.0), part(3.9)], op_level) is None  # may win: built and measured
@@ -714,9 +666,7 @@ def op_level_costs_from(monkeypatch, cost_of) -> None:
     monkeypatch.setattr(search_stage, "measure", deterministically)
 
 
-def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they_cannot_win(
-    workspace, costs, monkeypatch
-):
+def test_tvm_alone_and_the_unpartitioned_build_are_predicted_not_built_when_they_cannot_win(workspace, costs, monkeypatch):
     """When TVM's partitions add up to far more than the placement with DNNL beside it, neither TVM alone
     nor TVM's unpartitioned build is built, and the report says why. The candidates' costs come from a
     deterministic cost model, never the machine (how slow untuned TVM is against DNNL, and DNNL's own
@@ -822,14 +772,10 @@ def baseline_won(optimized, workspace, costs):
         return contest_on_tvm(workspace / "baseline-won", costs, monkeypatch, "last rival")
 
 
-def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_and_every_file_says_why(
-    baseline_won, workspace, capsys
-):
+def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_and_every_file_says_why(baseline_won, workspace, capsys):
     out = workspace / "baseline-won"
     headline = baseline_won.end_to_end[0]
-    assert headline == EndToEnd(
-        PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, True, Cost.measured(1e-3, 1e-5, 20), 1.0
-    )
+    assert headline == EndToEnd(PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, True, Cost.measured(1e-3, 1e-5, 20), 1.0)
     assert baseline_won.latency() == headline.cost
     assert [(e.name, e.timed_in_turns) for e in baseline_won.end_to_end[:4]] == [
         (PLACEMENT, True),
@@ -840,8 +786,7 @@ def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_a
     assert baseline_won.placement.why_chosen == BASELINE_WON
     report = (out / "report.txt").read_text().splitlines()
     assert report[1:3] == [
-        "latency: 1.000 ms ±0.010 warm, back to back, timed in turns with 1 rival build; "
-        "1.000 ms ±0.010 after 1.0 s idle",
+        "latency: 1.000 ms ±0.010 warm, back to back, timed in turns with 1 rival build; 1.000 ms ±0.010 after 1.0 s idle",
         f"why this placement: {BASELINE_WON}",
     ]
     results = json.loads((out / "results.json").read_text())
@@ -874,16 +819,12 @@ def test_the_searched_placement_that_lost_is_saved_and_replays_into_its_own_dire
     monkeypatch.setattr(build_stage, "baselines", must_not_run)
     monkeypatch.setattr(build_stage, "contest", must_not_run)
     before = {path.name: path.stat().st_mtime_ns for path in out.iterdir()}
-    replayed = collage_core.optimize(
-        str(TINY_RESNET), placement=out / SEARCHED_PLACEMENT_FILE, backends=["tvm"], output_dir=out / "replay"
-    )
+    replayed = collage_core.optimize(str(TINY_RESNET), placement=out / SEARCHED_PLACEMENT_FILE, backends=["tvm"], output_dir=out / "replay")
     assert {path.name: path.stat().st_mtime_ns for path in out.iterdir() if path.name != "replay"} == before
     assert replayed.placement.partitions == searched.partitions and replayed.verification.passed
     assert [(e.name, e.timed_in_turns) for e in replayed.end_to_end] == [(PLACEMENT, False)]
     assert replayed.placement.why_chosen.startswith(f"replayed from {out / SEARCHED_PLACEMENT_FILE} (the file says why")
-    assert json.loads((out / "replay" / "results.json").read_text())["replayed_from"] == str(
-        out / SEARCHED_PLACEMENT_FILE
-    )
+    assert json.loads((out / "replay" / "results.json").read_text())["replayed_from"] == str(out / SEARCHED_PLACEMENT_FILE)
     assert not (out / "replay" / SEARCHED_PLACEMENT_FILE).exists() and not (out / "replay" / "finished.json").exists()
     assert "overwriting" not in capsys.readouterr().err
 
@@ -943,8 +884,7 @@ def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placemen
     lines = [said(line) for line in capsys.readouterr().err.splitlines() if "is not reused" in line]
     assert lines == [f"the run before in {copy} is not reused: other settings (baseline_limit_s)"]
     assert placement_won.placement.why_chosen == (
-        "found by the op-level search; it won the contest in turns: 1.000 ms "
-        "against unpartitioned relax.build's 2.000 ms, 2.00x"
+        "found by the op-level search; it won the contest in turns: 1.000 ms against unpartitioned relax.build's 2.000 ms, 2.00x"
     )
     assert placement_won.latency() == Cost.measured(1e-3, 1e-5, 20) and placement_won.searched_placement is None
     assert not (copy / SEARCHED_PLACEMENT_FILE).exists()
@@ -957,12 +897,7 @@ def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placemen
 @pytest.mark.parametrize(
     "placement_ms, rival_ms, why",
     [
-        (
-            0.631,
-            0.700,
-            "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's "
-            "0.700 ms, 1.11x",
-        ),
+        (0.631, 0.700, "found by the two-level search; it won the contest in turns: 0.631 ms against onnxruntime alone's 0.700 ms, 1.11x"),
         (
             0.631,
             0.625,

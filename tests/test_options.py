@@ -89,9 +89,7 @@ def test_every_option_of_collage_optimize_is_a_field_and_every_field_an_option()
     options = {action.dest for action in optimize_parser()._actions if action.option_strings} - {"help", "strict"}
     assert options == set(command_line_paths())
     left_to_the_api = {
-        field.name
-        for field in attrs.fields(OptimizeOptions)
-        if field.name not in {path.split(".")[0] for path in command_line_paths()}
+        field.name for field in attrs.fields(OptimizeOptions) if field.name not in {path.split(".")[0] for path in command_line_paths()}
     }
     assert left_to_the_api == {"show_progress"}
     assert all(field_at(name).metadata["api_only"] for name in left_to_the_api)
@@ -105,9 +103,7 @@ def test_each_option_takes_its_help_from_its_field():
             assert said in action.help % {"default": action.default}, action.dest
 
 
-@pytest.mark.parametrize(
-    "argv, fields", OPTION_CASES, ids=lambda value: " ".join(value) if isinstance(value, list) else ""
-)
+@pytest.mark.parametrize("argv, fields", OPTION_CASES, ids=lambda value: " ".join(value) if isinstance(value, list) else "")
 def test_each_option_sets_its_field_and_only_it(argv, fields):
     options = parsed(*argv)
     assert {path: value_at(options, path) for path in fields} == fields
@@ -122,31 +118,11 @@ def test_every_option_has_a_case_above():
     "argv, keywords, name, problem",
     [
         (["--precision", "fp8"], {"precision": "fp8"}, "precision", "must be one of fp32, tf32, bf16, fp16, not 'fp8'"),
-        (
-            ["--search", "one-level"],
-            {"search": "one-level"},
-            "search",
-            "must be one of op-level, two-level, not 'one-level'",
-        ),
-        (
-            ["--budget", "-5"],
-            {"two_level": TwoLevelSettings(budget_s=-5)},
-            "two_level.budget_s",
-            "must be at least 0, not -5",
-        ),
-        (
-            ["--population", "1"],
-            {"two_level": TwoLevelSettings(population=1)},
-            "two_level.population",
-            "must be at least 2, not 1",
-        ),
+        (["--search", "one-level"], {"search": "one-level"}, "search", "must be one of op-level, two-level, not 'one-level'"),
+        (["--budget", "-5"], {"two_level": TwoLevelSettings(budget_s=-5)}, "two_level.budget_s", "must be at least 0, not -5"),
+        (["--population", "1"], {"two_level": TwoLevelSettings(population=1)}, "two_level.population", "must be at least 2, not 1"),
         (["--accuracy-budget", "-0.1"], {"accuracy_budget": -0.1}, "accuracy_budget", "must be more than 0, not -0.1"),
-        (
-            ["--jobs", "-1"],
-            {"settings": MeasureSettings(build_workers=-1)},
-            "settings.build_workers",
-            "must be at least 0, not -1",
-        ),
+        (["--jobs", "-1"], {"settings": MeasureSettings(build_workers=-1)}, "settings.build_workers", "must be at least 0, not -1"),
         (["--accuracy-blocks", "0"], {"accuracy_blocks": 0}, "accuracy_blocks", "must be at least 1, not 0"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
@@ -221,29 +197,18 @@ def test_the_command_hands_optimize_the_record_it_read(tmp_path, monkeypatch, ca
     code, _ = run_main(["optimize", MODEL, "--precision", "bf16", "--population", "4", "-o", str(tmp_path)], capfd)
     assert code == cli.EXIT_ERROR
     assert handed == [
-        (
-            MODEL,
-            {
-                "options": OptimizeOptions(
-                    precision="bf16", two_level=TwoLevelSettings(population=4), output_dir=tmp_path
-                )
-            },
-        )
+        (MODEL, {"options": OptimizeOptions(precision="bf16", two_level=TwoLevelSettings(population=4), output_dir=tmp_path)})
     ]
 
 
 def test_the_api_takes_a_record_with_keywords_that_win_over_it_and_refuses_an_unknown_keyword():
     assert collage_core.OptimizeOptions is OptimizeOptions
     record = OptimizeOptions(precision="bf16", calibration_rounds=0)
-    assert OptimizeOptions.given(record, {"precision": "fp16"}) == OptimizeOptions(
-        precision="fp16", calibration_rounds=0
-    )
+    assert OptimizeOptions.given(record, {"precision": "fp16"}) == OptimizeOptions(precision="fp16", calibration_rounds=0)
     assert OptimizeOptions.given(None, {}) == OptimizeOptions()
     with pytest.raises(TypeError, match="unexpected keyword argument 'precison'"):
         collage_core.optimize(MODEL, precison="bf16")
-    with pytest.raises(
-        ArgumentError, match=r"^optimize: options must be a collage_core\.options\.OptimizeOptions, not dict"
-    ):
+    with pytest.raises(ArgumentError, match=r"^optimize: options must be a collage_core\.options\.OptimizeOptions, not dict"):
         collage_core.optimize(MODEL, options={"precision": "bf16"})
 
 

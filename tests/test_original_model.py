@@ -60,9 +60,7 @@ class Raises:
         raise RuntimeError("cannot read this file")
 
 
-def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_which_plugin_broke_the_contract(
-    engines,
-):
+def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_which_plugin_broke_the_contract(engines):
     """The module calls one function, the engine's session lowered from the file's bytes, with the model's
     inputs and outputs; a model without a file gets none, and a plugin that raises or returns a function of
     other inputs and outputs is named in one error."""
@@ -85,8 +83,7 @@ def test_collage_lower_whole_model_gives_main_one_session_over_the_file_or_says_
         (
             WrongSignature(),
             "onnxruntime",
-            "backend onnxruntime: collage_lower_whole_model returned a function that does "
-            "not take the model's inputs and give its outputs",
+            "backend onnxruntime: collage_lower_whole_model returned a function that does not take the model's inputs and give its outputs",
         ),
         (
             Raises(),
@@ -117,10 +114,7 @@ def test_an_engines_own_session_is_another_placement_than_its_conversion_and_alw
     assert signature(converted) != signature(own) and original_model.engine_of(own) == "onnxruntime"
     assert original_model.engine_of(converted) is None
     crowd = [row(f"near {i}", 0.1 + 0.001 * i, parts(backend)) for i, backend in enumerate("abcdefg")]
-    sessions = [
-        row("openvino's own session", 0.3, parts("openvino", original_model.ORIGINAL_MODEL)),
-        row(SESSION, 0.2, own),
-    ]
+    sessions = [row("openvino's own session", 0.3, parts("openvino", original_model.ORIGINAL_MODEL)), row(SESSION, 0.2, own)]
     rivals = closest_rivals(crowd + sessions, converted, Cost.measured(0.1, 0.0, 5), MeasureSettings())
     assert [entry.name for entry, _ in rivals] == ["near 0", "near 1", SESSION, "openvino's own session"]
     assert len(rivals) == MAX_RIVALS
@@ -159,9 +153,7 @@ def test_a_placement_file_says_which_file_an_engines_own_session_runs():
     with pytest.raises(PlacementFileError, match="does not say which file"):
         placement_from_json({k: v for k, v in placement_json().items() if k != "original_model"}, "p.json")
     with pytest.raises(PlacementFileError, match="not that one session"):
-        placement_from_json(
-            placement_json(original_model={"engine": "openvino", "format": "onnx", "sha256": "abc"}), "p.json"
-        )
+        placement_from_json(placement_json(original_model={"engine": "openvino", "format": "onnx", "sha256": "abc"}), "p.json")
 
 
 def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
@@ -186,9 +178,7 @@ def own_session_fastest(libraries, *args, **kwargs):
     """A contest in turns that ONNX Runtime's own session wins, 1 ms against 2 ms, whatever the machine does."""
     from collage_core.measure.in_turns import LibraryTurns
 
-    return {
-        name: LibraryTurns(*[Cost.measured(1e-3 if name == SESSION else 2e-3, 1e-5, 20)] * 2, 1.0) for name in libraries
-    }
+    return {name: LibraryTurns(*[Cost.measured(1e-3 if name == SESSION else 2e-3, 1e-5, 20)] * 2, 1.0) for name in libraries}
 
 
 @pytest.fixture(scope="module")
@@ -232,10 +222,7 @@ def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replay
         ),
     )
     assert result.placement.original_model == {"engine": "onnxruntime", "format": "onnx", "sha256": digest}
-    assert [(e.name, e.timed_in_turns) for e in result.end_to_end[:2]] == [
-        (PLACEMENT, True),
-        (f"{SEARCHED}, {IN_TURNS}", True),
-    ]
+    assert [(e.name, e.timed_in_turns) for e in result.end_to_end[:2]] == [(PLACEMENT, True), (f"{SEARCHED}, {IN_TURNS}", True)]
     assert result.latency() == Cost.measured(1e-3, 1e-5, 20)
     assert any(e.name == SESSION and not e.timed_in_turns and e.cost.is_measured for e in result.end_to_end)
     why = result.placement.why_chosen
@@ -274,10 +261,7 @@ def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replay
     np.testing.assert_allclose(exported.run(*inputs)[0], result.model.reference(inputs)[0], rtol=RTOL, atol=ATOL)
     capsys.readouterr()
 
-    assert (
-        main(["optimize", str(TINY_BERT), "--placement", str(out / "placement.json"), "-o", str(tmp_path / "bert")])
-        != 0
-    )
+    assert main(["optimize", str(TINY_BERT), "--placement", str(out / "placement.json"), "-o", str(tmp_path / "bert")]) != 0
     error = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[")]
     assert error == [
         f"collage: error: {out / 'placement.json'}: runs the original model file on {SESSION}, made from a "

@@ -42,11 +42,7 @@ def core_imports(source: str) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "collage_core"]
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "collage_core":
             if node.module == "collage_core":
-                found += [
-                    (node.lineno, f"collage_core.{alias.name}")
-                    for alias in node.names
-                    if alias.name not in collage_core.__all__
-                ]
+                found += [(node.lineno, f"collage_core.{alias.name}") for alias in node.names if alias.name not in collage_core.__all__]
             else:
                 found.append((node.lineno, node.module))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "collage_core" in node.value:
@@ -62,11 +58,7 @@ def forbidden_imports(path: Path, plugins: Path = PLUGINS) -> list[str]:
         testing = name == TESTING or name.startswith(f"{TESTING}.")
         return name in PLUGIN_MODULES or (testing and is_test_or_benchmark(path, plugins))
 
-    return [
-        f"{path.relative_to(plugins)}:{line} imports {name}"
-        for line, name in core_imports(path.read_text())
-        if not allowed(name)
-    ]
+    return [f"{path.relative_to(plugins)}:{line} imports {name}" for line, name in core_imports(path.read_text()) if not allowed(name)]
 
 
 def test_plugins_are_found():
@@ -116,11 +108,7 @@ def test_every_name_of_the_kit_resolves(module):
 
 def test_the_typed_hook_specs_load_without_tvm_or_the_records():
     loaded = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, collage_core.hookspecs; print(sorted({'tvm', 'collage_core.records'} & set(sys.modules)))",
-        ],
+        [sys.executable, "-c", "import sys, collage_core.hookspecs; print(sorted({'tvm', 'collage_core.records'} & set(sys.modules)))"],
         capture_output=True,
         text=True,
         check=True,
@@ -132,9 +120,7 @@ def test_plugin_code_may_not_import_the_testing_helpers(tmp_path):
     hooks = tmp_path / "plugins" / "mine" / "collage_mine" / "hooks.py"
     hooks.parent.mkdir(parents=True)
     hooks.write_text("from collage_core.kit.testing import build\n")
-    assert forbidden_imports(hooks, tmp_path / "plugins") == [
-        "mine/collage_mine/hooks.py:1 imports collage_core.kit.testing"
-    ]
+    assert forbidden_imports(hooks, tmp_path / "plugins") == ["mine/collage_mine/hooks.py:1 imports collage_core.kit.testing"]
 
 
 def test_the_case_modules_hold_what_the_core_defines():
@@ -149,9 +135,7 @@ def test_the_case_modules_hold_what_the_core_defines():
 
 def test_no_plugin_hook_tests_its_own_backend_name():
     repeating = [
-        str(path.relative_to(ROOT))
-        for path in PLUGINS.glob("*/collage_*/hooks.py")
-        if "backend.name != BACKEND" in path.read_text()
+        str(path.relative_to(ROOT)) for path in PLUGINS.glob("*/collage_*/hooks.py") if "backend.name != BACKEND" in path.read_text()
     ]
     assert repeating == []
 
@@ -273,9 +257,7 @@ def test_native_kernel_hooks_implement_every_hook_of_a_native_backend_for_it_alo
 def test_native_kernel_hooks_say_what_is_missing_and_refuse_a_misnamed_backend():
     pm = manager(native_plugin([], missing="libmine not found: apt-get install libmine-dev"))
     mine = Backend("mine", OP_LEVEL, ("cpu",), "1")
-    assert pm.hook.collage_check_availability(backend=mine) == Availability.no(
-        "libmine not found: apt-get install libmine-dev"
-    )
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.no("libmine not found: apt-get install libmine-dev")
     with pytest.raises(Missing, match="libmine not found"):
         pm.hook.collage_prepare_runtime(backend=mine)
     misnamed = kit.native_kernel_hooks(

@@ -108,12 +108,8 @@ def test_a_plugin_whose_import_fails_is_recorded_and_the_others_load(fake_distri
     assert sorted(discover_backends(pm)) == ["fixedcost", "tvm"]
 
 
-@pytest.mark.parametrize(
-    "blocked, tvm_loaded", [("fixedcost", True), (FIXED_COST_MODULE, True), (" tvm , fixedcost", False)]
-)
-def test_collage_disable_plugins_blocks_by_entry_point_or_module_name(
-    fake_distributions, monkeypatch, blocked, tvm_loaded
-):
+@pytest.mark.parametrize("blocked, tvm_loaded", [("fixedcost", True), (FIXED_COST_MODULE, True), (" tvm , fixedcost", False)])
+def test_collage_disable_plugins_blocks_by_entry_point_or_module_name(fake_distributions, monkeypatch, blocked, tvm_loaded):
     fake_distributions(("tvm", "collage_tvm.hooks"), ("fixedcost", FIXED_COST_MODULE))
     monkeypatch.setenv(DISABLE_ENV, blocked)
     pm = get_plugin_manager()
@@ -149,9 +145,7 @@ def test_collage_register_backends_raising_is_a_failure_and_others_still_appear(
     pm.register(RaisesOnRegister(), name="raising_plugin")
     infos = discover_backends(pm)
     assert list(infos) == ["good"] and infos["good"].availability.available
-    assert pm.failures == [
-        PluginFailure("raising_plugin", "collage_register_backends raised RuntimeError: license server unreachable")
-    ]
+    assert pm.failures == [PluginFailure("raising_plugin", "collage_register_backends raised RuntimeError: license server unreachable")]
 
 
 def test_collage_register_backends_refuses_what_is_not_a_backend(pm):
@@ -220,16 +214,12 @@ def test_select_backends_unavailable_name_gives_the_reason(pm):
     class Missing(Provides):
         @hookimpl
         def collage_check_availability(self, backend):
-            return (
-                Availability.no("libdnnl not found: apt-get install libdnnl-dev") if backend.name == self.name else None
-            )
+            return Availability.no("libdnnl not found: apt-get install libdnnl-dev") if backend.name == self.name else None
 
     pm.register(Provides("alpha"), name="alpha_plugin")
     pm.register(Missing("dnnl"), name="dnnl_plugin")
     infos = discover_backends(pm)
-    with pytest.raises(
-        BackendError, match="backend dnnl is not available: libdnnl not found: apt-get install libdnnl-dev"
-    ):
+    with pytest.raises(BackendError, match="backend dnnl is not available: libdnnl not found: apt-get install libdnnl-dev"):
         select_backends(infos, ["dnnl"])
     assert [info.name for info in select_backends(infos)] == ["alpha"]
 
@@ -305,9 +295,7 @@ def test_the_precision_reaches_plugins_that_take_it_and_tf32_patterns_only_at_tf
     pm.register(Tf32Aware(), name="tf32_plugin")
     patterns = contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target(), "tf32")
     assert sorted(pattern.name for pattern in patterns) == ["alpha.dense_tf32", "alpha.op"] and seen == ["tf32"]
-    with pytest.raises(
-        BackendError, match="tf32_plugin contributed the TF32 pattern alpha.dense_tf32 at precision fp32"
-    ):
+    with pytest.raises(BackendError, match="tf32_plugin contributed the TF32 pattern alpha.dense_tf32 at precision fp32"):
         contribute_patterns(pm, backend("alpha"), tvm_compat.host_cpu_target())
 
 

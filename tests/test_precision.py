@@ -43,22 +43,14 @@ def tiny_bert():
     return load_model(MODELS / "tiny_bert.onnx")
 
 
-def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_softmax_and_the_interface_float32(
-    tiny_bert,
-):
+def test_bf16_gives_matmuls_bfloat16_operands_accumulating_in_float32_and_keeps_softmax_and_the_interface_float32(tiny_bert):
     converted = precision.at_precision(tiny_bert, precision.BF16)
     mod = converted.mod
     assert converted.precision == "bf16" and converted.fingerprint == tiny_bert.fingerprint + "+bf16"
     assert "float16" not in mod.script().replace("bfloat16", "")
     matmuls = calls(mod, "relax.matmul")
-    assert matmuls and all(
-        dtype(m.args[0]) == dtype(m.args[1]) == "bfloat16" and dtype(m) == "float32" for m in matmuls
-    )
-    assert all(
-        dtype(op.args[0]) == "float32"
-        for name in ("relax.nn.softmax", "relax.nn.layer_norm")
-        for op in calls(mod, name)
-    )
+    assert matmuls and all(dtype(m.args[0]) == dtype(m.args[1]) == "bfloat16" and dtype(m) == "float32" for m in matmuls)
+    assert all(dtype(op.args[0]) == "float32" for name in ("relax.nn.softmax", "relax.nn.layer_norm") for op in calls(mod, name))
     assert [dtype(p) for p in mod["main"].params] == [spec.dtype for spec in tiny_bert.inputs]
     assert tvm_compat.tensor_shape_dtype(mod["main"].body.body)[1] == "float32"
     assert precision.at_precision(tiny_bert, precision.FP32) is tiny_bert
@@ -105,9 +97,7 @@ def test_a_converted_model_matches_the_float32_reference_within_its_tolerance_an
         return [tvm_compat.to_numpy(r) for r in (result if not hasattr(result, "numpy") else [result])]
 
     held_to = precision.tolerance(name)
-    low = compare_outputs(
-        outputs(precision.convert(imported.mod, name)), reference, "onnxruntime", held_to.rtol, held_to.atol
-    )
+    low = compare_outputs(outputs(precision.convert(imported.mod, name)), reference, "onnxruntime", held_to.rtol, held_to.atol)
     exact = compare_outputs(outputs(imported.mod), reference, "onnxruntime")
     assert low.passed, low.describe()
     assert exact.passed and low.max_abs_error > exact.max_abs_error  # the conversion did change the arithmetic
@@ -175,9 +165,7 @@ def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(t
     from collage_core.records import Cost, Partition
 
     whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
-    path = Placement("m", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole]).save(
-        tmp_path / "p.json"
-    )
+    path = Placement("m", "f", ["relax.add"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole]).save(tmp_path / "p.json")
     data = json.loads(path.read_text())
     assert data["precision"] == "fp32"
     data["precision"] = "fp8"
@@ -192,20 +180,7 @@ def test_a_placement_file_with_an_unknown_precision_is_refused_naming_the_file(t
 def test_inspect_at_bf16_shows_which_backends_refuse_bfloat16_and_why(capsys):
     from collage_core import cli
 
-    assert (
-        cli.main(
-            [
-                "inspect",
-                str(MODELS / "tiny_bert.onnx"),
-                "--precision",
-                "bf16",
-                "--backends",
-                "onnxruntime",
-                "--no-relax",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(["inspect", str(MODELS / "tiny_bert.onnx"), "--precision", "bf16", "--backends", "onnxruntime", "--no-relax"]) == 0
     text = capsys.readouterr().out
     assert "onnxruntime.matmul x8" in text and "bfloat16" in text
     with pytest.raises(SystemExit):

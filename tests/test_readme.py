@@ -68,12 +68,7 @@ def command_lines(code: str) -> list[str]:
 
 
 def collage_commands() -> list[list[str]]:
-    return [
-        shlex.split(line)[1:]
-        for _, _, code in blocks("bash")
-        for line in command_lines(code)
-        if line.startswith("collage ")
-    ]
+    return [shlex.split(line)[1:] for _, _, code in blocks("bash") for line in command_lines(code) if line.startswith("collage ")]
 
 
 def test_the_pages_have_commands_and_snippets_to_check():
@@ -100,9 +95,7 @@ def test_every_collage_command_in_the_pages_parses(argv):
     assert callable(parsed.command)
 
 
-@pytest.mark.parametrize(
-    "page, heading, code", blocks("python"), ids=lambda value: value if len(value) < 40 else "code"
-)
+@pytest.mark.parametrize("page, heading, code", blocks("python"), ids=lambda value: value if len(value) < 40 else "code")
 def test_every_python_snippet_compiles_and_its_imports_exist(page, heading, code):
     tree = ast.parse(code, filename=f"{page} ({heading})")
     imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -114,9 +107,7 @@ def _run_block(language: str, code: str, cwd: Path) -> None:
     if language == "bash":
         for line in command_lines(code):
             done = subprocess.run(line, shell=True, cwd=cwd, capture_output=True, text=True, timeout=1800)
-            assert done.returncode == 0, (
-                f"{line!r} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-            )
+            assert done.returncode == 0, f"{line!r} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     else:
         done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, f"the snippet failed:\n{code}\n{done.stderr[-3000:]}"

@@ -113,8 +113,7 @@ def _nodes(make, *specs):
 def test_ceil_mode_reaches_onnx_as_end_padding_and_count_include_pad_as_a_pad():
     # Runtimes disagree on ceil mode's last window and on what it counts; floor mode over explicit zeros does not.
     (pad, _), (pool, attributes) = _nodes(
-        lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True),
-        ((1, 4, 9, 10), F),
+        lambda x: R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True), ((1, 4, 9, 10), F)
     )
     assert (pad, pool) == ("Pad", "AveragePool")
     assert attributes["ceil_mode"] == 0 and attributes["count_include_pad"] == 0
@@ -123,17 +122,14 @@ def test_ceil_mode_reaches_onnx_as_end_padding_and_count_include_pad_as_a_pad():
 
 def test_a_window_over_the_whole_input_is_a_global_pooling():
     # OpenVINO refuses an AveragePool wider than its input (EfficientNet's pooler).
-    assert _nodes(
-        lambda x: R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True), ((1, 4, 9, 10), F)
-    ) == [("GlobalAveragePool", {})]
+    assert _nodes(lambda x: R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True), ((1, 4, 9, 10), F)) == [
+        ("GlobalAveragePool", {})
+    ]
 
 
 def test_nearest_resize_rounding_halves_to_even_is_taken_where_no_coordinate_is_a_half():
     ((op, attributes),) = _nodes(
-        lambda x: R.image.resize2d(
-            x, (4, 3), method="nearest_neighbor", coordinate_transformation_mode="align_corners"
-        ),
-        ((1, 3, 7, 5), F),
+        lambda x: R.image.resize2d(x, (4, 3), method="nearest_neighbor", coordinate_transformation_mode="align_corners"), ((1, 3, 7, 5), F)
     )
     assert (op, attributes["nearest_mode"], attributes["coordinate_transformation_mode"]) == (
         "Resize",

@@ -98,19 +98,13 @@ def test_rows_timed_in_turns_give_their_latency_after_a_pause_beside_the_warm_on
     contest = [
         EndToEnd("placement", Cost.measured(0.214e-3, 1e-6, 99), alone, True, Cost.measured(0.412e-3, 2e-6, 9), 1.26),
         EndToEnd(
-            "searched placement, timed in turns",
-            Cost.measured(0.631e-3, 1e-6, 99),
-            mix,
-            True,
-            Cost.measured(0.640e-3, 1e-6, 9),
-            1.31,
+            "searched placement, timed in turns", Cost.measured(0.631e-3, 1e-6, 99), mix, True, Cost.measured(0.640e-3, 1e-6, 9), 1.31
         ),
         EndToEnd("placement, one after another", Cost.measured(0.964e-3, 1e-6, 5), alone),
     ]
     text = _report(contest)
     assert text.splitlines()[1] == (
-        "latency: 0.214 ms ±0.001 warm, back to back, timed in turns with 1 rival build; "
-        "0.412 ms ±0.002 after 1.3 s idle"
+        "latency: 0.214 ms ±0.001 warm, back to back, timed in turns with 1 rival build; 0.412 ms ±0.002 after 1.3 s idle"
     )
     in_turns, one_after_another = _sections(text)
     assert _row(in_turns, "placement")[:9] == ["0.214", "ms", "±0.001", "0.412", "ms", "±0.002", "after", "1.3", "s"]
@@ -164,8 +158,7 @@ def test_the_report_says_how_much_of_the_measured_latency_the_partitions_costs_e
     text = _report(entries, partitions=parts, operators=[0] * 3, device="llvm:znver3")
     # The partitions were measured one after another: so is the end-to-end latency they are held against.
     assert (
-        "the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end one after another, "
-        "as they were (97% of it)"
+        "the partitions' costs add up to 0.095 ms; the placement measured 0.098 ms end to end one after another, as they were (97% of it)"
     ) in text
     assert _row(text, "dnnl")[2:4] == ["0.060", "ms"] and _row(text, "tvm")[4] == "36.8%"
 
@@ -205,9 +198,7 @@ def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches
         line.startswith("17.2 GFLOP per run (")
         and "): 17.18 TFLOP/s, 25.6% of the H200's 67 TFLOP/s fp32 (CUDA cores) peak (NVIDIA H200" in line
     )
-    assert "1.7% of the H200's 989.5 TFLOP/s bf16 dense tensor-core peak" in report(
-        device=h200, precision="bf16", sixteen_bit_operators=()
-    )
+    assert "1.7% of the H200's 989.5 TFLOP/s bf16 dense tensor-core peak" in report(device=h200, precision="bf16", sixteen_bit_operators=())
     # Replayed on another GPU: the latency is that GPU's, and so is the peak.
     replayed = report(device=h200, ran_on="cuda:sm_90a (NVIDIA H100 80GB HBM3, compute capability 9.0, CUDA 13.0)")
     assert "25.6% of the H100 SXM's 67 TFLOP/s" in replayed

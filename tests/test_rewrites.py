@@ -35,11 +35,7 @@ def op_names(mod) -> list[str]:
 
 # A pooling whose one window covers its input, (input shape, attributes): ceil mode makes the one window in each.
 WHOLE_WINDOW_POOLS = [
-    (
-        "efficientnet_pooler",
-        (1, 8, 7, 7),
-        dict(op="avg", pool_size=20, strides=20, ceil_mode=True, count_include_pad=True),
-    ),
+    ("efficientnet_pooler", (1, 8, 7, 7), dict(op="avg", pool_size=20, strides=20, ceil_mode=True, count_include_pad=True)),
     ("exclude_pad_padded", (1, 3, 5, 6), dict(op="avg", pool_size=7, strides=7, padding=(1, 1, 2, 0), ceil_mode=True)),
     (
         "include_pad_padded",
@@ -58,18 +54,13 @@ def pooling(attributes):
     return lambda bb, x: op(x, **attributes)
 
 
-@pytest.mark.parametrize(
-    "shape, attributes", [case[1:] for case in WHOLE_WINDOW_POOLS], ids=[case[0] for case in WHOLE_WINDOW_POOLS]
-)
+@pytest.mark.parametrize("shape, attributes", [case[1:] for case in WHOLE_WINDOW_POOLS], ids=[case[0] for case in WHOLE_WINDOW_POOLS])
 def test_whole_window_pooling_becomes_global_with_the_same_numbers(shape, attributes):
     mod = module(pooling(attributes), (shape, F))
     rewritten = rewrites.global_pooling(mod)
     names = op_names(rewritten)
     assert not {"relax.nn.avg_pool2d", "relax.nn.max_pool2d"} & set(names)
-    assert names[0] == {"avg": "relax.mean", "max": "relax.max"}[attributes["op"]] or names == [
-        "relax.sum",
-        "relax.divide",
-    ]
+    assert names[0] == {"avg": "relax.mean", "max": "relax.max"}[attributes["op"]] or names == ["relax.sum", "relax.divide"]
     data = random_input(shape, F, RNG)
     assert_same(run(rewritten, [data]), run(mod, [data]))
     assert all(support.supports(call) for call in calls(rewritten))
@@ -102,9 +93,7 @@ IMPORTER_PADS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "make, expected", [case[1:] for case in IMPORTER_PADS], ids=[case[0] for case in IMPORTER_PADS]
-)
+@pytest.mark.parametrize("make, expected", [case[1:] for case in IMPORTER_PADS], ids=[case[0] for case in IMPORTER_PADS])
 def test_importer_pad_kernels_become_nn_pad_with_the_same_numbers(make, expected):
     shape = (1, 3, 5, 6)
     mod = module(make, (shape, F))
@@ -131,9 +120,7 @@ def test_an_onnx_model_with_same_padding_and_a_ceil_mode_pooler_converts_whole()
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
         helper.make_node("Pad", ["c", "pads"], ["p"], mode="constant"),
-        helper.make_node(
-            "AveragePool", ["p"], ["y"], kernel_shape=[16, 16], strides=[16, 16], ceil_mode=1, count_include_pad=1
-        ),
+        helper.make_node("AveragePool", ["p"], ["y"], kernel_shape=[16, 16], strides=[16, 16], ceil_mode=1, count_include_pad=1),
     ]
     graph = helper.make_graph(
         nodes,

@@ -23,10 +23,7 @@ def deterministic_costs(candidates, seed: int) -> dict[str, Cost]:
     Whole numbers keep sums exact, so the search and the brute force agree to the last bit, and
     the small range makes ties common.
     """
-    return {
-        c.key: Cost.measured(1 + int(hashlib.sha256(f"{seed}:{c.key}".encode()).hexdigest(), 16) % 8, 0.0, 1)
-        for c in candidates
-    }
+    return {c.key: Cost.measured(1 + int(hashlib.sha256(f"{seed}:{c.key}".encode()).hexdigest(), 16) % 8, 0.0, 1) for c in candidates}
 
 
 def candidate(backend: str, *nodes: int) -> Candidate:
@@ -64,11 +61,7 @@ def can_run_in_some_order(graph: OpGraph, parts) -> bool:
 
 def brute_force_minimum(graph: OpGraph, candidates, costs) -> float | None:
     usable = [c for c in set(candidates) if c.key in costs and math.isfinite(costs[c.key].seconds)]
-    totals = [
-        sum(costs[c.key].seconds for c in cover)
-        for cover in exact_covers(len(graph), usable)
-        if can_run_in_some_order(graph, cover)
-    ]
+    totals = [sum(costs[c.key].seconds for c in cover) for cover in exact_covers(len(graph), usable) if can_run_in_some_order(graph, cover)]
     return min(totals, default=None)
 
 
@@ -90,10 +83,7 @@ def assert_optimal(graph: OpGraph, candidates, costs) -> tuple[Candidate, ...]:
 
 
 # conv -> relu -> conv -> add(conv, relu's input) -> relu: a residual block.
-DIAMOND = OpGraph(
-    ops=["nn.conv2d", "nn.relu", "nn.conv2d", "add", "nn.relu"],
-    preds=[set(), {0}, {1}, {0, 2}, {3}],
-)
+DIAMOND = OpGraph(ops=["nn.conv2d", "nn.relu", "nn.conv2d", "add", "nn.relu"], preds=[set(), {0}, {1}, {0, 2}, {3}])
 DIAMOND_CANDIDATES = singletons(DIAMOND) + [
     candidate("cudnn", 0, 1),
     candidate("cudnn", 1, 2),
@@ -106,18 +96,7 @@ DIAMOND_CANDIDATES = singletons(DIAMOND) + [
 
 # One input, three branches of two operators, a concatenation, then two separate outputs.
 THREE_BRANCHES = OpGraph(
-    ops=[
-        "nn.relu",
-        "nn.conv2d",
-        "nn.relu",
-        "nn.conv2d",
-        "nn.relu",
-        "nn.max_pool2d",
-        "nn.relu",
-        "concat",
-        "sum",
-        "mean",
-    ],
+    ops=["nn.relu", "nn.conv2d", "nn.relu", "nn.conv2d", "nn.relu", "nn.max_pool2d", "nn.relu", "concat", "sum", "mean"],
     preds=[set(), {0}, {1}, {0}, {3}, {0}, {5}, {2, 4, 6}, {7}, {7}],
 )
 THREE_BRANCHES_CANDIDATES = singletons(THREE_BRANCHES) + [
@@ -135,8 +114,7 @@ THREE_BRANCHES_CANDIDATES = singletons(THREE_BRANCHES) + [
 
 # Two inputs feeding several outputs, some of which are read again.
 SEVERAL_OUTPUTS = OpGraph(
-    ops=["matmul", "matmul", "add", "nn.gelu", "multiply", "nn.softmax", "matmul"],
-    preds=[set(), set(), {0, 1}, {2}, {1}, {0}, {3, 4}],
+    ops=["matmul", "matmul", "add", "nn.gelu", "multiply", "nn.softmax", "matmul"], preds=[set(), set(), {0, 1}, {2}, {1}, {0}, {3, 4}]
 )
 SEVERAL_OUTPUTS_CANDIDATES = singletons(SEVERAL_OUTPUTS) + [
     candidate("cublas", 0, 1),
@@ -267,8 +245,7 @@ def small_problems(draw):
     groups = draw(st.lists(st.sets(st.integers(0, size - 1), min_size=1, max_size=4), max_size=12))
     candidates = singletons(graph) + [candidate("other", *group) for group in groups]
     costs = {
-        c.key: draw(st.one_of(st.integers(0, 20).map(lambda s: Cost.measured(s, 0.0, 1)), st.just(Cost.invalid("x"))))
-        for c in candidates
+        c.key: draw(st.one_of(st.integers(0, 20).map(lambda s: Cost.measured(s, 0.0, 1)), st.just(Cost.invalid("x")))) for c in candidates
     }
     return graph, candidates, costs
 

@@ -20,9 +20,7 @@ from collage_core.records import Cost, Partition
 
 TINY_RESNET = Path(__file__).resolve().parents[1] / "models" / "tiny_resnet.onnx"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-needs_dot = pytest.mark.skipif(
-    shutil.which("dot") is None, reason="Graphviz's dot is not installed: apt-get install graphviz"
-)
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed: apt-get install graphviz")
 
 
 def ms(value: float) -> Cost:
@@ -114,17 +112,13 @@ def test_dot_has_one_node_per_operator_a_cluster_per_group_and_the_data_edges(op
     groups = [p for p in placement.partitions if len(p.nodes) > 1]
     assert groups and len(re.findall(r"subgraph cluster_\d+ \{", dot)) == len(groups)
     edges = re.findall(r"^\s*op(\d+) -> op(\d+);", dot, re.MULTILINE)
-    assert sorted((int(b), int(a)) for a, b in edges) == sorted(
-        (n, p) for n, ps in enumerate(placement.inputs_of) for p in ps
-    )
+    assert sorted((int(b), int(a)) for a, b in edges) == sorted((n, p) for n, ps in enumerate(placement.inputs_of) for p in ps)
     assert "rankdir=TB" in dot and "newrank=true" in dot and "legend" in dot
 
 
 def test_costliest_partitions_are_outlined_in_red(small):
     dot = placement_dot(small)
-    assert re.search(
-        rf'label="top 1: dnnl dnnl.conv2d_bias_relu\\n0.500 ms \(58.8%\)".*color="{HIGHLIGHT}".*penwidth=3', dot
-    )
+    assert re.search(rf'label="top 1: dnnl dnnl.conv2d_bias_relu\\n0.500 ms \(58.8%\)".*color="{HIGHLIGHT}".*penwidth=3', dot)
     assert re.search(rf'op3 \[label="3 conv2d\\ntop 2: 0.300 ms".*color="{HIGHLIGHT}".*penwidth=3', dot)
     assert 'label="top 3: tvm tvm.add_relu' in dot
 
@@ -132,9 +126,7 @@ def test_costliest_partitions_are_outlined_in_red(small):
 def test_top_five_and_any_partition_over_five_percent_are_highlighted():
     costs = [10, 9, 8, 7, 6, 5, 4, 1]  # 5 and 4 of 50 are over 5%, 1 is not
     chain = tuple(part("tvm", "tvm.op", (n,), ms(c)) for n, c in enumerate(costs))
-    dot = placement_dot(
-        hand_built(chain, chain, ["relax.nn.relu"] * len(costs), [()] + [(n,) for n in range(len(costs) - 1)])
-    )
+    dot = placement_dot(hand_built(chain, chain, ["relax.nn.relu"] * len(costs), [()] + [(n,) for n in range(len(costs) - 1)]))
     assert [int(rank) for rank in re.findall(r"top (\d+): ", dot)] == list(range(1, 8))
     assert 'op7 [label="7 relu", fillcolor' in dot
     assert "the 7 costliest partitions" in dot
@@ -147,18 +139,13 @@ def test_explanation_lists_the_chosen_candidate_and_its_competitors_with_costs(s
     assert "operators: 0 conv2d, 1 add, 2 relu" in first
     chosen_rows = [line for line in first.splitlines() if line.split()[:1] == ["chosen"]]
     assert len(chosen_rows) == 1 and "dnnl.conv2d_bias_relu" in chosen_rows[0]
-    for pattern, cost in [
-        ("dnnl.conv2d_bias_relu", "0.500 ms"),
-        ("tvm.conv2d_bias_relu", "2.000 ms"),
-        ("tvm.relu_conv2d", "0.290 ms"),
-    ]:
+    for pattern, cost in [("dnnl.conv2d_bias_relu", "0.500 ms"), ("tvm.conv2d_bias_relu", "2.000 ms"), ("tvm.relu_conv2d", "0.290 ms")]:
         assert re.search(rf"{re.escape(pattern)}\s+[\d, -]+\s+{cost}", first), pattern
     assert "invalid" not in first  # the invalid candidate does not touch operators 0-2
     assert re.search(r"onnxruntime\.region\s+0-5\s+measured end to end only", first)
     assert "why: cheapest cover of these operators: 0.500 ms vs tvm.op + tvm.op + tvm.op 0.650 ms" in first
     assert (
-        "cheaper candidates reach into other partitions; the search minimises the whole placement: "
-        "tvm.relu_conv2d 0.290 ms (2-3)" in first
+        "cheaper candidates reach into other partitions; the search minimises the whole placement: tvm.relu_conv2d 0.290 ms (2-3)" in first
     )
 
     second = block_of(explanation, 2)
@@ -206,10 +193,7 @@ def test_show_says_why_the_placement_was_chosen_as_its_file_says(small, tmp_path
     assert load_placement(saved).why_chosen == why_chosen
     assert main(["show", str(saved)]) == 0
     summary = blocks_of(capsys.readouterr().out)[0].splitlines()
-    assert summary[:2] == [
-        "hand_built: 6 operators in 3 partitions, op-level search on cpu",
-        f"why this placement: {why_chosen}",
-    ]
+    assert summary[:2] == ["hand_built: 6 operators in 3 partitions, op-level search on cpu", f"why this placement: {why_chosen}"]
     title = re.search(r'graph \[.*label="([^"]*)"\];', placement_dot(load_placement(saved))).group(1)
     assert " ".join(title.split("\\n")[1:]) == f"why this placement: {why_chosen}"
 
@@ -220,8 +204,7 @@ def test_a_region_of_a_baseline_that_won_the_contest_is_not_said_to_be_kept_by_t
     explanation = explain(won)
     assert "two-level search kept it" not in explanation
     assert (
-        "why: a graph-level region, measured end to end only: it came with the whole placement (see why this "
-        "placement, above)"
+        "why: a graph-level region, measured end to end only: it came with the whole placement (see why this placement, above)"
     ) in explanation
     assert "the two-level search kept it" in explain(attrs.evolve(won, why_chosen=""))  # a file that does not say
 
@@ -238,9 +221,7 @@ def test_explanation_of_a_real_placement_covers_every_partition(optimized):
 
 
 def test_placement_written_without_the_graph_is_refused(small):
-    with pytest.raises(
-        PlacementFileError, match="placement: written without the operator graph .* re-run collage optimize"
-    ):
+    with pytest.raises(PlacementFileError, match="placement: written without the operator graph .* re-run collage optimize"):
         placement_dot(attrs.evolve(small, inputs_of=()))
 
 
@@ -267,8 +248,7 @@ def test_missing_dot_is_one_line_with_the_fix(small, tmp_path, monkeypatch, caps
     small.save(tmp_path / "placement.json")
     assert main(["show", str(tmp_path / "placement.json"), "-o", str(tmp_path / "placement.svg")]) == EXIT_ERROR
     assert capsys.readouterr().err == (
-        "collage: error: Graphviz's dot is not installed: apt-get install graphviz "
-        "(or write a .dot file and render it elsewhere)\n"
+        "collage: error: Graphviz's dot is not installed: apt-get install graphviz (or write a .dot file and render it elsewhere)\n"
     )
     assert main(["show", str(tmp_path / "placement.json"), "-o", str(tmp_path / "placement.dot")]) == 0
     assert (tmp_path / "placement.dot").read_text().startswith("digraph placement {")

@@ -24,9 +24,7 @@ def test_whole_candidate_names_the_graph_and_the_candidate_covering_every_operat
     from tvm import relax
 
     relu = Pattern("mine.relu", is_op("relax.nn.relu")(wildcard()))
-    alone = testing.whole_candidate(
-        testing.function_module(lambda bb, x: relax.op.nn.relu(x), (2, 3)), [relu], "mine.relu"
-    )
+    alone = testing.whole_candidate(testing.function_module(lambda bb, x: relax.op.nn.relu(x), (2, 3)), [relu], "mine.relu")
     assert (alone.candidate.backend, alone.candidate.pattern, set(alone.candidate.nodes)) == ("mine", "mine.relu", {0})
     assert len(alone.graph.graph) == 1
     graph, candidate = testing.whole_candidate(
@@ -58,9 +56,7 @@ def relu_plugin_manager(name: str, lower, check=None, prepares_runtime=True):
 
     @hookimpl
     def collage_contribute_patterns(backend, target):
-        return (
-            [Pattern(f"{name}.relu", is_op("relax.nn.relu")(wildcard()), check=check)] if backend.name == name else None
-        )
+        return [Pattern(f"{name}.relu", is_op("relax.nn.relu")(wildcard()), check=check)] if backend.name == name else None
 
     @hookimpl
     def collage_lower_partitions(backend, mod, function_names, target):
@@ -70,12 +66,7 @@ def relu_plugin_manager(name: str, lower, check=None, prepares_runtime=True):
     def collage_prepare_runtime(backend):
         return True if backend.name == name else None
 
-    hooks = (
-        collage_register_backends,
-        collage_check_availability,
-        collage_contribute_patterns,
-        collage_lower_partitions,
-    )
+    hooks = (collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions)
     for hook in hooks + ((collage_prepare_runtime,) if prepares_runtime else ()):
         setattr(plugin, hook.__name__, hook)
     pm = get_plugin_manager()
@@ -133,9 +124,7 @@ def test_a_lowering_that_rewrites_the_partition_into_other_plain_relax_is_caught
     problems = testing.contract_problems(
         relu_plugin_manager("clipping", clipped), "clipping", str(MODELS / "tiny_resnet.onnx"), timed=False
     )
-    assert problems == [
-        f"pattern clipping.relu: the lowering left the partition plain Relax: {problems[0].split(': ', 2)[2]}"
-    ]
+    assert problems == [f"pattern clipping.relu: the lowering left the partition plain Relax: {problems[0].split(': ', 2)[2]}"]
 
 
 def test_a_packed_function_the_partition_calls_on_a_branch_never_taken_is_caught():
@@ -143,12 +132,8 @@ def test_a_packed_function_the_partition_calls_on_a_branch_never_taken_is_caught
 
     def unused_call(func, name):
         def make(bb, x):
-            kernel = relax.call_dps_packed(
-                "collage_test.never_called", [tvm_compat.string_expr("relu"), x], tvm_compat.value_type(x)
-            )
-            return relax.If(
-                relax.const(False, "bool"), relax.SeqExpr([], kernel), relax.SeqExpr([], relax.op.nn.relu(x))
-            )
+            kernel = relax.call_dps_packed("collage_test.never_called", [tvm_compat.string_expr("relu"), x], tvm_compat.value_type(x))
+            return relax.If(relax.const(False, "bool"), relax.SeqExpr([], kernel), relax.SeqExpr([], relax.op.nn.relu(x)))
 
         return rewritten(func, name, make)
 
@@ -179,9 +164,7 @@ def test_a_lowering_that_refuses_what_its_check_took_is_named_with_the_pattern_a
     def refusing(func, name):
         raise ValueError("relu of rank 4 is not supported\n(see the kernel's source)")
 
-    problems = testing.contract_problems(
-        relu_plugin_manager("late", refusing), "late", str(MODELS / "tiny_resnet.onnx"), timed=False
-    )
+    problems = testing.contract_problems(relu_plugin_manager("late", refusing), "late", str(MODELS / "tiny_resnet.onnx"), timed=False)
     assert len(problems) == 2
     assert problems[0].startswith("pattern late.relu: its check took operators [")
     assert "but the lowering refused them (backend late: lowering failed: " in problems[0]
@@ -212,9 +195,7 @@ def test_contention_beside_tvms_kernel_is_a_problem_of_the_pattern(monkeypatch):
 
 def test_an_unregistered_backend_is_named_with_the_registered_ones():
     problems = testing.contract_problems(get_plugin_manager(), "nosuch", str(MODELS / "tiny_resnet.onnx"))
-    assert len(problems) == 1 and problems[0].startswith(
-        "backend 'nosuch' is not registered by any plugin (registered: "
-    )
+    assert len(problems) == 1 and problems[0].startswith("backend 'nosuch' is not registered by any plugin (registered: ")
 
 
 def test_a_codegen_that_tvm_lacks_is_named_as_tvms_failure_not_as_a_refusal():
@@ -222,10 +203,7 @@ def test_a_codegen_that_tvm_lacks_is_named_as_tvms_failure_not_as_a_refusal():
         return func.with_attrs({"Codegen": "collage_test_missing", "global_symbol": name})
 
     problems = testing.contract_problems(
-        relu_plugin_manager("nocodegen", for_missing_codegen),
-        "nocodegen",
-        str(MODELS / "tiny_resnet.onnx"),
-        timed=False,
+        relu_plugin_manager("nocodegen", for_missing_codegen), "nocodegen", str(MODELS / "tiny_resnet.onnx"), timed=False
     )
     assert problems == [
         "pattern nocodegen.relu: TVM's codegen failed on what the lowering returned: InternalError: Check "

@@ -24,13 +24,7 @@ from collage_core.records import Backend, Cost
 TESTS = Path(__file__).resolve().parent
 
 
-THREAD_VARIABLES = (
-    ENVIRONMENT_VARIABLE,
-    "TVM_NUM_THREADS",
-    "OMP_NUM_THREADS",
-    *threads.WAIT_SETTINGS,
-    *threads.OTHER_WAIT_VARIABLES,
-)
+THREAD_VARIABLES = (ENVIRONMENT_VARIABLE, "TVM_NUM_THREADS", "OMP_NUM_THREADS", *threads.WAIT_SETTINGS, *threads.OTHER_WAIT_VARIABLES)
 
 
 @pytest.fixture
@@ -56,9 +50,7 @@ def test_fewer_when_asked_and_never_more_than_the_cores(monkeypatch):
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, value)
-    with pytest.raises(
-        CollageError, match=f"^{ENVIRONMENT_VARIABLE}='{value}' is not a positive whole number of threads$"
-    ):
+    with pytest.raises(CollageError, match=f"^{ENVIRONMENT_VARIABLE}='{value}' is not a positive whole number of threads$"):
         backend_threads()
 
 
@@ -158,14 +150,7 @@ def test_a_warm_database_answers_default_settings_and_other_settings_measure_ane
 
         def measure():
             return measure_candidates(
-                graph,
-                candidates,
-                {plugin.BACKEND: backend},
-                target,
-                db,
-                MeasureSettings(build_workers=1),
-                [module],
-                show_progress=False,
+                graph, candidates, {plugin.BACKEND: backend}, target, db, MeasureSettings(build_workers=1), [module], show_progress=False
             )
 
         warm = measure()
@@ -227,10 +212,7 @@ def test_processes_that_run_partitions_start_with_idle_threads_that_spin_briefly
         monkeypatch.delenv(name, raising=False)
     with MeasurementWorker([], [], env=dict(os.environ) if started == "exec" else None) as worker:
         environment = _started_environment(worker)
-    assert {name: environment.get(name) for name in threads.USER_WAIT_CHOICES} == {
-        **threads.WAIT_SETTINGS,
-        "OMP_WAIT_POLICY": None,
-    }
+    assert {name: environment.get(name) for name in threads.USER_WAIT_CHOICES} == {**threads.WAIT_SETTINGS, "OMP_WAIT_POLICY": None}
 
 
 def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_says_when_the_process_differs(
@@ -258,9 +240,7 @@ def test_an_exported_mix_of_backends_names_how_idle_threads_wait_and_loading_it_
             deploy.tell_other_environment("copied.so", threads.WAIT_SETTINGS)
     told = [record.getMessage() for record in caplog.records]
     assert len(told) == len(threads.WAIT_SETTINGS)  # each once, in this process
-    assert any(
-        "measured with GOMP_SPINCOUNT=30000; this process has GOMP_SPINCOUNT=300000" in message for message in told
-    )
+    assert any("measured with GOMP_SPINCOUNT=30000; this process has GOMP_SPINCOUNT=300000" in message for message in told)
     caplog.clear()
     monkeypatch.setattr(deploy, "_environment_told", set())
     for name, value in threads.WAIT_SETTINGS.items():

@@ -7,9 +7,7 @@ import pytest
 
 from collage_core.measure.timing import MeasureSettings, time_callable
 
-SETTINGS = MeasureSettings(
-    warmup=1, min_repeats=3, max_repeats=5, target_spread=0.05, min_repeat_ms=0.0, time_bound_s=1.0
-)
+SETTINGS = MeasureSettings(warmup=1, min_repeats=3, max_repeats=5, target_spread=0.05, min_repeat_ms=0.0, time_bound_s=1.0)
 
 
 class FakeRuns:
@@ -77,9 +75,7 @@ def test_candidate_costs_are_net_of_the_vm_call_and_never_below_their_floor():
     state = {}
     overhead = worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings(time_bound_s=2.0))
     assert 0 < overhead < 1e-3  # a call that runs nothing: microseconds
-    assert (
-        worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings()) == overhead
-    )  # once per process
+    assert worker._call_overhead_s(state, tvm_compat.host_cpu_target(), MeasureSettings()) == overhead  # once per process
     net = worker._net_of_call(Cost.measured(50e-6, 2e-6, 9), 5e-6)
     assert net.median_s == pytest.approx(45e-6) and net.spread_s == 2e-6 and net.repeats == 9
     assert worker._net_of_call(Cost.measured(4e-6, 0.0, 3), 5e-6).median_s == pytest.approx(worker.NET_FLOOR * 4e-6)

@@ -63,18 +63,9 @@ def resnet():
 
 def bert():
     config = transformers.BertConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
+        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=64
     )
-    return (
-        transformers.BertModel(config),
-        (torch.randint(0, 1000, (1, 16)),),
-        ("output['last_hidden_state']", "output['pooler_output']"),
-    )
+    return (transformers.BertModel(config), (torch.randint(0, 1000, (1, 16)),), ("output['last_hidden_state']", "output['pooler_output']"))
 
 
 @pytest.mark.slow  # ResNet 2.5 min, BERT half a minute on 2 cores, measuring into an empty cost database

@@ -40,9 +40,7 @@ def ops_in(func) -> list[str]:
 def test_integer_powers_become_multiplications_and_compute_the_same(exponent, multiplications):
     rewritten = as_multiplications(power_module(exponent)["main"])
     assert ops_in(rewritten) == ["relax.multiply"] * multiplications
-    executable = tvm.compile(
-        relax.transform.LegalizeOps()(tvm.IRModule({"main": rewritten})), target=tvm_compat.host_cpu_target()
-    )
+    executable = tvm.compile(relax.transform.LegalizeOps()(tvm.IRModule({"main": rewritten})), target=tvm_compat.host_cpu_target())
     vm = relax.VirtualMachine(executable, tvm.cpu(0))
     result = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(X, tvm.cpu(0))))
     np.testing.assert_allclose(result, X.astype(np.float64) ** exponent, rtol=1e-6, atol=1e-6)
@@ -71,12 +69,7 @@ def test_gpt2_on_cuda_compiles_to_kernels_without_powf():
     graph = RelaxGraph.from_function(model.mod["main"], model.mod)
     assert "relax.power" in graph.graph.ops
     whole = [Partition("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(graph.graph))), WHOLE_MODEL_PATTERN, Cost.unknown())]
-    executable = build(
-        pm,
-        partition_module(graph, whole),
-        {"tvm": infos["tvm"]},
-        tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"}),
-    )
+    executable = build(pm, partition_module(graph, whole), {"tvm": infos["tvm"]}, tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"}))
     sources = _cuda_sources(executable.mod)
     assert sources and sum(source.count("__global__") for source in sources) > 10
     assert not any("powf" in source for source in sources)

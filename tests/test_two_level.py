@@ -8,20 +8,13 @@ import pytest
 from collage_core.records import Cost, Partition
 from collage_core.search.graph import OpGraph
 from collage_core.search.regions import KEEP, OpGroup, decode, genome_key
-from collage_core.search.two_level import (
-    TwoLevelSettings,
-    history_text,
-    operators_by_backend,
-    search_two_level,
-    seed_genomes,
-)
+from collage_core.search.two_level import TwoLevelSettings, history_text, operators_by_backend, search_two_level, seed_genomes
 
 
 def chain_with_branches() -> OpGraph:
     """0 -> 1 -> {2, 3} -> 4 (joins) -> 5 -> 6; 7 reads 0 and 6 (a long residual)."""
     return OpGraph(
-        ops=["conv", "relu", "conv", "conv", "add", "softmax", "matmul", "add"],
-        preds=[[], [0], [1], [1], [2, 3], [4], [5], [0, 6]],
+        ops=["conv", "relu", "conv", "conv", "add", "softmax", "matmul", "add"], preds=[[], [0], [1], [1], [2, 3], [4], [5], [0, 6]]
     )
 
 
@@ -131,18 +124,14 @@ def test_budget_stops_the_search_after_the_seeds():
 def test_search_stops_after_generations_without_improvement():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})
-    result = search_two_level(
-        graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=50, patience=2)
-    )
+    result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=50, patience=2))
     assert result.generations < 50
 
 
 def test_nothing_measurable_falls_back_to_the_op_level_placement():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})
-    result = search_two_level(
-        graph, groups, lambda parts: Cost.invalid("build failed"), TwoLevelSettings(population=4, generations=1)
-    )
+    result = search_two_level(graph, groups, lambda parts: Cost.invalid("build failed"), TwoLevelSettings(population=4, generations=1))
     assert not result.latency.is_measured and result.genome == (KEEP,) * 8
     assert [p.backend for p in result.parts] == ["tvm"] * 8
 
@@ -182,11 +171,7 @@ def test_each_generation_records_which_backends_gained_ground():
     groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
     seen = []
     result = search_two_level(
-        graph,
-        groups,
-        deterministic_end_to_end_cost,
-        TwoLevelSettings(population=6, generations=4),
-        on_generation=seen.append,
+        graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=6, generations=4), on_generation=seen.append
     )
     assert seen == list(result.history) and [r.generation for r in seen] == list(range(result.generations + 1))
     assert seen[0].gained == {}
@@ -211,9 +196,7 @@ def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
 
     history = [
         GenerationRecord(0, 0.004, 10.0, {"onnxruntime": 6, "tvm": 2}, {}),
-        GenerationRecord(
-            1, 0.003, 5.0, {"onnxruntime": 4, "openvino": 4}, {"onnxruntime": -2, "openvino": 4, "tvm": -2}
-        ),
+        GenerationRecord(1, 0.003, 5.0, {"onnxruntime": 4, "openvino": 4}, {"onnxruntime": -2, "openvino": 4, "tvm": -2}),
     ]
     root = ElementTree.fromstring(history_svg(history, {"onnxruntime": "#8dd3c7", "tvm": "#ffffb3"}))
     ns = {"svg": "http://www.w3.org/2000/svg"}
@@ -224,11 +207,7 @@ def test_the_search_is_drawn_one_bar_per_generation_split_by_backend():
         assert {r.get("data-backend"): int(r.get("data-operators")) for r in rects} == record.operators_by_backend
         assert sum(float(r.get("width")) for r in rects) == pytest.approx(BAR_WIDTH, abs=0.05)
         assert f"{record.best_s * 1e3:.3f} ms" in "".join(bar.itertext())
-    fills = {
-        r.get("data-backend"): r.get("fill")
-        for r in root.iter("{http://www.w3.org/2000/svg}rect")
-        if r.get("data-backend")
-    }
+    fills = {r.get("data-backend"): r.get("fill") for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-backend")}
     assert fills["onnxruntime"] == "#8dd3c7" and fills["openvino"] not in ("#8dd3c7", "#ffffb3")
 
 
@@ -308,10 +287,7 @@ def test_a_placement_whose_run_outlasts_the_cutoff_is_stopped_and_not_measured_a
         stopped = evaluate(slow)
         assert not stopped.is_measured and stopped.reason.startswith(STOPPED_PREFIX)
         assert evaluate(slow) == stopped  # read from the database, not run again
-    assert job.runs == [
-        ("fast", None, None),
-        ("slow", CUTOFF_FACTOR * 0.2, max(CUTOFF_FACTOR * 0.2, RUN_LIMIT_FLOOR_S)),
-    ]
+    assert job.runs == [("fast", None, None), ("slow", CUTOFF_FACTOR * 0.2, max(CUTOFF_FACTOR * 0.2, RUN_LIMIT_FLOOR_S))]
     assert "stopped, a run took longer than 1 s" in job.said[-1]
 
 
@@ -385,9 +361,7 @@ def test_genomes_predicted_slower_than_the_best_are_not_built_and_the_search_fin
                 calls.append(genome_key(parts))
                 return charged_end_to_end_cost(parts)
 
-            settings = TwoLevelSettings(
-                population=8, generations=6, seed=seed, predict_margin=0.1 if predicting else None
-            )
+            settings = TwoLevelSettings(population=8, generations=6, seed=seed, predict_margin=0.1 if predicting else None)
             results[predicting] = search_two_level(graph, groups, evaluate, settings)
             assert results[predicting].measured == len(calls)
             built[predicting] += len(calls)

@@ -131,10 +131,7 @@ def test_a_held_model_builds_the_placement_the_parent_would_send(tmp_path):
     model_path.unlink()  # read once, when the zygote took it
     assert zygote.hold_model([], [], "small-model", lambda: pytest.fail("held already: not written again"))
     held = run_placement(
-        tmp_path,
-        "held",
-        held="small-model",
-        parts=[{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts],
+        tmp_path, "held", held="small-model", parts=[{"backend": p.backend, "pattern": p.pattern, "nodes": list(p.nodes)} for p in parts]
     )
     sent = run_placement(tmp_path, "sent", module=str(placed_path))
     with np.load(tmp_path / "inputs.npz") as saved:
@@ -167,9 +164,7 @@ def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plug
 
     load_test_plugin("plugins_for_tests.slow_import")  # PYTHONPATH for the run and its workers
     env = {**os.environ, "SLOW_IMPORT_S": "120"}
-    run = subprocess.Popen(
-        [sys.executable, "-c", RUN_THAT_DIES, started], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path
-    )
+    run = subprocess.Popen([sys.executable, "-c", RUN_THAT_DIES, started], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     worker_pid = int(run.stdout.readline())
     time.sleep(1.0)  # the worker is importing the slow plugin now
     assert process_start(worker_pid) is not None
@@ -184,9 +179,7 @@ def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plug
 
 
 @pytest.mark.parametrize("started", ["forked", "exec"])
-def test_a_process_a_library_forks_from_a_thread_while_the_worker_waits_ends(
-    started, load_test_plugin, tmp_path, monkeypatch
-):
+def test_a_process_a_library_forks_from_a_thread_while_the_worker_waits_ends(started, load_test_plugin, tmp_path, monkeypatch):
     """A library that forks from a thread while the worker waits for its next request (OpenVINO's
     telemetry on import) gets a child that ends: the worker does not hold stdin's lock as it waits."""
     import time

@@ -170,13 +170,7 @@ def first_gpu() -> Gpu:
     count = ctypes.c_int(0)
     if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
         raise CudaUnavailable("no NVIDIA GPU here: the driver sees no CUDA device")
-    device, name, major, minor, version = (
-        ctypes.c_int(),
-        ctypes.create_string_buffer(256),
-        ctypes.c_int(),
-        ctypes.c_int(),
-        ctypes.c_int(),
-    )
+    device, name, major, minor, version = (ctypes.c_int(), ctypes.create_string_buffer(256), ctypes.c_int(), ctypes.c_int(), ctypes.c_int())
     driver.cuDeviceGet(ctypes.byref(device), 0)
     driver.cuDeviceGetName(name, 256, device)
     driver.cuDeviceGetAttribute(ctypes.byref(major), 75, device)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
@@ -198,8 +192,7 @@ def tuned_on_gpu(store, spec_words, library_version: str, tune: Callable[[], byt
     except CudaUnavailable:
         return ()
     key = hashlib.sha256(
-        np.asarray(spec_words, dtype="<i8").tobytes()
-        + f"{gpu.name}|{gpu.compute_capability}|{library_version}".encode()
+        np.asarray(spec_words, dtype="<i8").tobytes() + f"{gpu.name}|{gpu.compute_capability}|{library_version}".encode()
     ).hexdigest()
     chosen = store.get(key)
     if chosen is None:

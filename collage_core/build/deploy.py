@@ -74,9 +74,7 @@ def runtime_libraries(pm, backends: Iterable) -> dict[str, list[Path]]:
         missing = [str(path) for path in paths or () if not Path(path).is_file()]
         if errors or missing:  # the export still works where the plugin is installed; say why it carries nothing
             log.warning(
-                "backend %s: exports carry no native kernels (%s)",
-                backend.name,
-                "; ".join(errors) or f"no such file: {', '.join(missing)}",
+                "backend %s: exports carry no native kernels (%s)", backend.name, "; ".join(errors) or f"no such file: {', '.join(missing)}"
             )
         elif paths is not None:
             found[backend.name] = [Path(path) for path in paths]
@@ -89,10 +87,7 @@ def carried_dir(library: os.PathLike) -> Path:
 
 
 def write_runtime_file(
-    library: os.PathLike,
-    needs: dict,
-    carried: Optional[Mapping[str, list]] = None,
-    environment: Optional[Mapping[str, str]] = None,
+    library: os.PathLike, needs: dict, carried: Optional[Mapping[str, list]] = None, environment: Optional[Mapping[str, str]] = None
 ) -> Path:
     """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives
     them); copy each backend's native libraries in ``carried`` (as :func:`runtime_libraries` gives
@@ -169,12 +164,7 @@ _versions_told: set[str] = set()
 
 
 def tell_other_versions(
-    origin: str,
-    recorded: Mapping[str, str],
-    installed: Mapping,
-    consequence: str,
-    made: str = "built",
-    strict: bool = False,
+    origin: str, recorded: Mapping[str, str], installed: Mapping, consequence: str, made: str = "built", strict: bool = False
 ) -> None:
     """For each backend ``origin`` was ``made`` with at another version than is installed here, a
     warning through the ``collage`` logger naming the backend and both versions (once per process),
@@ -237,9 +227,7 @@ def prepare_runtime(library: os.PathLike, pm=None) -> dict:
         elif name in installed:
             _prepare_by_plugin(library, name, installed[name], wanted, pm)
         else:
-            raise LibraryLoadError(
-                f"{library}: partitions run on backend {name}, which is not installed here: it needs {wanted}"
-            )
+            raise LibraryLoadError(f"{library}: partitions run on backend {name}, which is not installed here: it needs {wanted}")
     return record
 
 
@@ -264,9 +252,7 @@ _carried_loaded: dict[str, list[str]] = {}
 def _load_carried(library, name: str, carried: list) -> None:
     for relative in carried:
         if not isinstance(relative, str) or Path(relative).is_absolute() or ".." in Path(relative).parts:
-            raise LibraryLoadError(
-                f"{runtime_file(library)}: backend {name}'s runtime library {relative!r} is not beside the library"
-            )
+            raise LibraryLoadError(f"{runtime_file(library)}: backend {name}'s runtime library {relative!r} is not beside the library")
     paths = [Path(library).parent / relative for relative in carried]
     for path in paths:
         if not path.is_file():
@@ -283,9 +269,7 @@ def _load_carried(library, name: str, carried: list) -> None:
         try:
             ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         except OSError as error:
-            raise LibraryLoadError(
-                f"{library}: backend {name}'s runtime library {path} does not load ({error})"
-            ) from None
+            raise LibraryLoadError(f"{library}: backend {name}'s runtime library {path} does not load ({error})") from None
     _carried_loaded[name] = digests
 
 

@@ -48,11 +48,7 @@ def lower_partitions(
             if not names:
                 continue
         lowered, errors = first_result(
-            pm.hook.collage_lower_partitions,
-            backend=backends[backend_name],
-            mod=mod,
-            function_names=names,
-            target=target,
+            pm.hook.collage_lower_partitions, backend=backends[backend_name], mod=mod, function_names=names, target=target
         )
         if lowered is None and errors:
             raise BuildError(f"backend {backend_name}: lowering failed: {'; '.join(_last_line_of(e) for e in errors)}")
@@ -77,11 +73,7 @@ def replace_functions(
 
 
 def build(
-    pm: CollagePluginManager,
-    mod: tvm.IRModule,
-    backends: Mapping[str, Backend],
-    target: tvm.target.Target,
-    cuda_graphs: bool = False,
+    pm: CollagePluginManager, mod: tvm.IRModule, backends: Mapping[str, Backend], target: tvm.target.Target, cuda_graphs: bool = False
 ) -> relax.Executable:
     """Lower, then build with TVM's default pipeline for ``target``; returns a ``relax.Executable``.
 
@@ -145,9 +137,7 @@ def packed_call_function(
     with bb.function(name, params, attrs=dict(func.attrs) if func.attrs is not None else None, private=True):
         with bb.dataflow():
             operands = [bb.emit(before[i](operand)) if i in before else operand for i, operand in enumerate(operands)]
-            call = relax.call_dps_packed(
-                packed_function, [spec_expr, *operands], out_types if out_type is None else out_type
-            )
+            call = relax.call_dps_packed(packed_function, [spec_expr, *operands], out_types if out_type is None else out_type)
             output = bb.emit_output(call if after is None else after(bb.emit(call)))
         bb.emit_func_output(output)
     return bb.get()[name]

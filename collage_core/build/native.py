@@ -98,20 +98,9 @@ class NativeLibrary:
     def command(self, output: Path) -> list[str]:
         ffi_flags, _ = tvm_ffi_flags()
         if Path(self.compiler).name == "nvcc":
-            ffi_flags = tuple(
-                f"-Xlinker={flag[len('-Wl,') :]}" if flag.startswith("-Wl,") else flag for flag in ffi_flags
-            )
+            ffi_flags = tuple(f"-Xlinker={flag[len('-Wl,') :]}" if flag.startswith("-Wl,") else flag for flag in ffi_flags)
         includes = [f"-I{folder}" for folder in dict.fromkeys(Path(header).parent for header in self.headers)]
-        return [
-            self.compiler,
-            *self.base_flags,
-            str(self.source),
-            *includes,
-            *self.flags,
-            *ffi_flags,
-            "-o",
-            str(output),
-        ]
+        return [self.compiler, *self.base_flags, str(self.source), *includes, *self.flags, *ffi_flags, "-o", str(output)]
 
     def path(self) -> Path:
         """Where the library for this exact source, command and versions lives (built or not).

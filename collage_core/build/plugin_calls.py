@@ -26,9 +26,7 @@ def calls_of(func, module) -> dict:
     (registered at run time by a backend), external functions (compiled into the library by a TVM codegen)
     and TIR functions, each a sorted list of names. ``func`` None (a function the build inlined into its
     caller) calls nothing."""
-    externals = (
-        list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
-    )
+    externals = list(module.attrs["external_mods"]) if module.attrs is not None and "external_mods" in module.attrs else []
     symbols, tir = set(), set()
 
     def visit(node):
@@ -40,11 +38,7 @@ def calls_of(func, module) -> dict:
     if func is not None:
         relax.analysis.post_order_visit(func.body, visit)
     external = {name for name in symbols if any(m.implements_function(name) for m in externals)}
-    return {
-        "packed_functions": sorted(symbols - external),
-        "external_functions": sorted(external),
-        "tir_functions": sorted(tir),
-    }
+    return {"packed_functions": sorted(symbols - external), "external_functions": sorted(external), "tir_functions": sorted(tir)}
 
 
 def outside_calls(module) -> set[str]:

@@ -20,14 +20,7 @@ from collage_core.build.deploy import backend_needs, copy_library, runtime_libra
 from collage_core.errors import CollageError
 from collage_core.measure.cost_db import CostDatabaseError, open_costs
 from collage_core.measure.in_turns import time_in_turns
-from collage_core.measure.job import (
-    BASELINE_PROTOCOL,
-    UNPARTITIONED,
-    Job,
-    claimed_end_to_end,
-    describe_cost,
-    placement_claim_lifetime_s,
-)
+from collage_core.measure.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, claimed_end_to_end, describe_cost, placement_claim_lifetime_s
 from collage_core.measure.progress import PhaseClock
 from collage_core.measure.timing import stopped, stopped_limit
 from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
@@ -94,15 +87,7 @@ class Outcome:
 
 
 def baselines(
-    job: Job,
-    parts,
-    placement_cost,
-    candidates,
-    measurement,
-    op_level_parts,
-    two_level_result,
-    limit_s: Optional[float] = None,
-    db=None,
+    job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result, limit_s: Optional[float] = None, db=None
 ) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
     """TVM's unpartitioned build, the op-level placement, each backend alone (or with a fallback) and each
     engine's own session over the original model file (:func:`own_sessions`), each with its partitions
@@ -148,9 +133,7 @@ def baselines(
             if cannot_win is not None:
                 job.say(f"{name}: {cannot_win.reason}")
             measured[baseline_signature] = cannot_win or baseline_cost(job, name, baseline_parts, limit_s, db)
-        results.append(
-            (EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)), baseline_parts)
-        )
+        results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)), baseline_parts))
     return results + own_sessions(job, limit_s, db)
 
 
@@ -212,9 +195,7 @@ def found_by(search: str, replayed_from=None, replayed_why: str = "") -> str:
     found it, or the placement file replayed (with why that file's placement had been chosen)."""
     if replayed_from is None:
         return f"found by the {search} search"
-    return f"replayed from {replayed_from}" + (
-        f" (the file says why it was chosen: {replayed_why})" if replayed_why else ""
-    )
+    return f"replayed from {replayed_from}" + (f" (the file says why it was chosen: {replayed_why})" if replayed_why else "")
 
 
 @attrs.frozen
@@ -276,9 +257,7 @@ def build_and_compare(
         if folder.kept:
             for entry, baseline_parts in measured:
                 if baseline_parts is not None:
-                    job.placement(baseline_parts, f"baseline: {entry.name}").save(
-                        baseline_file(folder.path, entry.name)
-                    )
+                    job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(folder.path, entry.name))
         # A replay returns the placement it was given, whatever ran faster beside it.
         outcome = finish(job, library, origin, parts, built, measured, may_replace=options.placement is None)
         clock.lap("contest in turns")
@@ -289,9 +268,7 @@ def build_and_compare(
             searched_placement = attrs.evolve(
                 placement, why_chosen=f"{origin}; not returned: {entry.name} ran faster beside it (see placement.json)"
             )
-            placement = job.placement(
-                parts, search, placed.candidates, placed.measurement.costs if placed.measurement else None
-            )
+            placement = job.placement(parts, search, placed.candidates, placed.measurement.costs if placed.measurement else None)
             built = outcome.replacement_build
             verification = verified(job, built, options.verify, fitted)
             clock.lap("building and verifying")
@@ -316,9 +293,7 @@ def verified(job: Job, built: Built, verify: bool, fitted: Optional[Fit]) -> Opt
     if not verify or model.reference is None:
         return None
     held_to = tolerance(model.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
-    verification = compare_outputs(
-        built.outputs, model.reference(job.inputs), model.reference_name, rtol=held_to.rtol, atol=held_to.atol
-    )
+    verification = compare_outputs(built.outputs, model.reference(job.inputs), model.reference_name, rtol=held_to.rtol, atol=held_to.atol)
     job.say(verification.describe())
     return verification
 
@@ -345,9 +320,7 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     faster = faster_baseline(baselines, built.cost) if may_replace else None
     if faster is None:
         measured = "no baseline measured faster one after another" if sequential else "no baseline was measured"
-        return Outcome(
-            [EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)"
-        )
+        return Outcome([EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)")
     entry, rival_parts = faster
     rebuilt = build_placement(job, rival_parts, library)
     why = (
@@ -355,11 +328,7 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
         f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
         f"{_what_it_runs(rival_parts)}the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}"
     )
-    rows = [
-        EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)),
-        EndToEnd(SEARCHED, built.cost, mix),
-        *sequential,
-    ]
+    rows = [EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)), EndToEnd(SEARCHED, built.cost, mix), *sequential]
     return Outcome(rows, why, faster, rebuilt)
 
 
@@ -369,18 +338,14 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     timed_turns, mix = timed.turns, operators_by_backend(parts)
     turns = {name: library.warm for name, library in timed_turns.items()}
     in_turns = {
-        entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend)
-        for entry, _ in rivals
+        entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend) for entry, _ in rivals
     }
     sequential = [entry for entry, _ in baselines]
     fastest, _ = min(rivals, key=lambda pair: turns[pair[0].name].seconds)
     placed, best = turns[PLACEMENT], turns[fastest.name]
     if timed.winner is None:
         if best.seconds >= placed.seconds:
-            why = (
-                f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, "
-                f"{_times(best, placed)}"
-            )
+            why = f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, {_times(best, placed)}"
         elif best.seconds >= placed.seconds * (1 - TURNS_MARGIN):
             why = (
                 f"{origin}; kept: in the contest in turns {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
@@ -453,21 +418,14 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
         np.savez(inputs, *job.inputs)
         libraries = {PLACEMENT: library}
         libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
-        turns = time_in_turns(
-            libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules, job.disabled
-        )
-        job.say(
-            "  in turns, warm back to back: "
-            + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items())
-        )
+        turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules, job.disabled)
+        job.say("  in turns, warm back to back: " + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items()))
         job.say(
             "  in turns, after a pause: "
             + ", ".join(f"{name} {describe_cost(t.after_pause)} ({t.paused_s:.1f} s idle)" for name, t in turns.items())
         )
         fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].warm.seconds)
-        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (
-            1 - TURNS_MARGIN
-        ):
+        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (1 - TURNS_MARGIN):
             return Contest(turns)
         won = rivals_dir / str(fastest) / library.name
         copy_library(won, library, move=True)

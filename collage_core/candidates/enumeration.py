@@ -33,9 +33,7 @@ def candidates_for(pm, graph: RelaxGraph, chosen: Sequence[BackendInfo], target,
     return enumerate_candidates(graph, patterns)
 
 
-def enumerate_candidates(
-    graph: RelaxGraph, patterns: Sequence[Pattern], refusals: Optional[list] = None
-) -> list[Candidate]:
+def enumerate_candidates(graph: RelaxGraph, patterns: Sequence[Pattern], refusals: Optional[list] = None) -> list[Candidate]:
     """All (backend, pattern, operators) matches that pass their checks and can be cut out as a function.
 
     The same operators matched by two patterns of one backend stay two candidates: a backend may
@@ -68,9 +66,7 @@ def enumerate_candidates(
             except RegionError:
                 continue
             key = tvm_compat.structural_key(standalone)
-            found[(pattern.backend, pattern.name, nodes)] = Candidate(
-                pattern.backend, pattern.name, nodes, f"{pattern.name}:{key}"
-            )
+            found[(pattern.backend, pattern.name, nodes)] = Candidate(pattern.backend, pattern.name, nodes, f"{pattern.name}:{key}")
     broken = [refusal for refusal in kept if refusal.broken]
     for name in sorted({refusal.pattern for refusal in broken}):
         first = next(refusal for refusal in broken if refusal.pattern == name)

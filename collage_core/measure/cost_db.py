@@ -156,11 +156,7 @@ class CostDatabase:
 
     @classmethod
     def open(
-        cls,
-        path: os.PathLike | str,
-        *,
-        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
-        remeasure_invalid: bool = False,
+        cls, path: os.PathLike | str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, remeasure_invalid: bool = False
     ) -> "CostDatabase":
         """Open the database at ``path``, creating it (and its directory) if it does not exist.
 
@@ -217,13 +213,10 @@ class CostDatabase:
         when = time.time() if measured_at is None else measured_at
         with self._reported("write"), self._immediate():
             self._connection.execute(
-                f"INSERT OR REPLACE INTO costs ({_KEY_COLUMNS}, {_COST_COLUMNS}, measured_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO costs ({_KEY_COLUMNS}, {_COST_COLUMNS}, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*attrs.astuple(key), *_row_from_cost(cost), when),
             )
-            self._connection.execute(
-                f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (_claim_key(key), self._holder)
-            )
+            self._connection.execute(f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (_claim_key(key), self._holder))
 
     def claim(self, key: CostKey, lifetime_s: float) -> Claim:
         """Look ``key`` up again just before measuring it, and claim it for this run unless another
@@ -274,8 +267,7 @@ class CostDatabase:
             return stored
         with self._reported("read"):
             other = self._connection.execute(
-                f"SELECT holder, host, pid, process_started, expires_at FROM {_CLAIMS_TABLE} WHERE key = ?",
-                (claim_key,),
+                f"SELECT holder, host, pid, process_started, expires_at FROM {_CLAIMS_TABLE} WHERE key = ?", (claim_key,)
             ).fetchone()
         if other is not None and other[0] != self._holder and other[4] > now and _alive(*other[1:4]):
             return Claim()
@@ -292,9 +284,7 @@ class CostDatabase:
     def _release(self, claim_key: str) -> None:
         if not self.read_only:
             with self._reported("write"):
-                self._connection.execute(
-                    f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (claim_key, self._holder)
-                )
+                self._connection.execute(f"DELETE FROM {_CLAIMS_TABLE} WHERE key = ? AND holder = ?", (claim_key, self._holder))
 
     def release_claims(self) -> None:
         """Give up every claim this run still holds."""
@@ -321,9 +311,7 @@ class CostDatabase:
             return None
         return _cost_from_row(row[:5]), float(row[6])
 
-    def put_end_to_end(
-        self, key: str, cost: Cost, *, effort_s: float = 0.0, measured_at: Optional[float] = None
-    ) -> None:
+    def put_end_to_end(self, key: str, cost: Cost, *, effort_s: float = 0.0, measured_at: Optional[float] = None) -> None:
         """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one,
         and end this run's claim on it.
 
@@ -337,8 +325,7 @@ class CostDatabase:
         when = time.time() if measured_at is None else measured_at
         with self._reported("write"), self._immediate():
             self._connection.execute(
-                f"INSERT OR REPLACE INTO end_to_end_costs (key, {_COST_COLUMNS}, measured_at, effort_s) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO end_to_end_costs (key, {_COST_COLUMNS}, measured_at, effort_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (key, *_row_from_cost(cost), when, float(effort_s)),
             )
             self._connection.execute(
@@ -512,9 +499,7 @@ def _is_read_only(path: pathlib.Path) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise CostDatabaseError(
-            f"cannot create the directory of cost database {path}: {error.strerror}; {_USE_ANOTHER_FILE}"
-        ) from error
+        raise CostDatabaseError(f"cannot create the directory of cost database {path}: {error.strerror}; {_USE_ANOTHER_FILE}") from error
     # SQLite's write-ahead log lives in files beside the database, so writing needs the directory too.
     directory_writable = _may_write(path.parent)
     if not path.exists():

@@ -120,14 +120,8 @@ def time_in_turns(
                 paused[key].append(response["paused_s"])
             if round_index + 1 >= settings.min_rounds and leader_is_clear(fastest_workers_runs(warm)):
                 break
-    chosen = {
-        name: min((key for key in warm if key[0] == name and warm[key]), key=lambda key: np.median(warm[key]))
-        for name in libraries
-    }
-    return {
-        name: LibraryTurns(_cost(warm[key]), _cost(after_pause[key]), float(np.median(paused[key])))
-        for name, key in chosen.items()
-    }
+    chosen = {name: min((key for key in warm if key[0] == name and warm[key]), key=lambda key: np.median(warm[key])) for name in libraries}
+    return {name: LibraryTurns(_cost(warm[key]), _cost(after_pause[key]), float(np.median(paused[key]))) for name, key in chosen.items()}
 
 
 def fastest_workers_runs(samples: Mapping[tuple[str, int], Sequence[float]]) -> dict[str, list[float]]:
@@ -136,9 +130,7 @@ def fastest_workers_runs(samples: Mapping[tuple[str, int], Sequence[float]]) -> 
     by_library: dict[str, list[list[float]]] = {}
     for (name, _), runs in samples.items():
         by_library.setdefault(name, []).append(list(runs))
-    return {
-        name: min((runs for runs in workers if runs), key=np.median, default=[]) for name, workers in by_library.items()
-    }
+    return {name: min((runs for runs in workers if runs), key=np.median, default=[]) for name, workers in by_library.items()}
 
 
 def leader_is_clear(samples: Mapping[str, Sequence[float]]) -> bool:

@@ -104,15 +104,10 @@ class Job:
         here = tvm_compat.device_name(self.target)
         if placement.device != here:
             log.warning(
-                "%s was measured on %s and is replayed on %s: its costs and choices may not hold here",
-                path,
-                placement.device,
-                here,
+                "%s was measured on %s and is replayed on %s: its costs and choices may not hold here", path, placement.device, here
             )
         return attrs.evolve(
-            placement,
-            inputs_of=[sorted(preds) for preds in self.graph.graph.preds],
-            ran_on=here if placement.device != here else "",
+            placement, inputs_of=[sorted(preds) for preds in self.graph.graph.preds], ran_on=here if placement.device != here else ""
         )
 
     def op_level_candidates(self, candidates) -> list[Candidate]:
@@ -179,9 +174,7 @@ class Job:
         """The module running the original model file in ``backend``'s own session (see
         collage_core.model.original_model), lowered once per job; None when no plugin runs it."""
         if backend not in self.original_modules:
-            self.original_modules[backend] = original_model.lowered_module(
-                self.pm, self.imported, self.backends[backend], self.target
-            )
+            self.original_modules[backend] = original_model.lowered_module(self.pm, self.imported, self.backends[backend], self.target)
         return self.original_modules[backend]
 
     def partitioned(self, parts):
@@ -218,9 +211,7 @@ class Job:
         :class:`StageTooSlow`. The first run, which pays one-time setup, has SETUP_GRACE_S more
         (see :func:`_run_limits`). ``cuda_graphs`` overrides the settings' choice for this build.
         """
-        module_path, inputs_path, outputs_path = (
-            self.scratch / name for name in ("placed.json", "inputs.npz", "outputs.npz")
-        )
+        module_path, inputs_path, outputs_path = (self.scratch / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
         np.savez(inputs_path, *self.inputs)
         request = {
             "op": "run_placement",
@@ -228,9 +219,7 @@ class Job:
             "inputs": str(inputs_path),
             "outputs": str(outputs_path),
             "settings": attrs.evolve(
-                self.settings,
-                cutoff_s=cutoff_s,
-                cuda_graphs=self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs,
+                self.settings, cutoff_s=cutoff_s, cuda_graphs=self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
             ).to_json(),
             "library": str(library) if library else None,
         }
@@ -244,9 +233,7 @@ class Job:
         response = None
         if held:
             try:
-                response = self._run_in_worker(
-                    {**request, "held": self.held_key, "parts": parts_to_json(parts)}, run_limit_s
-                )
+                response = self._run_in_worker({**request, "held": self.held_key, "parts": parts_to_json(parts)}, run_limit_s)
             except HeldElsewhere:
                 pass  # sent whole below
         try:
@@ -333,9 +320,7 @@ class EndToEndEvaluator:
 
     def __init__(self, job: "Job", db, cut_off: bool, claim_lifetime_s: Optional[float] = None):
         self.job, self.db, self.cut_off = job, db, cut_off
-        self.claim_lifetime_s = (
-            placement_claim_lifetime_s(MeasureSettings()) if claim_lifetime_s is None else claim_lifetime_s
-        )
+        self.claim_lifetime_s = placement_claim_lifetime_s(MeasureSettings()) if claim_lifetime_s is None else claim_lifetime_s
         self.best_s = math.inf
         self.spent_s = 0.0
         self.from_database = 0
@@ -366,9 +351,7 @@ class EndToEndEvaluator:
     def _claimed(self, key: str, parts) -> Claim:
         """The placement's cost, measured by this run or another; or the claim to measure it here,
         granted unless another live run held it for longer than its measurement may take."""
-        return claimed_end_to_end(
-            self.db, key, self.claim_lifetime_s, self.job.say, f"placement of {len(parts)} partitions"
-        )
+        return claimed_end_to_end(self.db, key, self.claim_lifetime_s, self.job.say, f"placement of {len(parts)} partitions")
 
     def _measured(self, parts) -> tuple[Cost, float]:
         """The placement measured here, and the seconds that took."""
@@ -386,10 +369,7 @@ class EndToEndEvaluator:
             job.say(f"  placement of {len(parts)} partitions: {describe_cost(cost)}, best {self.best_s * 1e3:.3f} ms")
         except StageTooSlow:
             cost = stopped(limit)
-            job.say(
-                f"  placement of {len(parts)} partitions: stopped, a run took longer than {limit:g} s, "
-                f"best {self.best_s * 1e3:.3f} ms"
-            )
+            job.say(f"  placement of {len(parts)} partitions: stopped, a run took longer than {limit:g} s, best {self.best_s * 1e3:.3f} ms")
         except CollageError as error:
             cost = Cost.invalid(str(error))
         return cost, time.perf_counter() - started

@@ -46,9 +46,7 @@ NOISY_FACTOR = 4.0
 
 def is_noisy(cost: Cost, settings: MeasureSettings) -> bool:
     """Whether ``cost`` spread far above the goal (a cost of one run has no spread to judge)."""
-    return (
-        cost.is_measured and cost.repeats > 1 and cost.spread_s > NOISY_FACTOR * settings.target_spread * cost.median_s
-    )
+    return cost.is_measured and cost.repeats > 1 and cost.spread_s > NOISY_FACTOR * settings.target_spread * cost.median_s
 
 
 def _steadier(first: Cost, second: Optional[Cost]) -> Cost:
@@ -142,8 +140,7 @@ def measure_candidates(
     known = db.get_many(keys.values())
     costs = {key: known[db_key] for key, db_key in keys.items() if db_key in known}
     missing = sorted(
-        (representatives[key] for key in representatives if key not in costs),
-        key=lambda c: (c.backend, len(c.nodes), c.sort_key),
+        (representatives[key] for key in representatives if key not in costs), key=lambda c: (c.backend, len(c.nodes), c.sort_key)
     )
     alternatives = KnownAlternatives()
     for key, cost in costs.items():
@@ -159,20 +156,11 @@ def measure_candidates(
         built_lifetime_s = (len(parallel) + 4) * claim_lifetime_s(settings)
         ours = {c.key for c in parallel if db.claim(keys[c.key], built_lifetime_s).granted}
         libraries, failed = _build_in_parallel(
-            [c for c in parallel if c.key in ours],
-            graph,
-            target,
-            settings,
-            plugin_modules,
-            disabled,
-            tmp,
-            workers,
-            show_progress,
+            [c for c in parallel if c.key in ours], graph, target, settings, plugin_modules, disabled, tmp, workers, show_progress
         )
         bar = stack.enter_context(ProgressBar(len(missing), "measuring", enabled=show_progress))
         measuring = {
-            name: stack.enter_context(MeasurementWorker(plugin_modules, disabled))
-            for name in dict.fromkeys(c.backend for c in missing)
+            name: stack.enter_context(MeasurementWorker(plugin_modules, disabled)) for name in dict.fromkeys(c.backend for c in missing)
         }
         in_use: Optional[MeasurementWorker] = None
         todo, left_to_others = list(missing), []
@@ -203,9 +191,7 @@ def measure_candidates(
                 def measure():
                     if candidate.key in libraries:
                         module, library = libraries[candidate.key]
-                        return _send(
-                            worker, candidate, module, target, timing, {"op": "time_candidate", "library": str(library)}
-                        )
+                        return _send(worker, candidate, module, target, timing, {"op": "time_candidate", "library": str(library)})
                     return _measure_one(worker, graph, candidate, target, timing, tmp)
 
                 cost = measure()
@@ -283,12 +269,7 @@ def _build_in_parallel(
                     candidate = pending.pop(0)
                 library = modules[candidate.key].with_suffix(".so")
                 cost = _send(
-                    worker,
-                    candidate,
-                    modules[candidate.key],
-                    target,
-                    settings,
-                    {"op": "build_candidate", "library": str(library)},
+                    worker, candidate, modules[candidate.key], target, settings, {"op": "build_candidate", "library": str(library)}
                 )
                 with lock:
                     if cost is None:

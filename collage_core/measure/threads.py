@@ -120,10 +120,7 @@ class ThreadSettings:
     def from_environment(cls, environ: Optional[Mapping[str, str]] = None) -> "ThreadSettings":
         """The settings of the processes that run partitions for a process of ``environ``."""
         environ = os.environ if environ is None else environ
-        waiting = {
-            **wait_settings_in_force(environ),
-            **{name: environ[name] for name in OTHER_WAIT_VARIABLES if name in environ},
-        }
+        waiting = {**wait_settings_in_force(environ), **{name: environ[name] for name in OTHER_WAIT_VARIABLES if name in environ}}
         return cls(tvm=tvm_threads(environ), backends=backend_threads(environ), waiting=sorted(waiting.items()))
 
     @classmethod

@@ -78,16 +78,13 @@ class MeasureSettings:
     cuda_graphs: bool = described(
         True,
         BOOLEAN,
-        "replay CUDA graphs in the placements built for a CUDA target (the "
-        "report gives the placement's latency both with and without)",
+        "replay CUDA graphs in the placements built for a CUDA target (the report gives the placement's latency both with and without)",
     )
 
     def parallel_builds(self) -> int:
         """How many candidates are built at once: ``build_workers``, or with 0 half the cores up to MAX_BUILD_WORKERS
         (on 2 cores, building one while exporting another gained nothing over building and timing in turn)."""
-        return (
-            self.build_workers if self.build_workers > 0 else max(1, min((os.cpu_count() or 1) // 2, MAX_BUILD_WORKERS))
-        )
+        return self.build_workers if self.build_workers > 0 else max(1, min((os.cpu_count() or 1) // 2, MAX_BUILD_WORKERS))
 
     def to_json(self) -> dict:
         return attrs.asdict(self)

@@ -189,9 +189,7 @@ def _call_overhead_s(state, target, settings) -> float:
         with bb.function("main", [param]):
             bb.emit_func_output(param)
         vm, device = _vm(relax.build(bb.get(), target), target)
-        cache[key] = _time_vm(
-            vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]
-        ).median_s
+        cache[key] = _time_vm(vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]).median_s
     return cache[key]
 
 
@@ -205,11 +203,7 @@ def _net_of_call(cost, overhead_s: float):
 def _own_measurement(state, backend_name: str, mod, target, settings):
     """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None."""
     cost, errors = first_result(
-        state["pm"].hook.collage_measure_candidate,
-        backend=state["backends"][backend_name],
-        mod=mod,
-        target=target,
-        settings=settings,
+        state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target, settings=settings
     )
     if cost is None and errors:
         reason = "; ".join(errors)

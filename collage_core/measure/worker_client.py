@@ -125,11 +125,7 @@ class MeasurementWorker:
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile(mode="w+b")
         self.lines = queue.Queue()
-        forked = (
-            None
-            if self.env is not None
-            else zygote.forked_worker(self.plugin_modules, self.disabled, self.stderr_file.fileno())
-        )
+        forked = None if self.env is not None else zygote.forked_worker(self.plugin_modules, self.disabled, self.stderr_file.fileno())
         if forked is not None:
             self.process = forked
             threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
@@ -146,9 +142,7 @@ class MeasurementWorker:
         )
         self.lines = queue.Queue()
         threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
-        response = self._exchange(
-            {"op": "init", "plugins": self.plugin_modules, "disabled": self.disabled}, START_TIMEOUT_S
-        )
+        response = self._exchange({"op": "init", "plugins": self.plugin_modules, "disabled": self.disabled}, START_TIMEOUT_S)
         if "error" in response:
             self.close()
             raise WorkerFailure(f"worker could not load its plugins: {response['error']}")
@@ -178,9 +172,7 @@ class MeasurementWorker:
             waited = self._waited_s() - waited_before  # before the kill: its threads go with it
             self.close()
             if waited >= HELD_UP_SHARE * timeout_s:
-                raise TransientFailure(
-                    f"timed out after {timeout_s:.0f} s, {waited:.1f} s of them waiting for a processor"
-                ) from None
+                raise TransientFailure(f"timed out after {timeout_s:.0f} s, {waited:.1f} s of them waiting for a processor") from None
             raise WorkerFailure(f"timed out after {timeout_s:.0f} s") from None
         if line is None:
             failure = self._death()

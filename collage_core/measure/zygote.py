@@ -209,9 +209,7 @@ class Zygote:
             env=threads.environment_for_partitions(),
         )
         theirs.close()
-        reply = self._call(
-            {"op": "init", "plugins": list(plugin_modules), "disabled": list(disabled)}, (), START_TIMEOUT_S
-        )
+        reply = self._call({"op": "init", "plugins": list(plugin_modules), "disabled": list(disabled)}, (), START_TIMEOUT_S)
         if "error" in reply:
             self.close()
             raise ZygoteUnusable(reply["error"])
@@ -221,11 +219,7 @@ class Zygote:
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
         try:
-            reply = self._call(
-                {"op": "fork", "tmpdir": tempfile.gettempdir()},
-                (stdin_read, stdout_write, stderr_fd),
-                REQUEST_TIMEOUT_S,
-            )
+            reply = self._call({"op": "fork", "tmpdir": tempfile.gettempdir()}, (stdin_read, stdout_write, stderr_fd), REQUEST_TIMEOUT_S)
         finally:
             os.close(stdin_read)
             os.close(stdout_write)
@@ -242,9 +236,7 @@ class Zygote:
             return True
         paths = saved if isinstance(saved, dict) else {"module": saved}
         try:
-            reply = self._call(
-                {"op": "hold", "key": key, **{name: str(path) for name, path in paths.items()}}, (), START_TIMEOUT_S
-            )
+            reply = self._call({"op": "hold", "key": key, **{name: str(path) for name, path in paths.items()}}, (), START_TIMEOUT_S)
         except ZygoteUnusable:
             return False
         if "error" in reply:
@@ -307,11 +299,7 @@ KEPT = 2
 def _current_key(plugin_modules: Sequence[str], disabled: Sequence[str]) -> Optional[tuple]:
     """The zygote key of these plugins, this environment and this directory; None when workers are
     not forked here (see ``SETTING``)."""
-    if (
-        os.environ.get(SETTING, "fork") == "exec"
-        or not hasattr(socket, "send_fds")
-        or not sys.platform.startswith("linux")
-    ):
+    if os.environ.get(SETTING, "fork") == "exec" or not hasattr(socket, "send_fds") or not sys.platform.startswith("linux"):
         return None
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k not in IGNORED_VARIABLES))
     return (tuple(plugin_modules), tuple(disabled), os.getcwd(), environment)

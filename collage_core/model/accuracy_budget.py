@@ -176,15 +176,7 @@ def fit(
         return done((), error)
     split = blocks_of(units, blocks)
     alone = dict(
-        zip(
-            split,
-            probe_all(
-                [
-                    (tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits")
-                    for block in split
-                ]
-            ),
-        )
+        zip(split, probe_all([(tuple(u for u in everything if u not in block), f"{_named(block)} alone at 16 bits") for block in split]))
     )
     order = sorted(split, key=lambda block: -alone[block])
     chosen: list[int] = []

@@ -110,9 +110,7 @@ def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name:
         if example_inputs is None:
             raise ModelImportError("a PyTorch module needs example_inputs (a tuple of tensors) to be exported")
         return _from_torch(model, tuple(example_inputs), name or type(model).__name__)
-    raise ModelImportError(
-        f"cannot import a {type(model).__name__}: pass an ONNX file, a torch.nn.Module or a Relax IRModule"
-    )
+    raise ModelImportError(f"cannot import a {type(model).__name__}: pass an ONNX file, a torch.nn.Module or a Relax IRModule")
 
 
 # Collage makes an array of each input's shape to check and time a model: a larger input is refused before any is made.
@@ -197,9 +195,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         dims = value.type.tensor_type.shape.dim
         if any(not dim.HasField("dim_value") for dim in dims):
             shown = [dim.dim_param or "?" if not dim.HasField("dim_value") else dim.dim_value for dim in dims]
-            raise ModelImportError(
-                f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes"
-            )
+            raise ModelImportError(f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
         if any(dim.dim_value == 0 for dim in dims):  # TVM's importer would take it for a dynamic dimension
             raise ModelImportError(
@@ -214,16 +210,12 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
     cache_name = import_cache.key(fingerprint)
     cached = import_cache.load(cache_name)
     if cached is not None:
-        return ImportedModel(
-            name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name, original=original
-        )
+        return ImportedModel(name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name, original=original)
     fold_failure = ""
     if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
         try:  # what TVM imports; the original stays the numerics reference
             proto = fold_static_shapes(data, origin)
-            fingerprint = hashlib.sha256(
-                f"{fingerprint}|folded by onnxruntime {onnxruntime.__version__}".encode()
-            ).hexdigest()
+            fingerprint = hashlib.sha256(f"{fingerprint}|folded by onnxruntime {onnxruntime.__version__}".encode()).hexdigest()
         except ModelImportError as failed:  # TVM may still take the model as exported
             fold_failure = f" (folding its shape computations failed first: {str(failed).split(': ', 1)[-1]})"
     supported = tvm_compat.onnx_convert_map()
@@ -239,14 +231,10 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
             f"({_first_line(failure.cause)}){fold_failure}{advice}"
         ) from None
     except Exception as error:
-        raise ModelImportError(
-            f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}"
-        ) from None
+        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
     canonical = canonicalize(mod, origin)
     import_cache.store(cache_name, canonical, fingerprint, len(data))
-    return ImportedModel(
-        name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original
-    )
+    return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original)
 
 
 def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
@@ -269,8 +257,7 @@ def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
 
 
 TENSORS_ONLY = (
-    "a module's outputs must be tensors, or tuples, lists, dicts, dataclasses or transformers ModelOutputs "
-    "of them (None is left out)"
+    "a module's outputs must be tensors, or tuples, lists, dicts, dataclasses or transformers ModelOutputs of them (None is left out)"
 )
 
 
@@ -285,9 +272,7 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
             program = torch.export.export(flattened, example_inputs)
             mod = tvm_compat.from_exported_program(program)
     except NotATensor as output:
-        raise UncheckableModel(
-            f"PyTorch module {name}: Collage cannot check its outputs: {output}; {TENSORS_ONLY}"
-        ) from None
+        raise UncheckableModel(f"PyTorch module {name}: Collage cannot check its outputs: {output}; {TENSORS_ONLY}") from None
     except tvm_compat.TorchNodeFailure as failure:
         verdict = _onnx_route_verdict(module, example_inputs, name)
         where = f" (made by {failure.source})" if failure.source else ""
@@ -297,13 +282,8 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
         ) from None
     except Exception as error:
         verdict = _onnx_route_verdict(module, example_inputs, name)
-        raise ModelImportError(
-            f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}"
-        ) from None
-    inputs = tuple(
-        TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch."))
-        for i, t in enumerate(example_inputs)
-    )
+        raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}") from None
+    inputs = tuple(TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs))
 
     def reference(arrays):
         with torch.no_grad():
@@ -333,9 +313,7 @@ def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
     try:
         with torch.no_grad():
             torch.onnx.export(module, example_inputs, buffer, opset_version=17, dynamo=False)
-        _from_onnx_proto(
-            onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(), origin="its ONNX export", advise=False
-        )
+        _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(), origin="its ONNX export", advise=False)
     except Exception as error:
         return f"the ONNX route fails too ({_first_line(error)})"
     return (
@@ -376,9 +354,7 @@ def canonicalize(mod, origin: str):
     body = mod["main"].body
     blocks = [block for block in body.blocks if block.bindings]
     if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
-        raise ModelImportError(
-            f"{origin}: main must be a single dataflow block after import (found {len(blocks)} blocks)"
-        )
+        raise ModelImportError(f"{origin}: main must be a single dataflow block after import (found {len(blocks)} blocks)")
     for param in mod["main"].params:
         try:
             tvm_compat.tensor_shape_dtype(param)
@@ -410,15 +386,12 @@ def check_against_reference(imported: ImportedModel) -> str:
         expected = [np.asarray(array) for array in imported.reference(inputs)]
     except Exception as error:
         raise UncheckableModel(
-            f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's "
-            f"shapes: {_first_line(error)}"
+            f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's shapes: {_first_line(error)}"
         ) from None
     declared = tvm_compat.return_type(imported.mod["main"])
     declared = list(declared.fields) if isinstance(declared, relax.TupleType) else [declared]
     if len(declared) != len(expected):
-        raise UncheckableModel(
-            f"{label}: {imported.reference_name} gives {len(expected)} outputs, the imported model {len(declared)}"
-        )
+        raise UncheckableModel(f"{label}: {imported.reference_name} gives {len(expected)} outputs, the imported model {len(declared)}")
     for index, (ty, array) in enumerate(zip(declared, expected)):
         try:
             shape, dtype = tvm_compat.type_shape_dtype(ty)

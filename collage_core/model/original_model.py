@@ -92,9 +92,7 @@ def what_it_runs(backend: str) -> str:
     )
 
 
-def placement_parts(
-    backend: str, operators: int, original: OriginalModel, cost: Cost = Cost.unknown()
-) -> list[Partition]:
+def placement_parts(backend: str, operators: int, original: OriginalModel, cost: Cost = Cost.unknown()) -> list[Partition]:
     """The placement: one partition of every operator, keyed by the file's digest."""
     return [Partition(backend, pattern(backend), range(operators), f"{pattern(backend)}:{original.digest}", cost)]
 
@@ -114,9 +112,7 @@ def lowered_module(pm, imported, backend, target) -> Optional[tvm.IRModule]:
         return None
     main = imported.mod["main"]
     name = partition_function_name(backend.name, 0)
-    func = main.without_attr("global_symbol").with_attrs(
-        {BACKEND_ATTR: backend.name, PATTERN_ATTR: pattern(backend.name)}
-    )
+    func = main.without_attr("global_symbol").with_attrs({BACKEND_ATTR: backend.name, PATTERN_ATTR: pattern(backend.name)})
     lowered, errors = first_result(
         pm.hook.collage_lower_whole_model,
         backend=backend,

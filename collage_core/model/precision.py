@@ -85,9 +85,7 @@ def check_precision(precision: str, target) -> None:
     if tvm_compat.is_cuda(target):
         return
     if precision == TF32:
-        raise PrecisionError(
-            "precision tf32 on the CPU: TF32 is an NVIDIA tensor-core format; use fp32 here, or tf32 with --target cuda"
-        )
+        raise PrecisionError("precision tf32 on the CPU: TF32 is an NVIDIA tensor-core format; use fp32 here, or tf32 with --target cuda")
     if precision == FP16:
         raise PrecisionError(
             "precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
@@ -137,11 +135,7 @@ def convert(mod, precision: str):
     if precision == BF16:
         mod = _float16_to_bfloat16(mod)
     return tvm.transform.Sequential(
-        [
-            relax.transform.FoldConstant(),
-            relax.transform.CanonicalizeBindings(),
-            relax.transform.DeadCodeElimination(["main"]),
-        ]
+        [relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination(["main"])]
     )(_constant_casts_folded(mod))
 
 
@@ -175,10 +169,7 @@ def at_precision(imported: ImportedModel, precision: str) -> ImportedModel:
     if imported.precision != FP32:
         raise PrecisionError(f"{imported.name} is already at {imported.precision}")
     return attrs.evolve(
-        imported,
-        mod=convert(imported.mod, precision),
-        precision=precision,
-        fingerprint=fingerprint(imported.fingerprint, precision),
+        imported, mod=convert(imported.mod, precision), precision=precision, fingerprint=fingerprint(imported.fingerprint, precision)
     )
 
 
@@ -189,19 +180,12 @@ def with_float32_units(converted, float32_units, original):
     if not units:
         return converted
     if converted.precision not in DTYPES or converted.float32_units:
-        raise PrecisionError(
-            f"{converted.name}: units can go back to float32 only from a plain {'/'.join(DTYPES)} conversion"
-        )
+        raise PrecisionError(f"{converted.name}: units can go back to float32 only from a plain {'/'.join(DTYPES)} conversion")
     try:
         mod = widening.widen(converted.mod, units, original.mod)
     except ValueError as error:
         raise PrecisionError(f"{converted.name} at {converted.precision}: {error}") from error
-    return attrs.evolve(
-        converted,
-        mod=mod,
-        float32_units=units,
-        fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}",
-    )
+    return attrs.evolve(converted, mod=mod, float32_units=units, fingerprint=f"{converted.fingerprint}+float32:{','.join(map(str, units))}")
 
 
 def fingerprint(model_fingerprint: str, precision: str) -> str:

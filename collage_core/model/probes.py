@@ -32,9 +32,7 @@ from collage_core.model.precision import with_float32_units
 from collage_core.model.relax_graph import RelaxGraph
 
 
-def outputs_of_variants(
-    base: Job, original, variants: Sequence[tuple[Sequence[int], Sequence]], workers: int
-) -> list[list[np.ndarray]]:
+def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[int], Sequence]], workers: int) -> list[list[np.ndarray]]:
     """The outputs of each ``(float32_units, parts)`` of ``variants``: ``base``'s 16-bit model with those
     units widened from ``original`` (the same model at float32), placed by ``parts`` (partitions of that
     variant's graph), built in a fresh worker and run once on ``base``'s inputs, ``workers`` at once."""

@@ -72,17 +72,8 @@ class RelaxGraph:
                 glue_reads[index] = tuple(reads_bindings)
         for var in relax.analysis.free_vars(func.body.body):
             users.setdefault(var, set()).add(len(bindings))
-        graph = OpGraph(
-            ops=[tvm_compat.op_name(bindings[i].value) for i in op_bindings],
-            preds=[producers[i] for i in op_bindings],
-        )
-        others = tvm.IRModule(
-            {
-                gvar: f
-                for gvar, f in (module.functions.items() if module is not None else ())
-                if gvar.name_hint != "main"
-            }
-        )
+        graph = OpGraph(ops=[tvm_compat.op_name(bindings[i].value) for i in op_bindings], preds=[producers[i] for i in op_bindings])
+        others = tvm.IRModule({gvar: f for gvar, f in (module.functions.items() if module is not None else ()) if gvar.name_hint != "main"})
         return cls(
             func,
             bindings,
@@ -122,9 +113,7 @@ class RelaxGraph:
                     seen.add(var)
                     inputs.append(var)
         outputs = tuple(
-            self.bindings[i].var
-            for i in ordered
-            if any(user not in included for user in self.users.get(self.bindings[i].var, ()))
+            self.bindings[i].var for i in ordered if any(user not in included for user in self.users.get(self.bindings[i].var, ()))
         )
         if not outputs:
             raise RegionError("operator group produces nothing that is used")

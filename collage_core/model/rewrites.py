@@ -97,9 +97,7 @@ def _importer_pad(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
     extras = [out - size for size, out in zip(shape, out_shape)]
     if len(out_shape) != len(shape) or out_dtype != dtype or min(extras) < 0:
         return None
-    candidates = itertools.islice(
-        itertools.product(*[_width_candidates(extra) for extra in extras]), MAX_PAD_CANDIDATES
-    )
+    candidates = itertools.islice(itertools.product(*[_width_candidates(extra) for extra in extras]), MAX_PAD_CANDIDATES)
     for before in candidates:
         after = [extra - width for extra, width in zip(extras, before)]
         made = tvm_compat.te_prim_func(lambda x: compute(x, list(before), after), [(shape, dtype)])

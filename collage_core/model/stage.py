@@ -26,9 +26,7 @@ class Imported:
     replayed: Optional[Placement]
 
 
-def import_model(
-    model: Any, example_inputs: Optional[Sequence[Any]], options: OptimizeOptions, say: Callable[[str], None]
-) -> Imported:
+def import_model(model: Any, example_inputs: Optional[Sequence[Any]], options: OptimizeOptions, say: Callable[[str], None]) -> Imported:
     """``model`` (see :func:`load_model`) ready to place as ``options`` say. With verification, a model
     whose outputs cannot be checked fails here, before anything is measured."""
     original = load_model(model, example_inputs)

@@ -26,9 +26,7 @@ class DeferTorch(importlib.abc.MetaPathFinder):
         if name.split(".")[0] != "torch":
             return None
         if any(_initialising(sys.modules.get(module)) for module in LOADING_WITHOUT_TORCH):
-            raise ImportError(
-                "PyTorch is imported when needed, not while TVM loads (collage_core.model.torch_deferral)"
-            )
+            raise ImportError("PyTorch is imported when needed, not while TVM loads (collage_core.model.torch_deferral)")
         if "tvm.relax" in sys.modules:
             remove()
         return None

@@ -37,28 +37,16 @@ class Verification:
 
 
 def compare_outputs(
-    outputs: Sequence[np.ndarray],
-    expected: Sequence[np.ndarray],
-    reference: str,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray], reference: str, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL
 ) -> Verification:
     if len(outputs) != len(expected):
-        return Verification(
-            reference, False, np.inf, np.inf, rtol, atol, f"; {len(outputs)} outputs, expected {len(expected)}"
-        )
+        return Verification(reference, False, np.inf, np.inf, rtol, atol, f"; {len(outputs)} outputs, expected {len(expected)}")
     worst_abs, worst_rel, passed, detail = 0.0, 0.0, True, ""
     for index, (out, ref) in enumerate(zip(outputs, expected)):
         out, ref = np.asarray(out), np.asarray(ref)
         if out.shape != ref.shape:
             return Verification(
-                reference,
-                False,
-                np.inf,
-                np.inf,
-                rtol,
-                atol,
-                f"; output {index} has shape {out.shape}, expected {ref.shape}",
+                reference, False, np.inf, np.inf, rtol, atol, f"; output {index} has shape {out.shape}, expected {ref.shape}"
             )
         out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
         stray = int(np.count_nonzero(~np.isfinite(out64) & np.isfinite(ref64)))
@@ -67,9 +55,7 @@ def compare_outputs(
             passed = False
             detail = detail or f"; output {index} has {stray} NaN or infinite values where the reference is finite"
             continue
-        same = (out64 == ref64) | (
-            np.isnan(out64) & np.isnan(ref64)
-        )  # equal infinities and NaN where the reference has NaN
+        same = (out64 == ref64) | (np.isnan(out64) & np.isnan(ref64))  # equal infinities and NaN where the reference has NaN
         with np.errstate(invalid="ignore"):
             difference = np.where(same, 0.0, np.abs(out64 - ref64))
         scale = float(np.max(np.abs(ref64[np.isfinite(ref64)]), initial=0.0)) if ref.size else 0.0

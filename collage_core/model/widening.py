@@ -26,14 +26,7 @@ from collage_core import tvm_compat
 from collage_core.model.dtypes import DTYPES
 from collage_core.model.relax_graph import substitute
 
-ANCHORS = (
-    "relax.matmul",
-    "relax.nn.conv1d",
-    "relax.nn.conv2d",
-    "relax.nn.conv3d",
-    "relax.nn.attention",
-    "relax.nn.attention_bias",
-)
+ANCHORS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.attention", "relax.nn.attention_bias")
 SIXTEEN_BIT = tuple(DTYPES.values())
 ASTYPE = "relax.astype"
 
@@ -87,11 +80,7 @@ def units(mod) -> list[list[int]]:
     found: list[list[int]] = []
     for index, binding in enumerate(bindings):
         value = binding.value
-        if (
-            touches_sixteen_bit(value)
-            and tvm_compat.op_name(value) in ANCHORS
-            and any(_is_sixteen_bit(a) for a in value.args)
-        ):
+        if touches_sixteen_bit(value) and tvm_compat.op_name(value) in ANCHORS and any(_is_sixteen_bit(a) for a in value.args):
             found.append([index])
             unit_of[binding.var] = len(found) - 1
             continue
@@ -182,9 +171,7 @@ def widen(mod, chosen: Iterable[int], original_mod):
             output = builder.emit_output(current(func.body.body))
         builder.emit_func_output(output)
     result = tvm.IRModule({"main": builder.get()["main"]}, attrs=mod.attrs)
-    return tvm.transform.Sequential(
-        [relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination(["main"])]
-    )(result)
+    return tvm.transform.Sequential([relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination(["main"])])(result)
 
 
 def _float32_form(value, as_float32):

@@ -78,9 +78,7 @@ def measured_total_s(placement: Placement) -> float:
 
 def most_expensive(placement: Placement) -> list[Partition]:
     """The partitions worth a look, costliest first: the top ``TOP_COUNT`` and any over ``TOP_SHARE`` of the total."""
-    measured = sorted(
-        (part for part in placement.partitions if part.cost.is_measured), key=lambda p: (-p.cost.median_s, p.nodes[0])
-    )
+    measured = sorted((part for part in placement.partitions if part.cost.is_measured), key=lambda p: (-p.cost.median_s, p.nodes[0]))
     total = measured_total_s(placement)
     return [part for rank, part in enumerate(measured) if rank < TOP_COUNT or part.cost.median_s > TOP_SHARE * total]
 
@@ -168,9 +166,7 @@ def explain_partition(placement: Placement, part: Partition, number: int, rank: 
     rivals = overlapping(placement.considered, part)
     listed = sorted([part, *rivals], key=_cheapest_first)
     # The chosen one is always shown, even behind many cheaper ones.
-    shown = (
-        listed[:LISTED_CANDIDATES] if part in listed[:LISTED_CANDIDATES] else [*listed[: LISTED_CANDIDATES - 1], part]
-    )
+    shown = listed[:LISTED_CANDIDATES] if part in listed[:LISTED_CANDIDATES] else [*listed[: LISTED_CANDIDATES - 1], part]
     rows = [
         [
             "chosen" if candidate == part else "",
@@ -206,10 +202,7 @@ def why(part: Partition, rivals: Sequence[Partition], placement_why: str = "") -
     A graph-level region won with its whole placement: ``placement_why`` says how, when the file says."""
     if not part.cost.is_measured:
         if placement_why:
-            return [
-                "why: a graph-level region, measured end to end only: it came with the whole placement "
-                "(see why this placement, above)"
-            ]
+            return ["why: a graph-level region, measured end to end only: it came with the whole placement (see why this placement, above)"]
         return [
             "why: a graph-level region, measured end to end only: the two-level search kept it because the "
             "whole placement measured faster with it"
@@ -234,9 +227,7 @@ def why(part: Partition, rivals: Sequence[Partition], placement_why: str = "") -
             for c in sorted(beyond, key=_cheapest_first)[:NAMED_RIVALS]
         )
         more = f" and {len(beyond) - NAMED_RIVALS} more" if len(beyond) > NAMED_RIVALS else ""
-        lines.append(
-            f"     cheaper candidates reach into other partitions; the search minimises the whole placement: {named}{more}"
-        )
+        lines.append(f"     cheaper candidates reach into other partitions; the search minimises the whole placement: {named}{more}")
     return lines
 
 

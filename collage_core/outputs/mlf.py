@@ -72,11 +72,7 @@ LOWERED_DIR = "src/lowered/"
 PLACEMENT = "placement.json"
 RUNTIME_DIR = "runtime/"
 # The packed functions of TVM's own VM (memory, shapes) that every lowered function calls: not listed.
-CALL_KINDS = {
-    "packed_functions": "packed functions",
-    "external_functions": "external functions",
-    "tir_functions": "TIR functions",
-}
+CALL_KINDS = {"packed_functions": "packed functions", "external_functions": "external functions", "tir_functions": "TIR functions"}
 # What a new process runs to check an exported tar: load it as a user would and run it once.
 RUN_ONCE = "import sys\nfrom collage_core.outputs.mlf import _run_once\nsys.exit(_run_once(*sys.argv[1:]))\n"
 # Inductor compiles its partitions when they first run: minutes for a large model.
@@ -99,9 +95,7 @@ class MLFError(CollageError):
     """A Model Library Format tar that cannot be written or read; the message names the file and the problem."""
 
 
-def check_in_new_process(
-    path: os.PathLike, inputs: Sequence[np.ndarray], timeout_s: float = CHECK_TIMEOUT_S
-) -> list[np.ndarray]:
+def check_in_new_process(path: os.PathLike, inputs: Sequence[np.ndarray], timeout_s: float = CHECK_TIMEOUT_S) -> list[np.ndarray]:
     """Load the tar at ``path`` in a new Python process as a user would (:func:`load_mlf` with every
     installed plugin) and run its entry function once on ``inputs``; its outputs, once they are checked
     to be those its executor configuration declares. A crash there cannot take this process down;
@@ -119,14 +113,11 @@ def check_in_new_process(
                 timeout=timeout_s,
             )
         except subprocess.TimeoutExpired:
-            raise MLFError(
-                f"{path}: loading it and running it once took over {timeout_s:g} s in a new process"
-            ) from None
+            raise MLFError(f"{path}: loading it and running it once took over {timeout_s:g} s in a new process") from None
         problem = _last_line(result.stderr).removeprefix(f"{path}: ")
         if result.returncode < 0:
             raise MLFError(
-                f"{path}: the process loading it died of {signal.Signals(-result.returncode).name}"
-                + (f" ({problem})" if problem else "")
+                f"{path}: the process loading it died of {signal.Signals(-result.returncode).name}" + (f" ({problem})" if problem else "")
             )
         if result.returncode != 0:
             raise MLFError(f"{path}: {problem or f'the process loading it ended with exit status {result.returncode}'}")
@@ -275,27 +266,18 @@ def _json(path: Path, member: str, data: bytes):
 
 def _checked_metadata(path: Path, metadata) -> dict:
     if not isinstance(metadata, dict):
-        raise MLFError(
-            f"{path}: metadata.json is not Collage's Model Library Format (a JSON {type(metadata).__name__}, "
-            "not an object)"
-        )
+        raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (a JSON {type(metadata).__name__}, not an object)")
     if metadata.get("format") != FORMAT:
-        raise MLFError(
-            f"{path}: metadata.json is not Collage's Model Library Format (format {metadata.get('format')!r})"
-        )
+        raise MLFError(f"{path}: metadata.json is not Collage's Model Library Format (format {metadata.get('format')!r})")
     if metadata.get("version") != VERSION:
-        raise MLFError(
-            f"{path}: Model Library Format version {metadata.get('version')!r} (this Collage reads version {VERSION})"
-        )
+        raise MLFError(f"{path}: Model Library Format version {metadata.get('version')!r} (this Collage reads version {VERSION})")
     listed = metadata.get("files")
     if not isinstance(listed, dict) or not listed:
         raise MLFError(f"{path}: metadata.json lists no files")
     if not all(isinstance(member, str) and isinstance(digest, str) for member, digest in listed.items()):
         raise MLFError(f"{path}: metadata.json's files must map each member to its SHA-256 as text")
     sizes = metadata.get("sizes", {})
-    if not isinstance(sizes, dict) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes.values()
-    ):
+    if not isinstance(sizes, dict) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes.values()):
         raise MLFError(f"{path}: metadata.json's sizes must map members to their sizes in bytes")
     for member in listed:
         parts = member.split("/")
@@ -369,18 +351,13 @@ def _unpack(path: Path, workdir: Path) -> dict:
             stream.header_bytes_left = None  # what follows is member data, read a chunk at a time
             if "metadata.json" not in found:
                 raise MLFError(f"{path}: no metadata.json (not a Model Library Format tar)")
-            metadata = _checked_metadata(
-                path, _json(path, "metadata.json", _read_whole(path, archive, found["metadata.json"]))
-            )
+            metadata = _checked_metadata(path, _json(path, "metadata.json", _read_whole(path, archive, found["metadata.json"])))
             listed, sizes = metadata["files"], metadata.get("sizes", {})
             for member in sorted(listed):
                 if member not in found:
                     raise MLFError(f"{path}: {member} is listed in metadata.json but missing from the tar")
                 if member in sizes and found[member].size != sizes[member]:
-                    raise MLFError(
-                        f"{path}: {member} is {found[member].size} bytes in the tar, and metadata.json "
-                        f"declares {sizes[member]}"
-                    )
+                    raise MLFError(f"{path}: {member} is {found[member].size} bytes in the tar, and metadata.json declares {sizes[member]}")
             for member in sorted(listed, key=lambda name: found[name].offset):  # in the tar's order: no going back
                 _stream(path, archive, found[member], workdir / member, listed[member])
     except _TooLarge as error:
@@ -401,9 +378,7 @@ def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destina
             try:
                 written.write(chunk)
             except OSError as error:
-                raise MLFError(
-                    f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})"
-                ) from None
+                raise MLFError(f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})") from None
     if hashed.hexdigest() != digest:
         partial.unlink()
         raise MLFError(f"{path}: {info.name} does not match its SHA-256 in metadata.json")
@@ -451,9 +426,7 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
     try:
         tvm_compat.link_shared(str(library), objects)
     except Exception as error:  # the host compiler's message in one line, without the command line TVM appends
-        raise MLFError(
-            f"{path}: linking the host code failed ({named_by_the_tar(str(error).split('Command line:')[0])})"
-        ) from None
+        raise MLFError(f"{path}: linking the host code failed ({named_by_the_tar(str(error).split('Command line:')[0])})") from None
     write_runtime_file(library, config["runtime_backends"])
     try:
         device = tvm_compat.device_from_name(str(config.get("device") or "cpu"))
@@ -464,9 +437,7 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
     except CollageError as error:
         raise MLFError(named_by_the_tar(error)) from None
     except Exception as error:  # TVM's runtime, or a backend's, refusing the library
-        raise MLFError(
-            f"{path}: the library does not load ({type(error).__name__}: {named_by_the_tar(error)})"
-        ) from None
+        raise MLFError(f"{path}: the library does not load ({type(error).__name__}: {named_by_the_tar(error)})") from None
     parameters_member = _parameters_member(metadata["model_name"])
     parameters = {}
     if parameters_member in metadata["files"]:
@@ -474,7 +445,6 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
             parameters = tvm_compat.load_params((workdir / parameters_member).read_bytes())
         except Exception as error:  # TVM's deserializer: the member matched its digest, so the exporter wrote it so
             raise MLFError(
-                f"{path}: {parameters_member} is not in TVM's parameter serialization "
-                f"({type(error).__name__}: {named_by_the_tar(error)})"
+                f"{path}: {parameters_member} is not in TVM's parameter serialization ({type(error).__name__}: {named_by_the_tar(error)})"
             ) from None
     return LoadedMLF(metadata, config, parameters, vm, library, device)

@@ -59,9 +59,7 @@ def _tensor_bytes(expr) -> int:
 def _constants(func) -> list:
 
     found = []
-    relax.analysis.post_order_visit(
-        func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None
-    )
+    relax.analysis.post_order_visit(func.body, lambda node: found.append(node) if tvm_compat.is_constant(node) else None)
     return found
 
 
@@ -71,15 +69,11 @@ def _function_memory(name: str, func) -> dict:
     outputs = set(_output_vars(func))
     return {
         "function": name,
-        "backend": str(func.attrs["collage.backend"])
-        if func.attrs is not None and "collage.backend" in func.attrs
-        else "",
+        "backend": str(func.attrs["collage.backend"]) if func.attrs is not None and "collage.backend" in func.attrs else "",
         "input_bytes": sum(_tensor_bytes(param) for param in func.params),
         "output_bytes": sum(_tensor_bytes(var) for var in _output_vars(func)),
         "constant_bytes": sum(_tensor_bytes(constant) for constant in _constants(func)),
-        "intermediate_bytes_unplanned": sum(
-            _tensor_bytes(binding.var) for binding in bindings if binding.var not in outputs
-        ),
+        "intermediate_bytes_unplanned": sum(_tensor_bytes(binding.var) for binding in bindings if binding.var not in outputs),
     }
 
 
@@ -165,10 +159,7 @@ def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool)
     # (DNNL's layout choices are kept in its kernel cache), so this is what the build compiled.
     lowered = lower_partitions(pm, partitioned, backends, target)
     built = tvm_compat.lowered_for_build(lowered, target)
-    names = sorted(
-        (gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)),
-        key=_function_order,
-    )
+    names = sorted((gvar.name_hint for gvar, func in lowered.functions.items() if isinstance(func, relax.Function)), key=_function_order)
     built_names = {gvar.name_hint for gvar in built.get_global_vars()}
     files, summary = {}, []
     for number, name in enumerate(names):
@@ -180,9 +171,7 @@ def _lowered(pm, partitioned, backends: dict, target, replays_cuda_graphs: bool)
         lines = [f"# {name}: {about}"]
         lines += [f"# {CALL_KINDS[kind]} it calls: {', '.join(found) or 'none'}" for kind, found in calls.items()]
         if name == "main" and replays_cuda_graphs:
-            lines.append(
-                "# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)"
-            )
+            lines.append("# built to replay the partitions' kernels and library calls as CUDA graphs (partitions inlined)")
         lines += ["", "# as lowered by its backend:", func.script(name=name)]
         for tir_name in calls["tir_functions"]:
             lines += ["", f"# TIR function {tir_name}, as TVM compiles it:", built[tir_name].script(name=tir_name)]
@@ -235,9 +224,7 @@ def export_mlf(
     with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
         executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
         objects = tvm_compat.host_objects(executable, optimized.target, scratch)
-    lowered_files, lowered = _lowered(
-        pm, partitioned, backends, optimized.target, cuda_graphs and tvm_compat.is_cuda(optimized.target)
-    )
+    lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target, cuda_graphs and tvm_compat.is_cuda(optimized.target))
     name = placement.model_name
     main = partitioned["main"]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
@@ -275,11 +262,7 @@ def export_mlf(
         "target": {"host": placement.target},
         "executor": EXECUTOR,
         "memory": memory_map(partitioned),
-        "placement": {
-            "search": placement.search,
-            "backends": per_backend,
-            "summed_cost_s": placement.to_json()["summed_cost_s"],
-        },
+        "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
         "lowered": lowered,
         "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
         "sizes": {member: len(data) for member, data in sorted(files.items())},
@@ -296,8 +279,6 @@ def export_mlf(
     except MLFError as error:
         path.unlink(missing_ok=True)  # an earlier export must not pass for this one
         problem = str(error).removeprefix(f"{partial}: ")
-        raise MLFError(
-            f"{path}: the exported tar does not load and run in a new process: {problem} (left as {partial.name})"
-        ) from None
+        raise MLFError(f"{path}: the exported tar does not load and run in a new process: {problem} (left as {partial.name})") from None
     partial.replace(path)
     return path

@@ -191,11 +191,7 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
             _remove_leftovers(directory)
-            if (
-                failed
-                and made is not None
-                and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*"))
-            ):
+            if failed and made is not None and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*")):
                 shutil.rmtree(made, ignore_errors=True)
 
 
@@ -232,8 +228,7 @@ def _locked(directory: Path) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
             raise OutputFolderInUse(
-                f"{directory} is in use by another Collage run (pid {holder}); wait for it to end "
-                "or choose another output directory"
+                f"{directory} is in use by another Collage run (pid {holder}); wait for it to end or choose another output directory"
             ) from None
         except OSError as error:  # a file system without locks
             raise CollageError(f"{directory}: cannot lock {LOCK_FILE} ({error.strerror})") from None

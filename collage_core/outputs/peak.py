@@ -30,12 +30,7 @@ PEAK_TFLOPS = {
     "H100 PCIe": ({"fp32": 51.0, "tf32": 756 / 2, "bf16": 1513 / 2, "fp16": 1513 / 2}, H100_DATASHEET),
     "H200": ({"fp32": 67.0, "tf32": 989 / 2, "bf16": 1979 / 2, "fp16": 1979 / 2}, H200_DATASHEET),
 }
-UNITS = {
-    "fp32": "fp32 (CUDA cores)",
-    "tf32": "TF32 dense tensor-core",
-    "bf16": "bf16 dense tensor-core",
-    "fp16": "fp16 dense tensor-core",
-}
+UNITS = {"fp32": "fp32 (CUDA cores)", "tf32": "TF32 dense tensor-core", "bf16": "bf16 dense tensor-core", "fp16": "fp16 dense tensor-core"}
 
 
 @attrs.frozen

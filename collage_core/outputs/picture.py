@@ -65,9 +65,7 @@ def placement_dot(placement: Placement, origin: str = "placement") -> str:
             label = f"top {rank}: {label} ({100 * part.cost.median_s / total:.1f}%)"
             outline = f'color="{HIGHLIGHT}", fontcolor="{HIGHLIGHT}", penwidth=3'
         lines.append(f"  subgraph cluster_{number} {{")
-        lines.append(
-            f"    graph [label={_quote(label)}, tooltip={_quote(about)}, style=rounded, fontsize=8, margin=4, {outline}];"
-        )
+        lines.append(f"    graph [label={_quote(label)}, tooltip={_quote(about)}, style=rounded, fontsize=8, margin=4, {outline}];")
         lines += ["    " + _node(placement, node, colours[part.backend], about) for node in part.nodes]
         lines.append("  }")
     for node, producers in enumerate(placement.inputs_of):

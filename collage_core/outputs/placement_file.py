@@ -109,13 +109,9 @@ class Placement:
         """Refuse a placement made for another model, naming the first mismatch."""
         for index, (expected, actual) in enumerate(zip(self.operators, graph.ops)):
             if expected != actual:
-                raise PlacementFileError(
-                    f"{origin}: operator {index} is {expected} in the placement but {actual} in the model"
-                )
+                raise PlacementFileError(f"{origin}: operator {index} is {expected} in the placement but {actual} in the model")
         if len(self.operators) != len(graph.ops):
-            raise PlacementFileError(
-                f"{origin}: the placement covers {len(self.operators)} operators but the model has {len(graph.ops)}"
-            )
+            raise PlacementFileError(f"{origin}: the placement covers {len(self.operators)} operators but the model has {len(graph.ops)}")
 
 
 def _partition_json(part: Partition, operators) -> dict:
@@ -139,9 +135,7 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
     default every plugin) is read with a warning naming each such backend and both versions."""
     path = Path(path)
     if path.exists() and not path.is_file():  # a folder, or a device such as /dev/zero that reads without end
-        raise PlacementFileError(
-            f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not a placement file"
-        )
+        raise PlacementFileError(f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not a placement file")
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -155,9 +149,7 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
     placement = placement_from_json(data, str(path))
     used = {part.backend for part in placement.partitions}
     recorded = {name: version for name, version in recorded_versions(placement.backends).items() if name in used}
-    tell_other_versions(
-        str(path), recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured"
-    )
+    tell_other_versions(str(path), recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured")
     return placement
 
 
@@ -186,9 +178,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         partitions = partitions_of(data["partitions"], "partition")
         considered = partitions_of(data.get("candidates", []), "candidate")
         inputs_of = [[int(n) for n in preds] for preds in model.get("inputs_of", [])]
-        if inputs_of and (
-            len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)
-        ):
+        if inputs_of and (len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)):
             fail("model.inputs_of does not list earlier operators for each operator")
         precision = str(data.get("precision", FP32))
         if precision not in PRECISIONS:
@@ -236,14 +226,10 @@ def _original_model(value, partitions, fail) -> Optional[dict]:
         if any(runs_original(part) for part in partitions):
             fail("a partition runs the original model file, but the placement does not say which file (original_model)")
         return None
-    if not isinstance(value, dict) or not all(
-        isinstance(value.get(field), str) for field in ("engine", "format", "sha256")
-    ):
+    if not isinstance(value, dict) or not all(isinstance(value.get(field), str) for field in ("engine", "format", "sha256")):
         fail('original_model must say the engine, format and sha256 of the file its placement runs')
     if engine_of(partitions) != value["engine"]:
-        fail(
-            f"original_model says the file runs on {value['engine']}'s own session, but the partitions are not that one session"
-        )
+        fail(f"original_model says the file runs on {value['engine']}'s own session, but the partitions are not that one session")
     return {field: value[field] for field in ("engine", "format", "sha256")}
 
 

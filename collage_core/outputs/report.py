@@ -144,9 +144,7 @@ def placement_throughput(optimized):
         return None
     flops = count_flops(model.mod).flops
     placement = optimized.placement
-    return (
-        throughput(flops, placed.median_s, placement.ran_on or placement.device, placement.precision) if flops else None
-    )
+    return throughput(flops, placed.median_s, placement.ran_on or placement.device, placement.precision) if flops else None
 
 
 def render_report(optimized) -> str:
@@ -157,26 +155,13 @@ def render_report(optimized) -> str:
     for part in placement.partitions:
         ops, parts, seconds, regions = per_backend.get(part.backend, (0, 0, 0.0, 0))
         measured = part.cost.seconds if part.cost.is_measured else 0.0
-        per_backend[part.backend] = (
-            ops + len(part.nodes),
-            parts + 1,
-            seconds + measured,
-            regions + (not part.cost.is_measured),
-        )
+        per_backend[part.backend] = (ops + len(part.nodes), parts + 1, seconds + measured, regions + (not part.cost.is_measured))
     rows = []
     for name, (ops, parts, seconds, regions) in sorted(per_backend.items()):
         if regions:  # graph-level regions: only their end-to-end effect is measured
             rows.append([name, str(ops), str(parts), "whole regions", "-"])
         else:
-            rows.append(
-                [
-                    name,
-                    str(ops),
-                    str(parts),
-                    f"{seconds * 1e3:.3f} ms",
-                    f"{100 * seconds / total:.1f}%" if total else "-",
-                ]
-            )
+            rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
     sections = [
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),

@@ -92,9 +92,7 @@ class OptimizedModel:
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
         output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
-        output_folder.write_text(
-            directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n"
-        )
+        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
         if self.two_level is not None and self.two_level.history:
             lost = (
                 ""
@@ -102,8 +100,7 @@ class OptimizedModel:
                 else (f"The search's best (the last bar) was not returned: {self.placement.why_chosen}")
             )
             output_folder.write_text(
-                directory / SEARCH_PICTURE,
-                history_svg(self.two_level.history, backend_colours(self.placement), caption=lost),
+                directory / SEARCH_PICTURE, history_svg(self.two_level.history, backend_colours(self.placement), caption=lost)
             )
         return directory
 
@@ -159,13 +156,7 @@ def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKe
             save_finished(
                 folder.path,
                 optimized.library_path,
-                FinishedBuild(
-                    finish,
-                    optimized.placement,
-                    optimized.end_to_end,
-                    optimized.verification,
-                    optimized.searched_placement,
-                ),
+                FinishedBuild(finish, optimized.placement, optimized.end_to_end, optimized.verification, optimized.searched_placement),
             )
     else:
         weakref.finalize(optimized, shutil.rmtree, str(folder.path), True)

@@ -69,9 +69,7 @@ class FinishKey:
         if "target" in changed:
             said.append(f"another target (was {kept.get('target')})")
         if "backends" in changed:
-            said.append(
-                f"other backends or versions (was {_versions(kept.get('backends'))}, now {_versions(self.backends)})"
-            )
+            said.append(f"other backends or versions (was {_versions(kept.get('backends'))}, now {_versions(self.backends)})")
         if "settings" in changed:
             said.append(f"other settings ({', '.join(_changed_settings(kept.get('settings'), mine['settings']))})")
         if "code" in changed:
@@ -96,9 +94,7 @@ def _changed_settings(kept, mine: dict) -> list[str]:
         if before == now:
             continue
         if isinstance(before, dict) and isinstance(now, dict):
-            changed += [
-                f"{name}.{inner}" for inner in sorted(set(before) | set(now)) if before.get(inner) != now.get(inner)
-            ]
+            changed += [f"{name}.{inner}" for inner in sorted(set(before) | set(now)) if before.get(inner) != now.get(inner)]
         else:
             changed.append(name)
     return changed
@@ -127,9 +123,7 @@ class Lookup:
 def finish_key(searched_key: str, settings: dict, code_modules) -> str:
     """The key of a run's end: the searched placement's key, every setting that changes what follows,
     and the source of Collage's core and of ``code_modules`` (the plugins in use)."""
-    text = json.dumps(
-        {"searched": searched_key, "settings": settings, "code": code_digest(code_modules)}, sort_keys=True
-    )
+    text = json.dumps({"searched": searched_key, "settings": settings, "code": code_digest(code_modules)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -155,12 +149,7 @@ def save_finished(directory: os.PathLike, library: os.PathLike, finished: Finish
         "format": FORMAT,
         "version": VERSION,
         "key": finished.key.to_json(),
-        "library": {
-            "name": Path(library).name,
-            "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns,
-            "sha256": _sha256(library),
-        },
+        "library": {"name": Path(library).name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(library)},
         "placement": finished.placement.to_json(),
         "searched_placement": None if finished.searched_placement is None else finished.searched_placement.to_json(),
         "end_to_end": [row.to_json() for row in finished.end_to_end],
@@ -191,8 +180,7 @@ def load_finished(directory: os.PathLike, library: os.PathLike, key: FinishKey) 
             return Lookup(why_not=f"its library {Path(library).name} is missing")
         if (kept["name"], kept["size"], kept["mtime_ns"]) != (Path(library).name, stat.st_size, stat.st_mtime_ns):
             return Lookup(
-                why_not=f"its library {Path(library).name} was written again after it ended "
-                "(by another run into the same directory?)"
+                why_not=f"its library {Path(library).name} was written again after it ended (by another run into the same directory?)"
             )
         if kept["sha256"] != _sha256(library):
             return Lookup(

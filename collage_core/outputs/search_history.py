@@ -39,12 +39,10 @@ def history_svg(history: Sequence, colours: dict[str, str], caption: str = "") -
     height = top + ROW_HEIGHT * len(history) + LEGEND_HEIGHT
     lines = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
-        f'<text x="0" y="16" {FONT} font-weight="bold">Two-level search: operators by backend in the fastest '
-        'placement so far</text>',
+        f'<text x="0" y="16" {FONT} font-weight="bold">Two-level search: operators by backend in the fastest placement so far</text>',
     ]
     lines += [
-        f'<text class="caption" x="0" y="{16 + CAPTION_HEIGHT * (number + 1)}" {FONT} fill="{HIGHLIGHT}">'
-        f'{html.escape(line)}</text>'
+        f'<text class="caption" x="0" y="{16 + CAPTION_HEIGHT * (number + 1)}" {FONT} fill="{HIGHLIGHT}">{html.escape(line)}</text>'
         for number, line in enumerate(caption_lines)
     ]
     for row, record in enumerate(history):
@@ -70,8 +68,7 @@ def history_svg(history: Sequence, colours: dict[str, str], caption: str = "") -
     used = sorted({b for record in history for b in record.operators_by_backend})
     for backend in used:
         lines.append(
-            f'<rect x="{x:.2f}" y="{legend_y}" width="10" height="10" fill="{colours[backend]}" stroke="#707070" '
-            'stroke-width="0.5"/>'
+            f'<rect x="{x:.2f}" y="{legend_y}" width="10" height="10" fill="{colours[backend]}" stroke="#707070" stroke-width="0.5"/>'
         )
         lines.append(f'<text x="{x + 14:.2f}" y="{legend_y + 9}" {FONT}>{html.escape(backend)}</text>')
         x += 24 + 7 * len(backend)

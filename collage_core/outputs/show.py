@@ -23,18 +23,14 @@ def find_dot() -> str:
     """The path of Graphviz's ``dot``, or an error that says how to install it."""
     found = shutil.which("dot")
     if found is None:
-        raise CollageError(
-            "Graphviz's dot is not installed: apt-get install graphviz (or write a .dot file and render it elsewhere)"
-        )
+        raise CollageError("Graphviz's dot is not installed: apt-get install graphviz (or write a .dot file and render it elsewhere)")
     return found
 
 
 def render(dot_text: str, output_format: str) -> bytes:
     """``dot_text`` drawn by ``dot`` as ``svg`` or ``png``."""
     try:
-        done = subprocess.run(
-            [find_dot(), f"-T{output_format}"], input=dot_text.encode(), capture_output=True, timeout=DOT_TIMEOUT_S
-        )
+        done = subprocess.run([find_dot(), f"-T{output_format}"], input=dot_text.encode(), capture_output=True, timeout=DOT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise CollageError(f"Graphviz's dot did not finish within {DOT_TIMEOUT_S} s") from None
     if done.returncode != 0:

@@ -201,12 +201,7 @@ def _pool2d(g: _Graph, call) -> str:
     if include and any(begins + zeros):
         x = g.node("Pad", [x, g.int64s([0, 0, *begins, 0, 0, *zeros])], mode="constant")
         begins, ends = [0, 0], [end - zero for end, zero in zip(ends, zeros)]
-    attributes = dict(
-        kernel_shape=[axis.kernel for axis in axes],
-        strides=[axis.stride for axis in axes],
-        pads=begins + ends,
-        ceil_mode=0,
-    )
+    attributes = dict(kernel_shape=[axis.kernel for axis in axes], strides=[axis.stride for axis in axes], pads=begins + ends, ceil_mode=0)
     if is_max:
         return g.node("MaxPool", [x], dilations=[axis.dilation for axis in axes], **attributes)
     return g.node("AveragePool", [x], count_include_pad=0, **attributes)
@@ -407,10 +402,7 @@ def _convert_binding(g: _Graph, binding, sixteen_bit: frozenset = frozenset()) -
 
 
 def convert(
-    func: relax.Function,
-    name: str = "collage_partition",
-    sixteen_bit: frozenset = frozenset(),
-    widened: frozenset = frozenset(),
+    func: relax.Function, name: str = "collage_partition", sixteen_bit: frozenset = frozenset(), widened: frozenset = frozenset()
 ) -> onnx.ModelProto:
     """``func`` as an ONNX model; raises :class:`UnsupportedError` for anything it cannot reproduce.
     ``sixteen_bit``: the 16-bit floating types the backend running the model takes (see ``support.refusal``).

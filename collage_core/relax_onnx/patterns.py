@@ -18,17 +18,7 @@ from collage_core.relax_onnx import support
 # ``varg_default_wildcard`` when a call has more arguments than its pattern, so each count is spelt out.)
 ARGUMENT_COUNTS = {
     **{op: (2,) for op in support.BINARY_NUMERIC + support.BINARY_FLOAT + support.COMPARISONS},
-    **{
-        op: (2,)
-        for op in (
-            "relax.nn.conv2d",
-            "relax.matmul",
-            "relax.reshape",
-            "relax.broadcast_to",
-            "relax.take",
-            "relax.image.resize2d",
-        )
-    },
+    **{op: (2,) for op in ("relax.nn.conv2d", "relax.matmul", "relax.reshape", "relax.broadcast_to", "relax.take", "relax.image.resize2d")},
     **{op: (3,) for op in ("relax.clip", "relax.nn.layer_norm", "relax.where")},
     "relax.strided_slice": (4, 5),  # data, axes, begin, end, and strides unless all are 1
 }
@@ -51,9 +41,7 @@ def pattern_name(backend: str, op_name: str) -> str:
     return f"{backend}.{op_name.rsplit('.', 1)[1]}"
 
 
-def refusal(
-    call, backend_refusal: Optional[BackendRefusal] = None, sixteen_bit: frozenset = frozenset()
-) -> Optional[str]:
+def refusal(call, backend_refusal: Optional[BackendRefusal] = None, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
     """Why ``call`` is refused: by the converter (taking ``sixteen_bit`` types besides float32), else by the
     backend; None when both take it."""
     return support.refusal(call, sixteen_bit) or (backend_refusal(call) if backend_refusal is not None else None)

@@ -120,9 +120,7 @@ def check_mixed_placements(pm, backends, backend: str, target) -> None:
     _, placed = place(module(conv_bias_relu_scale, CONV_INPUT), backend, {0, 1, 2})
     assert {b: len(names) for b, names in partitions_by_backend(placed).items()} == {backend: 1, "tvm": 1}
     x = RNG.uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
-    np.testing.assert_allclose(
-        run_vm(build(pm, placed, backends, target), x), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL
-    )
+    np.testing.assert_allclose(run_vm(build(pm, placed, backends, target), x), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
 
     mod = module(attention, ((1, TOKENS, HIDDEN), F))
     ops = RelaxGraph.from_function(mod["main"]).graph.ops
@@ -150,10 +148,7 @@ def check_exported_library_runs_in_a_fresh_process(pm, backends, backend: str, t
     )
     out = tmp_path / "out.npy"
     done = subprocess.run(
-        [sys.executable, "-c", script, str(library), str(tmp_path / "x.npy"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-c", script, str(library), str(tmp_path / "x.npy"), str(out)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     np.testing.assert_allclose(np.load(out), numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
@@ -166,12 +161,7 @@ def check_original_file_runs_whole(pm, backends, backend: str, path, target, rto
     model = load_model(Path(path))
     mod = original_model.lowered_module(pm, model, backends[backend], target)
     (session,) = [func for func in mod.functions.values() if original_model.is_lowered_already(func)]
-    blob = next(
-        arg
-        for binding in session.body.blocks[0].bindings
-        for arg in binding.value.args[1].fields
-        if tvm_compat.is_constant(arg)
-    )
+    blob = next(arg for binding in session.body.blocks[0].bindings for arg in binding.value.args[1].fields if tvm_compat.is_constant(arg))
     assert unpack_blob(tvm_compat.constant_array(blob))[0] == Path(path).read_bytes()
     inputs = model.random_inputs(seed=4)
     device = tvm_compat.device_for(target)

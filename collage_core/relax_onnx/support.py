@@ -223,10 +223,7 @@ def _nearest_axis_refusal(mode: str, size: int, length: int, rounding: str) -> O
                 "rounding boundary the runtimes compute inexactly"
             )
         if 0 < distance < NEAREST_MARGIN * max(1, abs(source)):
-            return (
-                f"nearest resize {size} -> {length} ({mode}) with a source coordinate within float32 error of a "
-                "rounding boundary"
-            )
+            return f"nearest resize {size} -> {length} ({mode}) with a source coordinate within float32 error of a rounding boundary"
     return None
 
 
@@ -253,10 +250,7 @@ def _check_resize2d(call) -> Optional[str]:
         rounding = resize_rounding(call)
         if rounding not in NEAREST_MODES:
             return f"resize2d rounding_method {rounding}"
-        return next(
-            filter(None, (_nearest_axis_refusal(mode, size, length, rounding) for size, length in zip(sizes, lengths))),
-            None,
-        )
+        return next(filter(None, (_nearest_axis_refusal(mode, size, length, rounding) for size, length in zip(sizes, lengths))), None)
     return None
 
 
@@ -438,14 +432,7 @@ UNARY_FLOAT = (
 )
 BINARY_NUMERIC = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum")
 BINARY_FLOAT = ("relax.divide", "relax.power")
-COMPARISONS = (
-    "relax.less",
-    "relax.less_equal",
-    "relax.greater",
-    "relax.greater_equal",
-    "relax.equal",
-    "relax.not_equal",
-)
+COMPARISONS = ("relax.less", "relax.less_equal", "relax.greater", "relax.greater_equal", "relax.equal", "relax.not_equal")
 RESHAPES = ("relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims")
 
 Check = Optional[Callable[[relax.Call], Optional[str]]]
@@ -523,11 +510,7 @@ def refusal(call, sixteen_bit: frozenset = frozenset()) -> Optional[str]:
             return f"{name} on {', '.join(sorted(result_dtypes - dtypes))}"
         operand_dtypes = {_dtype(operand) for operand in _tensor_operands(call)}
         accumulating = name in PRODUCTS and result_dtypes == {"float32"} and len(operand_dtypes) == 1
-        if (
-            name not in MIXED_DTYPES
-            and operand_dtypes - result_dtypes
-            and not (accumulating and operand_dtypes <= sixteen_bit)
-        ):
+        if name not in MIXED_DTYPES and operand_dtypes - result_dtypes and not (accumulating and operand_dtypes <= sixteen_bit):
             return f"{name} mixes {', '.join(sorted(operand_dtypes | result_dtypes))}"
         if name == "relax.astype" and _dtype(call.args[0]) in sixteen_bit:
             return None

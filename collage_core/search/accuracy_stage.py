@@ -63,9 +63,7 @@ def held_to_budget(
         variant = with_float32_units(model, float32_units, imported.original)
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
         # Nothing of a probe is kept: its job's folder is the run's scratch.
-        return Job(
-            variant, graph, imported.target, pm, chosen, options.settings, folder.scratch, lambda message: None, False
-        )
+        return Job(variant, graph, imported.target, pm, chosen, options.settings, folder.scratch, lambda message: None, False)
 
     base = job_for(())
     reference = model.reference(base.inputs)
@@ -91,16 +89,11 @@ def held_to_budget(
     record = folder.path / FIT_FILE
     fitted = load_fit(record, key)
     if fitted is not None:
-        say(
-            f"the accuracy budget's probes of the run before in {folder.path} are reused (same model, budget, "
-            f"backends and code)"
-        )
+        say(f"the accuracy budget's probes of the run before in {folder.path} are reused (same model, budget, backends and code)")
     else:
         with open_costs(options.cost_db, options.remeasure_invalid) as db:
             fitted = fit(len(units(model.mod)), budget, errors_of, options.accuracy_blocks, say)
         save_fit(record, key, fitted)
     say(fitted.describe())
     clock.lap("accuracy budget")
-    return Held(
-        attrs.evolve(imported, model=with_float32_units(model, fitted.float32_units, imported.original)), fitted
-    )
+    return Held(attrs.evolve(imported, model=with_float32_units(model, fitted.float32_units, imported.original)), fitted)

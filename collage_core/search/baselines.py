@@ -78,10 +78,7 @@ def op_groups(op_level_parts, candidates, backends) -> list[OpGroup]:
     for candidate in candidates:
         if backends[candidate.backend].kind == GRAPH_LEVEL and len(candidate.nodes) == 1:
             supported.setdefault(candidate.backend, set()).update(candidate.nodes)
-    return [
-        OpGroup(part, tuple(sorted(b for b, nodes in supported.items() if set(part.nodes) <= nodes)))
-        for part in op_level_parts
-    ]
+    return [OpGroup(part, tuple(sorted(b for b, nodes in supported.items() if set(part.nodes) <= nodes))) for part in op_level_parts]
 
 
 def searched_parts(graph, candidates, costs) -> list[Partition]:
@@ -102,9 +99,7 @@ def closest_rivals(baselines, parts, placement_cost: Cost, settings: MeasureSett
         return []
     seen = {signature(parts)}
     rivals = []
-    for entry, rival_parts in sorted(
-        baselines, key=lambda pair: pair[0].cost.seconds if pair[0].cost.is_measured else math.inf
-    ):
+    for entry, rival_parts in sorted(baselines, key=lambda pair: pair[0].cost.seconds if pair[0].cost.is_measured else math.inf):
         if rival_parts is None or not entry.cost.is_measured or entry.cost.seconds > settings.single_run_s:
             continue
         if signature(rival_parts) not in seen:

@@ -67,9 +67,7 @@ def charged(costs: dict, charge_s: float) -> dict:
     """Every measured cost plus ``charge_s`` (a negative charge takes off, never below CHARGED_FLOOR of
     the cost); invalid and unknown costs stay as they are."""
     return {
-        key: Cost.measured(_charged_s(cost.median_s, charge_s), cost.spread_s, cost.repeats)
-        if cost.is_measured
-        else cost
+        key: Cost.measured(_charged_s(cost.median_s, charge_s), cost.spread_s, cost.repeats) if cost.is_measured else cost
         for key, cost in costs.items()
     }
 

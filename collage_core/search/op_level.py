@@ -50,10 +50,7 @@ class _Step:
 
 
 def search_op_level(
-    graph: OpGraph,
-    candidates: Sequence[Candidate],
-    costs: Mapping[str, Cost],
-    on_progress: Optional[Callable[[int], None]] = None,
+    graph: OpGraph, candidates: Sequence[Candidate], costs: Mapping[str, Cost], on_progress: Optional[Callable[[int], None]] = None
 ) -> tuple[Candidate, ...]:
     """Return the cheapest executable exact cover of ``graph`` by ``candidates``, in execution order.
 

@@ -65,9 +65,7 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
         started = time.perf_counter()
         parts = op_level_search(job, candidates, measurement.costs)
         search_s = time.perf_counter() - started
-        parts = op_level_parts = calibrated_op_level(
-            job, parts, candidates, measurement.costs, db, options.calibration_rounds
-        )
+        parts = op_level_parts = calibrated_op_level(job, parts, candidates, measurement.costs, db, options.calibration_rounds)
         two_level = None
         if search == TWO_LEVEL:
             two_level = two_level_search(job, op_level_parts, candidates, db, options.two_level)
@@ -81,20 +79,9 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
 def measure(job: Job, candidates, db) -> MeasurementReport:
     op_level = job.op_level_candidates(candidates)
     report = measure_candidates(
-        job.graph,
-        op_level,
-        job.backends,
-        job.target,
-        db,
-        job.settings,
-        job.plugin_modules,
-        job.disabled,
-        job.show_progress,
+        job.graph, op_level, job.backends, job.target, db, job.settings, job.plugin_modules, job.disabled, job.show_progress
     )
-    job.say(
-        f"measured {report.measured} in {report.seconds:.1f} s, {report.from_database} from the database, "
-        f"{report.invalid} invalid"
-    )
+    job.say(f"measured {report.measured} in {report.seconds:.1f} s, {report.from_database} from the database, {report.invalid} invalid")
     if report.noisy:
         job.say(
             f"{len(report.noisy)} candidates' costs stayed noisy after a second measurement (spread above "
@@ -107,9 +94,7 @@ def measure(job: Job, candidates, db) -> MeasurementReport:
 def op_level_search(job: Job, candidates, costs) -> list[Partition]:
     op_level = job.op_level_candidates(candidates)
     if not op_level:
-        raise CollageError(
-            "no op-level backend selected: one (such as tvm) must cover what graph-level backends do not"
-        )
+        raise CollageError("no op-level backend selected: one (such as tvm) must cover what graph-level backends do not")
     started = time.perf_counter()
     parts = searched_parts(job.graph, op_level, costs)
     job.say(f"op-level search: {len(parts)} partitions in {time.perf_counter() - started:.2f} s")
@@ -137,9 +122,7 @@ def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLeve
             if record.generation:
                 bar.advance(line)
 
-        result = search_two_level(
-            job.graph.graph, groups, evaluate, settings, on_generation, on_best, spent=lambda: evaluate.spent_s
-        )
+        result = search_two_level(job.graph.graph, groups, evaluate, settings, on_generation, on_best, spent=lambda: evaluate.spent_s)
     result = attrs.evolve(result, from_database=evaluate.from_database)
     job.say(
         f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
@@ -175,13 +158,10 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
         )
     for name, guess in result.predicted:
         job.say(
-            f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over "
-            f"{PREDICTED_LOSS_FACTOR:g}x the best measured"
+            f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over {PREDICTED_LOSS_FACTOR:g}x the best measured"
         )
     if result.alternative:
-        job.say(
-            f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement"
-        )
+        job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")
     elif signature(result.parts) != signature(parts):
         job.say(f"calibrated op-level placement: {len(result.parts)} partitions, {describe_cost(result.latency)}")
     return list(result.parts)

@@ -47,8 +47,7 @@ class TwoLevelSettings:
     budget_s: float = described(
         900.0,
         number(0),
-        "two-level search budget: seconds of end-to-end measurement, those "
-        "read from the cost database counted at what they took",
+        "two-level search budget: seconds of end-to-end measurement, those read from the cost database counted at what they took",
     )
     seed: int = described(0, whole(None), "two-level random seed (same seed and costs, same result)")
     min_gain: float = described(
@@ -86,20 +85,14 @@ class GenerationRecord:
         """``openvino +12 ops, onnxruntime -12 ops``, or ``no change``."""
         if not self.gained:
             return "no change"
-        return ", ".join(
-            f"{backend} {count:+d} ops" for backend, count in sorted(self.gained.items(), key=lambda kv: -kv[1])
-        )
+        return ", ".join(f"{backend} {count:+d} ops" for backend, count in sorted(self.gained.items(), key=lambda kv: -kv[1]))
 
 
 def history_text(history: Sequence[GenerationRecord]) -> str:
     """``0: tvm 40, onnxruntime 7 (1.234 ms); 1: openvino +7 ops, onnxruntime -7 ops (1.100 ms); ...``"""
     pieces = []
     for record in history:
-        what = (
-            ", ".join(f"{b} {n}" for b, n in record.operators_by_backend.items())
-            if record.generation == 0
-            else record.gains_text()
-        )
+        what = ", ".join(f"{b} {n}" for b, n in record.operators_by_backend.items()) if record.generation == 0 else record.gains_text()
         best = f"{record.best_s * 1e3:.3f} ms" if math.isfinite(record.best_s) else "nothing measured"
         pieces.append(f"{record.generation}: {what} ({best})")
     return "; ".join(pieces)
@@ -181,11 +174,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         counts["evaluated"] += 1
         if key not in scores:
             guess = predictor.predict(parts) if settings.predict_margin is not None else None
-            if (
-                guess is not None
-                and best["cost"].is_measured
-                and guess > best["cost"].seconds * (1 + settings.predict_margin)
-            ):
+            if guess is not None and best["cost"].is_measured and guess > best["cost"].seconds * (1 + settings.predict_margin):
                 predicted.add(key)
                 return guess
             scores[key] = evaluate(parts)
@@ -217,11 +206,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         gained = {b: counts_now.get(b, 0) - before.get(b, 0) for b in set(counts_now) | set(before)}
         history.append(
             GenerationRecord(
-                generation,
-                best["cost"].seconds,
-                settings.budget_s - spent(),
-                counts_now,
-                {b: n for b, n in gained.items() if n},
+                generation, best["cost"].seconds, settings.budget_s - spent(), counts_now, {b: n for b, n in gained.items() if n}
             )
         )
         if on_generation is not None:
@@ -247,11 +232,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
             break
     if best["parts"] is None:
         op_level = tuple(seeds[0])
-        best.update(
-            cost=Cost.invalid("no placement could be measured"),
-            parts=tuple(decode(graph, groups, op_level)),
-            genome=op_level,
-        )
+        best.update(cost=Cost.invalid("no placement could be measured"), parts=tuple(decode(graph, groups, op_level)), genome=op_level)
     return TwoLevelResult(
         best["parts"],
         best["cost"],

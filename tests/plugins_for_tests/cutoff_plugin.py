@@ -12,8 +12,8 @@ from plugins_for_tests.any_operator import any_operator_backends
 BACKENDS = ("afast", "zslow")
 FAST_S, SLOW_S = 1e-3, 1.0
 
-collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
-    any_operator_backends(BACKENDS, ("cpu",), "costs that record their cut-off, for tests only")
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = any_operator_backends(
+    BACKENDS, ("cpu",), "costs that record their cut-off, for tests only"
 )
 
 

@@ -43,11 +43,7 @@ def collage_contribute_patterns(backend, target):
         return None
     add_relu = is_op("relax.nn.relu")(is_op("relax.add")(wildcard(), wildcard()))
     matmul_add = is_op("relax.add")(is_op("relax.matmul")(wildcard(), wildcard()), wildcard())
-    return [
-        Pattern(f"{TWIN}.op", wildcard()),
-        Pattern(f"{TWIN}.add_relu", add_relu),
-        Pattern(f"{TWIN}.matmul_add", matmul_add),
-    ]
+    return [Pattern(f"{TWIN}.op", wildcard()), Pattern(f"{TWIN}.add_relu", add_relu), Pattern(f"{TWIN}.matmul_add", matmul_add)]
 
 
 @hookimpl

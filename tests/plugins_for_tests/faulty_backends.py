@@ -47,8 +47,8 @@ FAULTS = {RAISING: _raise, CRASHING: _crash, HANGING: _hang}
 BACKENDS = (*FAULTS, POISONING)
 
 
-collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
-    any_operator_backends(BACKENDS, ("cpu",), "test backend whose measurement fails ({name})")
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = any_operator_backends(
+    BACKENDS, ("cpu",), "test backend whose measurement fails ({name})"
 )
 
 

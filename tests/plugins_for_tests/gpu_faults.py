@@ -55,8 +55,8 @@ def _allocate_beyond_the_gpu(target) -> None:
     tvm.runtime.empty((FAR,), "float32", tvm_compat.device_for(target))
 
 
-collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
-    any_operator_backends(BACKENDS, ("cuda",), "test backend whose CUDA kernels fault ({name})")
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = any_operator_backends(
+    BACKENDS, ("cuda",), "test backend whose CUDA kernels fault ({name})"
 )
 
 

@@ -11,8 +11,8 @@ STEADY = Cost.measured(0.9e-3, 0.01e-3, 5)
 _asked: dict = {}
 
 
-collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
-    any_operator_backends(BACKENDS, ("cpu",), "noisy costs, for tests only")
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = any_operator_backends(
+    BACKENDS, ("cpu",), "noisy costs, for tests only"
 )
 
 

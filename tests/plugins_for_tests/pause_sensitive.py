@@ -71,9 +71,7 @@ def collage_check_availability(backend):
 
 @hookimpl
 def collage_contribute_patterns(backend, target):
-    return (
-        [Pattern(f"{backend.name}.relu", is_op("relax.nn.relu")(wildcard()))] if backend.name in RUN_FUNCTIONS else None
-    )
+    return [Pattern(f"{backend.name}.relu", is_op("relax.nn.relu")(wildcard()))] if backend.name in RUN_FUNCTIONS else None
 
 
 @hookimpl

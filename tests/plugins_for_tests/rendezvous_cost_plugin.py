@@ -20,8 +20,8 @@ FIXED_COST = Cost.measured(0.5e-3, 0.0, 3)
 WAIT_LIMIT_S = 120.0
 
 
-collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = (
-    any_operator_backends((BACKEND,), ("cpu",), "measures with the other runs, for tests only")
+collage_register_backends, collage_check_availability, collage_contribute_patterns, collage_lower_partitions = any_operator_backends(
+    (BACKEND,), ("cpu",), "measures with the other runs, for tests only"
 )
 
 

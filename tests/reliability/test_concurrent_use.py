@@ -23,9 +23,7 @@ from collage_core.model.relax_graph import RelaxGraph
 from collage_core.records import Cost
 
 ROOT = Path(__file__).resolve().parents[2]
-SUMMARY = re.compile(
-    r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid"
-)
+SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
 
 
 def small_model(path: Path) -> Path:
@@ -159,10 +157,7 @@ def test_two_runs_measuring_at_once_measure_each_candidate_once_in_all(load_test
     monkeypatch.setenv("RENDEZVOUS_DIR", str(tmp_path / "rendezvous"))
     monkeypatch.setenv("RENDEZVOUS_RUNS", "a,b")
     spawn = multiprocessing.get_context("spawn")
-    runs = [
-        spawn.Process(target=measure_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path / f"{run}.json")))
-        for run in "ab"
-    ]
+    runs = [spawn.Process(target=measure_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path / f"{run}.json"))) for run in "ab"]
     for run in runs:
         run.start()
     for run in runs:
@@ -318,9 +313,7 @@ def test_two_runs_measuring_placements_at_once_measure_each_once_in_all(load_tes
     load_test_plugin(FIXED)  # for PYTHONPATH, which the runs and their workers inherit
     spawn = multiprocessing.get_context("spawn")
     runs = [
-        spawn.Process(
-            target=evaluate_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path), str(tmp_path / f"{run}.json"))
-        )
+        spawn.Process(target=evaluate_as, args=(run, str(tmp_path / "costs.sqlite"), str(tmp_path), str(tmp_path / f"{run}.json")))
         for run in "ab"
     ]
     for run in runs:
@@ -431,6 +424,4 @@ def test_a_baseline_another_run_is_measuring_is_waited_for_not_measured_again(tm
         failing = Job(fails=True)
         assert baseline_cost(failing, "dnnl alone", "dnnl alone", None, db).kind == "invalid"
         assert failing.runs == ["dnnl alone"]
-        assert other.claim_end_to_end(
-            failing.end_to_end_key("dnnl alone", BASELINE_PROTOCOL, None), 3600
-        ).granted  # given up
+        assert other.claim_end_to_end(failing.end_to_end_key("dnnl alone", BASELINE_PROTOCOL, None), 3600).granted  # given up

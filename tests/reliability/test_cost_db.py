@@ -13,13 +13,7 @@ import time
 
 import pytest
 
-from collage_core.measure.cost_db import (
-    SCHEMA_VERSION,
-    CostDatabase,
-    CostDatabaseError,
-    CostKey,
-    default_cost_db_path,
-)
+from collage_core.measure.cost_db import SCHEMA_VERSION, CostDatabase, CostDatabaseError, CostKey, default_cost_db_path
 from collage_core.records import Cost
 
 MEASURED = Cost.measured(1.5e-3, 2e-5, 20)

@@ -61,9 +61,7 @@ def run_main(argv: list[str], capfd) -> tuple[int, list[str]]:
         ("--target", "nonsense", "target 'nonsense': Target kind \"nonsense\" is not defined."),
     ],
 )
-def test_out_of_range_options_are_refused_by_name_before_anything_runs(
-    option, value, problem, tmp_path, monkeypatch, capfd
-):
+def test_out_of_range_options_are_refused_by_name_before_anything_runs(option, value, problem, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     code, stderr = run_main(["optimize", str(MODEL), f"{option}={value}"], capfd)
     assert code == 2 and stderr[-1].startswith(f"collage optimize: error: argument {option}: {problem}"), stderr
@@ -84,19 +82,10 @@ def test_a_target_given_as_json_or_a_known_name_is_taken(tmp_path):
         ({"target": 42}, "a target is a name (llvm, cuda), a JSON object or a tvm.target.Target, not 42"),
         ({"target": "{oops"}, "target '{oops' is not JSON"),
         ({"output_dir": 7}, "optimize: output_dir must be a path (str or os.PathLike), not 7"),
-        (
-            {"cost_db": ["costs.sqlite"]},
-            "optimize: cost_db must be a path (str or os.PathLike), not list ['costs.sqlite']",
-        ),
-        (
-            {"settings": {"build_workers": 2}},
-            "optimize: settings must be a collage_core.measure.timing.MeasureSettings, not dict",
-        ),
+        ({"cost_db": ["costs.sqlite"]}, "optimize: cost_db must be a path (str or os.PathLike), not list ['costs.sqlite']"),
+        ({"settings": {"build_workers": 2}}, "optimize: settings must be a collage_core.measure.timing.MeasureSettings, not dict"),
         ({"two_level": TwoLevelSettings(population=1)}, "optimize: two_level.population must be at least 2, not 1"),
-        (
-            {"settings": MeasureSettings(build_workers=-1)},
-            "optimize: settings.build_workers must be at least 0, not -1",
-        ),
+        ({"settings": MeasureSettings(build_workers=-1)}, "optimize: settings.build_workers must be at least 0, not -1"),
         ({"baseline_limit_s": -1.0}, "optimize: baseline_limit_s must be at least 0, not -1"),
         ({"calibration_rounds": 1.5}, "optimize: calibration_rounds must be a whole number, not 1.5"),
         ({"accuracy_budget": float("nan")}, "optimize: accuracy_budget must be a finite number, not nan"),
@@ -105,9 +94,7 @@ def test_a_target_given_as_json_or_a_known_name_is_taken(tmp_path):
     ],
     ids=lambda value: str(value)[:40],
 )
-def test_python_api_arguments_of_the_wrong_type_are_refused_in_one_line_before_the_model_is_read(
-    arguments, message, tmp_path
-):
+def test_python_api_arguments_of_the_wrong_type_are_refused_in_one_line_before_the_model_is_read(arguments, message, tmp_path):
     with pytest.raises((ArgumentError, TargetError)) as refused:
         collage_core.optimize(str(tmp_path / "no-such-model.onnx"), **arguments)  # read after the checks: never here
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
@@ -121,12 +108,9 @@ def test_an_output_folder_under_a_file_is_refused_before_anything_is_measured(tm
         f"collage: error: {tmp_path / 'file' / 'out'}: the output folder cannot be written "
         f"({tmp_path / 'file'} is not a folder); nothing was measured"
     ]
-    code, stderr = run_main(
-        ["export", str(MODEL), "--placement", "p.json", "-o", str(tmp_path / "file" / "x.tar")], capfd
-    )
+    code, stderr = run_main(["export", str(MODEL), "--placement", "p.json", "-o", str(tmp_path / "file" / "x.tar")], capfd)
     assert code == 1 and stderr == [
-        f"collage: error: {tmp_path / 'file' / 'x.tar'}: cannot be written "
-        f"({tmp_path / 'file'} is not a folder); nothing was built"
+        f"collage: error: {tmp_path / 'file' / 'x.tar'}: cannot be written ({tmp_path / 'file'} is not a folder); nothing was built"
     ]
 
 
@@ -146,10 +130,7 @@ def test_an_output_folder_on_a_read_only_or_full_file_system_is_refused_before_a
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
         pytest.skip("unshare cannot make a user and mount namespace here")
     run = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", MOUNTED, "sh", str(tmp_path), str(MODEL)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["unshare", "-rm", "sh", "-c", MOUNTED, "sh", str(tmp_path), str(MODEL)], capture_output=True, text=True, timeout=300
     )
     errors = [line for line in run.stderr.splitlines() if line.startswith("collage: error:")]
     assert errors == [
@@ -181,9 +162,7 @@ def onnx_model(path: Path, shape) -> Path:
     return path
 
 
-def test_model_files_and_inputs_collage_cannot_take_are_refused_in_one_line_before_inputs_are_made(
-    tmp_path, monkeypatch, capfd
-):
+def test_model_files_and_inputs_collage_cannot_take_are_refused_in_one_line_before_inputs_are_made(tmp_path, monkeypatch, capfd):
     cases = [
         (tmp_path, f"{tmp_path}: a folder, not an ONNX file"),
         (Path("/dev/zero"), "/dev/zero: not a regular file, not an ONNX file"),
@@ -218,9 +197,7 @@ def test_collage_show_into_a_closed_pipe_ends_quietly_as_unix_tools_do(tmp_path)
     reader_gone.stdout.close()  # before it writes: its first write finds no reader
     _, stderr = reader_gone.communicate(timeout=300)
     assert reader_gone.returncode == 128 + signal.SIGPIPE
-    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr and b"collage: error" not in stderr, (
-        stderr.decode()
-    )
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr and b"collage: error" not in stderr, stderr.decode()
 
 
 def test_collage_show_into_a_place_that_cannot_be_written_fails_in_one_line(tmp_path, capfd):
@@ -231,6 +208,4 @@ def test_collage_show_into_a_place_that_cannot_be_written_fails_in_one_line(tmp_
     (tmp_path / "file").write_text("")
     code, stderr = run_main(["show", str(placement), "-o", str(tmp_path / "file" / "pic.dot")], capfd)
     errors = [line for line in stderr if line.startswith("collage")]
-    assert code == 1 and errors == [
-        f"collage: error: {tmp_path / 'file' / 'pic.dot'}: cannot write it (File exists: {tmp_path / 'file'})"
-    ]
+    assert code == 1 and errors == [f"collage: error: {tmp_path / 'file' / 'pic.dot'}: cannot write it (File exists: {tmp_path / 'file'})"]

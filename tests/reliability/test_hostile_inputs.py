@@ -138,14 +138,7 @@ def test_deny_list_leaves_out_the_named_plugins():
 def _replay(placement: Path) -> subprocess.CompletedProcess:
     """The ``collage`` command replaying ``placement``, run in the placement's folder (its default output goes there)."""
     return subprocess.run(
-        [
-            "collage",
-            "optimize",
-            str(ROOT / "models" / "tiny_resnet.onnx"),
-            "--placement",
-            str(placement),
-            "--no-compare",
-        ],
+        ["collage", "optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -163,8 +156,7 @@ def _placement_for_tiny_resnet() -> dict:
     document["model"]["inputs_of"] = []
     cost = VALID["partitions"][0]["cost"]
     document["partitions"] = [
-        {"backend": "tvm", "pattern": "tvm.op", "operators": [n], "key": f"k{n}", "cost": cost}
-        for n in range(len(graph.graph))
+        {"backend": "tvm", "pattern": "tvm.op", "operators": [n], "key": f"k{n}", "cost": cost} for n in range(len(graph.graph))
     ]
     return document
 
@@ -184,9 +176,7 @@ def _replay_here(placement: Path, capfd) -> tuple[int, str]:
     """What ``collage optimize --placement`` returns and writes to stderr, run by ``cli.main`` in this process."""
     previous = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
     try:
-        code = main(
-            ["optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"]
-        )
+        code = main(["optimize", str(ROOT / "models" / "tiny_resnet.onnx"), "--placement", str(placement), "--no-compare"])
     finally:
         signal.signal(signal.SIGTERM, previous)
     return code, capfd.readouterr().err
@@ -263,10 +253,7 @@ def test_placements_nested_too_deeply_or_with_numbers_past_floats_are_refused_in
         path = tmp_path / name
         path.write_text(text)
         code, errors = _show_here(path, capfd)
-        assert code == 1 and len(errors) == 1 and errors[0].startswith(f"collage: error: {path}: {message}"), (
-            name,
-            errors,
-        )
+        assert code == 1 and len(errors) == 1 and errors[0].startswith(f"collage: error: {path}: {message}"), (name, errors)
 
 
 def test_a_folder_or_a_device_as_a_placement_is_refused_without_reading_it(tmp_path, capfd):

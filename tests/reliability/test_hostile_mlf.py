@@ -147,9 +147,7 @@ def test_tars_declaring_more_than_memory_holds_are_refused_without_reading_it(tm
             tmp_path / "pax.tar", {}, extra=raw_header("././@PaxHeader", 64 * 2**30, tarfile.XHDTYPE) + bytes(10240)
         ): f"its headers take more than 256 MiB{bounded}",
         write_tar(
-            tmp_path / "long-name.tar",
-            {},
-            extra=raw_header("././@LongLink", 64 * 2**30, tarfile.GNUTYPE_LONGNAME) + bytes(10240),
+            tmp_path / "long-name.tar", {}, extra=raw_header("././@LongLink", 64 * 2**30, tarfile.GNUTYPE_LONGNAME) + bytes(10240)
         ): f"its headers take more than 256 MiB{bounded}",
         write_tar(
             tmp_path / "unlisted.tar.gz",
@@ -168,10 +166,7 @@ def test_tars_declaring_more_than_memory_holds_are_refused_without_reading_it(tm
     }
     assert all(path.stat().st_size < 2 * 2**20 for path in tars)
     run = subprocess.run(
-        [sys.executable, "-c", LOAD_UNDER_A_MEMORY_BOUND, str(HEADROOM), *map(str, tars)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-c", LOAD_UNDER_A_MEMORY_BOUND, str(HEADROOM), *map(str, tars)], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.splitlines() == [f"refused: {path}: {message}" for path, message in tars.items()]
@@ -179,9 +174,7 @@ def test_tars_declaring_more_than_memory_holds_are_refused_without_reading_it(tm
 
 
 def test_a_member_of_another_size_than_metadata_declares_is_refused_before_it_is_read(tmp_path):
-    tar = export_like(
-        tmp_path / "m.tar", sizes={**{name: len(data) for name, data in MEMBERS.items()}, "placement.json": 1}
-    )
+    tar = export_like(tmp_path / "m.tar", sizes={**{name: len(data) for name, data in MEMBERS.items()}, "placement.json": 1})
     assert refused_in_one_line(tar) == "placement.json is 2 bytes in the tar, and metadata.json declares 1"
 
 
@@ -193,11 +186,7 @@ def broken_config(text: bytes) -> dict:
     "replaced, metadata, message",
     [
         (broken_config(b'{"executor": "relax-vm",'), {}, "executor-config/relax-vm.json is not JSON (Expecting"),
-        (
-            broken_config(b"[" * 100_000 + b"]" * 100_000),
-            {},
-            "executor-config/relax-vm.json is not JSON Collage reads (nested too deeply)",
-        ),
+        (broken_config(b"[" * 100_000 + b"]" * 100_000), {}, "executor-config/relax-vm.json is not JSON Collage reads (nested too deeply)"),
         (broken_config(b"[1, 2]"), {}, "executor-config/relax-vm.json: a JSON object is wanted, not list"),
         (
             broken_config(json.dumps({k: v for k, v in CONFIG.items() if k != "runtime_backends"}).encode()),
@@ -210,9 +199,7 @@ def broken_config(text: bytes) -> dict:
             "executor-config/relax-vm.json: inputs must list each tensor's name, shape (non-negative integers) and dtype",
         ),
         (
-            broken_config(
-                json.dumps(dict(CONFIG, outputs=[{"name": "y", "shape": [1], "dtype": "no such type"}])).encode()
-            ),
+            broken_config(json.dumps(dict(CONFIG, outputs=[{"name": "y", "shape": [1], "dtype": "no such type"}])).encode()),
             {},
             "executor-config/relax-vm.json: outputs must list each tensor's name, shape (non-negative integers) and dtype",
         ),
@@ -234,9 +221,7 @@ def broken_config(text: bytes) -> dict:
         "member-outside",
     ],
 )
-def test_tars_whose_digests_were_recomputed_over_bad_contents_are_refused_in_one_line(
-    tmp_path, replaced, metadata, message
-):
+def test_tars_whose_digests_were_recomputed_over_bad_contents_are_refused_in_one_line(tmp_path, replaced, metadata, message):
     tar = export_like(tmp_path / "m.tar", replaced, **metadata)
     assert refused_in_one_line(tar).startswith(message)
     assert not (tmp_path / "escape.txt").exists()
@@ -269,9 +254,7 @@ def test_a_member_twice_in_the_tar_is_refused(tmp_path):
 def test_too_many_members_are_refused_from_the_headers(tmp_path, monkeypatch):
     monkeypatch.setattr(mlf, "MAX_MEMBERS", 3)
     tar = export_like(tmp_path / "m.tar")
-    assert refused_in_one_line(tar) == (
-        "it has more than 3 members; Collage refuses such a tar (collage_core.outputs.mlf bounds it)"
-    )
+    assert refused_in_one_line(tar) == ("it has more than 3 members; Collage refuses such a tar (collage_core.outputs.mlf bounds it)")
 
 
 def test_a_failed_load_leaves_no_folder_behind(tmp_path, monkeypatch):

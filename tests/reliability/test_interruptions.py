@@ -88,18 +88,7 @@ class Optimize:
 
     def __init__(self, model: Path, db: Path, out: Path, *extra: str):
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "collage_core.cli",
-                "optimize",
-                str(model),
-                "--cost-db",
-                str(db),
-                "--output",
-                str(out),
-                *extra,
-            ],
+            [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--cost-db", str(db), "--output", str(out), *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -134,18 +123,7 @@ class Optimize:
 
 def _rerun(model: Path, db: Path, out: Path, *extra: str) -> str:
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "collage_core.cli",
-            "optimize",
-            str(model),
-            "--cost-db",
-            str(db),
-            "--output",
-            str(out),
-            *extra,
-        ],
+        [sys.executable, "-m", "collage_core.cli", "optimize", str(model), "--cost-db", str(db), "--output", str(out), *extra],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -170,9 +148,7 @@ def test_signal_during_measurement_keeps_every_cost_for_the_rerun(model, tmp_pat
     assert any(f"collage: {word}; costs measured so far are kept" in line for line in run.lines)
     kept = _count(db, "costs")
     assert kept >= 5
-    found = MEASURED.search(
-        _rerun(model, db, tmp_path / "again", "--backends", "tvm", "--no-compare", "--calibration-rounds", "0")
-    )
+    found = MEASURED.search(_rerun(model, db, tmp_path / "again", "--backends", "tvm", "--no-compare", "--calibration-rounds", "0"))
     measured, from_database = int(found.group(1)), int(found.group(2))
     assert from_database >= kept and measured + from_database == _count(db, "costs")
 
@@ -180,11 +156,7 @@ def test_signal_during_measurement_keeps_every_cost_for_the_rerun(model, tmp_pat
 # SIGINT's own path (exit 130, "interrupted") is covered by the measurement test above; here it
 # repeats a minute of search, so it runs with --run-slow.
 @pytest.mark.parametrize(
-    "signum, code",
-    [
-        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow, id="SIGINT"),
-        pytest.param(signal.SIGTERM, 143, id="SIGTERM"),
-    ],
+    "signum, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow, id="SIGINT"), pytest.param(signal.SIGTERM, 143, id="SIGTERM")]
 )
 def test_signal_during_the_evolutionary_search_keeps_measured_placements(model, tmp_path, signum, code):
     pytest.importorskip("onnxruntime")
@@ -203,12 +175,7 @@ def test_signal_during_the_evolutionary_search_keeps_measured_placements(model, 
         "2",
     )
     run = Optimize(model, db, tmp_path / "out", *search)
-    run.wait_until(
-        lambda: (
-            any(re.match(rf"{STEP}two-level search:", line) for line in run.lines)
-            and _count(db, "end_to_end_costs") >= 2
-        )
-    )
+    run.wait_until(lambda: any(re.match(rf"{STEP}two-level search:", line) for line in run.lines) and _count(db, "end_to_end_costs") >= 2)
     run.process.send_signal(signum)
     assert run.finish() == code
     candidates, placements = _count(db, "costs"), _count(db, "end_to_end_costs")

@@ -7,15 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 import tvm
-from plugins_for_tests.faulty_backends import (
-    CRASHING,
-    FAULTS,
-    HANGING,
-    POISONING,
-    POISONING_MESSAGE,
-    RAISED_MESSAGE,
-    RAISING,
-)
+from plugins_for_tests.faulty_backends import CRASHING, FAULTS, HANGING, POISONING, POISONING_MESSAGE, RAISED_MESSAGE, RAISING
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -33,9 +25,7 @@ TESTS = Path(__file__).resolve().parents[1]
 # A worker builds and times one of these tiny candidates in well under a second even on a busy
 # machine; the hanging backend's one distinct candidate waits this out once.
 TIMEOUT_S = 3.0
-QUICK = MeasureSettings(
-    warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=TIMEOUT_S
-)
+QUICK = MeasureSettings(warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture
@@ -69,9 +59,7 @@ def candidates_of(plugins, graph, backend_names):
 
 def measure(graph, candidates, backends, db, settings=QUICK):
     target = tvm_compat.host_cpu_target()
-    return measure_candidates(
-        graph, candidates, backends, target, db, settings, plugin_modules=[PLUGIN], disabled=(), show_progress=False
-    )
+    return measure_candidates(graph, candidates, backends, target, db, settings, plugin_modules=[PLUGIN], disabled=(), show_progress=False)
 
 
 @pytest.mark.parametrize("build_workers", [1, 2], ids=["built and timed in turn", "built two at once, then timed"])
@@ -122,9 +110,7 @@ def test_a_candidate_whose_fault_poisons_its_process_costs_itself_alone(plugins,
     faulting = {c.key for c in candidates if tiny_resnet.graph.ops[next(iter(c.nodes))] == "relax.nn.conv2d"}
     assert faulting and len(faulting) < len({c.key for c in candidates})
     with CostDatabase.open(tmp_path / "c.sqlite") as db:
-        report = measure(
-            tiny_resnet, candidates, {POISONING: backends[POISONING]}, db, attrs.evolve(QUICK, build_workers=1)
-        )
+        report = measure(tiny_resnet, candidates, {POISONING: backends[POISONING]}, db, attrs.evolve(QUICK, build_workers=1))
     for key, cost in report.costs.items():
         if key in faulting:
             assert not cost.is_measured and POISONING_MESSAGE in cost.reason

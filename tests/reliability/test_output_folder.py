@@ -31,15 +31,7 @@ onnx = pytest.importorskip("onnx")
 TESTS = Path(__file__).resolve().parents[1]
 PLUGIN = "plugins_for_tests.broken_export"
 # What a finished run leaves in its folder (for a model called relu).
-FINISHED = {
-    LOCK_FILE,
-    "finished.json",
-    "placement.json",
-    "relu.so",
-    "relu.so.runtime.json",
-    "report.txt",
-    "results.json",
-}
+FINISHED = {LOCK_FILE, "finished.json", "placement.json", "relu.so", "relu.so.runtime.json", "report.txt", "results.json"}
 HOSTILE = {
     "parent": "../../escaped",
     "absolute": "ABSOLUTE",  # a path in the test's own folder, outside the output folder
@@ -248,28 +240,14 @@ def test_a_run_killed_while_it_writes_the_library_leaves_the_library_before_inta
     assert names_in(out) == FINISHED
 
 
-def test_a_second_run_into_a_folder_in_use_stops_in_one_line_and_the_first_finishes(
-    model, cost_db, tmp_path, paused, capsys
-):
+def test_a_second_run_into_a_folder_in_use_stops_in_one_line_and_the_first_finishes(model, cost_db, tmp_path, paused, capsys):
     from collage_core.cli import main
 
     out = tmp_path / "out"
     first = paused(out)
     first.wait_until_exporting()
     status = main(
-        [
-            "optimize",
-            str(model),
-            "--backends",
-            "tvm",
-            "--search",
-            "op-level",
-            "--no-compare",
-            "--cost-db",
-            str(cost_db),
-            "-o",
-            str(out),
-        ]
+        ["optimize", str(model), "--backends", "tvm", "--search", "op-level", "--no-compare", "--cost-db", str(cost_db), "-o", str(out)]
     )
     assert status == 1
     assert capsys.readouterr().err.splitlines() == [
@@ -283,19 +261,7 @@ def test_a_second_run_into_a_folder_in_use_stops_in_one_line_and_the_first_finis
     # Its lock went with it: the same command now runs.
     assert (
         main(
-            [
-                "optimize",
-                str(model),
-                "--backends",
-                "tvm",
-                "--search",
-                "op-level",
-                "--no-compare",
-                "--cost-db",
-                str(cost_db),
-                "-o",
-                str(out),
-            ]
+            ["optimize", str(model), "--backends", "tvm", "--search", "op-level", "--no-compare", "--cost-db", str(cost_db), "-o", str(out)]
         )
         == 0
     )
@@ -387,9 +353,7 @@ def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, mon
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("collage-")]
 
 
-def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(
-    model, tmp_path, load_test_plugin, monkeypatch
-):
+def test_temporary_files_of_a_run_and_of_its_workers_go_with_its_scratch(model, tmp_path, load_test_plugin, monkeypatch):
     """What the run and its workers leave in their temporary folder (a killed linker's files) lands in
     the run's scratch, removed with it; the second run's workers come from the zygote the first
     started, under the first run's TMPDIR, and still use the second's."""
@@ -431,9 +395,7 @@ def test_a_run_refused_because_the_folder_is_in_use_removes_nothing_of_it(model,
     monkeypatch.setattr(output_folder, "first_missing", lambda folder: tmp_path / "new")  # both saw it missing
     with held(out) as scratch:
         with pytest.raises(OutputFolderInUse):
-            collage_core.optimize(
-                model, backends=["tvm"], search="op-level", output_dir=tmp_path / "new" / "out", show_progress=False
-            )
+            collage_core.optimize(model, backends=["tvm"], search="op-level", output_dir=tmp_path / "new" / "out", show_progress=False)
         assert scratch.is_dir() and (out / LOCK_FILE).exists()
         with pytest.raises(OutputFolderInUse):
             with held(out, made=tmp_path / "new"):

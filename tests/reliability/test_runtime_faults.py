@@ -31,14 +31,10 @@ def test_collage_prepare_runtime_raising_names_the_backend_the_error_and_the_fix
     pm.register(FragileRuntime(), name="fragile_plugin")
     library = tmp_path / "model.so"
     library.write_bytes(b"")
-    write_runtime_file(
-        library, backend_needs([Backend("fragile", OP_LEVEL, ("cpu",), "1", runtime_needs=NEEDS)], {"fragile"})
-    )
+    write_runtime_file(library, backend_needs([Backend("fragile", OP_LEVEL, ("cpu",), "1", runtime_needs=NEEDS)], {"fragile"}))
     with pytest.raises(LibraryLoadError) as raised:
         prepare_runtime(library, pm)
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(f"{library}: backend fragile cannot run here")
-    assert (
-        "fragile_plugin" in message and "libfragile.so: cannot open shared object file" in message and NEEDS in message
-    )
+    assert "fragile_plugin" in message and "libfragile.so: cannot open shared object file" in message and NEEDS in message

@@ -8,15 +8,7 @@ import logging
 
 import pytest
 import tvm
-from plugins_for_tests.transient_faults import (
-    ATTEMPTS,
-    BACKENDS,
-    HELD_UP_TWICE,
-    KILLED_ALWAYS,
-    KILLED_ONCE,
-    MEASURED,
-    TERMINATED_ONCE,
-)
+from plugins_for_tests.transient_faults import ATTEMPTS, BACKENDS, HELD_UP_TWICE, KILLED_ALWAYS, KILLED_ONCE, MEASURED, TERMINATED_ONCE
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -30,9 +22,7 @@ from collage_core.model.relax_graph import RelaxGraph
 PLUGIN = "plugins_for_tests.transient_faults"
 # Long enough for a worker to measure a tiny candidate on a busy machine; the held-up backend waits it out twice.
 TIMEOUT_S = 3.0
-QUICK = MeasureSettings(
-    warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=TIMEOUT_S, build_workers=1
-)
+QUICK = MeasureSettings(warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=TIMEOUT_S, build_workers=1)
 
 
 @pytest.fixture
@@ -58,18 +48,9 @@ def measure(plugins, db):
     pm, backends = plugins
     graph = RelaxGraph.from_function(one_relu()["main"])
     target = tvm_compat.host_cpu_target()
-    candidates = [
-        c for name in BACKENDS for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target))
-    ]
+    candidates = [c for name in BACKENDS for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target))]
     report = measure_candidates(
-        graph,
-        candidates,
-        {name: backends[name] for name in BACKENDS},
-        target,
-        db,
-        QUICK,
-        plugin_modules=[PLUGIN],
-        show_progress=False,
+        graph, candidates, {name: backends[name] for name in BACKENDS}, target, db, QUICK, plugin_modules=[PLUGIN], show_progress=False
     )
     return report, {c.backend: report.costs[c.key] for c in candidates}
 
@@ -148,13 +129,10 @@ def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measure
         held_up = evaluate(placed_on(HELD_UP_TWICE))
         assert is_transient(held_up), held_up
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert any(
-        message.startswith(f"placement of 1 partition on {KILLED_ONCE}: worker crashed with SIGKILL")
-        for message in warnings
-    ), warnings
-    assert any(
-        message.startswith(f"placement of 1 partition on {HELD_UP_TWICE}: transient failure") for message in warnings
-    ), warnings
+    assert any(message.startswith(f"placement of 1 partition on {KILLED_ONCE}: worker crashed with SIGKILL") for message in warnings), (
+        warnings
+    )
+    assert any(message.startswith(f"placement of 1 partition on {HELD_UP_TWICE}: transient failure") for message in warnings), warnings
 
     with CostDatabase.open(path) as db:
         evaluate = job.end_to_end_evaluator(db, cut_off=False)

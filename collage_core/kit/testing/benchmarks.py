@@ -31,9 +31,7 @@ from collage_core.model.relax_graph import RelaxGraph
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Cost
 
-SETTINGS = MeasureSettings(
-    warmup=20, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=50.0, time_bound_s=10.0
-)
+SETTINGS = MeasureSettings(warmup=20, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=50.0, time_bound_s=10.0)
 PLACEMENT_SETTINGS = MeasureSettings(warmup=10, min_repeats=7, max_repeats=31, target_spread=0.02, min_repeat_ms=100.0)
 
 
@@ -118,13 +116,9 @@ class ModelOnBackends:
     def latency(self, parts) -> Cost:
         """The placement of ``parts`` built and timed end to end on the model's random inputs."""
         device = tvm_compat.device_for(self.target)
-        vm = relax.VirtualMachine(
-            build(self.pm, partition_module(self.graph, parts), self.backends, self.target), device
-        )
+        vm = relax.VirtualMachine(build(self.pm, partition_module(self.graph, parts), self.backends, self.target), device)
         args = [tvm_compat.to_tensor(array, device) for array in self.model.random_inputs()]
-        return time_callable(
-            lambda n: vm.time_evaluator("main", device, number=n, repeat=1)(*args).mean, PLACEMENT_SETTINGS
-        )
+        return time_callable(lambda n: vm.time_evaluator("main", device, number=n, repeat=1)(*args).mean, PLACEMENT_SETTINGS)
 
 
 def in_fresh_process(code: str, *args: str, env: Optional[dict] = None) -> dict:

@@ -27,10 +27,7 @@ INSTALL_HINT = "pip install nvidia-cublas nvidia-cuda-runtime (what PyTorch's CU
 REQUIREMENTS = (
     Requirement("cublasLt.h", "cublasLt", "pip install nvidia-cublas"),
     Requirement(
-        "cuda_runtime.h",
-        "cudart",
-        "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)",
-        ("crt/host_defines.h",),
+        "cuda_runtime.h", "cudart", "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)", ("crt/host_defines.h",)
     ),
 )
 
@@ -41,10 +38,7 @@ class CublasUnavailable(RuntimeError):
 
 def cublas_version() -> str:
     """The installed cuBLAS wheel's version, else the shared object's file name."""
-    return (
-        cuda_libraries.installed_version(("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"), "cublasLt")
-        or "not installed"
-    )
+    return cuda_libraries.installed_version(("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"), "cublasLt") or "not installed"
 
 
 def cache_dir() -> Path:
@@ -57,9 +51,7 @@ def native_library() -> NativeLibrary:
         compiler = find_compiler(INSTALL_HINT)
     except (CudaUnavailable, NativeBuildError) as missing:
         raise CublasUnavailable(str(missing)) from None
-    return NativeLibrary(
-        "cublas", SOURCE, compiler, flags, versions=(cublas_version(), *libraries), headers=(KERNEL_CACHE_HEADER,)
-    )
+    return NativeLibrary("cublas", SOURCE, compiler, flags, versions=(cublas_version(), *libraries), headers=(KERNEL_CACHE_HEADER,))
 
 
 @functools.lru_cache(maxsize=None)

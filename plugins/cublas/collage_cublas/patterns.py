@@ -10,14 +10,7 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.kit import (
-    TF32_PATTERN_SUFFIX,
-    Pattern,
-    cast_pattern,
-    product_epilogues,
-    recognizer_check,
-    scale_pattern,
-)
+from collage_core.kit import TF32_PATTERN_SUFFIX, Pattern, cast_pattern, product_epilogues, recognizer_check, scale_pattern
 from collage_cublas import specs
 
 BACKEND = "cublas"

@@ -36,10 +36,7 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     ld_d, batch, outer, d_stride, d_outer = w[16:21]
     activation, has_bias, has_residual, alpha = w[21], w[22], w[23], _float(w[24])
     out_dtype = specs.DTYPE_OF_TYPE[w[26]]
-    flat = [
-        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype)
-        for x in operands
-    ]
+    flat = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype) for x in operands]
     first, second = flat[0], flat[1]
     bias = flat[2] if has_bias else None
     residual = flat[2 + has_bias] if has_residual else None

@@ -30,9 +30,7 @@ from collage_core.kit.testing import (
     tf32_atol,
     whole_candidate,
 )
-from collage_core.kit.testing import (
-    product_case as case,
-)
+from collage_core.kit.testing import product_case as case
 
 pytestmark = pytest.mark.gpu
 R = relax.op
@@ -76,9 +74,7 @@ def _run_tf32(pm, backends, cuda, mod, pattern_name, inputs):
     got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=True)
     assert spec.words[-2] == specs.TF32_OPERANDS
-    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(
-        got.shape
-    )
+    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
     return got, expected, spec
 
 

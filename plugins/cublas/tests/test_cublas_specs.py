@@ -18,17 +18,8 @@ from cublas_cases import reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
-from collage_core.kit.testing import (
-    DTYPES,
-    assert_matches,
-    function_module,
-    inputs_and_answer,
-    operand_arrays,
-    whole_candidate,
-)
-from collage_core.kit.testing import (
-    product_case as case,
-)
+from collage_core.kit.testing import DTYPES, assert_matches, function_module, inputs_and_answer, operand_arrays, whole_candidate
+from collage_core.kit.testing import product_case as case
 
 R = relax.op
 F = "float32"
@@ -44,9 +35,7 @@ def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.Kerne
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
     inputs, expected = inputs_and_answer(standalone, RNG)
-    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(
-        expected.shape
-    )
+    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(expected.shape)
     assert_matches(got, expected, specs.DTYPE_OF_TYPE[spec.words[-1]], RTOL, ATOL)
     return spec
 
@@ -85,11 +74,7 @@ def test_a_right_operand_shared_by_a_batch_is_folded_into_the_rows():
     "make, shapes, reason",
     [
         (lambda bb, x: R.nn.gelu(R.matmul(x, const(32, 64))), [(8, 32)], "erf GELU"),
-        (
-            lambda bb, x: R.add(R.multiply(R.matmul(x, const(32, 64)), relax.const(2.0, F)), const(64)),
-            [(8, 32)],
-            "bias after a scale",
-        ),
+        (lambda bb, x: R.add(R.multiply(R.matmul(x, const(32, 64)), relax.const(2.0, F)), const(64)), [(8, 32)], "bias after a scale"),
         (lambda bb, x: R.add(R.matmul(x, const(32, 64)), const(8, 64)), [(8, 32)], "a bias that is not per column"),
         (lambda bb, x: R.matmul(x, const(32, 64), out_dtype="float16"), [(8, 32)], "another output type"),
     ],
@@ -133,9 +118,7 @@ def test_every_matmul_of_a_shipped_transformer_has_a_candidate_and_each_computes
 
 def _mixed(dtype):
     """Batched Q.K^T through permute_dims of ``dtype`` tensors, accumulating into float32."""
-    return lambda bb, q, k: R.matmul(
-        bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1])), out_dtype=F
-    )
+    return lambda bb, q, k: R.matmul(bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1])), out_dtype=F)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -146,12 +129,8 @@ def test_sixteen_bit_operands_accumulating_in_float32_name_their_type_in_the_nex
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
     words = spec.words
     assert words[-2:] == (specs.OPERAND_TYPES[dtype], specs.OPERAND_TYPES[F])  # the product is written in float32
-    float32_graph, float32_candidate = whole(
-        function_module(_mixed(F), (2, 16, 4, 8), (2, 16, 4, 8)), "batch_matmul_tt"
-    )
-    float32_words = specs.recognize(
-        Group.from_function(float32_graph.standalone_module(float32_candidate.nodes)["main"])
-    ).words
+    float32_graph, float32_candidate = whole(function_module(_mixed(F), (2, 16, 4, 8), (2, 16, 4, 8)), "batch_matmul_tt")
+    float32_words = specs.recognize(Group.from_function(float32_graph.standalone_module(float32_candidate.nodes)["main"])).words
     assert words[:-2] == float32_words[:-2] and float32_words[-2:] == (specs.OPERAND_TYPES[F],) * 2
 
 
@@ -159,17 +138,11 @@ def test_sixteen_bit_operands_accumulating_in_float32_name_their_type_in_the_nex
     "make, dtypes, reason",
     [
         (lambda bb, a, b: R.matmul(a, b), ("bfloat16", "bfloat16"), "only with out_dtype float32"),
-        (
-            lambda bb, a, b: R.matmul(a, bb.emit(R.astype(b, "float16")), out_dtype=F),
-            ("bfloat16", "float32"),
-            "mixed dtypes",
-        ),
+        (lambda bb, a, b: R.matmul(a, bb.emit(R.astype(b, "float16")), out_dtype=F), ("bfloat16", "float32"), "mixed dtypes"),
     ],
 )
 def test_sixteen_bit_products_cublaslt_would_compute_differently_are_refused(make, dtypes, reason):
-    params = [
-        relax.Var(f"x{i}", relax.TensorType(shape, d)) for i, (shape, d) in enumerate(zip([(4, 8), (8, 4)], dtypes))
-    ]
+    params = [relax.Var(f"x{i}", relax.TensorType(shape, d)) for i, (shape, d) in enumerate(zip([(4, 8), (8, 4)], dtypes))]
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
@@ -208,9 +181,7 @@ def test_at_sixteen_bits_each_dense_layer_takes_its_cast_and_epilogue_and_comput
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize(
-    "pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_reshape_relu", "batch_matmul_tt_scale"]
-)
+@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_reshape_relu", "batch_matmul_tt_scale"])
 def test_a_product_cast_to_sixteen_bits_is_one_candidate_writing_sixteen_bits(pattern_name, dtype):
     make, shapes = case(pattern_name, cast_to=dtype)
     graph, candidate = whole(function_module(make, *shapes, dtype=dtype), pattern_name)
@@ -221,18 +192,14 @@ def test_a_product_cast_to_sixteen_bits_is_one_candidate_writing_sixteen_bits(pa
         assert str(tvm_compat.constant_array(spec.operands[2]).dtype) == dtype
 
 
-@pytest.mark.parametrize(
-    "pattern_name", ["dense_bias_add_relu", "dense_t_bias", "batch_matmul_tt_scale", "batch_matmul"]
-)
+@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "batch_matmul_tt_scale", "batch_matmul"])
 def test_at_tf32_a_float32_product_is_also_a_tf32_candidate_naming_tf32_operands(pattern_name):
     """The exact kernel and the TF32 one are candidates of their own (named apart, costed apart); the TF32 spec
     differs only in its operand word, which the runtime reads as CUBLAS_COMPUTE_32F_FAST_TF32."""
     make, shapes = case(pattern_name)
     mod = module(make, *shapes)
     both = patterns.patterns(tf32=True)
-    assert {p.name for p in both} == {p.name for p in patterns.patterns()} | {
-        p.name + "_tf32" for p in patterns.patterns()
-    }
+    assert {p.name for p in both} == {p.name for p in patterns.patterns()} | {p.name + "_tf32" for p in patterns.patterns()}
     graph, exact = whole_candidate(mod, both, f"cublas.{pattern_name}")
     _, tf32 = whole_candidate(mod, both, f"cublas.{pattern_name}_tf32")
     assert exact is not None and tf32 is not None and exact.key != tf32.key

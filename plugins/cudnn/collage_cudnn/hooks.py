@@ -10,15 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core.kit import (
-    KERNEL_CACHE_HEADER,
-    OP_LEVEL,
-    TF32,
-    Backend,
-    fused_groups,
-    native_kernel_hooks,
-    sources_digest,
-)
+from collage_core.kit import KERNEL_CACHE_HEADER, OP_LEVEL, TF32, Backend, fused_groups, native_kernel_hooks, sources_digest
 from collage_cudnn import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND

@@ -30,10 +30,7 @@ REQUIREMENTS = (
     Requirement("cudnn_frontend.h", None, "pip install nvidia-cudnn-frontend"),
     Requirement("nvrtc.h", "nvrtc", "pip install nvidia-cuda-nvrtc"),
     Requirement(
-        "cuda_runtime.h",
-        "cudart",
-        "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)",
-        ("crt/host_defines.h",),
+        "cuda_runtime.h", "cudart", "install the CUDA toolkit's headers (apt-get install cuda-cudart-dev-13-0)", ("crt/host_defines.h",)
     ),
 )
 
@@ -59,9 +56,7 @@ def native_library() -> NativeLibrary:
         compiler = find_compiler(INSTALL_HINT)
     except (CudaUnavailable, NativeBuildError) as missing:
         raise CudnnUnavailable(str(missing)) from None
-    return NativeLibrary(
-        "cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries), headers=(KERNEL_CACHE_HEADER,)
-    )
+    return NativeLibrary("cudnn", SOURCE, compiler, flags, versions=(cudnn_version(), *libraries), headers=(KERNEL_CACHE_HEADER,))
 
 
 @functools.lru_cache(maxsize=None)

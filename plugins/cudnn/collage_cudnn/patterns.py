@@ -10,14 +10,7 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.kit import (
-    TF32_PATTERN_SUFFIX,
-    Pattern,
-    activation_pattern,
-    bias_pattern,
-    cast_pattern,
-    recognizer_check,
-)
+from collage_core.kit import TF32_PATTERN_SUFFIX, Pattern, activation_pattern, bias_pattern, cast_pattern, recognizer_check
 from collage_cudnn import specs
 
 BACKEND = "cudnn"
@@ -27,11 +20,7 @@ BACKEND = "cudnn"
 # add, GELU or SiLU, nor for a product with a constant right operand and a bias, and such
 # products alone differed from PyTorch's by up to 1.7e-3 (TF32-like), so dense layers are left
 # to cuBLAS. The recognizer reads more (specs.py); these patterns offer only what runs exactly.
-CONV2D_EPILOGUES = {
-    "": lambda v: v,
-    "_bias": bias_pattern,
-    "_bias_relu": lambda v: activation_pattern(bias_pattern(v), ["relu"]),
-}
+CONV2D_EPILOGUES = {"": lambda v: v, "_bias": bias_pattern, "_bias_relu": lambda v: activation_pattern(bias_pattern(v), ["relu"])}
 # With 16-bit operands (`--precision bf16|fp16`) TVM's mixed-precision pass casts each float32 result to
 # 16 bits before the epilogue; cuDNN takes that cast (the convolution writes 16 bits). On the H200 (cuDNN
 # 9.19, NCHW tensors) it offered no engine for such a convolution followed by a bias (CUDNN_STATUS_NOT_SUPPORTED

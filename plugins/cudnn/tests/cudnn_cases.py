@@ -125,14 +125,7 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
         def make(bb, x, *residual):
             v = anchored(
                 bb,
-                R.nn.conv2d(
-                    x,
-                    _const(rng, 16, 4, 3, 3, dtype=operand_dtype),
-                    strides=(2, 2),
-                    padding=(1, 1, 1, 1),
-                    groups=2,
-                    out_dtype=F,
-                ),
+                R.nn.conv2d(x, _const(rng, 16, 4, 3, 3, dtype=operand_dtype), strides=(2, 2), padding=(1, 1, 1, 1), groups=2, out_dtype=F),
             )
             v = v if isinstance(v, relax.Var) else bb.emit(v)
             return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
@@ -170,8 +163,4 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
 
 def case_ids(pattern_names) -> list[tuple[str, str]]:
     """(pattern, activation) pairs: each pattern once, and each activation once per pattern that fuses one."""
-    return [
-        (name, activation)
-        for name in pattern_names
-        for activation in (ACTIVATIONS if name.endswith("_act") else ("relu",))
-    ]
+    return [(name, activation) for name in pattern_names for activation in (ACTIVATIONS if name.endswith("_act") else ("relu",))]

@@ -18,14 +18,7 @@ from cudnn_cases import case, case_ids, cast_dtype, reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
-from collage_core.kit.testing import (
-    DTYPES,
-    assert_matches,
-    function_module,
-    inputs_and_answer,
-    operand_arrays,
-    whole_candidate,
-)
+from collage_core.kit.testing import DTYPES, assert_matches, function_module, inputs_and_answer, operand_arrays, whole_candidate
 
 R = relax.op
 F = "float32"
@@ -72,30 +65,16 @@ def test_every_pattern_covers_its_case_and_its_spec_computes_what_tvm_computes(p
 @pytest.mark.parametrize(
     "make, shapes, reason",
     [
-        (
-            lambda bb, x: R.nn.conv2d(x, const(8, 3, 3, 4), data_layout="NHWC", kernel_layout="OHWI"),
-            [(1, 9, 9, 4)],
-            "NHWC data",
-        ),
+        (lambda bb, x: R.nn.conv2d(x, const(8, 3, 3, 4), data_layout="NHWC", kernel_layout="OHWI"), [(1, 9, 9, 4)], "NHWC data"),
         (lambda bb, x, w: R.nn.conv2d(x, w), [(1, 4, 9, 9), (8, 4, 3, 3)], "weights computed at run time"),
-        (
-            lambda bb, x: R.add(R.nn.conv2d(x, const(8, 4, 3, 3)), const(8, 7, 7)),
-            [(1, 4, 9, 9)],
-            "a bias that is not per channel",
-        ),
+        (lambda bb, x: R.add(R.nn.conv2d(x, const(8, 4, 3, 3)), const(8, 7, 7)), [(1, 4, 9, 9)], "a bias that is not per channel"),
         (lambda bb, a, b: R.matmul(a, b), [(2, 3, 5, 7), (3, 7, 9)], "batch dimensions that broadcast"),
         (
-            lambda bb, x: R.nn.relu(
-                R.add(R.add(R.nn.conv2d(x, const(4, 4, 3, 3), padding=(1, 1)), const(1, 4, 1, 1)), x)
-            ),
+            lambda bb, x: R.nn.relu(R.add(R.add(R.nn.conv2d(x, const(4, 4, 3, 3), padding=(1, 1)), const(1, 4, 1, 1)), x)),
             [(1, 4, 9, 9)],
             "a residual add (no float32 engine)",
         ),
-        (
-            lambda bb, x: R.nn.silu(R.add(R.nn.conv2d(x, const(8, 4, 3, 3)), const(1, 8, 1, 1))),
-            [(1, 4, 9, 9)],
-            "SiLU (no float32 engine)",
-        ),
+        (lambda bb, x: R.nn.silu(R.add(R.nn.conv2d(x, const(8, 4, 3, 3)), const(1, 8, 1, 1))), [(1, 4, 9, 9)], "SiLU (no float32 engine)"),
         (lambda bb, x: R.matmul(x, const(8, 8)), [(4, 8)], "a dense layer (cuBLAS's)"),
     ],
 )
@@ -138,9 +117,7 @@ def test_at_sixteen_bits_each_convolution_takes_the_cast_after_it_and_computes_w
     imported = at_precision(load_model(str(MODELS / "tiny_resnet.onnx")), precision)
     graph = RelaxGraph.from_function(imported.mod["main"])
     candidates = enumerate_candidates(graph, patterns.patterns())
-    convolutions = [
-        node for node in range(len(graph.graph)) if tvm_compat.op_name(graph.call(node)) == "relax.nn.conv2d"
-    ]
+    convolutions = [node for node in range(len(graph.graph)) if tvm_compat.op_name(graph.call(node)) == "relax.nn.conv2d"]
     assert convolutions
     for node in convolutions:
         largest = max((c for c in candidates if node in c.nodes), key=lambda c: len(c.nodes))

@@ -31,10 +31,7 @@ KERNELS_DIGEST = sources_digest(
         library.COMMON_HEADER,
         library.RUNNER_HEADER,
         library.CONV_RUNNER_HEADER,
-        *(
-            Path(module.__file__)
-            for module in (kernels, specs, conv_kernels, conv_specs, tuning, lowering, fused_groups, strided_products)
-        ),
+        *(Path(module.__file__) for module in (kernels, specs, conv_kernels, conv_specs, tuning, lowering, fused_groups, strided_products)),
     )
 )
 

@@ -47,15 +47,7 @@ CONV_RUNNER_HEADER = RUNTIME_DIR / "conv_runner.h"
 INSTALL_HINT = "pip install nvidia-cutlass, and the CUDA toolkit's nvcc (apt-get install cuda-nvcc-13-0)"
 ARCH = "sm_90a"  # Hopper with its arch-specific features (WGMMA, TMA multicast)
 HOPPER = "9.0"
-NVCC_FLAGS = (
-    "-std=c++17",
-    "-O3",
-    f"-arch={ARCH}",
-    "--expt-relaxed-constexpr",
-    "-Xcompiler=-fPIC",
-    "-shared",
-    "-DNDEBUG",
-)
+NVCC_FLAGS = ("-std=c++17", "-O3", f"-arch={ARCH}", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC", "-shared", "-DNDEBUG")
 COMPILE_MEMORY_BYTES = 3 << 30  # what one nvcc of a CUTLASS 3 kernel may take
 
 
@@ -97,9 +89,7 @@ def find_nvcc() -> str:
 def nvcc_version() -> str:
     result = subprocess.run([find_nvcc(), "--version"], capture_output=True, text=True)
     found = re.search(r"release [\d.]+, V([\d.]+)", result.stdout)
-    return (
-        found.group(1) if found else result.stdout.strip().splitlines()[-1:][0] if result.stdout.strip() else "unknown"
-    )
+    return found.group(1) if found else result.stdout.strip().splitlines()[-1:][0] if result.stdout.strip() else "unknown"
 
 
 def check_gpu() -> None:
@@ -166,9 +156,7 @@ def build_all(kernels, progress: bool = True) -> dict[Kernel, object]:
     """Compile every kernel not built yet, in parallel, showing progress; each kernel's library path, or
     the :class:`NativeBuildError` that says why it did not compile."""
     libraries = {kernel: native_library(kernel) for kernel in kernels}
-    results: dict[Kernel, object] = {
-        kernel: library.path() for kernel, library in libraries.items() if library.path().exists()
-    }
+    results: dict[Kernel, object] = {kernel: library.path() for kernel, library in libraries.items() if library.path().exists()}
     if len(results) == len(libraries):
         return results
     with machine_lock("compiling"):
@@ -235,9 +223,7 @@ def chosen_kernels() -> list:
         try:
             kind = KINDS[entry.get("op", "gemm")](**entry["kind"])
             config = entry["config"]
-            config = TileConfig(
-                config["schedule"], tuple(config["tile"]), tuple(config["cluster"]), config["scheduler"]
-            )
+            config = TileConfig(config["schedule"], tuple(config["tile"]), tuple(config["cluster"]), config["scheduler"])
         except (KeyError, TypeError):
             continue
         found.append(kind.kernel(config))

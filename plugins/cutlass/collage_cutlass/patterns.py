@@ -12,14 +12,7 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.kit import (
-    TF32_PATTERN_SUFFIX,
-    Pattern,
-    cast_pattern,
-    product_epilogues,
-    recognizer_check,
-    scale_pattern,
-)
+from collage_core.kit import TF32_PATTERN_SUFFIX, Pattern, cast_pattern, product_epilogues, recognizer_check, scale_pattern
 from collage_cutlass import specs
 
 BACKEND = "cutlass"
@@ -27,9 +20,7 @@ OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims
 DENSE_EPILOGUES = product_epilogues(["relu", "gelu_erf", "gelu_tanh", "silu"])
 BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": scale_pattern}
 # A convolution's output keeps its channel axis: no reshapes; the activations CNNs use.
-CONV2D_EPILOGUES = {
-    name: epilogue for name, epilogue in product_epilogues(["relu", "silu"]).items() if "_reshape" not in name
-}
+CONV2D_EPILOGUES = {name: epilogue for name, epilogue in product_epilogues(["relu", "silu"]).items() if "_reshape" not in name}
 
 _check = recognizer_check(specs.recognize)
 _check_tf32 = recognizer_check(functools.partial(specs.recognize, tf32=True))

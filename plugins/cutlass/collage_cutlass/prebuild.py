@@ -37,20 +37,14 @@ def kinds_in(function, tf32: bool = False) -> set:
 
 def kernels_for(kinds) -> list:
     """Each kind (GEMM or convolution) in each configuration tuning tries for it (``$COLLAGE_CUTLASS_TILES`` bounds them)."""
-    return [
-        kind.kernel(config)
-        for kind in sorted(kinds, key=lambda kind: kind.describe())
-        for config in tuning.configs(kind)
-    ]
+    return [kind.kernel(config) for kind in sorted(kinds, key=lambda kind: kind.describe()) for config in tuning.configs(kind)]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collage_cutlass.prebuild", description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", help="ONNX files")
     parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "tf32"])
-    parser.add_argument(
-        "--tiles", type=int, default=None, help="try only the first N configurations (as COLLAGE_CUTLASS_TILES)"
-    )
+    parser.add_argument("--tiles", type=int, default=None, help="try only the first N configurations (as COLLAGE_CUTLASS_TILES)")
     parser.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     args = parser.parse_args(argv)
     if args.tiles is not None:
@@ -62,15 +56,11 @@ def main(argv=None) -> int:
         except Exception as failed:  # noqa: BLE001 - one line naming the model, not a traceback
             print(f"error: {model}: {failed}", file=sys.stderr)
             return 2
-        print(
-            f"{model}: {len(found)} kernel kinds at {args.precision}: " + "; ".join(sorted(k.describe() for k in found))
-        )
+        print(f"{model}: {len(found)} kernel kinds at {args.precision}: " + "; ".join(sorted(k.describe() for k in found)))
         kinds |= found
     wanted = kernels_for(kinds)
     return compile_kernels(
-        wanted,
-        f"{len(wanted)} kernels ({len(kinds)} kinds, each in up to {len(tuning.configs())} configurations)",
-        args.dry_run,
+        wanted, f"{len(wanted)} kernels ({len(kinds)} kinds, each in up to {len(tuning.configs())} configurations)", args.dry_run
     )
 
 
@@ -83,9 +73,7 @@ def compile_kernels(wanted, heading: str, dry_run: bool = False) -> int:
         print(heading)
         print(f"error: {unavailable}", file=sys.stderr)
         return 0 if dry_run else 2
-    print(
-        f"{heading}, {len(missing)} to compile into {library.cache_dir()}, {library.compile_jobs(max(1, len(missing)))} at a time"
-    )
+    print(f"{heading}, {len(missing)} to compile into {library.cache_dir()}, {library.compile_jobs(max(1, len(missing)))} at a time")
     if dry_run or not missing:
         return 0
     started = time.monotonic()

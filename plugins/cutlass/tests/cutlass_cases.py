@@ -42,21 +42,11 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     """What the CUTLASS kernel computes for a spec on flat operands."""
     w = [int(x) for x in words]
     assert w[0] == specs.SPEC_VERSION
-    out_dtype, a_m_major, b_n_major, has_bias, has_residual, activation = (
-        OUT_DTYPES[w[2]],
-        w[3],
-        w[4],
-        w[5],
-        w[6],
-        ACTIVATIONS[w[7]],
-    )
+    out_dtype, a_m_major, b_n_major, has_bias, has_residual, activation = (OUT_DTYPES[w[2]], w[3], w[4], w[5], w[6], ACTIVATIONS[w[7]])
     m, n, k, batch = w[8:12]
     lead_a, batch_a, lead_b, batch_b, lead_d, batch_d, outer, outer_a, outer_b, outer_d = w[12:22]
     alpha = _float(w[22])
-    flat = [
-        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype)
-        for x in operands
-    ]
+    flat = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype) for x in operands]
     first, second = flat[0], flat[1]
     bias = flat[2] if has_bias else None
     residual = flat[2 + has_bias] if has_residual else None
@@ -75,9 +65,7 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     return rounded_to(out.cpu().numpy(), out_dtype).astype(np.float64)
 
 
-def conv_reference(
-    spec: conv_specs.ConvSpec, operands: list[np.ndarray], device: str = "cpu", dtype=torch.float64
-) -> np.ndarray:
+def conv_reference(spec: conv_specs.ConvSpec, operands: list[np.ndarray], device: str = "cpu", dtype=torch.float64) -> np.ndarray:
     """What the CUTLASS convolution kernel computes for ``spec`` (runtime/conv_runner.h), with the lowering's layout
     changes: operands the spec names channel-first are taken NCHW, and the output is given in the partition's layout."""
     w = [int(x) for x in spec.words]

@@ -28,9 +28,7 @@ PLACEMENT_MODELS = ("tiny_bert", "tiny_gpt2")  # test_cutlass_placements.py's, a
 
 
 def _kind(mod, pattern_name: str, tf32: bool = False):
-    graph, candidate = whole_candidate(
-        mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{'_tf32' if tf32 else ''}"
-    )
+    graph, candidate = whole_candidate(mod, patterns.patterns(tf32=tf32), f"cutlass.{pattern_name}{'_tf32' if tf32 else ''}")
     if candidate is None:
         raise LookupError(f"no cutlass.{pattern_name} candidate")
     return specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), tf32=tf32).kind

@@ -15,9 +15,7 @@ from collage_cutlass.kernels import TILE_CONFIGS, Kernel, KernelKind
 
 from collage_core.kit import NativeBuildError
 
-KIND = KernelKind(
-    "bfloat16", "bfloat16", a_k_major=True, b_k_major=False, bias=True, residual=False, activation="gelu_erf"
-)
+KIND = KernelKind("bfloat16", "bfloat16", a_k_major=True, b_k_major=False, bias=True, residual=False, activation="gelu_erf")
 
 
 def test_each_kind_and_configuration_is_its_own_kernel_and_source():
@@ -27,9 +25,7 @@ def test_each_kind_and_configuration_is_its_own_kernel_and_source():
     assert other.name not in names
     source = Kernel(KIND, TILE_CONFIGS[0]).source()
     assert "LinCombPerColBiasEltAct<cutlass::epilogue::thread::GELU, cutlass::bfloat16_t" in source
-    assert (
-        "cutlass::layout::RowMajor, 16 / sizeof(Element)" in source and "KernelTmaWarpSpecializedCooperative" in source
-    )
+    assert "cutlass::layout::RowMajor, 16 / sizeof(Element)" in source and "KernelTmaWarpSpecializedCooperative" in source
 
 
 def test_a_tf32_kernel_takes_float_operands_with_a_k_tile_of_the_same_bytes():
@@ -49,16 +45,10 @@ def test_a_convolution_kernel_is_an_implicit_gemm_over_nhwc_with_the_gemm_kernel
     assert "LinCombPerColBiasEltAct<cutlass::epilogue::thread::ReLu, cutlass::half_t" in source
     assert source.count("cutlass::layout::TensorNHWC") == 4 and '#include "conv_runner.h"' in source
     assert kind.words() == (2, 2, 1, 1, kernels.ACTIVATION_CODES["relu"])
-    assert (
-        "Shape<_128, _128, Shape<_32>>"
-        in ConvKind("float32", "float32", False, False, None).kernel(CONV_TILE_CONFIGS[0]).source()
-    )
+    assert "Shape<_128, _128, Shape<_32>>" in ConvKind("float32", "float32", False, False, None).kernel(CONV_TILE_CONFIGS[0]).source()
     # Their builds are keyed by the shared runtime header and their own; the GEMM kernels' by the shared one and
     # theirs (a convolution runner's change leaves the GEMM kernels' cache valid).
-    assert library.runner_headers(kind.kernel(CONV_TILE_CONFIGS[0])) == [
-        library.COMMON_HEADER,
-        library.CONV_RUNNER_HEADER,
-    ]
+    assert library.runner_headers(kind.kernel(CONV_TILE_CONFIGS[0])) == [library.COMMON_HEADER, library.CONV_RUNNER_HEADER]
     assert library.runner_headers(Kernel(KIND, TILE_CONFIGS[0])) == [library.COMMON_HEADER, library.RUNNER_HEADER]
 
 
@@ -102,9 +92,7 @@ def test_tuning_keeps_the_fastest_configuration_that_runs_and_times_a_problem_on
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(
-        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
-    )
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
     timed = []
 
     def fake_times(spec, candidates, key=""):  # what the GPU would say: the third fastest, the first cannot run it
@@ -130,12 +118,8 @@ def test_a_problem_no_configuration_runs_fails_with_each_configurations_reason(t
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(
-        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
-    )
-    monkeypatch.setattr(
-        tuning, "time_kernels", lambda spec, kernels, key="": {k.config.name: "did not compile: x" for k in kernels}
-    )
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    monkeypatch.setattr(tuning, "time_kernels", lambda spec, kernels, key="": {k.config.name: "did not compile: x" for k in kernels})
     with pytest.raises(ValueError, match=r"no CUTLASS configuration runs this float16->float16 .* did not compile"):
         tuning.best_kernel(_spec())
 
@@ -144,12 +128,8 @@ def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(
-        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
-    )
-    monkeypatch.setattr(
-        tuning.library, "build_all", lambda kernels, progress=True: {k: tmp_path / k.name for k in kernels}
-    )
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
+    monkeypatch.setattr(tuning.library, "build_all", lambda kernels, progress=True: {k: tmp_path / k.name for k in kernels})
     monkeypatch.setattr(tuning.library, "load", lambda kernel: None)
     hangs, ran = TILE_CONFIGS[1], []
 
@@ -176,9 +156,7 @@ def test_a_configuration_that_hangs_fails_the_candidate_once_and_is_never_timed_
 def test_without_a_gpu_the_first_configuration_is_taken_untimed(monkeypatch):
     from collage_cutlass import tuning
 
-    monkeypatch.setattr(
-        tuning.cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(tuning.CudaUnavailable("no NVIDIA GPU here"))
-    )
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: (_ for _ in ()).throw(tuning.CudaUnavailable("no NVIDIA GPU here")))
     monkeypatch.setattr(tuning, "time_kernels", lambda *a: pytest.fail("timed without a GPU"))
     assert tuning.best_kernel(_spec()).config == TILE_CONFIGS[0]
 
@@ -199,9 +177,7 @@ def _conv_spec():
     from collage_core.kit.testing import function_module
 
     filters = relax.const(np.ones((16, 8, 3, 3), "float16"))
-    make = lambda bb, x: relax.op.astype(
-        bb.emit(relax.op.nn.conv2d(x, filters, padding=[1, 1, 1, 1], out_dtype="float32")), "float16"
-    )  # noqa: E731
+    make = lambda bb, x: relax.op.astype(bb.emit(relax.op.nn.conv2d(x, filters, padding=[1, 1, 1, 1], out_dtype="float32")), "float16")  # noqa: E731
     return specs.recognize(Group.from_function(function_module(make, (1, 8, 6, 6), dtype="float16")["main"]))
 
 
@@ -209,9 +185,7 @@ def test_a_convolution_is_tuned_over_the_convolution_configurations_and_its_choi
     from collage_cutlass import tuning
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(
-        tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000)
-    )
+    monkeypatch.setattr(tuning.cuda_libraries, "first_gpu", lambda: tuning.cuda_libraries.Gpu(0, "NVIDIA H200", "9.0", 13000))
     monkeypatch.setattr(
         tuning,
         "time_kernels",

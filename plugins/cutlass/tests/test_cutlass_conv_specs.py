@@ -18,14 +18,7 @@ from cutlass_cases import OUT_DTYPES, conv_reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
-from collage_core.kit.testing import (
-    assert_matches,
-    function_module,
-    inputs_and_answer,
-    operand_arrays,
-    rounded_to,
-    whole_candidate,
-)
+from collage_core.kit.testing import assert_matches, function_module, inputs_and_answer, operand_arrays, rounded_to, whole_candidate
 
 R = relax.op
 F = "float32"
@@ -53,9 +46,7 @@ def check_conv_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> conv_s
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
     assert isinstance(spec, conv_specs.ConvSpec)
     inputs, expected = inputs_and_answer(standalone, RNG)
-    assert_matches(
-        conv_reference(spec, operand_arrays(spec.operands, func.params, inputs)), expected, OUT_DTYPES[spec.words[2]]
-    )
+    assert_matches(conv_reference(spec, operand_arrays(spec.operands, func.params, inputs)), expected, OUT_DTYPES[spec.words[2]])
     return spec
 
 
@@ -71,14 +62,7 @@ CASES = {
         lambda bb, x: R.nn.relu(
             bb.emit(
                 R.add(
-                    _conv(
-                        bb,
-                        x,
-                        _filters(24, 16, 3, 3, dtype="bfloat16"),
-                        "bfloat16",
-                        strides=[2, 2],
-                        padding=[0, 1, 1, 0],
-                    ),
+                    _conv(bb, x, _filters(24, 16, 3, 3, dtype="bfloat16"), "bfloat16", strides=[2, 2], padding=[0, 1, 1, 0]),
                     _bias(24, dtype="bfloat16"),
                 )
             )
@@ -94,17 +78,14 @@ CASES = {
     ),
     "conv2d_bias__nhwc": (
         lambda bb, x: R.add(
-            _conv(bb, x, _filters(16, 3, 3, 8), data_layout="NHWC", kernel_layout="OHWI", padding=[1, 1, 1, 1]),
-            _bias(16, "NHWC"),
+            _conv(bb, x, _filters(16, 3, 3, 8), data_layout="NHWC", kernel_layout="OHWI", padding=[1, 1, 1, 1]), _bias(16, "NHWC")
         ),
         [(2, 6, 6, 8)],
         "float16",
     ),
     # Height and width apart everywhere (filter, stride, dilation, padding, input), so a swap of the two shows.
     "conv2d_relu__3x1_asymmetric": (
-        lambda bb, x: R.nn.relu(
-            _conv(bb, x, _filters(16, 8, 3, 1), strides=[1, 2], dilation=[2, 1], padding=[2, 0, 1, 1])
-        ),
+        lambda bb, x: R.nn.relu(_conv(bb, x, _filters(16, 8, 3, 1), strides=[1, 2], dilation=[2, 1], padding=[2, 0, 1, 1])),
         [(2, 8, 10, 7)],
         "float16",
     ),
@@ -115,9 +96,7 @@ CASES = {
 def test_each_convolution_pattern_covers_its_case_and_computes_what_tvm_computes(case):
     make, shapes, dtype = CASES[case]
     pattern_name = case.split("__")[0]
-    graph, candidate = whole_candidate(
-        function_module(make, *shapes, dtype=dtype), patterns.patterns(), f"cutlass.{pattern_name}"
-    )
+    graph, candidate = whole_candidate(function_module(make, *shapes, dtype=dtype), patterns.patterns(), f"cutlass.{pattern_name}")
     assert candidate is not None, f"no cutlass.{pattern_name} candidate covers the whole function"
     spec = check_conv_candidate(graph, candidate.nodes)
     assert spec.kind.operand_dtype == dtype and spec.kind.out_dtype == dtype
@@ -126,9 +105,7 @@ def test_each_convolution_pattern_covers_its_case_and_computes_what_tvm_computes
 
 def test_an_nchw_convolution_is_called_between_its_layout_changes_and_its_filter_is_transposed_once():
     make, shapes, dtype = CASES["conv2d_bias_add_relu"]
-    graph, candidate = whole_candidate(
-        function_module(make, *shapes, dtype=dtype), patterns.patterns(), "cutlass.conv2d_bias_add_relu"
-    )
+    graph, candidate = whole_candidate(function_module(make, *shapes, dtype=dtype), patterns.patterns(), "cutlass.conv2d_bias_add_relu")
     spec = check_conv_candidate(graph, candidate.nodes)
     assert spec.kind == ConvKind("float16", "float16", bias=True, residual=True, activation="relu")
     assert spec.channel_first == (0, 3)  # the input and the residual
@@ -139,9 +116,7 @@ def test_an_nchw_convolution_is_called_between_its_layout_changes_and_its_filter
 def test_the_lowered_partition_transposes_in_calls_the_kernel_and_transposes_back(monkeypatch):
     """Lowering without a GPU takes the first configuration; loading the kernel (nvcc) is the GPU tests' part."""
     make, shapes, dtype = CASES["conv2d_bias_add_relu"]
-    graph, candidate = whole_candidate(
-        function_module(make, *shapes, dtype=dtype), patterns.patterns(), "cutlass.conv2d_bias_add_relu"
-    )
+    graph, candidate = whole_candidate(function_module(make, *shapes, dtype=dtype), patterns.patterns(), "cutlass.conv2d_bias_add_relu")
     func = graph.standalone_module(candidate.nodes)["main"]
     for name in ("cutlass_includes", "find_nvcc", "load", "record_chosen"):
         monkeypatch.setattr(lowering.library, name, lambda *args: None)
@@ -165,12 +140,7 @@ def _recognize_all(mod, tf32=False):
 @pytest.mark.parametrize(
     "make, shapes, dtype, reason",
     [
-        (
-            lambda bb, x: _conv(bb, x, _filters(16, 3, 3, 3)),
-            [(1, 3, 8, 8)],
-            "float16",
-            "3 input channels; .* multiple of 8",
-        ),
+        (lambda bb, x: _conv(bb, x, _filters(16, 3, 3, 3)), [(1, 3, 8, 8)], "float16", "3 input channels; .* multiple of 8"),
         (lambda bb, x: _conv(bb, x, _filters(12, 8, 3, 3)), [(1, 8, 8, 8)], "float16", "12 output channels"),
         (lambda bb, x: _conv(bb, x, _filters(16, 4, 3, 3), groups=2), [(1, 8, 8, 8)], "float16", "2 groups"),
         (lambda bb, x: R.nn.conv2d(x, relax.const(np.ones((16, 8, 3, 3), F))), [(1, 8, 8, 8)], F, "float32 as TF32"),
@@ -180,18 +150,8 @@ def _recognize_all(mod, tf32=False):
             "float16",
             "layouts NHWC/HWIO",
         ),
-        (
-            lambda bb, x: _conv(bb, x, _filters(16, 8, 1, 1), strides=[9, 9]),
-            [(1, 8, 20, 20)],
-            "float16",
-            "strides \\[9, 9\\].* 1 to 8",
-        ),
-        (
-            lambda bb, x: _conv(bb, x, _filters(16, 8, 3, 3), dilation=[128, 1]),
-            [(1, 8, 300, 8)],
-            "float16",
-            "dilated .* at most 254",
-        ),
+        (lambda bb, x: _conv(bb, x, _filters(16, 8, 1, 1), strides=[9, 9]), [(1, 8, 20, 20)], "float16", "strides \\[9, 9\\].* 1 to 8"),
+        (lambda bb, x: _conv(bb, x, _filters(16, 8, 3, 3), dilation=[128, 1]), [(1, 8, 300, 8)], "float16", "dilated .* at most 254"),
     ],
 )
 def test_convolutions_the_kernels_cannot_run_are_refused_with_the_reason(make, shapes, dtype, reason):
@@ -201,15 +161,9 @@ def test_convolutions_the_kernels_cannot_run_are_refused_with_the_reason(make, s
 
 def test_at_tf32_a_float32_convolution_is_a_tf32_kernel_computing_what_tvm_computes():
     def make(bb, x):
-        return R.nn.relu(
-            bb.emit(
-                R.add(bb.emit(R.nn.conv2d(x, _filters(8, 8, 3, 3, dtype=F), padding=[1, 1, 1, 1])), _bias(8, dtype=F))
-            )
-        )
+        return R.nn.relu(bb.emit(R.add(bb.emit(R.nn.conv2d(x, _filters(8, 8, 3, 3, dtype=F), padding=[1, 1, 1, 1])), _bias(8, dtype=F))))
 
-    graph, candidate = whole_candidate(
-        function_module(make, (1, 8, 6, 6)), patterns.patterns(tf32=True), "cutlass.conv2d_bias_relu_tf32"
-    )
+    graph, candidate = whole_candidate(function_module(make, (1, 8, 6, 6)), patterns.patterns(tf32=True), "cutlass.conv2d_bias_relu_tf32")
     assert candidate is not None
     spec = check_conv_candidate(graph, candidate.nodes, tf32=True)
     assert (spec.kind.operand_dtype, spec.kind.out_dtype) == (F, F)

@@ -111,9 +111,7 @@ def test_a_tf32_kernel_matches_float64_within_tf32_rounding_and_does_round(pm, b
     mod = function_module(make, *shapes)
     got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, pattern_name, tf32=True)
     assert got.dtype == np.float32 and spec.kind.operand_dtype == F
-    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(
-        got.shape
-    )
+    expected = reference(spec.words, operand_arrays(spec.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
     error = np.max(np.abs(got.astype(np.float64) - expected))
     assert EXACT_FLOAT32_ATOL < error <= tf32_atol(spec.words[10]), f"max error {error:.3g}"
 
@@ -121,9 +119,7 @@ def test_a_tf32_kernel_matches_float64_within_tf32_rounding_and_does_round(pm, b
 def sixteen_bit_product_to_float32():
     """A bfloat16 product written in float32, and its weight."""
     weight = rounded_to(np.random.default_rng(3).uniform(-1, 1, size=(64, 32)).astype(F), "bfloat16")
-    return function_module(
-        lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16"
-    ), weight
+    return function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (16, 64), dtype="bfloat16"), weight
 
 
 def test_sixteen_bit_operands_may_write_a_float32_result(pm, backends, cuda):
@@ -155,9 +151,7 @@ def stream_k_problem(rng):
     and the stream-K kernel that runs it."""
     streamk = next(config for config in tuning.TILE_CONFIGS if config.scheduler == "streamk")
     weight = rounded_to(rng.uniform(-1, 1, size=(3072, 768)).astype(F), "float16")
-    mod = function_module(
-        lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072), dtype="float16"
-    )
+    mod = function_module(lambda bb, x: R.astype(R.matmul(x, relax.const(weight), out_dtype=F), "float16"), (128, 3072), dtype="float16")
     return mod, weight, Kernel(specs.recognize(Group.from_function(mod["main"])).kind, streamk)
 
 
@@ -193,9 +187,7 @@ def test_a_convolution_kernel_matches_pytorch_on_cuda(pm, backends, cuda, case):
     mod = function_module(make, *shapes, dtype=dtype)
     got, inputs, spec = _run_on_cutlass(pm, backends, cuda, mod, case.split("__")[0])
     assert str(got.dtype) == dtype
-    expected = conv_reference(
-        spec, operand_arrays(spec.operands, mod["main"].params, inputs), device="cuda", dtype=torch.float32
-    )
+    expected = conv_reference(spec, operand_arrays(spec.operands, mod["main"].params, inputs), device="cuda", dtype=torch.float32)
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
 
 

@@ -22,9 +22,7 @@ def test_the_kinds_named_are_those_of_every_candidate_cutlass_accepts():
         except Refused:
             refused += 1
     assert prebuild.kinds_in(function) == accepted
-    assert any(kind.activation == "gelu_erf" for kind in accepted) and any(
-        kind.a_k_major and kind.b_k_major for kind in accepted
-    )
+    assert any(kind.activation == "gelu_erf" for kind in accepted) and any(kind.a_k_major and kind.b_k_major for kind in accepted)
     assert {kind.operand_dtype for kind in accepted} == {"float16"}
 
 
@@ -63,9 +61,7 @@ def test_a_resnet_names_its_convolution_kernels_each_in_the_convolution_configur
     assert {kernel.config for kernel in wanted} == set(CONV_TILE_CONFIGS[:2])
 
 
-def test_the_gpu_tests_kernels_cover_every_problem_they_place_and_a_dry_run_compiles_nothing(
-    tmp_path, monkeypatch, capsys
-):
+def test_the_gpu_tests_kernels_cover_every_problem_they_place_and_a_dry_run_compiles_nothing(tmp_path, monkeypatch, capsys):
     import gpu_test_kernels
     import test_cutlass_kernels as tests
 

@@ -57,9 +57,7 @@ def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False) -> specs.Kerne
     func = standalone["main"]
     spec = specs.recognize(Group.from_function(func), tf32=tf32)
     inputs, expected = inputs_and_answer(standalone, RNG)
-    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(
-        expected.shape
-    )
+    got = reference(spec.words, operand_arrays(spec.operands, func.params, inputs), expected.size).reshape(expected.shape)
     assert_matches(got, expected, OUT_DTYPES[spec.words[2]])
     return spec
 
@@ -118,24 +116,15 @@ def _recognize_all(mod):
 @pytest.mark.parametrize(
     "make, shapes, dtype, reason",
     [
+        (lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))), [(8, 32)], F, "float32 as TF32 \\(--precision tf32\\)"),
         (
-            lambda bb, x: R.matmul(x, relax.const(np.ones((32, 64), F))),
-            [(8, 32)],
-            F,
-            "float32 as TF32 \\(--precision tf32\\)",
-        ),
-        (
-            lambda bb, x: _cast(
-                bb, R.matmul(x, relax.const(rounded_to(np.ones((32, 12), F), "bfloat16")), out_dtype=F)
-            ),
+            lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((32, 12), F), "bfloat16")), out_dtype=F)),
             [(8, 32)],
             "bfloat16",
             "multiple of 8",
         ),
         (
-            lambda bb, x: _cast(
-                bb, R.matmul(x, relax.const(rounded_to(np.ones((12, 64), F), "bfloat16")), out_dtype=F)
-            ),
+            lambda bb, x: _cast(bb, R.matmul(x, relax.const(rounded_to(np.ones((12, 64), F), "bfloat16")), out_dtype=F)),
             [(8, 12)],
             "bfloat16",
             "multiple of 8",
@@ -183,9 +172,7 @@ TF32_CASES = ["dense_bias", "dense_t_bias_add_gelu_erf", "dense_relu", "batch_ma
 @pytest.mark.parametrize("pattern_name", TF32_CASES)
 def test_at_tf32_float32_products_become_tf32_kernels_computing_what_tvm_computes(pattern_name):
     make, shapes = product_case(pattern_name)
-    graph, candidate = whole_candidate(
-        function_module(make, *shapes), patterns.patterns(tf32=True), f"cutlass.{pattern_name}_tf32"
-    )
+    graph, candidate = whole_candidate(function_module(make, *shapes), patterns.patterns(tf32=True), f"cutlass.{pattern_name}_tf32")
     assert candidate is not None, f"no cutlass.{pattern_name}_tf32 candidate covers the float32 function"
     spec = check_candidate(graph, candidate.nodes, tf32=True)
     assert (spec.kind.operand_dtype, spec.kind.out_dtype) == (F, F) and spec.words[1:3] == (kernels.TYPE_CODES[F],) * 2
@@ -197,9 +184,7 @@ def test_at_tf32_a_weight_beside_a_k_major_left_operand_is_transposed_once_and_a
     """CUTLASS's TF32 kernels for a K-major left and an N-major right operand swap them, and computed wrong on an
     H200: a constant weight is taken transposed (the spec then reads it K-major), a product of activations is refused."""
     make, shapes = product_case("dense_bias")
-    graph, candidate = whole_candidate(
-        function_module(make, *shapes), patterns.patterns(tf32=True), "cutlass.dense_bias_tf32"
-    )
+    graph, candidate = whole_candidate(function_module(make, *shapes), patterns.patterns(tf32=True), "cutlass.dense_bias_tf32")
     spec = check_candidate(graph, candidate.nodes, tf32=True)
     weight = tvm_compat.constant_array(spec.operands[1])
     assert spec.kind.a_k_major and spec.kind.b_k_major and weight.shape == (40, 24) and weight.flags.c_contiguous

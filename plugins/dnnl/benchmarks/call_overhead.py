@@ -31,9 +31,7 @@ def main() -> None:
     spec_tensor = tvm_compat.to_tensor(spec.array(), device)
     run = tvm.get_global_func(lowering.RUN_FUNCTION)
     expected = np.exp(x - x.max(-1, keepdims=True))
-    np.testing.assert_allclose(
-        tvm_compat.to_numpy(dnnl_vm(x_tensor)), expected / expected.sum(-1, keepdims=True), rtol=1e-5
-    )
+    np.testing.assert_allclose(tvm_compat.to_numpy(dnnl_vm(x_tensor)), expected / expected.sum(-1, keepdims=True), rtol=1e-5)
     results = timed(
         [
             ("kernel from Python", lambda: run(spec_tensor, x_tensor, out_tensor)),

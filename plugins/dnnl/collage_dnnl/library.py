@@ -62,25 +62,19 @@ def find_onednn() -> OneDNN:
             continue
         version_header = (include_dir / "oneapi" / "dnnl" / "dnnl_version.h").read_text()
         config_header = (include_dir / "oneapi" / "dnnl" / "dnnl_config.h").read_text()
-        major, minor, patch = (
-            _header_define(version_header, f"DNNL_VERSION_{part}") for part in ("MAJOR", "MINOR", "PATCH")
-        )
+        major, minor, patch = (_header_define(version_header, f"DNNL_VERSION_{part}") for part in ("MAJOR", "MINOR", "PATCH"))
         version = f"{major}.{minor}.{patch}"
         if major != str(SUPPORTED_MAJOR):
             problems.append(f"oneDNN {version} at {include_dir} (this plugin needs {SUPPORTED_MAJOR}.x)")
             continue
         if _header_define(config_header, "DNNL_CPU_RUNTIME") == "DNNL_RUNTIME_SYCL":
-            problems.append(
-                f"oneDNN {version} at {include_dir} runs the CPU through SYCL (this plugin needs OpenMP or TBB)"
-            )
+            problems.append(f"oneDNN {version} at {include_dir} runs the CPU through SYCL (this plugin needs OpenMP or TBB)")
             continue
         library_dir = next((d for d in _library_dirs(root) if (d / "libdnnl.so").exists()), None)
         if library_dir is None:
             problems.append(f"oneDNN headers at {include_dir} but no libdnnl.so beside them")
             continue
-        threading = (_header_define(config_header, "DNNL_CPU_THREADING_RUNTIME") or "unknown").replace(
-            "DNNL_RUNTIME_", ""
-        )
+        threading = (_header_define(config_header, "DNNL_CPU_THREADING_RUNTIME") or "unknown").replace("DNNL_RUNTIME_", "")
         return OneDNN(include_dir, library_dir, version, threading)
     found = f" (found {'; '.join(problems)})" if problems else ""
     raise OneDNNUnavailable(f"oneDNN {SUPPORTED_MAJOR}.x headers and library not found{found}: {INSTALL_HINT}")

@@ -43,14 +43,10 @@ def test_onednn_3_is_reported_as_the_wrong_version(tmp_path, monkeypatch):
     headers = tmp_path / "include" / "oneapi" / "dnnl"
     headers.mkdir(parents=True)
     (headers / "dnnl.hpp").write_text("")
-    (headers / "dnnl_version.h").write_text(
-        "#define DNNL_VERSION_MAJOR 3\n#define DNNL_VERSION_MINOR 13\n#define DNNL_VERSION_PATCH 2\n"
-    )
+    (headers / "dnnl_version.h").write_text("#define DNNL_VERSION_MAJOR 3\n#define DNNL_VERSION_MINOR 13\n#define DNNL_VERSION_PATCH 2\n")
     (headers / "dnnl_config.h").write_text("#define DNNL_CPU_RUNTIME DNNL_RUNTIME_SYCL\n")
     monkeypatch.setattr(library, "_roots", lambda: [tmp_path])
-    with pytest.raises(
-        library.OneDNNUnavailable, match=r"oneDNN 3\.13\.2 at .* needs 2\.x.*apt-get install libdnnl-dev"
-    ):
+    with pytest.raises(library.OneDNNUnavailable, match=r"oneDNN 3\.13\.2 at .* needs 2\.x.*apt-get install libdnnl-dev"):
         library.find_onednn()
 
 
@@ -67,12 +63,7 @@ def test_library_is_built_once_per_source_and_versions(tmp_path, monkeypatch):
 
 def test_collage_contribute_patterns_only_on_cpu_targets(pm, backends):
     names = {p.name for p in contribute_patterns(pm, backends["dnnl"], TARGET)}
-    assert {
-        "dnnl.conv2d_bias_add_relu",
-        "dnnl.dense_bias_gelu",
-        "dnnl.batch_matmul_nt_scale",
-        "dnnl.layer_norm",
-    } <= names
+    assert {"dnnl.conv2d_bias_add_relu", "dnnl.dense_bias_gelu", "dnnl.batch_matmul_nt_scale", "dnnl.layer_norm"} <= names
     cuda = tvm_compat.make_target({"kind": "cuda"})
     assert hooks.collage_contribute_patterns(backend=backends["dnnl"], target=cuda, precision="fp32") == []
 
@@ -82,9 +73,7 @@ def refused(make, *shapes, dtype=F) -> list[str]:
     mod = module(make, *shapes, dtype=dtype)
     graph, candidates = dnnl_candidates(mod)
     var2val = relax.analysis.get_var2val(graph.func)
-    matched = {
-        p.name for p in patterns.patterns() for n in range(len(graph.graph)) if p.dpl.match(graph.call(n), var2val)
-    }
+    matched = {p.name for p in patterns.patterns() for n in range(len(graph.graph)) if p.dpl.match(graph.call(n), var2val)}
     return sorted(matched - {c.pattern for c in candidates})
 
 
@@ -101,25 +90,10 @@ def not_quite_gelu(bb, x):
 @pytest.mark.parametrize(
     "make, shapes, dtype, refused_pattern",
     [
-        (
-            lambda bb, x: R.nn.conv2d(x, relax.const(W_NHWC), data_layout="NHWC", kernel_layout="OHWI"),
-            [(1, 9, 9, 4)],
-            F,
-            "dnnl.conv2d",
-        ),
-        (
-            lambda bb, x: R.add(bb.emit(R.nn.conv2d(x, relax.const(W8))), relax.const(uniform(7))),
-            [(1, 4, 9, 9)],
-            F,
-            "dnnl.conv2d_bias",
-        ),
+        (lambda bb, x: R.nn.conv2d(x, relax.const(W_NHWC), data_layout="NHWC", kernel_layout="OHWI"), [(1, 9, 9, 4)], F, "dnnl.conv2d"),
+        (lambda bb, x: R.add(bb.emit(R.nn.conv2d(x, relax.const(W8))), relax.const(uniform(7))), [(1, 4, 9, 9)], F, "dnnl.conv2d_bias"),
         (lambda bb, x: R.matmul(x, relax.const(uniform(8, 8).astype("float16"))), [(2, 8)], "float16", "dnnl.dense"),
-        (
-            lambda bb, x: R.nn.max_pool2d(x, (3, 3), strides=(2, 2), ceil_mode=True),
-            [(1, 4, 8, 8)],
-            F,
-            "dnnl.max_pool2d",
-        ),
+        (lambda bb, x: R.nn.max_pool2d(x, (3, 3), strides=(2, 2), ceil_mode=True), [(1, 4, 8, 8)], F, "dnnl.max_pool2d"),
         (
             lambda bb, x: R.nn.layer_norm(x, relax.const(uniform(5, 8)), relax.const(uniform(5, 8)), axes=[-2, -1]),
             [(2, 5, 8)],
@@ -128,14 +102,7 @@ def not_quite_gelu(bb, x):
         ),
         (not_quite_gelu, [(2, 8)], F, "dnnl.dense_gelu"),
     ],
-    ids=[
-        "nhwc-conv",
-        "bias-on-the-wrong-axis",
-        "float16",
-        "ceil-mode-window",
-        "two-axis-layer-norm",
-        "gelu-with-another-constant",
-    ],
+    ids=["nhwc-conv", "bias-on-the-wrong-axis", "float16", "ceil-mode-window", "two-axis-layer-norm", "gelu-with-another-constant"],
 )
 def test_checks_refuse_what_the_kernels_cannot_compute(make, shapes, dtype, refused_pattern):
     assert refused_pattern in refused(make, *shapes, dtype=dtype)
@@ -176,12 +143,7 @@ def test_weights_in_another_layout_are_reordered_not_misread(pm, backends):
     # The unpacked spec says "plain OIHW weights"; this CPU's primitive wants another layout.
     x, out = uniform(1, 4, 9, 9), tvm_compat.to_tensor(np.zeros((1, 8, 9, 9), F), DEVICE)
     run = tvm.get_global_func(lowering.RUN_FUNCTION)
-    run(
-        tvm_compat.to_tensor(spec.array(), DEVICE),
-        tvm_compat.to_tensor(x, DEVICE),
-        tvm_compat.to_tensor(W8, DEVICE),
-        out,
-    )
+    run(tvm_compat.to_tensor(spec.array(), DEVICE), tvm_compat.to_tensor(x, DEVICE), tvm_compat.to_tensor(W8, DEVICE), out)
     np.testing.assert_allclose(tvm_compat.to_numpy(out), np_conv2d(x, W8, padding=(1, 1, 1, 1)), rtol=1e-4, atol=1e-4)
 
 
@@ -203,10 +165,7 @@ def test_mixed_placement_runs_dnnl_and_tvm_in_one_executable(pm, backends):
 
 
 def test_kernel_library_loads_in_a_fresh_process_and_reports_its_onednn():
-    code = (
-        "import tvm; from collage_dnnl import library; library.load();"
-        "print(tvm.get_global_func('collage_dnnl.onednn_version')())"
-    )
+    code = "import tvm; from collage_dnnl import library; library.load();print(tvm.get_global_func('collage_dnnl.onednn_version')())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == library.find_onednn().version

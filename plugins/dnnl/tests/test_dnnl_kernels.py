@@ -58,9 +58,7 @@ def whole_candidate(mod, pattern_name):
 def run_on_dnnl(pm, backends, mod, pattern_name, *arrays):
     graph, candidate = whole_candidate(mod, pattern_name)
     assert candidate is not None, f"dnnl.{pattern_name} does not cover the function"
-    placed = partition_module(
-        graph, [SimpleNamespace(backend="dnnl", pattern=candidate.pattern, nodes=candidate.nodes)]
-    )
+    placed = partition_module(graph, [SimpleNamespace(backend="dnnl", pattern=candidate.pattern, nodes=candidate.nodes)])
     executable = build(pm, placed, backends, TARGET)
     assert "collage_dnnl.run" in placed_calls(executable, placed, backends, pm)
     vm = relax.VirtualMachine(executable, DEVICE)
@@ -209,13 +207,7 @@ def single(name, op, reference, shapes):
 CASES = [
     conv_case("conv2d", W8, dict(padding=1), dict(padding=(1, 1, 1, 1))),
     conv_case("conv2d_relu", W8, dict(strides=2), dict(stride=(2, 2)), relu=True),
-    conv_case(
-        "conv2d_bias",
-        W8,
-        dict(padding=(0, 1, 2, 1), dilation=2),
-        dict(padding=(0, 1, 2, 1), dilation=(2, 2)),
-        bias=True,
-    ),
+    conv_case("conv2d_bias", W8, dict(padding=(0, 1, 2, 1), dilation=2), dict(padding=(0, 1, 2, 1), dilation=(2, 2)), bias=True),
     conv_case(
         "conv2d_bias_relu",
         W_DEPTHWISE,
@@ -298,9 +290,7 @@ def test_every_pattern_has_a_numerics_case():
     tested = {param.values[0] for param in CASES}
     offered = {pattern.name.split(".", 1)[1] for pattern in patterns.patterns()}
     # Transposed forms of the dense and batch patterns share the plain forms' kernels and checks.
-    untested = {
-        name for name in offered - tested if not name.startswith(("dense_t", "batch_matmul_t", "batch_matmul_nt"))
-    }
+    untested = {name for name in offered - tested if not name.startswith(("dense_t", "batch_matmul_t", "batch_matmul_nt"))}
     assert not untested
 
 
@@ -328,12 +318,7 @@ def mixed(make_f32):
 
 
 BF16_CASES = [
-    (
-        "dense",
-        lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F),
-        lambda x: x @ bf16(W_DENSE).astype(np.float64),
-        [(3, 32)],
-    ),
+    ("dense", lambda x: R.matmul(x, relax.const(bf16(W_DENSE)), out_dtype=F), lambda x: x @ bf16(W_DENSE).astype(np.float64), [(3, 32)]),
     ("batch_matmul", lambda a, b: R.matmul(a, b, out_dtype=F), lambda a, b: a @ b, [(2, 5, 16), (2, 16, 7)]),
     (
         "conv2d",
@@ -344,9 +329,7 @@ BF16_CASES = [
 ]
 
 
-@pytest.mark.skipif(
-    not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): DNNL refuses bfloat16 here"
-)
+@pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): DNNL refuses bfloat16 here")
 @pytest.mark.parametrize("pattern_name, make, reference, shapes", BF16_CASES, ids=[case[0] for case in BF16_CASES])
 def test_bfloat16_operands_accumulate_in_float32_like_numpy(pm, backends, pattern_name, make, reference, shapes):
     params = [relax.Var(f"x{i}", relax.TensorType(shape, BF16)) for i, shape in enumerate(shapes)]

@@ -18,9 +18,7 @@ def test_resnet50_places_every_convolution_on_dnnl_and_matches_onnxruntime(tmp_p
     model = ROOT / "models" / "hf" / "resnet50_b1.onnx"
     if not model.exists():
         pytest.importorskip("transformers")
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), "--model", "resnet50"], check=True, cwd=ROOT
-        )
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_hf_models.py"), "--model", "resnet50"], check=True, cwd=ROOT)
     run = subprocess.run(
         [
             "collage",

@@ -79,10 +79,7 @@ def main() -> None:
             for name, environment in ENVIRONMENTS.items():
                 results[placement, name].append(measure(args.model, placement, environment))
     rows = [
-        [
-            placement,
-            *(" ".join(f"{r['median_s'] * 1e6:.0f}" for r in results[placement, name]) for name in ENVIRONMENTS),
-        ]
+        [placement, *(" ".join(f"{r['median_s'] * 1e6:.0f}" for r in results[placement, name]) for name in ENVIRONMENTS)]
         for placement in placements
     ]
     print(format_table(["placement", *ENVIRONMENTS], rows))

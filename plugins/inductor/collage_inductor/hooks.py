@@ -123,8 +123,7 @@ def collage_check_availability(backend):
         return Availability.no(f"torch is not installed: {INSTALL_HINT}")
     if _cpp_compiler() is None:
         return Availability.no(
-            f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on "
-            "the PATH: apt-get install g++"
+            f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on the PATH: apt-get install g++"
         )
     cuda_refusal = _cuda_refusal()
     if cuda_refusal is not None:
@@ -155,9 +154,7 @@ def lower_function(func, name: str, taken: frozenset = frozenset()):
     buffer = io.BytesIO()
     torch.export.save(relax_to_torch.exported(func, taken), buffer)
     blob = engine_lowering.pack_blob(buffer.getvalue())
-    return packed_call_function(
-        func, name, runtime.RUN_FUNCTION, runtime.key_of(blob), [relax.const(blob), *func.params]
-    )
+    return packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.key_of(blob), [relax.const(blob), *func.params])
 
 
 @hookimpl_for(BACKEND)

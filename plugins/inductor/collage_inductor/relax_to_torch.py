@@ -115,9 +115,7 @@ def _conv2d(call):
     strides, dilation, groups = _ints(attrs.strides), _ints(attrs.dilation), int(attrs.groups)
     if (top, left) == (bottom, right):
         return _accumulating(call, lambda x, w: F.conv2d(x, w, None, strides, [top, left], dilation, groups))
-    return _accumulating(
-        call, lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0, dilation, groups)
-    )
+    return _accumulating(call, lambda x, w: F.conv2d(F.pad(x, [left, right, top, bottom]), w, None, strides, 0, dilation, groups))
 
 
 def _pool2d(call):
@@ -137,9 +135,7 @@ def _pool2d(call):
     if is_max:
         dilation = [height.dilation, width.dilation]
         return lambda x: F.max_pool2d(F.pad(x, padding, value=float("-inf")), kernel, strides, 0, dilation)
-    counts = np.outer(
-        *[[axis.divisor(index * axis.stride - axis.begin, include) for index in range(axis.length)] for axis in axes]
-    )
+    counts = np.outer(*[[axis.divisor(index * axis.stride - axis.begin, include) for index in range(axis.length)] for axis in axes])
     divisor = torch.from_numpy(counts.astype(np.float32)).to(_torch_dtype(tvm_compat.tensor_shape_dtype(call)[1]))
     return lambda x: F.avg_pool2d(F.pad(x, padding), kernel, strides, 0, divisor_override=1) / divisor
 
@@ -382,9 +378,7 @@ CONVERTERS: dict[str, Callable] = {
 }
 
 
-STATIC_AFTER_FIRST = frozenset(
-    {"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip", "relax.image.resize2d"}
-)
+STATIC_AFTER_FIRST = frozenset({"relax.reshape", "relax.broadcast_to", "relax.strided_slice", "relax.clip", "relax.image.resize2d"})
 
 
 class RelaxProgram(torch.nn.Module):
@@ -444,9 +438,7 @@ class _Builder:
         fn = CONVERTERS[tvm_compat.op_name(call)](call)
         # Operators whose later arguments are static (a shape, bounds) that the converter already read.
         tensor_arguments = 1 if tvm_compat.op_name(call) in STATIC_AFTER_FIRST else len(call.args)
-        arguments = [
-            self.reference(arg) if index < tensor_arguments else ("tuple", []) for index, arg in enumerate(call.args)
-        ]
+        arguments = [self.reference(arg) if index < tensor_arguments else ("tuple", []) for index, arg in enumerate(call.args)]
         self.steps.append((fn, arguments))
         return ("value", len(self.steps) - 1)
 

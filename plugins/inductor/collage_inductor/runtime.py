@@ -257,20 +257,13 @@ def build_signature(device) -> dict:
     processor and the threads; on CUDA, the GPU, CUDA's and triton's versions), the compiler, the options."""
     import torch
 
-    signature = {
-        "revision": PACKAGE_REVISION,
-        "torch": torch.__version__,
-        "options": PACKAGE_OPTIONS,
-        "machine": platform.machine(),
-    }
+    signature = {"revision": PACKAGE_REVISION, "torch": torch.__version__, "options": PACKAGE_OPTIONS, "machine": platform.machine()}
     if device[0] == CUDA:
         import triton
 
         properties = torch.cuda.get_device_properties(device[1])
         signature.update(
-            device=f"cuda {properties.name} sm_{properties.major}{properties.minor}",
-            cuda=torch.version.cuda,
-            triton=triton.__version__,
+            device=f"cuda {properties.name} sm_{properties.major}{properties.minor}", cuda=torch.version.cuda, triton=triton.__version__
         )
     else:
         # Inductor writes the thread count into the C++ it generates (``omp parallel num_threads``).
@@ -318,9 +311,7 @@ def _loader(path: Path, device):
     except TypeError:  # another torch's constructor: ask the public function
         import torch._inductor
 
-        return torch._inductor.aoti_load_package(
-            str(path), run_single_threaded=single_threaded, device_index=index
-        ).loader
+        return torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded, device_index=index).loader
 
 
 def _load_package(path: Path, device):
@@ -335,9 +326,7 @@ def _load_package(path: Path, device):
             raise ValueError(f"{broken} fails its CRC check")
         return _Package(_loader(path, device), single_threaded=device[0] == CUDA)
     except Exception as error:  # whatever a truncated or corrupt file raises, it is compiled again
-        log.warning(
-            "%s: the compiled package %s cannot be read (%s); compiling it again", OWNER, path.name, _first_line(error)
-        )
+        log.warning("%s: the compiled package %s cannot be read (%s); compiling it again", OWNER, path.name, _first_line(error))
         return None
 
 
@@ -366,12 +355,7 @@ def _compile_package(program, path: Path, device):
         )
     except Exception as error:
         why = _first_line(error)
-        log.warning(
-            "%s: AOTInductor cannot compile program %s (%s); torch.compile runs it in each process",
-            OWNER,
-            path.name[:16],
-            why,
-        )
+        log.warning("%s: AOTInductor cannot compile program %s (%s); torch.compile runs it in each process", OWNER, path.name[:16], why)
         try:
             _write_whole(path.with_name(path.name + FAILED_SUFFIX), lambda temporary: temporary.write_text(why + "\n"))
         except OSError:  # an unwritable cache: the next process tries AOTInductor again
@@ -426,9 +410,7 @@ def _compile(key: str, read, device) -> _Program:
         return _Program(package, *_counts(package), device)
     program = _exported(read(), device)
     signature = program.graph_signature
-    compiled = torch.compile(
-        program.module(), backend="inductor", dynamic=False, fullgraph=True, options=COMPILE_OPTIONS
-    )
+    compiled = torch.compile(program.module(), backend="inductor", dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
     return _Program(compiled, len(signature.user_inputs), len(signature.user_outputs), device)
 
 

@@ -12,17 +12,7 @@ from collage_inductor import relax_to_torch
 from tvm import relax
 
 from collage_core.kit import engine_operators
-from collage_core.kit.testing.operator_cases import (
-    CASES,
-    REFUSED,
-    F,
-    R,
-    assert_same,
-    function,
-    pool_configurations,
-    random_input,
-    run_tvm,
-)
+from collage_core.kit.testing.operator_cases import CASES, REFUSED, F, R, assert_same, function, pool_configurations, random_input, run_tvm
 
 
 def run_torch(func, arrays):

@@ -100,9 +100,7 @@ def test_on_cuda_patterns_take_sixteen_bit_operators_that_the_cpu_refuses(pm, ba
     graph = RelaxGraph.from_function(mod["main"])
     on_cuda = enumerate_candidates(graph, contribute_patterns(pm, backends["inductor"], CUDA))
     assert sorted(c.pattern for c in on_cuda) == ["inductor.add", "inductor.astype", "inductor.gelu", "inductor.matmul"]
-    assert (
-        enumerate_candidates(graph, contribute_patterns(pm, backends["inductor"], tvm_compat.host_cpu_target())) == []
-    )
+    assert enumerate_candidates(graph, contribute_patterns(pm, backends["inductor"], tvm_compat.host_cpu_target())) == []
     assert relax_to_torch.refusal(graph.call(0)) == "relax.matmul mixes bfloat16, float32"
 
 
@@ -121,9 +119,9 @@ def test_lowering_for_cuda_traces_the_program_with_the_partitions_dtypes(backend
     x = torch.from_numpy(RNG.uniform(-1, 1, size=(16, 64)).astype(F)).to(torch.bfloat16)
     (got,) = program.module()(x)
     expected = numpy_gelu(
-        rounded_to(
-            rounded_to(x.float().numpy() @ rounded_to(DENSE_WEIGHT, BF16), BF16) + rounded_to(DENSE_BIAS, BF16), BF16
-        ).astype(np.float64)
+        rounded_to(rounded_to(x.float().numpy() @ rounded_to(DENSE_WEIGHT, BF16), BF16) + rounded_to(DENSE_BIAS, BF16), BF16).astype(
+            np.float64
+        )
     )
     np.testing.assert_allclose(got.float().numpy(), expected, rtol=0, atol=sixteen_bit_atol(expected, BF16))
 
@@ -160,11 +158,7 @@ def mixed_attention(pm, backends, target, dense_backend: str):
     parts = [dense] if dense is not None else []
     parts.append(SimpleNamespace(backend="inductor", pattern="inductor.region", nodes=region))
     taken = set(region) | (set(dense.nodes) if dense is not None else set())
-    parts += [
-        SimpleNamespace(backend="tvm", pattern="tvm.op", nodes=frozenset({node}))
-        for node in range(len(ops))
-        if node not in taken
-    ]
+    parts += [SimpleNamespace(backend="tvm", pattern="tvm.op", nodes=frozenset({node})) for node in range(len(ops)) if node not in taken]
     return partition_module(graph, parts)
 
 
@@ -173,9 +167,7 @@ def test_the_inductor_call_is_captured_with_the_kernels_around_it(pm, backends):
     chosen = {name: backends[name] for name in ("inductor", "tvm")}
     lowered = tvm_compat.lowered_for_cuda_graphs(lower_partitions(pm, placed, chosen, CUDA), CUDA)
     assert lowered["main"].script().count(CAPTURE) >= 1
-    captured = [
-        func.script() for gvar, func in lowered.functions.items() if gvar.name_hint.endswith("_cuda_graph_capture")
-    ]
+    captured = [func.script() for gvar, func in lowered.functions.items() if gvar.name_hint.endswith("_cuda_graph_capture")]
     assert any(runtime.RUN_FUNCTION in script for script in captured)
     assert runtime.RUN_FUNCTION not in lowered["main"].script()
 
@@ -239,9 +231,7 @@ def test_a_cuda_region_is_compiled_once_into_a_package_that_a_new_process_loads(
     x = np.random.default_rng(5).uniform(-1, 1, size=CONV_INPUT[0]).astype(F)
     inputs, out = torch.from_numpy(x).cuda(), torch.empty(CONV_OUTPUT, device="cuda")
     runtime.run(key, tvm_compat.to_tensor(blob, tvm.cuda(0)), tvm_ffi.from_dlpack(inputs), tvm_ffi.from_dlpack(out))
-    np.testing.assert_allclose(
-        out.cpu().numpy(), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL
-    )
+    np.testing.assert_allclose(out.cpu().numpy(), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
     assert isinstance(runtime.PROGRAMS.find(key, GPU).compiled, runtime._Package), "AOTInductor did not compile it"
     signature = runtime.build_signature(GPU)
     assert signature["device"].startswith("cuda ") and "sm_" in signature["device"] and signature["triton"]
@@ -250,15 +240,7 @@ def test_a_cuda_region_is_compiled_once_into_a_package_that_a_new_process_loads(
     np.save(tmp_path / "blob.npy", blob)
     np.save(tmp_path / "x.npy", x)
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            LOAD_ON_CUDA,
-            key,
-            str(tmp_path / "blob.npy"),
-            str(tmp_path / "x.npy"),
-            str(tmp_path / "out.npy"),
-        ],
+        [sys.executable, "-c", LOAD_ON_CUDA, key, str(tmp_path / "blob.npy"), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -267,9 +249,7 @@ def test_a_cuda_region_is_compiled_once_into_a_package_that_a_new_process_loads(
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded["package"] and loaded["first_call_s"] < 2.0, loaded
-    np.testing.assert_allclose(
-        np.load(tmp_path / "out.npy"), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL
-    )
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.gpu
@@ -294,9 +274,7 @@ def test_a_package_runs_on_tvms_current_stream(backends, cache):
     with tvm_ffi.use_raw_stream(tvm_ffi.device("cuda:0"), side.cuda_stream):
         runtime.run(key, on_gpu, *tensors)
     side.synchronize()
-    np.testing.assert_allclose(
-        out.cpu().numpy(), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL
-    )
+    np.testing.assert_allclose(out.cpu().numpy(), numpy_conv_bias_relu_scale(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
 
 
 def assert_ran_from_packages():

@@ -37,13 +37,7 @@ def test_compiled_by_inductor_matches_tvm(tmp_path, monkeypatch):
     func = function(
         lambda x: [
             R.image.resize2d(x, (13, 17), method="cubic"),
-            R.image.resize2d(
-                x,
-                (18, 20),
-                method="nearest_neighbor",
-                coordinate_transformation_mode="asymmetric",
-                rounding_method="floor",
-            ),
+            R.image.resize2d(x, (18, 20), method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="floor"),
             R.nn.pad(x, [0, 0, 1, 0, 2, 1, 0, 3], pad_mode="reflect"),
             R.nn.avg_pool2d(x, 3, strides=2, padding=(1, 0, 2, 1), ceil_mode=True, count_include_pad=True),
             R.nn.avg_pool2d(x, 12, strides=12, ceil_mode=True, count_include_pad=True),

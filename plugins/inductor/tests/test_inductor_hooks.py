@@ -18,15 +18,7 @@ import tvm
 from collage_inductor import hooks, relax_to_torch, runtime
 from tvm import relax
 
-from collage_core.kit import (
-    GRAPH_LEVEL,
-    RelaxGraph,
-    cuda_libraries,
-    engine_lowering,
-    engine_operators,
-    enumerate_candidates,
-    tvm_compat,
-)
+from collage_core.kit import GRAPH_LEVEL, RelaxGraph, cuda_libraries, engine_lowering, engine_operators, enumerate_candidates, tvm_compat
 from collage_core.kit.testing import contribute_patterns, partitions_by_backend
 from collage_core.kit.testing.placement_cases import (
     ATOL,
@@ -63,9 +55,7 @@ def test_collage_check_availability_says_what_is_missing(backends, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
     availability = hooks.collage_check_availability(backends["inductor"])
     assert not availability.available
-    assert availability.reason == (
-        "TorchInductor needs a C++ compiler and no-such-compiler is not on the PATH: apt-get install g++"
-    )
+    assert availability.reason == ("TorchInductor needs a C++ compiler and no-such-compiler is not on the PATH: apt-get install g++")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as if torch were not installed
     availability = hooks.collage_check_availability(backends["inductor"])
     assert availability.reason == "torch is not installed: pip install torch==2.13.0"
@@ -91,9 +81,7 @@ def test_on_a_machine_with_a_gpu_inductor_needs_triton(backends, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "triton" else find_spec(name))
     availability = hooks.collage_check_availability(backends["inductor"])
-    assert availability.reason == (
-        "TorchInductor's CUDA kernels are Triton's and triton is not installed: pip install triton"
-    )
+    assert availability.reason == ("TorchInductor's CUDA kernels are Triton's and triton is not installed: pip install triton")
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     assert hooks.collage_check_availability(backends["inductor"]).available == (find_spec("triton") is not None)
 

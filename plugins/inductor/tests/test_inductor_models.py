@@ -31,19 +31,12 @@ BIAS = np.random.default_rng(1).uniform(-1, 1, size=(16,)).astype("float32")
 
 # Inductor compiles each whole model for several seconds: one in the default run, the rest slow.
 @pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("tiny_resnet", marks=pytest.mark.slow),
-        "tiny_bert",
-        pytest.param("tiny_gpt2", marks=pytest.mark.slow),
-    ],
+    "name", [pytest.param("tiny_resnet", marks=pytest.mark.slow), "tiny_bert", pytest.param("tiny_gpt2", marks=pytest.mark.slow)]
 )
 def test_shipped_model_runs_whole_on_inductor(pm, backends, name):
     model = load_model(MODELS / f"{name}.onnx")
     graph = RelaxGraph.from_function(model.mod["main"])
-    everything = SimpleNamespace(
-        backend="inductor", pattern="inductor.region", nodes=frozenset(range(len(graph.graph)))
-    )
+    everything = SimpleNamespace(backend="inductor", pattern="inductor.region", nodes=frozenset(range(len(graph.graph))))
     executable = build(pm, partition_module(graph, [everything]), backends, TARGET)
     inputs = model.random_inputs(seed=2)
     result = relax.VirtualMachine(executable, DEVICE)["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in inputs])
@@ -54,9 +47,7 @@ def test_shipped_model_runs_whole_on_inductor(pm, backends, name):
 def test_optimize_searches_inductor_beside_the_other_graph_level_backends(tmp_path):
     def dense_norm_softmax(bb, x):
         dense = bb.emit(R.add(R.matmul(x, relax.const(WEIGHT)), relax.const(BIAS)))
-        normalized = bb.emit(
-            R.nn.layer_norm(dense, relax.const(np.ones(16, F)), relax.const(np.zeros(16, F)), axes=[-1])
-        )
+        normalized = bb.emit(R.nn.layer_norm(dense, relax.const(np.ones(16, F)), relax.const(np.zeros(16, F)), axes=[-1]))
         return R.nn.softmax(normalized, axis=-1)
 
     result = collage_core.optimize(

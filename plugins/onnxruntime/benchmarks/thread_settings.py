@@ -68,11 +68,7 @@ def main() -> None:
             ]
         )
     print(f"{args.model.name}: median latency in microseconds, each in a fresh process")
-    print(
-        format_table(
-            ["placement", "partitions", "idle threads block (plugin)", "idle threads spin (ORT default)"], rows
-        )
-    )
+    print(format_table(["placement", "partitions", "idle threads block (plugin)", "idle threads spin (ORT default)"], rows))
 
 
 if __name__ == "__main__":

@@ -78,9 +78,7 @@ def lower_function(func: relax.Function, name: str, spinning: bool = False) -> r
     """``func`` with its body replaced by one ``collage_onnxruntime.run`` call on its ONNX model
     (run by a session whose idle threads spin, with ``spinning``)."""
     model = relax_to_onnx.convert(func, name)
-    return engine_lowering.packed_call_function(
-        func, name, runtime.RUN_FUNCTION, runtime.pack_model(model.SerializeToString(), spinning)
-    )
+    return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model.SerializeToString(), spinning))
 
 
 @hookimpl_for(BACKEND)
@@ -95,9 +93,7 @@ def collage_lower_whole_model(backend, model, model_format, func, name, target):
         return None
     # The model file as its users run it: ONNX Runtime's default session (all graph optimizations, idle threads
     # spinning: nothing else runs beside it) with Collage's threads.
-    return engine_lowering.packed_call_function(
-        func, name, runtime.RUN_FUNCTION, runtime.pack_model(model, spinning=True)
-    )
+    return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model, spinning=True))
 
 
 @hookimpl_for(BACKEND)

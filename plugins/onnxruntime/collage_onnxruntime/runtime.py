@@ -99,9 +99,7 @@ def _compile(serialized: bytes, options: int) -> _Model:
     import onnxruntime  # here, not at import: the plugin loads, and says why it is unavailable, without it
 
     spinning = bool(options & SPINNING)
-    return _Model(
-        onnxruntime.InferenceSession(serialized, session_options(spinning), providers=["CPUExecutionProvider"])
-    )
+    return _Model(onnxruntime.InferenceSession(serialized, session_options(spinning), providers=["CPUExecutionProvider"]))
 
 
 SESSIONS = engine_caches.CompiledModels(MAX_SESSIONS, _compile, "collage_onnxruntime")

@@ -16,15 +16,7 @@ import tvm
 from collage_onnxruntime import hooks, runtime
 from tvm import relax
 
-from collage_core.kit import (
-    GRAPH_LEVEL,
-    RelaxGraph,
-    engine_lowering,
-    engine_operators,
-    enumerate_candidates,
-    relax_to_onnx,
-    tvm_compat,
-)
+from collage_core.kit import GRAPH_LEVEL, RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat
 from collage_core.kit.testing import build, contribute_patterns, partitions_by_backend
 from collage_core.kit.testing.placement_cases import (
     ATOL,
@@ -70,9 +62,7 @@ def test_collage_check_availability_asks_for_the_cpu_provider(backends, monkeypa
 
 def test_collage_contribute_patterns_one_checked_pattern_per_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["onnxruntime"], TARGET)
-    assert [p.name for p in patterns] == [
-        f"onnxruntime.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS
-    ]
+    assert [p.name for p in patterns] == [f"onnxruntime.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
     assert len({p.name for p in patterns}) == len(patterns)
     assert all(p.check is not None for p in patterns)
     assert hooks.collage_contribute_patterns(backends["tvm"], TARGET) is None
@@ -82,18 +72,13 @@ def test_collage_contribute_patterns_one_checked_pattern_per_operator(pm, backen
 def test_collage_contribute_patterns_refuses_what_the_converter_cannot_convert(pm, backends):
     def make(bb, x):
         nhwc = bb.emit(R.permute_dims(x, [0, 2, 3, 1]))
-        conv = bb.emit(
-            R.nn.conv2d(nhwc, relax.const(np.ones((3, 3, 3, 8), F)), data_layout="NHWC", kernel_layout="HWIO")
-        )
+        conv = bb.emit(R.nn.conv2d(nhwc, relax.const(np.ones((3, 3, 3, 8), F)), data_layout="NHWC", kernel_layout="HWIO"))
         return R.cumsum(R.nn.relu(conv), axis=1)
 
     graph = RelaxGraph.from_function(module(make, ((1, 3, 6, 6), F))["main"])
     assert list(graph.graph.ops) == ["relax.permute_dims", "relax.nn.conv2d", "relax.nn.relu", "relax.cumsum"]
     candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["onnxruntime"], TARGET))
-    assert [(sorted(c.nodes), c.pattern) for c in candidates] == [
-        ([0], "onnxruntime.permute_dims"),
-        ([2], "onnxruntime.relu"),
-    ]
+    assert [(sorted(c.nodes), c.pattern) for c in candidates] == [([0], "onnxruntime.permute_dims"), ([2], "onnxruntime.relu")]
 
 
 def test_collage_lower_partitions_conv_bias_relu(pm, backends):
@@ -108,9 +93,7 @@ def test_collage_lower_partitions_attention_with_two_outputs(pm, backends):
     mod = module(attention, ((1, TOKENS, HIDDEN), F))
     graph = RelaxGraph.from_function(mod["main"])
     ops = graph.graph.ops
-    assert {"relax.matmul", "relax.nn.layer_norm", "relax.nn.softmax", "relax.reshape", "relax.permute_dims"} <= set(
-        ops
-    )
+    assert {"relax.matmul", "relax.nn.layer_norm", "relax.nn.softmax", "relax.reshape", "relax.permute_dims"} <= set(ops)
     # Everything up to the softmax on ONNX Runtime; the layer norm's output also leaves the
     # partition (the residual add on TVM reads it), so the partition returns a tuple.
     on_onnxruntime = set(range(ops.index("relax.nn.softmax") + 1))
@@ -195,7 +178,5 @@ def test_idle_threads_spin_only_when_onnx_runtime_runs_the_whole_executable(back
 def test_runtime_reads_and_writes_the_tensors_in_place():
     model = relax_to_onnx.convert(module(lambda bb, x: R.nn.relu(x), ((2, 3), F))["main"])
     check_runs_in_place(
-        runtime.run,
-        tvm_compat.to_tensor(runtime.pack_model(model.SerializeToString()), DEVICE),
-        runtime.BINDINGS_PER_THREAD,
+        runtime.run, tvm_compat.to_tensor(runtime.pack_model(model.SerializeToString()), DEVICE), runtime.BINDINGS_PER_THREAD
     )

@@ -32,9 +32,7 @@ def test_shipped_model_runs_whole_on_onnxruntime(pm, backends, name):
     candidates = enumerate_candidates(graph, contribute_patterns(pm, backends["onnxruntime"], TARGET))
     assert sorted(n for c in candidates for n in c.nodes) == list(range(len(graph.graph)))
 
-    everything = SimpleNamespace(
-        backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(range(len(graph.graph)))
-    )
+    everything = SimpleNamespace(backend="onnxruntime", pattern="onnxruntime.region", nodes=frozenset(range(len(graph.graph))))
     executable = build(pm, partition_module(graph, [everything]), backends, TARGET)
     inputs = model.random_inputs(seed=2)
     vm = relax.VirtualMachine(executable, DEVICE)

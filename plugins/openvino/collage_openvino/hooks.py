@@ -73,9 +73,7 @@ def collage_check_availability(backend):
     except Exception as error:  # noqa: BLE001 - OpenVINO raises its own RuntimeError subclasses
         return Availability.no(f"openvino cannot start ({error}): {INSTALL_HINT}")
     if "CPU" not in devices:
-        return Availability.no(
-            f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}"
-        )
+        return Availability.no(f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}")
     return Availability.yes()
 
 

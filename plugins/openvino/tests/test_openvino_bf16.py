@@ -10,14 +10,7 @@ import pytest
 from collage_openvino import hooks, runtime
 from tvm import relax
 
-from collage_core.kit import (
-    RelaxGraph,
-    engine_lowering,
-    engine_operators,
-    enumerate_candidates,
-    relax_to_onnx,
-    tvm_compat,
-)
+from collage_core.kit import RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat
 from collage_core.kit.testing import build, contribute_patterns, precision, rounded_to
 from collage_core.kit.testing.placement_cases import module, place, run_vm
 
@@ -43,16 +36,12 @@ def mixed_dense(bb, x):
     return R.multiply(shifted, bb.emit(R.erf(shifted)))
 
 
-@pytest.mark.skipif(
-    not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): OpenVINO refuses bf16 here"
-)
+@pytest.mark.skipif(not FAST_BF16, reason="this CPU has no fast bfloat16 (AMX or AVX512-BF16): OpenVINO refuses bf16 here")
 def test_a_bfloat16_region_with_bfloat16_boundaries_runs_on_openvino_in_bf16_and_matches_tvm(pm, backends):
     mod = module(mixed_dense, ((4, 32), BF16))
     graph, placed = place(mod, "openvino", set(range(4)))
     x = bf16(RNG.uniform(-1, 1, size=(4, 32)))
-    got = run_vm(
-        build(pm, placed, backends, TARGET), x
-    )  # input and output bfloat16: read and written through uint16 views
+    got = run_vm(build(pm, placed, backends, TARGET), x)  # input and output bfloat16: read and written through uint16 views
     expected = run_vm(build(pm, place(mod, "tvm", set(range(4)))[1], backends, TARGET), x)
     assert str(got.dtype) == BF16
     got, expected = got.astype(np.float32), expected.astype(np.float32)
@@ -63,13 +52,9 @@ def test_a_bfloat16_region_with_bfloat16_boundaries_runs_on_openvino_in_bf16_and
     # float32 inside, OpenVINO's bf16 policy deciding what runs in bf16: bfloat16 only where the region's
     # input enters and its output leaves, and TVM's casts around the product are identities.
     casts = [node for node in onnx_model.graph.node if node.op_type == "Cast"]
-    assert [c.input[0] for c in casts][:1] == [relax_to_onnx.input_name(0)] and casts[-1].output[
-        0
-    ] == relax_to_onnx.output_name(0)
+    assert [c.input[0] for c in casts][:1] == [relax_to_onnx.input_name(0)] and casts[-1].output[0] == relax_to_onnx.output_name(0)
     assert len(casts) == 2
-    exact = relax_to_onnx.convert(
-        mod["main"], "m", frozenset({BF16})
-    )  # as TVM's pass wrote it, products widened exactly
+    exact = relax_to_onnx.convert(mod["main"], "m", frozenset({BF16}))  # as TVM's pass wrote it, products widened exactly
     assert len([node for node in exact.graph.node if node.op_type == "Cast"]) > 2
 
 
@@ -84,9 +69,7 @@ def test_float32_partitions_stay_exact_in_f32():
     assert runtime.inference_precision(options) == "f32"
 
 
-def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16_and_by_backends_that_did_not_opt_in(
-    pm, backends, monkeypatch
-):
+def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bfloat16_and_by_backends_that_did_not_opt_in(pm, backends, monkeypatch):
     graph = RelaxGraph.from_function(module(mixed_dense, ((4, 32), BF16))["main"])
     product = graph.graph.ops.index("relax.matmul")
     call = next(

@@ -9,15 +9,7 @@ import pytest
 from collage_openvino import runtime
 
 from collage_core.kit import engine_operators, relax_to_onnx
-from collage_core.kit.testing.operator_cases import (
-    CASES,
-    F,
-    assert_same,
-    function,
-    pool_configurations,
-    random_input,
-    run_tvm,
-)
+from collage_core.kit.testing.operator_cases import CASES, F, assert_same, function, pool_configurations, random_input, run_tvm
 
 
 def run_openvino(func, arrays):

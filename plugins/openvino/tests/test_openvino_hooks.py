@@ -16,15 +16,7 @@ import tvm
 from collage_openvino import hooks, runtime
 from tvm import relax
 
-from collage_core.kit import (
-    GRAPH_LEVEL,
-    RelaxGraph,
-    engine_lowering,
-    engine_operators,
-    enumerate_candidates,
-    relax_to_onnx,
-    tvm_compat,
-)
+from collage_core.kit import GRAPH_LEVEL, RelaxGraph, engine_lowering, engine_operators, enumerate_candidates, relax_to_onnx, tvm_compat
 from collage_core.kit.testing import contribute_patterns, partitions_by_backend
 from collage_core.kit.testing.placement_cases import (
     CONV_INPUT,

@@ -32,9 +32,7 @@ BIAS = np.random.default_rng(1).uniform(-1, 1, size=(16,)).astype("float32")
 def test_shipped_model_runs_whole_on_openvino(pm, backends, name):
     model = load_model(MODELS / f"{name}.onnx")
     graph = RelaxGraph.from_function(model.mod["main"])
-    everything = SimpleNamespace(
-        backend="openvino", pattern="openvino.region", nodes=frozenset(range(len(graph.graph)))
-    )
+    everything = SimpleNamespace(backend="openvino", pattern="openvino.region", nodes=frozenset(range(len(graph.graph))))
     executable = build(pm, partition_module(graph, [everything]), backends, TARGET)
     inputs = model.random_inputs(seed=2)
     result = relax.VirtualMachine(executable, DEVICE)["main"](*[tvm_compat.to_tensor(a, DEVICE) for a in inputs])
@@ -52,9 +50,7 @@ def test_the_original_file_runs_whole_in_openvinos_own_session(pm, backends, nam
 def test_optimize_searches_openvino_beside_onnxruntime_and_tvm(tmp_path):
     def dense_norm_softmax(bb, x):
         dense = bb.emit(R.add(R.matmul(x, relax.const(WEIGHT)), relax.const(BIAS)))
-        normalized = bb.emit(
-            R.nn.layer_norm(dense, relax.const(np.ones(16, F)), relax.const(np.zeros(16, F)), axes=[-1])
-        )
+        normalized = bb.emit(R.nn.layer_norm(dense, relax.const(np.ones(16, F)), relax.const(np.zeros(16, F)), axes=[-1]))
         return R.nn.softmax(normalized, axis=-1)
 
     result = collage_core.optimize(

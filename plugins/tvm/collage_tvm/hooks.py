@@ -7,16 +7,7 @@ from pathlib import Path
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core.kit import (
-    OP_LEVEL,
-    Availability,
-    Backend,
-    Pattern,
-    hookimpl,
-    hookimpl_for,
-    replace_functions,
-    sources_digest,
-)
+from collage_core.kit import OP_LEVEL, Availability, Backend, Pattern, hookimpl, hookimpl_for, replace_functions, sources_digest
 from collage_tvm import integer_powers
 
 BACKEND = "tvm"
@@ -25,12 +16,7 @@ LOWERING_DIGEST = sources_digest((Path(integer_powers.__file__),))
 
 # Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
 # operators it folds into the anchor's output loop.
-ANCHOR_OPS = (
-    "relax.nn.conv1d",
-    "relax.nn.conv2d",
-    "relax.nn.conv2d_transpose",
-    "relax.matmul",
-)
+ANCHOR_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv2d_transpose", "relax.matmul")
 ELEMENTWISE_UNARY_OPS = (
     "relax.nn.relu",
     "relax.nn.gelu",
