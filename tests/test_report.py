@@ -226,5 +226,5 @@ def test_thread_settings_other_than_the_machine_defaults_are_named():
     fewer = ThreadSettings(tvm=ThreadSettings.machine_defaults().tvm + 1, backends=1)
     assert (
         f"threads: {fewer.tvm} in TVM's pool, 1 in each backend's pool, idle threads waiting by "
-        f"OMP_WAIT_POLICY=PASSIVE (not this machine's defaults)"
+        f"GOMP_SPINCOUNT=30000 (not this machine's defaults)"
     ) in report(fewer)
