@@ -1,4 +1,5 @@
-"""The plugin API: plugins import ``collage_core.kit`` alone, and ``hookimpl_for`` declares hooks for one backend."""
+"""The plugin API: plugins import ``collage_core.kit`` alone; ``hookimpl_for`` declares hooks for one backend, and
+``native_kernel_hooks`` and ``engine_hooks`` every hook of a native-kernel backend or of a graph-level engine."""
 
 from __future__ import annotations
 
@@ -269,6 +270,105 @@ def test_native_kernel_hooks_say_what_is_missing_and_refuse_a_misnamed_backend()
         patterns=None,
         lower_function=None,
         built_library=None,
+    )
+    with pytest.raises(ValueError, match="describes a backend named 'other'"):
+        misnamed.collage_register_backends(register=lambda backend: None)
+
+
+# engine_hooks
+
+
+def engine_plugin(monkeypatch, missing=lambda module: None, whole_onnx_model=None):
+    """A graph-level engine ``mine`` declared with ``engine_hooks``, its engine a module ``mine_engine`` at 2.1;
+    the plugin's ``calls`` lists what the declaration was asked."""
+    monkeypatch.setitem(sys.modules, "mine_engine", types.SimpleNamespace(__version__="2.1"))
+    calls = []
+
+    def lowering(mod, function_names, target):
+        calls.append(("lowering", list(function_names), target))
+        return lambda func, name: func.with_attr("lowered_as", name)
+
+    declared = kit.engine_hooks(
+        "mine",
+        engine="mine_engine",
+        install_hint="pip install mine-engine",
+        describe=lambda version: Backend("mine", kit.GRAPH_LEVEL, ("cpu",), f"{version}+lowering-1"),
+        missing=missing,
+        target_kinds=("llvm",),
+        lowering=lowering,
+        register_runtime=lambda: calls.append("registered"),
+        sixteen_bit=lambda: calls.append("sixteen_bit") or frozenset({"bfloat16"}),
+        whole_onnx_model=whole_onnx_model,
+    )
+    return types.SimpleNamespace(calls=calls, **declared.hookimpls())
+
+
+def partitions_module():
+    """A module of two one-parameter Relax functions, ``part`` and ``other``."""
+    from tvm import relax
+
+    builder = relax.BlockBuilder()
+    for name in ("part", "other"):
+        x = relax.Var("x", relax.TensorType((2,), "float32"))
+        with builder.function(name, [x]):
+            builder.emit_func_output(x)
+    return builder.get()
+
+
+def test_engine_hooks_implement_every_hook_of_a_graph_level_engine_for_it_alone(monkeypatch):
+    plugin = engine_plugin(monkeypatch, whole_onnx_model=lambda model, func, name: (model, name))
+    pm = manager(plugin)
+    registered = []
+    pm.hook.collage_register_backends(register=registered.append)
+    (mine,) = registered
+    assert mine.version == "2.1+lowering-1"
+    theirs = Backend("theirs", kit.GRAPH_LEVEL, ("cpu",), "1")
+    llvm, cuda = (types.SimpleNamespace(kind=types.SimpleNamespace(name=kind)) for kind in ("llvm", "cuda"))
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.yes()
+    (patterns,) = pm.hook.collage_contribute_patterns(backend=mine, target=llvm, precision="fp32")
+    assert [p.name for p in patterns] == [f"mine.{op.rsplit('.', 1)[1]}" for op in kit.engine_operators.SUPPORTED_OPS]
+    assert pm.hook.collage_contribute_patterns(backend=mine, target=cuda, precision="fp32") == [[]]
+    mod = partitions_module()
+    lowered = pm.hook.collage_lower_partitions(backend=mine, mod=mod, function_names=["part"], target=llvm)
+    assert lowered["part"].attrs["lowered_as"] == "part" and "lowered_as" not in lowered["other"].attrs
+    assert plugin.calls == ["sixteen_bit", ("lowering", ["part"], llvm)]
+    whole = dict(backend=mine, model=b"onnx bytes", func=mod["part"], name="main")
+    assert pm.hook.collage_lower_whole_model(**whole, model_format="onnx", target=llvm) == (b"onnx bytes", "main")
+    assert pm.hook.collage_lower_whole_model(**whole, model_format="onnx", target=cuda) is None
+    assert pm.hook.collage_lower_whole_model(**whole, model_format="tflite", target=llvm) is None
+    assert pm.hook.collage_prepare_runtime(backend=mine) is True
+    assert plugin.calls[-1] == "registered"
+    for hook in ("collage_check_availability", "collage_prepare_runtime"):
+        assert getattr(pm.hook, hook)(backend=theirs) is None
+    assert pm.hook.collage_contribute_patterns(backend=theirs, target=llvm, precision="fp32") == []
+
+
+def test_engine_hooks_say_what_is_missing_and_what_cannot_be_imported(monkeypatch):
+    pm = manager(engine_plugin(monkeypatch, missing=lambda module: f"mine_engine {module.__version__} has no CPU"))
+    mine = Backend("mine", kit.GRAPH_LEVEL, ("cpu",), "1")
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.no("mine_engine 2.1 has no CPU")
+    monkeypatch.setitem(sys.modules, "mine_engine", None)  # as if it were not installed
+    availability = pm.hook.collage_check_availability(backend=mine)
+    assert not availability.available and availability.reason.startswith("mine_engine cannot be imported (")
+    assert availability.reason.endswith("): pip install mine-engine")
+    with pytest.raises(RuntimeError, match="mine_engine cannot be imported"):
+        pm.hook.collage_prepare_runtime(backend=mine)
+    registered = []
+    pm.hook.collage_register_backends(register=registered.append)
+    assert registered[0].version == "not installed+lowering-1"
+
+
+def test_engine_hooks_leave_out_the_whole_model_hook_unless_declared_and_refuse_a_misnamed_backend(monkeypatch):
+    assert not hasattr(engine_plugin(monkeypatch), "collage_lower_whole_model")
+    misnamed = kit.engine_hooks(
+        "mine",
+        engine="mine_engine",
+        install_hint="",
+        describe=lambda version: Backend("other", kit.GRAPH_LEVEL, ("cpu",), version),
+        missing=None,
+        target_kinds=(),
+        lowering=None,
+        register_runtime=None,
     )
     with pytest.raises(ValueError, match="describes a backend named 'other'"):
         misnamed.collage_register_backends(register=lambda backend: None)
