@@ -7,71 +7,37 @@ executable is self-contained: running it needs only ``import collage_onnxruntime
 
 from __future__ import annotations
 
-import importlib
+from typing import Optional
 
 from tvm import relax
 
-from collage_core.kit import (
-    GRAPH_LEVEL,
-    Availability,
-    Backend,
-    engine_lowering,
-    engine_patterns,
-    hookimpl,
-    hookimpl_for,
-    relax_to_onnx,
-    replace_functions,
-)
+from collage_core.kit import GRAPH_LEVEL, Backend, engine_hooks, engine_lowering, relax_to_onnx
 from collage_onnxruntime import runtime
 
 BACKEND = "onnxruntime"
 INSTALL_HINT = "pip install onnxruntime"
-
-
-def _import_onnxruntime():
-    """The onnxruntime module, or the error importing it raised (the backend is then unavailable)."""
-    try:
-        return importlib.import_module("onnxruntime")
-    except ImportError as error:
-        return error
-
 
 # How partitions are lowered and run (revision 2: sessions spin when they run the whole executable; 3: ceil-mode
 # pooling, resize and pad converted). Part of the backend's version, so costs measured with other code are never reused.
 LOWERING_REVISION = 3
 
 
-@hookimpl
-def collage_register_backends(register):
-    onnxruntime = _import_onnxruntime()
-    register(
-        Backend(
-            name=BACKEND,
-            kind=GRAPH_LEVEL,
-            device_kinds=("cpu",),
-            version=f"{getattr(onnxruntime, '__version__', 'not installed')}+lowering-{LOWERING_REVISION}",
-            description="ONNX Runtime, CPU execution provider (partitions converted to ONNX opset 17)",
-            runtime_needs=f"the collage-onnxruntime plugin (pip install -e plugins/onnxruntime) and onnxruntime ({INSTALL_HINT})",
-            lowering_uses_device=False,  # compiles only: candidates are built several at once
-        )
+def _describe(onnxruntime_version: str) -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=GRAPH_LEVEL,
+        device_kinds=("cpu",),
+        version=f"{onnxruntime_version}+lowering-{LOWERING_REVISION}",
+        description="ONNX Runtime, CPU execution provider (partitions converted to ONNX opset 17)",
+        runtime_needs=f"the collage-onnxruntime plugin (pip install -e plugins/onnxruntime) and onnxruntime ({INSTALL_HINT})",
+        lowering_uses_device=False,  # compiles only: candidates are built several at once
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    onnxruntime = _import_onnxruntime()
-    if isinstance(onnxruntime, ImportError):
-        return Availability.no(f"onnxruntime cannot be imported ({onnxruntime}): {INSTALL_HINT}")
+def _missing(onnxruntime) -> Optional[str]:
     if "CPUExecutionProvider" not in onnxruntime.get_available_providers():
-        return Availability.no(f"this onnxruntime has no CPUExecutionProvider: {INSTALL_HINT}")
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target):
-    if target.kind.name not in ("llvm", "c"):
-        return []
-    return engine_patterns.operator_patterns(BACKEND)
+        return f"this onnxruntime has no CPUExecutionProvider: {INSTALL_HINT}"
+    return None
 
 
 def lower_function(func: relax.Function, name: str, spinning: bool = False) -> relax.Function:
@@ -81,25 +47,26 @@ def lower_function(func: relax.Function, name: str, spinning: bool = False) -> r
     return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model.SerializeToString(), spinning))
 
 
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
+def _lowering(mod, function_names, target):
     spinning = engine_lowering.runs_alone(mod, function_names)
-    return replace_functions(mod, function_names, lambda func, name: lower_function(func, name, spinning))
+    return lambda func, name: lower_function(func, name, spinning)
 
 
-@hookimpl_for(BACKEND)
-def collage_lower_whole_model(backend, model, model_format, func, name, target):
-    if model_format != "onnx" or target.kind.name not in ("llvm", "c"):
-        return None
+def _whole_model(model: bytes, func: relax.Function, name: str) -> relax.Function:
     # The model file as its users run it: ONNX Runtime's default session (all graph optimizations, idle threads
     # spinning: nothing else runs beside it) with Collage's threads.
     return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.pack_model(model, spinning=True))
 
 
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    onnxruntime = _import_onnxruntime()
-    if isinstance(onnxruntime, ImportError):
-        raise RuntimeError(f"onnxruntime cannot be imported ({onnxruntime}): {INSTALL_HINT}")
-    runtime.register()
-    return True
+HOOKS = engine_hooks(
+    BACKEND,
+    engine="onnxruntime",
+    install_hint=INSTALL_HINT,
+    describe=_describe,
+    missing=_missing,
+    target_kinds=("llvm", "c"),
+    lowering=_lowering,
+    whole_onnx_model=_whole_model,
+    register_runtime=runtime.register,
+)
+globals().update(HOOKS.hookimpls())  # collage_register_backends, collage_check_availability, ...

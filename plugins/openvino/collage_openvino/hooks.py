@@ -9,21 +9,9 @@ holding bfloat16 tensors are taken too and compiled with OpenVINO's bf16 inferen
 
 from __future__ import annotations
 
-import importlib
+from typing import Optional
 
-from collage_core.kit import (
-    GRAPH_LEVEL,
-    Availability,
-    Backend,
-    engine_lowering,
-    engine_patterns,
-    has_fast_bf16,
-    hookimpl,
-    hookimpl_for,
-    relax_to_onnx,
-    replace_functions,
-    tvm_compat,
-)
+from collage_core.kit import GRAPH_LEVEL, Backend, engine_hooks, engine_lowering, has_fast_bf16, relax_to_onnx, tvm_compat
 from collage_openvino import runtime
 
 BACKEND = "openvino"
@@ -38,50 +26,26 @@ def sixteen_bit() -> frozenset:
     return frozenset({"bfloat16"}) if has_fast_bf16() else frozenset()
 
 
-def _import_openvino():
-    """The openvino module, or the error importing it raised (the backend is then unavailable)."""
-    try:
-        return importlib.import_module("openvino")
-    except ImportError as error:
-        return error
-
-
-@hookimpl
-def collage_register_backends(register):
-    openvino = _import_openvino()
-    version = getattr(openvino, "__version__", "not installed").split("-")[0]
-    register(
-        Backend(
-            name=BACKEND,
-            kind=GRAPH_LEVEL,
-            device_kinds=("cpu",),
-            version=f"{version}+lowering-{LOWERING_REVISION}",
-            description="OpenVINO, CPU plugin in fp32, and bf16 for bf16 partitions (converted to ONNX opset 17)",
-            runtime_needs=f"the collage-openvino plugin (pip install -e plugins/openvino) and openvino ({INSTALL_HINT})",
-            lowering_uses_device=False,  # converts only; OpenVINO compiles when the partition first runs
-        )
+def _describe(openvino_version: str) -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=GRAPH_LEVEL,
+        device_kinds=("cpu",),
+        version=f"{openvino_version.split('-')[0]}+lowering-{LOWERING_REVISION}",
+        description="OpenVINO, CPU plugin in fp32, and bf16 for bf16 partitions (converted to ONNX opset 17)",
+        runtime_needs=f"the collage-openvino plugin (pip install -e plugins/openvino) and openvino ({INSTALL_HINT})",
+        lowering_uses_device=False,  # converts only; OpenVINO compiles when the partition first runs
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    openvino = _import_openvino()
-    if isinstance(openvino, ImportError):
-        return Availability.no(f"openvino cannot be imported ({openvino}): {INSTALL_HINT}")
+def _missing(openvino) -> Optional[str]:
     try:
         devices = runtime.core().available_devices
     except Exception as error:  # noqa: BLE001 - OpenVINO raises its own RuntimeError subclasses
-        return Availability.no(f"openvino cannot start ({error}): {INSTALL_HINT}")
+        return f"openvino cannot start ({error}): {INSTALL_HINT}"
     if "CPU" not in devices:
-        return Availability.no(f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}")
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target):
-    if target.kind.name not in ("llvm", "c"):
-        return []
-    return engine_patterns.operator_patterns(BACKEND, sixteen_bit=sixteen_bit())
+        return f"this openvino has no CPU plugin (devices: {', '.join(devices) or 'none'}): {INSTALL_HINT}"
+    return None
 
 
 def lower_function(func, name: str):
@@ -108,24 +72,22 @@ def _dtypes(func) -> set:
     return found
 
 
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
-    return replace_functions(mod, function_names, lower_function)
-
-
-@hookimpl_for(BACKEND)
-def collage_lower_whole_model(backend, model, model_format, func, name, target):
-    if model_format != "onnx" or target.kind.name not in ("llvm", "c"):
-        return None
+def _whole_model(model: bytes, func, name: str):
     # The model file as its users run it, read by OpenVINO's ONNX frontend and compiled as every partition is
     # (latency hint, one stream, Collage's threads, f32 inference precision: a float32 file stays exact).
     return engine_lowering.packed_call_function(func, name, runtime.RUN_FUNCTION, engine_lowering.pack_blob(model))
 
 
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    openvino = _import_openvino()
-    if isinstance(openvino, ImportError):
-        raise RuntimeError(f"openvino cannot be imported ({openvino}): {INSTALL_HINT}")
-    runtime.register()
-    return True
+HOOKS = engine_hooks(
+    BACKEND,
+    engine="openvino",
+    install_hint=INSTALL_HINT,
+    describe=_describe,
+    missing=_missing,
+    target_kinds=("llvm", "c"),
+    sixteen_bit=sixteen_bit,
+    lowering=lambda mod, function_names, target: lower_function,
+    whole_onnx_model=_whole_model,
+    register_runtime=runtime.register,
+)
+globals().update(HOOKS.hookimpls())  # collage_register_backends, collage_check_availability, ...
