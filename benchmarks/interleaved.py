@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -114,6 +115,19 @@ def _library_function(library: str, inputs: Optional[str], example=None):
     return lambda: vm["main"](*arguments)
 
 
+def started_as_told(library: Path) -> Optional[dict]:
+    """The environment a library's process starts with: what its runtime file says the deployment should set
+    (how idle threads wait, where backends' pools take turns), as ``load_library`` tells a user; None (this
+    process's own) for a library that records nothing."""
+    from collage_core.build.deploy import LibraryLoadError, read_runtime_file
+
+    try:
+        told = read_runtime_file(library).get("environment") or {}
+    except LibraryLoadError:
+        return None
+    return {**os.environ, **told} if told else None
+
+
 def serve(kind: str, name: str, batch: int, library: str, inputs: Optional[str] = None) -> None:
     """The contender's side: set up, warm up, then answer ``n`` with the seconds of ``n`` runs."""
     protocol = sys.stdout
@@ -164,6 +178,7 @@ def measure(
                 stdout=subprocess.PIPE,
                 text=True,
                 cwd=ROOT,
+                env=started_as_told(Path(path)) if kind in LIBRARIES or inputs else None,  # the peers as they are
             )
             line = process.stdout.readline()
             if not line:

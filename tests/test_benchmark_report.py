@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -521,3 +522,23 @@ def test_more_families_get_a_section_of_their_own_with_their_geomean_and_how_man
     assert "| deep_b1 | 22.00 ± 0.50 | 1.10 |" in family_part and "### wide_b1" in family_part
     assert "`python benchmarks/peers.py --set families`" in family_part
     assert peers_report.family_section(tmp_path / "nothing", "cmd", tmp_path / "n.png") == []
+
+
+def test_a_library_is_timed_in_a_process_started_as_its_runtime_file_tells_a_deployment(tmp_path, monkeypatch):
+    import interleaved
+
+    from collage_core.build import deploy
+    from collage_core.measure import threads
+
+    for name in threads.USER_WAIT_CHOICES:
+        monkeypatch.delenv(name, raising=False)
+    needs = {name: {"kind": "op-level", "version": "1", "needs": ""} for name in ("dnnl", "tvm")}
+    mixed, alone = tmp_path / "mixed.so", tmp_path / "alone.so"
+    for library, backends in ((mixed, needs), (alone, {"tvm": needs["tvm"]})):
+        library.write_bytes(b"")
+        deploy.write_runtime_file(library, backends)
+    environment = interleaved.started_as_told(mixed)
+    assert {name: environment[name] for name in threads.WAIT_SETTINGS} == threads.WAIT_SETTINGS
+    assert environment["PATH"] == os.environ["PATH"]
+    assert interleaved.started_as_told(alone) is None  # one pool: nothing to tell
+    assert interleaved.started_as_told(tmp_path / "missing.so") is None
