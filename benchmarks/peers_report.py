@@ -396,7 +396,9 @@ def family_section(raw_root: Path, command: str, chart: Path) -> list[str]:
         f"Command: `{command}` (resumable; raw results in `benchmarks/{raw_root.name}/`). Models of families beyond "
         "the six above, built by `scripts/make_hf_models.py` from each family's published configuration (its "
         "`FAMILIES`; seeded random weights), timed as above: Collage's library and the peers in turns, in one run "
-        "per model, on the machine above.",
+        "per model.",
+        "",
+        *recorded_machine(raw_root),
         "",
         f"Collage within 2% of the best peer or faster: {within} of {len(ratios['peer'])} models.",
         "",
