@@ -342,6 +342,7 @@ def measure_on_gpu(
     budget: Budget | None = None,
     peer_timeout_s: float = PEER_TIMEOUT_S,
     retry_failed: bool = False,
+    cost_dbs: Path | None = None,
 ) -> dict:
     """Collage at each precision on the GPU and the PyTorch peers (``modes``) at each precision, each measured once
     and kept as it is measured: a call resumes where the one before stopped. ``only``: "peers" or "collage".
@@ -350,7 +351,9 @@ def measure_on_gpu(
     out; one cut short by ``budget`` is not recorded, nor is a Collage run. A recorded failure or time-out stays
     unless ``retry_failed``. Collage's runs of one model and batch share a cost database (its keys hold the precision,
     so nothing is mixed up): an accuracy budget's probes reuse what the plain runs measured. Single-backend baselines
-    are left out unless ``compare``: the comparison here is with the peers."""
+    are left out unless ``compare``: the comparison here is with the peers. The cost databases lie in ``cost_dbs``
+    (default: a folder under the temporary directory), so a run cut short by ``budget`` resumes with what it measured
+    when the folder travels to the next machine."""
     budget = budget or Budget(None)
     path = raw / f"{_stem(name, batch)}.json"
     record = (
@@ -386,7 +389,7 @@ def measure_on_gpu(
             # The precisions measured before stay; an entry of records older than one process per precision goes.
             record["peers"][mode] = {**{p: r for p, r in measured.items() if p != "error"}, precision: result}
             keep()
-    cost_db = Path(tempfile.gettempdir()) / "collage-precision" / f"{_stem(name, batch)}.sqlite"
+    cost_db = (cost_dbs or Path(tempfile.gettempdir()) / "collage-precision") / f"{_stem(name, batch)}.sqlite"
     cost_db.parent.mkdir(parents=True, exist_ok=True)
     for spec in precisions if only != "peers" else ():  # "bf16", with an accuracy budget "bf16@1e-3", with another backend "fp16+cutlass"
         if wanted(record["collage"].get(spec)):
@@ -743,6 +746,13 @@ def main() -> None:
         help="with --device cuda: a peer's process still running after this long is recorded as timed out",
     )
     parser.add_argument("--retry-failed", action="store_true", help="with --device cuda: measure again what failed or timed out")
+    parser.add_argument(
+        "--cost-dbs",
+        type=Path,
+        default=None,
+        help="with --device cuda: the folder of Collage's cost databases, one per model and batch (default: under the temporary "
+        "directory); a run cut short by --budget-s resumes from it",
+    )
     parser.add_argument("--only-report", action="store_true")
     parser.add_argument(
         "--again",
@@ -777,6 +787,7 @@ def main() -> None:
                             budget,
                             args.peer_timeout_s,
                             args.retry_failed,
+                            args.cost_dbs,
                         )
                     )
         if not args.only_report:
