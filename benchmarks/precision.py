@@ -343,6 +343,7 @@ def measure_on_gpu(
     peer_timeout_s: float = PEER_TIMEOUT_S,
     retry_failed: bool = False,
     cost_dbs: Path | None = None,
+    collage_args: tuple = (),
 ) -> dict:
     """Collage at each precision on the GPU and the PyTorch peers (``modes``) at each precision, each measured once
     and kept as it is measured: a call resumes where the one before stopped. ``only``: "peers" or "collage".
@@ -353,7 +354,7 @@ def measure_on_gpu(
     so nothing is mixed up): an accuracy budget's probes reuse what the plain runs measured. Single-backend baselines
     are left out unless ``compare``: the comparison here is with the peers. The cost databases lie in ``cost_dbs``
     (default: a folder under the temporary directory), so a run cut short by ``budget`` resumes with what it measured
-    when the folder travels to the next machine."""
+    when the folder travels to the next machine. ``collage_args`` go to every ``collage optimize`` (``--budget 240``)."""
     budget = budget or Budget(None)
     path = raw / f"{_stem(name, batch)}.json"
     record = (
@@ -404,6 +405,7 @@ def measure_on_gpu(
                 "cuda",
                 *(("--accuracy-budget", accuracy_budget) if accuracy_budget else ()),
                 *(() if compare else ("--no-compare",)),
+                *collage_args,
             )
             print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}", flush=True)
             out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-").replace("+", "-")
@@ -753,6 +755,9 @@ def main() -> None:
         help="with --device cuda: the folder of Collage's cost databases, one per model and batch (default: under the temporary "
         "directory); a run cut short by --budget-s resumes from it",
     )
+    parser.add_argument(
+        "--collage-args", default="", help="with --device cuda: more arguments for every collage optimize, as one string ('--budget 240')"
+    )
     parser.add_argument("--only-report", action="store_true")
     parser.add_argument(
         "--again",
@@ -788,6 +793,7 @@ def main() -> None:
                             args.peer_timeout_s,
                             args.retry_failed,
                             args.cost_dbs,
+                            tuple(shlex.split(args.collage_args)),
                         )
                     )
         if not args.only_report:
