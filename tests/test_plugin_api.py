@@ -1,5 +1,6 @@
-"""The plugin API: plugins import ``collage_core.kit`` alone; ``hookimpl_for`` declares hooks for one backend, and
-``native_kernel_hooks`` and ``engine_hooks`` every hook of a native-kernel backend or of a graph-level engine."""
+"""The plugin API: plugins import ``collage_core.kit`` alone; ``hookimpl_for`` declares hooks for one backend,
+``backend_hooks`` every hook of a backend, and ``native_kernel_hooks`` and ``engine_hooks`` (through it) every hook
+of a native-kernel backend or of a graph-level engine."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 import types
 from pathlib import Path
 
-import attrs
 import pluggy
 import pytest
 
@@ -210,11 +210,133 @@ def test_hookimpl_for_takes_the_backend_by_keyword_too():
     assert collage_prepare_runtime(Backend("theirs", OP_LEVEL, ("cpu",), "1")) is None
 
 
-# native_kernel_hooks
+# backend_hooks
 
 
 class Missing(RuntimeError):
     pass
+
+
+def target_of(kind: str):
+    return types.SimpleNamespace(kind=types.SimpleNamespace(name=kind))
+
+
+def backend_plugin(**optional):
+    """A backend ``mine`` declared with ``backend_hooks`` on LLVM targets, with the ``optional`` hooks given;
+    the plugin's ``calls`` lists what the declaration was asked."""
+    calls = []
+
+    def missing():
+        calls.append("missing")
+        return None
+
+    def lowering(mod, function_names, target):
+        calls.append(("lowering", list(function_names), target.kind.name))
+        return lambda func, name: func.with_attr("lowered_as", name)
+
+    declared = kit.backend_hooks(
+        "mine",
+        describe=lambda: Backend("mine", OP_LEVEL, ("cpu",), "1"),
+        missing=missing,
+        target_kinds=("llvm",),
+        patterns=lambda target, precision: [f"a pattern on {target.kind.name} at {precision}"],
+        lowering=lowering,
+        prepare_runtime=lambda: calls.append("prepared"),
+        **optional,
+    )
+    return types.SimpleNamespace(calls=calls, declared=declared, **declared.hookimpls())
+
+
+def test_backend_hooks_answer_for_their_backend_alone():
+    plugin = backend_plugin(
+        runtime_libraries=lambda: [Path("/kernels/libmine.so")],
+        lower_whole_model=lambda model, model_format, func, name, target: (model, model_format, name),
+    )
+    pm = manager(plugin)
+    registered = []
+    pm.hook.collage_register_backends(register=registered.append)
+    (mine,) = registered
+    theirs = Backend("theirs", OP_LEVEL, ("cpu",), "1")
+    llvm = target_of("llvm")
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.yes()
+    assert pm.hook.collage_contribute_patterns(backend=mine, target=llvm, precision="bf16") == [["a pattern on llvm at bf16"]]
+    mod = partitions_module()
+    lowered = pm.hook.collage_lower_partitions(backend=mine, mod=mod, function_names=["part"], target=llvm)
+    assert lowered["part"].attrs["lowered_as"] == "part" and "lowered_as" not in lowered["other"].attrs
+    assert pm.hook.collage_prepare_runtime(backend=mine) is True
+    assert pm.hook.collage_runtime_libraries(backend=mine) == [Path("/kernels/libmine.so")]
+    whole = dict(model=b"model bytes", model_format="onnx", func=mod["part"], name="main", target=llvm)
+    assert pm.hook.collage_lower_whole_model(backend=mine, **whole) == (b"model bytes", "onnx", "main")
+    assert plugin.calls == ["missing", ("lowering", ["part"], "llvm"), "prepared"]
+    for hook in ("collage_check_availability", "collage_prepare_runtime", "collage_runtime_libraries"):
+        assert getattr(pm.hook, hook)(backend=theirs) is None
+    assert pm.hook.collage_contribute_patterns(backend=theirs, target=llvm, precision="fp32") == []
+    assert pm.hook.collage_lower_partitions(backend=theirs, mod=mod, function_names=["part"], target=llvm) is None
+    assert pm.hook.collage_lower_whole_model(backend=theirs, **whole) is None
+    assert plugin.calls == ["missing", ("lowering", ["part"], "llvm"), "prepared"], "nothing is asked for another backend"
+
+
+def test_backend_hooks_contribute_and_run_whole_models_on_their_target_kinds_only():
+    plugin = backend_plugin(lower_whole_model=lambda model, model_format, func, name, target: name)
+    mine, cuda = Backend("mine", OP_LEVEL, ("cpu",), "1"), target_of("cuda")
+    assert plugin.collage_contribute_patterns(mine, cuda, "fp32") == []
+    assert plugin.collage_lower_whole_model(mine, b"", "onnx", None, "main", cuda) is None
+    everywhere = kit.backend_hooks(
+        "mine", describe=None, missing=None, patterns=lambda target, precision: [target.kind.name], lowering=None, prepare_runtime=None
+    )
+    assert everywhere.collage_contribute_patterns(mine, cuda, "fp32") == ["cuda"], "no target_kinds: every target"
+
+
+def test_backend_hooks_say_what_is_missing_and_raise_what_preparing_raised():
+    def prepare_runtime():
+        raise Missing("libmine not found: apt-get install libmine-dev")
+
+    declared = kit.backend_hooks(
+        "mine",
+        describe=None,
+        missing=kit.reason_raised_by(prepare_runtime, Missing),
+        patterns=None,
+        lowering=None,
+        prepare_runtime=prepare_runtime,
+    )
+    pm = manager(types.SimpleNamespace(**declared.hookimpls()))
+    mine = Backend("mine", OP_LEVEL, ("cpu",), "1")
+    assert pm.hook.collage_check_availability(backend=mine) == Availability.no("libmine not found: apt-get install libmine-dev")
+    with pytest.raises(Missing, match="libmine not found"):
+        pm.hook.collage_prepare_runtime(backend=mine)
+
+
+def test_reason_raised_by_is_none_when_the_check_returns_and_lets_other_errors_through():
+    assert kit.reason_raised_by(lambda: "fine", Missing)() is None
+    with pytest.raises(KeyError):
+        kit.reason_raised_by(lambda: {}["absent"], Missing)()
+
+
+def test_backend_hooks_leave_out_the_optional_hooks_unless_declared():
+    plugin = backend_plugin()
+    assert set(plugin.declared.hookimpls()) == {
+        "collage_register_backends",
+        "collage_check_availability",
+        "collage_contribute_patterns",
+        "collage_lower_partitions",
+        "collage_prepare_runtime",
+    }
+    assert plugin.declared.collage_runtime_libraries is None and plugin.declared.collage_lower_whole_model is None
+    pm = manager(plugin)
+    assert pm.hook.collage_runtime_libraries(backend=Backend("mine", OP_LEVEL, ("cpu",), "1")) is None
+
+
+def test_backend_hooks_refuse_to_register_a_backend_of_another_name():
+    misnamed = kit.backend_hooks(
+        "mine", describe=lambda: Backend("other", OP_LEVEL, ("cpu",), "1"), missing=None, patterns=None, lowering=None, prepare_runtime=None
+    )
+    registered = []
+    with pytest.raises(ValueError, match="the hooks declared for 'mine' describe a backend named 'other'"):
+        misnamed.collage_register_backends(register=registered.append)
+    assert registered == []
+
+
+# native_kernel_hooks
 
 
 def native_plugin(loads: list, missing: str = ""):
@@ -233,7 +355,7 @@ def native_plugin(loads: list, missing: str = ""):
         lower_function=lambda func, name: func,
         built_library=lambda: Path("/kernels/libmine.so"),
     )
-    return types.SimpleNamespace(**attrs.asdict(declared, recurse=False))
+    return types.SimpleNamespace(**declared.hookimpls())
 
 
 def test_native_kernel_hooks_implement_every_hook_of_a_native_backend_for_it_alone():
@@ -271,7 +393,7 @@ def test_native_kernel_hooks_say_what_is_missing_and_refuse_a_misnamed_backend()
         lower_function=None,
         built_library=None,
     )
-    with pytest.raises(ValueError, match="describes a backend named 'other'"):
+    with pytest.raises(ValueError, match="describe a backend named 'other'"):
         misnamed.collage_register_backends(register=lambda backend: None)
 
 
@@ -370,5 +492,5 @@ def test_engine_hooks_leave_out_the_whole_model_hook_unless_declared_and_refuse_
         lowering=None,
         register_runtime=None,
     )
-    with pytest.raises(ValueError, match="describes a backend named 'other'"):
+    with pytest.raises(ValueError, match="describe a backend named 'other'"):
         misnamed.collage_register_backends(register=lambda backend: None)

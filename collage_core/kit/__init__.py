@@ -1,7 +1,7 @@
 """The plugin API: all a backend plugin imports from Collage besides ``collage_core`` itself.
 
-Everything here but the declarations of :mod:`collage_core.kit.declare` (``hookimpl_for``,
-``native_kernel_hooks``, ``engine_hooks``) is defined elsewhere in the core and re-exported, so a plugin's imports do
+Everything here but the declarations of :mod:`collage_core.kit.declare` (``hookimpl_for``, ``backend_hooks``,
+``reason_raised_by``, ``native_kernel_hooks``, ``engine_hooks``) is defined elsewhere in the core and re-exported, so a plugin's imports do
 not follow the core's modules as they move. ``tests/test_plugin_api.py`` fails when a file under
 ``plugins/`` imports any other module of the core; docs/plugins.md ("The kit") lists every name.
 A plugin's tests and benchmarks import their helpers from :mod:`collage_core.kit.testing`.
@@ -17,6 +17,8 @@ _EXPORTS = {
     # hooks
     "hookimpl": "collage_core.hookspecs:hookimpl",
     "hookimpl_for": "collage_core.kit.declare:hookimpl_for",
+    "backend_hooks": "collage_core.kit.declare:backend_hooks",
+    "reason_raised_by": "collage_core.kit.declare:reason_raised_by",
     "native_kernel_hooks": "collage_core.kit.declare:native_kernel_hooks",
     "engine_hooks": "collage_core.kit.declare:engine_hooks",
     # records

@@ -65,8 +65,8 @@ def test_collage_contribute_patterns_one_checked_pattern_per_operator(pm, backen
     assert [p.name for p in patterns] == [f"onnxruntime.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
     assert len({p.name for p in patterns}) == len(patterns)
     assert all(p.check is not None for p in patterns)
-    assert hooks.collage_contribute_patterns(backends["tvm"], TARGET) is None
-    assert hooks.collage_contribute_patterns(backends["onnxruntime"], tvm.target.Target({"kind": "cuda"})) == []
+    assert hooks.collage_contribute_patterns(backends["tvm"], TARGET, "fp32") is None
+    assert hooks.collage_contribute_patterns(backends["onnxruntime"], tvm.target.Target({"kind": "cuda"}), "fp32") == []
 
 
 def test_collage_contribute_patterns_refuses_what_the_converter_cannot_convert(pm, backends):

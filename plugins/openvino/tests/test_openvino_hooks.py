@@ -56,7 +56,7 @@ def test_collage_check_availability_says_what_is_missing(backends, monkeypatch):
 def test_collage_contribute_patterns_one_checked_pattern_per_convertible_operator(pm, backends):
     patterns = contribute_patterns(pm, backends["openvino"], TARGET)
     assert [p.name for p in patterns] == [f"openvino.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
-    assert hooks.collage_contribute_patterns(backends["openvino"], tvm.target.Target({"kind": "cuda"})) == []
+    assert hooks.collage_contribute_patterns(backends["openvino"], tvm.target.Target({"kind": "cuda"}), "fp32") == []
 
     def make(bb, x):
         conv = bb.emit(R.nn.conv2d(x, relax.const(np.ones((8, 3, 3, 3), F))))
