@@ -7,7 +7,7 @@ from pathlib import Path
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core.kit import OP_LEVEL, Availability, Backend, Pattern, hookimpl, hookimpl_for, replace_functions, sources_digest
+from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, sources_digest
 from collage_tvm import integer_powers
 
 BACKEND = "tvm"
@@ -68,44 +68,36 @@ def _fused_patterns() -> list[Pattern]:
     return patterns
 
 
-@hookimpl
-def collage_register_backends(register):
-    register(
-        Backend(
-            name=BACKEND,
-            kind=OP_LEVEL,
-            device_kinds=("cpu", "cuda"),
-            version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}",
-            description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
-            lowering_uses_device=False,  # compiles only: candidates are built several at once
-        )
+def _describe() -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=OP_LEVEL,
+        device_kinds=("cpu", "cuda"),
+        version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}",
+        description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
+        lowering_uses_device=False,  # compiles only: candidates are built several at once
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target):
+def _patterns(target, precision) -> list[Pattern]:
     single_operator = Pattern(f"{BACKEND}.op", wildcard())
     return [single_operator, *_fused_patterns()]
 
 
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
+def _lower_function(func, name):
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
     # function, so fusion never crosses a partition boundary. Small integer powers become
     # multiplications first: TVM's fast-math CUDA pow is NaN for negative bases.
-    return replace_functions(mod, function_names, lambda func, _: integer_powers.as_multiplications(func))
+    return integer_powers.as_multiplications(func)
 
 
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    return True  # TVM's kernels are compiled into the library itself
-
-
-@hookimpl_for(BACKEND)
-def collage_runtime_libraries(backend):
-    return []  # TVM's kernels are compiled into the library itself
+HOOKS = backend_hooks(
+    BACKEND,
+    describe=_describe,
+    missing=lambda: None,  # TVM itself is all it needs
+    patterns=_patterns,
+    lowering=lambda mod, function_names, target: _lower_function,
+    prepare_runtime=lambda: None,  # TVM's kernels are compiled into the library itself
+    runtime_libraries=lambda: [],  # TVM's kernels are compiled into the library itself
+)
+globals().update(HOOKS.hookimpls())  # collage_register_backends, collage_check_availability, ...
