@@ -10,18 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core.kit import (
-    OP_LEVEL,
-    TF32,
-    Availability,
-    Backend,
-    fused_groups,
-    hookimpl,
-    hookimpl_for,
-    replace_functions,
-    sources_digest,
-    strided_products,
-)
+from collage_core.kit import OP_LEVEL, TF32, Backend, backend_hooks, fused_groups, reason_raised_by, sources_digest, strided_products
 from collage_cutlass import conv_kernels, conv_specs, kernels, library, lowering, patterns, specs, tuning
 
 BACKEND = patterns.BACKEND
@@ -43,52 +32,43 @@ def _nvcc() -> str:
         return "none"
 
 
-@hookimpl
-def collage_register_backends(register):
-    register(
-        Backend(
-            name=BACKEND,
-            kind=OP_LEVEL,
-            device_kinds=("cuda",),
-            version=f"cutlass-{library.cutlass_version()}+nvcc-{_nvcc()}+kernels-{KERNELS_DIGEST}",
-            description="CUTLASS 3 Hopper GEMMs and implicit-GEMM convolutions (TMA, warp-specialized), bf16/fp16/TF32 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
-            runtime_needs=f"the collage-cutlass plugin (pip install -e plugins/cutlass), a Hopper GPU and {library.INSTALL_HINT}",
-        )
+def _describe() -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=OP_LEVEL,
+        device_kinds=("cuda",),
+        version=f"cutlass-{library.cutlass_version()}+nvcc-{_nvcc()}+kernels-{KERNELS_DIGEST}",
+        description="CUTLASS 3 Hopper GEMMs and implicit-GEMM convolutions (TMA, warp-specialized), bf16/fp16/TF32 with fused bias, residual, ReLU, GELU, SiLU; tuned per problem",
+        runtime_needs=f"the collage-cutlass plugin (pip install -e plugins/cutlass), a Hopper GPU and {library.INSTALL_HINT}",
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    try:
-        library.check_gpu()
-        library.cutlass_includes()
-        library.find_nvcc()
-    except library.CutlassUnavailable as unavailable:
-        return Availability.no(str(unavailable))
-    return Availability.yes()
+def _check_toolchain() -> None:
+    """Raise ``CutlassUnavailable`` saying what is missing: a Hopper GPU, CUTLASS's headers or nvcc."""
+    library.check_gpu()
+    library.cutlass_includes()
+    library.find_nvcc()
 
 
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target, precision):
-    if target.kind.name != "cuda":
-        return []
-    return patterns.patterns(tf32=precision == TF32)
-
-
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
-    return replace_functions(mod, function_names, lowering.lower_function)
-
-
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
+def _load_chosen_kernels() -> None:
     library.check_gpu()
     for kernel in library.chosen_kernels():  # every kernel chosen on this machine: what a library built here calls
         library.load(kernel)
-    return True
 
 
-@hookimpl_for(BACKEND)
-def collage_runtime_libraries(backend):
+def _built_libraries() -> list[Path]:
     built = library.build_all(library.chosen_kernels(), progress=False)
     return [path for path in built.values() if isinstance(path, Path)]
+
+
+HOOKS = backend_hooks(
+    BACKEND,
+    describe=_describe,
+    missing=reason_raised_by(_check_toolchain, library.CutlassUnavailable),
+    target_kinds=("cuda",),
+    patterns=lambda target, precision: patterns.patterns(tf32=precision == TF32),
+    lowering=lambda mod, function_names, target: lowering.lower_function,
+    prepare_runtime=_load_chosen_kernels,
+    runtime_libraries=_built_libraries,
+)
+globals().update(HOOKS.hookimpls())  # collage_register_backends, collage_check_availability, ...
