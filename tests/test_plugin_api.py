@@ -336,6 +336,11 @@ def test_backend_hooks_refuse_to_register_a_backend_of_another_name():
     assert registered == []
 
 
+def test_every_shipped_hooks_module_is_a_declaration():
+    hand_written = [str(path.relative_to(ROOT)) for path in PLUGINS.glob("*/collage_*/hooks.py") if "@hookimpl" in path.read_text()]
+    assert hand_written == []
+
+
 # native_kernel_hooks
 
 

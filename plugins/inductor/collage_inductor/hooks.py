@@ -25,16 +25,13 @@ from tvm import relax
 
 from collage_core.kit import (
     GRAPH_LEVEL,
-    Availability,
     Backend,
+    backend_hooks,
     cuda_libraries,
     engine_lowering,
     engine_operators,
     engine_patterns,
-    hookimpl,
-    hookimpl_for,
     packed_call_function,
-    replace_functions,
 )
 from collage_inductor import runtime
 
@@ -45,14 +42,6 @@ TRITON_INSTALL_HINT = "pip install triton"
 # How partitions are lowered and run. Part of the backend's version, so costs measured with other
 # code are never reused.
 LOWERING_REVISION = 3
-
-
-def _import_torch():
-    """The torch module, or the error importing it raised (the backend is then unavailable)."""
-    try:
-        return importlib.import_module("torch")
-    except ImportError as error:
-        return error
 
 
 def _torch_version() -> str:
@@ -97,51 +86,41 @@ def _torch_only_refusal(call) -> Optional[str]:
     return check(call) if check is not None else None
 
 
-@hookimpl
-def collage_register_backends(register):
-    register(
-        Backend(
-            name=BACKEND,
-            kind=GRAPH_LEVEL,
-            device_kinds=("cpu", "cuda"),
-            version=f"torch-{_torch_version()}+lowering-{LOWERING_REVISION}",
-            description="TorchInductor: torch.compile of partitions converted to PyTorch programs "
-            "(C++ kernels on the CPU, Triton kernels on CUDA; fp32, and bf16/fp16 on CUDA)",
-            runtime_needs=f"the collage-inductor plugin (pip install -e plugins/inductor), torch ({INSTALL_HINT}; "
-            f"on CUDA a CUDA build, {CUDA_INSTALL_HINT}, and triton) and a C++ compiler",
-            lowering_uses_device=False,  # converts and traces only; AOTInductor compiles when the partition first runs
-            # Inductor compiles each region for seconds: by default on CUDA, where that is small beside the
-            # run's other costs; on the CPU only when named.
-            chosen_by_default=("cuda",),
-        )
+def _describe() -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=GRAPH_LEVEL,
+        device_kinds=("cpu", "cuda"),
+        version=f"torch-{_torch_version()}+lowering-{LOWERING_REVISION}",
+        description="TorchInductor: torch.compile of partitions converted to PyTorch programs "
+        "(C++ kernels on the CPU, Triton kernels on CUDA; fp32, and bf16/fp16 on CUDA)",
+        runtime_needs=f"the collage-inductor plugin (pip install -e plugins/inductor), torch ({INSTALL_HINT}; "
+        f"on CUDA a CUDA build, {CUDA_INSTALL_HINT}, and triton) and a C++ compiler",
+        lowering_uses_device=False,  # converts and traces only; AOTInductor compiles when the partition first runs
+        # Inductor compiles each region for seconds: by default on CUDA, where that is small beside the
+        # run's other costs; on the CPU only when named.
+        chosen_by_default=("cuda",),
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
+def _missing() -> Optional[str]:
+    """What this machine lacks to run inductor (torch, a C++ compiler, on a GPU torch's CUDA build and
+    triton), asked without importing torch; None when it runs."""
     if importlib.util.find_spec("torch") is None:
-        return Availability.no(f"torch is not installed: {INSTALL_HINT}")
+        return f"torch is not installed: {INSTALL_HINT}"
     if _cpp_compiler() is None:
-        return Availability.no(
-            f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on the PATH: apt-get install g++"
-        )
-    cuda_refusal = _cuda_refusal()
-    if cuda_refusal is not None:
-        return Availability.no(cuda_refusal)
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target):
-    if target.kind.name not in ("llvm", "c", "cuda"):
-        return []
-    return engine_patterns.operator_patterns(BACKEND, _torch_only_refusal, sixteen_bit(target))
+        return f"TorchInductor needs a C++ compiler and {os.environ.get('CXX') or 'g++'} is not on the PATH: apt-get install g++"
+    return _cuda_refusal()
 
 
 def sixteen_bit(target) -> frozenset:
     """The 16-bit types partitions may hold besides float32 on ``target``: bfloat16 and float16 on CUDA (tensor
     cores), none on the CPU."""
     return engine_operators.SIXTEEN_BIT if target.kind.name == "cuda" else frozenset()
+
+
+def _patterns(target, precision) -> list:
+    return engine_patterns.operator_patterns(BACKEND, _torch_only_refusal, sixteen_bit(target))
 
 
 def lower_function(func, name: str, taken: frozenset = frozenset()):
@@ -157,16 +136,26 @@ def lower_function(func, name: str, taken: frozenset = frozenset()):
     return packed_call_function(func, name, runtime.RUN_FUNCTION, runtime.key_of(blob), [relax.const(blob), *func.params])
 
 
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
+def _lowering(mod, function_names, target):
     taken = sixteen_bit(target)
-    return replace_functions(mod, function_names, lambda func, name: lower_function(func, name, taken))
+    return lambda func, name: lower_function(func, name, taken)
 
 
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    torch = _import_torch()
-    if isinstance(torch, ImportError):
-        raise RuntimeError(f"torch cannot be imported ({torch}): {INSTALL_HINT}")
+def _prepare_runtime() -> None:
+    try:
+        importlib.import_module("torch")
+    except ImportError as error:
+        raise RuntimeError(f"torch cannot be imported ({error}): {INSTALL_HINT}") from error
     runtime.register()
-    return True
+
+
+HOOKS = backend_hooks(
+    BACKEND,
+    describe=_describe,
+    missing=_missing,
+    target_kinds=("llvm", "c", "cuda"),
+    patterns=_patterns,
+    lowering=_lowering,
+    prepare_runtime=_prepare_runtime,
+)
+globals().update(HOOKS.hookimpls())  # collage_register_backends, collage_check_availability, ...

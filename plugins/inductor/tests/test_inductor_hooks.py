@@ -104,7 +104,7 @@ def test_collage_contribute_patterns_one_checked_pattern_per_convertible_operato
     patterns = contribute_patterns(pm, backends["inductor"], TARGET)
     assert [p.name for p in patterns] == [f"inductor.{op.rsplit('.', 1)[1]}" for op in engine_operators.SUPPORTED_OPS]
     assert [p.name for p in contribute_patterns(pm, backends["inductor"], CUDA)] == [p.name for p in patterns]
-    assert hooks.collage_contribute_patterns(backends["inductor"], tvm.target.Target({"kind": "vulkan"})) == []
+    assert hooks.collage_contribute_patterns(backends["inductor"], tvm.target.Target({"kind": "vulkan"}), "fp32") == []
 
     def make(bb, x):
         conv = bb.emit(R.nn.conv2d(x, relax.const(np.ones((8, 3, 3, 3), F))))
