@@ -232,6 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     _option(optimize, "two_level.seed", "--seed", metavar="N")
     _option(optimize, "baseline_limit_s", "--baseline-limit", metavar="S")
     _option(optimize, "calibration_rounds", "--calibration-rounds", metavar="N")
+    _option(optimize, "tune_budget_s", "--tune-budget-s", metavar="S")
     _option(optimize, "settings.build_workers", "--jobs", metavar="N")
     _option(optimize, "precision", "--precision")
     _option(optimize, "accuracy_budget", "--accuracy-budget", metavar="E")

@@ -113,6 +113,23 @@ def collage_measure_candidate(backend: Backend, mod: tvm.IRModule, target: tvm.t
 
 
 @hookspec(firstresult=True)
+def collage_tune_partitions(
+    backend: Backend, mod: tvm.IRModule, function_names: list[str], target: tvm.target.Target, budget_s: float
+) -> int | None:
+    """Tune kernels for ``backend`` from the partitions named in ``function_names``, for at most ``budget_s`` seconds.
+
+    Optional, for backends whose kernels get faster by tuning on the device; called after the search when the
+    user gives a tuning budget, once per chosen backend in turn. ``mod`` is the placement's module as
+    ``collage_lower_partitions`` receives it; ``function_names`` are its op-level partitions, of every backend,
+    the most costly first by measured share of the placement. Tune those your backend can run better, keeping
+    what is tuned where later runs on this device find it, and say one line per tuned kernel on stderr. Change
+    ``backend``'s version when what it keeps changes: costs measured before are no longer its own. Return the
+    number of kernels tuned in this call, or None if ``backend`` is not yours; when any backend tuned one, the
+    core registers the backends anew and searches again. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
 def collage_prepare_runtime(backend: Backend) -> bool | None:
     """Make what ``backend``'s lowered partitions call available in this process.
 

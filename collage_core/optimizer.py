@@ -17,7 +17,7 @@ from collage_core.options import OptimizeOptions, keyword_signature
 from collage_core.outputs import output_folder, reuse
 from collage_core.outputs.result import OptimizedModel, kept
 from collage_core.plugins import get_plugin_manager
-from collage_core.search import accuracy_stage
+from collage_core.search import accuracy_stage, tuning_stage
 from collage_core.search import stage as search_stage
 
 
@@ -35,7 +35,9 @@ def optimize(
     kept in ``cost_db`` (default: the user cache); with ``output_dir`` the best placement so far is
     saved there as the search goes. ``calibration_rounds`` re-searches of the op-level placement
     with per-partition charges measured end to end are tried (0: none; see
-    :mod:`collage_core.search.calibration`). With ``compare_backends`` (default: when searching, not when
+    :mod:`collage_core.search.calibration`). With ``tune_budget_s``, the backends that tune spend at most that
+    many seconds on the kernels of the placement's costliest partitions, and the search runs again with the tuned
+    kernels among the candidates (see :mod:`collage_core.search.tuning_stage`). With ``compare_backends`` (default: when searching, not when
     replaying) each backend alone and TVM's unpartitioned build are measured too, and the closest
     of them timed in turns with the placement: the fastest by a margin is returned instead (never
     in a replay), and the searched placement is kept as ``searched-placement.json``. A baseline
@@ -68,6 +70,7 @@ def optimize(
         say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; target {target}")
         job = Job(placed_model, graph, target, pm, backends, options.settings, folder.path, say, options.show_progress, folder.scratch)
         placed = search_stage.place(job, options, search, clock)
+        placed = tuning_stage.tuned_and_searched_again(job, options, search, clock, placed)
 
         library = output_folder.library_file(folder.path, placed_model.name)
         if library.name != f"{placed_model.name}.so":

@@ -86,6 +86,13 @@ class OptimizeOptions:
     calibration_rounds: int = described(
         DEFAULT_ROUNDS, whole(0), "re-searches of the op-level placement with per-partition costs measured end to end (0: none)"
     )
+    tune_budget_s: float = described(
+        0.0,
+        number(0),
+        "seconds for tuning, after the search, the kernels of the placement's costliest partitions with backends that "
+        "tune (MetaSchedule for TVM's partitions: collage-metaschedule), into a database per device that later runs "
+        "reuse; the search then runs again with the tuned kernels as candidates of their own (0: no tuning)",
+    )
     verify: bool = described(
         True, BOOLEAN, "verify the outputs against the model's reference (ONNX Runtime or PyTorch) within the precision's tolerance"
     )

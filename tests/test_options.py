@@ -44,6 +44,7 @@ OPTION_CASES = [
     (["--baseline-limit", "5"], {"baseline_limit_s": 5.0}),
     (["--baseline-limit", "0"], {"baseline_limit_s": None}),
     (["--calibration-rounds", "0"], {"calibration_rounds": 0}),
+    (["--tune-budget-s", "60"], {"tune_budget_s": 60.0}),
     (["--jobs", "3"], {"settings.build_workers": 3}),
     (["--precision", "bf16"], {"precision": "bf16"}),
     (["--precision", "bf16", "--accuracy-budget", "0.01"], {"precision": "bf16", "accuracy_budget": 0.01}),
