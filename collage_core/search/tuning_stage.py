@@ -45,7 +45,8 @@ def tune(job: Job, parts, budget_s: float) -> int:
         f"tuning for at most {budget_s:.0f} s; the costliest partitions: {', '.join(f'{name} {share:.0%}' for name, share in shares[:8])}"
     )
     mod = partition_module(job.graph, parts)
-    names = [name for name, _ in shares]
+    present = {gvar.name_hint for gvar in mod.get_global_vars()}
+    names = [name for name, _ in shares if name in present]  # a partition whose results nothing reads is dropped
     started, tuned = time.monotonic(), 0
     for info in job.chosen:
         left = budget_s - (time.monotonic() - started)
