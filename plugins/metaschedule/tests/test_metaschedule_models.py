@@ -1,0 +1,34 @@
+"""tiny_bert optimized with a tuning budget: TVM's costliest partitions tuned by MetaSchedule, the search run again,
+tuned kernels placed where they won, and the outputs verified against ONNX Runtime. Minutes: marked slow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import collage_core
+from collage_core.kit.testing import get_plugin_manager
+
+MODELS = Path(__file__).resolve().parents[3] / "models"
+
+
+@pytest.mark.slow
+def test_tiny_bert_with_a_tuning_budget_places_tuned_kernels_and_verifies(tmp_path, monkeypatch):
+    from collage_core import optimizer
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: get_plugin_manager(extra_modules=["collage_metaschedule.hooks"]))
+    result = collage_core.optimize(
+        str(MODELS / "tiny_bert.onnx"),
+        backends=["tvm", "tvm-tuned"],
+        search="op-level",
+        cost_db=tmp_path / "costs.sqlite",
+        calibration_rounds=0,
+        compare_backends=False,
+        tune_budget_s=60,
+        show_progress=False,
+    )
+    assert "tuning" in result.phases_s and result.phases_s["tuning"] <= 60 + 5
+    assert result.end_to_end[0].operators_by_backend.get("tvm-tuned", 0) > 0
+    assert result.verification is not None and result.verification.passed
