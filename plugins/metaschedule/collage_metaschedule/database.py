@@ -8,6 +8,8 @@ killed at its budget keeps what it measured.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -91,9 +93,12 @@ def _check_lines(path: Path) -> None:
         try:
             json.loads(torn)
         except ValueError:
-            log.warning("%s: its last line is a record a killed run was writing; it is cut off", path)
-            with open(path, "r+b") as handle:
-                handle.truncate(len(data) - len(torn))
+            with tuning_lock(path.parent) as held:
+                if not held:
+                    raise TuningDatabaseError(f"tuning database {path}: a tuning run is writing it; try again when it ends") from None
+                log.warning("%s: its last line is a record a killed run was writing; it is cut off", path)
+                with open(path, "r+b") as handle:
+                    handle.truncate(len(data) - len(torn))
             lines = lines[:-1]
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -105,6 +110,23 @@ def _check_lines(path: Path) -> None:
                 f"tuning database {path}: line {number} is not a MetaSchedule record ({error}); "
                 "move the file away to start this device's database again"
             ) from None
+
+
+@contextlib.contextmanager
+def tuning_lock(folder: Path):
+    """Holds the database's lock while the block runs, and says whether it got it: one tuning run writes a folder
+    at a time (MetaSchedule's records name their workload by its line in the workloads file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "tuning.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def workload(prim_func) -> tvm.IRModule:

@@ -52,6 +52,8 @@ def kernels(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc
 def scheduled_kernels(mod: tvm.IRModule, target: tvm.target.Target, db) -> dict:
     """Each kernel of ``mod`` (a legalized partition) by its global variable, scheduled by its tuned record and
     marked as such; :class:`NotTuned` naming the first kernel without one."""
+    if not kernels(mod):
+        raise NotTuned("TVM's pipeline makes no kernel of it: there is nothing tuned to run")
     found = {}
     for gvar, func in kernels(mod):
         best = database.tuned(db, func, target)

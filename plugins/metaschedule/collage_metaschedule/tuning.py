@@ -58,8 +58,9 @@ def kernels_to_tune(mod: tvm.IRModule, function_names, target: tvm.target.Target
 
 
 def tune(mod: tvm.IRModule, function_names, target: tvm.target.Target, budget_s: float, say=print) -> int:
-    """Tune the kernels of the named partitions of ``mod`` for at most ``budget_s`` seconds; the number of kernels
-    that have a tuned record at the end. ``say`` gets one line per kernel as it is done."""
+    """Tune the kernels of the named partitions of ``mod`` that have no record, for at most ``budget_s`` seconds;
+    how many of them have one now. ``say`` gets one line per kernel as it is done. One run tunes into a device's
+    database at a time: while another holds it, nothing is tuned."""
     started = time.monotonic()
     database.open_database(target)  # a corrupt database is refused before anything is tuned
     wanted = kernels_to_tune(mod, function_names, target)
@@ -67,7 +68,18 @@ def tune(mod: tvm.IRModule, function_names, target: tvm.target.Target, budget_s:
         say("tvm-tuned: every kernel of these partitions is tuned already")
         return 0
     folder = database.prepare_folder(target)
-    say(f"tvm-tuned: tuning {len(wanted)} kernels for at most {budget_s:.0f} s into {folder}")
+    with database.tuning_lock(folder) as held:
+        if not held:
+            say(f"tvm-tuned: another run is tuning into {folder}; nothing is tuned now")
+            return 0
+        say(f"tvm-tuned: tuning {len(wanted)} kernels for at most {budget_s:.0f} s into {folder}")
+        _run_child(wanted, target, folder, started, budget_s, say)
+    db = database.open_database(target)
+    return sum(database.tuned(db, kernel, target) is not None for _, kernel in wanted)
+
+
+def _run_child(wanted, target: tvm.target.Target, folder: Path, started: float, budget_s: float, say) -> None:
+    """Tune ``wanted`` in a child process until ``started + budget_s``."""
     with tempfile.TemporaryDirectory(prefix="collage-tuning-") as scratch:
         spec = Path(scratch) / "kernels.json"
         spec.write_text(
@@ -79,6 +91,7 @@ def tune(mod: tvm.IRModule, function_names, target: tvm.target.Target, budget_s:
                     "folder": str(folder),
                     "budget_s": max(budget_s - (time.monotonic() - started), 0.0),
                     "trials_per_round": TRIALS_PER_ROUND,
+                    "max_trials_per_kernel": MAX_TRIALS_PER_KERNEL,
                     "work_dir": scratch,
                 }
             )
@@ -94,8 +107,6 @@ def tune(mod: tvm.IRModule, function_names, target: tvm.target.Target, budget_s:
         if child.returncode not in (0, -9):  # -9: killed at the budget
             said = (Path(scratch) / "tuning.log").read_text(errors="replace").strip().splitlines()
             say(f"tvm-tuned: the tuning process failed ({said[-1] if said else f'exit status {child.returncode}'})")
-    db = database.open_database(target)
-    return sum(database.tuned(db, kernel, target) is not None for _, kernel in wanted)
 
 
 def _relay(child: subprocess.Popen, deadline: float, say) -> None:
@@ -145,7 +156,7 @@ def _tune_kernels(spec: dict, progress) -> None:
         share_end = time.monotonic() + left / (len(names) - index)
         kernel_started, trials, round_s = time.monotonic(), 0, LEAST_ROUND_S
         # A round is started only when one as long as the last one fits in the kernel's share.
-        while trials < MAX_TRIALS_PER_KERNEL and share_end - time.monotonic() > round_s:
+        while trials < spec["max_trials_per_kernel"] and share_end - time.monotonic() > round_s:
             round_started = time.monotonic()
             context = ms.TuneContext(
                 mod=database.workload(kernel),
