@@ -50,11 +50,18 @@ def collage_contribute_patterns(backend, target):
     database.open_database(target)  # a corrupt database: one warning naming the file, and no tuned candidates
     registered = []
     tvm_hooks.collage_register_backends(registered.append)
-    check = _tuned_check(target)
+    tuned = _tuned_check(target)
     return [
-        Pattern(f"{BACKEND}.{pattern.name.split('.', 1)[1]}", pattern.dpl, check)
+        Pattern(f"{BACKEND}.{pattern.name.split('.', 1)[1]}", pattern.dpl, _both(pattern.check, tuned))
         for pattern in tvm_hooks.collage_contribute_patterns(backend=registered[0], target=target)
     ]
+
+
+def _both(first, then):
+    """A check that takes a match when ``first`` (None: any match) and then ``then`` take it."""
+    if first is None:
+        return then
+    return lambda match: bool(first(match)) and then(match)
 
 
 @hookimpl_for(BACKEND)
