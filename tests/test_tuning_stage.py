@@ -99,3 +99,18 @@ def test_without_a_tuning_budget_no_backend_is_asked_to_tune(tuning_double, tmp_
         show_progress=False,
     )
     assert not (tmp_path / "tuned.json").exists()
+
+
+def test_a_tuning_budget_without_a_backend_that_tunes_says_so_and_keeps_the_placement(tuning_double, tmp_path, capsys):
+    result = collage_core.optimize(
+        small_model(),
+        backends=["tvm"],
+        search="op-level",
+        cost_db=tmp_path / "costs.sqlite",
+        compare_backends=False,
+        calibration_rounds=0,
+        tune_budget_s=5,
+    )
+    assert "no selected backend tunes kernels" in capsys.readouterr().err
+    assert result.end_to_end[0].operators_by_backend == {"tvm": 3}
+    assert not (tmp_path / "tuned.json").exists()

@@ -47,7 +47,7 @@ def tune(job: Job, parts, budget_s: float) -> int:
     mod = partition_module(job.graph, parts)
     present = {gvar.name_hint for gvar in mod.get_global_vars()}
     names = [name for name, _ in shares if name in present]  # a partition whose results nothing reads is dropped
-    started, tuned = time.monotonic(), 0
+    started, tuned, answered = time.monotonic(), 0, False
     for info in job.chosen:
         left = budget_s - (time.monotonic() - started)
         if left <= 0:
@@ -58,8 +58,10 @@ def tune(job: Job, parts, budget_s: float) -> int:
         ):
             if error:
                 log.warning("plugin %s: collage_tune_partitions raised %s; nothing more is tuned for %s", plugin_name, error, info.name)
-            elif result:
-                tuned += int(result)
+            elif result is not None:
+                answered, tuned = True, tuned + int(result)
+    if not answered:
+        job.say("no selected backend tunes kernels (`collage backends` lists the installed ones)")
     return tuned
 
 
