@@ -47,7 +47,10 @@ def collage_check_availability(backend):
 
 @hookimpl_for(BACKEND)
 def collage_contribute_patterns(backend, target):
-    database.open_database(target)  # a corrupt database: one warning naming the file, and no tuned candidates
+    # A corrupt database raises: one warning naming the file, and no tuned candidates. Without a database nothing
+    # is tuned on this device yet: no patterns, rather than every match of TVM's refused by its check.
+    if database.open_database(target) is None:
+        return []
     registered = []
     tvm_hooks.collage_register_backends(registered.append)
     tuned = _tuned_check(target)
@@ -98,8 +101,6 @@ def _tuned_check(target):
 
     def check(match) -> bool:
         db = database.open_database(target)
-        if db is None:
-            raise lowering.NotTuned(f"no tuned kernels for this device yet ({database.folder_for(target)}): `--tune-budget-s S` tunes them")
         func = match_function(match)
         key = tvm_compat.structural_key(func)  # weights' values do not change the kernels
         if key not in refused:

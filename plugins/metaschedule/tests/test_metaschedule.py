@@ -167,3 +167,9 @@ def test_the_hooks_keep_the_plugin_contract_where_records_exist(tuned):
 
     pm, _, _, _ = tuned
     assert contract_problems(pm, "tvm-tuned", function_module(matmul_relu, *SHAPES), timed=False) == []
+
+
+def test_without_a_database_for_this_device_there_are_no_tuned_patterns(tuned, tmp_path, monkeypatch):
+    pm, target, _, _ = tuned
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    assert contribute_patterns(pm, backends_now(pm)["tvm-tuned"], target) == []
