@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -152,12 +151,3 @@ def best_seconds(database, prim_func) -> Optional[float]:
         return None
     secs = [float(value) for value in top[0].run_secs]
     return sum(secs) / len(secs)
-
-
-def environment_for_child() -> dict:
-    """This process's environment, with its import path, for a tuning process that imports what this one did."""
-    import sys
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
-    return env

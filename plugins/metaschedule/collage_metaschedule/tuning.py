@@ -101,12 +101,19 @@ def _run_child(wanted, target: tvm.target.Target, folder: Path, started: float, 
                 [sys.executable, "-m", "collage_metaschedule.tuning", str(spec)],
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=database.environment_for_child(),
+                env=_environment_for_child(),
             )
             _relay(child, started + budget_s, say)
         if child.returncode not in (0, -9):  # -9: killed at the budget
             said = (Path(scratch) / "tuning.log").read_text(errors="replace").strip().splitlines()
             say(f"tvm-tuned: the tuning process failed ({said[-1] if said else f'exit status {child.returncode}'})")
+
+
+def _environment_for_child() -> dict:
+    """This process's environment, with its import path: the child imports what this process did."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+    return env
 
 
 def _relay(child: subprocess.Popen, deadline: float, say) -> None:
