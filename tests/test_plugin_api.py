@@ -17,6 +17,7 @@ import pytest
 import collage_core
 from collage_core import hookspecs, kit
 from collage_core.kit import testing as kit_testing
+from collage_core.kit import tvm_compat
 from collage_core.records import OP_LEVEL, Availability, Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,6 +325,31 @@ def test_backend_hooks_leave_out_the_optional_hooks_unless_declared():
     assert plugin.declared.collage_runtime_libraries is None and plugin.declared.collage_lower_whole_model is None
     pm = manager(plugin)
     assert pm.hook.collage_runtime_libraries(backend=Backend("mine", OP_LEVEL, ("cpu",), "1")) is None
+
+
+def test_backend_hooks_tune_and_lower_whole_modules_for_their_backend_only():
+    calls = []
+    declared = kit.backend_hooks(
+        "mine",
+        describe=lambda: Backend("mine", OP_LEVEL, ("cpu",), "1"),
+        missing=lambda: None,
+        patterns=lambda target, precision: [],
+        lowering=None,
+        lower_module=lambda mod, names, target: calls.append(("lower", names)) or "the module lowered",
+        prepare_runtime=lambda: None,
+        tune_partitions=lambda mod, names, target, budget_s: calls.append(("tune", names, budget_s)) or len(names),
+    )
+    pm = manager(types.SimpleNamespace(**declared.hookimpls()))
+    mine, theirs = Backend("mine", OP_LEVEL, ("cpu",), "1"), Backend("theirs", OP_LEVEL, ("cpu",), "1")
+    llvm = tvm_compat.make_target("llvm")
+    assert pm.hook.collage_tune_partitions(backend=mine, mod=None, function_names=["p0", "p1"], target=llvm, budget_s=5.0) == 2
+    assert pm.hook.collage_tune_partitions(backend=theirs, mod=None, function_names=["p0"], target=llvm, budget_s=5.0) is None
+    assert pm.hook.collage_lower_partitions(backend=mine, mod=None, function_names=["p0"], target=llvm) == "the module lowered"
+    assert calls == [("tune", ["p0", "p1"], 5.0), ("lower", ["p0"])]
+    with pytest.raises(TypeError, match="give both lowering and lower_module"):
+        kit.backend_hooks(
+            "mine", describe=None, missing=None, patterns=None, lowering=lambda *a: None, lower_module=lambda *a: None, prepare_runtime=None
+        )
 
 
 def test_backend_hooks_refuse_to_register_a_backend_of_another_name():

@@ -66,6 +66,7 @@ class BackendHooks:
     collage_prepare_runtime: Callable
     collage_runtime_libraries: Optional[Callable] = None
     collage_lower_whole_model: Optional[Callable] = None
+    collage_tune_partitions: Optional[Callable] = None
 
     def hookimpls(self) -> dict[str, Callable]:
         """Each hook the backend implements under its name, for the plugin's hooks module to hold as its own:
@@ -79,11 +80,13 @@ def backend_hooks(
     describe: Callable[[], Backend],
     missing: Callable[[], Optional[str]],
     patterns: Callable[[tvm.target.Target, str], list[Pattern]],
-    lowering: Callable[[tvm.IRModule, list[str], tvm.target.Target], Callable[[relax.Function, str], relax.Function]],
+    lowering: Optional[Callable[[tvm.IRModule, list[str], tvm.target.Target], Callable[[relax.Function, str], relax.Function]]],
     prepare_runtime: Callable[[], object],
     target_kinds: Optional[Sequence[str]] = None,
     runtime_libraries: Optional[Callable[[], list[Path]]] = None,
     lower_whole_model: Optional[Callable[[bytes, str, relax.Function, str, tvm.target.Target], Optional[relax.Function]]] = None,
+    lower_module: Optional[Callable[[tvm.IRModule, list[str], tvm.target.Target], tvm.IRModule]] = None,
+    tune_partitions: Optional[Callable[[tvm.IRModule, list[str], tvm.target.Target, float], int]] = None,
 ) -> BackendHooks:
     """Declare a backend once; the kit implements its hooks, each answering for ``backend_name`` alone.
 
@@ -96,8 +99,13 @@ def backend_hooks(
     missing when it cannot. Optional hooks are implemented only when given: ``runtime_libraries()``, the
     native libraries exports carry (``[]`` when TVM compiles the partitions into the library);
     ``lower_whole_model(model, model_format, func, name, target)``, a model file run whole on a target of
-    ``target_kinds``, or None for a format it does not run.
+    ``target_kinds``, or None for a format it does not run; ``tune_partitions(mod, function_names, target,
+    budget_s)``, how many kernels it tuned for those partitions within ``budget_s`` seconds. A lowering that adds
+    functions of its own to the module (tuned kernels the partitions call) gives ``lower_module(mod,
+    function_names, target)``, the whole module lowered, instead of ``lowering`` (None then).
     """
+    if lowering is not None and lower_module is not None:
+        raise TypeError(f"the hooks declared for {backend_name!r} give both lowering and lower_module: one lowers their partitions")
 
     def serves(target: tvm.target.Target) -> bool:
         return target_kinds is None or target.kind.name in target_kinds
@@ -120,6 +128,8 @@ def backend_hooks(
 
     @hookimpl_for(backend_name)
     def collage_lower_partitions(backend, mod, function_names, target):
+        if lower_module is not None:
+            return lower_module(mod, function_names, target)
         return replace_functions(mod, function_names, lowering(mod, function_names, target))
 
     @hookimpl_for(backend_name)
@@ -135,6 +145,10 @@ def backend_hooks(
     def collage_lower_whole_model(backend, model, model_format, func, name, target):
         return lower_whole_model(model, model_format, func, name, target) if serves(target) else None
 
+    @hookimpl_for(backend_name)
+    def collage_tune_partitions(backend, mod, function_names, target, budget_s):
+        return tune_partitions(mod, function_names, target, budget_s) if serves(target) else None
+
     return BackendHooks(
         collage_register_backends,
         collage_check_availability,
@@ -143,6 +157,7 @@ def backend_hooks(
         collage_prepare_runtime,
         collage_runtime_libraries if runtime_libraries is not None else None,
         collage_lower_whole_model if lower_whole_model is not None else None,
+        collage_tune_partitions if tune_partitions is not None else None,
     )
 
 

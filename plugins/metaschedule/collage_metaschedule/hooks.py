@@ -14,7 +14,7 @@ import tvm
 from collage_tvm import hooks as tvm_hooks
 from tvm import relax
 
-from collage_core.kit import OP_LEVEL, Availability, Backend, Pattern, hookimpl, hookimpl_for, sources_digest, tvm_compat
+from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, sources_digest, tvm_compat
 from collage_metaschedule import database, lowering, tuning
 
 BACKEND = "tvm-tuned"
@@ -25,38 +25,27 @@ TUNES = tvm_hooks.BACKEND
 LOWERING_DIGEST = f"{sources_digest(tuple(Path(module.__file__) for module in (lowering, database)))}-{tvm_hooks.LOWERING_DIGEST}"
 
 
-@hookimpl
-def collage_register_backends(register):
-    register(
-        Backend(
-            name=BACKEND,
-            kind=OP_LEVEL,
-            device_kinds=("cpu", "cuda"),
-            # The records' digest: a cost measured with fewer records is not read as if measured with more.
-            version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}+records-{database.records_digest()}",
-            description="TVM Relax kernels tuned by MetaSchedule (only those with records in this device's tuning database)",
-            lowering_uses_device=False,  # compiles only: candidates are built several at once
-        )
+def _describe() -> Backend:
+    return Backend(
+        name=BACKEND,
+        kind=OP_LEVEL,
+        device_kinds=("cpu", "cuda"),
+        # The records' digest: a cost measured with fewer records is not read as if measured with more.
+        version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}+records-{database.records_digest()}",
+        description="TVM Relax kernels tuned by MetaSchedule (only those with records in this device's tuning database)",
+        lowering_uses_device=False,  # compiles only: candidates are built several at once
     )
 
 
-@hookimpl_for(BACKEND)
-def collage_check_availability(backend):
-    return Availability.yes()
-
-
-@hookimpl_for(BACKEND)
-def collage_contribute_patterns(backend, target):
+def _patterns(target, precision) -> list[Pattern]:
     # A corrupt database raises: one warning naming the file, and no tuned candidates. Without a database nothing
     # is tuned on this device yet: no patterns, rather than every match of TVM's refused by its check.
     if database.open_database(target) is None:
         return []
-    registered = []
-    tvm_hooks.collage_register_backends(registered.append)
     tuned = _tuned_check(target)
     return [
         Pattern(f"{BACKEND}.{pattern.name.split('.', 1)[1]}", pattern.dpl, _both(pattern.check, tuned))
-        for pattern in tvm_hooks.collage_contribute_patterns(backend=registered[0], target=target)
+        for pattern in tvm_hooks.patterns(target, precision)
     ]
 
 
@@ -67,13 +56,7 @@ def _both(first, then):
     return lambda match: bool(first(match)) and then(match)
 
 
-@hookimpl_for(BACKEND)
-def collage_lower_partitions(backend, mod, function_names, target):
-    return lowering.lower_partitions(mod, function_names, target)
-
-
-@hookimpl_for(BACKEND)
-def collage_tune_partitions(backend, mod, function_names, target, budget_s):
+def _tune_partitions(mod, function_names, target, budget_s) -> int:
     # TVM's own partitions, most costly first as given; the others run on kernels MetaSchedule does not tune.
     names = [name for name in function_names if mod[name].attrs.get("collage.backend") == TUNES]
     if not names:
@@ -81,14 +64,18 @@ def collage_tune_partitions(backend, mod, function_names, target, budget_s):
     return tuning.tune(mod, names, target, budget_s, say=_say)
 
 
-@hookimpl_for(BACKEND)
-def collage_prepare_runtime(backend):
-    return True  # the tuned kernels are compiled into the library itself
-
-
-@hookimpl_for(BACKEND)
-def collage_runtime_libraries(backend):
-    return []  # the tuned kernels are compiled into the library itself
+HOOKS = backend_hooks(
+    BACKEND,
+    describe=_describe,
+    missing=lambda: None,  # TVM itself is all it needs
+    patterns=_patterns,
+    lowering=None,
+    lower_module=lowering.lower_partitions,  # adds the tuned kernels to the module beside the partitions calling them
+    prepare_runtime=lambda: None,  # the tuned kernels are compiled into the library itself
+    runtime_libraries=lambda: [],  # the tuned kernels are compiled into the library itself
+    tune_partitions=_tune_partitions,
+)
+globals().update(HOOKS.hookimpls())  # collage_register_backends, ..., collage_tune_partitions
 
 
 def _say(line: str) -> None:

@@ -79,7 +79,9 @@ def _describe() -> Backend:
     )
 
 
-def _patterns(target, precision) -> list[Pattern]:
+def patterns(target, precision) -> list[Pattern]:
+    """TVM's patterns (one operator; an anchor or elementwise operator and the elementwise chain after it), which the
+    tvm-tuned backend shares."""
     single_operator = Pattern(f"{BACKEND}.op", wildcard())
     return [single_operator, *_fused_patterns()]
 
@@ -95,7 +97,7 @@ HOOKS = backend_hooks(
     BACKEND,
     describe=_describe,
     missing=lambda: None,  # TVM itself is all it needs
-    patterns=_patterns,
+    patterns=patterns,
     lowering=lambda mod, function_names, target: _lower_function,
     prepare_runtime=lambda: None,  # TVM's kernels are compiled into the library itself
     runtime_libraries=lambda: [],  # TVM's kernels are compiled into the library itself
