@@ -75,10 +75,11 @@ def test_collage_tune_partitions_gets_the_costliest_partitions_and_the_search_ru
 
     tuned = collage_core.optimize(small_model(), tune_budget_s=5, **common)
     state = json.loads((tmp_path / "tuned.json").read_text())
-    # The first search of the tuned run found the untuned run's placement: its partitions, the costliest first.
+    # The first search of the tuned run found the untuned run's placement and handed over its partitions (their
+    # order by share is test_costliest_orders_the_measured_op_level_partitions_by_share's: costs measured again
+    # on a busy machine may reorder near ties here).
     parts = untuned.placement.partitions
-    by_share = sorted(range(len(parts)), key=lambda index: -parts[index].cost.seconds)
-    assert state["handed"] == [f"collage_tvm_{index}" for index in by_share]
+    assert sorted(state["handed"]) == sorted(f"collage_tvm_{index}" for index in range(len(parts)))
     assert state["tuned_ops"]
     # The second search saw the tuned operators' candidates beside TVM's.
     assert tuned.candidates > untuned.candidates
