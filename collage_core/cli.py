@@ -174,6 +174,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers()
 
     backends = commands.add_parser("backends", help="list installed backends, whether they run here, and why not")
+    backends.add_argument("--rpc-tracker", metavar="HOST:PORT", help="list the servers of this TVM RPC tracker and what each key runs")
+    backends.add_argument("--rpc-key", metavar="KEY", help="with --rpc-tracker: only the servers of this key")
     backends.set_defaults(command=_backends)
 
     strict = argparse.ArgumentParser(add_help=False)
@@ -239,6 +241,8 @@ def _parser() -> argparse.ArgumentParser:
     _option(optimize, "accuracy_blocks", "--accuracy-blocks", metavar="N")
     _option(optimize, "verify", "--no-verify")
     _option(optimize, "settings.cuda_graphs", "--no-cuda-graphs")
+    _option(optimize, "rpc_tracker", "--rpc-tracker", metavar="HOST:PORT")
+    _option(optimize, "rpc_key", "--rpc-key", metavar="KEY")
     optimize.set_defaults(command=_optimize)
 
     export = commands.add_parser(
@@ -287,6 +291,13 @@ def _backends(args) -> int:
     print(format_table(["backend", "kind", "devices", "version", "plugin", "available"], rows))
     for failure in pm.failures:
         print(f"plugin {failure.name} failed: {failure.reason}")
+    if args.rpc_tracker:
+        from collage_core.measure import remote
+
+        print(f"\nservers of the RPC tracker at {args.rpc_tracker}:")
+        print(remote.describe(args.rpc_tracker, args.rpc_key))
+        names = [info.name for info in remote.measurable_remotely(pm, [info for info in discover_backends(pm).values()], lambda line: None)]
+        print(f"backends measurable there (when available here): {', '.join(names)}")
     return 0
 
 

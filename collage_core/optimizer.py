@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import attrs
+
 from collage_core.api_checks import EXAMPLE_INPUTS, refuse_unless_met, refuse_unwritable_output
 from collage_core.backends import backends_for
 from collage_core.build import stage as build_stage
+from collage_core.measure import remote as remote_servers
 from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
 from collage_core.model.relax_graph import RelaxGraph
@@ -59,16 +62,25 @@ def optimize(
     refuse_unless_met("example_inputs", EXAMPLE_INPUTS, example_inputs)
     refuse_unwritable_output(options.output_dir)
     say, clock = Narrator(options.show_progress), PhaseClock()
+    remote = None
+    if options.rpc_tracker is not None:  # before anything is built: a tracker that cannot be reached is one line
+        remote = remote_servers.connect(options.rpc_tracker, options.rpc_key, options.target)
+        say(f"measuring on {len(remote.servers)} server(s) of key {options.rpc_key} at {remote.tracker}: {remote.target}")
+        options = attrs.evolve(options, target=remote.target)
     with output_folder.for_run(options.output_dir) as folder:
         imported = import_model(model, example_inputs, options, say)
         pm = get_plugin_manager()
         backends = backends_for(pm, options.backends, imported.target)
+        if remote is not None:
+            backends = remote_servers.measurable_remotely(pm, backends, say)
+            remote = attrs.evolve(remote, carried=remote_servers.carried_libraries(pm, [info.backend for info in backends]))
         search = search_stage.search_kind(options.search, backends)
         held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock)
         placed_model, target = held.imported.model, imported.target
         graph = RelaxGraph.from_function(placed_model.mod["main"], placed_model.mod)
         say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; target {target}")
         job = Job(placed_model, graph, target, pm, backends, options.settings, folder.path, say, options.show_progress, folder.scratch)
+        job.remote = remote
         placed = search_stage.place(job, options, search, clock)
         placed = tuning_stage.tuned_and_searched_again(job, options, search, clock, placed)
 

@@ -10,7 +10,19 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
-from collage_core.api_checks import BACKEND_NAMES, BOOLEAN, PATH, Rule, described, instance_of, number, one_of, refuse_unless_met, whole
+from collage_core.api_checks import (
+    BACKEND_NAMES,
+    BOOLEAN,
+    PATH,
+    ArgumentError,
+    Rule,
+    described,
+    instance_of,
+    number,
+    one_of,
+    refuse_unless_met,
+    whole,
+)
 from collage_core.errors import CollageError
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, NEEDS_REFERENCE, AccuracyBudgetError
@@ -29,6 +41,15 @@ def _target_problem(value: Any) -> str:
 
 
 TARGET = Rule(_target_problem, names_itself=True, error=tvm_compat.TargetError)  # TVM's message names the target
+
+
+def _tracker_problem(value: Any) -> str:
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    return "" if host and port.isdigit() else f"must be HOST:PORT (a TVM RPC tracker, such as 127.0.0.1:9190), not {value!r}"
+
+
+RPC_TRACKER = Rule(_tracker_problem)
+RPC_KEY = Rule(lambda value: "" if isinstance(value, str) and value.strip() else f"must be a server key (a non-empty str), not {value!r}")
 
 
 def _no_limit_at_zero(limit: Any) -> Any:
@@ -122,6 +143,14 @@ class OptimizeOptions:
         "cost is invalid (a build error, a crash, a hang) instead of reading it; "
         "transient failures are measured again anyway",
     )
+    rpc_tracker: Optional[str] = described(
+        None,
+        RPC_TRACKER.or_none(),
+        "measure on the servers of a TVM RPC tracker at HOST:PORT, every free one at once, instead of here: candidates "
+        "and placements are built here for the servers' CPU (read from a server unless --target is given) and timed "
+        "and verified there; with --rpc-key",
+    )
+    rpc_key: Optional[str] = described(None, RPC_KEY.or_none(), "with --rpc-tracker: the key the servers are registered under")
 
     def __attrs_post_init__(self):
         self.check()
@@ -147,6 +176,13 @@ class OptimizeOptions:
                 for inner in attrs.fields(type(value)):
                     if "rule" in inner.metadata:
                         refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
+        if (self.rpc_tracker is None) != (self.rpc_key is None):
+            raise ArgumentError("--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers")
+        if self.rpc_tracker is not None and (self.compare_backends or self.accuracy_budget is not None):
+            raise ArgumentError(
+                "measuring on other machines (--rpc-tracker) does not yet time baselines in turns (--compare) "
+                "or hold an accuracy budget: leave those out, or measure here"
+            )
         if self.accuracy_budget is not None:
             if self.placement is not None:
                 raise AccuracyBudgetError(
@@ -161,8 +197,11 @@ class OptimizeOptions:
                 raise AccuracyBudgetError(NEEDS_REFERENCE)
 
     def compares_backends(self) -> bool:
-        """Whether the baselines are measured: as asked, or by default when searching, not when replaying."""
-        return self.placement is None if self.compare_backends is None else self.compare_backends
+        """Whether the baselines are measured: as asked, or by default when searching here, not when replaying
+        nor measuring on other machines."""
+        if self.compare_backends is None:
+            return self.placement is None and self.rpc_tracker is None
+        return self.compare_backends
 
 
 def keyword_signature(function: Callable) -> inspect.Signature:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import threading
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import tvm
@@ -536,3 +537,79 @@ def _constant_clip():
             return result if result is not None else tvm_clip._impl_v13(bb, inputs, attr, params)
 
     return ConstantClip
+
+
+# RPC: a tracker, its servers, and libraries run on them (tvm.rpc; moved between releases before).
+
+
+def rpc_tracker_summary(host: str, port: int) -> dict:
+    """The tracker's summary: ``{"server_info": [{"key": "server:KEY", "addr": [host, port]}, ...],
+    "queue_info": {KEY: {"free": n, "pending": n}}}``; OSError or RuntimeError when it cannot be asked."""
+    from tvm import rpc
+
+    tracker = rpc.connect_tracker(host, port)
+    try:
+        return tracker.summary()
+    finally:
+        tracker.close()
+
+
+def rpc_tracker_reachable(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a TVM tracker answers at ``host:port`` within ``timeout_s`` (``connect_tracker`` alone
+    retries for a minute)."""
+    import socket
+    import struct
+
+    from tvm.rpc import base
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+            return struct.unpack("<i", base.recvall(sock, 4))[0] == base.RPC_TRACKER_MAGIC
+    except (OSError, struct.error, RuntimeError):
+        return False
+
+
+def rpc_request(host: str, port: int, key: str, session_timeout_s: float = 0):
+    """A session on a free server registered under ``key`` (waits for one), and that server's address
+    ``host:port``: ``TrackerSession.request`` hides which server it gave."""
+    from tvm import rpc
+    from tvm.rpc import base
+
+    tracker = rpc.connect_tracker(host, port)
+    try:
+        base.sendjson(tracker._sock, [base.TrackerCode.REQUEST, key, "", 1])
+        value = base.recvjson(tracker._sock)
+    finally:
+        tracker.close()
+    if value[0] != base.TrackerCode.SUCCESS:
+        raise RuntimeError(f"the tracker refused a session for key {key!r}: {value!r}")
+    url, server_port, match_key = value[1]
+    return rpc.connect(url, server_port, match_key, session_timeout_s), f"{url}:{server_port}"
+
+
+def rpc_system_cpu(session) -> tuple[str, str]:
+    """The remote machine's CPU model and triple as LLVM names them (what ``Target.from_device`` reads
+    here); KeyError-like failure when its TVM is runtime-only (no LLVM)."""
+    return session.get_function("target.llvm_get_system_cpu")(), session.get_function("target.llvm_get_system_triple")()
+
+
+def rpc_load_module(session, path: os.PathLike, name: Optional[str] = None):
+    """``path`` uploaded to the server (as ``name``) and loaded there: a TVM library, or a shared library
+    whose static initializers register functions (a backend's native kernels)."""
+    name = name or Path(path).name
+    session.upload(str(path), target=name)
+    return session.load_module(name)
+
+
+def rpc_cpu(session):
+    return session.cpu(0)
+
+
+def rpc_is_alive(session) -> bool:
+    """Whether the server still answers."""
+    try:
+        session.get_function("tvm.rpc.server.workpath")
+        return True
+    except Exception:
+        return False

@@ -21,6 +21,7 @@ from collage_core.errors import CollageError
 from collage_core.measure import zygote
 from collage_core.measure.cost_db import Claim, CostDatabaseError
 from collage_core.measure.measurement import CLAIM_POLL_S, threads_key_part
+from collage_core.measure.remote_worker import LOST
 from collage_core.measure.timing import MeasureSettings, stopped
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
 from collage_core.model import original_model
@@ -52,6 +53,8 @@ RUN_LIMIT_FLOOR_S = 1.0
 BUILD_TIMEOUT_S = 1800.0
 # TVM's own build of the whole model, no partitions: what a user gets from TVM without Collage.
 UNPARTITIONED = "unpartitioned relax.build"
+# How many servers a placement measured remotely is tried on when the one running it stops answering.
+REMOTE_ATTEMPTS = 3
 # Part of a baseline's end-to-end database key: baselines are timed in full, never cut off.
 BASELINE_PROTOCOL = "baseline-2"
 # Part of the key under which a run's end (build, verification, baselines, contest) is kept beside its library.
@@ -83,6 +86,8 @@ class Job:
     measured_end_to_end: dict = attrs.field(init=False, factory=dict)
     # Each engine's own session over the original model file, lowered once (see collage_core.model.original_model).
     original_modules: dict = attrs.field(init=False, factory=dict, repr=False)
+    # The servers placements are run and timed on (collage_core.measure.remote.RemoteServers), or None: here.
+    remote: Any = None
 
     def __attrs_post_init__(self):
         self.inputs = self.imported.random_inputs()
@@ -137,7 +142,7 @@ class Job:
         fields = [protocol, self.imported.fingerprint, tvm_compat.target_to_json(self.target), versions, placed]
         if tvm_compat.is_cuda(self.target):
             fields.append(tvm_compat.device_name(self.target))
-        fields += [part for part in [threads_key_part(self.target)] if part]
+        fields += [part for part in [threads_key_part(self.target, self.remote is not None)] if part]
         if self.replays_cuda_graphs(cuda_graphs):
             fields.append("cuda-graphs")
         text = "|".join(fields)
@@ -213,6 +218,8 @@ class Job:
         """
         module_path, inputs_path, outputs_path = (self.scratch / name for name in ("placed.json", "inputs.npz", "outputs.npz"))
         np.savez(inputs_path, *self.inputs)
+        if self.remote is not None:  # built here for the servers' CPU, run there: the library travels
+            library = library or self.scratch / "remote-placement.so"
         request = {
             "op": "run_placement",
             "target": tvm_compat.target_to_json(self.target),
@@ -223,6 +230,26 @@ class Job:
             ).to_json(),
             "library": str(library) if library else None,
         }
+        if self.remote is not None:
+            used = [self.backends[name] for name in sorted({p.backend for p in parts or ()}) if name in self.backends]
+            request["remote"] = self.remote.request([path for backend in used for path in self.remote.carried.get(backend.name, ())])
+        for attempt in range(REMOTE_ATTEMPTS if self.remote is not None else 1):
+            try:
+                response = self._respond(parts, mod, request, module_path, run_limit_s)
+                break
+            except CollageError as error:
+                if LOST not in str(error) or attempt == REMOTE_ATTEMPTS - 1:
+                    raise
+                log.warning("%s; measured again on another server", str(error).split(LOST + ": ")[-1])
+        with np.load(outputs_path, allow_pickle=False) as saved:
+            outputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        for path in (inputs_path, outputs_path):
+            path.unlink(missing_ok=True)
+        return outputs, Cost.from_json(response["cost"])
+
+    def _respond(self, parts, mod, request: dict, module_path: Path, run_limit_s: Optional[float]) -> dict:
+        """``request`` answered by a fresh worker: sent the partitions alone when its zygote holds the model, else
+        the placed module (``mod``, or ``parts`` applied to the model)."""
         # A worker holding the model has Relax, not the original file an engine's own session runs: that is sent lowered.
         held = (
             parts is not None
@@ -244,11 +271,7 @@ class Job:
                 response = self._run_in_worker({**request, "module": str(module_path)}, run_limit_s)
         finally:
             module_path.unlink(missing_ok=True)
-        with np.load(outputs_path, allow_pickle=False) as saved:
-            outputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-        for path in (inputs_path, outputs_path):
-            path.unlink(missing_ok=True)
-        return outputs, Cost.from_json(response["cost"])
+        return response
 
     def _run_in_worker(self, request: dict, run_limit_s: Optional[float]) -> dict:
         try:

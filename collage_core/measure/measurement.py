@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import tempfile
 import threading
 import time
@@ -93,20 +94,21 @@ class KnownAlternatives:
 CANDIDATE_PROTOCOL = "net-of-call-1"
 
 
-def cost_key(backend, target, candidate_key: str) -> CostKey:
+def cost_key(backend, target, candidate_key: str, remote: bool = False) -> CostKey:
     return CostKey(
         backend=backend.name,
         backend_version=backend.version,
         target=tvm_compat.target_to_json(target),
-        device=" ".join(filter(None, [tvm_compat.device_name(target), threads_key_part(target)])),
+        device=" ".join(filter(None, [tvm_compat.device_name(target), threads_key_part(target, remote)])),
         candidate=f"{CANDIDATE_PROTOCOL}:{candidate_key}",
     )
 
 
-def threads_key_part(target) -> str:
+def threads_key_part(target, remote: bool = False) -> str:
     """What this process's thread settings add to the keys of costs measured on ``target``
-    (``threads.key_part``); nothing on a GPU, whose kernels do not run on the CPU's pools."""
-    return "" if tvm_compat.is_cuda(target) else threads.key_part()
+    (``threads.key_part``); nothing on a GPU, whose kernels do not run on the CPU's pools, nor on a
+    remote server, which runs with its machine's defaults (see :mod:`collage_core.measure.remote`)."""
+    return "" if tvm_compat.is_cuda(target) or remote else threads.key_part()
 
 
 def measure_candidates(
@@ -119,6 +121,7 @@ def measure_candidates(
     plugin_modules: Sequence[str],
     disabled: Sequence[str] = (),
     show_progress: bool = True,
+    remote=None,
 ) -> MeasurementReport:
     """Cost of every distinct candidate: from ``db`` when known, else measured and stored at once.
 
@@ -131,12 +134,15 @@ def measure_candidates(
 
     Runs sharing ``db`` divide the work: each candidate is claimed (or found measured) just before
     it is measured, one claimed by another run is left to it, and its cost is waited for at the end.
+
+    With ``remote`` (:class:`collage_core.measure.remote.RemoteServers`), candidates are built here and timed on
+    the remote servers, all at once (:func:`_measure_remotely`).
     """
     started = time.perf_counter()
     representatives: dict[str, Candidate] = {}
     for candidate in candidates:
         representatives.setdefault(candidate.key, candidate)
-    keys = {key: cost_key(backends[c.backend], target, key) for key, c in representatives.items()}
+    keys = {key: cost_key(backends[c.backend], target, key, remote is not None) for key, c in representatives.items()}
     known = db.get_many(keys.values())
     costs = {key: known[db_key] for key, db_key in keys.items() if db_key in known}
     missing = sorted(
@@ -146,6 +152,18 @@ def measure_candidates(
     for key, cost in costs.items():
         alternatives.add(representatives[key], cost)
     workers = settings.parallel_builds()
+    if remote is not None:
+        measured = _measure_remotely(
+            representatives, missing, keys, costs, graph, backends, target, db, settings, plugin_modules, disabled, show_progress, remote
+        )
+        return MeasurementReport(
+            costs=costs,
+            distinct=len(representatives),
+            from_database=len(representatives) - measured,
+            measured=measured,
+            invalid=sum(1 for key in representatives if not costs[key].is_measured),
+            seconds=time.perf_counter() - started,
+        )
     noisy: list[str] = []
     measured: list[str] = []
     parallel = [c for c in missing if not backends[c.backend].lowering_uses_device] if workers > 1 else []
@@ -243,11 +261,12 @@ def claim_lifetime_s(settings: MeasureSettings) -> float:
 
 
 def _build_in_parallel(
-    todo, graph, target, settings, plugin_modules, disabled, tmp: Path, workers: int, show_progress: bool
+    todo, graph, target, settings, plugin_modules, disabled, tmp: Path, workers: int, show_progress: bool, on_built=None
 ) -> tuple[dict, dict]:
     """Build ``todo`` into libraries in ``workers`` worker processes at once, to be timed afterwards
     one by one, so that no build runs while a candidate is timed. Returns (module and library by
-    candidate key, invalid cost by key of those that could not be cut out or built)."""
+    candidate key, invalid cost by key of those that could not be cut out or built). ``on_built(candidate)``
+    is called as each library is written (timed elsewhere meanwhile: on remote servers)."""
     modules, failed = {}, {}
     for index, candidate in enumerate(todo):  # here: cutting out is not safe in several threads at once
         path = tmp / f"candidate-{index}.json"
@@ -277,6 +296,8 @@ def _build_in_parallel(
                     else:
                         failed[candidate.key] = cost
                     bar.advance(candidate.pattern)
+                if cost is None and on_built is not None:
+                    on_built(candidate, modules[candidate.key], library)
 
     threads = [threading.Thread(target=build_some, daemon=True) for _ in range(min(workers, len(pending)))]
     for thread in threads:
@@ -321,3 +342,81 @@ def _send(worker, candidate, module_path: Path, target, settings, extra: dict) -
             log.warning("%s candidate %s: %s", candidate.backend, candidate.key, failure)
         return Cost.invalid(str(failure))
     return Cost.from_json(response["cost"]) if "cost" in response else None
+
+
+def _measure_remotely(
+    representatives, missing, keys, costs, graph, backends, target, db, settings, plugin_modules, disabled, show_progress, remote
+) -> int:
+    """Build ``missing`` here, several at once, each timed on a remote server as soon as it is built, every free
+    server at once (:class:`collage_core.measure.remote.RemotePool`); their costs go to ``costs`` and ``db``. How many
+    were measured. A candidate's cut-off is the cheapest alternative known when a server takes it; one another run
+    claimed is measured here too."""
+    from collage_core.measure.remote import RemotePool
+
+    alternatives = KnownAlternatives()
+    for key, cost in costs.items():
+        alternatives.add(representatives[key], cost)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        stack.callback(_release_claims, db)
+        todo = []
+        for candidate in missing:
+            claim = db.claim(keys[candidate.key], (len(missing) + 4) * claim_lifetime_s(settings))
+            if claim.cost is not None:
+                costs[candidate.key] = claim.cost
+                alternatives.add(candidate, claim.cost)
+            else:
+                todo.append(candidate)
+        built: dict = {}
+        finished: "queue.Queue" = queue.Queue()
+
+        def request_for(candidate) -> dict:
+            module, library = built[candidate.key]
+            return {
+                "op": "time_remote",
+                "what": f"{candidate.backend} candidate {candidate.key}",
+                "backend": candidate.backend,
+                "pattern": candidate.pattern,
+                "module": str(module),
+                "library": str(library),
+                "target": tvm_compat.target_to_json(target),
+                "settings": attrs.evolve(settings, cutoff_s=alternatives.cutoff_s(candidate)).to_json(),
+                "carried": [str(path) for path in remote.carried.get(candidate.backend, ())],
+            }
+
+        pool = RemotePool(
+            remote,
+            plugin_modules,
+            disabled,
+            request_for,
+            lambda candidate, response, reason: finished.put(
+                (candidate, Cost.from_json(response["cost"]) if response else Cost.invalid(reason), (response or {}).get("server"))
+            ),
+            settings.timeout_s,
+        ).start()
+
+        def on_built(candidate, module, library) -> None:
+            built[candidate.key] = (module, library)
+            pool.add(candidate)
+
+        def build_then_finish() -> None:
+            try:
+                _, failed = _build_in_parallel(
+                    todo, graph, target, settings, plugin_modules, disabled, tmp, settings.parallel_builds(), False, on_built
+                )
+                for candidate in todo:
+                    if candidate.key in failed:
+                        finished.put((candidate, failed[candidate.key], None))
+            finally:
+                pool.join()
+
+        threading.Thread(target=build_then_finish, daemon=True).start()
+        bar = stack.enter_context(ProgressBar(len(todo), f"measuring on the servers of {remote.key}", enabled=show_progress))
+        for _ in todo:
+            candidate, cost, server = finished.get()
+            db.put(keys[candidate.key], cost)
+            costs[candidate.key] = cost
+            alternatives.add(candidate, cost)
+            shown = f"{cost.median_s * 1e3:.3f} ms" if cost.is_measured else f"invalid: {cost.reason[:60]}"
+            bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}{f' on {server}' if server else ''}")
+    return len(todo)

@@ -60,10 +60,13 @@ def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
         protocol.flush()
 
     state["progress"] = progress
+    from collage_core.measure import remote_worker  # it times with this module's functions
+
+    handlers = {**HANDLERS, **remote_worker.HANDLERS}
     for line in _requests():
         request = json.loads(line)
         try:
-            response = HANDLERS[request["op"]](state, request)
+            response = handlers[request["op"]](state, request)
         except Exception as error:  # reported to the parent, which records it with the candidate
             response = {"error": describe_failure(error)}
         protocol.write(json.dumps(response) + "\n")
@@ -296,6 +299,10 @@ def _run_placement(state, request):
         # Before any VM exists: making one fills the executable's memory-scope map with an entry per
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
         export_library(executable, request["library"])
+    if request.get("remote"):  # cross-compiled for another machine: run and timed there
+        from collage_core.measure.remote_worker import run_placement_remotely
+
+        return run_placement_remotely(state, request, build_s)
     vm, device = _vm(executable, target)
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]

@@ -79,7 +79,7 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
 def measure(job: Job, candidates, db) -> MeasurementReport:
     op_level = job.op_level_candidates(candidates)
     report = measure_candidates(
-        job.graph, op_level, job.backends, job.target, db, job.settings, job.plugin_modules, job.disabled, job.show_progress
+        job.graph, op_level, job.backends, job.target, db, job.settings, job.plugin_modules, job.disabled, job.show_progress, job.remote
     )
     job.say(f"measured {report.measured} in {report.seconds:.1f} s, {report.from_database} from the database, {report.invalid} invalid")
     if report.noisy:

@@ -1,0 +1,289 @@
+"""Measuring on other machines: candidates and placements built here, cross-compiled for the CPU of the servers a
+TVM RPC tracker holds under one key, and timed there, every free server at once.
+
+A server needs what a deployment needs: TVM's runtime and the native libraries of the backends placed (uploaded with
+each session, as exports carry them: ``collage_runtime_libraries``). Backends whose partitions call Python at run
+time (graph-level engines) cannot run there and are left out, each with one line.
+
+Costs measured on a server are keyed by its target and device as local ones are, so a remote and a local CPU of one
+kind share them; the thread settings of this process are not the server's, which runs with its machine's defaults.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import attrs
+
+from collage_core import tvm_compat
+from collage_core.errors import CollageError
+from collage_core.measure.cost_db import TRANSIENT_REASON
+from collage_core.measure.remote_worker import LOST
+from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, WorkerFailure
+from collage_core.plugins import first_result
+from collage_core.records import Cost
+
+log = logging.getLogger("collage")
+
+# How long to wait for the tracker to answer when checking it, before anything is built.
+TRACKER_TIMEOUT_S = 5.0
+# A server that fails this many times is left out of the run.
+FAILURES_LEFT_OUT = 2
+
+
+class RemoteError(CollageError):
+    """The tracker or its servers cannot be used; one line saying why and what to do."""
+
+
+@attrs.frozen
+class RemoteServers:
+    """The servers registered under ``key`` at the tracker ``host:port``, and the target they run (read from
+    one of them, or given)."""
+
+    host: str
+    port: int
+    key: str
+    target: Any = attrs.field(eq=False)
+    servers: tuple = ()
+    # The native libraries each backend's partitions call, by backend name (:func:`carried_libraries`).
+    carried: dict = attrs.field(factory=dict, eq=False)
+
+    @property
+    def tracker(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def request(self, carried: Sequence[Path] = ()) -> dict:
+        """What a worker needs to open a session (``remote_connect``), with the native libraries to load there."""
+        return {"host": self.host, "port": self.port, "key": self.key, "carried": [str(path) for path in carried]}
+
+    def free_servers(self) -> int:
+        """How many servers of the key the tracker says are free now (at least 1: a busy one frees later)."""
+        try:
+            summary = tvm_compat.rpc_tracker_summary(self.host, self.port)
+        except (OSError, RuntimeError):
+            return 1
+        return max(1, int(summary.get("queue_info", {}).get(self.key, {}).get("free", 0)))
+
+
+def parse_tracker(text: str) -> tuple[str, int]:
+    host, _, port = str(text).rpartition(":")
+    if not host or not port.isdigit():
+        raise RemoteError(f"--rpc-tracker {text!r}: expected HOST:PORT, such as 127.0.0.1:9190")
+    return host, int(port)
+
+
+def servers_of(summary: dict, key: str) -> list[str]:
+    """The addresses of the servers registered under ``key`` in a tracker's summary."""
+    return sorted(
+        ":".join(map(str, item["addr"])) for item in summary.get("server_info", []) if item.get("key", "").split(":", 1)[-1] == key
+    )
+
+
+def tracker_summary(tracker: str) -> tuple[str, int, dict]:
+    """The tracker's host, port and summary; :class:`RemoteError` in one line when it cannot be reached."""
+    host, port = parse_tracker(tracker)
+    if not tvm_compat.rpc_tracker_reachable(host, port, TRACKER_TIMEOUT_S):
+        raise RemoteError(
+            f"the RPC tracker at {tracker} cannot be reached: start it with "
+            f"`python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port {port}` (docs/usage.md#measuring-on-other-machines)"
+        )
+    try:
+        return host, port, tvm_compat.rpc_tracker_summary(host, port)
+    except (OSError, RuntimeError) as error:
+        raise RemoteError(f"the RPC tracker at {tracker} did not answer: {error}") from None
+
+
+def connect(tracker: str, key: str, target=None) -> RemoteServers:
+    """The servers of ``key`` at ``tracker`` and their target (``target`` as given, else read from a server:
+    its CPU as LLVM names it, as ``Target.from_device`` reads this one's)."""
+    host, port, summary = tracker_summary(tracker)
+    servers = servers_of(summary, key)
+    if not servers:
+        keys = sorted({item.get("key", "").split(":", 1)[-1] for item in summary.get("server_info", [])})
+        raise RemoteError(
+            f"no server is registered under key {key!r} at the RPC tracker {tracker} "
+            f"({'keys there: ' + ', '.join(keys) if keys else 'none is registered'})"
+        )
+    if target is None:
+        target = remote_target(host, port, key, tracker)
+    else:
+        target = tvm_compat.make_target(target)
+    if target.kind.name != "llvm":
+        raise RemoteError(f"measuring on other machines takes CPU (llvm) targets for now, not {target.kind.name}")
+    return RemoteServers(host, port, key, target, tuple(servers))
+
+
+def remote_target(host: str, port: int, key: str, tracker: str):
+    session, server = tvm_compat.rpc_request(host, port, key)
+    try:
+        cpu, triple = tvm_compat.rpc_system_cpu(session)
+    except Exception:
+        raise RemoteError(
+            f"server {server} (key {key!r}) cannot say its CPU (its TVM is runtime-only): pass --target, such as "
+            '\'{"kind": "llvm", "mcpu": "skylake-avx512", "mtriple": "x86_64-linux-gnu"}\''
+        ) from None
+    finally:
+        del session
+    return tvm_compat.make_target({"kind": "llvm", "mtriple": triple, "mcpu": cpu})
+
+
+def measurable_remotely(pm, chosen, say: Callable[[str], None]) -> list:
+    """The chosen backends (BackendInfo records) whose partitions a server runs with TVM's runtime and the native
+    libraries uploaded to it; each other one is left out with one line."""
+    kept = []
+    for info in chosen:
+        paths, _ = first_result(pm.hook.collage_runtime_libraries, backend=info.backend)
+        if paths is None:
+            say(f"{info.name}: its partitions call Python at run time, so it cannot be measured remotely; left out")
+        else:
+            kept.append(info)
+    return kept
+
+
+def carried_libraries(pm, backends) -> dict[str, list[Path]]:
+    """The native libraries each backend's partitions call, uploaded to a server before its libraries."""
+    found = {}
+    for backend in backends:
+        paths, _ = first_result(pm.hook.collage_runtime_libraries, backend=backend)
+        found[backend.name] = [Path(path) for path in paths or ()]
+    return found
+
+
+def describe(tracker: str, key: Optional[str]) -> str:
+    """``collage backends --rpc-tracker``: the servers at ``tracker`` (of ``key``, or all), and the CPU of each key."""
+    host, port, summary = tracker_summary(tracker)
+    lines = []
+    keys = sorted({item.get("key", "").split(":", 1)[-1] for item in summary.get("server_info", [])})
+    for each in [key] if key else keys:
+        servers = servers_of(summary, each)
+        queue = summary.get("queue_info", {}).get(each, {})
+        lines.append(f"key {each}: {len(servers)} server(s), {queue.get('free', 0)} free: {', '.join(servers) or 'none'}")
+        if servers:
+            try:
+                target = remote_target(host, port, each, tracker)
+                lines.append(f"  runs {tvm_compat.device_name(target)} ({tvm_compat.target_to_json(target)})")
+            except RemoteError as error:
+                lines.append(f"  {error}")
+    return "\n".join(lines) if lines else f"no server is registered at the RPC tracker {tracker}"
+
+
+@attrs.define
+class RemotePool:
+    """Work handed to every server of the key at once: one local worker per server, each holding a session on its
+    server. A request whose server dies, hangs or drops the connection goes back to the queue and is measured on
+    another; a server that fails FAILURES_LEFT_OUT times is left out with one line. Items may be added while the pool
+    runs (:meth:`add`) until :meth:`close_input`."""
+
+    remote: RemoteServers
+    plugin_modules: Sequence[str]
+    disabled: Sequence[str]
+    # (item) -> the worker request measuring it; called when a server takes it.
+    request_for: Callable[[Any], dict]
+    # (item, response or None, reason) under the pool's lock: None when no server could measure it.
+    on_done: Callable[[Any, Optional[dict], str], None]
+    timeout_s: float
+    _queue: collections.deque = attrs.field(init=False, factory=collections.deque)
+    _in_flight: int = attrs.field(init=False, default=0)
+    _open: bool = attrs.field(init=False, default=True)
+    _failures: collections.Counter = attrs.field(init=False, factory=collections.Counter)
+    _left_out: set = attrs.field(init=False, factory=set)
+    _lock: threading.Condition = attrs.field(init=False, factory=threading.Condition)
+    _threads: list = attrs.field(init=False, factory=list)
+
+    def start(self, servers: Optional[int] = None) -> "RemotePool":
+        for _ in range(servers or self.remote.free_servers()):
+            thread = threading.Thread(target=self._serve, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def add(self, item) -> None:
+        with self._lock:
+            self._queue.append(item)
+            self._lock.notify_all()
+
+    def close_input(self) -> None:
+        with self._lock:
+            self._open = False
+            self._lock.notify_all()
+
+    def join(self) -> None:
+        """Wait until every item is measured; those left when no server is, get ``on_done(item, None, why)``."""
+        self.close_input()
+        for thread in self._threads:
+            thread.join()
+        with self._lock:
+            while self._queue:
+                self.on_done(self._queue.popleft(), None, f"{TRANSIENT_REASON} (no server of key {self.remote.key!r} left to measure it)")
+
+    def _next(self):
+        """The next item (counted in flight), or None when there is none and none can come."""
+        with self._lock:
+            while not self._queue and (self._open or self._in_flight):
+                self._lock.wait(0.5)
+            if not self._queue:
+                return None
+            self._in_flight += 1
+            return self._queue.popleft()
+
+    def _done(self, item, response: Optional[dict], reason: str = "", requeue: bool = False) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if requeue:
+                self._queue.appendleft(item)
+            else:
+                self.on_done(item, response, reason)
+            self._lock.notify_all()
+
+    def _more_to_do(self) -> bool:
+        with self._lock:
+            while not self._queue and self._open:
+                self._lock.wait(0.5)
+            return bool(self._queue) or self._in_flight > 0
+
+    def _serve(self) -> None:
+        with MeasurementWorker(self.plugin_modules, self.disabled) as worker:
+            server = None
+            while True:
+                if server is None:
+                    if not self._more_to_do():
+                        return
+                    try:
+                        server = worker.request({"op": "remote_connect", **self.remote.request()}, self.timeout_s + START_TIMEOUT_S)[
+                            "server"
+                        ]
+                    except WorkerFailure as failure:
+                        log.warning("no session on a server of key %r at %s: %s", self.remote.key, self.remote.tracker, failure)
+                        return
+                    if server in self._left_out:
+                        return  # the tracker gave a server that failed twice: this worker's share goes to the others
+                item = self._next()
+                if item is None:
+                    return
+                try:
+                    response = worker.request(self.request_for(item), self.timeout_s)
+                except WorkerFailure as failure:
+                    if LOST not in str(failure) and "timed out" not in str(failure) and "crashed" not in str(failure):
+                        self._done(item, {"cost": Cost.invalid(str(failure)).to_json()})
+                        continue
+                    worker.close()
+                    self._done(item, None, requeue=True)
+                    if self._failed(server, failure):
+                        return
+                    server = None
+                    continue
+                self._done(item, response)
+
+    def _failed(self, server: str, failure: Exception) -> bool:
+        """Count a failure of ``server``; whether it is now left out (said once)."""
+        with self._lock:
+            self._failures[server] += 1
+            if self._failures[server] < FAILURES_LEFT_OUT or server in self._left_out:
+                return server in self._left_out
+            self._left_out.add(server)
+        log.warning("server %s (key %r) failed %d times, left out: %s", server, self.remote.key, FAILURES_LEFT_OUT, failure)
+        return True
