@@ -51,6 +51,7 @@ OPTION_CASES = [
     (["--accuracy-blocks", "3"], {"accuracy_blocks": 3}),
     (["--no-verify"], {"verify": False}),
     (["--no-cuda-graphs"], {"settings.cuda_graphs": False}),
+    (["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "x86"], {"rpc_tracker": "127.0.0.1:9190", "rpc_key": "x86"}),
 ]
 
 
@@ -167,6 +168,17 @@ def test_a_target_tvm_does_not_make_is_refused_in_tvms_words_by_the_command_and_
             {"precision": "bf16", "accuracy_budget": 0.01, "verify": False},
             "an accuracy budget is held by measuring the outputs against the reference: it needs verification and a model "
             "with a reference (ONNX or PyTorch)",
+        ),
+        (
+            ["--rpc-tracker", "127.0.0.1:9190"],
+            {"rpc_tracker": "127.0.0.1:9190"},
+            "--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers",
+        ),
+        (
+            ["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "x86", "--compare"],
+            {"rpc_tracker": "127.0.0.1:9190", "rpc_key": "x86", "compare_backends": True},
+            "measuring on other machines (--rpc-tracker) does not yet time baselines in turns (--compare) "
+            "or hold an accuracy budget: leave those out, or measure here",
         ),
         (
             ["--placement", "p.json", "--accuracy-budget", "0.01"],

@@ -38,6 +38,8 @@ class MeasurementReport:
     seconds: float
     # Candidates (keys) whose cost stayed noisy after a second measurement: used as measured.
     noisy: tuple = ()
+    # The remote servers that measured candidates (``host:port``), when measured on other machines.
+    servers: tuple = ()
 
 
 # A cost whose interquartile range exceeds this many times the settings' target spread is measured
@@ -153,8 +155,22 @@ def measure_candidates(
         alternatives.add(representatives[key], cost)
     workers = settings.parallel_builds()
     if remote is not None:
+        servers: list[str] = []
         measured = _measure_remotely(
-            representatives, missing, keys, costs, graph, backends, target, db, settings, plugin_modules, disabled, show_progress, remote
+            representatives,
+            missing,
+            keys,
+            costs,
+            graph,
+            backends,
+            target,
+            db,
+            settings,
+            plugin_modules,
+            disabled,
+            show_progress,
+            remote,
+            servers,
         )
         return MeasurementReport(
             costs=costs,
@@ -163,6 +179,7 @@ def measure_candidates(
             measured=measured,
             invalid=sum(1 for key in representatives if not costs[key].is_measured),
             seconds=time.perf_counter() - started,
+            servers=tuple(sorted(set(servers))),
         )
     noisy: list[str] = []
     measured: list[str] = []
@@ -345,11 +362,11 @@ def _send(worker, candidate, module_path: Path, target, settings, extra: dict) -
 
 
 def _measure_remotely(
-    representatives, missing, keys, costs, graph, backends, target, db, settings, plugin_modules, disabled, show_progress, remote
+    representatives, missing, keys, costs, graph, backends, target, db, settings, plugin_modules, disabled, show_progress, remote, servers
 ) -> int:
     """Build ``missing`` here, several at once, each timed on a remote server as soon as it is built, every free
-    server at once (:class:`collage_core.measure.remote.RemotePool`); their costs go to ``costs`` and ``db``. How many
-    were measured. A candidate's cut-off is the cheapest alternative known when a server takes it; one another run
+    server at once (:class:`collage_core.measure.remote.RemotePool`); their costs go to ``costs`` and ``db``, the
+    servers that measured them to ``servers``. How many were measured. A candidate's cut-off is the cheapest alternative known when a server takes it; one another run
     claimed is measured here too."""
     from collage_core.measure.remote import RemotePool
 
@@ -414,6 +431,7 @@ def _measure_remotely(
         bar = stack.enter_context(ProgressBar(len(todo), f"measuring on the servers of {remote.key}", enabled=show_progress))
         for _ in todo:
             candidate, cost, server = finished.get()
+            servers += [server] if server else []
             db.put(keys[candidate.key], cost)
             costs[candidate.key] = cost
             alternatives.add(candidate, cost)

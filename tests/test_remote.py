@@ -1,0 +1,157 @@
+"""Measuring on other machines (``--rpc-tracker``): each test starts its own TVM RPC tracker and servers on
+127.0.0.1, on free ports, and stops them however it ends."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import pytest
+
+import collage_core
+from collage_core.backends import discover_backends
+from collage_core.measure import remote
+from collage_core.measure.rpc_cluster import LocalCluster, free_port
+from collage_core.measure.timing import MeasureSettings
+from collage_core.plugins import get_plugin_manager
+
+pytest.importorskip("tornado", reason="the RPC tracker needs tornado: pip install 'collage-core[rpc]'")
+
+KEY = "collage-test"
+# Few, short repeats: these tests check where and how candidates are measured, not how fast they are.
+QUICK = MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=1.0, time_bound_s=1.0, build_workers=2)
+THREAD_VARIABLES = ("COLLAGE_NUM_THREADS", "TVM_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+@pytest.fixture
+def cluster(request):
+    """A tracker and two servers of KEY, stopped when the test ends."""
+    started = LocalCluster()
+    request.addfinalizer(started.stop)
+    started.start()
+    started.add_servers(KEY, 2)
+    return started
+
+
+def dense_model(folder) -> str:
+    """Two dense layers as an ONNX file (ONNX Runtime is the reference): a handful of TVM and DNNL candidates."""
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return onnx.numpy_helper.from_array(rng.uniform(-1, 1, shape).astype("float32"), name)
+
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            onnx.helper.make_node("Add", ["h", "b1"], ["hb"]),
+            onnx.helper.make_node("Relu", ["hb"], ["r"]),
+            onnx.helper.make_node("MatMul", ["r", "w2"], ["y"]),
+        ],
+        "dense",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, 64])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 64])],
+        [weight("w1", 64, 64), weight("b1", 64), weight("w2", 64, 64)],
+    )
+    path = folder / "dense.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def structure(result) -> list:
+    return [(part.backend, part.pattern, tuple(part.nodes)) for part in result.placement.partitions]
+
+
+def optimize(tmp_path, name, **options):
+    return collage_core.optimize(
+        dense_model(tmp_path),
+        backends=["tvm", "dnnl"],
+        cost_db=tmp_path / "costs.sqlite",
+        output_dir=tmp_path / name,
+        settings=QUICK,
+        calibration_rounds=0,
+        compare_backends=False,
+        show_progress=False,
+        **options,
+    )
+
+
+def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_and_passes_numerics_there(cluster, tmp_path, monkeypatch):
+    for name in THREAD_VARIABLES:  # the machine's defaults here, as on the servers: the same cost keys
+        monkeypatch.delenv(name, raising=False)
+    local = optimize(tmp_path, "local")
+    remotely = optimize(tmp_path, "remote", rpc_tracker=cluster.address, rpc_key=KEY)
+    assert remotely.measurement.measured == 0  # every cost read from those measured here: the keys are shared
+    assert structure(remotely) == structure(local)
+    assert remotely.verification.passed and remotely.latency().is_measured
+    assert remotely.placement.target == local.placement.target
+
+
+def test_a_server_killed_mid_run_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
+    doomed = cluster.servers[0]
+
+    def kill_after_the_first_costs() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with sqlite3.connect(tmp_path / "costs.sqlite") as db:
+                    if db.execute("SELECT COUNT(*) FROM costs").fetchone()[0] >= 2:
+                        break
+            except sqlite3.Error:
+                pass
+            time.sleep(0.05)
+        cluster.kill(doomed)
+
+    killer = threading.Thread(target=kill_after_the_first_costs, daemon=True)
+    killer.start()
+    result = optimize(tmp_path, "out", rpc_tracker=cluster.address, rpc_key=KEY)
+    killer.join()
+    assert result.measurement.measured == result.measurement.distinct > 2
+    assert result.measurement.invalid == 0
+    assert result.verification.passed
+
+
+def test_a_server_of_another_key_is_left_alone(cluster, tmp_path):
+    (other,) = cluster.add_servers("another-key", 1)
+    servers = remote.connect(cluster.address, KEY)
+    assert len(servers.servers) == 2
+    result = optimize(tmp_path, "out", rpc_tracker=cluster.address, rpc_key=KEY)
+    assert set(result.measurement.servers) <= set(servers.servers)
+    assert other.poll() is None
+    with pytest.raises(remote.RemoteError, match="no server is registered under key 'missing'.*keys there: another-key, collage-test"):
+        remote.connect(cluster.address, "missing")
+
+
+def test_a_tracker_that_cannot_be_reached_is_one_line_before_anything_is_built(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(remote.RemoteError) as refused:
+        optimize(tmp_path, "out", rpc_tracker=address, rpc_key=KEY)
+    assert time.monotonic() - started < 10
+    assert str(refused.value).startswith(f"the RPC tracker at {address} cannot be reached")
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_backends_that_call_python_at_run_time_are_left_out_in_one_line_each():
+    pm = get_plugin_manager()
+    found = discover_backends(pm)
+    said = []
+    kept = remote.measurable_remotely(pm, list(found.values()), said.append)
+    kept_names = {info.name for info in kept}
+    assert {"tvm", "dnnl"} & set(found) <= kept_names
+    for engine in {"onnxruntime", "openvino", "inductor"} & set(found):
+        assert engine not in kept_names
+        assert f"{engine}: its partitions call Python at run time, so it cannot be measured remotely; left out" in said
+
+
+def test_collage_backends_lists_the_servers_and_what_they_run(cluster, capsys):
+    from collage_core import cli
+
+    assert cli.main(["backends", "--rpc-tracker", cluster.address, "--rpc-key", KEY]) == 0
+    out = capsys.readouterr().out
+    assert f"key {KEY}: 2 server(s)" in out
+    assert "runs llvm:" in out
