@@ -272,6 +272,7 @@ class RemotePool:
                         continue
                     worker.close()
                     self._done(item, None, requeue=True)
+                    log.warning("server %s (key %r): %s; what it was measuring goes back to the queue", server, self.remote.key, failure)
                     if self._failed(server, failure):
                         return
                     server = None
@@ -285,5 +286,5 @@ class RemotePool:
             if self._failures[server] < FAILURES_LEFT_OUT or server in self._left_out:
                 return server in self._left_out
             self._left_out.add(server)
-        log.warning("server %s (key %r) failed %d times, left out: %s", server, self.remote.key, FAILURES_LEFT_OUT, failure)
+        log.warning("server %s (key %r) failed %d times: left out of this run", server, self.remote.key, FAILURES_LEFT_OUT)
         return True

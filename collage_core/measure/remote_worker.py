@@ -23,7 +23,7 @@ from collage_core.measure.timing import MeasureSettings
 from collage_core.outputs.output_folder import export_library
 from collage_core.records import Cost
 
-# Said by every error of a lost server, so the parent tells it from a candidate's own failure.
+# How a lost server's error starts (its type's name: see worker.describe_failure), so the parent tells it from a candidate's own.
 LOST = "RemoteServerLost"
 
 
@@ -41,7 +41,7 @@ def _connect(state, request):
 
 def _remote(state) -> dict:
     if "remote" not in state:
-        raise RemoteServerLost(f"{LOST}: no session (connect first)")
+        raise RemoteServerLost("no session (connect first)")
     return state["remote"]
 
 
@@ -54,7 +54,7 @@ def _guarded(state, action):
         if tvm_compat.rpc_is_alive(remote["session"]):
             raise
         state.pop("remote", None)
-        raise RemoteServerLost(f"{LOST}: server {remote['server']} stopped answering ({worker.describe_failure(error)})") from None
+        raise RemoteServerLost(f"server {remote['server']} stopped answering ({worker.describe_failure(error)})") from None
 
 
 def _load_carried(remote: dict, carried) -> None:
