@@ -22,6 +22,7 @@ from collage_core.backends import discover_backends
 from collage_core.build.deploy import carried_dir
 from collage_core.errors import CollageError, interrupt_within
 from collage_core.inspection import inspect_model, render_inspection
+from collage_core.measure import remote
 from collage_core.model.dtypes import FP32, PRECISIONS
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.outputs.explain import explain
@@ -292,8 +293,6 @@ def _backends(args) -> int:
     for failure in pm.failures:
         print(f"plugin {failure.name} failed: {failure.reason}")
     if args.rpc_tracker:
-        from collage_core.measure import remote
-
         print(f"\nservers of the RPC tracker at {args.rpc_tracker}:")
         print(remote.describe(args.rpc_tracker, args.rpc_key))
         names = [info.name for info in remote.measurable_remotely(pm, [info for info in discover_backends(pm).values()], lambda line: None)]

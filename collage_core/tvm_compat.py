@@ -6,6 +6,8 @@ import contextlib
 import io
 import json
 import os
+import socket
+import struct
 import threading
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -13,7 +15,9 @@ from typing import Any, Optional, Union
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm import rpc
 from tvm.base import _LOADED_LIBS
+from tvm.rpc import base as rpc_base
 from tvm.runtime.vm import VirtualMachine
 from tvm.support import cc
 from tvm_ffi.libinfo import load_lib_ctypes
@@ -545,8 +549,6 @@ def _constant_clip():
 def rpc_tracker_summary(host: str, port: int) -> dict:
     """The tracker's summary: ``{"server_info": [{"key": "server:KEY", "addr": [host, port]}, ...],
     "queue_info": {KEY: {"free": n, "pending": n}}}``; OSError or RuntimeError when it cannot be asked."""
-    from tvm import rpc
-
     tracker = rpc.connect_tracker(host, port)
     try:
         return tracker.summary()
@@ -557,15 +559,11 @@ def rpc_tracker_summary(host: str, port: int) -> dict:
 def rpc_tracker_reachable(host: str, port: int, timeout_s: float) -> bool:
     """Whether a TVM tracker answers at ``host:port`` within ``timeout_s`` (``connect_tracker`` alone
     retries for a minute)."""
-    import socket
-    import struct
-
-    from tvm.rpc import base
 
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
-            return struct.unpack("<i", base.recvall(sock, 4))[0] == base.RPC_TRACKER_MAGIC
+            sock.sendall(struct.pack("<i", rpc_base.RPC_TRACKER_MAGIC))
+            return struct.unpack("<i", rpc_base.recvall(sock, 4))[0] == rpc_base.RPC_TRACKER_MAGIC
     except (OSError, struct.error, RuntimeError):
         return False
 
@@ -573,16 +571,14 @@ def rpc_tracker_reachable(host: str, port: int, timeout_s: float) -> bool:
 def rpc_request(host: str, port: int, key: str, session_timeout_s: float = 0):
     """A session on a free server registered under ``key`` (waits for one), and that server's address
     ``host:port``: ``TrackerSession.request`` hides which server it gave."""
-    from tvm import rpc
-    from tvm.rpc import base
 
     tracker = rpc.connect_tracker(host, port)
     try:
-        base.sendjson(tracker._sock, [base.TrackerCode.REQUEST, key, "", 1])
-        value = base.recvjson(tracker._sock)
+        rpc_base.sendjson(tracker._sock, [rpc_base.TrackerCode.REQUEST, key, "", 1])
+        value = rpc_base.recvjson(tracker._sock)
     finally:
         tracker.close()
-    if value[0] != base.TrackerCode.SUCCESS:
+    if value[0] != rpc_base.TrackerCode.SUCCESS:
         raise RuntimeError(f"the tracker refused a session for key {key!r}: {value!r}")
     url, server_port, match_key = value[1]
     return rpc.connect(url, server_port, match_key, session_timeout_s), f"{url}:{server_port}"

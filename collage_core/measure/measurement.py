@@ -17,6 +17,7 @@ from collage_core import tvm_compat
 from collage_core.measure import threads
 from collage_core.measure.cost_db import CostDatabase, CostDatabaseError, CostKey
 from collage_core.measure.progress import ProgressBar
+from collage_core.measure.remote import RemotePool
 from collage_core.measure.timing import MeasureSettings
 from collage_core.measure.worker import OUT_OF_GPU_MEMORY_REASON
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, TransientFailure, WorkerFailure
@@ -368,8 +369,6 @@ def _measure_remotely(
     server at once (:class:`collage_core.measure.remote.RemotePool`); their costs go to ``costs`` and ``db``, the
     servers that measured them to ``servers``. How many were measured. A candidate's cut-off is the cheapest alternative known when a server takes it; one another run
     claimed is measured here too."""
-    from collage_core.measure.remote import RemotePool
-
     alternatives = KnownAlternatives()
     for key, cost in costs.items():
         alternatives.add(representatives[key], cost)

@@ -27,6 +27,7 @@ from collage_core.backends import registered_backends
 from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
+from collage_core.measure import remote_worker  # imports this module back: it times with its functions
 from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.widening import widen
@@ -60,8 +61,6 @@ def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
         protocol.flush()
 
     state["progress"] = progress
-    from collage_core.measure import remote_worker  # it times with this module's functions
-
     handlers = {**HANDLERS, **remote_worker.HANDLERS}
     for line in _requests():
         request = json.loads(line)
@@ -300,9 +299,7 @@ def _run_placement(state, request):
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
         export_library(executable, request["library"])
     if request.get("remote"):  # cross-compiled for another machine: run and timed there
-        from collage_core.measure.remote_worker import run_placement_remotely
-
-        return run_placement_remotely(state, request, build_s)
+        return remote_worker.run_placement_remotely(state, request, build_s)
     vm, device = _vm(executable, target)
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
