@@ -11,5 +11,5 @@ fi
 python3 -m pip install --upgrade pip
 python3 -m pip install "torch==2.13.0"
 # cuBLAS, cuDNN and CUTLASS install everywhere (their pattern tests need no GPU); they run where there is an NVIDIA GPU.
-python3 -m pip install -e ".[test]" -e plugins/tvm -e plugins/onnxruntime -e plugins/openvino -e plugins/inductor -e plugins/dnnl -e plugins/cublas -e plugins/cudnn -e plugins/cutlass -e plugins/metaschedule
+python3 -m pip install -e ".[test,rpc]" -e plugins/tvm -e plugins/onnxruntime -e plugins/openvino -e plugins/inductor -e plugins/dnnl -e plugins/cublas -e plugins/cudnn -e plugins/cutlass -e plugins/metaschedule
 collage backends

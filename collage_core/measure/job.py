@@ -21,8 +21,8 @@ from collage_core.errors import CollageError
 from collage_core.measure import zygote
 from collage_core.measure.cost_db import Claim, CostDatabaseError
 from collage_core.measure.measurement import CLAIM_POLL_S, threads_key_part
-from collage_core.measure.remote_worker import LOST
 from collage_core.measure.timing import MeasureSettings, stopped
+from collage_core.measure.worker import LOST
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
 from collage_core.model import original_model
 from collage_core.model.model_import import ImportedModel

@@ -22,7 +22,7 @@ import attrs
 from collage_core import tvm_compat
 from collage_core.errors import CollageError
 from collage_core.measure.cost_db import TRANSIENT_REASON
-from collage_core.measure.remote_worker import LOST
+from collage_core.measure.worker import LOST
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, WorkerFailure
 from collage_core.plugins import first_result
 from collage_core.records import Cost

@@ -12,11 +12,13 @@ RUN_WATCH_S and ends the worker, so no worker outlives its run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
@@ -27,7 +29,6 @@ from collage_core.backends import registered_backends
 from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
-from collage_core.measure import remote_worker  # imports this module back: it times with its functions
 from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.widening import widen
@@ -61,11 +62,10 @@ def main(state: dict | None = None, run_pid: Optional[int] = None) -> None:
         protocol.flush()
 
     state["progress"] = progress
-    handlers = {**HANDLERS, **remote_worker.HANDLERS}
     for line in _requests():
         request = json.loads(line)
         try:
-            response = handlers[request["op"]](state, request)
+            response = HANDLERS[request["op"]](state, request)
         except Exception as error:  # reported to the parent, which records it with the candidate
             response = {"error": describe_failure(error)}
         protocol.write(json.dumps(response) + "\n")
@@ -299,7 +299,7 @@ def _run_placement(state, request):
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
         export_library(executable, request["library"])
     if request.get("remote"):  # cross-compiled for another machine: run and timed there
-        return remote_worker.run_placement_remotely(state, request, build_s)
+        return _run_placement_remotely(state, request, build_s)
     vm, device = _vm(executable, target)
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -386,6 +386,134 @@ def _is_sequence(value) -> bool:
     return not hasattr(value, "numpy") and hasattr(value, "__len__")
 
 
+# On another machine: a session on one server of a TVM RPC tracker (collage_core.measure.remote), and candidates and
+# placements built here timed there with the policy of local timing. The worker holds one session at a time. Before a
+# library, the native kernels its backends call (DNNL's kernel library, ...) are uploaded and loaded on the server once
+# per session: their static initializers register the functions the library calls. A failure that leaves the server
+# unable to answer (it died, hung up, dropped the connection) is RemoteServerLost, so that the parent measures the
+# request on another server; any other failure is the candidate's own.
+
+# How a lost server's error starts (its type's name: see describe_failure), so the parent tells it from a candidate's own.
+LOST = "RemoteServerLost"
+
+
+class RemoteServerLost(Exception):
+    """The server stopped answering; the request itself may be fine."""
+
+
+def _remote_connect(state, request):
+    """A session on a free server of ``request["key"]`` (any held before is dropped); the server's address."""
+    state.pop("remote", None)
+    session, server = tvm_compat.rpc_request(request["host"], int(request["port"]), request["key"])
+    state["remote"] = {"session": session, "server": server, "loaded": set(), "call_overhead_s": None}
+    return {"server": server}
+
+
+def _remote(state) -> dict:
+    if "remote" not in state:
+        raise RemoteServerLost("no session (connect first)")
+    return state["remote"]
+
+
+def _guarded(state, action):
+    """``action()``; a failure after which the server no longer answers is :class:`RemoteServerLost`."""
+    remote = _remote(state)
+    try:
+        return action()
+    except Exception as error:
+        if tvm_compat.rpc_is_alive(remote["session"]):
+            raise
+        state.pop("remote", None)
+        raise RemoteServerLost(f"server {remote['server']} stopped answering ({describe_failure(error)})") from None
+
+
+def _load_carried_remotely(remote: dict, carried) -> None:
+    """Each native library in ``carried`` uploaded and loaded on the server once per session, under its digest."""
+    for path in carried:
+        data = Path(path).read_bytes()
+        name = f"carried-{hashlib.sha256(data).hexdigest()[:16]}-{Path(path).name}"
+        if name not in remote["loaded"]:
+            tvm_compat.rpc_load_module(remote["session"], path, name)
+            remote["loaded"].add(name)
+
+
+def _load_remote_vm(state, library, carried):
+    remote = _remote(state)
+    _load_carried_remotely(remote, carried)
+    name = f"library-{time.monotonic_ns()}.so"
+    module = tvm_compat.rpc_load_module(remote["session"], library, name)
+    device = tvm_compat.rpc_cpu(remote["session"])
+    return relax.VirtualMachine(module, device), device
+
+
+def _remote_call_overhead_s(state, settings, scratch: Path) -> float:
+    """The VM's call overhead on the server (see :func:`_call_overhead_s`), timed once per session."""
+    remote = _remote(state)
+    if remote["call_overhead_s"] is None:
+        param = relax.Var("x", relax.TensorType((1,), "float32"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [param]):
+            bb.emit_func_output(param)
+        target = tvm_compat.make_target(state["remote_target"])
+        library = scratch / f"identity-{time.monotonic_ns()}.so"
+        export_library(relax.build(bb.get(), target), library)
+        try:
+            vm, device = _load_remote_vm(state, library, ())
+        finally:
+            library.unlink(missing_ok=True)
+        remote["call_overhead_s"] = _time_vm(vm, device, None, settings, [tvm_compat.to_tensor(np.zeros(1, "float32"), device)]).median_s
+    return remote["call_overhead_s"]
+
+
+def _time_remote(state, request):
+    """Time a candidate's library (built by ``build_candidate``) on the server, as ``time_candidate`` does here."""
+    settings = MeasureSettings.from_json(request["settings"])
+    state["remote_target"] = request["target"]
+    mod, _ = _load(request)
+    library = Path(request["library"])
+
+    def measure() -> Cost:
+        vm, device = _load_remote_vm(state, library, request.get("carried", ()))
+        cost = _time_vm(vm, device, mod, settings)
+        return _net_of_call(cost, _remote_call_overhead_s(state, settings, library.parent))
+
+    return {"cost": _guarded(state, measure).to_json(), "server": _remote(state)["server"]}
+
+
+def _run_placement_remotely(state, request, build_s: float):
+    """``run_placement`` on the server: the library the worker just exported there, run on the given inputs
+    (outputs kept, for verification) and timed as a placement is here."""
+    settings = MeasureSettings.from_json(request["settings"]) if request.get("settings") else None
+    remote = request["remote"]
+    if "remote" not in state:
+        _remote_connect(state, remote)
+
+    def run():
+        vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
+        with np.load(request["inputs"], allow_pickle=False) as saved:
+            args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+        state["progress"]("built")
+        timed = request.get("timed", True)
+        first = vm["main"](*args)
+        state["progress"]("set up")
+        started = time.perf_counter()
+        result = vm["main"](*args) if timed else first
+        device.sync()
+        run_s = time.perf_counter() - started
+        outputs = [tvm_compat.to_numpy(o) for o in (result if _is_sequence(result) else [result])]
+        first_run_s = time.perf_counter() - started
+        state["progress"]("ran once")
+        np.savez(request["outputs"], *outputs)
+        if settings is None or not timed:
+            return None
+        if first_run_s > settings.single_run_s:
+            return Cost.measured(first_run_s, 0.0, 1).to_json()
+        judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
+        return _time_vm(vm, device, None, settings, args, warm_run_s=judged_s).to_json()
+
+    return {"cost": _guarded(state, run), "build_s": build_s, "server": _remote(state)["server"]}
+
+
 HANDLERS = {
     "init": _init,
     "measure_candidate": _measure_candidate,
@@ -394,6 +522,8 @@ HANDLERS = {
     "run_placement": _run_placement,
     "load_library": _load_library,
     "time_turn": _time_turn,
+    "remote_connect": _remote_connect,
+    "time_remote": _time_remote,
 }
 
 if __name__ == "__main__":
