@@ -54,6 +54,10 @@ def optimize(
     outputs are verified against the budget (see :mod:`collage_core.model.accuracy_budget`; ``accuracy_blocks``
     is how many blocks the units are probed in). With ``remeasure_invalid``, every candidate and placement
     whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read.
+    With ``rpc_tracker`` (``"HOST:PORT"``) and ``rpc_key``, candidates and placements are built here for the CPU of
+    the servers registered under that key (``target``, or read from a server) and timed and verified on them, every
+    free one at once (see :mod:`collage_core.measure.remote`); backends whose partitions call Python at run time are
+    left out, and no baselines are measured (not yet remotely).
 
     Every option is checked before anything is read (:class:`collage_core.api_checks.ArgumentError`, one line
     naming it); :class:`OptimizeOptions`' fields say what each must be.
