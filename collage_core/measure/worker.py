@@ -299,8 +299,13 @@ def _run_placement(state, request):
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
         export_library(executable, request["library"])
     if request.get("remote"):  # cross-compiled for another machine: run and timed there
-        return _run_placement_remotely(state, request, build_s)
+        return _run_placement_remotely(state, request, settings, build_s)
     vm, device = _vm(executable, target)
+    return {"cost": _run_and_time(state, request, vm, device, settings), "build_s": build_s}
+
+
+def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings]) -> Optional[dict]:
+    """Run ``vm``'s main on the request's inputs, keep its outputs, and time it (None: not timed)."""
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     args = [tvm_compat.to_tensor(a, device) for a in arrays]
@@ -319,15 +324,13 @@ def _run_placement(state, request):
     first_run_s = time.perf_counter() - started
     state["progress"]("ran once")
     np.savez(request["outputs"], *outputs)
-    cost = None
-    if settings is not None and timed:
-        if first_run_s > settings.single_run_s:
-            cost = Cost.measured(first_run_s, 0.0, 1).to_json()
-        else:
-            # The VM is warm (two runs): timed as it is, with no warm-up of a VM of its own.
-            judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
-            cost = _time_vm(vm, device, mod, settings, args, warm_run_s=judged_s).to_json()
-    return {"cost": cost, "build_s": build_s}
+    if settings is None or not timed:
+        return None
+    if first_run_s > settings.single_run_s:
+        return Cost.measured(first_run_s, 0.0, 1).to_json()
+    # The VM is warm (two runs): timed as it is, with no warm-up of a VM of its own.
+    judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
+    return _time_vm(vm, device, None, settings, args, warm_run_s=judged_s).to_json()
 
 
 def _held_placement(state, request):
@@ -480,36 +483,16 @@ def _time_remote(state, request):
     return {"cost": _guarded(state, measure).to_json(), "server": _remote(state)["server"]}
 
 
-def _run_placement_remotely(state, request, build_s: float):
-    """``run_placement`` on the server: the library the worker just exported there, run on the given inputs
+def _run_placement_remotely(state, request, settings: Optional[MeasureSettings], build_s: float):
+    """``run_placement`` on the server: the library the worker just exported, run there on the given inputs
     (outputs kept, for verification) and timed as a placement is here."""
-    settings = MeasureSettings.from_json(request["settings"]) if request.get("settings") else None
     remote = request["remote"]
     if "remote" not in state:
         _remote_connect(state, remote)
 
     def run():
         vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
-        with np.load(request["inputs"], allow_pickle=False) as saved:
-            args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
-        state["progress"]("built")
-        timed = request.get("timed", True)
-        first = vm["main"](*args)
-        state["progress"]("set up")
-        started = time.perf_counter()
-        result = vm["main"](*args) if timed else first
-        device.sync()
-        run_s = time.perf_counter() - started
-        outputs = [tvm_compat.to_numpy(o) for o in (result if _is_sequence(result) else [result])]
-        first_run_s = time.perf_counter() - started
-        state["progress"]("ran once")
-        np.savez(request["outputs"], *outputs)
-        if settings is None or not timed:
-            return None
-        if first_run_s > settings.single_run_s:
-            return Cost.measured(first_run_s, 0.0, 1).to_json()
-        judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
-        return _time_vm(vm, device, None, settings, args, warm_run_s=judged_s).to_json()
+        return _run_and_time(state, request, vm, device, settings)
 
     return {"cost": _guarded(state, run), "build_s": build_s, "server": _remote(state)["server"]}
 
