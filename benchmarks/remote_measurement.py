@@ -20,11 +20,12 @@ from pathlib import Path
 
 import collage_core
 from collage_core.measure.rpc_cluster import LocalCluster
+from collage_core.measure.timing import MeasureSettings
 
 KEY = "benchmark"
 
 
-def measure(model: str, backends: list[str], servers: int, workdir: Path) -> tuple[int, float]:
+def measure(model: str, backends: list[str], servers: int, workdir: Path, settings: MeasureSettings) -> tuple[int, float]:
     """(candidates measured, seconds) with ``servers`` servers (0: here, no RPC)."""
     cores = sorted(os.sched_getaffinity(0))
     options = dict(
@@ -35,6 +36,7 @@ def measure(model: str, backends: list[str], servers: int, workdir: Path) -> tup
         compare_backends=False,
         verify=False,
         show_progress=False,
+        settings=settings,
     )
     if servers == 0:
         started = time.perf_counter()
@@ -52,15 +54,22 @@ def main() -> None:
     parser.add_argument("--backends", default="tvm,dnnl")
     parser.add_argument("--servers", default="1,2,4", help="server counts, comma-separated (0: measured here)")
     parser.add_argument("--local", action="store_true", help="also measure here, without RPC, for reference")
+    parser.add_argument(
+        "--min-repeat-ms",
+        type=float,
+        default=MeasureSettings().min_repeat_ms,
+        help="how long each timed repeat lasts (longer: timing outweighs the builds here, and the servers' share shows)",
+    )
     args = parser.parse_args()
     counts = ([0] if args.local else []) + [int(count) for count in args.servers.split(",")]
     cores = len(os.sched_getaffinity(0))
-    print(f"{args.model}, backends {args.backends}; {platform.processor() or platform.machine()}, {cores} cores")
+    settings = MeasureSettings(min_repeat_ms=args.min_repeat_ms)
+    print(f"{args.model}, backends {args.backends}; {platform.machine()}, {cores} cores; repeats of {args.min_repeat_ms:g} ms")
     print("| servers | candidates | seconds | candidates per minute | cores shared |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:
         for count in counts:
-            measured, seconds = measure(args.model, args.backends.split(","), count, Path(workdir))
+            measured, seconds = measure(args.model, args.backends.split(","), count, Path(workdir), settings)
             shared = "n/a" if count == 0 else ("yes" if count > cores else "no")
             print(f"| {count or 'here'} | {measured} | {seconds:.1f} | {60 * measured / seconds:.1f} | {shared} |", flush=True)
 

@@ -295,8 +295,9 @@ def _backends(args) -> int:
     if args.rpc_tracker:
         print(f"\nservers of the RPC tracker at {args.rpc_tracker}:")
         print(remote.describe(args.rpc_tracker, args.rpc_key))
-        names = [info.name for info in remote.measurable_remotely(pm, [info for info in discover_backends(pm).values()], lambda line: None)]
-        print(f"backends measurable there (when available here): {', '.join(names)}")
+        cpu_backends = [info for info in discover_backends(pm).values() if "cpu" in info.backend.device_kinds]
+        names = [info.name for info in remote.measurable_remotely(pm, cpu_backends, lambda line: None)]
+        print(f"backends measurable there (CPU targets; when available here): {', '.join(names)}")
     return 0
 
 
