@@ -89,6 +89,8 @@ def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_a
     assert structure(remotely) == structure(local)
     assert remotely.verification.passed and remotely.latency().is_measured
     assert remotely.placement.target == local.placement.target
+    replayed = optimize(tmp_path, "replay", rpc_tracker=cluster.address, rpc_key=KEY, placement=tmp_path / "remote" / "placement.json")
+    assert structure(replayed) == structure(local) and replayed.verification.passed
 
 
 def test_a_server_killed_mid_run_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
