@@ -76,6 +76,11 @@ def parse_tracker(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def server_at_fault(failure: WorkerFailure) -> bool:
+    """Whether a request failed for its server (lost, or out of time: hung) or its worker here, not for itself."""
+    return any(sign in str(failure) for sign in (LOST, "timed out", "crashed"))
+
+
 def servers_of(summary: dict, key: str) -> list[str]:
     """The addresses of the servers registered under ``key`` in a tracker's summary."""
     return sorted(
@@ -250,36 +255,40 @@ class RemotePool:
             server = None
             while True:
                 if server is None:
-                    if not self._more_to_do():
+                    server = self._session(worker) if self._more_to_do() else None
+                    if server is None:
                         return
-                    try:
-                        server = worker.request({"op": "remote_connect", **self.remote.request()}, self.timeout_s + START_TIMEOUT_S)[
-                            "server"
-                        ]
-                    except WorkerFailure as failure:
-                        log.warning("no session on a server of key %r at %s: %s", self.remote.key, self.remote.tracker, failure)
-                        return
-                    if server in self._left_out:
-                        return  # the tracker gave a server that failed twice: this worker's share goes to the others
                 item = self._next()
                 if item is None:
                     return
                 try:
                     response = worker.request(self.request_for(item), self.timeout_s)
                 except WorkerFailure as failure:
-                    if LOST not in str(failure) and "timed out" not in str(failure) and "crashed" not in str(failure):
+                    if not server_at_fault(failure):
                         self._done(item, {"cost": Cost.invalid(str(failure)).to_json()})
                         continue
                     worker.close()
                     self._done(item, None, requeue=True)
                     log.warning("server %s (key %r): %s; what it was measuring goes back to the queue", server, self.remote.key, failure)
-                    if self._failed(server, failure):
+                    if self._failed(server):
                         return
                     server = None
                     continue
+                except BaseException as error:  # never leave an item in flight: the others would wait for it
+                    self._done(item, {"cost": Cost.invalid(f"{type(error).__name__}: {error}").to_json()})
+                    raise
                 self._done(item, response)
 
-    def _failed(self, server: str, failure: Exception) -> bool:
+    def _session(self, worker: MeasurementWorker) -> Optional[str]:
+        """The server ``worker`` now holds a session on, or None when it got none or one left out."""
+        try:
+            server = worker.request({"op": "remote_connect", **self.remote.request()}, self.timeout_s + START_TIMEOUT_S)["server"]
+        except WorkerFailure as failure:
+            log.warning("no session on a server of key %r at %s: %s", self.remote.key, self.remote.tracker, failure)
+            return None
+        return None if server in self._left_out else server  # one left out: this worker's share goes to the others
+
+    def _failed(self, server: str) -> bool:
         """Count a failure of ``server``; whether it is now left out (said once)."""
         with self._lock:
             self._failures[server] += 1
