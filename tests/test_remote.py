@@ -84,12 +84,14 @@ def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_a
     for name in THREAD_VARIABLES:  # the machine's defaults here, as on the servers: the same cost keys
         monkeypatch.delenv(name, raising=False)
     local = optimize(tmp_path, "local")
-    remotely = optimize(tmp_path, "remote", rpc_tracker=cluster.address, rpc_key=KEY)
+    # Into the same folder: the end of the local run (verified and timed here) is not taken for the servers'.
+    remotely = optimize(tmp_path, "local", rpc_tracker=cluster.address, rpc_key=KEY)
+    assert "reusing the run before" not in remotely.phases_s
     assert remotely.measurement.measured == 0  # every cost read from those measured here: the keys are shared
     assert structure(remotely) == structure(local)
     assert remotely.verification.passed and remotely.latency().is_measured
     assert remotely.placement.target == local.placement.target
-    replayed = optimize(tmp_path, "replay", rpc_tracker=cluster.address, rpc_key=KEY, placement=tmp_path / "remote" / "placement.json")
+    replayed = optimize(tmp_path, "replay", rpc_tracker=cluster.address, rpc_key=KEY, placement=tmp_path / "local" / "placement.json")
     assert structure(replayed) == structure(local) and replayed.verification.passed
 
 

@@ -219,6 +219,8 @@ def key_of_run(job: Job, parts, options: "OptimizeOptions") -> FinishKey:
         "reference": job.imported.reference_name,
         "settings": attrs.evolve(options.settings, build_workers=0).to_json(),
     }
+    if options.rpc_key is not None:  # verified and timed on those servers, not here (and the reverse)
+        settings["rpc_key"] = options.rpc_key
     return FinishKey(
         model=job.imported.fingerprint,
         target=tvm_compat.target_to_json(job.target),
