@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import threading
 import time
@@ -96,9 +98,21 @@ def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_a
 
 
 def test_a_server_killed_mid_run_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
-    doomed = cluster.servers[0]
+    killer = kill_after_the_first_cost(cluster, tmp_path, cluster.servers[0])
+    # Long enough a measurement that the kill finds the servers busy.
+    slower = attrs.evolve(QUICK, min_repeats=4, max_repeats=4, min_repeat_ms=60.0)
+    result = optimize(tmp_path, "out", rpc_tracker=cluster.address, rpc_key=KEY, settings=slower)
+    killer.join()
+    assert result.measurement.measured == result.measurement.distinct > 2
+    assert result.measurement.invalid == 0
+    assert result.verification.passed
+    assert any("stopped answering" in record.getMessage() for record in caplog.records)
 
-    def kill_after_the_first_costs() -> None:
+
+def kill_after_the_first_cost(cluster, tmp_path, server, how=signal.SIGKILL) -> threading.Thread:
+    """A thread that sends ``how`` to ``server`` and what it started once the first cost is in the database."""
+
+    def watch() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -108,18 +122,23 @@ def test_a_server_killed_mid_run_costs_only_the_measurement_in_flight(cluster, t
             except sqlite3.Error:
                 pass
             time.sleep(0.05)
-        cluster.kill(doomed)
+        os.killpg(server.pid, how)
 
-    killer = threading.Thread(target=kill_after_the_first_costs, daemon=True)
-    killer.start()
-    # Long enough a measurement that the kill finds the servers busy.
-    slower = attrs.evolve(QUICK, min_repeats=4, max_repeats=4, min_repeat_ms=60.0)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_server_that_hangs_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
+    # Stopped, it neither answers nor hangs up: the measurement in flight runs out of time and goes to the other.
+    stopper = kill_after_the_first_cost(cluster, tmp_path, cluster.servers[0], signal.SIGSTOP)
+    slower = attrs.evolve(QUICK, min_repeats=4, max_repeats=4, min_repeat_ms=60.0, timeout_s=8.0)
     result = optimize(tmp_path, "out", rpc_tracker=cluster.address, rpc_key=KEY, settings=slower)
-    killer.join()
+    stopper.join()
     assert result.measurement.measured == result.measurement.distinct > 2
     assert result.measurement.invalid == 0
     assert result.verification.passed
-    assert any("stopped answering" in record.getMessage() or "crashed" in record.getMessage() for record in caplog.records)
+    assert any("timed out" in record.getMessage() and "goes back to the queue" in record.getMessage() for record in caplog.records)
 
 
 def test_a_server_of_another_key_is_left_alone(cluster, tmp_path):
