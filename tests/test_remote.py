@@ -129,6 +129,7 @@ def kill_after_the_first_cost(cluster, tmp_path, server, how=signal.SIGKILL) -> 
     return thread
 
 
+@pytest.mark.slow  # a tracker and two servers of its own; the default suite keeps the killed server and the key
 def test_a_server_that_hangs_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
     # Stopped, it neither answers nor hangs up: the measurement in flight runs out of time and goes to the other.
     stopper = kill_after_the_first_cost(cluster, tmp_path, cluster.servers[0], signal.SIGSTOP)
@@ -175,6 +176,7 @@ def test_backends_that_call_python_at_run_time_are_left_out_in_one_line_each():
         assert f"{engine}: its partitions call Python at run time, so it cannot be measured remotely; left out" in said
 
 
+@pytest.mark.slow  # a tracker and two servers of its own; the default suite keeps the killed server and the key
 def test_collage_backends_lists_the_servers_and_what_they_run(cluster, capsys):
     from collage_core import cli
 
