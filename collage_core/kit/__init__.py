@@ -43,6 +43,7 @@ _EXPORTS = {
     # reading a model the way the core does (a plugin that prepares kernels ahead, as CUTLASS's prebuild)
     "load_model": "collage_core.model.model_import:load_model",
     "RelaxGraph": "collage_core.model.relax_graph:RelaxGraph",
+    "substitute": "collage_core.model.relax_graph:substitute",
     "enumerate_candidates": "collage_core.candidates.enumeration:enumerate_candidates",
     # lowering partitions
     "replace_functions": "collage_core.build.executable:replace_functions",

@@ -14,7 +14,7 @@ import tvm
 from collage_tvm import hooks as tvm_hooks
 from tvm import relax
 
-from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, sources_digest, tvm_compat
+from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, sources_digest, substitute, tvm_compat
 from collage_metaschedule import database, lowering, tuning
 
 BACKEND = "tvm-tuned"
@@ -123,19 +123,9 @@ def match_function(match) -> relax.Function:
     with builder.function("main", params, private=False):
         with builder.dataflow():
             for var, call in zip(match.bound_vars, match.calls):
-                value = _substitute(call, mapping)
+                value = substitute(call, mapping)
                 emit = builder.emit_output if var in outputs else builder.emit
                 mapping[var] = emit(value, name_hint=var.name)
         results = [mapping[var] for var in outputs]
         builder.emit_func_output(results[0] if len(results) == 1 else relax.Tuple(results))
     return builder.get()["main"]
-
-
-def _substitute(expr, mapping: dict):
-    if isinstance(expr, relax.Var):
-        return mapping.get(expr, expr)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_substitute(arg, mapping) for arg in expr.args], expr.attrs, expr.ty_args)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_substitute(field, mapping) for field in expr.fields])
-    return expr
