@@ -51,10 +51,13 @@ def test_costliest_orders_the_measured_op_level_partitions_by_share():
 @pytest.fixture
 def tuning_double(load_test_plugin, monkeypatch, tmp_path):
     from collage_core import optimizer
+    from collage_core.build import deploy
 
     monkeypatch.setenv("TUNING_DOUBLE_DIR", str(tmp_path))
     pm, _ = load_test_plugin("plugins_for_tests.tuning_double")
+    # The search's and the runtime's (a placement that gives the tuned operators to tuning-double runs on it).
     monkeypatch.setattr(optimizer, "get_plugin_manager", lambda: pm)
+    monkeypatch.setattr(deploy, "get_plugin_manager", lambda: pm)
     from plugins_for_tests import tuning_double
 
     return tuning_double

@@ -58,6 +58,11 @@ def collage_lower_partitions(backend, mod, function_names, target):
 
 
 @hookimpl
+def collage_prepare_runtime(backend):
+    return True if backend.name == BACKEND else None  # its partitions are TVM's own kernels: nothing to load
+
+
+@hookimpl
 def collage_tune_partitions(backend, mod, function_names, target, budget_s):
     if backend.name != BACKEND:
         return None
