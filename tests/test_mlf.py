@@ -466,6 +466,7 @@ def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_
     assert [entry.name for entry in (tmp_path / "tmp").iterdir() if entry.is_dir()] == []
 
 
+@pytest.mark.slow
 def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_strict_exits_4(optimized, tmp_path):
     data = optimized.placement.to_json()
     installed = data["backends"]["dnnl"]["version"]

@@ -381,6 +381,7 @@ def recorded_builds(monkeypatch) -> list:
     return builds
 
 
+@pytest.mark.slow
 def test_a_baseline_faster_in_turns_becomes_the_result_without_building_it_again(workspace, costs, monkeypatch):
     """The last rival ran fastest in turns (made so here): its build, timed in turns, is the result's
     library, verified and returned; the searched placement stays in the table under its own name."""
@@ -433,6 +434,7 @@ def candidate_costs_only(source: Path, path: Path) -> None:
         copy.commit()
 
 
+@pytest.mark.slow
 def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(optimized, costs, tmp_path, monkeypatch):
     """The second run of the same command reads candidates, searched placements and baselines from the
     database: its search ends where the first one did, and the end of the first run kept in the output
@@ -857,6 +859,7 @@ def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_f
     assert json.loads((copy / "results.json").read_text())["replayed_from"] == str(searched)
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_reuse_the_run_before_says_why_and_a_searched_placement_that_wins_leaves_no_stale_file(
     baseline_won, workspace, costs, tmp_path, monkeypatch, capsys
 ):

@@ -97,6 +97,7 @@ def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_a
     assert structure(replayed) == structure(local) and replayed.verification.passed
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_run_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
     killer = kill_after_the_first_cost(cluster, tmp_path, cluster.servers[0])
     # Long enough a measurement that the kill finds the servers busy.
@@ -142,6 +143,7 @@ def test_a_server_that_hangs_costs_only_the_measurement_in_flight(cluster, tmp_p
     assert any("timed out" in record.getMessage() and "goes back to the queue" in record.getMessage() for record in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_server_of_another_key_is_left_alone(cluster, tmp_path):
     (other,) = cluster.add_servers("another-key", 1)
     servers = remote.connect(cluster.address, KEY)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from collage_core.measure.cost_db import Claim, CostDatabase, CostKey
 from collage_core.measure.timing import MeasureSettings
@@ -149,6 +150,7 @@ def measure_as(run: str, db_path: str, report_path: str) -> None:
     Path(report_path).write_text(json.dumps(counts))
 
 
+@pytest.mark.slow
 def test_two_runs_measuring_at_once_measure_each_candidate_once_in_all(load_test_plugin, tmp_path, monkeypatch):
     """Each run's first measurement waits until the other run is measuring too, so both have looked
     their costs up before either stored one."""
@@ -309,6 +311,7 @@ def evaluate_as(run: str, db_path: str, folder: str, report_path: str) -> None:
     Path(report_path).write_text(json.dumps({"built": built, "costs": costs, "from_database": evaluate.from_database}))
 
 
+@pytest.mark.slow
 def test_two_runs_measuring_placements_at_once_measure_each_once_in_all(load_test_plugin, tmp_path):
     load_test_plugin(FIXED)  # for PYTHONPATH, which the runs and their workers inherit
     spawn = multiprocessing.get_context("spawn")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -182,6 +183,7 @@ def _replay_here(placement: Path, capfd) -> tuple[int, str]:
     return code, capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_placement_files_end_the_run_in_one_line_naming_the_file(tmp_path, monkeypatch, capfd):
     """Each file is refused by ``cli.main`` in this process (a new ``collage`` process takes about 3 s to
     start); the last also by the ``collage`` command itself, for its exit status and whole stderr."""

@@ -82,6 +82,7 @@ def test_killed_workers_are_retried_and_a_held_up_one_is_measured_again_by_the_n
     assert "twice in a row" in cost_of[KILLED_ALWAYS].reason  # the candidate's own: kept
 
 
+@pytest.mark.slow
 def test_remeasure_invalid_measures_every_invalid_cost_again(plugins, tmp_path):
     path = tmp_path / "costs.sqlite"
     with CostDatabase.open(path) as db:
@@ -93,6 +94,7 @@ def test_remeasure_invalid_measures_every_invalid_cost_again(plugins, tmp_path):
         assert measure(plugins, db)[0].measured == 0  # what this run measured is not measured again in it
 
 
+@pytest.mark.slow
 def test_placements_killed_from_outside_are_retried_and_a_held_up_one_is_measured_again_by_the_next_run(
     plugins, tmp_path, caplog, monkeypatch
 ):

@@ -32,6 +32,7 @@ def test_exported_program_matches_tvm(make, specs, kind):
     assert_same([result.numpy() for result in results], run_tvm(func, arrays))
 
 
+@pytest.mark.slow
 def test_compiled_by_inductor_matches_tvm(tmp_path, monkeypatch):
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
     func = function(

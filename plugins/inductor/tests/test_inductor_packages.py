@@ -201,6 +201,7 @@ def test_a_damaged_package_is_found_out_with_one_warning(package, caplog, damage
     assert "compiling it again" in record.getMessage() and "\n" not in record.getMessage()
 
 
+@pytest.mark.slow
 def test_a_truncated_package_is_compiled_again(region, package, caplog):
     truncated(package)
     with caplog.at_level(logging.WARNING, logger="collage.inductor"):

@@ -120,6 +120,7 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
     assert runtime.unpack_model(blob) == model.SerializeToString()
 
 
+@pytest.mark.slow
 def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
     check_exported_library_runs_in_a_fresh_process(pm, backends, "onnxruntime", TARGET, tmp_path)
 

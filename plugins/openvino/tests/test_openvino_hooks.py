@@ -82,6 +82,7 @@ def test_mixed_placements_beside_tvm_match_numpy(pm, backends):
     check_mixed_placements(pm, backends, "openvino", TARGET)
 
 
+@pytest.mark.slow
 def test_exported_library_runs_in_a_fresh_process(pm, backends, tmp_path):
     check_exported_library_runs_in_a_fresh_process(pm, backends, "openvino", TARGET, tmp_path)
 
