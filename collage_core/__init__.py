@@ -19,6 +19,8 @@ _PUBLIC = {
     "MeasureSettings": "collage_core.measure.timing",
     "OptimizeOptions": "collage_core.options",
     "OptimizedModel": "collage_core.outputs.result",
+    "ProfiledModel": "collage_core.outputs.profiled_result",
+    "ShapeNotServed": "collage_core.outputs.dispatch",
     "Partition": "collage_core.records",
     "Pattern": "collage_core.records",
     "PatternMatch": "collage_core.records",

@@ -25,10 +25,12 @@ from collage_core.inspection import inspect_model, render_inspection
 from collage_core.measure import remote
 from collage_core.model.dtypes import FP32, PRECISIONS
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
+from collage_core.outputs import output_folder
 from collage_core.outputs.explain import explain
 from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.output_folder import safe_file_name
 from collage_core.outputs.placement_file import load_placement
+from collage_core.outputs.profiled_result import PLACEMENTS_FILE, ProfiledModel, render_profiles_report
 from collage_core.outputs.report import format_table, render_report
 from collage_core.outputs.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
 from collage_core.outputs.show import write_picture
@@ -244,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     _option(optimize, "settings.cuda_graphs", "--no-cuda-graphs")
     _option(optimize, "rpc_tracker", "--rpc-tracker", metavar="HOST:PORT")
     _option(optimize, "rpc_key", "--rpc-key", metavar="KEY")
+    _option(optimize, "shapes", "--shapes", metavar="SIZES")
     optimize.set_defaults(command=_optimize)
 
     export = commands.add_parser(
@@ -315,6 +318,8 @@ def _optimize(args) -> int:
     if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are
     result = optimizer.optimize(args.model, options=attrs.evolve(options, output_dir=output))
+    if isinstance(result, ProfiledModel):
+        return _shapes_saved(result, output)
     print(render_report(result))
     saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
     saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
@@ -327,6 +332,15 @@ def _optimize(args) -> int:
     if result.verification is not None and not result.verification.passed:
         return EXIT_NUMERICS
     return 0
+
+
+def _shapes_saved(result: ProfiledModel, output: Path) -> int:
+    print(render_profiles_report(result))
+    library = output_folder.library_file(output, result.name)
+    saved = [output / PLACEMENTS_FILE, library, output / "report.txt", output / "results.json"]
+    saved += [f"{output}/shape-1/ to shape-{len(result.shapes)}/ (each shape's own run)"]
+    print(f"\nsaved: {', '.join(str(path) for path in saved)}")
+    return 0 if result.verified else EXIT_NUMERICS
 
 
 def _inspect(args) -> int:

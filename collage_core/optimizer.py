@@ -16,8 +16,10 @@ from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.stage import import_model
+from collage_core.optimize_shapes import optimize_for_shapes
 from collage_core.options import OptimizeOptions, keyword_signature
 from collage_core.outputs import output_folder, reuse
+from collage_core.outputs.profiled_result import ProfiledModel
 from collage_core.outputs.result import OptimizedModel, kept
 from collage_core.plugins import get_plugin_manager
 from collage_core.search import accuracy_stage, tuning_stage
@@ -26,7 +28,7 @@ from collage_core.search import stage as search_stage
 
 def optimize(
     model: Any, *, example_inputs: Optional[Sequence[Any]] = None, options: Optional[OptimizeOptions] = None, **chosen: Any
-) -> OptimizedModel:
+) -> OptimizedModel | ProfiledModel:
     """Place ``model`` on the fastest mix of backends for a target, as ``options`` say (an
     :class:`OptimizeOptions`; default: every default), each option also given by its name, which wins
     over ``options``' (``optimize(model, target="cuda", backends=["tvm"])``).
@@ -57,7 +59,10 @@ def optimize(
     With ``rpc_tracker`` (``"HOST:PORT"``) and ``rpc_key``, candidates and placements are built here for the CPU of
     the servers registered under that key (``target``, or read from a server) and timed and verified on them, every
     free one at once (see :mod:`collage_core.measure.remote`); backends whose partitions call Python at run time are
-    left out, and no baselines are measured (not yet remotely).
+    left out, and no baselines are measured (not yet remotely). With ``shapes`` (an ONNX model with symbolic
+    dimensions), each shape listed is optimized and all are built into one library that chooses among them by
+    the shapes of a call (a :class:`~collage_core.outputs.profiled_result.ProfiledModel`; see
+    :mod:`collage_core.optimize_shapes`).
 
     Every option is checked before anything is read (:class:`collage_core.api_checks.ArgumentError`, one line
     naming it); :class:`OptimizeOptions`' fields say what each must be.
@@ -66,6 +71,8 @@ def optimize(
     refuse_unless_met("example_inputs", EXAMPLE_INPUTS, example_inputs)
     refuse_unwritable_output(options.output_dir)
     say, clock = Narrator(options.show_progress), PhaseClock()
+    if options.shapes is not None:
+        return optimize_for_shapes(model, options, optimize, say)
     remote = None
     if options.rpc_tracker is not None:  # before anything is built: a tracker that cannot be reached is one line
         remote = remote_servers.connect(options.rpc_tracker, options.rpc_key, options.target)

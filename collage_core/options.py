@@ -49,6 +49,7 @@ def _tracker_problem(value: Any) -> str:
 
 
 RPC_TRACKER = Rule(_tracker_problem)
+SHAPES = Rule(lambda value: "" if isinstance(value, str) and "=" in value else f"must list sizes such as \"batch=1,8\", not {value!r}")
 RPC_KEY = Rule(lambda value: "" if isinstance(value, str) and value.strip() else f"must be a server key (a non-empty str), not {value!r}")
 
 
@@ -151,6 +152,13 @@ class OptimizeOptions:
         "and verified there; with --rpc-key",
     )
     rpc_key: Optional[str] = described(None, RPC_KEY.or_none(), "with --rpc-tracker: the key the servers are registered under")
+    shapes: Optional[str] = described(
+        None,
+        SHAPES.or_none(),
+        "optimize an ONNX model with symbolic dimensions for each shape listed, by dimension (\"batch=1,8 sequence=128,512\": "
+        "every combination) or by input (\"input_ids=1x128,8x512\"), into one library that runs a call on its shape's "
+        "placement, or on the smallest listed shape that covers it, padded where the model allows it",
+    )
 
     def __attrs_post_init__(self):
         self.check()
@@ -182,6 +190,11 @@ class OptimizeOptions:
             raise ArgumentError(
                 "measuring on other machines (--rpc-tracker) does not yet time baselines in turns (--compare) "
                 "or hold an accuracy budget: leave those out, or measure here"
+            )
+        if self.shapes is not None and (self.placement is not None or self.rpc_tracker is not None):
+            raise ArgumentError(
+                "--shapes searches each shape here: replaying (--placement) or measuring on other machines "
+                "(--rpc-tracker) several shapes at once is not supported yet"
             )
         if self.accuracy_budget is not None:
             if self.placement is not None:

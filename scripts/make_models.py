@@ -71,11 +71,22 @@ def tvm_import_error(onnx_model: onnx.ModelProto) -> str | None:
     return None
 
 
+def at_shapes_of(onnx_model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """``onnx_model`` with its symbolic dimensions (if any) bound to the sizes of ``feeds``, as ``--shapes`` binds them."""
+    from collage_core.model.shape_profiles import parse_shapes, static_onnx, symbolic_inputs
+
+    inputs = symbolic_inputs(onnx_model)
+    if all(isinstance(dim, int) for spec in inputs for dim in spec.dims):
+        return onnx_model
+    listed = " ".join(f"{name}={'x'.join(map(str, array.shape))}" for name, array in feeds.items())
+    return static_onnx(onnx_model, parse_shapes(listed, inputs)[0])
+
+
 def check_onnx(path: Path, onnx_model: onnx.ModelProto, feeds: dict[str, np.ndarray], reference: np.ndarray) -> dict:
     """Run the model in ONNX Runtime and TVM's importer, compare with PyTorch, and print a summary."""
     outputs, latency_ms = ort_latency_ms(path, feeds)
     max_abs_diff = float(np.max(np.abs(outputs[0] - reference)))
-    tvm_error = tvm_import_error(onnx_model)
+    tvm_error = tvm_import_error(at_shapes_of(onnx_model, feeds))
     op_histogram = collections.Counter(node.op_type for node in onnx_model.graph.node)
     size_mb = path.stat().st_size / 1e6
     print(f"{path}: {size_mb:.2f} MB, {len(onnx_model.graph.node)} nodes")
@@ -161,6 +172,45 @@ class LastHiddenState(nn.Module):
         return outputs.last_hidden_state
 
 
+class MaskedLastHiddenState(nn.Module):
+    """An encoder's last hidden state for token ids and their attention mask, both of any batch and length:
+    the mask is what lets a shorter sequence be padded (masked positions change nothing of the others)."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        outputs = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids), position_ids=positions
+        )
+        return outputs.last_hidden_state
+
+
+def export_dynamic_onnx(model: nn.Module, example_inputs: tuple, axes: dict, path: Path) -> onnx.ModelProto:
+    """Export with the TorchScript exporter, the dimensions ``axes`` names symbolic (``{input: {axis: name}}``,
+    the output's too)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
+    with torch.no_grad():
+        torch.onnx.export(
+            model,
+            example_inputs,
+            str(path),
+            input_names=[name for name in axes if name != "output"],
+            output_names=["output"],
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamic_axes=axes,
+            dynamo=False,
+        )
+    onnx_model = onnx.load(str(path))
+    onnx.checker.check_model(onnx_model, full_check=True)
+    return onnx_model
+
+
 def make_bert(hidden: int, heads: int, intermediate: int, layers: int, vocab: int = 30522) -> nn.Module:
     from transformers import BertConfig, BertModel
 
@@ -228,6 +278,23 @@ def main():
     randomize_norms_and_biases(bert)
     input_ids = torch.randint(0, 1000, (1, 16), dtype=torch.int64)
     build_and_check(bert, input_ids, "input_ids", args.out / "tiny_bert.onnx")
+
+    torch.manual_seed(SEED)
+    bert = make_bert(hidden=64, heads=2, intermediate=128, layers=1, vocab=1000)
+    randomize_norms_and_biases(bert)
+    masked = MaskedLastHiddenState(bert.encoder)
+    input_ids = torch.randint(0, 1000, (2, 16), dtype=torch.int64)
+    mask = torch.ones((2, 16), dtype=torch.int64)
+    with torch.no_grad():
+        reference = masked.eval()(input_ids, mask).numpy()
+    axes = {name: {0: "batch", 1: "sequence"} for name in ("input_ids", "attention_mask", "output")}
+    path = args.out / "tiny_bert_dynamic.onnx"
+    check_onnx(
+        path,
+        export_dynamic_onnx(masked, (input_ids, mask), axes, path),
+        {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()},
+        reference,
+    )
 
     torch.manual_seed(SEED)
     gpt2 = make_gpt2(embedding=64, heads=2, layers=1, vocab=1000, positions=16)

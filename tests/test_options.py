@@ -52,6 +52,7 @@ OPTION_CASES = [
     (["--no-verify"], {"verify": False}),
     (["--no-cuda-graphs"], {"settings.cuda_graphs": False}),
     (["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "x86"], {"rpc_tracker": "127.0.0.1:9190", "rpc_key": "x86"}),
+    (["--shapes", "batch=1,8 sequence=128"], {"shapes": "batch=1,8 sequence=128"}),
 ]
 
 

@@ -44,6 +44,8 @@ from collage_core.plugins import first_result, get_plugin_manager
 FORMAT = "collage-runtime"
 log = logging.getLogger("collage")
 VERSION = 1
+# The key of a library's shape profiles in its runtime file (collage_core.build.profiles).
+SHAPE_PROFILES = "shape_profiles"
 
 
 class LibraryLoadError(CollageError):
@@ -87,14 +89,19 @@ def carried_dir(library: os.PathLike) -> Path:
 
 
 def write_runtime_file(
-    library: os.PathLike, needs: dict, carried: Optional[Mapping[str, list]] = None, environment: Optional[Mapping[str, str]] = None
+    library: os.PathLike,
+    needs: dict,
+    carried: Optional[Mapping[str, list]] = None,
+    environment: Optional[Mapping[str, str]] = None,
+    shape_profiles: Optional[dict] = None,
 ) -> Path:
     """Record beside ``library`` the backends its partitions run on (as :func:`backend_needs` gives
     them); copy each backend's native libraries in ``carried`` (as :func:`runtime_libraries` gives
     them) into ``<library>.libs/`` and list them, so that the library loads without the plugins.
     When its partitions run on more than one backend, whose pools take turns, it also records how
     their idle threads are to wait (``environment``; default: as this run's partitions did,
-    ``threads.wait_settings_in_force``), for :func:`load_library` to check."""
+    ``threads.wait_settings_in_force``), for :func:`load_library` to check. A library of shape profiles
+    records them (``shape_profiles``, see :mod:`collage_core.build.profiles`)."""
     needs = copy.deepcopy(needs)
     for name, paths in sorted((carried or {}).items()):
         if name not in needs:
@@ -110,6 +117,8 @@ def write_runtime_file(
     record = {"format": FORMAT, "version": VERSION, "library": Path(library).name, "backends": needs}
     if len(needs) > 1:
         record["environment"] = dict(threads.wait_settings_in_force() if environment is None else environment)
+    if shape_profiles is not None:
+        record[SHAPE_PROFILES] = shape_profiles
     return output_folder.write_text(runtime_file(library), json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
@@ -126,7 +135,7 @@ def copy_library(source: os.PathLike, destination: os.PathLike, move: bool = Fal
         output_folder.move_file(source, destination)
     else:
         output_folder.copy_file(source, destination)
-    write_runtime_file(destination, needs, carried, record.get("environment"))
+    write_runtime_file(destination, needs, carried, record.get("environment"), record.get(SHAPE_PROFILES))
     if move:
         os.remove(runtime_file(source))
         shutil.rmtree(carried_dir(source), ignore_errors=True)

@@ -83,9 +83,11 @@ def time_in_turns(
     plugin_modules: Sequence[str],
     disabled: Sequence[str],
     settings: TurnSettings = TurnSettings(),
+    functions: Mapping[str, str] = {},
 ) -> dict[str, LibraryTurns]:
     """Each library's latency in turns, by name, from the runs of its fastest worker on ``inputs`` (an
-    ``.npz``), every worker of every library taking its turns.
+    ``.npz``), every worker of every library taking its turns. A library runs its ``main``, or the entry
+    function ``functions`` names for it (a library of shape profiles holds one per shape).
 
     Raises :class:`~collage_core.measure.worker_client.WorkerFailure` if a library cannot be loaded or run.
     """
@@ -100,6 +102,7 @@ def time_in_turns(
                     "inputs": str(inputs),
                     "target": target_json,
                     "warmup_runs": settings.warmup_runs,
+                    "function": functions.get(name, "main"),
                 }
                 once_s[name, copy] = worker.request(request, settings.timeout_s)["once_s"]
                 workers[name, copy] = worker

@@ -348,10 +348,10 @@ def _held_placement(state, request):
 
 
 def _load_library(state, request):
-    """Load an exported library and its inputs and run it ``warmup_runs`` times (default 1) and once more,
-    timed; ``time_turn`` then times it."""
+    """Load an exported library and its inputs and run its entry function (``function``, default ``main``)
+    ``warmup_runs`` times (default 1) and once more, timed; ``time_turn`` then times it."""
     device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
-    function = load_vm(request["library"], device, pm=state["pm"])["main"]
+    function = load_vm(request["library"], device, pm=state["pm"])[request.get("function", "main")]
     with np.load(request["inputs"], allow_pickle=False) as saved:
         args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
 
@@ -365,6 +365,27 @@ def _load_library(state, request):
     run()
     state["turn"], state["last_run_end"] = run, time.perf_counter()
     return {"once_s": state["last_run_end"] - started}
+
+
+def _build_library(state, request):
+    """Build a module (entry functions of its own, such as a library of shape profiles') and export it to
+    ``library``; nothing runs."""
+    mod, target = _load(request)
+    executable, build_s = _build(state, mod, target, cuda_graphs=bool(request.get("cuda_graphs")))
+    export_library(executable, request["library"])
+    return {"build_s": build_s}
+
+
+def _run_library(state, request):
+    """Run an exported library's entry function ``function`` on the ``inputs`` (an ``.npz``), once, and save
+    its outputs to ``outputs``."""
+    device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
+    function = load_vm(request["library"], device, pm=state["pm"])[request["function"]]
+    with np.load(request["inputs"], allow_pickle=False) as saved:
+        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+    result = function(*args)
+    np.savez(request["outputs"], *[tvm_compat.to_numpy(o) for o in (result if _is_sequence(result) else [result])])
+    return {}
 
 
 def _time_turn(state, request):
@@ -504,6 +525,8 @@ HANDLERS = {
     "time_candidate": _time_candidate,
     "run_placement": _run_placement,
     "load_library": _load_library,
+    "build_library": _build_library,
+    "run_library": _run_library,
     "time_turn": _time_turn,
     "remote_connect": _remote_connect,
     "time_remote": _time_remote,

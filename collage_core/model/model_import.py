@@ -195,7 +195,10 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         dims = value.type.tensor_type.shape.dim
         if any(not dim.HasField("dim_value") for dim in dims):
             shown = [dim.dim_param or "?" if not dim.HasField("dim_value") else dim.dim_value for dim in dims]
-            raise ModelImportError(f"{origin}: input {value.name!r} has a dynamic shape {shown}; export it with static shapes")
+            raise ModelImportError(
+                f"{origin}: input {value.name!r} has a dynamic shape {shown}; list the shapes to optimize for "
+                f"(--shapes, e.g. {_shapes_example(shown)}) or export it with static shapes"
+            )
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
         if any(dim.dim_value == 0 for dim in dims):  # TVM's importer would take it for a dynamic dimension
             raise ModelImportError(
@@ -235,6 +238,11 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
     canonical = canonicalize(mod, origin)
     import_cache.store(cache_name, canonical, fingerprint, len(data))
     return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original)
+
+
+def _shapes_example(dims) -> str:
+    named = [dim for dim in dims if isinstance(dim, str) and dim != "?"]
+    return repr(" ".join(f"{dim}=1,8" for dim in dict.fromkeys(named))) if named else "'INPUT=1x128,8x128'"
 
 
 def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:

@@ -146,6 +146,13 @@ def write_text(path: os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def write_bytes(path: os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` whole, as :func:`write_text` writes text."""
+    with replacing(path) as temporary:
+        temporary.write_bytes(data)
+    return Path(path)
+
+
 def copy_file(source: os.PathLike, destination: os.PathLike) -> None:
     """Copy ``source`` onto ``destination`` whole (a new file: a process that loaded the old one keeps it)."""
     with replacing(destination) as temporary:

@@ -49,15 +49,31 @@ def packed_call_function(func: relax.Function, name: str, run_function: str, blo
 
 
 def runs_alone(mod, function_names) -> bool:
-    """Whether ``main`` does nothing but call these partitions (and pass tuples around): then no
-    other backend's kernel runs between them, and their thread pools may keep the cores."""
+    """Whether every entry function (``main``; a library of shape profiles has one per shape) that calls these
+    partitions does nothing else but call them (and pass tuples around): then no other backend's kernel runs
+    between them, and their thread pools may keep the cores."""
     ours = set(function_names)
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call):
-                if not (isinstance(value.op, tvm.ir.GlobalVar) and value.op.name_hint in ours):
-                    return False
-            elif not (isinstance(value, (relax.Tuple, relax.TupleGetItem, relax.Var)) or tvm_compat.is_constant(value)):
-                return False
+    for func in entry_functions(mod):
+        calls_ours, calls_other = False, False
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.Call):
+                    if isinstance(value.op, tvm.ir.GlobalVar) and value.op.name_hint in ours:
+                        calls_ours = True
+                    else:
+                        calls_other = True
+                elif not (isinstance(value, (relax.Tuple, relax.TupleGetItem, relax.Var)) or tvm_compat.is_constant(value)):
+                    calls_other = True
+        if calls_ours and calls_other:
+            return False
     return True
+
+
+def entry_functions(mod) -> list:
+    """The Relax functions of ``mod`` a caller may call by name (those with a global symbol)."""
+    return [
+        func
+        for _, func in mod.functions_items()
+        if isinstance(func, relax.Function) and func.attrs is not None and "global_symbol" in func.attrs
+    ]

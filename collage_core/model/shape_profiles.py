@@ -1,0 +1,237 @@
+"""Shape profiles: the static shapes a model with symbolic dimensions is optimized for.
+
+A profile binds each symbolic dimension of the model's inputs (an ONNX ``dim_param`` such as ``batch`` or
+``sequence``) to a size. ``--shapes`` lists them in one of two forms:
+
+- by dimension, ``"batch=1,8 sequence=128,512"``: every combination of the sizes listed (here four profiles);
+- by input, ``"input_ids=1x128,8x128,8x512"``: the k-th shape of each input listed makes profile k; inputs not
+  listed take their sizes from the dimensions the listed ones bind.
+
+Each profile makes a static copy of the model file (:func:`static_onnx`), which the single-shape pipeline
+places as it places any model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Optional, Sequence
+
+import attrs
+
+from collage_core.errors import CollageError
+
+
+class ShapeProfileError(CollageError):
+    """The shapes asked for do not fit the model, or cannot be read."""
+
+
+@attrs.frozen
+class SymbolicInput:
+    """A model input whose dimensions are sizes (int) or symbolic names (str)."""
+
+    name: str
+    dims: tuple
+    dtype: str
+
+    def bound(self, sizes: dict) -> tuple[int, ...]:
+        return tuple(dim if isinstance(dim, int) else sizes[dim] for dim in self.dims)
+
+    def shown(self) -> str:
+        return "x".join(str(dim) for dim in self.dims)
+
+
+@attrs.frozen
+class ShapeProfile:
+    """One static shape of the model: each symbolic dimension's size, in the order the inputs name them,
+    and each input's shape."""
+
+    sizes: tuple[tuple[str, int], ...]
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @property
+    def label(self) -> str:
+        """``batch=8 sequence=128``: how reports and progress name the profile."""
+        return " ".join(f"{name}={size}" for name, size in self.sizes)
+
+    def size_of(self, dim: str) -> int:
+        return dict(self.sizes)[dim]
+
+    def shape_of(self, input_name: str) -> tuple[int, ...]:
+        return dict(self.shapes)[input_name]
+
+    def covers(self, shapes: Sequence[tuple[int, ...]]) -> bool:
+        """Whether arrays of ``shapes`` (in input order) fit inside this profile's, dimension by dimension."""
+        return all(len(given) == len(mine) and all(g <= m for g, m in zip(given, mine)) for given, (_, mine) in zip(shapes, self.shapes))
+
+    def elements(self) -> int:
+        total = 0
+        for _, shape in self.shapes:
+            count = 1
+            for size in shape:
+                count *= size
+            total += count
+        return total
+
+    def to_json(self) -> dict:
+        return {"sizes": dict(self.sizes), "inputs": {name: list(shape) for name, shape in self.shapes}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ShapeProfile":
+        return cls(
+            tuple((str(name), int(size)) for name, size in data["sizes"].items()),
+            tuple((str(name), tuple(int(s) for s in shape)) for name, shape in data["inputs"].items()),
+        )
+
+
+def symbolic_inputs(proto) -> list[SymbolicInput]:
+    """The graph inputs of an ONNX model (initializers left out), each dimension a size or its symbolic name;
+    an unnamed dynamic dimension is refused, as no profile could name it."""
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
+    import onnx
+
+    initializers = {init.name for init in proto.graph.initializer}
+    found = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        dims = []
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.dim_param:
+                dims.append(str(dim.dim_param))
+            else:
+                raise ShapeProfileError(
+                    f"input {value.name!r}: dimension {axis} is dynamic and unnamed; name it (a dim_param) to list its sizes"
+                )
+        found.append(SymbolicInput(value.name, tuple(dims), onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name))
+    return found
+
+
+def symbolic_dims(inputs: Sequence[SymbolicInput]) -> list[str]:
+    """The symbolic dimensions, in the order the inputs first name them."""
+    seen: list[str] = []
+    for spec in inputs:
+        seen.extend(dim for dim in spec.dims if isinstance(dim, str) and dim not in seen)
+    return seen
+
+
+_SIZES = re.compile(r"^\d+(,\d+)*$")
+_SHAPES = re.compile(r"^\d+(x\d+)*(,\d+(x\d+)*)*$")
+
+
+def parse_shapes(text: str, inputs: Sequence[SymbolicInput]) -> list[ShapeProfile]:
+    """The profiles ``text`` lists (see the module's docstring), in order, each once; or a one-line
+    error naming what does not fit."""
+    dims = symbolic_dims(inputs)
+    if not dims:
+        raise ShapeProfileError("the model has no symbolic dimensions: its one static shape needs no --shapes")
+    by_input = {spec.name: spec for spec in inputs}
+    items = [item for item in re.split(r"[\s;]+", text.strip()) if item]
+    if not items:
+        raise ShapeProfileError(f"--shapes is empty; list sizes such as {_example(dims)}")
+    parsed: dict[str, str] = {}
+    for item in items:
+        key, equals, values = item.partition("=")
+        if not equals or not key or not values:
+            raise ShapeProfileError(f"--shapes: {item!r} is not NAME=SIZES; for example {_example(dims)}")
+        if key in parsed:
+            raise ShapeProfileError(f"--shapes: {key!r} is listed twice")
+        parsed[key] = values
+    dim_keys = [key for key in parsed if key in dims and key not in by_input]
+    input_keys = [key for key in parsed if key in by_input]
+    unknown = [key for key in parsed if key not in dims and key not in by_input]
+    if unknown:
+        raise ShapeProfileError(
+            f"--shapes: {unknown[0]!r} is neither a symbolic dimension ({', '.join(dims)}) nor an input ({', '.join(by_input)})"
+        )
+    if dim_keys and input_keys:
+        raise ShapeProfileError("--shapes: list sizes by dimension (batch=1,8) or shapes by input (input_ids=1x128,8x128), not both")
+    if dim_keys:
+        profiles = _by_dimension(parsed, dims)
+    else:
+        profiles = _by_input(parsed, by_input, dims)
+    unique = list(dict.fromkeys(tuple(sorted(p.items())) for p in profiles))
+    return [_profile(dict(sizes), inputs, dims) for sizes in unique]
+
+
+def _example(dims: Sequence[str]) -> str:
+    return " ".join(f"{dim}=1,8" for dim in dims)
+
+
+def _by_dimension(parsed: dict, dims: Sequence[str]) -> list[dict]:
+    missing = [dim for dim in dims if dim not in parsed]
+    if missing:
+        raise ShapeProfileError(f"--shapes: give sizes for {', '.join(missing)} too (each symbolic dimension needs at least one)")
+    for dim, values in parsed.items():
+        if not _SIZES.match(values):
+            raise ShapeProfileError(f"--shapes: {dim}={values} is not a list of sizes such as {dim}=1,8,32")
+    sizes = {dim: [int(v) for v in parsed[dim].split(",")] for dim in dims}
+    for dim, values in sizes.items():
+        if any(v < 1 for v in values):
+            raise ShapeProfileError(f"--shapes: {dim} must be at least 1, not {min(values)}")
+    return [dict(zip(dims, combination)) for combination in itertools.product(*(sizes[dim] for dim in dims))]
+
+
+def _by_input(parsed: dict, by_input: dict, dims: Sequence[str]) -> list[dict]:
+    listed = {}
+    for name, values in parsed.items():
+        if not _SHAPES.match(values):
+            raise ShapeProfileError(f"--shapes: {name}={values} is not a list of shapes such as {name}=1x128,8x128")
+        listed[name] = [tuple(int(s) for s in shape.split("x")) for shape in values.split(",")]
+    counts = {len(shapes) for shapes in listed.values()}
+    if len(counts) > 1:
+        raise ShapeProfileError("--shapes: every input listed needs as many shapes as the others (the k-th of each makes shape k)")
+    profiles = []
+    for index in range(counts.pop()):
+        sizes: dict[str, int] = {}
+        for name, shapes in listed.items():
+            spec, shape = by_input[name], shapes[index]
+            if len(shape) != len(spec.dims):
+                raise ShapeProfileError(f"--shapes: {name} is {spec.shown()}, rank {len(spec.dims)}; {'x'.join(map(str, shape))} is not")
+            for dim, size in zip(spec.dims, shape):
+                if size < 1:
+                    raise ShapeProfileError(f"--shapes: {name}: every size must be at least 1")
+                if isinstance(dim, int) and dim != size:
+                    raise ShapeProfileError(
+                        f"--shapes: {name} is {spec.shown()}; its fixed sizes cannot change ({'x'.join(map(str, shape))})"
+                    )
+                if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
+                    raise ShapeProfileError(f"--shapes: shape {index + 1} gives {dim} two sizes ({sizes[dim]} and {size})")
+        missing = [dim for dim in dims if dim not in sizes]
+        if missing:
+            raise ShapeProfileError(f"--shapes: no input listed binds {', '.join(missing)}; list an input that has it")
+        profiles.append(sizes)
+    return profiles
+
+
+def _profile(sizes: dict, inputs: Sequence[SymbolicInput], dims: Sequence[str]) -> ShapeProfile:
+    return ShapeProfile(tuple((dim, sizes[dim]) for dim in dims), tuple((spec.name, spec.bound(sizes)) for spec in inputs))
+
+
+def static_onnx(proto, profile: ShapeProfile):
+    """A copy of ``proto`` whose inputs (and the outputs' symbolic dimensions it binds) have the profile's
+    sizes; the inferred shapes of values inside the graph are dropped, for importers to infer again."""
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    sizes = dict(profile.sizes)
+    for value in list(copy.graph.input) + list(copy.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in sizes:
+                dim.dim_value = sizes[dim.dim_param]
+    del copy.graph.value_info[:]
+    return copy
+
+
+def covering(profiles: Sequence[ShapeProfile], shapes: Sequence[tuple[int, ...]]) -> Optional[int]:
+    """The index of the profile the arrays of ``shapes`` run on: the one of the same shapes, else the smallest
+    (fewest elements) that covers them; None when none does."""
+    fitting = [index for index, profile in enumerate(profiles) if profile.covers(shapes)]
+    exact = [index for index in fitting if [shape for _, shape in profiles[index].shapes] == [tuple(s) for s in shapes]]
+    if exact:
+        return exact[0]
+    return min(fitting, key=lambda index: (profiles[index].elements(), index)) if fitting else None

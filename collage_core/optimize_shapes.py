@@ -1,0 +1,191 @@
+"""Optimizing a model with symbolic dimensions for several shapes (``optimize(..., shapes=...)``).
+
+Each shape profile is optimized as a model of its own (a static copy of the file, placed by the single-shape
+pipeline into ``shape-K/`` of the output folder); costs go to the same cost database, so a candidate the
+shapes share is measured once. The profiles' placements are then built into one library with a dispatcher
+(:mod:`collage_core.build.profiles`), whose every profile is verified against the reference, a shape between
+them too (padded, where the padding rule allows it), and timed in turns beside that shape's own library.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+from collage_core.build.profiles import entry_function, merged_module, write_profiles_runtime_file
+from collage_core.errors import CollageError
+from collage_core.measure.in_turns import time_in_turns
+from collage_core.measure.progress import PhaseClock
+from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
+from collage_core.model.padding import padding_rule, probe_inputs
+from collage_core.model.shape_profiles import ShapeProfile, ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
+from collage_core.model.verify import compare_outputs
+from collage_core.options import OptimizeOptions
+from collage_core.outputs import output_folder
+from collage_core.outputs.dispatch import ShapeDispatch
+from collage_core.outputs.profiled_result import ProfiledModel, ShapeCheck, kept_profiles
+from collage_core.plugins import disabled_plugin_names, get_plugin_manager
+
+# How long building the library of every shape, or one run of it, may take in its worker.
+WORKER_LIMIT_S = 3600.0
+
+
+def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Callable, say: Callable[[str], None]) -> ProfiledModel:
+    """``model`` (an ONNX file or ``onnx.ModelProto`` with symbolic dimensions) optimized for each shape
+    ``options.shapes`` lists, by ``optimize_one`` (``collage_core.optimize``), into one library."""
+    proto, name, origin = _onnx_model(model)
+    inputs = symbolic_inputs(proto)
+    profiles = parse_shapes(options.shapes, inputs)
+    reference = _reference(proto.SerializeToString(), [spec.name for spec in inputs])
+    clock = PhaseClock()
+    say(f"{name}: optimizing for {len(profiles)} shapes: {'; '.join(p.label for p in profiles)}")
+    padding = padding_rule(proto, inputs, profiles, reference)
+    say(f"padding: {padding.describe()}")
+    clock.lap("checking the padding rule")
+    dispatch = ShapeDispatch(tuple(inputs), tuple(profiles), tuple(entry_function(i) for i in range(len(profiles))), padding)
+    with output_folder.for_run(options.output_dir) as folder:
+        results = []
+        for index, profile in enumerate(profiles):
+            say(f"shape {index + 1} of {len(profiles)}: {profile.label}")
+            static = folder.scratch / f"shape-{index + 1}" / f"{output_folder.safe_file_name(name)}.onnx"
+            static.parent.mkdir(parents=True, exist_ok=True)
+            output_folder.write_bytes(static, static_onnx(proto, profile).SerializeToString())
+            one = attrs.evolve(options, shapes=None, output_dir=folder.path / f"shape-{index + 1}")
+            results.append(optimize_one(static, options=one))
+        clock.lap("optimizing each shape")
+        library = output_folder.library_file(folder.path, name)
+        say(f"building the {len(profiles)} placements into one library: {library.name}")
+        pm = get_plugin_manager()
+        target = results[0].target
+        with MeasurementWorker(pm.module_plugin_names(), sorted(disabled_plugin_names())) as worker:
+            module = folder.scratch / "profiles.json"
+            output_folder.write_text(module, tvm_compat.save_ir_json(merged_module([result.partitioned_mod for result in results])))
+            request = {"op": "build_library", "module": str(module), "target": tvm_compat.target_to_json(target)}
+            request.update(library=str(library), cuda_graphs=options.settings.cuda_graphs)
+            _asked(worker, request, "building the library of every shape")
+            write_profiles_runtime_file(library, [result.library_path for result in results], dispatch)
+            clock.lap("building one library")
+            timed = options.compares_backends()
+            checks = _checked(worker, library, target, dispatch, results, reference, say, folder.scratch, timed)
+        clock.lap("checking the library")
+        profiled = ProfiledModel(name, dispatch, tuple(results), library, target, tuple(checks), phases_s=clock.phases_s)
+        for check in checks:
+            if not check.verification.passed:
+                say(f"numerics FAILED at {check.label}: {check.verification.describe()}")
+        return kept_profiles(profiled, folder.kept, folder.path)
+
+
+def _onnx_model(model: Any):
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
+    import onnx
+
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        try:
+            return onnx.load(str(path)), path.stem, str(path)
+        except Exception as error:
+            raise ShapeProfileError(f"{path}: not a readable ONNX model ({type(error).__name__}: {error})") from None
+    if type(model).__module__.startswith("onnx"):
+        return model, model.graph.name or "onnx_model", "ONNX model"
+    raise ShapeProfileError(
+        f"shape profiles take an ONNX model with symbolic dimensions (a file or onnx.ModelProto), not a {type(model).__name__}"
+    )
+
+
+def _reference(data: bytes, names: list[str]):
+    """ONNX Runtime on the original file, its symbolic dimensions free: the outputs for a list of arrays."""
+    # Deferred: ONNX Runtime is optional and slow to import: loaded only where it runs.
+    import onnxruntime
+
+    quiet = onnxruntime.SessionOptions()
+    quiet.log_severity_level = 3
+    session = onnxruntime.InferenceSession(data, quiet, providers=["CPUExecutionProvider"])
+    return lambda arrays: session.run(None, dict(zip(names, arrays)))
+
+
+def between(dispatch: ShapeDispatch) -> ShapeProfile | None:
+    """A shape no profile lists that the library serves padded: the largest profile with each dimension the
+    padding rule allows halfway down to the next size listed (None when no dimension may be padded)."""
+    allowed = [dim for dim, _ in dispatch.padding.allowed]
+    if not allowed:
+        return None
+    largest = max(dispatch.profiles, key=lambda p: (p.elements(), p.label))
+    sizes = dict(largest.sizes)
+    for dim in allowed:
+        below = [p.size_of(dim) for p in dispatch.profiles if p.size_of(dim) < sizes[dim]]
+        sizes[dim] = (max(below, default=0) + sizes[dim] + 1) // 2 if sizes[dim] > 1 else 1
+    if any(dict(p.sizes) == sizes for p in dispatch.profiles):
+        return None
+    return ShapeProfile(tuple(sizes.items()), tuple((spec.name, spec.bound(sizes)) for spec in dispatch.inputs))
+
+
+def _checked(
+    worker, library: Path, target, dispatch: ShapeDispatch, results, reference, say, scratch: Path, timed: bool
+) -> list[ShapeCheck]:
+    """Each profile run from the one library (in ``worker``) against the reference and, when ``timed`` (the runs
+    compare with baselines), timed in turns beside its own library; then a shape between them, padded."""
+    checks = []
+    for index, (profile, result) in enumerate(zip(dispatch.profiles, results)):
+        arrays = result.model.random_inputs()
+        tolerance = result.verification
+        rtol, atol = (tolerance.rtol, tolerance.atol) if tolerance is not None else (1e-3, 1e-4)
+        outputs = _run_in(worker, library, target, dispatch, arrays, scratch)
+        verification = compare_outputs(outputs, reference(arrays), "onnxruntime", rtol, atol)
+        in_library_s, alone_s = _in_turns(worker, library, result, index, arrays, target, say, scratch) if timed else (None, None)
+        checks.append(ShapeCheck(profile.label, index, False, verification, in_library_s, alone_s))
+        timing = f"; in turns: in the library {_ms(in_library_s)}, alone {_ms(alone_s)}" if timed else ""
+        say(f"  {profile.label}: {verification.describe()}{timing}")
+    middle = between(dispatch)
+    if middle is not None:
+        arrays = probe_inputs(dispatch.inputs, [shape for _, shape in middle.shapes], seed=1)
+        choice = dispatch.choose([a.shape for a in arrays])
+        verification = compare_outputs(_run_in(worker, library, target, dispatch, arrays, scratch), reference(arrays), "onnxruntime")
+        checks.append(ShapeCheck(middle.label, choice.index, True, verification))
+        say(f"  {middle.label} (padded to {dispatch.profiles[choice.index].label}): {verification.describe()}")
+    return checks
+
+
+def _run_in(worker, library: Path, target, dispatch: ShapeDispatch, arrays, scratch: Path) -> list[np.ndarray]:
+    """The library's outputs for ``arrays``, run in ``worker`` through the dispatcher."""
+    choice = dispatch.choose([np.shape(a) for a in arrays])
+    inputs, outputs = scratch / "check-inputs.npz", scratch / "check-outputs.npz"
+    np.savez(inputs, *dispatch.arguments(choice, arrays))
+    request = {"op": "run_library", "library": str(library), "function": choice.function, "inputs": str(inputs)}
+    request.update(outputs=str(outputs), target=tvm_compat.target_to_json(target))
+    _asked(worker, request, f"running {choice.function}")
+    with np.load(outputs, allow_pickle=False) as saved:
+        return dispatch.outputs(choice, [saved[f"arr_{i}"] for i in range(len(saved.files))])
+
+
+def _asked(worker, request: dict, what: str) -> dict:
+    try:
+        return worker.request(request, WORKER_LIMIT_S)
+    except WorkerFailure as failure:
+        raise ShapeProfileError(f"{what} failed: {failure}") from None
+
+
+def _in_turns(worker, library: Path, result, index: int, arrays, target, say, scratch: Path):
+    inputs = scratch / f"turns-{index + 1}.npz"
+    np.savez(inputs, *arrays)
+    try:
+        turns = time_in_turns(
+            {"library": library, "alone": result.library_path},
+            inputs,
+            tvm_compat.target_to_json(target),
+            worker.plugin_modules,
+            worker.disabled,
+            functions={"library": entry_function(index)},
+        )
+    except (CollageError, WorkerFailure) as error:
+        say(f"  timing shape {index + 1} in turns failed: {error}")
+        return None, None
+    return turns["library"].warm.median_s, turns["alone"].warm.median_s
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"

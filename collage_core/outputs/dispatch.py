@@ -1,0 +1,115 @@
+"""Choosing, for a call, the shape profile of a library that runs it.
+
+A call whose input shapes are a profile's runs that profile's entry function. Another runs on the smallest
+profile (fewest input elements) that covers it, when every dimension it falls short in is one the padding rule
+allows (:mod:`collage_core.model.padding`): its inputs are padded with zeros and its outputs cut back. Any
+other call is refused in one line naming the shapes the library holds.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import attrs
+import numpy as np
+
+from collage_core.build.deploy import SHAPE_PROFILES
+from collage_core.errors import CollageError
+from collage_core.model.padding import PaddingRule, cut, padded
+from collage_core.model.shape_profiles import ShapeProfile, SymbolicInput
+
+
+class ShapeNotServed(CollageError):
+    """A call's input shapes fit none of the library's shape profiles."""
+
+
+@attrs.frozen
+class Choice:
+    """The profile a call runs on (its index and entry function) and the output cuts its padding needs
+    (``(output index, axis)`` to the size kept); no cuts when the shapes are the profile's own."""
+
+    index: int
+    function: str
+    cuts: dict = attrs.field(factory=dict)
+    padded: bool = False
+
+
+@attrs.frozen
+class ShapeDispatch:
+    """A library's shape profiles, their entry functions, its inputs' symbolic dimensions and its padding rule."""
+
+    inputs: tuple[SymbolicInput, ...]
+    profiles: tuple[ShapeProfile, ...]
+    functions: tuple[str, ...]
+    padding: PaddingRule
+
+    def to_json(self) -> dict:
+        return {
+            "inputs": [{"name": spec.name, "dims": list(spec.dims), "dtype": spec.dtype} for spec in self.inputs],
+            "profiles": [{**profile.to_json(), "function": function} for profile, function in zip(self.profiles, self.functions)],
+            "padding": self.padding.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ShapeDispatch":
+        return cls(
+            tuple(SymbolicInput(str(item["name"]), tuple(item["dims"]), str(item["dtype"])) for item in data["inputs"]),
+            tuple(ShapeProfile.from_json(item) for item in data["profiles"]),
+            tuple(str(item["function"]) for item in data["profiles"]),
+            PaddingRule.from_json(data.get("padding", {})),
+        )
+
+    def listed(self) -> str:
+        return "; ".join(profile.label for profile in self.profiles)
+
+    def choose(self, shapes: Sequence[tuple[int, ...]]) -> Choice:
+        """The profile arrays of ``shapes`` (in input order) run on; :class:`ShapeNotServed` when none may."""
+        shapes = [tuple(int(size) for size in shape) for shape in shapes]
+        if len(shapes) != len(self.inputs):
+            raise ShapeNotServed(f"the model takes {len(self.inputs)} inputs ({', '.join(s.name for s in self.inputs)}), not {len(shapes)}")
+        for spec, shape in zip(self.inputs, shapes):
+            if len(shape) != len(spec.dims) or any(isinstance(dim, int) and dim != size for dim, size in zip(spec.dims, shape)):
+                raise ShapeNotServed(f"input {spec.name} is {spec.shown()}, not {'x'.join(map(str, shape))}")
+        sizes = self._sizes(shapes)
+        order = sorted(range(len(self.profiles)), key=lambda i: (self.profiles[i].elements(), i))
+        for index in order:
+            profile = self.profiles[index]
+            if sizes == dict(profile.sizes):
+                return Choice(index, self.functions[index])
+        why = "no listed shape covers it"
+        for index in order:
+            profile = self.profiles[index]
+            short = {dim: size for dim, size in sizes.items() if size < profile.size_of(dim)}
+            if any(size > profile.size_of(dim) for dim, size in sizes.items()):
+                continue
+            refused = [dim for dim in short if not self.padding.allows(dim)]
+            if refused:
+                why = f"{refused[0]} cannot be padded ({dict(self.padding.refused).get(refused[0], 'not verified')})"
+                continue
+            cuts = {axis: size for dim, size in short.items() for axis in self.padding.output_axes(dim)}
+            return Choice(index, self.functions[index], cuts, padded=True)
+        shown = ", ".join(f"{spec.name} {'x'.join(map(str, shape))}" for spec, shape in zip(self.inputs, shapes))
+        raise ShapeNotServed(f"{shown}: {why}; this library holds the shapes {self.listed()}")
+
+    def _sizes(self, shapes) -> dict:
+        sizes: dict[str, int] = {}
+        for spec, shape in zip(self.inputs, shapes):
+            for dim, size in zip(spec.dims, shape):
+                if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
+                    raise ShapeNotServed(f"input {spec.name} gives {dim} the size {size}, another input {sizes[dim]}")
+        return sizes
+
+    def arguments(self, choice: Choice, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``arrays`` padded with zeros to the chosen profile's shapes."""
+        profile = self.profiles[choice.index]
+        return [padded(np.asarray(array), profile.shape_of(spec.name)) for spec, array in zip(self.inputs, arrays)]
+
+    def outputs(self, choice: Choice, outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The chosen profile's outputs cut back to the call's sizes."""
+        return cut(outputs, choice.cuts) if choice.cuts else list(outputs)
+
+
+def dispatch_of(record: dict) -> Optional[ShapeDispatch]:
+    """The shape profiles a library's runtime file records, or None for a library of one shape."""
+    data = record.get(SHAPE_PROFILES)
+    return None if data is None else ShapeDispatch.from_json(data)

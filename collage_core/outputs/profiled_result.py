@@ -1,0 +1,181 @@
+"""What ``optimize`` returns for a model optimized for several shapes: every shape's own result, the one
+library that holds them all, and the checks of that library shape by shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import weakref
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import numpy as np
+
+from collage_core import tvm_compat
+from collage_core.build.deploy import copy_library, load_library
+from collage_core.model.verify import Verification
+from collage_core.outputs import output_folder
+from collage_core.outputs.dispatch import ShapeDispatch
+from collage_core.outputs.report import format_table, is_noisy
+from collage_core.outputs.result import OptimizedModel
+
+# The file listing every shape's placement, written beside the library.
+PLACEMENTS_FILE = "placements.json"
+PLACEMENTS_FORMAT = "collage-shape-placements"
+
+
+@attrs.frozen
+class ShapeCheck:
+    """The one library run at one shape, against the reference: a listed shape (``profile`` is its index) or
+    a shape between them, padded up to ``profile``'s."""
+
+    label: str
+    profile: int
+    padded: bool
+    verification: Verification
+    # The library's entry function timed in turns with the shape's own single-shape library (seconds, warm
+    # medians); None when not timed.
+    in_library_s: Optional[float] = None
+    alone_s: Optional[float] = None
+
+    def to_json(self) -> dict:
+        return {
+            **attrs.asdict(self, recurse=False, filter=lambda a, _: a.name != "verification"),
+            "numerics": attrs.asdict(self.verification),
+        }
+
+
+@attrs.define
+class ProfiledModel:
+    """A model optimized for several shapes (``--shapes``): each profile's own optimization (``shapes``, in
+    profile order, each saved in ``shape-K/``), the library holding every profile's placement with the
+    dispatcher's record (``dispatch``), and the checks of that library."""
+
+    name: str
+    dispatch: ShapeDispatch = attrs.field(repr=lambda d: repr(d.listed()))
+    shapes: tuple[OptimizedModel, ...] = attrs.field(repr=False)
+    library_path: Path
+    target: Any = attrs.field(repr=False)
+    checks: tuple[ShapeCheck, ...] = attrs.field(repr=False)
+    phases_s: dict = attrs.field(factory=dict, repr=False)
+    _vm: Any = attrs.field(default=None, repr=False)
+
+    @property
+    def verified(self) -> bool:
+        return all(check.verification.passed for check in self.checks)
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Run the library on ``inputs``: the profile of their shapes, or the smallest that covers them, padded
+        (see :mod:`collage_core.outputs.dispatch`)."""
+        if self._vm is None:
+            device = tvm_compat.device_for(self.target)
+            self._vm = (tvm_compat.virtual_machine(load_library(self.library_path, device=device), device), device)
+        vm, device = self._vm
+        return run_dispatched(vm, device, self.dispatch, inputs)
+
+    def save(self, directory: os.PathLike) -> Path:
+        """Write the library (with its runtime file), ``placements.json``, ``report.txt`` and ``results.json``
+        into ``directory``, each whole; each shape's own run is in ``shape-K/`` there already."""
+        directory = Path(directory)
+        library = output_folder.library_file(directory, self.name)
+        if self.library_path.resolve() != library.resolve():
+            copy_library(self.library_path, library)
+        placements = {
+            "format": PLACEMENTS_FORMAT,
+            "version": 1,
+            "model": self.name,
+            "shapes": self.dispatch.to_json(),
+            "placements": [shape.placement.to_json() for shape in self.shapes],
+        }
+        output_folder.write_text(directory / PLACEMENTS_FILE, json.dumps(placements, indent=1, sort_keys=True) + "\n")
+        output_folder.write_text(directory / "report.txt", render_profiles_report(self) + "\n")
+        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        return directory
+
+    def results_json(self) -> dict:
+        return {
+            "model": self.name,
+            "shapes": self.dispatch.to_json(),
+            "per_shape": [shape.results_json() for shape in self.shapes],
+            "checks": [check.to_json() for check in self.checks],
+            "phases_s": self.phases_s,
+        }
+
+
+def run_dispatched(vm, device, dispatch: ShapeDispatch, inputs) -> list[np.ndarray]:
+    """One call of a library of shape profiles through its dispatcher."""
+    arrays = [np.asarray(array) for array in inputs]
+    choice = dispatch.choose([array.shape for array in arrays])
+    result = vm[choice.function](*[tvm_compat.to_tensor(a, device) for a in dispatch.arguments(choice, arrays)])
+    outputs = [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
+    return dispatch.outputs(choice, outputs)
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def _operators(shape: OptimizedModel) -> dict:
+    return dict(shape.end_to_end[0].operators_by_backend)
+
+
+def render_profiles_report(profiled: ProfiledModel) -> str:
+    """The shapes side by side: each shape's latency alone and in the one library, its operators by backend,
+    its numerics; then where the placements differ and why each was chosen."""
+    lines = [f"{profiled.name}: one library for {len(profiled.shapes)} shapes ({profiled.library_path.name})", ""]
+    rows = []
+    for index, (profile, shape) in enumerate(zip(profiled.dispatch.profiles, profiled.shapes)):
+        check = next((c for c in profiled.checks if c.profile == index and not c.padded), None)
+        cost = shape.end_to_end[0].cost
+        alone = f"{cost.median_s * 1e3:.3f} ms" + (" noisy" if is_noisy(cost) else "") if cost.is_measured else "invalid"
+        rows.append(
+            [
+                profile.label,
+                alone,
+                _ms(None if check is None else check.in_library_s),
+                _ms(None if check is None else check.alone_s),
+                ", ".join(f"{b} {n}" for b, n in sorted(_operators(shape).items())),
+                "-" if check is None else ("passed" if check.verification.passed else "FAILED"),
+            ]
+        )
+    lines.append(
+        format_table(["shape", "its own run", "in the library (turns)", "alone (turns)", "operators by backend", "numerics"], rows)
+    )
+    padded = [check for check in profiled.checks if check.padded]
+    if padded:
+        lines.append("")
+        for check in padded:
+            lines.append(
+                f"padded: {check.label} runs on {profiled.dispatch.profiles[check.profile].label}: {check.verification.describe()}"
+            )
+    lines += ["", f"padding: {profiled.dispatch.padding.describe()}", ""]
+    lines += differences(profiled)
+    lines.append("")
+    for profile, shape in zip(profiled.dispatch.profiles, profiled.shapes):
+        lines.append(f"{profile.label}: {shape.placement.why_chosen}")
+    return "\n".join(lines)
+
+
+def differences(profiled: ProfiledModel) -> list[str]:
+    """Where the shapes' placements differ: each backend whose share of the operators changes, shape by shape."""
+    counts = [_operators(shape) for shape in profiled.shapes]
+    backends = sorted({b for c in counts for b in c})
+    changing = [b for b in backends if len({c.get(b, 0) for c in counts}) > 1]
+    if not changing:
+        return ["every shape's placement gives each backend the same number of operators"]
+    lines = ["where the placements differ:"]
+    for backend in changing:
+        said = ", ".join(f"{c.get(backend, 0)} at {p.label}" for p, c in zip(profiled.dispatch.profiles, counts))
+        lines.append(f"  {backend} runs {said}")
+    return lines
+
+
+def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path) -> ProfiledModel:
+    """``profiled`` saved in the caller's folder, or its temporary folder removed with it."""
+    if kept:
+        profiled.save(folder)
+    else:
+        weakref.finalize(profiled, shutil.rmtree, str(folder), True)
+    return profiled

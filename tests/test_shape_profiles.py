@@ -1,0 +1,286 @@
+"""Shape profiles (``--shapes``): reading them, the padding rule, the dispatcher, the library that holds every
+profile's placement, and ``optimize`` over a model with a symbolic batch and sequence, checked against ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax
+
+import collage_core
+from collage_core.build.profiles import entry_function, merged_module
+from collage_core.model.padding import PaddingRule, padding_rule
+from collage_core.model.shape_profiles import ShapeProfileError, covering, parse_shapes, static_onnx, symbolic_inputs
+from collage_core.options import OptimizeOptions
+from collage_core.outputs.dispatch import ShapeDispatch, ShapeNotServed
+from collage_core.outputs.profiled_result import PLACEMENTS_FILE
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+DYNAMIC_BERT = MODELS / "tiny_bert_dynamic.onnx"
+# ONNX Runtime against its own runs, and the library's float32 kernels against ONNX Runtime's.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def bert_inputs():
+    return symbolic_inputs(onnx.load(str(DYNAMIC_BERT)))
+
+
+def session_reference(proto):
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [value.name for value in proto.graph.input]
+    return lambda arrays: session.run(None, dict(zip(names, arrays)))
+
+
+def test_the_shipped_dynamic_model_names_its_batch_and_sequence():
+    inputs = bert_inputs()
+    assert [(spec.name, spec.dims, spec.dtype) for spec in inputs] == [
+        ("input_ids", ("batch", "sequence"), "int64"),
+        ("attention_mask", ("batch", "sequence"), "int64"),
+    ]
+
+
+def test_sizes_by_dimension_make_every_combination_in_order():
+    profiles = parse_shapes("batch=1,8 sequence=128,512", bert_inputs())
+    assert [p.label for p in profiles] == ["batch=1 sequence=128", "batch=1 sequence=512", "batch=8 sequence=128", "batch=8 sequence=512"]
+    assert profiles[2].shape_of("attention_mask") == (8, 128)
+
+
+def test_shapes_by_input_pair_up_and_bind_the_other_inputs():
+    profiles = parse_shapes("input_ids=1x128,8x128,8x512", bert_inputs())
+    assert [p.label for p in profiles] == ["batch=1 sequence=128", "batch=8 sequence=128", "batch=8 sequence=512"]
+    assert [p.shape_of("attention_mask") for p in profiles] == [(1, 128), (8, 128), (8, 512)]
+
+
+def test_a_shape_listed_twice_is_optimized_once():
+    assert len(parse_shapes("batch=1,1 sequence=16", bert_inputs())) == 1
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("batch=1", "give sizes for sequence too"),
+        ("batch=1 sequence=16 width=3", "'width' is neither a symbolic dimension (batch, sequence) nor an input"),
+        ("batch=1,x sequence=16", "not a list of sizes"),
+        ("batch=0 sequence=16", "at least 1"),
+        ("input_ids=1x16 batch=2", "not both"),
+        ("input_ids=1x16x3", "rank 2"),
+        ("input_ids=1x16 attention_mask=2x16", "gives batch two sizes"),
+        ("input_ids=1x16,2x16 attention_mask=1x16", "as many shapes"),
+        ("batch", "is not NAME=SIZES"),
+        ("batch=1 batch=2 sequence=3", "listed twice"),
+    ],
+)
+def test_shapes_that_do_not_fit_the_model_are_refused_in_one_line(text, says):
+    with pytest.raises(ShapeProfileError, match=re.escape(says)) as raised:
+        parse_shapes(text, bert_inputs())
+    assert "\n" not in str(raised.value)
+
+
+def test_a_model_of_static_shapes_needs_no_shapes():
+    with pytest.raises(ShapeProfileError, match="no symbolic dimensions"):
+        parse_shapes("batch=1", symbolic_inputs(onnx.load(str(MODELS / "tiny_bert.onnx"))))
+
+
+def test_optimizing_the_dynamic_model_without_shapes_says_to_list_them():
+    with pytest.raises(collage_core.CollageError, match="--shapes, e.g. 'batch=1,8 sequence=1,8'"):
+        collage_core.optimize(str(DYNAMIC_BERT), backends=["tvm"], show_progress=False)
+
+
+def test_shapes_do_not_go_with_a_replay_or_other_machines():
+    with pytest.raises(collage_core.CollageError, match="--shapes searches each shape here"):
+        OptimizeOptions(shapes="batch=1", placement="p.json")
+
+
+def test_a_static_copy_has_the_profiles_sizes_and_computes_what_the_original_does():
+    proto = onnx.load(str(DYNAMIC_BERT))
+    profile = parse_shapes("batch=2 sequence=5", bert_inputs())[0]
+    static = static_onnx(proto, profile)
+    assert [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in static.graph.input] == [[2, 5], [2, 5]]
+    assert [d.dim_value for d in static.graph.output[0].type.tensor_type.shape.dim] == [2, 5, 64]
+    arrays = [np.random.default_rng(0).integers(0, 1000, (2, 5)), np.ones((2, 5), np.int64)]
+    np.testing.assert_allclose(session_reference(static)(arrays)[0], session_reference(proto)(arrays)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_the_masked_encoder_may_be_padded_along_batch_and_sequence():
+    proto = onnx.load(str(DYNAMIC_BERT))
+    profiles = parse_shapes("batch=1,4 sequence=8,16", bert_inputs())
+    rule = padding_rule(proto, bert_inputs(), profiles, session_reference(proto))
+    assert rule == PaddingRule((("batch", ((0, 0),)), ("sequence", ((0, 1),))), ())
+
+
+def unmasked_softmax_model():
+    """Softmax along a symbolic sequence, with no mask: padding it changes every real position's output."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "softmax", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_padding_that_changes_the_real_positions_is_refused_and_the_batch_is_still_padded():
+    proto = unmasked_softmax_model()
+    inputs = symbolic_inputs(proto)
+    rule = padding_rule(proto, inputs, parse_shapes("batch=1,4 sequence=8", inputs), session_reference(proto))
+    assert rule.allows("batch") and not rule.allows("sequence")
+    assert "changes the real positions' outputs" in dict(rule.refused)["sequence"]
+
+
+def test_an_output_axis_the_inputs_do_not_name_refuses_padding():
+    proto = unmasked_softmax_model()
+    proto.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "unk__0"
+    inputs = symbolic_inputs(proto)
+    rule = padding_rule(proto, inputs, parse_shapes("batch=1,4 sequence=8", inputs), session_reference(proto))
+    assert not rule.allowed and "output 0's axis 1 is unk__0" in dict(rule.refused)["batch"]
+
+
+def bert_dispatch(padding=PaddingRule((("batch", ((0, 0),)), ("sequence", ((0, 1),))), ())):
+    profiles = parse_shapes("batch=1,4 sequence=8,16", bert_inputs())
+    return ShapeDispatch(tuple(bert_inputs()), tuple(profiles), tuple(entry_function(i) for i in range(len(profiles))), padding)
+
+
+def test_a_call_runs_on_its_own_shape_else_the_smallest_that_covers_it_padded():
+    dispatch = bert_dispatch()
+    assert dispatch.choose([(4, 8), (4, 8)]).function == "main_shape3"
+    assert not dispatch.choose([(4, 8), (4, 8)]).padded
+    choice = dispatch.choose([(3, 9), (3, 9)])
+    assert (choice.function, choice.cuts, choice.padded) == ("main_shape4", {(0, 0): 3, (0, 1): 9}, True)
+    assert dispatch.choose([(1, 5), (1, 5)]).function == "main_shape1"
+    assert covering(dispatch.profiles, [(2, 8), (2, 8)]) == 2
+
+
+def test_a_call_no_shape_serves_is_refused_naming_the_shapes_held():
+    with pytest.raises(
+        ShapeNotServed, match=r"input_ids 5x8, attention_mask 5x8: no listed shape covers it; this library holds the shapes batch=1"
+    ):
+        bert_dispatch().choose([(5, 8), (5, 8)])
+    unpaddable = bert_dispatch(PaddingRule((("batch", ((0, 0),)),), (("sequence", "zero padding changes it"),)))
+    with pytest.raises(ShapeNotServed, match="sequence cannot be padded \\(zero padding changes it\\)"):
+        unpaddable.choose([(1, 9), (1, 9)])
+    with pytest.raises(ShapeNotServed, match="gives sequence the size 9, another input 8"):
+        bert_dispatch().choose([(1, 8), (1, 9)])
+
+
+def test_the_dispatchers_record_reads_back_the_same():
+    dispatch = bert_dispatch()
+    assert ShapeDispatch.from_json(json.loads(json.dumps(dispatch.to_json()))) == dispatch
+
+
+def doubling_module(rows: int, weight: np.ndarray) -> tvm.IRModule:
+    """``main(x) = part(x) @ weight``, ``part`` a private function and a TIR kernel of ``rows`` x 4."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, 4), "float32"))
+    with bb.function("part", [x], private=True):
+        with bb.dataflow():
+            doubled = bb.emit_te(lambda a: tvm.te.compute(a.shape, lambda i, j: a[i, j] * 2.0, name="double"), x)
+            out = bb.emit_output(doubled)
+        bb.emit_func_output(out)
+    part = bb.get().get_global_var("part")
+    y = relax.Var("x", relax.TensorType((rows, 4), "float32"))
+    with bb.function("main", [y]):
+        with bb.dataflow():
+            called = bb.emit(relax.Call(part, [y]))
+            out = bb.emit_output(relax.op.matmul(called, relax.const(weight)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_merged_profiles_keep_their_own_functions_and_share_a_weight(tmp_path):
+    weight = np.random.default_rng(0).standard_normal((4, 4)).astype("float32")
+    merged = merged_module([doubling_module(2, weight), doubling_module(3, weight)])
+    names = sorted(gvar.name_hint for gvar in merged.get_global_vars())
+    assert "main_shape1" in names and "main_shape2" in names and "part_shape1" in names and "part_shape2" in names
+    assert "main" not in names
+    vm = relax.VirtualMachine(relax.build(merged, "llvm"), tvm.cpu())
+    for index, rows in enumerate((2, 3)):
+        x = np.random.default_rng(rows).standard_normal((rows, 4)).astype("float32")
+        out = vm[entry_function(index)](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(out, (2 * x) @ weight, rtol=RTOL, atol=ATOL)
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shapes") / "out"
+    result = collage_core.optimize(
+        str(DYNAMIC_BERT),
+        shapes="batch=1,2 sequence=8",
+        backends=["tvm"],
+        output_dir=folder,
+        cost_db=folder.parent / "costs.sqlite",
+        compare_backends=False,
+        calibration_rounds=0,
+        show_progress=False,
+    )
+    return result, folder
+
+
+def test_one_library_answers_each_shape_and_a_padded_one_as_onnxruntime_does(optimized):
+    result, _ = optimized
+    assert [p.label for p in result.dispatch.profiles] == ["batch=1 sequence=8", "batch=2 sequence=8"]
+    assert result.verified and len(result.checks) == 3
+    reference = session_reference(onnx.load(str(DYNAMIC_BERT)))
+    rng = np.random.default_rng(5)
+    for batch, sequence in [(1, 8), (2, 8), (2, 5), (1, 3)]:  # listed; then padded along the sequence and both
+        ids = rng.integers(0, 1000, (batch, sequence))
+        mask = np.ones((batch, sequence), np.int64)
+        (out,) = result.run(ids, mask)
+        assert out.shape == (batch, sequence, 64)
+        np.testing.assert_allclose(out, reference([ids, mask])[0], rtol=1e-3, atol=1e-4)
+    with pytest.raises(ShapeNotServed, match="this library holds the shapes batch=1 sequence=8; batch=2 sequence=8"):
+        result.run(np.ones((3, 8), np.int64), np.ones((3, 8), np.int64))
+
+
+def test_the_folder_holds_one_library_every_shapes_placement_and_a_report_side_by_side(optimized):
+    result, folder = optimized
+    assert (folder / "tiny_bert_dynamic.so").is_file() and (folder / "tiny_bert_dynamic.so.runtime.json").is_file()
+    placements = json.loads((folder / PLACEMENTS_FILE).read_text())
+    assert len(placements["placements"]) == 2 and placements["shapes"]["padding"]["allowed"].keys() == {"batch", "sequence"}
+    for index in (1, 2):
+        assert (folder / f"shape-{index}" / "placement.json").is_file()
+    report = (folder / "report.txt").read_text()
+    assert "batch=1 sequence=8" in report and "batch=2 sequence=8" in report
+    assert "padded: batch=2 sequence=4 runs on batch=2 sequence=8: numerics passed" in report
+    runtime = json.loads((folder / "tiny_bert_dynamic.so.runtime.json").read_text())
+    assert [p["function"] for p in runtime["shape_profiles"]["profiles"]] == ["main_shape1", "main_shape2"]
+
+
+def test_the_command_refuses_shapes_that_do_not_fit_in_one_line_naming_them(tmp_path, capsys):
+    from collage_core.cli import main
+
+    code = main(["optimize", str(DYNAMIC_BERT), "--shapes", "batch=1,2", "-o", str(tmp_path / "out")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("collage: error:")]
+    assert code != 0 and errors == ["collage: error: --shapes: give sizes for sequence too (each symbolic dimension needs at least one)"]
+    assert not (tmp_path / "out" / "tiny_bert_dynamic.so").exists()
+
+
+@pytest.mark.slow
+def test_the_command_times_each_shape_in_the_library_beside_its_own_library(tmp_path, capsys):
+    from collage_core.cli import main
+
+    out = tmp_path / "out"
+    code = main(
+        [
+            "optimize",
+            str(DYNAMIC_BERT),
+            "--shapes",
+            "input_ids=1x8,2x16",
+            "--backends",
+            "tvm",
+            "-o",
+            str(out),
+            "--cost-db",
+            str(tmp_path / "c.sqlite"),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0 and "saved:" in printed
+    results = json.loads((out / "results.json").read_text())
+    listed = [check for check in results["checks"] if not check["padded"]]
+    assert len(listed) == 2 and all(check["in_library_s"] > 0 and check["alone_s"] > 0 for check in listed)
+    assert all(check["numerics"]["passed"] for check in results["checks"])
