@@ -29,7 +29,7 @@ from collage_core.outputs import output_folder
 from collage_core.outputs.explain import explain
 from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.output_folder import safe_file_name
-from collage_core.outputs.placement_file import load_placement
+from collage_core.outputs.placement_file import holds_several_shapes, load_placement, load_shape_placements
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE, ProfiledModel, render_profiles_report
 from collage_core.outputs.report import format_table, render_report
 from collage_core.outputs.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
@@ -353,18 +353,29 @@ def _export(args) -> int:
     problem = unwritable_because(Path(args.output).parent)
     if problem:
         raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")
-    backends = sorted({p.backend for p in load_placement(args.placement).partitions})
+    if holds_several_shapes(args.placement):
+        placements = load_shape_placements(args.placement)[1]
+    else:
+        placements = [load_placement(args.placement)]
+    backends = sorted({p.backend for placement in placements for p in placement.partitions})
     # The replay's library and files are only a means to the tar: kept in a folder removed however the export ends.
     with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
         options = OptimizeOptions(
             target=args.target, backends=backends, placement=args.placement, compare_backends=False, show_progress=False, output_dir=replay
         )
         result = optimizer.optimize(args.model, options=options)
-        path = export_mlf(result, args.output, check_inputs=result.model.random_inputs())
+        if isinstance(result, ProfiledModel):  # checked at its largest shape (the executor configuration's entry)
+            largest = max(range(len(result.shapes)), key=lambda i: (result.dispatch.profiles[i].elements(), i))
+            check_inputs = result.shapes[largest].model.random_inputs()
+        else:
+            check_inputs = result.model.random_inputs()
+        path = export_mlf(result, args.output, check_inputs=check_inputs)
     print(f"saved: {path} (Model Library Format; loaded and run once in a new process; load it with collage_core.outputs.mlf.load_mlf)")
-    if result.verification is not None and not result.verification.passed:
-        print(result.verification.describe(), file=sys.stderr)
-        return EXIT_NUMERICS
+    failed = [check.verification for check in result.checks] if isinstance(result, ProfiledModel) else [result.verification]
+    for verification in failed:
+        if verification is not None and not verification.passed:
+            print(verification.describe(), file=sys.stderr)
+            return EXIT_NUMERICS
     return 0
 
 

@@ -28,6 +28,7 @@ from collage_core.model.verify import compare_outputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch
+from collage_core.outputs.placement_file import PlacementFileError, load_shape_placements
 from collage_core.outputs.profiled_result import ProfiledModel, ShapeCheck, kept_profiles
 from collage_core.plugins import disabled_plugin_names, get_plugin_manager
 
@@ -40,7 +41,11 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
     ``options.shapes`` lists, by ``optimize_one`` (``collage_core.optimize``), into one library."""
     proto, name, origin = _onnx_model(model)
     inputs = symbolic_inputs(proto)
-    profiles = parse_shapes(options.shapes, inputs)
+    placements = None
+    if options.placement is not None:  # a replay: the shapes and their placements as the file has them
+        profiles, placements = _replayed(options.placement, inputs)
+    else:
+        profiles = parse_shapes(options.shapes, inputs)
     reference = _reference(proto.SerializeToString(), [spec.name for spec in inputs])
     clock = PhaseClock()
     say(f"{name}: optimizing for {len(profiles)} shapes: {'; '.join(p.label for p in profiles)}")
@@ -56,6 +61,10 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
             static.parent.mkdir(parents=True, exist_ok=True)
             output_folder.write_bytes(static, static_onnx(proto, profile).SerializeToString())
             one = attrs.evolve(options, shapes=None, output_dir=folder.path / f"shape-{index + 1}")
+            if placements is not None:
+                replayed = static.parent / "placement.json"
+                placements[index].save(replayed)
+                one = attrs.evolve(one, placement=replayed)
             results.append(optimize_one(static, options=one))
         clock.lap("optimizing each shape")
         library = output_folder.library_file(folder.path, name)
@@ -95,6 +104,20 @@ def _onnx_model(model: Any):
     raise ShapeProfileError(
         f"shape profiles take an ONNX model with symbolic dimensions (a file or onnx.ModelProto), not a {type(model).__name__}"
     )
+
+
+def _replayed(path, inputs) -> tuple[list[ShapeProfile], list]:
+    """The shapes and placements of a placements file, checked against the model's inputs."""
+    shapes, placements = load_shape_placements(path)
+    try:
+        recorded = ShapeDispatch.from_json(shapes)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise PlacementFileError(f"{path}: its shapes cannot be read ({type(error).__name__}: {error})") from None
+    if [(spec.name, spec.dims) for spec in recorded.inputs] != [(spec.name, spec.dims) for spec in inputs]:
+        made = ", ".join(f"{spec.name} {spec.shown()}" for spec in recorded.inputs)
+        given = ", ".join(f"{spec.name} {spec.shown()}" for spec in inputs)
+        raise PlacementFileError(f"{path}: made for inputs {made}; this model's are {given}")
+    return list(recorded.profiles), placements
 
 
 def _reference(data: bytes, names: list[str]):

@@ -19,6 +19,7 @@ from collage_core.model.stage import import_model
 from collage_core.optimize_shapes import optimize_for_shapes
 from collage_core.options import OptimizeOptions, keyword_signature
 from collage_core.outputs import output_folder, reuse
+from collage_core.outputs.placement_file import holds_several_shapes
 from collage_core.outputs.profiled_result import ProfiledModel
 from collage_core.outputs.result import OptimizedModel, kept
 from collage_core.plugins import get_plugin_manager
@@ -62,7 +63,7 @@ def optimize(
     left out, and no baselines are measured (not yet remotely). With ``shapes`` (an ONNX model with symbolic
     dimensions), each shape listed is optimized and all are built into one library that chooses among them by
     the shapes of a call (a :class:`~collage_core.outputs.profiled_result.ProfiledModel`; see
-    :mod:`collage_core.optimize_shapes`).
+    :mod:`collage_core.optimize_shapes`); a ``placement`` that is such a run's ``placements.json`` replays every shape.
 
     Every option is checked before anything is read (:class:`collage_core.api_checks.ArgumentError`, one line
     naming it); :class:`OptimizeOptions`' fields say what each must be.
@@ -71,7 +72,7 @@ def optimize(
     refuse_unless_met("example_inputs", EXAMPLE_INPUTS, example_inputs)
     refuse_unwritable_output(options.output_dir)
     say, clock = Narrator(options.show_progress), PhaseClock()
-    if options.shapes is not None:
+    if options.shapes is not None or holds_several_shapes(options.placement):
         return optimize_for_shapes(model, options, optimize, say)
     remote = None
     if options.rpc_tracker is not None:  # before anything is built: a tracker that cannot be reached is one line

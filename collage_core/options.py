@@ -191,11 +191,10 @@ class OptimizeOptions:
                 "measuring on other machines (--rpc-tracker) does not yet time baselines in turns (--compare) "
                 "or hold an accuracy budget: leave those out, or measure here"
             )
-        if self.shapes is not None and (self.placement is not None or self.rpc_tracker is not None):
-            raise ArgumentError(
-                "--shapes searches each shape here: replaying (--placement) or measuring on other machines "
-                "(--rpc-tracker) several shapes at once is not supported yet"
-            )
+        if self.shapes is not None and self.placement is not None:
+            raise ArgumentError("--shapes searches; a placements file of several shapes replays the shapes it names: leave --shapes out")
+        if self.shapes is not None and self.rpc_tracker is not None:
+            raise ArgumentError("--shapes measures here: measuring several shapes on other machines (--rpc-tracker) is not supported yet")
         if self.accuracy_budget is not None:
             if self.placement is not None:
                 raise AccuracyBudgetError(

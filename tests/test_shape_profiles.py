@@ -95,8 +95,10 @@ def test_optimizing_the_dynamic_model_without_shapes_says_to_list_them():
 
 
 def test_shapes_do_not_go_with_a_replay_or_other_machines():
-    with pytest.raises(collage_core.CollageError, match="--shapes searches each shape here"):
+    with pytest.raises(collage_core.CollageError, match="a placements file of several shapes replays the shapes it names"):
         OptimizeOptions(shapes="batch=1", placement="p.json")
+    with pytest.raises(collage_core.CollageError, match="not supported yet"):
+        OptimizeOptions(shapes="batch=1", rpc_tracker="127.0.0.1:9190", rpc_key="x")
 
 
 def test_a_static_copy_has_the_profiles_sizes_and_computes_what_the_original_does():
@@ -284,3 +286,41 @@ def test_the_command_times_each_shape_in_the_library_beside_its_own_library(tmp_
     listed = [check for check in results["checks"] if not check["padded"]]
     assert len(listed) == 2 and all(check["in_library_s"] > 0 and check["alone_s"] > 0 for check in listed)
     assert all(check["numerics"]["passed"] for check in results["checks"])
+
+
+@pytest.fixture(scope="module")
+def replayed(optimized, tmp_path_factory):
+    _, folder = optimized
+    out = tmp_path_factory.mktemp("replay")
+    result = collage_core.optimize(str(DYNAMIC_BERT), placement=folder / PLACEMENTS_FILE, output_dir=out / "replay", show_progress=False)
+    return result, out
+
+
+def test_placements_json_replays_every_shape_as_it_was_placed(optimized, replayed):
+    searched, _ = optimized
+    result, _ = replayed
+    assert [p.label for p in result.dispatch.profiles] == [p.label for p in searched.dispatch.profiles]
+    assert [s.placement.partitions for s in result.shapes] == [s.placement.partitions for s in searched.shapes]
+    assert result.verified and [s.replayed_from is not None for s in result.shapes] == [True, True]
+
+
+def test_the_library_of_every_shape_exports_to_one_tar_that_dispatches_when_loaded(replayed):
+    from collage_core.outputs.mlf import load_mlf
+    from collage_core.outputs.mlf_export import export_mlf
+
+    result, out = replayed
+    tar = export_mlf(result, out / "model.tar", check_inputs=result.shapes[1].model.random_inputs())
+    loaded = load_mlf(tar, out / "unpacked")
+    assert [entry["function"] for entry in loaded.executor_config["entries"]] == ["main_shape1", "main_shape2"]
+    reference = session_reference(onnx.load(str(DYNAMIC_BERT)))
+    for batch, sequence in [(1, 8), (2, 6)]:
+        ids, mask = np.random.default_rng(batch).integers(0, 1000, (batch, sequence)), np.ones((batch, sequence), np.int64)
+        np.testing.assert_allclose(loaded.run(ids, mask)[0], reference([ids, mask])[0], rtol=1e-3, atol=1e-4)
+
+
+def test_a_placements_file_that_is_not_one_is_refused_in_one_line_naming_it(tmp_path):
+    broken = tmp_path / "placements.json"
+    broken.write_text(json.dumps({"format": "collage-shape-placements", "version": 1, "shapes": {"profiles": [{}]}, "placements": [{}]}))
+    with pytest.raises(collage_core.CollageError, match=f"{re.escape(str(broken))}: shape 1: ") as raised:
+        collage_core.optimize(str(DYNAMIC_BERT), placement=broken, show_progress=False)
+    assert "\n" not in str(raised.value)

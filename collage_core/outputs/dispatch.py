@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import attrs
 import numpy as np
 
+from collage_core import tvm_compat
 from collage_core.build.deploy import SHAPE_PROFILES
 from collage_core.errors import CollageError
 from collage_core.model.padding import PaddingRule, cut, padded
@@ -107,6 +108,15 @@ class ShapeDispatch:
     def outputs(self, choice: Choice, outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The chosen profile's outputs cut back to the call's sizes."""
         return cut(outputs, choice.cuts) if choice.cuts else list(outputs)
+
+
+def run_dispatched(vm, device, dispatch: ShapeDispatch, inputs) -> list[np.ndarray]:
+    """One call of a library of shape profiles (a Relax VM over it on ``device``) through its dispatcher."""
+    arrays = [np.asarray(array) for array in inputs]
+    choice = dispatch.choose([array.shape for array in arrays])
+    result = vm[choice.function](*[tvm_compat.to_tensor(a, device) for a in dispatch.arguments(choice, arrays)])
+    outputs = [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
+    return dispatch.outputs(choice, outputs)
 
 
 def dispatch_of(record: dict) -> Optional[ShapeDispatch]:

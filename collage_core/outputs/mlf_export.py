@@ -15,8 +15,9 @@ import re
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
+import attrs
 import numpy as np
 from tvm import relax
 
@@ -26,6 +27,7 @@ from collage_core.build.deploy import backend_needs, runtime_libraries
 from collage_core.build.executable import build, lower_partitions
 from collage_core.build.partition import BACKEND_ATTR, pattern_of
 from collage_core.build.plugin_calls import calls_of
+from collage_core.build.profiles import merged_module
 from collage_core.outputs.mlf import (
     CALL_KINDS,
     EXECUTOR,
@@ -41,6 +43,7 @@ from collage_core.outputs.mlf import (
     _parameters_member,
     check_in_new_process,
 )
+from collage_core.outputs.profiled_result import ProfiledModel
 from collage_core.plugins import get_plugin_manager
 
 
@@ -201,10 +204,41 @@ def _write_tar(path: Path, files: dict[str, bytes]) -> None:
     partial.replace(path)
 
 
+@attrs.frozen
+class _Placed:
+    """What an export builds: the placements (one, or one per shape), the module holding them, its entry
+    functions (the largest shape's last) and, for several shapes, the dispatcher's record."""
+
+    name: str
+    placements: list
+    partitioned: Any
+    entries: list
+    placement_json: dict
+    dispatch: Any = None
+
+
+def _placed(optimized) -> _Placed:
+    if isinstance(optimized, ProfiledModel):
+        dispatch = optimized.dispatch
+        order = sorted(range(len(dispatch.profiles)), key=lambda i: (dispatch.profiles[i].elements(), i))
+        return _Placed(
+            optimized.name,
+            [shape.placement for shape in optimized.shapes],
+            merged_module([shape.partitioned_mod for shape in optimized.shapes]),
+            [dispatch.functions[i] for i in order],
+            optimized.placements_json(),
+            dispatch,
+        )
+    placement = optimized.placement
+    return _Placed(placement.model_name, [placement], optimized.partitioned_mod, ["main"], placement.to_json())
+
+
 def export_mlf(
     optimized, path: os.PathLike, pm=None, cuda_graphs: bool = True, check_inputs: Optional[Sequence[np.ndarray]] = None
 ) -> Path:
-    """Write ``optimized`` (an ``OptimizedModel``) to ``path`` in Model Library Format; the path.
+    """Write ``optimized`` (an ``OptimizedModel``, or a ``ProfiledModel``: every shape's placement in one library,
+    an entry function per shape, the shapes in the executor configuration) to ``path`` in Model Library Format;
+    the path.
     On a CUDA target the library replays CUDA graphs unless ``cuda_graphs`` is off, as ``optimize`` builds it.
 
     With ``check_inputs``, the tar is loaded in a new process and run once on them before it takes
@@ -213,20 +247,24 @@ def export_mlf(
     """
     path = Path(path)
     pm = pm or get_plugin_manager()
-    placement = optimized.placement
-    used = sorted({p.backend for p in placement.partitions})
+    placed = _placed(optimized)
+    placement = placed.placements[0]
+    used = sorted({p.backend for placement in placed.placements for p in placement.partitions})
     installed = {name: info.backend for name, info in discover_backends(pm).items()}
     missing = [name for name in used if name not in installed]
     if missing:
         raise MLFError(f"{path}: cannot build the placement here, backend(s) not installed: {', '.join(missing)}")
     backends = {name: installed[name] for name in used}
-    partitioned = optimized.partitioned_mod
+    partitioned = placed.partitioned
     with tempfile.TemporaryDirectory(prefix="collage-mlf-") as scratch:
         executable = build(pm, partitioned, backends, optimized.target, cuda_graphs=cuda_graphs)
         objects = tvm_compat.host_objects(executable, optimized.target, scratch)
     lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target, cuda_graphs and tvm_compat.is_cuda(optimized.target))
-    name = placement.model_name
-    main = partitioned["main"]
+    name = placed.name
+    entries = [
+        {"function": entry, "inputs": _io(partitioned[entry].params), "outputs": _io(_output_vars(partitioned[entry]))}
+        for entry in placed.entries
+    ]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
     files[_parameters_member(name)] = tvm_compat.save_params(_parameters(partitioned))
     files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
@@ -236,20 +274,21 @@ def export_mlf(
         members = [f"{RUNTIME_DIR}{backend_name}/{Path(source).name}" for source in paths]
         files.update((member, Path(source).read_bytes()) for member, source in zip(members, paths))
         runtime[backend_name]["carried"] = members
-    files[EXECUTOR_CONFIG] = _json_bytes(
-        {
-            "executor": EXECUTOR,
-            "entry": "main",
-            "inputs": _io(main.params),
-            "outputs": _io(_output_vars(main)),
-            "device": placement.device,
-            "runtime_backends": runtime,
-            "parameters_embedded": True,
-        }
-    )
-    files[PLACEMENT] = _json_bytes(placement.to_json())
+    config = {
+        "executor": EXECUTOR,
+        "entry": entries[-1]["function"],
+        "inputs": entries[-1]["inputs"],
+        "outputs": entries[-1]["outputs"],
+        "device": placement.device,
+        "runtime_backends": runtime,
+        "parameters_embedded": True,
+    }
+    if placed.dispatch is not None:  # the largest shape is the entry above; the loader chooses by each call's shapes
+        config.update(entries=entries, shape_profiles=placed.dispatch.to_json())
+    files[EXECUTOR_CONFIG] = _json_bytes(config)
+    files[PLACEMENT] = _json_bytes(placed.placement_json)
     per_backend: dict[str, dict] = {}
-    for part in placement.partitions:
+    for part in (part for placement in placed.placements for part in placement.partitions):
         entry = per_backend.setdefault(part.backend, {"partitions": 0, "operators": 0})
         entry["partitions"] += 1
         entry["operators"] += len(part.nodes)
@@ -262,7 +301,11 @@ def export_mlf(
         "target": {"host": placement.target},
         "executor": EXECUTOR,
         "memory": memory_map(partitioned),
-        "placement": {"search": placement.search, "backends": per_backend, "summed_cost_s": placement.to_json()["summed_cost_s"]},
+        "placement": {
+            "search": placement.search,
+            "backends": per_backend,
+            "summed_cost_s": sum(placement.to_json()["summed_cost_s"] or 0.0 for placement in placed.placements),
+        },
         "lowered": lowered,
         "files": {member: hashlib.sha256(data).hexdigest() for member, data in sorted(files.items())},
         "sizes": {member: len(data) for member, data in sorted(files.items())},

@@ -19,6 +19,9 @@ from collage_core.search.graph import OpGraph
 
 FORMAT = "collage-placement"
 VERSION = 1
+# Every shape's placement of a run with shape profiles (placements.json; see collage_core.optimize_shapes).
+SHAPES_FORMAT = "collage-shape-placements"
+SHAPES_VERSION = 1
 
 
 class PlacementFileError(CollageError):
@@ -134,10 +137,28 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
     A placement measured with other versions of the backends it uses than those installed (by ``pm``,
     default every plugin) is read with a warning naming each such backend and both versions."""
     path = Path(path)
+    data = _read_json(path)
+    if isinstance(data, dict) and data.get("format") == SHAPES_FORMAT:
+        raise PlacementFileError(
+            f"{path}: holds the placements of {len(data.get('placements') or [])} shapes; each shape's own is "
+            "shape-K/placement.json beside it, and collage optimize MODEL --placement (or collage export) takes this file whole"
+        )
+    placement = placement_from_json(data, str(path))
+    _tell_versions(str(path), placement, pm)
+    return placement
+
+
+def _tell_versions(origin: str, placement: Placement, pm) -> None:
+    used = {part.backend for part in placement.partitions}
+    recorded = {name: version for name, version in recorded_versions(placement.backends).items() if name in used}
+    tell_other_versions(origin, recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured")
+
+
+def _read_json(path: Path) -> Any:
     if path.exists() and not path.is_file():  # a folder, or a device such as /dev/zero that reads without end
         raise PlacementFileError(f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}, not a placement file")
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise PlacementFileError(f"{path}: no such placement file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -146,11 +167,36 @@ def load_placement(path: os.PathLike, pm=None) -> Placement:
         raise PlacementFileError(f"{path}: not a placement (its JSON is nested too deeply to read)") from None
     except OSError as error:
         raise PlacementFileError(f"{path}: cannot be read ({error.strerror})") from None
-    placement = placement_from_json(data, str(path))
-    used = {part.backend for part in placement.partitions}
-    recorded = {name: version for name, version in recorded_versions(placement.backends).items() if name in used}
-    tell_other_versions(str(path), recorded, installed_backends(pm), "its costs and choices may not hold here", made="measured")
-    return placement
+
+
+def holds_several_shapes(path: Optional[os.PathLike]) -> bool:
+    """Whether ``path`` is a placements file of several shapes (``placements.json``), which a replay builds whole."""
+    if path is None:
+        return False
+    try:
+        data = _read_json(Path(path))
+    except PlacementFileError:
+        return False  # the replay reads it again and says what is wrong with it
+    return isinstance(data, dict) and data.get("format") == SHAPES_FORMAT
+
+
+def load_shape_placements(path: os.PathLike, pm=None) -> tuple[dict, list[Placement]]:
+    """A placements file of several shapes: its shapes record (what :class:`~collage_core.outputs.dispatch.ShapeDispatch`
+    reads) and each shape's placement, in order; any problem is a ``PlacementFileError`` naming the file."""
+    path = Path(path)
+    data = _read_json(path)
+    if not isinstance(data, dict) or data.get("format") != SHAPES_FORMAT:
+        raise PlacementFileError(f"{path}: not a placements file of several shapes ({SHAPES_FORMAT})")
+    if data.get("version") != SHAPES_VERSION:
+        raise PlacementFileError(f"{path}: version {data.get('version')!r} (this Collage reads {SHAPES_VERSION})")
+    shapes, placements = data.get("shapes"), data.get("placements")
+    profiles = shapes.get("profiles") if isinstance(shapes, dict) else None
+    if not isinstance(placements, list) or not isinstance(profiles, list) or len(placements) != len(profiles) or not placements:
+        raise PlacementFileError(f"{path}: must list the shapes and one placement for each")
+    read = [placement_from_json(item, f"{path}: shape {index + 1}") for index, item in enumerate(placements)]
+    for index, placement in enumerate(read):
+        _tell_versions(f"{path}: shape {index + 1}", placement, pm)
+    return shapes, read
 
 
 def placement_from_json(data: Any, origin: str) -> Placement:

@@ -17,13 +17,13 @@ from collage_core import tvm_compat
 from collage_core.build.deploy import copy_library, load_library
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
-from collage_core.outputs.dispatch import ShapeDispatch
+from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
+from collage_core.outputs.placement_file import SHAPES_FORMAT, SHAPES_VERSION
 from collage_core.outputs.report import format_table, is_noisy
 from collage_core.outputs.result import OptimizedModel
 
 # The file listing every shape's placement, written beside the library.
 PLACEMENTS_FILE = "placements.json"
-PLACEMENTS_FORMAT = "collage-shape-placements"
 
 
 @attrs.frozen
@@ -82,17 +82,21 @@ class ProfiledModel:
         library = output_folder.library_file(directory, self.name)
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
-        placements = {
-            "format": PLACEMENTS_FORMAT,
-            "version": 1,
+        output_folder.write_text(directory / PLACEMENTS_FILE, json.dumps(self.placements_json(), indent=1, sort_keys=True) + "\n")
+        output_folder.write_text(directory / "report.txt", render_profiles_report(self) + "\n")
+        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
+        return directory
+
+    def placements_json(self) -> dict:
+        """What ``placements.json`` holds: the shapes (inputs, profiles, entry functions, padding rule) and each
+        shape's placement, in order; ``--placement`` replays it whole."""
+        return {
+            "format": SHAPES_FORMAT,
+            "version": SHAPES_VERSION,
             "model": self.name,
             "shapes": self.dispatch.to_json(),
             "placements": [shape.placement.to_json() for shape in self.shapes],
         }
-        output_folder.write_text(directory / PLACEMENTS_FILE, json.dumps(placements, indent=1, sort_keys=True) + "\n")
-        output_folder.write_text(directory / "report.txt", render_profiles_report(self) + "\n")
-        output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
-        return directory
 
     def results_json(self) -> dict:
         return {
@@ -102,15 +106,6 @@ class ProfiledModel:
             "checks": [check.to_json() for check in self.checks],
             "phases_s": self.phases_s,
         }
-
-
-def run_dispatched(vm, device, dispatch: ShapeDispatch, inputs) -> list[np.ndarray]:
-    """One call of a library of shape profiles through its dispatcher."""
-    arrays = [np.asarray(array) for array in inputs]
-    choice = dispatch.choose([array.shape for array in arrays])
-    result = vm[choice.function](*[tvm_compat.to_tensor(a, device) for a in dispatch.arguments(choice, arrays)])
-    outputs = [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
-    return dispatch.outputs(choice, outputs)
 
 
 def _ms(seconds: Optional[float]) -> str:
