@@ -14,7 +14,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from make_models import SEED, build_and_check, make_bert, make_gpt2, randomize_norms_and_biases
+from make_models import (
+    SEED,
+    MaskedLastHiddenState,
+    build_and_check,
+    check_onnx,
+    export_dynamic_onnx,
+    make_bert,
+    make_gpt2,
+    randomize_norms_and_biases,
+)
 from torch import nn
 
 
@@ -225,6 +234,20 @@ def build(name: str, batch: int, seq_len: int, layers: int | None, out: Path) ->
     return build_and_check(model, example_input, input_name, out / f"{file_stem(name, batch, seq_len, layers)}.onnx")
 
 
+def build_dynamic(name: str, batch: int, seq_len: int, layers: int | None, out: Path) -> dict:
+    """BERT taking token ids and an attention mask of a symbolic batch and sequence (``--shapes``), checked at
+    ``batch`` x ``seq_len``: ``bert_l{layers}_dynamic.onnx``."""
+    model, example, _ = module_and_input(name, batch, seq_len, layers)
+    masked = MaskedLastHiddenState(model.encoder).eval()
+    mask = torch.ones_like(example)
+    with torch.no_grad():
+        reference = masked(example, mask).numpy()
+    axes = {input_name: {0: "batch", 1: "sequence"} for input_name in ("input_ids", "attention_mask", "output")}
+    path = out / f"bert_l{layers or (12 if name == 'bert-base' else 4)}_dynamic.onnx"
+    feeds = {"input_ids": example.numpy(), "attention_mask": mask.numpy()}
+    return check_onnx(path, export_dynamic_onnx(masked, (example, mask), axes, path), feeds, reference)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, choices=MODELS)
@@ -232,8 +255,18 @@ def main():
     parser.add_argument("--seq-len", type=int, default=128, help="BERT and GPT-2")
     parser.add_argument("--layers", type=int, default=None, help="BERT only; default 4 for bert, 12 for bert-base")
     parser.add_argument("--out", type=Path, default=Path("models/hf"))
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="BERT only: an attention mask input too, batch and sequence symbolic (bert_l{layers}_dynamic.onnx, for --shapes)",
+    )
     args = parser.parse_args()
-    build(args.model, args.batch, args.seq_len, args.layers, args.out)
+    if args.dynamic:
+        if args.model not in ("bert", "bert-base"):
+            parser.error("--dynamic is for --model bert or bert-base")
+        build_dynamic(args.model, args.batch, args.seq_len, args.layers, args.out)
+    else:
+        build(args.model, args.batch, args.seq_len, args.layers, args.out)
 
 
 if __name__ == "__main__":
