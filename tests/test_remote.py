@@ -186,3 +186,64 @@ def test_collage_backends_lists_the_servers_and_what_they_run(cluster, capsys):
     out = capsys.readouterr().out
     assert f"key {KEY}: 2 server(s)" in out
     assert "runs llvm:" in out
+
+
+class ScriptedWorker:
+    """A stand-in for the local worker that holds a session on a server: each worker's sessions go to one server,
+    the workers' to the servers in turn, and every request sent to a server named in ``failing`` is lost as a
+    dropped connection loses it."""
+
+    servers = ["good:1", "bad:2"]
+    failing = {"bad:2"}
+    taken = 0
+    lost = 0
+    lock = threading.Lock()
+
+    def __init__(self, plugin_modules, disabled):
+        self.server = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        pass
+
+    def request(self, message, timeout_s):
+        if message["op"] == "remote_connect":
+            with ScriptedWorker.lock:
+                if self.server is None:
+                    self.server = ScriptedWorker.servers[ScriptedWorker.taken % len(ScriptedWorker.servers)]
+                    ScriptedWorker.taken += 1
+            return {"server": self.server}
+        if self.server in ScriptedWorker.failing:
+            with ScriptedWorker.lock:
+                ScriptedWorker.lost += 1
+            raise remote.WorkerFailure(f"the server {remote.LOST}")
+        deadline = time.monotonic() + 10  # the good server measures once the failing one has had items of its own
+        while ScriptedWorker.lost < remote.FAILURES_LEFT_OUT and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {"measured_on": self.server, "item": message["item"]}
+
+
+def test_a_server_that_fails_twice_is_left_out_in_one_line_and_every_item_is_measured_by_the_others(monkeypatch, caplog):
+    monkeypatch.setattr(remote, "MeasurementWorker", ScriptedWorker)
+    monkeypatch.setattr(ScriptedWorker, "taken", 0)
+    monkeypatch.setattr(ScriptedWorker, "lost", 0)
+    servers = remote.RemoteServers("127.0.0.1", 9, KEY, target=None, servers=tuple(ScriptedWorker.servers))
+    done = {}
+
+    def on_done(item, response, reason):
+        done[item] = (response, reason)
+
+    pool = remote.RemotePool(servers, [], [], lambda item: {"op": "time_remote", "item": item}, on_done, timeout_s=5.0)
+    for item in range(8):
+        pool.add(item)
+    pool.start(servers=2)
+    pool.join()
+    assert sorted(done) == list(range(8))
+    assert {response["measured_on"] for response, _ in done.values()} == {"good:1"}
+    left_out = [record.getMessage() for record in caplog.records if "left out of this run" in record.getMessage()]
+    assert left_out == [f"server bad:2 (key {KEY!r}) failed {remote.FAILURES_LEFT_OUT} times: left out of this run"]
