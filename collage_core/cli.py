@@ -380,12 +380,34 @@ def _export(args) -> int:
 
 
 def _show(args) -> int:
+    if holds_several_shapes(args.placement):
+        return _show_shapes(args)
     placement = load_placement(args.placement)
     if args.output:
         written = write_picture(placement, args.output, origin=args.placement)
         print(f"saved: {written}")
     if args.explain or not args.output:
         print(explain(placement))
+    return 0
+
+
+def _show_shapes(args) -> int:
+    """Each shape's placement of a placements file: its explanation under the shape's name and, with ``-o FILE``,
+    a picture per shape (``FILE`` with ``-shapeK`` before its suffix)."""
+    shapes, placements = load_shape_placements(args.placement)
+    labels = [" ".join(f"{dim}={size}" for dim, size in profile.get("sizes", {}).items()) for profile in shapes["profiles"]]
+    if args.output:
+        output = Path(args.output)
+        written = [
+            write_picture(
+                placement, output.with_name(f"{output.stem}-shape{index + 1}{output.suffix}"), origin=f"{args.placement}: shape {index + 1}"
+            )
+            for index, placement in enumerate(placements)
+        ]
+        print(f"saved: {', '.join(str(path) for path in written)}")
+    if args.explain or not args.output:
+        for index, (label, placement) in enumerate(zip(labels, placements)):
+            print(f"{'' if index == 0 else chr(10)}shape {index + 1}: {label}\n{explain(placement)}")
     return 0
 
 

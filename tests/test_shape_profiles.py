@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -324,3 +325,17 @@ def test_a_placements_file_that_is_not_one_is_refused_in_one_line_naming_it(tmp_
     with pytest.raises(collage_core.CollageError, match=f"{re.escape(str(broken))}: shape 1: ") as raised:
         collage_core.optimize(str(DYNAMIC_BERT), placement=broken, show_progress=False)
     assert "\n" not in str(raised.value)
+
+
+def test_collage_show_explains_and_draws_each_shape(optimized, tmp_path, capsys):
+    from collage_core.cli import main
+
+    _, folder = optimized
+    assert main(["show", str(folder / PLACEMENTS_FILE)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("shape 1: batch=1 sequence=8") < printed.index("shape 2: batch=2 sequence=8")
+    assert printed.count("why this placement:") == 2
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not installed: no picture")
+    assert main(["show", str(folder / PLACEMENTS_FILE), "-o", str(tmp_path / "p.svg")]) == 0
+    assert sorted(path.name for path in tmp_path.glob("p-shape*.svg")) == ["p-shape1.svg", "p-shape2.svg"]
