@@ -26,6 +26,7 @@ from collage_core.measure import remote
 from collage_core.model.dtypes import FP32, PRECISIONS
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.outputs import output_folder
+from collage_core.outputs.dispatch import ShapeDispatch
 from collage_core.outputs.explain import explain
 from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.output_folder import safe_file_name
@@ -395,7 +396,7 @@ def _show_shapes(args) -> int:
     """Each shape's placement of a placements file: its explanation under the shape's name and, with ``-o FILE``,
     a picture per shape (``FILE`` with ``-shapeK`` before its suffix)."""
     shapes, placements = load_shape_placements(args.placement)
-    labels = [" ".join(f"{dim}={size}" for dim, size in profile.get("sizes", {}).items()) for profile in shapes["profiles"]]
+    labels = [profile.label for profile in ShapeDispatch.from_json(shapes, args.placement).profiles]
     if args.output:
         output = Path(args.output)
         written = [

@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
+from collage_core.build.deploy import copy_library
 from collage_core.build.profiles import entry_function, merged_module, write_profiles_runtime_file
 from collage_core.errors import CollageError
 from collage_core.measure.in_turns import time_in_turns
@@ -42,6 +43,8 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
     proto, name, origin = _onnx_model(model)
     inputs = symbolic_inputs(proto)
     placements = None
+    if options.rpc_tracker is not None:
+        raise ShapeProfileError("measuring several shapes on other machines (--rpc-tracker) is not supported yet: measure here")
     if options.placement is not None:  # a replay: the shapes and their placements as the file has them
         profiles, placements = _replayed(options.placement, inputs)
     else:
@@ -75,13 +78,16 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
             module = folder.scratch / "profiles.json"
             output_folder.write_text(module, tvm_compat.save_ir_json(merged_module([result.partitioned_mod for result in results])))
             request = {"op": "build_library", "module": str(module), "target": tvm_compat.target_to_json(target)}
-            request.update(library=str(library), cuda_graphs=options.settings.cuda_graphs)
+            built = folder.scratch / "library" / library.name  # moved into the folder once checked, with the rest
+            built.parent.mkdir(parents=True, exist_ok=True)
+            request.update(library=str(built), cuda_graphs=options.settings.cuda_graphs)
             _asked(worker, request, "building the library of every shape")
-            write_profiles_runtime_file(library, [result.library_path for result in results], dispatch)
+            write_profiles_runtime_file(built, [result.library_path for result in results], dispatch)
             clock.lap("building one library")
             timed = options.compares_backends()
-            checks = _checked(worker, library, target, dispatch, results, reference, say, folder.scratch, timed)
+            checks = _checked(worker, built, target, dispatch, results, reference, say, folder.scratch, timed)
         clock.lap("checking the library")
+        copy_library(built, library, move=True)
         profiled = ProfiledModel(name, dispatch, tuple(results), library, target, tuple(checks), phases_s=clock.phases_s)
         for check in checks:
             if not check.verification.passed:
@@ -109,10 +115,7 @@ def _onnx_model(model: Any):
 def _replayed(path, inputs) -> tuple[list[ShapeProfile], list]:
     """The shapes and placements of a placements file, checked against the model's inputs."""
     shapes, placements = load_shape_placements(path)
-    try:
-        recorded = ShapeDispatch.from_json(shapes)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise PlacementFileError(f"{path}: its shapes cannot be read ({type(error).__name__}: {error})") from None
+    recorded = ShapeDispatch.from_json(shapes, str(path))
     if [(spec.name, spec.dims) for spec in recorded.inputs] != [(spec.name, spec.dims) for spec in inputs]:
         made = ", ".join(f"{spec.name} {spec.shown()}" for spec in recorded.inputs)
         given = ", ".join(f"{spec.name} {spec.shown()}" for spec in inputs)
@@ -167,7 +170,11 @@ def _checked(
     if middle is not None:
         arrays = probe_inputs(dispatch.inputs, [shape for _, shape in middle.shapes], seed=1)
         choice = dispatch.choose([a.shape for a in arrays])
-        verification = compare_outputs(_run_in(worker, library, target, dispatch, arrays, scratch), reference(arrays), "onnxruntime")
+        tolerance = results[choice.index].verification  # the shape it runs on, at the run's precision
+        rtol, atol = (tolerance.rtol, tolerance.atol) if tolerance is not None else (1e-3, 1e-4)
+        verification = compare_outputs(
+            _run_in(worker, library, target, dispatch, arrays, scratch), reference(arrays), "onnxruntime", rtol, atol
+        )
         checks.append(ShapeCheck(middle.label, choice.index, True, verification))
         say(f"  {middle.label} (padded to {dispatch.profiles[choice.index].label}): {verification.describe()}")
     return checks

@@ -19,9 +19,9 @@ from tvm import relax
 import collage_core
 from collage_core.build.profiles import entry_function, merged_module
 from collage_core.model.padding import PaddingRule, padding_rule
-from collage_core.model.shape_profiles import ShapeProfileError, covering, parse_shapes, static_onnx, symbolic_inputs
+from collage_core.model.shape_profiles import ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.options import OptimizeOptions
-from collage_core.outputs.dispatch import ShapeDispatch, ShapeNotServed
+from collage_core.outputs.dispatch import ShapeDispatch, ShapeNotServed, ShapeRecordError
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -74,6 +74,7 @@ def test_a_shape_listed_twice_is_optimized_once():
         ("input_ids=1x16 batch=2", "not both"),
         ("input_ids=1x16x3", "rank 2"),
         ("input_ids=1x16 attention_mask=2x16", "gives batch two sizes"),
+        ("input_ids=1x16 batch=1,2 sequence=8", "not both"),
         ("input_ids=1x16,2x16 attention_mask=1x16", "as many shapes"),
         ("batch", "is not NAME=SIZES"),
         ("batch=1 batch=2 sequence=3", "listed twice"),
@@ -119,12 +120,16 @@ def test_the_masked_encoder_may_be_padded_along_batch_and_sequence():
     assert rule == PaddingRule((("batch", ((0, 0),)), ("sequence", ((0, 1),))), ())
 
 
-def unmasked_softmax_model():
-    """Softmax along a symbolic sequence, with no mask: padding it changes every real position's output."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])
-    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "softmax", [x], [y])
+def softmax_model(rows: str = "batch", columns: str = "sequence", input_name: str = "x"):
+    """Softmax along a symbolic second axis, with no mask: padding it changes every real position's output."""
+    x = helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [rows, columns])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, columns])
+    graph = helper.make_graph([helper.make_node("Softmax", [input_name], ["y"], axis=1)], "softmax", [x], [y])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def unmasked_softmax_model():
+    return softmax_model()
 
 
 def test_padding_that_changes_the_real_positions_is_refused_and_the_batch_is_still_padded():
@@ -155,7 +160,7 @@ def test_a_call_runs_on_its_own_shape_else_the_smallest_that_covers_it_padded():
     choice = dispatch.choose([(3, 9), (3, 9)])
     assert (choice.function, choice.cuts, choice.padded) == ("main_shape4", {(0, 0): 3, (0, 1): 9}, True)
     assert dispatch.choose([(1, 5), (1, 5)]).function == "main_shape1"
-    assert covering(dispatch.profiles, [(2, 8), (2, 8)]) == 2
+    assert dispatch.choose([(2, 8), (2, 8)]).function == "main_shape3"
 
 
 def test_a_call_no_shape_serves_is_refused_naming_the_shapes_held():
@@ -164,15 +169,51 @@ def test_a_call_no_shape_serves_is_refused_naming_the_shapes_held():
     ):
         bert_dispatch().choose([(5, 8), (5, 8)])
     unpaddable = bert_dispatch(PaddingRule((("batch", ((0, 0),)),), (("sequence", "zero padding changes it"),)))
-    with pytest.raises(ShapeNotServed, match="sequence cannot be padded \\(zero padding changes it\\)"):
+    with pytest.raises(ShapeNotServed, match="'sequence' cannot be padded \\(zero padding changes it\\)"):
         unpaddable.choose([(1, 9), (1, 9)])
-    with pytest.raises(ShapeNotServed, match="gives sequence the size 9, another input 8"):
+    with pytest.raises(ShapeNotServed, match="gives 'sequence' the size 9, another input 8"):
         bert_dispatch().choose([(1, 8), (1, 9)])
 
 
-def test_the_dispatchers_record_reads_back_the_same():
-    dispatch = bert_dispatch()
-    assert ShapeDispatch.from_json(json.loads(json.dumps(dispatch.to_json()))) == dispatch
+def test_the_dispatchers_record_reads_back_the_same_in_input_order_whatever_order_the_file_keeps():
+    inputs = symbolic_inputs(softmax_model("seq", "batch"))
+    profiles = parse_shapes("seq=4 batch=2", inputs)
+    dispatch = ShapeDispatch(tuple(inputs), tuple(profiles), ("main_shape1",), PaddingRule())
+    again = ShapeDispatch.from_json(json.loads(json.dumps(dispatch.to_json(), sort_keys=True)))
+    assert again == dispatch and again.profiles[0].label == "seq=4 batch=2"
+    assert again.choose([(4, 2)]).function == "main_shape1"
+
+
+@pytest.mark.parametrize(
+    "spoil, says",
+    [
+        (lambda d: d["profiles"][0]["sizes"].pop("sequence"), "sizes for ['batch']"),
+        (lambda d: d["profiles"][0]["sizes"].update(batch=0), "whole numbers of at least 1"),
+        (lambda d: d["profiles"][1].update(function="main_shape1"), "two shapes with one entry function"),
+        (lambda d: d["padding"]["allowed"].update(width=[[0, 1]]), "padding rule names a dimension"),
+        (lambda d: d.pop("inputs"), "KeyError"),
+        (lambda d: d.update(profiles="x"), "cannot be read"),
+    ],
+)
+def test_a_spoilt_record_of_shapes_is_refused_in_one_line_naming_it(spoil, says):
+    data = json.loads(json.dumps(bert_dispatch().to_json()))
+    spoil(data)
+    with pytest.raises(ShapeRecordError, match=re.escape(says)) as raised:
+        ShapeDispatch.from_json(data, "placements.json")
+    assert str(raised.value).startswith("placements.json: ") and "\n" not in str(raised.value)
+
+
+def test_a_dimension_named_as_an_input_is_read_by_the_form_of_its_sizes():
+    inputs = symbolic_inputs(softmax_model("batch", "x", input_name="x"))
+    assert [p.label for p in parse_shapes("batch=1,2 x=8", inputs)] == ["batch=1 x=8", "batch=2 x=8"]
+    assert [p.label for p in parse_shapes("x=1x8,2x8", inputs)] == ["batch=1 x=8", "batch=2 x=8"]
+
+
+def test_an_input_without_a_recorded_shape_is_refused_in_one_line():
+    proto = softmax_model("batch", "sequence")
+    proto.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(ShapeProfileError, match="records no shape"):
+        symbolic_inputs(proto)
 
 
 def doubling_module(rows: int, weight: np.ndarray) -> tvm.IRModule:
@@ -339,3 +380,14 @@ def test_collage_show_explains_and_draws_each_shape(optimized, tmp_path, capsys)
         pytest.skip("Graphviz's dot is not installed: no picture")
     assert main(["show", str(folder / PLACEMENTS_FILE), "-o", str(tmp_path / "p.svg")]) == 0
     assert sorted(path.name for path in tmp_path.glob("p-shape*.svg")) == ["p-shape1.svg", "p-shape2.svg"]
+
+
+def test_functions_equal_in_two_shapes_stay_each_shapes_own():
+    weight = np.random.default_rng(0).standard_normal((4, 4)).astype("float32")
+    merged = merged_module([doubling_module(2, weight), doubling_module(2, weight)])
+    names = sorted(gvar.name_hint for gvar in merged.get_global_vars())
+    assert {"main_shape1", "main_shape2", "part_shape1", "part_shape2"} <= set(names)
+    vm = relax.VirtualMachine(relax.build(merged, "llvm"), tvm.cpu())
+    x = np.ones((2, 4), "float32")
+    for index in (0, 1):
+        np.testing.assert_allclose(vm[entry_function(index)](tvm.runtime.tensor(x)).numpy(), (2 * x) @ weight, rtol=RTOL, atol=ATOL)

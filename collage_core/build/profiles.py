@@ -18,7 +18,15 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.build import deploy
+from collage_core.errors import CollageError
 from collage_core.outputs.dispatch import ShapeDispatch
+
+# The attribute marking each Relax function of a merged module with the shape (from 1) it belongs to.
+SHAPE_ATTR = "collage.shape"
+
+
+class ProfilesBuildError(CollageError):
+    """The shapes' placed modules cannot be merged into one."""
 
 
 def entry_function(index: int) -> str:
@@ -46,11 +54,13 @@ def merged_module(modules: Sequence[tvm.IRModule]) -> tvm.IRModule:
         renamed = {}
         for gvar, func in mod.functions_items():
             name = entry_function(index) if gvar.name_hint == "main" else f"{gvar.name_hint}{suffix}"
-            if tvm_compat.is_tir_function(func) and func.attrs is not None and "global_symbol" in func.attrs:
+            if tvm_compat.is_tir_function(func):
                 func = func.with_attr("global_symbol", name)
+            else:  # the block builder takes a function equal to one it holds for that one: each stays its shape's
+                func = func.with_attr(SHAPE_ATTR, index + 1)
             renamed[gvar.name_hint] = bb.add_func(func, name)
-            if renamed[gvar.name_hint].name_hint != name:
-                raise ValueError(f"profile {index + 1}: function {name} is named twice")
+            if renamed[gvar.name_hint].name_hint != name:  # never, unless a module names a function twice
+                raise ProfilesBuildError(f"shape {index + 1}: function {name} is named twice")
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 new = _Renamer(renamed).visit_expr(func)

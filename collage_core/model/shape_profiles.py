@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Optional, Sequence
+from typing import Sequence
 
 import attrs
 
@@ -76,13 +76,6 @@ class ShapeProfile:
     def to_json(self) -> dict:
         return {"sizes": dict(self.sizes), "inputs": {name: list(shape) for name, shape in self.shapes}}
 
-    @classmethod
-    def from_json(cls, data: dict) -> "ShapeProfile":
-        return cls(
-            tuple((str(name), int(size)) for name, size in data["sizes"].items()),
-            tuple((str(name), tuple(int(s) for s in shape)) for name, shape in data["inputs"].items()),
-        )
-
 
 def symbolic_inputs(proto) -> list[SymbolicInput]:
     """The graph inputs of an ONNX model (initializers left out), each dimension a size or its symbolic name;
@@ -95,6 +88,10 @@ def symbolic_inputs(proto) -> list[SymbolicInput]:
     for value in proto.graph.input:
         if value.name in initializers:
             continue
+        if not value.type.HasField("tensor_type"):
+            raise ShapeProfileError(f"input {value.name!r} is not a tensor: only tensor inputs take --shapes")
+        if not value.type.tensor_type.HasField("shape"):
+            raise ShapeProfileError(f"input {value.name!r} records no shape: its rank is unknown, so no shape can be listed for it")
         dims = []
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value"):
@@ -139,12 +136,16 @@ def parse_shapes(text: str, inputs: Sequence[SymbolicInput]) -> list[ShapeProfil
         if key in parsed:
             raise ShapeProfileError(f"--shapes: {key!r} is listed twice")
         parsed[key] = values
-    dim_keys = [key for key in parsed if key in dims and key not in by_input]
-    input_keys = [key for key in parsed if key in by_input]
+    # A name that is both a dimension and an input is a dimension when its value is a list of sizes for an input
+    # of another rank than 1 (a shape of rank 1 reads the same as a size).
+    dim_keys = [
+        key for key in parsed if key in dims and (key not in by_input or (_SIZES.match(parsed[key]) and len(by_input[key].dims) != 1))
+    ]
+    input_keys = [key for key in parsed if key in by_input and key not in dim_keys]
     unknown = [key for key in parsed if key not in dims and key not in by_input]
     if unknown:
         raise ShapeProfileError(
-            f"--shapes: {unknown[0]!r} is neither a symbolic dimension ({', '.join(dims)}) nor an input ({', '.join(by_input)})"
+            f"--shapes: {unknown[0]!r} is neither a symbolic dimension ({_names(dims)}) nor an input ({_names(by_input)})"
         )
     if dim_keys and input_keys:
         raise ShapeProfileError("--shapes: list sizes by dimension (batch=1,8) or shapes by input (input_ids=1x128,8x128), not both")
@@ -157,13 +158,23 @@ def parse_shapes(text: str, inputs: Sequence[SymbolicInput]) -> list[ShapeProfil
 
 
 def _example(dims: Sequence[str]) -> str:
-    return " ".join(f"{dim}=1,8" for dim in dims)
+    """Sizes by dimension, or (a name ``--shapes`` cannot hold, with a space, ``=``, ``,`` or ``;``) the by-input form."""
+    if all(_WRITABLE.match(dim) for dim in dims):
+        return " ".join(f"{dim}=1,8" for dim in dims)
+    return "INPUT=1x128,8x128 (by input: a dimension's name here holds a character --shapes cannot)"
+
+
+def _names(names) -> str:
+    return ", ".join(repr(name) if not _WRITABLE.match(name) else name for name in names)
+
+
+_WRITABLE = re.compile(r"^[^\s=,;]+$")
 
 
 def _by_dimension(parsed: dict, dims: Sequence[str]) -> list[dict]:
     missing = [dim for dim in dims if dim not in parsed]
     if missing:
-        raise ShapeProfileError(f"--shapes: give sizes for {', '.join(missing)} too (each symbolic dimension needs at least one)")
+        raise ShapeProfileError(f"--shapes: give sizes for {_names(missing)} too (each symbolic dimension needs at least one)")
     for dim, values in parsed.items():
         if not _SIZES.match(values):
             raise ShapeProfileError(f"--shapes: {dim}={values} is not a list of sizes such as {dim}=1,8,32")
@@ -201,9 +212,20 @@ def _by_input(parsed: dict, by_input: dict, dims: Sequence[str]) -> list[dict]:
                     raise ShapeProfileError(f"--shapes: shape {index + 1} gives {dim} two sizes ({sizes[dim]} and {size})")
         missing = [dim for dim in dims if dim not in sizes]
         if missing:
-            raise ShapeProfileError(f"--shapes: no input listed binds {', '.join(missing)}; list an input that has it")
+            raise ShapeProfileError(f"--shapes: no input listed binds {_names(missing)}; list an input that has it")
         profiles.append(sizes)
     return profiles
+
+
+def profile_of(sizes: dict, inputs: Sequence[SymbolicInput]) -> ShapeProfile:
+    """The profile binding each symbolic dimension of ``inputs`` to its size in ``sizes`` (every one, each a whole
+    number of at least 1; else ``ValueError`` saying which)."""
+    dims = symbolic_dims(inputs)
+    if set(sizes) != set(dims):
+        raise ValueError(f"sizes for {sorted(sizes)}, and the inputs' symbolic dimensions are {sorted(dims)}")
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes.values()):
+        raise ValueError(f"sizes must be whole numbers of at least 1: {sizes}")
+    return _profile(sizes, inputs, dims)
 
 
 def _profile(sizes: dict, inputs: Sequence[SymbolicInput], dims: Sequence[str]) -> ShapeProfile:
@@ -225,13 +247,3 @@ def static_onnx(proto, profile: ShapeProfile):
                 dim.dim_value = sizes[dim.dim_param]
     del copy.graph.value_info[:]
     return copy
-
-
-def covering(profiles: Sequence[ShapeProfile], shapes: Sequence[tuple[int, ...]]) -> Optional[int]:
-    """The index of the profile the arrays of ``shapes`` run on: the one of the same shapes, else the smallest
-    (fewest elements) that covers them; None when none does."""
-    fitting = [index for index, profile in enumerate(profiles) if profile.covers(shapes)]
-    exact = [index for index in fitting if [shape for _, shape in profiles[index].shapes] == [tuple(s) for s in shapes]]
-    if exact:
-        return exact[0]
-    return min(fitting, key=lambda index: (profiles[index].elements(), index)) if fitting else None

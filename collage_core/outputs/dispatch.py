@@ -17,11 +17,15 @@ from collage_core import tvm_compat
 from collage_core.build.deploy import SHAPE_PROFILES
 from collage_core.errors import CollageError
 from collage_core.model.padding import PaddingRule, cut, padded
-from collage_core.model.shape_profiles import ShapeProfile, SymbolicInput
+from collage_core.model.shape_profiles import ShapeProfile, SymbolicInput, profile_of, symbolic_dims
 
 
 class ShapeNotServed(CollageError):
     """A call's input shapes fit none of the library's shape profiles."""
+
+
+class ShapeRecordError(CollageError):
+    """A record of shape profiles (a runtime file's, a placements file's, a tar's) cannot be read."""
 
 
 @attrs.frozen
@@ -52,13 +56,30 @@ class ShapeDispatch:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "ShapeDispatch":
-        return cls(
-            tuple(SymbolicInput(str(item["name"]), tuple(item["dims"]), str(item["dtype"])) for item in data["inputs"]),
-            tuple(ShapeProfile.from_json(item) for item in data["profiles"]),
-            tuple(str(item["function"]) for item in data["profiles"]),
-            PaddingRule.from_json(data.get("padding", {})),
-        )
+    def from_json(cls, data: dict, origin: str = "shape profiles") -> "ShapeDispatch":
+        """The record :meth:`to_json` wrote, checked: each shape binds exactly the inputs' symbolic dimensions, its
+        input shapes are rebuilt from them in input order, and each has an entry function of its own; anything
+        else is a :class:`ShapeRecordError` naming ``origin``."""
+        try:
+            inputs = tuple(
+                SymbolicInput(
+                    str(item["name"]),
+                    tuple(d if isinstance(d, int) and not isinstance(d, bool) else str(d) for d in item["dims"]),
+                    str(item["dtype"]),
+                )
+                for item in data["inputs"]
+            )
+            profiles = tuple(profile_of(dict(item["sizes"]), inputs) for item in data["profiles"])
+            functions = tuple(str(item["function"]) for item in data["profiles"])
+            padding = PaddingRule.from_json(data.get("padding", {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ShapeRecordError(f"{origin}: its shapes cannot be read ({type(error).__name__}: {error})") from None
+        if not profiles or len(set(functions)) != len(functions):
+            raise ShapeRecordError(f"{origin}: its shapes cannot be read (no shape, or two shapes with one entry function)")
+        dims = set(symbolic_dims(inputs))
+        if any(dim not in dims for dim, _ in padding.allowed) or any(o < 0 or a < 0 for _, axes in padding.allowed for o, a in axes):
+            raise ShapeRecordError(f"{origin}: its padding rule names a dimension or axis the inputs do not have")
+        return cls(inputs, profiles, functions, padding)
 
     def listed(self) -> str:
         return "; ".join(profile.label for profile in self.profiles)
@@ -67,10 +88,12 @@ class ShapeDispatch:
         """The profile arrays of ``shapes`` (in input order) run on; :class:`ShapeNotServed` when none may."""
         shapes = [tuple(int(size) for size in shape) for shape in shapes]
         if len(shapes) != len(self.inputs):
-            raise ShapeNotServed(f"the model takes {len(self.inputs)} inputs ({', '.join(s.name for s in self.inputs)}), not {len(shapes)}")
+            raise ShapeNotServed(
+                f"the model takes {len(self.inputs)} inputs ({', '.join(repr(s.name) for s in self.inputs)}), not {len(shapes)}"
+            )
         for spec, shape in zip(self.inputs, shapes):
             if len(shape) != len(spec.dims) or any(isinstance(dim, int) and dim != size for dim, size in zip(spec.dims, shape)):
-                raise ShapeNotServed(f"input {spec.name} is {spec.shown()}, not {'x'.join(map(str, shape))}")
+                raise ShapeNotServed(f"input {spec.name!r} is {spec.shown()}, not {'x'.join(map(str, shape))}")
         sizes = self._sizes(shapes)
         order = sorted(range(len(self.profiles)), key=lambda i: (self.profiles[i].elements(), i))
         for index in order:
@@ -85,7 +108,7 @@ class ShapeDispatch:
                 continue
             refused = [dim for dim in short if not self.padding.allows(dim)]
             if refused:
-                why = f"{refused[0]} cannot be padded ({dict(self.padding.refused).get(refused[0], 'not verified')})"
+                why = f"{refused[0]!r} cannot be padded ({dict(self.padding.refused).get(refused[0], 'not verified')})"
                 continue
             cuts = {axis: size for dim, size in short.items() for axis in self.padding.output_axes(dim)}
             return Choice(index, self.functions[index], cuts, padded=True)
@@ -97,7 +120,7 @@ class ShapeDispatch:
         for spec, shape in zip(self.inputs, shapes):
             for dim, size in zip(spec.dims, shape):
                 if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
-                    raise ShapeNotServed(f"input {spec.name} gives {dim} the size {size}, another input {sizes[dim]}")
+                    raise ShapeNotServed(f"input {spec.name!r} gives {dim!r} the size {size}, another input {sizes[dim]}")
         return sizes
 
     def arguments(self, choice: Choice, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -122,4 +145,4 @@ def run_dispatched(vm, device, dispatch: ShapeDispatch, inputs) -> list[np.ndarr
 def dispatch_of(record: dict) -> Optional[ShapeDispatch]:
     """The shape profiles a library's runtime file records, or None for a library of one shape."""
     data = record.get(SHAPE_PROFILES)
-    return None if data is None else ShapeDispatch.from_json(data)
+    return None if data is None else ShapeDispatch.from_json(data, "the runtime file")

@@ -60,7 +60,7 @@ import numpy as np
 from collage_core import tvm_compat
 from collage_core.build.deploy import load_vm, write_runtime_file
 from collage_core.errors import CollageError
-from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
+from collage_core.outputs.dispatch import ShapeDispatch, ShapeRecordError, run_dispatched
 from collage_core.outputs.output_folder import library_file, safe_file_name
 
 FORMAT = "collage-model-library-format"
@@ -186,7 +186,7 @@ class LoadedMLF:
         padded (:mod:`collage_core.outputs.dispatch`); :attr:`input_specs` are its largest shape's."""
         shapes = self.executor_config.get("shape_profiles")
         if shapes is not None:
-            return run_dispatched(self.vm, self.device, ShapeDispatch.from_json(shapes), inputs)
+            return run_dispatched(self.vm, self.device, ShapeDispatch.from_json(shapes, EXECUTOR_CONFIG), inputs)
         result = self.vm["main"](*[tvm_compat.to_tensor(a, self.device) for a in inputs])
         results = result if not hasattr(result, "numpy") else [result]
         return [tvm_compat.to_numpy(r) for r in results]
@@ -327,9 +327,9 @@ def _checked_config(path: Path, config) -> dict:
             fail(f"{kind} must list each tensor's name, shape (non-negative integers) and dtype")
     if "shape_profiles" in config:
         try:
-            ShapeDispatch.from_json(config["shape_profiles"])
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            fail(f"shape_profiles cannot be read ({type(error).__name__}: {error})")
+            ShapeDispatch.from_json(config["shape_profiles"], "shape_profiles")
+        except ShapeRecordError as error:
+            fail(str(error))
     return config
 
 
