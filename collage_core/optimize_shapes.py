@@ -2,7 +2,8 @@
 
 Each shape profile is optimized as a model of its own (a static copy of the file, placed by the single-shape
 pipeline into ``shape-K/`` of the output folder); costs go to the same cost database, so a candidate the
-shapes share is measured once. The profiles' placements are then built into one library with a dispatcher
+shapes share is measured once. Each engine's own session (a contender of each shape's run) runs the file as given,
+its dimensions symbolic, as its users run it: the library then holds one copy of the file for every shape. The profiles' placements are then built into one library with a dispatcher
 (:mod:`collage_core.build.profiles`), whose every profile is verified against the reference, a shape between
 them too (padded, where the padding rule allows it), and timed in turns beside that shape's own library.
 """
@@ -23,6 +24,8 @@ from collage_core.errors import CollageError
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.progress import PhaseClock
 from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
+from collage_core.model.model_import import load_model
+from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.padding import padding_rule, probe_inputs
 from collage_core.model.shape_profiles import ShapeProfile, ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.model.verify import compare_outputs
@@ -56,6 +59,7 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
     say(f"padding: {padding.describe()}")
     clock.lap("checking the padding rule")
     dispatch = ShapeDispatch(tuple(inputs), tuple(profiles), tuple(entry_function(i) for i in range(len(profiles))), padding)
+    original = OriginalModel.from_bytes(ONNX, proto.SerializeToString() if origin == "ONNX model" else Path(model).read_bytes())
     with output_folder.for_run(options.output_dir) as folder:
         results = []
         for index, profile in enumerate(profiles):
@@ -68,7 +72,10 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
                 replayed = static.parent / "placement.json"
                 placements[index].save(replayed)
                 one = attrs.evolve(one, placement=replayed)
-            results.append(optimize_one(static, options=one))
+            # Engines' own sessions run the file as given, symbolic dimensions and all, as its users run it: one copy
+            # of it serves every shape in the library (constants are pooled by value).
+            shaped = attrs.evolve(load_model(static), original=original)
+            results.append(optimize_one(shaped, options=one))
         clock.lap("optimizing each shape")
         library = output_folder.library_file(folder.path, name)
         say(f"building the {len(profiles)} placements into one library: {library.name}")
