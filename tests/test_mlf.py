@@ -310,7 +310,8 @@ KINDS = {
 }
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# Inductor's region compiles with torch.compile in the export and again in the new process: with --run-slow.
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if "inductor" in kind else kind for kind in KINDS])
 def test_every_kind_of_placement_exports_and_loads_in_a_new_process(kind, tmp_path):
     parts, backends = KINDS[kind]
     if not available(*backends):

@@ -18,6 +18,7 @@ from tvm import relax
 
 import collage_core
 from collage_core.build.profiles import entry_function, merged_module
+from collage_core.measure.timing import MeasureSettings
 from collage_core.model.padding import PaddingRule, padding_rule
 from collage_core.model.shape_profiles import ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.options import OptimizeOptions
@@ -26,6 +27,8 @@ from collage_core.outputs.profiled_result import PLACEMENTS_FILE
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DYNAMIC_BERT = MODELS / "tiny_bert_dynamic.onnx"
+# Few, short repeats: these tests check what the library computes and holds, not how fast it runs.
+QUICK = MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=1.0, time_bound_s=1.0)
 # ONNX Runtime against its own runs, and the library's float32 kernels against ONNX Runtime's.
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -259,6 +262,7 @@ def optimized(tmp_path_factory):
         cost_db=folder.parent / "costs.sqlite",
         compare_backends=False,
         calibration_rounds=0,
+        settings=QUICK,
         show_progress=False,
     )
     return result, folder
