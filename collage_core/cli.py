@@ -366,8 +366,7 @@ def _export(args) -> int:
         )
         result = optimizer.optimize(args.model, options=options)
         if isinstance(result, ProfiledModel):  # checked at its largest shape (the executor configuration's entry)
-            largest = max(range(len(result.shapes)), key=lambda i: (result.dispatch.profiles[i].elements(), i))
-            check_inputs = result.shapes[largest].model.random_inputs()
+            check_inputs = result.shapes[result.dispatch.smallest_first()[-1]].model.random_inputs()
         else:
             check_inputs = result.model.random_inputs()
         path = export_mlf(result, args.output, check_inputs=check_inputs)

@@ -24,16 +24,16 @@ from collage_core.errors import CollageError
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.progress import PhaseClock
 from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
-from collage_core.model.model_import import load_model
+from collage_core.model.model_import import load_model, onnx_reference
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.padding import padding_rule, probe_inputs
 from collage_core.model.shape_profiles import ShapeProfile, ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
-from collage_core.model.verify import compare_outputs
+from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch
 from collage_core.outputs.placement_file import PlacementFileError, load_shape_placements
-from collage_core.outputs.profiled_result import ProfiledModel, ShapeCheck, kept_profiles
+from collage_core.outputs.profiled_result import ProfiledModel, ShapeCheck, kept_profiles, shown_ms
 from collage_core.plugins import disabled_plugin_names, get_plugin_manager
 
 # How long building the library of every shape, or one run of it, may take in its worker.
@@ -43,7 +43,7 @@ WORKER_LIMIT_S = 3600.0
 def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Callable, say: Callable[[str], None]) -> ProfiledModel:
     """``model`` (an ONNX file or ``onnx.ModelProto`` with symbolic dimensions) optimized for each shape
     ``options.shapes`` lists, by ``optimize_one`` (``collage_core.optimize``), into one library."""
-    proto, name, origin = _onnx_model(model)
+    proto, data, name = _onnx_model(model)
     inputs = symbolic_inputs(proto)
     placements = None
     if options.rpc_tracker is not None:
@@ -52,14 +52,14 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
         profiles, placements = _replayed(options.placement, inputs)
     else:
         profiles = parse_shapes(options.shapes, inputs)
-    reference = _reference(proto.SerializeToString(), [spec.name for spec in inputs])
+    reference = onnx_reference(data, inputs)  # on the file as given, its symbolic dimensions free
     clock = PhaseClock()
     say(f"{name}: optimizing for {len(profiles)} shapes: {'; '.join(p.label for p in profiles)}")
     padding = padding_rule(proto, inputs, profiles, reference)
     say(f"padding: {padding.describe()}")
     clock.lap("checking the padding rule")
     dispatch = ShapeDispatch(tuple(inputs), tuple(profiles), tuple(entry_function(i) for i in range(len(profiles))), padding)
-    original = OriginalModel.from_bytes(ONNX, proto.SerializeToString() if origin == "ONNX model" else Path(model).read_bytes())
+    original = OriginalModel.from_bytes(ONNX, data)
     with output_folder.for_run(options.output_dir) as folder:
         results = []
         for index, profile in enumerate(profiles):
@@ -103,17 +103,19 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
 
 
 def _onnx_model(model: Any):
+    """The model as a ModelProto, its bytes (read once) and its name."""
     # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
 
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         try:
-            return onnx.load(str(path)), path.stem, str(path)
+            data = path.read_bytes()
+            return onnx.load_from_string(data), data, path.stem
         except Exception as error:
             raise ShapeProfileError(f"{path}: not a readable ONNX model ({type(error).__name__}: {error})") from None
     if type(model).__module__.startswith("onnx"):
-        return model, model.graph.name or "onnx_model", "ONNX model"
+        return model, model.SerializeToString(), model.graph.name or "onnx_model"
     raise ShapeProfileError(
         f"shape profiles take an ONNX model with symbolic dimensions (a file or onnx.ModelProto), not a {type(model).__name__}"
     )
@@ -128,17 +130,6 @@ def _replayed(path, inputs) -> tuple[list[ShapeProfile], list]:
         given = ", ".join(f"{spec.name} {spec.shown()}" for spec in inputs)
         raise PlacementFileError(f"{path}: made for inputs {made}; this model's are {given}")
     return list(recorded.profiles), placements
-
-
-def _reference(data: bytes, names: list[str]):
-    """ONNX Runtime on the original file, its symbolic dimensions free: the outputs for a list of arrays."""
-    # Deferred: ONNX Runtime is optional and slow to import: loaded only where it runs.
-    import onnxruntime
-
-    quiet = onnxruntime.SessionOptions()
-    quiet.log_severity_level = 3
-    session = onnxruntime.InferenceSession(data, quiet, providers=["CPUExecutionProvider"])
-    return lambda arrays: session.run(None, dict(zip(names, arrays)))
 
 
 def between(dispatch: ShapeDispatch) -> ShapeProfile | None:
@@ -165,13 +156,11 @@ def _checked(
     checks = []
     for index, (profile, result) in enumerate(zip(dispatch.profiles, results)):
         arrays = result.model.random_inputs()
-        tolerance = result.verification
-        rtol, atol = (tolerance.rtol, tolerance.atol) if tolerance is not None else (1e-3, 1e-4)
         outputs = _run_in(worker, library, target, dispatch, arrays, scratch)
-        verification = compare_outputs(outputs, reference(arrays), "onnxruntime", rtol, atol)
+        verification = compare_outputs(outputs, reference(arrays), "onnxruntime", *_tolerance(result))
         in_library_s, alone_s = _in_turns(worker, library, result, index, arrays, target, say, scratch) if timed else (None, None)
         checks.append(ShapeCheck(profile.label, index, False, verification, in_library_s, alone_s))
-        timing = f"; in turns: in the library {_ms(in_library_s)}, alone {_ms(alone_s)}" if timed else ""
+        timing = f"; in turns: in the library {shown_ms(in_library_s)}, alone {shown_ms(alone_s)}" if timed else ""
         say(f"  {profile.label}: {verification.describe()}{timing}")
     middle = between(dispatch)
     if middle is not None:
@@ -185,6 +174,12 @@ def _checked(
         checks.append(ShapeCheck(middle.label, choice.index, True, verification))
         say(f"  {middle.label} (padded to {dispatch.profiles[choice.index].label}): {verification.describe()}")
     return checks
+
+
+def _tolerance(result) -> tuple[float, float]:
+    """The (rtol, atol) a shape's own run was verified with, or the fp32 defaults when it was not verified."""
+    checked = result.verification
+    return (checked.rtol, checked.atol) if checked is not None else (DEFAULT_RTOL, DEFAULT_ATOL)
 
 
 def _run_in(worker, library: Path, target, dispatch: ShapeDispatch, arrays, scratch: Path) -> list[np.ndarray]:
@@ -222,7 +217,3 @@ def _in_turns(worker, library: Path, result, index: int, arrays, target, say, sc
         say(f"  timing shape {index + 1} in turns failed: {error}")
         return None, None
     return turns["library"].warm.median_s, turns["alone"].warm.median_s
-
-
-def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"

@@ -19,7 +19,7 @@ from make_models import (
     MaskedLastHiddenState,
     build_and_check,
     check_onnx,
-    export_dynamic_onnx,
+    export_onnx,
     make_bert,
     make_gpt2,
     randomize_norms_and_biases,
@@ -242,10 +242,11 @@ def build_dynamic(name: str, batch: int, seq_len: int, layers: int | None, out: 
     mask = torch.ones_like(example)
     with torch.no_grad():
         reference = masked(example, mask).numpy()
-    axes = {input_name: {0: "batch", 1: "sequence"} for input_name in ("input_ids", "attention_mask", "output")}
+    names = ["input_ids", "attention_mask"]
+    axes = {input_name: {0: "batch", 1: "sequence"} for input_name in [*names, "output"]}
     path = out / f"bert_l{layers or (12 if name == 'bert-base' else 4)}_dynamic.onnx"
     feeds = {"input_ids": example.numpy(), "attention_mask": mask.numpy()}
-    return check_onnx(path, export_dynamic_onnx(masked, (example, mask), axes, path), feeds, reference)
+    return check_onnx(path, export_onnx(masked, (example, mask), names, path, dynamic_axes=axes), feeds, reference)
 
 
 def main():

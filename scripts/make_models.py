@@ -25,8 +25,11 @@ OPSET = 17
 SEED = 0
 
 
-def export_onnx(model: nn.Module, example_inputs: tuple, input_names: list[str], path: Path) -> onnx.ModelProto:
-    """Export with the TorchScript exporter, static shapes, everything in one file."""
+def export_onnx(
+    model: nn.Module, example_inputs: tuple, input_names: list[str], path: Path, dynamic_axes: dict | None = None
+) -> onnx.ModelProto:
+    """Export with the TorchScript exporter, everything in one file: static shapes, or symbolic the dimensions
+    ``dynamic_axes`` names (``{input or "output": {axis: name}}``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     model.eval()
     # The dynamo exporter needs onnxscript, which the project does not depend on.
@@ -40,6 +43,7 @@ def export_onnx(model: nn.Module, example_inputs: tuple, input_names: list[str],
             output_names=["output"],
             opset_version=OPSET,
             do_constant_folding=True,
+            dynamic_axes=dynamic_axes,
             dynamo=False,
         )
     onnx_model = onnx.load(str(path))
@@ -188,29 +192,6 @@ class MaskedLastHiddenState(nn.Module):
         return outputs.last_hidden_state
 
 
-def export_dynamic_onnx(model: nn.Module, example_inputs: tuple, axes: dict, path: Path) -> onnx.ModelProto:
-    """Export with the TorchScript exporter, the dimensions ``axes`` names symbolic (``{input: {axis: name}}``,
-    the output's too)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model.eval()
-    warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
-    with torch.no_grad():
-        torch.onnx.export(
-            model,
-            example_inputs,
-            str(path),
-            input_names=[name for name in axes if name != "output"],
-            output_names=["output"],
-            opset_version=OPSET,
-            do_constant_folding=True,
-            dynamic_axes=axes,
-            dynamo=False,
-        )
-    onnx_model = onnx.load(str(path))
-    onnx.checker.check_model(onnx_model, full_check=True)
-    return onnx_model
-
-
 def make_bert(hidden: int, heads: int, intermediate: int, layers: int, vocab: int = 30522) -> nn.Module:
     from transformers import BertConfig, BertModel
 
@@ -287,11 +268,12 @@ def main():
     mask = torch.ones((2, 16), dtype=torch.int64)
     with torch.no_grad():
         reference = masked.eval()(input_ids, mask).numpy()
-    axes = {name: {0: "batch", 1: "sequence"} for name in ("input_ids", "attention_mask", "output")}
+    names = ["input_ids", "attention_mask"]
+    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "output"]}
     path = args.out / "tiny_bert_dynamic.onnx"
     check_onnx(
         path,
-        export_dynamic_onnx(masked, (input_ids, mask), axes, path),
+        export_onnx(masked, (input_ids, mask), names, path, dynamic_axes=axes),
         {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()},
         reference,
     )

@@ -126,11 +126,7 @@ def copy_library(source: os.PathLike, destination: os.PathLike, move: bool = Fal
     """Copy (or move) ``source`` to ``destination`` with its runtime file and the native libraries it carries;
     each file is replaced whole, never truncated in place."""
     record = read_runtime_file(source)
-    needs, carried = {}, {}
-    for name, entry in record["backends"].items():
-        needs[name] = {key: value for key, value in entry.items() if key != "carried"}
-        if "carried" in entry:
-            carried[name] = [Path(source).parent / relative for relative in entry["carried"]]
+    needs, carried = needs_and_carried(source, record)
     if move:
         output_folder.move_file(source, destination)
     else:
@@ -139,6 +135,17 @@ def copy_library(source: os.PathLike, destination: os.PathLike, move: bool = Fal
     if move:
         os.remove(runtime_file(source))
         shutil.rmtree(carried_dir(source), ignore_errors=True)
+
+
+def needs_and_carried(library: os.PathLike, record: dict) -> tuple[dict, dict[str, list[Path]]]:
+    """``library``'s runtime record (:func:`read_runtime_file`) as :func:`write_runtime_file` takes it: what each
+    backend needs, and the paths of the native libraries each carries beside ``library``."""
+    needs, carried = {}, {}
+    for name, entry in record["backends"].items():
+        needs[name] = {key: value for key, value in entry.items() if key != "carried"}
+        if "carried" in entry:
+            carried[name] = [Path(library).parent / relative for relative in entry["carried"]]
+    return needs, carried
 
 
 def read_runtime_file(library: os.PathLike) -> dict:

@@ -78,9 +78,8 @@ def write_profiles_runtime_file(library: os.PathLike, libraries: Sequence[os.Pat
     needs, carried, environment = {}, {}, {}
     for alone in libraries:
         record = deploy.read_runtime_file(alone)
-        for name, entry in record["backends"].items():
-            needs[name] = {key: value for key, value in entry.items() if key != "carried"}
-            if "carried" in entry:
-                carried[name] = [Path(alone).parent / relative for relative in entry["carried"]]
+        each_needs, each_carries = deploy.needs_and_carried(alone, record)
+        needs.update(each_needs)
+        carried.update(each_carries)
         environment.update(record.get("environment") or {})
     return deploy.write_runtime_file(library, needs, carried, environment or None, dispatch.to_json())

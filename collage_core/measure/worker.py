@@ -350,10 +350,7 @@ def _held_placement(state, request):
 def _load_library(state, request):
     """Load an exported library and its inputs and run its entry function (``function``, default ``main``)
     ``warmup_runs`` times (default 1) and once more, timed; ``time_turn`` then times it."""
-    device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
-    function = load_vm(request["library"], device, pm=state["pm"])[request.get("function", "main")]
-    with np.load(request["inputs"], allow_pickle=False) as saved:
-        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+    function, args, device = _library_function(state, request)
 
     def run():
         function(*args)
@@ -365,6 +362,16 @@ def _load_library(state, request):
     run()
     state["turn"], state["last_run_end"] = run, time.perf_counter()
     return {"once_s": state["last_run_end"] - started}
+
+
+def _library_function(state, request):
+    """The request's ``library`` loaded on its target's device: its entry function ``function`` (default
+    ``main``), the ``inputs`` (an ``.npz``) as tensors there, and the device."""
+    device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
+    function = load_vm(request["library"], device, pm=state["pm"])[request.get("function", "main")]
+    with np.load(request["inputs"], allow_pickle=False) as saved:
+        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+    return function, args, device
 
 
 def _build_library(state, request):
@@ -379,10 +386,7 @@ def _build_library(state, request):
 def _run_library(state, request):
     """Run an exported library's entry function ``function`` on the ``inputs`` (an ``.npz``), once, and save
     its outputs to ``outputs``."""
-    device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
-    function = load_vm(request["library"], device, pm=state["pm"])[request["function"]]
-    with np.load(request["inputs"], allow_pickle=False) as saved:
-        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+    function, args, _ = _library_function(state, request)
     result = function(*args)
     np.savez(request["outputs"], *[tvm_compat.to_numpy(o) for o in (result if _is_sequence(result) else [result])])
     return {}

@@ -208,7 +208,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         inputs.append(_checked_size(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype), origin))
     fingerprint = hashlib.sha256(data).hexdigest()
     original = OriginalModel(ONNX, data, fingerprint)
-    reference = _onnx_reference(data, inputs)
+    reference = onnx_reference(data, inputs)
     reference_name = f"onnxruntime {onnxruntime.__version__}"
     cache_name = import_cache.key(fingerprint)
     cached = import_cache.load(cache_name)
@@ -245,9 +245,9 @@ def _shapes_example(dims) -> str:
     return repr(" ".join(f"{dim}=1,8" for dim in dict.fromkeys(named))) if named else "'INPUT=1x128,8x128'"
 
 
-def _onnx_reference(data: bytes, inputs: list[TensorSpec]) -> Reference:
-    """ONNX Runtime's outputs for the model's bytes; its session is made on the first run (a run that
-    reuses its verification needs none)."""
+def onnx_reference(data: bytes, inputs: Sequence) -> Reference:
+    """ONNX Runtime's outputs for the model's bytes, fed in the order of ``inputs`` (anything with a ``name``); its
+    session is made on the first run (a run that reuses its verification needs none)."""
     # Deferred: ONNX Runtime is optional and slow to import: loaded only where it runs.
     import onnxruntime
 

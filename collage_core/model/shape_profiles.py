@@ -60,10 +60,6 @@ class ShapeProfile:
     def shape_of(self, input_name: str) -> tuple[int, ...]:
         return dict(self.shapes)[input_name]
 
-    def covers(self, shapes: Sequence[tuple[int, ...]]) -> bool:
-        """Whether arrays of ``shapes`` (in input order) fit inside this profile's, dimension by dimension."""
-        return all(len(given) == len(mine) and all(g <= m for g, m in zip(given, mine)) for given, (_, mine) in zip(shapes, self.shapes))
-
     def elements(self) -> int:
         total = 0
         for _, shape in self.shapes:

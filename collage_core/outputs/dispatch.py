@@ -8,13 +8,12 @@ other call is refused in one line naming the shapes the library holds.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import SHAPE_PROFILES
 from collage_core.errors import CollageError
 from collage_core.model.padding import PaddingRule, cut, padded
 from collage_core.model.shape_profiles import ShapeProfile, SymbolicInput, profile_of, symbolic_dims
@@ -81,6 +80,10 @@ class ShapeDispatch:
             raise ShapeRecordError(f"{origin}: its padding rule names a dimension or axis the inputs do not have")
         return cls(inputs, profiles, functions, padding)
 
+    def smallest_first(self) -> list[int]:
+        """The profiles' indices, fewest input elements first (the order a call looks for one that covers it)."""
+        return sorted(range(len(self.profiles)), key=lambda i: (self.profiles[i].elements(), i))
+
     def listed(self) -> str:
         return "; ".join(profile.label for profile in self.profiles)
 
@@ -95,7 +98,7 @@ class ShapeDispatch:
             if len(shape) != len(spec.dims) or any(isinstance(dim, int) and dim != size for dim, size in zip(spec.dims, shape)):
                 raise ShapeNotServed(f"input {spec.name!r} is {spec.shown()}, not {'x'.join(map(str, shape))}")
         sizes = self._sizes(shapes)
-        order = sorted(range(len(self.profiles)), key=lambda i: (self.profiles[i].elements(), i))
+        order = self.smallest_first()
         for index in order:
             profile = self.profiles[index]
             if sizes == dict(profile.sizes):
@@ -140,9 +143,3 @@ def run_dispatched(vm, device, dispatch: ShapeDispatch, inputs) -> list[np.ndarr
     result = vm[choice.function](*[tvm_compat.to_tensor(a, device) for a in dispatch.arguments(choice, arrays)])
     outputs = [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
     return dispatch.outputs(choice, outputs)
-
-
-def dispatch_of(record: dict) -> Optional[ShapeDispatch]:
-    """The shape profiles a library's runtime file records, or None for a library of one shape."""
-    data = record.get(SHAPE_PROFILES)
-    return None if data is None else ShapeDispatch.from_json(data, "the runtime file")

@@ -220,7 +220,7 @@ class _Placed:
 def _placed(optimized) -> _Placed:
     if isinstance(optimized, ProfiledModel):
         dispatch = optimized.dispatch
-        order = sorted(range(len(dispatch.profiles)), key=lambda i: (dispatch.profiles[i].elements(), i))
+        order = dispatch.smallest_first()
         return _Placed(
             optimized.name,
             [shape.placement for shape in optimized.shapes],

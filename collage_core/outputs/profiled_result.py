@@ -108,7 +108,7 @@ class ProfiledModel:
         }
 
 
-def _ms(seconds: Optional[float]) -> str:
+def shown_ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 
@@ -129,8 +129,8 @@ def render_profiles_report(profiled: ProfiledModel) -> str:
             [
                 profile.label,
                 alone,
-                _ms(None if check is None else check.in_library_s),
-                _ms(None if check is None else check.alone_s),
+                shown_ms(None if check is None else check.in_library_s),
+                shown_ms(None if check is None else check.alone_s),
                 ", ".join(f"{b} {n}" for b, n in sorted(_operators(shape).items())),
                 "-" if check is None else ("passed" if check.verification.passed else "FAILED"),
             ]
