@@ -153,7 +153,7 @@ def main() -> int:
     def together():
         wall = run(collage(args.model, out / "together", ["--shapes", args.shapes], args.backends, args.target), out / "together.log")
         results = json.loads((out / "together" / "results.json").read_text())
-        return {"wall_s": wall, "results": results}
+        return {"wall_s": wall, "results": results, "cores": os.cpu_count(), "device": _device(args.target)}
 
     shapes = kept(out / "shapes.json", together)
     if args.target == "cuda":
@@ -188,7 +188,8 @@ def render(model: str, profiles, shapes: dict, separate: list, peers: dict) -> s
     checks = [check for check in shapes["results"]["checks"] if not check["padded"]]
     per_shape = shapes["results"]["per_shape"]
     lines = [
-        f"{model}, {os.cpu_count()} cores: one library for {len(profiles)} shapes against a run per shape",
+        f"{model}, {shapes.get('device') or 'this CPU'}, {shapes.get('cores', os.cpu_count())} cores: one library for {len(profiles)} shapes"
+        + (" against a run per shape" if separate else ""),
         "",
         "| shape | its own run (ms) | in the library, in turns (ms) | its own library, in turns (ms) | separate run (ms) | "
         + "".join(f"{peer} (ms) | " for peer in peers)
@@ -220,7 +221,16 @@ def render(model: str, profiles, shapes: dict, separate: list, peers: dict) -> s
 
 
 def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.2f}"
+
+
+def _device(target: str | None) -> str | None:
+    """The GPU's name for a CUDA target (None on the CPU)."""
+    if target != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 if __name__ == "__main__":

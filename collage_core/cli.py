@@ -34,6 +34,7 @@ from collage_core.outputs.placement_file import holds_several_shapes, load_place
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE, ProfiledModel, render_profiles_report
 from collage_core.outputs.report import format_table, render_report
 from collage_core.outputs.result import SEARCH_PICTURE, SEARCHED_PLACEMENT_FILE
+from collage_core.outputs.shape_differences import placement_differences
 from collage_core.outputs.show import write_picture
 from collage_core.plugins import get_plugin_manager
 
@@ -392,8 +393,8 @@ def _show(args) -> int:
 
 
 def _show_shapes(args) -> int:
-    """Each shape's placement of a placements file: its explanation under the shape's name and, with ``-o FILE``,
-    a picture per shape (``FILE`` with ``-shapeK`` before its suffix)."""
+    """Each shape's placement of a placements file: its explanation under the shape's name, then where the
+    placements differ and why, and, with ``-o FILE``, a picture per shape (``FILE`` with ``-shapeK`` before its suffix)."""
     shapes, placements = load_shape_placements(args.placement)
     labels = [profile.label for profile in ShapeDispatch.from_json(shapes, args.placement).profiles]
     if args.output:
@@ -407,7 +408,8 @@ def _show_shapes(args) -> int:
         print(f"saved: {', '.join(str(path) for path in written)}")
     if args.explain or not args.output:
         for index, (label, placement) in enumerate(zip(labels, placements)):
-            print(f"{'' if index == 0 else chr(10)}shape {index + 1}: {label}\n{explain(placement)}")
+            print(f"shape {index + 1}: {label}\n{explain(placement)}\n")
+        print("\n".join(placement_differences(labels, placements)))
     return 0
 
 

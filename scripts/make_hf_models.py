@@ -235,9 +235,18 @@ def build(name: str, batch: int, seq_len: int, layers: int | None, out: Path) ->
 
 
 def build_dynamic(name: str, batch: int, seq_len: int, layers: int | None, out: Path) -> dict:
-    """BERT taking token ids and an attention mask of a symbolic batch and sequence (``--shapes``), checked at
-    ``batch`` x ``seq_len``: ``bert_l{layers}_dynamic.onnx``."""
-    model, example, _ = module_and_input(name, batch, seq_len, layers)
+    """For ``--shapes``: BERT taking token ids and an attention mask of a symbolic batch and sequence, checked at
+    ``batch`` x ``seq_len`` (``bert_l{layers}_dynamic.onnx``), or an image model of a symbolic batch, checked at
+    ``batch`` (``{name}_dynamic.onnx``)."""
+    model, example, input_name = module_and_input(name, batch, seq_len, layers)
+    if name in IMAGE_MODELS:
+        with torch.no_grad():
+            reference = model(example).numpy()
+        path = out / f"{name.replace('-', '_')}_dynamic.onnx"
+        axes = {input_name: {0: "batch"}, "output": {0: "batch"}}
+        return check_onnx(
+            path, export_onnx(model, (example,), [input_name], path, dynamic_axes=axes), {input_name: example.numpy()}, reference
+        )
     masked = MaskedLastHiddenState(model.encoder).eval()
     mask = torch.ones_like(example)
     with torch.no_grad():
@@ -259,12 +268,13 @@ def main():
     parser.add_argument(
         "--dynamic",
         action="store_true",
-        help="BERT only: an attention mask input too, batch and sequence symbolic (bert_l{layers}_dynamic.onnx, for --shapes)",
+        help="for --shapes: BERT with an attention mask input too, batch and sequence symbolic (bert_l{layers}_dynamic.onnx); "
+        "an image model with its batch symbolic (NAME_dynamic.onnx)",
     )
     args = parser.parse_args()
     if args.dynamic:
-        if args.model not in ("bert", "bert-base"):
-            parser.error("--dynamic is for --model bert or bert-base")
+        if args.model not in ("bert", "bert-base", *IMAGE_MODELS):
+            parser.error(f"--dynamic is for --model bert, bert-base or an image model ({', '.join(IMAGE_MODELS)})")
         build_dynamic(args.model, args.batch, args.seq_len, args.layers, args.out)
     else:
         build(args.model, args.batch, args.seq_len, args.layers, args.out)

@@ -23,7 +23,10 @@ from collage_core.model.padding import PaddingRule, padding_rule
 from collage_core.model.shape_profiles import ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs.dispatch import ShapeDispatch, ShapeNotServed, ShapeRecordError
+from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE
+from collage_core.outputs.shape_differences import placement_differences
+from collage_core.records import Cost, Partition
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DYNAMIC_BERT = MODELS / "tiny_bert_dynamic.onnx"
@@ -380,10 +383,45 @@ def test_collage_show_explains_and_draws_each_shape(optimized, tmp_path, capsys)
     printed = capsys.readouterr().out
     assert printed.index("shape 1: batch=1 sequence=8") < printed.index("shape 2: batch=2 sequence=8")
     assert printed.count("why this placement:") == 2
+    assert "every shape's placement puts each operator on the same backend" in printed or "where the placements differ:" in printed
     if shutil.which("dot") is None:
         pytest.skip("Graphviz's dot is not installed: no picture")
     assert main(["show", str(folder / PLACEMENTS_FILE), "-o", str(tmp_path / "p.svg")]) == 0
     assert sorted(path.name for path in tmp_path.glob("p-shape*.svg")) == ["p-shape1.svg", "p-shape2.svg"]
+
+
+def _placement(operators, chosen, considered=()):
+    parts = [Partition(backend, f"{backend}.op", nodes, f"k{nodes}", Cost.measured(us * 1e-6, 0.0, 3)) for backend, nodes, us in chosen]
+    considered = [
+        Partition(backend, f"{backend}.op", nodes, f"c{nodes}", Cost.measured(us * 1e-6, 0.0, 3)) for backend, nodes, us in considered
+    ]
+    return Placement("m", "f", operators, {"kind": "cuda"}, "gpu", {}, "op-level", parts, considered=considered)
+
+
+def test_where_shapes_differ_names_the_operators_that_move_and_the_costs_that_moved_them():
+    operators = ["relax.matmul", "relax.add", "relax.matmul"]
+    small = _placement(operators, [("cublas", (0, 1), 9.0), ("tvm", (2,), 4.0)], considered=[("tvm", (0,), 12.0), ("tvm", (1,), 1.0)])
+    large = _placement(operators, [("tvm", (0,), 20.0), ("tvm", (1,), 2.0), ("tvm", (2,), 8.0)], considered=[("cublas", (0, 1), 31.0)])
+    lines = placement_differences(["batch=1", "batch=8"], [small, large])
+    assert lines[:3] == [
+        "where the placements differ:",
+        "  cublas runs 2 at batch=1, 0 at batch=8",
+        "  tvm runs 1 at batch=1, 3 at batch=8",
+    ]
+    said = "\n".join(lines[3:])
+    # Operators 0 and 1 move from cuBLAS to TVM; operator 2 stays on TVM and is not listed.
+    assert "  1 relax.matmul: cublas at batch=1, tvm at batch=8" in said and "  1 relax.add: cublas at batch=1, tvm at batch=8" in said
+    assert "    at batch=1: cublas.op 9.0 us (2 ops), tvm.op 12.0 us (1 op)" in said
+    assert "    at batch=8: tvm.op 20.0 us (1 op), cublas.op 31.0 us (2 ops)" in said
+    assert said.count("relax.matmul") == 1
+
+
+def test_shapes_placed_alike_or_listing_other_operators_are_said_so():
+    one = _placement(["relax.add"], [("tvm", (0,), 1.0)])
+    assert placement_differences(["a", "b"], [one, one]) == ["every shape's placement puts each operator on the same backend"]
+    other = _placement(["relax.add", "relax.add"], [("tvm", (0,), 1.0), ("cublas", (1,), 1.0)])
+    lines = placement_differences(["a", "b"], [one, other])
+    assert lines[1] == "  cublas runs 0 at a, 1 at b" and "only their numbers per backend are compared" in lines[-1]
 
 
 def test_functions_equal_in_two_shapes_stay_each_shapes_own():

@@ -21,6 +21,7 @@ from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
 from collage_core.outputs.placement_file import SHAPES_FORMAT, SHAPES_VERSION
 from collage_core.outputs.report import format_table, is_noisy
 from collage_core.outputs.result import OptimizedModel
+from collage_core.outputs.shape_differences import placement_differences
 
 # The file listing every shape's placement, written beside the library.
 PLACEMENTS_FILE = "placements.json"
@@ -146,25 +147,11 @@ def render_profiles_report(profiled: ProfiledModel) -> str:
                 f"padded: {check.label} runs on {profiled.dispatch.profiles[check.profile].label}: {check.verification.describe()}"
             )
     lines += ["", f"padding: {profiled.dispatch.padding.describe()}", ""]
-    lines += differences(profiled)
+    lines += placement_differences([p.label for p in profiled.dispatch.profiles], [shape.placement for shape in profiled.shapes])
     lines.append("")
     for profile, shape in zip(profiled.dispatch.profiles, profiled.shapes):
         lines.append(f"{profile.label}: {shape.placement.why_chosen}")
     return "\n".join(lines)
-
-
-def differences(profiled: ProfiledModel) -> list[str]:
-    """Where the shapes' placements differ: each backend whose share of the operators changes, shape by shape."""
-    counts = [_operators(shape) for shape in profiled.shapes]
-    backends = sorted({b for c in counts for b in c})
-    changing = [b for b in backends if len({c.get(b, 0) for c in counts}) > 1]
-    if not changing:
-        return ["every shape's placement gives each backend the same number of operators"]
-    lines = ["where the placements differ:"]
-    for backend in changing:
-        said = ", ".join(f"{c.get(backend, 0)} at {p.label}" for p, c in zip(profiled.dispatch.profiles, counts))
-        lines.append(f"  {backend} runs {said}")
-    return lines
 
 
 def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path) -> ProfiledModel:
