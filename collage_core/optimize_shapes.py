@@ -102,6 +102,15 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
         return kept_profiles(profiled, folder.kept, folder.path)
 
 
+def recorded_shapes(placements_file) -> str:
+    """The shapes a placements file of several shapes holds, listed by input (as a replay of a PyTorch module
+    exports it again)."""
+    shapes, _ = load_shape_placements(placements_file)
+    profiles = ShapeDispatch.from_json(shapes, str(placements_file)).profiles
+    names = [name for name, _ in profiles[0].shapes]
+    return " ".join(f"{name}=" + ",".join("x".join(map(str, p.shape_of(name))) for p in profiles) for name in names)
+
+
 def _onnx_model(model: Any):
     """The model as a ModelProto, its bytes (read once) and its name."""
     # Deferred: ONNX is optional: loaded only for an ONNX model.

@@ -16,7 +16,8 @@ from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.stage import import_model
-from collage_core.optimize_shapes import optimize_for_shapes
+from collage_core.model.torch_shapes import exported_for_shapes, is_torch_module
+from collage_core.optimize_shapes import optimize_for_shapes, recorded_shapes
 from collage_core.options import OptimizeOptions, keyword_signature
 from collage_core.outputs import output_folder, reuse
 from collage_core.outputs.placement_file import holds_several_shapes
@@ -61,8 +62,9 @@ def optimize(
     the servers registered under that key (``target``, or read from a server) and timed and verified on them, every
     free one at once (see :mod:`collage_core.measure.remote`); backends whose partitions call Python at run time are
     left out, and no baselines are measured (not yet remotely). With ``shapes`` (an ONNX model with symbolic
-    dimensions), each shape listed is optimized and all are built into one library that chooses among them by
-    the shapes of a call (a :class:`~collage_core.outputs.profiled_result.ProfiledModel`; see
+    dimensions, or a PyTorch module with ``example_inputs`` and every input's shapes listed, exported to such a
+    file and checked: :mod:`collage_core.model.torch_shapes`), each shape listed is optimized and all are built
+    into one library that chooses among them by the shapes of a call (a :class:`~collage_core.outputs.profiled_result.ProfiledModel`; see
     :mod:`collage_core.optimize_shapes`); a ``placement`` that is such a run's ``placements.json`` replays every shape.
 
     Every option is checked before anything is read (:class:`collage_core.api_checks.ArgumentError`, one line
@@ -73,6 +75,8 @@ def optimize(
     refuse_unwritable_output(options.output_dir)
     say, clock = Narrator(options.show_progress), PhaseClock()
     if options.shapes is not None or holds_several_shapes(options.placement):
+        if is_torch_module(model):
+            model = exported_for_shapes(model, example_inputs, options.shapes or recorded_shapes(options.placement))
         return optimize_for_shapes(model, options, optimize, say)
     remote = None
     if options.rpc_tracker is not None:  # before anything is built: a tracker that cannot be reached is one line

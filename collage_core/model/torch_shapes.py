@@ -1,0 +1,165 @@
+"""A PyTorch module optimized for several shapes: exported once to ONNX with the listed dimensions symbolic.
+
+A module has no named dimensions, so its shapes are listed by input, every tensor argument of ``forward`` given
+(``"x=1x3x224x224,8x3x224x224"``; several inputs: the k-th shape of each makes shape k). An axis whose size
+differs from the example input's in some listed shape becomes a symbolic dimension named ``INPUT.AXIS``
+(``x.0``); axes of several inputs whose sizes agree in the example and in every listed shape are one dimension
+(a mask's batch and sequence are its token ids'), so that they are padded together. The module is exported by
+the TorchScript ONNX exporter (a trace: branches on input values follow the example inputs) with those axes
+dynamic, and the export is checked against the module at every listed shape before anything is measured; the
+shapes then run as for an ONNX file, ONNX Runtime on the export being the reference, as the check showed it may.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import sys
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
+from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL
+
+# The ONNX opset of the export, as the ONNX route of a single shape uses.
+OPSET = 17
+
+
+def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
+    """``module`` as an ``onnx.ModelProto`` whose dimensions ``text`` varies are symbolic (see the module's
+    docstring), checked against the module at each shape listed; or a one-line :class:`ShapeProfileError`."""
+    # Deferred: PyTorch and ONNX are optional: loaded only for a PyTorch module.
+    import onnx
+    import torch
+
+    name = type(module).__name__
+    if example_inputs is None or not all(isinstance(x, torch.Tensor) for x in example_inputs):
+        raise ShapeProfileError(f"PyTorch module {name}: shapes need example_inputs, a tuple of tensors (one per input of forward)")
+    names = _input_names(module, len(example_inputs))
+    free = [SymbolicInput(n, tuple(f"{n}.{axis}" for axis in range(x.dim())), _dtype(x)) for n, x in zip(names, example_inputs)]
+    try:
+        profiles = parse_shapes(text, free)
+    except ShapeProfileError as error:
+        raise ShapeProfileError(
+            f"PyTorch module {name}: {error}; a module's dimensions have no names: list every input's shapes, "
+            f"e.g. {_example(names, example_inputs)}"
+        ) from None
+    example = {n: tuple(x.shape) for n, x in zip(names, example_inputs)}
+    # Each axis's sizes: the example's first, then each shape's. Axes whose sizes vary become dimensions; those
+    # with equal sizes everywhere are one.
+    sizes_of = {(n, axis): (example[n][axis], *(p.shape_of(n)[axis] for p in profiles)) for n in names for axis in range(len(example[n]))}
+    dims: dict[tuple, str] = {}
+    axes: dict[str, dict[int, str]] = {n: {} for n in names}
+    for (n, axis), sizes in sizes_of.items():
+        if len(set(sizes)) > 1:
+            axes[n][axis] = dims.setdefault(sizes, f"{n}.{axis}")
+    if not dims:
+        raise ShapeProfileError(f"PyTorch module {name}: every shape listed is the example's: optimize it without shapes")
+    buffer = io.BytesIO()
+    outputs = _output_count(module, example_inputs)
+    output_names = [f"output{index}" for index in range(outputs)]
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # The exporter's notices about its own future, not about the module.
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
+            torch.onnx.export(
+                module,
+                tuple(example_inputs),
+                buffer,
+                input_names=list(names),
+                output_names=output_names,
+                opset_version=OPSET,
+                dynamic_axes={n: a for n, a in axes.items() if a},
+                dynamo=False,
+            )
+        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(buffer.getvalue()))
+    except Exception as error:  # noqa: BLE001 - one line naming the module
+        raise ShapeProfileError(
+            f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {_first_line(error)}"
+        ) from None
+    proto.graph.name = name
+    _check_export(module, proto, names, profiles, example_inputs, name)
+    return proto
+
+
+def is_torch_module(model: Any) -> bool:
+    """Whether ``model`` is a ``torch.nn.Module`` (PyTorch not imported unless it already is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def _input_names(module, count: int) -> list[str]:
+    """The names of ``forward``'s first ``count`` parameters."""
+    parameters = [
+        p.name for p in inspect.signature(module.forward).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return parameters[:count] if len(parameters) >= count else [f"input{index}" for index in range(count)]
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _example(names, example_inputs) -> str:
+    shapes = ["x".join(str(s) for s in x.shape) for x in example_inputs]
+    return " ".join(f"{n}={s},{'x'.join(['8', *s.split('x')[1:]]) if 'x' in s else '8'}" for n, s in zip(names, shapes))
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def _output_count(module, example_inputs) -> int:
+    import torch
+
+    with torch.no_grad():
+        out = module(*example_inputs)
+    return len(_tensors(out))
+
+
+def _tensors(out) -> list:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for value in out.values() for t in _tensors(value)]
+    if isinstance(out, (list, tuple)):
+        return [t for value in out for t in _tensors(value)]
+    return []
+
+
+def _check_export(module, proto, names, profiles, example_inputs, name: str) -> None:
+    """The export computes what the module does at every shape listed (ONNX Runtime against PyTorch, fp32's
+    tolerance), inputs drawn as the example's: integers within the example's range, floats from a normal."""
+    import onnxruntime
+    import torch
+
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for profile in profiles:
+        arrays = []
+        for n, x in zip(names, example_inputs):
+            shape = profile.shape_of(n)
+            if x.dtype.is_floating_point:
+                arrays.append(rng.standard_normal(shape).astype(_dtype(x)))
+            else:
+                low, high = int(x.min()), int(x.max())
+                arrays.append(rng.integers(low, high + 1, shape).astype(_dtype(x)) if high > low else np.full(shape, low, _dtype(x)))
+        with torch.no_grad():
+            expected = [t.numpy() for t in _tensors(module(*(torch.from_numpy(a) for a in arrays)))]
+        got = session.run(None, dict(zip(names, arrays)))
+        for index, (want, have) in enumerate(zip(expected, got)):
+            if want.shape != have.shape or not np.allclose(have, want, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL):
+                raise ShapeProfileError(
+                    f"PyTorch module {name}: its ONNX export does not compute what it does at {_shown(profile)} "
+                    f"(output {index}: the trace followed the example inputs' shapes; export the module yourself with those dimensions dynamic)"
+                )
+
+
+def _shown(profile) -> str:
+    return " ".join(f"{n}={'x'.join(map(str, s))}" for n, s in profile.shapes)
