@@ -22,7 +22,7 @@ from tvm.runtime.vm import VirtualMachine
 from tvm.support import cc
 from tvm_ffi.libinfo import load_lib_ctypes
 
-from collage_core.build.cuda_libraries import gpu_description
+from collage_core.build.cuda_libraries import Gpu, gpu_description
 from collage_core.errors import CollageError
 
 try:
@@ -176,7 +176,8 @@ def device_name(target: tvm.target.Target) -> str:
     spec = target_to_dict(target)
     name = f"{spec.get('kind')}:{spec.get('mcpu') or spec.get('arch') or 'generic'}"
     if spec.get("kind") == "cuda":
-        gpu = gpu_description()
+        # A server's GPU (measured through RPC) is named in its target's "model"; else it is this machine's.
+        gpu = spec.get("model") if spec.get("model") not in (None, "", "unknown") else gpu_description()
         name += f" ({gpu})" if gpu else ""
     return name
 
@@ -598,8 +599,21 @@ def rpc_load_module(session, path: os.PathLike, name: Optional[str] = None):
     return session.load_module(name)
 
 
-def rpc_cpu(session):
-    return session.cpu(0)
+def rpc_device(session, target: tvm.target.Target):
+    """The server's device that ``target`` runs on: its first CUDA GPU, or its CPU."""
+    return session.cuda(0) if is_cuda(target) else session.cpu(0)
+
+
+def rpc_gpu(session) -> tuple[str, str]:
+    """The server's first CUDA GPU: its architecture (``sm_90``) and its description as
+    :meth:`~collage_core.build.cuda_libraries.Gpu.describe` gives one (without the driver's release, which the
+    runtime does not tell); RuntimeError when the server has none."""
+    device = session.cuda(0)
+    if not device.exist:
+        raise RuntimeError("it has no CUDA GPU (or its TVM runtime was built without CUDA)")
+    version = str(device.compute_version)
+    gpu = Gpu(0, str(device.device_name), version, int(device.driver_version))
+    return "sm_" + version.replace(".", ""), gpu.describe()
 
 
 def rpc_is_alive(session) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -16,7 +17,9 @@ import onnx.numpy_helper
 import pytest
 
 import collage_core
+from collage_core import tvm_compat
 from collage_core.backends import discover_backends
+from collage_core.build.cuda_libraries import gpu_description
 from collage_core.measure import remote
 from collage_core.measure.rpc_cluster import LocalCluster, free_port
 from collage_core.measure.timing import MeasureSettings
@@ -69,10 +72,9 @@ def structure(result) -> list:
 
 
 def optimize(tmp_path, name, **options):
-    options = {"settings": QUICK, **options}
+    options = {"settings": QUICK, "backends": ["tvm", "dnnl"], **options}
     return collage_core.optimize(
         dense_model(tmp_path),
-        backends=["tvm", "dnnl"],
         cost_db=tmp_path / "costs.sqlite",
         output_dir=tmp_path / name,
         calibration_rounds=0,
@@ -153,6 +155,42 @@ def test_a_server_of_another_key_is_left_alone(cluster, tmp_path):
     assert other.poll() is None
     with pytest.raises(remote.RemoteError, match="no server is registered under key 'missing'.*keys there: another-key, collage-test"):
         remote.connect(cluster.address, "missing")
+
+
+@pytest.mark.skipif(bool(gpu_description()), reason="the servers here have a GPU: the gpu test below measures on it")
+def test_a_cuda_target_on_servers_without_a_gpu_is_one_line_naming_the_server(cluster, tmp_path):
+    with pytest.raises(remote.RemoteError) as refused:
+        optimize(tmp_path, "out", rpc_tracker=cluster.address, rpc_key=KEY, target="cuda", backends=["tvm"])
+    said = str(refused.value)
+    assert re.fullmatch(rf"server 127\.0\.0\.1:\d+ \(key '{KEY}'\) cannot run a CUDA target: it has no CUDA GPU.*", said)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_servers_gpu_named_in_its_target_keys_its_costs_apart_from_this_machines():
+    served = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90", "model": "NVIDIA H100 80GB HBM3, compute capability 9.0, CUDA 13.0"})
+    assert tvm_compat.device_name(served) == "cuda:sm_90 (NVIDIA H100 80GB HBM3, compute capability 9.0, CUDA 13.0)"
+    assert tvm_compat.device_name(tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})) == "cuda:sm_90" + (
+        f" ({gpu_description()})" if gpu_description() else ""
+    )
+
+
+@pytest.mark.gpu
+def test_a_cuda_placement_is_measured_and_verified_on_a_server_of_this_gpu(tmp_path):
+    """On a GPU machine: a tracker and one server here, the candidates built for the server's GPU and timed there,
+    the placement verified against ONNX Runtime with the outputs the server computed."""
+    started = LocalCluster()
+    try:
+        started.start()
+        started.add_servers(KEY, 1)
+        result = optimize(tmp_path, "out", rpc_tracker=started.address, rpc_key=KEY, target="cuda", backends=["tvm", "cublas"])
+    finally:
+        started.stop()
+    gpu = tvm_compat.target_to_dict(tvm_compat.make_target(result.placement.target))
+    assert gpu["kind"] == "cuda" and gpu["arch"].startswith("sm_") and "compute capability" in gpu["model"]
+    assert result.measurement.measured > 0 and result.verification.passed and result.latency().is_measured
+    with sqlite3.connect(tmp_path / "costs.sqlite") as db:
+        devices = {row[0] for row in db.execute("SELECT device FROM costs")}
+    assert devices and all(gpu["model"] in device for device in devices)
 
 
 def test_a_tracker_that_cannot_be_reached_is_one_line_before_anything_is_built(tmp_path):

@@ -12,6 +12,7 @@ kind share them; the thread settings of this process are not the server's, which
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import threading
 from pathlib import Path
@@ -104,7 +105,8 @@ def tracker_summary(tracker: str) -> tuple[str, int, dict]:
 
 def connect(tracker: str, key: str, target=None) -> RemoteServers:
     """The servers of ``key`` at ``tracker`` and their target (``target`` as given, else read from a server:
-    its CPU as LLVM names it, as ``Target.from_device`` reads this one's)."""
+    its CPU as LLVM names it, as ``Target.from_device`` reads this one's). A CUDA target is completed from a
+    server's first GPU (:func:`remote_cuda_target`)."""
     host, port, summary = tracker_summary(tracker)
     servers = servers_of(summary, key)
     if not servers:
@@ -115,11 +117,43 @@ def connect(tracker: str, key: str, target=None) -> RemoteServers:
         )
     if target is None:
         target = remote_target(host, port, key, tracker)
+    elif tvm_compat.make_target(target).kind.name == "cuda":
+        target = remote_cuda_target(host, port, key, target)
     else:
         target = tvm_compat.make_target(target)
-    if target.kind.name != "llvm":
-        raise RemoteError(f"measuring on other machines takes CPU (llvm) targets for now, not {target.kind.name}")
+    if target.kind.name not in ("llvm", "cuda"):
+        raise RemoteError(f"measuring on other machines takes CPU (llvm) and CUDA targets, not {target.kind.name}")
     return RemoteServers(host, port, key, target, tuple(servers))
+
+
+def remote_cuda_target(host: str, port: int, key: str, given):
+    """A CUDA target for the servers of ``key``, read from one of them: its GPU's architecture (unless ``given``
+    names one) and, as the target's ``model``, its description, which the cost keys carry; the host code is built
+    for the server's CPU where its TVM can say it, else for any x86-64 CPU of its triple."""
+    spec = tvm_compat.target_to_dict(tvm_compat.make_target(given))
+    asked = json.loads(given) if isinstance(given, str) and given.lstrip().startswith("{") else given if isinstance(given, dict) else {}
+    session, server = tvm_compat.rpc_request(host, port, key)
+    try:
+        try:
+            arch, description = tvm_compat.rpc_gpu(session)
+        except Exception as error:  # noqa: BLE001 - one line naming the server
+            raise RemoteError(f"server {server} (key {key!r}) cannot run a CUDA target: {_first_line(error)}") from None
+        try:
+            cpu, triple = tvm_compat.rpc_system_cpu(session)
+            host_spec = {"kind": "llvm", "mtriple": triple, "mcpu": cpu}
+        except Exception:  # noqa: BLE001 - a runtime-only TVM cannot say its CPU
+            host_spec = {"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu"}
+    finally:
+        del session
+    for generated in ("keys", "tag", "max_num_threads", "thread_warp_size"):
+        spec.pop(generated, None)
+    spec.update(arch=asked.get("arch") or arch, model=description, host=asked.get("host") or host_spec)
+    return tvm_compat.make_target(spec)
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def remote_target(host: str, port: int, key: str, tracker: str):

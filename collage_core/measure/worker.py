@@ -299,6 +299,7 @@ def _run_placement(state, request):
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
         export_library(executable, request["library"])
     if request.get("remote"):  # cross-compiled for another machine: run and timed there
+        state["remote_target"] = tvm_compat.target_to_json(target)
         return _run_placement_remotely(state, request, settings, build_s)
     vm, device = _vm(executable, target)
     return {"cost": _run_and_time(state, request, vm, device, settings), "build_s": build_s}
@@ -470,7 +471,7 @@ def _load_remote_vm(state, library, carried):
     _load_carried_remotely(remote, carried)
     name = f"library-{time.monotonic_ns()}.so"
     module = tvm_compat.rpc_load_module(remote["session"], library, name)
-    device = tvm_compat.rpc_cpu(remote["session"])
+    device = tvm_compat.rpc_device(remote["session"], tvm_compat.make_target(state["remote_target"]))
     return relax.VirtualMachine(module, device), device
 
 
