@@ -1,12 +1,12 @@
-"""Measuring on other machines: candidates and placements built here, cross-compiled for the CPU of the servers a
-TVM RPC tracker holds under one key, and timed there, every free server at once.
+"""Measuring on other machines: candidates and placements built here, cross-compiled for the CPU (or the NVIDIA GPU)
+of the servers a TVM RPC tracker holds under one key, and timed there, every free server at once.
 
 A server needs what a deployment needs: TVM's runtime and the native libraries of the backends placed (uploaded with
 each session, as exports carry them: ``collage_runtime_libraries``). Backends whose partitions call Python at run
 time (graph-level engines) cannot run there and are left out, each with one line.
 
 Costs measured on a server are keyed by its target and device as local ones are, so a remote and a local CPU of one
-kind share them; the thread settings of this process are not the server's, which runs with its machine's defaults.
+kind share them (a server's GPU is described in its target's ``model``, read from the server); the thread settings of this process are not the server's, which runs with its machine's defaults.
 """
 
 from __future__ import annotations
