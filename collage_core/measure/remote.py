@@ -6,7 +6,8 @@ each session, as exports carry them: ``collage_runtime_libraries``). Backends wh
 time (graph-level engines) cannot run there and are left out, each with one line.
 
 Costs measured on a server are keyed by its target and device as local ones are, so a remote and a local CPU of one
-kind share them (a server's GPU is described in its target's ``model``, read from the server); the thread settings of this process are not the server's, which runs with its machine's defaults.
+kind share them (a server's GPU is described in its target's ``model``, read from the server); the thread settings
+of this process are not the server's, which runs with its machine's defaults.
 """
 
 from __future__ import annotations
