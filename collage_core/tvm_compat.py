@@ -22,7 +22,7 @@ from tvm.runtime.vm import VirtualMachine
 from tvm.support import cc
 from tvm_ffi.libinfo import load_lib_ctypes
 
-from collage_core.build.cuda_libraries import Gpu, gpu_description
+from collage_core.build.cuda_libraries import gpu_description
 from collage_core.errors import CollageError
 
 try:
@@ -605,15 +605,16 @@ def rpc_device(session, target: tvm.target.Target):
 
 
 def rpc_gpu(session) -> tuple[str, str]:
-    """The server's first CUDA GPU: its architecture (``sm_90``) and its description as
-    :meth:`~collage_core.build.cuda_libraries.Gpu.describe` gives one (without the driver's release, which the
-    runtime does not tell); RuntimeError when the server has none."""
+    """The server's first CUDA GPU: its architecture (``sm_90``) and a description: its name, compute capability
+    and the CUDA version of its TVM runtime (the driver's, which a local GPU's description gives, is not told
+    through RPC); RuntimeError when the server has none."""
     device = session.cuda(0)
     if not device.exist:
         raise RuntimeError("it has no CUDA GPU (or its TVM runtime was built without CUDA)")
-    version = str(device.compute_version)
-    gpu = Gpu(0, str(device.device_name), version, int(device.driver_version))
-    return "sm_" + version.replace(".", ""), gpu.describe()
+    capability = str(device.compute_version)
+    runtime = device.api_version  # cudaRuntimeGetVersion: 13000 for CUDA 13.0
+    cuda = f", CUDA runtime {int(runtime) // 1000}.{int(runtime) % 1000 // 10}" if runtime else ""
+    return "sm_" + capability.replace(".", ""), f"{device.device_name}, compute capability {capability}{cuda}"
 
 
 def rpc_is_alive(session) -> bool:

@@ -65,6 +65,35 @@ def test_an_export_that_does_not_compute_what_the_module_does_is_refused():
         exported_for_shapes(ShapeBranch(), (torch.randn(4, 3),), "x=1x3,4x3")
 
 
+class Unused(torch.nn.Module):
+    def forward(self, x, ignored):
+        return x + 1
+
+
+class Dropped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x) * 2
+
+
+class FixedRows(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(4, 6)  # only a batch of 4 fits
+
+
+def test_an_input_forward_ignores_a_module_in_training_mode_and_a_shape_it_cannot_take_are_each_said_in_one_line():
+    with pytest.raises(ShapeProfileError, match="forward does not use its input\\(s\\) ignored, which the export drops"):
+        exported_for_shapes(Unused(), (torch.randn(2, 3), torch.randn(2, 3)), "x=1x3,4x3 ignored=1x3,4x3")
+    assert exported_for_shapes(Dropped().train(), (torch.randn(2, 3),), "x=1x3,4x3") is not None  # checked as exported: eval
+    with pytest.raises(ShapeProfileError) as refused:
+        exported_for_shapes(FixedRows(), (torch.randn(4, 6),), "x=4x6,2x6")
+    assert str(refused.value).startswith("PyTorch module FixedRows") and "x=2x6" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory):
     folder = tmp_path_factory.mktemp("torch-shapes") / "out"

@@ -130,25 +130,35 @@ def connect(tracker: str, key: str, target=None) -> RemoteServers:
 def remote_cuda_target(host: str, port: int, key: str, given):
     """A CUDA target for the servers of ``key``, read from one of them: its GPU's architecture (unless ``given``
     names one) and, as the target's ``model``, its description, which the cost keys carry; the host code is built
-    for the server's CPU where its TVM can say it, else for any x86-64 CPU of its triple."""
+    for the server's CPU (the target's ``host``, else read from the server, whose TVM must then have its compiler)."""
     spec = tvm_compat.target_to_dict(tvm_compat.make_target(given))
-    asked = json.loads(given) if isinstance(given, str) and given.lstrip().startswith("{") else given if isinstance(given, dict) else {}
+    if isinstance(given, str) and given.lstrip().startswith("{"):
+        asked = json.loads(given)
+    elif isinstance(given, dict):
+        asked = given
+    else:  # a name ("cuda") asks for the server's; a Target names what it holds
+        asked = spec if not isinstance(given, str) else {}
     session, server = tvm_compat.rpc_request(host, port, key)
     try:
         try:
             arch, description = tvm_compat.rpc_gpu(session)
         except Exception as error:  # noqa: BLE001 - one line naming the server
             raise RemoteError(f"server {server} (key {key!r}) cannot run a CUDA target: {_first_line(error)}") from None
-        try:
-            cpu, triple = tvm_compat.rpc_system_cpu(session)
+        host_spec = asked.get("host")
+        if host_spec is None:
+            try:
+                cpu, triple = tvm_compat.rpc_system_cpu(session)
+            except Exception:  # noqa: BLE001 - a runtime-only TVM cannot say its CPU
+                raise RemoteError(
+                    f"server {server} (key {key!r}) cannot say its CPU (its TVM is runtime-only): give the host code's target, "
+                    '\'{"kind": "cuda", "host": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "..."}}\''
+                ) from None
             host_spec = {"kind": "llvm", "mtriple": triple, "mcpu": cpu}
-        except Exception:  # noqa: BLE001 - a runtime-only TVM cannot say its CPU
-            host_spec = {"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu"}
     finally:
         del session
     for generated in ("keys", "tag", "max_num_threads", "thread_warp_size"):
         spec.pop(generated, None)
-    spec.update(arch=asked.get("arch") or arch, model=description, host=asked.get("host") or host_spec)
+    spec.update(arch=asked.get("arch") or arch, model=description, host=host_spec)
     return tvm_compat.make_target(spec)
 
 

@@ -35,6 +35,7 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
     import torch
 
     name = type(module).__name__
+    module.eval()  # as the export traces it, and as a single shape's import takes a module
     if example_inputs is None or not all(isinstance(x, torch.Tensor) for x in example_inputs):
         raise ShapeProfileError(f"PyTorch module {name}: shapes need example_inputs, a tuple of tensors (one per input of forward)")
     names = _input_names(module, len(example_inputs))
@@ -135,10 +136,18 @@ def _tensors(out) -> list:
 
 def _check_export(module, proto, names, profiles, example_inputs, name: str) -> None:
     """The export computes what the module does at every shape listed (ONNX Runtime against PyTorch, fp32's
-    tolerance), inputs drawn as the example's: integers within the example's range, floats from a normal."""
+    tolerance, NaN where both give NaN), inputs drawn as the example's: integers within the example's range,
+    floats from a normal; else one line naming the shape."""
     import onnxruntime
     import torch
 
+    kept = [value.name for value in proto.graph.input]
+    unused = [n for n in names if n not in kept]
+    if unused:
+        raise ShapeProfileError(
+            f"PyTorch module {name}: forward does not use its input(s) {', '.join(unused)}, which the export drops: "
+            "leave them out of example_inputs"
+        )
     session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     for profile in profiles:
@@ -150,15 +159,30 @@ def _check_export(module, proto, names, profiles, example_inputs, name: str) -> 
             else:
                 low, high = int(x.min()), int(x.max())
                 arrays.append(rng.integers(low, high + 1, shape).astype(_dtype(x)) if high > low else np.full(shape, low, _dtype(x)))
-        with torch.no_grad():
-            expected = [t.numpy() for t in _tensors(module(*(torch.from_numpy(a) for a in arrays)))]
-        got = session.run(None, dict(zip(names, arrays)))
-        for index, (want, have) in enumerate(zip(expected, got)):
-            if want.shape != have.shape or not np.allclose(have, want, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL):
-                raise ShapeProfileError(
-                    f"PyTorch module {name}: its ONNX export does not compute what it does at {_shown(profile)} "
-                    f"(output {index}: the trace followed the example inputs' shapes; export the module yourself with those dimensions dynamic)"
-                )
+        try:
+            with torch.no_grad():
+                expected = [t.numpy() for t in _tensors(module(*(torch.from_numpy(a) for a in arrays)))]
+        except Exception as error:  # noqa: BLE001 - one line naming the shape
+            raise ShapeProfileError(f"PyTorch module {name} fails at {_shown(profile)}: {_first_line(error)}") from None
+        try:
+            got = session.run(None, dict(zip(names, arrays)))
+        except Exception as error:  # noqa: BLE001 - one line naming the shape
+            got, why = None, f"ONNX Runtime fails on it ({_first_line(error)})"
+        if got is not None and len(got) != len(expected):
+            why = f"it has {len(got)} outputs, the module {len(expected)}"
+        elif got is not None:
+            wrong = [
+                i
+                for i, (want, have) in enumerate(zip(expected, got))
+                if want.shape != have.shape or not np.allclose(have, want, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, equal_nan=True)
+            ]
+            if not wrong:
+                continue
+            why = f"output {wrong[0]} differs"
+        raise ShapeProfileError(
+            f"PyTorch module {name}: its ONNX export does not compute what it does at {_shown(profile)}: {why} "
+            "(the trace followed the example inputs; export the module yourself with those dimensions dynamic)"
+        )
 
 
 def _shown(profile) -> str:
