@@ -23,6 +23,7 @@ from collage_core.build.deploy import carried_dir
 from collage_core.errors import CollageError, interrupt_within
 from collage_core.inspection import inspect_model, render_inspection
 from collage_core.measure import remote
+from collage_core.measure.progress import Narrator
 from collage_core.model.dtypes import FP32, PRECISIONS
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.outputs import output_folder
@@ -361,11 +362,14 @@ def _export(args) -> int:
         placements = [load_placement(args.placement)]
     backends = sorted({p.backend for placement in placements for p in placement.partitions})
     # The replay's library and files are only a means to the tar: kept in a folder removed however the export ends.
+    # The replay says what it builds and checks (minutes for a large model); then the writing and the check in a new process.
+    say = Narrator(True)
     with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
         options = OptimizeOptions(
-            target=args.target, backends=backends, placement=args.placement, compare_backends=False, show_progress=False, output_dir=replay
+            target=args.target, backends=backends, placement=args.placement, compare_backends=False, show_progress=True, output_dir=replay
         )
         result = optimizer.optimize(args.model, options=options)
+        say(f"writing {args.output} (Model Library Format), then loading and running it once in a new process")
         if isinstance(result, ProfiledModel):  # checked at its largest shape (the executor configuration's entry)
             check_inputs = result.shapes[result.dispatch.smallest_first()[-1]].model.random_inputs()
         else:
