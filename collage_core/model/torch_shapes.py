@@ -115,6 +115,7 @@ def _first_line(error: Exception) -> str:
 
 
 def _output_count(module, example_inputs) -> int:
+    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
     import torch
 
     with torch.no_grad():
@@ -123,6 +124,7 @@ def _output_count(module, example_inputs) -> int:
 
 
 def _tensors(out) -> list:
+    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
     import torch
 
     if isinstance(out, torch.Tensor):
@@ -138,6 +140,7 @@ def _check_export(module, proto, names, profiles, example_inputs, name: str) -> 
     """The export computes what the module does at every shape listed (ONNX Runtime against PyTorch, fp32's
     tolerance, NaN where both give NaN), inputs drawn as the example's: integers within the example's range,
     floats from a normal; else one line naming the shape."""
+    # Deferred: ONNX Runtime and PyTorch are optional and slow to import: loaded only for a PyTorch module.
     import onnxruntime
     import torch
 
