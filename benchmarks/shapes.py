@@ -14,8 +14,15 @@ For a model with symbolic dimensions (``python scripts/make_hf_models.py --model
 3. one ``collage optimize`` per shape on a static copy of the file, each from an empty cost database of its own:
    the wall time of each (``--skip-separate`` leaves this out);
 
-Each step is kept in the output folder as it ends (``shapes.json``, ``separate-K.json``, ``peers.json``), and
+4. ``collage export MODEL --placement together/placements.json``: one Model Library Format tar for every shape, its
+   wall time and size; then, in a new process, the tar loaded with ``load_mlf`` and run at each shape and at the
+   shape between them that the run checked padded, each against ONNX Runtime on the original file (rtol 1e-3,
+   atol 1e-4; probe inputs: integer inputs of ones, floats uniform in [-1, 1]).
+
+Each step is kept in the output folder as it ends (``shapes.json``, ``peers.json``, ``separate-K.json``,
+``export.json``), and
 a rerun skips what is there, so a run cut short resumes. The table is printed and written to ``table.md``.
+``--skip-separate`` and ``--skip-export`` leave those steps out.
 """
 
 from __future__ import annotations
@@ -141,6 +148,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--backends", default=None)
     parser.add_argument("--skip-separate", action="store_true")
+    parser.add_argument("--skip-export", action="store_true")
     parser.add_argument("--target", default=None, help="passed to collage optimize (cuda: the peers are PyTorch's on the GPU)")
     parser.add_argument("--torch-peer", default="bert-base", help="with --target cuda: the make_hf_models.py model the peers run")
     args = parser.parse_args()
@@ -178,13 +186,67 @@ def main() -> int:
                 return {"wall_s": wall, "latency_s": results["end_to_end"][0]["cost"].get("median_s")}
 
             separate.append(kept(out / f"separate-{index + 1}.json", alone))
-    table = render(args.model.name, profiles, shapes, separate, peers)
+    exported = None
+    if not args.skip_export:
+        exported = kept(out / "export.json", lambda: export_and_check(args.model, out, args.target, profiles, inputs, shapes))
+    table = render(args.model.name, profiles, shapes, separate, peers, exported)
     (out / "table.md").write_text(table + "\n")
     print(table)
     return 0
 
 
-def render(model: str, profiles, shapes: dict, separate: list, peers: dict) -> str:
+# In a process of its own, as a deployment loads it: argv = tar, original model, then "NAME=AxB;NAME=AxB" per shape.
+LOAD_CHECK_CODE = r"""
+import json, sys, time
+import numpy as np, onnxruntime
+from collage_core.model.padding import probe_inputs
+from collage_core.model.shape_profiles import SymbolicInput
+from collage_core.outputs.mlf import load_mlf
+started = time.perf_counter()
+loaded = load_mlf(sys.argv[1])
+load_s = time.perf_counter() - started
+session = onnxruntime.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])
+specs = [SymbolicInput(i.name, tuple(range(len(i.shape))), {"tensor(int64)": "int64", "tensor(int32)": "int32"}.get(i.type, "float32"))
+         for i in session.get_inputs()]
+found = []
+for shape in sys.argv[3:]:
+    shapes = dict((name, tuple(int(s) for s in sizes.split("x"))) for name, sizes in (item.split("=") for item in shape.split(";")))
+    arrays = probe_inputs(specs, [shapes[spec.name] for spec in specs], seed=7)
+    outputs = loaded.run(*arrays)
+    expected = session.run(None, {spec.name: array for spec, array in zip(specs, arrays)})
+    errors = [float(np.abs(np.asarray(o, dtype=np.float64) - e).max()) for o, e in zip(outputs, expected)]
+    passed = all(np.allclose(o, e, rtol=1e-3, atol=1e-4) for o, e in zip(outputs, expected))
+    found.append({"shape": shape, "max_abs_error": max(errors), "passed": bool(passed)})
+print(json.dumps({"load_s": load_s, "runs": found}))
+"""
+
+
+def export_and_check(model: Path, out: Path, target: str | None, profiles, inputs, shapes: dict) -> dict:
+    """One tar for every shape (``collage export``), then loaded in a new process and run at each shape and the
+    padded one, against ONNX Runtime."""
+    tar = out / "together.tar"
+    command = [sys.executable, "-m", "collage_core", "export", str(model), "--placement", str(out / "together" / "placements.json")]
+    wall = run(command + ["-o", str(tar)] + (["--target", target] if target else []), out / "export.log")
+    checked = [check for check in shapes["results"]["checks"] if check["padded"]]
+    listed = [";".join(f"{name}={'x'.join(map(str, shape))}" for name, shape in profile.shapes) for profile in profiles]
+    padded = [_padded_shape(check["label"], inputs) for check in checked]
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_CHECK_CODE, str(tar), str(model), *listed, *padded],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return {"wall_s": wall, "bytes": tar.stat().st_size, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def _padded_shape(label: str, inputs) -> str:
+    """``batch=5 sequence=80`` as each input's shape."""
+    sizes = {name: int(size) for name, size in (item.split("=") for item in label.split())}
+    return ";".join(f"{spec.name}={'x'.join(str(d if isinstance(d, int) else sizes[d]) for d in spec.dims)}" for spec in inputs)
+
+
+def render(model: str, profiles, shapes: dict, separate: list, peers: dict, exported: dict | None = None) -> str:
     checks = [check for check in shapes["results"]["checks"] if not check["padded"]]
     per_shape = shapes["results"]["per_shape"]
     lines = [
@@ -217,6 +279,12 @@ def render(model: str, profiles, shapes: dict, separate: list, peers: dict) -> s
     for check in padded:
         verdict = "passed" if check["numerics"]["passed"] else "FAILED"
         lines.append(f"padded {check['label']}: numerics {verdict} (max abs error {check['numerics']['max_abs_error']:.3g})")
+    if exported:
+        lines.append(
+            f"one tar: written in {exported['wall_s']:.0f} s, {exported["bytes"] / 1e6:.0f} MB, loaded in a new process in "
+            f"{exported['load_s']:.1f} s; against ONNX Runtime: "
+            + ", ".join(f"{r['shape']} {'passed' if r['passed'] else 'FAILED'} ({r['max_abs_error']:.2g})" for r in exported["runs"])
+        )
     return "\n".join(lines)
 
 
