@@ -281,7 +281,7 @@ def render(model: str, profiles, shapes: dict, separate: list, peers: dict, expo
         lines.append(f"padded {check['label']}: numerics {verdict} (max abs error {check['numerics']['max_abs_error']:.3g})")
     if exported:
         lines.append(
-            f"one tar: written in {exported['wall_s']:.0f} s, {exported["bytes"] / 1e6:.0f} MB, loaded in a new process in "
+            f"one tar: written in {exported['wall_s']:.0f} s, {exported['bytes'] / 1e6:.0f} MB, loaded in a new process in "
             f"{exported['load_s']:.1f} s; against ONNX Runtime: "
             + ", ".join(f"{r['shape']} {'passed' if r['passed'] else 'FAILED'} ({r['max_abs_error']:.2g})" for r in exported["runs"])
         )
