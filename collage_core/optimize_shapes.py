@@ -18,9 +18,11 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
+from collage_core.backends import discover_backends
 from collage_core.build.deploy import copy_library
 from collage_core.build.profiles import entry_function, merged_module, write_profiles_runtime_file
 from collage_core.errors import CollageError
+from collage_core.measure import remote as remote_servers
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.progress import PhaseClock
 from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
@@ -46,8 +48,6 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
     proto, data, name = _onnx_model(model)
     inputs = symbolic_inputs(proto)
     placements = None
-    if options.rpc_tracker is not None:
-        raise ShapeProfileError("measuring several shapes on other machines (--rpc-tracker) is not supported yet: measure here")
     if options.placement is not None:  # a replay: the shapes and their placements as the file has them
         profiles, placements = _replayed(options.placement, inputs)
     else:
@@ -92,7 +92,8 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
             write_profiles_runtime_file(built, [result.library_path for result in results], dispatch)
             clock.lap("building one library")
             timed = options.compares_backends()
-            checks = _checked(worker, built, target, dispatch, results, reference, say, folder.scratch, timed)
+            remote = _servers(options, pm, results, target)
+            checks = _checked(worker, built, target, dispatch, results, reference, say, folder.scratch, timed, remote)
         clock.lap("checking the library")
         copy_library(built, library, move=True)
         profiled = ProfiledModel(name, dispatch, tuple(results), library, target, tuple(checks), phases_s=clock.phases_s)
@@ -157,15 +158,27 @@ def between(dispatch: ShapeDispatch) -> ShapeProfile | None:
     return ShapeProfile(tuple(sizes.items()), tuple((spec.name, spec.bound(sizes)) for spec in dispatch.inputs))
 
 
+def _servers(options: OptimizeOptions, pm, results, target) -> dict | None:
+    """With ``--rpc-tracker``: what a worker needs to run the one library on a server (the servers' target, as each
+    shape's run read it, and the native libraries of every backend placed); None: here."""
+    if options.rpc_tracker is None:
+        return None
+    servers = attrs.evolve(remote_servers.connect(options.rpc_tracker, options.rpc_key, tvm_compat.target_to_json(target)), target=target)
+    placed = {part.backend for result in results for part in result.placement.partitions}
+    backends = [info.backend for name, info in discover_backends(pm).items() if name in placed]
+    carried = remote_servers.carried_libraries(pm, backends)
+    return servers.request([path for paths in carried.values() for path in paths])
+
+
 def _checked(
-    worker, library: Path, target, dispatch: ShapeDispatch, results, reference, say, scratch: Path, timed: bool
+    worker, library: Path, target, dispatch: ShapeDispatch, results, reference, say, scratch: Path, timed: bool, remote=None
 ) -> list[ShapeCheck]:
     """Each profile run from the one library (in ``worker``) against the reference and, when ``timed`` (the runs
     compare with baselines), timed in turns beside its own library; then a shape between them, padded."""
     checks = []
     for index, (profile, result) in enumerate(zip(dispatch.profiles, results)):
         arrays = result.model.random_inputs()
-        outputs = _run_in(worker, library, target, dispatch, arrays, scratch)
+        outputs = _run_in(worker, library, target, dispatch, arrays, scratch, remote)
         verification = compare_outputs(outputs, reference(arrays), "onnxruntime", *_tolerance(result))
         in_library_s, alone_s = _in_turns(worker, library, result, index, arrays, target, say, scratch) if timed else (None, None)
         checks.append(ShapeCheck(profile.label, index, False, verification, in_library_s, alone_s))
@@ -178,7 +191,7 @@ def _checked(
         tolerance = results[choice.index].verification  # the shape it runs on, at the run's precision
         rtol, atol = (tolerance.rtol, tolerance.atol) if tolerance is not None else (1e-3, 1e-4)
         verification = compare_outputs(
-            _run_in(worker, library, target, dispatch, arrays, scratch), reference(arrays), "onnxruntime", rtol, atol
+            _run_in(worker, library, target, dispatch, arrays, scratch, remote), reference(arrays), "onnxruntime", rtol, atol
         )
         checks.append(ShapeCheck(middle.label, choice.index, True, verification))
         say(f"  {middle.label} (padded to {dispatch.profiles[choice.index].label}): {verification.describe()}")
@@ -191,13 +204,15 @@ def _tolerance(result) -> tuple[float, float]:
     return (checked.rtol, checked.atol) if checked is not None else (DEFAULT_RTOL, DEFAULT_ATOL)
 
 
-def _run_in(worker, library: Path, target, dispatch: ShapeDispatch, arrays, scratch: Path) -> list[np.ndarray]:
-    """The library's outputs for ``arrays``, run in ``worker`` through the dispatcher."""
+def _run_in(worker, library: Path, target, dispatch: ShapeDispatch, arrays, scratch: Path, remote=None) -> list[np.ndarray]:
+    """The library's outputs for ``arrays``, run in ``worker`` (on a server, with ``remote``) through the dispatcher."""
     choice = dispatch.choose([np.shape(a) for a in arrays])
     inputs, outputs = scratch / "check-inputs.npz", scratch / "check-outputs.npz"
     np.savez(inputs, *dispatch.arguments(choice, arrays))
     request = {"op": "run_library", "library": str(library), "function": choice.function, "inputs": str(inputs)}
     request.update(outputs=str(outputs), target=tvm_compat.target_to_json(target))
+    if remote is not None:
+        request["remote"] = remote
     _asked(worker, request, f"running {choice.function}")
     with np.load(outputs, allow_pickle=False) as saved:
         return dispatch.outputs(choice, [saved[f"arr_{i}"] for i in range(len(saved.files))])

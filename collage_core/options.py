@@ -193,8 +193,6 @@ class OptimizeOptions:
             )
         if self.shapes is not None and self.placement is not None:
             raise ArgumentError("--shapes searches; a placements file of several shapes replays the shapes it names: leave --shapes out")
-        if self.shapes is not None and self.rpc_tracker is not None:
-            raise ArgumentError("--shapes measures here: measuring several shapes on other machines (--rpc-tracker) is not supported yet")
         if self.accuracy_budget is not None:
             if self.placement is not None:
                 raise AccuracyBudgetError(

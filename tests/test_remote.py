@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -17,7 +18,7 @@ import onnx.numpy_helper
 import pytest
 
 import collage_core
-from collage_core import tvm_compat
+from collage_core import optimize_shapes, tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build.cuda_libraries import gpu_description
 from collage_core.measure import remote
@@ -28,6 +29,7 @@ from collage_core.plugins import get_plugin_manager
 pytest.importorskip("tornado", reason="the RPC tracker needs tornado: pip install 'collage-core[rpc]'")
 
 KEY = "collage-test"
+DYNAMIC_BERT = Path(__file__).resolve().parents[1] / "models" / "tiny_bert_dynamic.onnx"
 # Few, short repeats: these tests check where and how candidates are measured, not how fast they are.
 QUICK = MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=1.0, time_bound_s=1.0, build_workers=2)
 THREAD_VARIABLES = ("COLLAGE_NUM_THREADS", "TVM_NUM_THREADS", "OMP_NUM_THREADS")
@@ -155,6 +157,36 @@ def test_a_server_of_another_key_is_left_alone(cluster, tmp_path):
     assert other.poll() is None
     with pytest.raises(remote.RemoteError, match="no server is registered under key 'missing'.*keys there: another-key, collage-test"):
         remote.connect(cluster.address, "missing")
+
+
+@pytest.mark.slow  # two shapes of a model measured and checked on the servers: about a minute
+def test_several_shapes_are_measured_on_the_servers_and_their_one_library_checked_there(cluster, tmp_path, monkeypatch):
+    asked = []
+    run_in = optimize_shapes._run_in
+
+    def recorded(*args):
+        asked.append(args[-1])  # what the worker is told of the servers
+        return run_in(*args)
+
+    monkeypatch.setattr(optimize_shapes, "_run_in", recorded)
+    result = collage_core.optimize(
+        str(DYNAMIC_BERT),
+        shapes="batch=1,2 sequence=8",
+        backends=["tvm", "dnnl"],
+        rpc_tracker=cluster.address,
+        rpc_key=KEY,
+        cost_db=tmp_path / "costs.sqlite",
+        output_dir=tmp_path / "out",
+        calibration_rounds=0,
+        settings=QUICK,
+        show_progress=False,
+    )
+    assert result.verified and len(result.checks) == 3  # each shape, and one padded
+    assert len(asked) == 3 and all(request and request["key"] == KEY for request in asked)  # each run on a server
+    assert all(shape.measurement.measured > 0 for shape in result.shapes)
+    ids, mask = np.ones((2, 8), np.int64), np.ones((2, 8), np.int64)
+    (here,) = result.run(ids, mask)  # the library runs here too: the servers' CPU is this one
+    assert here.shape == (2, 8, 64)
 
 
 @pytest.mark.skipif(bool(gpu_description()), reason="the servers here have a GPU: the gpu test below measures on it")

@@ -102,11 +102,9 @@ def test_optimizing_the_dynamic_model_without_shapes_says_to_list_them():
         collage_core.optimize(str(DYNAMIC_BERT), backends=["tvm"], show_progress=False)
 
 
-def test_shapes_do_not_go_with_a_replay_or_other_machines():
+def test_shapes_do_not_go_with_a_replay():
     with pytest.raises(collage_core.CollageError, match="a placements file of several shapes replays the shapes it names"):
         OptimizeOptions(shapes="batch=1", placement="p.json")
-    with pytest.raises(collage_core.CollageError, match="not supported yet"):
-        OptimizeOptions(shapes="batch=1", rpc_tracker="127.0.0.1:9190", rpc_key="x")
 
 
 def test_a_static_copy_has_the_profiles_sizes_and_computes_what_the_original_does():

@@ -386,8 +386,11 @@ def _build_library(state, request):
 
 def _run_library(state, request):
     """Run an exported library's entry function ``function`` on the ``inputs`` (an ``.npz``), once, and save
-    its outputs to ``outputs``."""
-    function, args, _ = _library_function(state, request)
+    its outputs to ``outputs``; with ``remote``, on a server (the library cross-compiled for it)."""
+    if request.get("remote"):
+        function, args = _remote_library_function(state, request)
+    else:
+        function, args, _ = _library_function(state, request)
     result = function(*args)
     np.savez(request["outputs"], *[tvm_compat.to_numpy(o) for o in (result if _is_sequence(result) else [result])])
     return {}
@@ -473,6 +476,23 @@ def _load_remote_vm(state, library, carried):
     module = tvm_compat.rpc_load_module(remote["session"], library, name)
     device = tvm_compat.rpc_device(remote["session"], tvm_compat.make_target(state["remote_target"]))
     return relax.VirtualMachine(module, device), device
+
+
+def _remote_library_function(state, request):
+    """``_library_function`` on a server: the library and its backends' native libraries uploaded there."""
+    remote = request["remote"]
+    state["remote_target"] = request["target"]
+    if "remote" not in state:
+        _remote_connect(state, remote)
+
+    def load():
+        vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
+        with np.load(request["inputs"], allow_pickle=False) as saved:
+            args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+        function = vm[request.get("function", "main")]
+        return lambda *tensors: _guarded(state, lambda: function(*tensors)), args
+
+    return _guarded(state, load)
 
 
 def _remote_call_overhead_s(state, settings, scratch: Path) -> float:
