@@ -14,9 +14,10 @@ from collage_core.build import stage as build_stage
 from collage_core.measure import remote as remote_servers
 from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
+from collage_core.model.model_import import is_torch_module
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.stage import import_model
-from collage_core.model.torch_shapes import exported_for_shapes, is_torch_module
+from collage_core.model.torch_shapes import exported_for_shapes
 from collage_core.optimize_shapes import optimize_for_shapes, recorded_shapes
 from collage_core.options import OptimizeOptions, keyword_signature
 from collage_core.outputs import output_folder, reuse

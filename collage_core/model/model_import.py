@@ -106,7 +106,7 @@ def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name:
         return _from_relax(model, name or "relax_module")
     if type(model).__module__.startswith("onnx"):
         return _from_onnx_proto(model, name or (model.graph.name or "onnx_model"), model.SerializeToString())
-    if _is_torch_module(model):
+    if is_torch_module(model):
         if example_inputs is None:
             raise ModelImportError("a PyTorch module needs example_inputs (a tuple of tensors) to be exported")
         return _from_torch(model, tuple(example_inputs), name or type(model).__name__)
@@ -132,7 +132,8 @@ def _checked_size(spec: TensorSpec, origin: str) -> TensorSpec:
     return spec
 
 
-def _is_torch_module(model) -> bool:
+def is_torch_module(model) -> bool:
+    """Whether ``model`` is a ``torch.nn.Module`` (read from its classes: PyTorch is not imported)."""
     return any(cls.__module__ == "torch.nn.modules.module" and cls.__name__ == "Module" for cls in type(model).__mro__)
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import inspect
 import io
-import sys
 import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
+from collage_core.model.torch_outputs import Flattened
 from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL
 
 # The ONNX opset of the export, as the ONNX route of a single shape uses.
@@ -35,7 +35,6 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
     import torch
 
     name = type(module).__name__
-    module.eval()  # as the export traces it, and as a single shape's import takes a module
     if example_inputs is None or not all(isinstance(x, torch.Tensor) for x in example_inputs):
         raise ShapeProfileError(f"PyTorch module {name}: shapes need example_inputs, a tuple of tensors (one per input of forward)")
     names = _input_names(module, len(example_inputs))
@@ -59,15 +58,16 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
     if not dims:
         raise ShapeProfileError(f"PyTorch module {name}: every shape listed is the example's: optimize it without shapes")
     buffer = io.BytesIO()
-    outputs = _output_count(module, example_inputs)
-    output_names = [f"output{index}" for index in range(outputs)]
+    flat = Flattened(module).eval()  # its tensors in the order a single shape's import takes them
+    with torch.no_grad():
+        output_names = [f"output{index}" for index in range(len(flat(*example_inputs)))]
     try:
         with torch.no_grad(), warnings.catch_warnings():
             # The exporter's notices about its own future, not about the module.
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
             torch.onnx.export(
-                module,
+                flat,
                 tuple(example_inputs),
                 buffer,
                 input_names=list(names),
@@ -82,14 +82,8 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
             f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {_first_line(error)}"
         ) from None
     proto.graph.name = name
-    _check_export(module, proto, names, profiles, example_inputs, name)
+    _check_export(flat, proto, names, profiles, example_inputs, name)
     return proto
-
-
-def is_torch_module(model: Any) -> bool:
-    """Whether ``model`` is a ``torch.nn.Module`` (PyTorch not imported unless it already is)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(model, torch.nn.Module)
 
 
 def _input_names(module, count: int) -> list[str]:
@@ -114,30 +108,8 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
-def _output_count(module, example_inputs) -> int:
-    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
-    import torch
-
-    with torch.no_grad():
-        out = module(*example_inputs)
-    return len(_tensors(out))
-
-
-def _tensors(out) -> list:
-    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for value in out.values() for t in _tensors(value)]
-    if isinstance(out, (list, tuple)):
-        return [t for value in out for t in _tensors(value)]
-    return []
-
-
 def _check_export(module, proto, names, profiles, example_inputs, name: str) -> None:
-    """The export computes what the module does at every shape listed (ONNX Runtime against PyTorch, fp32's
+    """The export computes what the module (:class:`Flattened`) does at every shape listed (ONNX Runtime against PyTorch, fp32's
     tolerance, NaN where both give NaN), inputs drawn as the example's: integers within the example's range,
     floats from a normal; else one line naming the shape."""
     # Deferred: ONNX Runtime and PyTorch are optional and slow to import: loaded only for a PyTorch module.
@@ -164,7 +136,7 @@ def _check_export(module, proto, names, profiles, example_inputs, name: str) -> 
                 arrays.append(rng.integers(low, high + 1, shape).astype(_dtype(x)) if high > low else np.full(shape, low, _dtype(x)))
         try:
             with torch.no_grad():
-                expected = [t.numpy() for t in _tensors(module(*(torch.from_numpy(a) for a in arrays)))]
+                expected = [t.numpy() for t in module(*(torch.from_numpy(a) for a in arrays))]
         except Exception as error:  # noqa: BLE001 - one line naming the shape
             raise ShapeProfileError(f"PyTorch module {name} fails at {_shown(profile)}: {_first_line(error)}") from None
         try:
