@@ -18,8 +18,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.backends import discover_backends
-from collage_core.build.deploy import copy_library
+from collage_core.build import deploy
 from collage_core.build.profiles import entry_function, merged_module, write_profiles_runtime_file
 from collage_core.errors import CollageError
 from collage_core.measure import remote as remote_servers
@@ -92,10 +91,10 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
             write_profiles_runtime_file(built, [result.library_path for result in results], dispatch)
             clock.lap("building one library")
             timed = options.compares_backends()
-            remote = _servers(options, pm, results, target)
+            remote = _servers(options, built, target)
             checks = _checked(worker, built, target, dispatch, results, reference, say, folder.scratch, timed, remote)
         clock.lap("checking the library")
-        copy_library(built, library, move=True)
+        deploy.copy_library(built, library, move=True)
         profiled = ProfiledModel(name, dispatch, tuple(results), library, target, tuple(checks), phases_s=clock.phases_s)
         for check in checks:
             if not check.verification.passed:
@@ -158,16 +157,14 @@ def between(dispatch: ShapeDispatch) -> ShapeProfile | None:
     return ShapeProfile(tuple(sizes.items()), tuple((spec.name, spec.bound(sizes)) for spec in dispatch.inputs))
 
 
-def _servers(options: OptimizeOptions, pm, results, target) -> dict | None:
-    """With ``--rpc-tracker``: what a worker needs to run the one library on a server (the servers' target, as each
-    shape's run read it, and the native libraries of every backend placed); None: here."""
+def _servers(options: OptimizeOptions, library: Path, target) -> dict | None:
+    """With ``--rpc-tracker``: what a worker needs to run the one library on a server (the tracker, the key and the
+    native libraries the library's runtime file carries); None: here."""
     if options.rpc_tracker is None:
         return None
-    servers = attrs.evolve(remote_servers.connect(options.rpc_tracker, options.rpc_key, tvm_compat.target_to_json(target)), target=target)
-    placed = {part.backend for result in results for part in result.placement.partitions}
-    backends = [info.backend for name, info in discover_backends(pm).items() if name in placed]
-    carried = remote_servers.carried_libraries(pm, backends)
-    return servers.request([path for paths in carried.values() for path in paths])
+    host, port = remote_servers.parse_tracker(options.rpc_tracker)
+    _, carried = deploy.needs_and_carried(library, deploy.read_runtime_file(library))
+    return remote_servers.RemoteServers(host, port, options.rpc_key, target).request([path for paths in carried.values() for path in paths])
 
 
 def _checked(

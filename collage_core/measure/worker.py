@@ -370,9 +370,13 @@ def _library_function(state, request):
     ``main``), the ``inputs`` (an ``.npz``) as tensors there, and the device."""
     device = tvm_compat.device_for(tvm_compat.make_target(request["target"]))
     function = load_vm(request["library"], device, pm=state["pm"])[request.get("function", "main")]
-    with np.load(request["inputs"], allow_pickle=False) as saved:
-        args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
-    return function, args, device
+    return function, _saved_tensors(request["inputs"], device), device
+
+
+def _saved_tensors(path, device) -> list:
+    """The arrays of an ``.npz`` (``arr_0``, ``arr_1``, ...) as tensors on ``device``."""
+    with np.load(path, allow_pickle=False) as saved:
+        return [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
 
 
 def _build_library(state, request):
@@ -487,10 +491,8 @@ def _remote_library_function(state, request):
 
     def load():
         vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
-        with np.load(request["inputs"], allow_pickle=False) as saved:
-            args = [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
         function = vm[request.get("function", "main")]
-        return lambda *tensors: _guarded(state, lambda: function(*tensors)), args
+        return lambda *tensors: _guarded(state, lambda: function(*tensors)), _saved_tensors(request["inputs"], device)
 
     return _guarded(state, load)
 
