@@ -198,16 +198,15 @@ def main() -> int:
 # In a process of its own, as a deployment loads it: argv = tar, original model, then "NAME=AxB;NAME=AxB" per shape.
 LOAD_CHECK_CODE = r"""
 import json, sys, time
-import numpy as np, onnxruntime
+import numpy as np, onnx, onnxruntime
 from collage_core.model.padding import probe_inputs
-from collage_core.model.shape_profiles import SymbolicInput
+from collage_core.model.shape_profiles import symbolic_inputs
 from collage_core.outputs.mlf import load_mlf
 started = time.perf_counter()
 loaded = load_mlf(sys.argv[1])
 load_s = time.perf_counter() - started
 session = onnxruntime.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])
-specs = [SymbolicInput(i.name, tuple(range(len(i.shape))), {"tensor(int64)": "int64", "tensor(int32)": "int32"}.get(i.type, "float32"))
-         for i in session.get_inputs()]
+specs = symbolic_inputs(onnx.load(sys.argv[2], load_external_data=False))
 found = []
 for shape in sys.argv[3:]:
     shapes = dict((name, tuple(int(s) for s in sizes.split("x"))) for name, sizes in (item.split("=") for item in shape.split(";")))
