@@ -14,11 +14,11 @@ import onnxruntime
 import pytest
 import tvm
 from onnx import TensorProto, helper
+from shape_runs import optimized_for_shapes
 from tvm import relax
 
 import collage_core
 from collage_core.build.profiles import entry_function, merged_module
-from collage_core.measure.timing import MeasureSettings
 from collage_core.model.padding import PaddingRule, padding_rule
 from collage_core.model.shape_profiles import ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.options import OptimizeOptions
@@ -31,7 +31,6 @@ from collage_core.records import Cost, Partition
 MODELS = Path(__file__).resolve().parents[1] / "models"
 DYNAMIC_BERT = MODELS / "tiny_bert_dynamic.onnx"
 # Few, short repeats: these tests check what the library computes and holds, not how fast it runs.
-QUICK = MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=1.0, time_bound_s=1.0)
 # ONNX Runtime against its own runs, and the library's float32 kernels against ONNX Runtime's.
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -255,18 +254,7 @@ def test_merged_profiles_keep_their_own_functions_and_share_a_weight(tmp_path):
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shapes") / "out"
-    result = collage_core.optimize(
-        str(DYNAMIC_BERT),
-        shapes="batch=1,2 sequence=8",
-        backends=["tvm"],
-        output_dir=folder,
-        cost_db=folder.parent / "costs.sqlite",
-        compare_backends=False,
-        calibration_rounds=0,
-        settings=QUICK,
-        show_progress=False,
-    )
-    return result, folder
+    return optimized_for_shapes(str(DYNAMIC_BERT), "batch=1,2 sequence=8", folder), folder
 
 
 def test_one_library_answers_each_shape_and_a_padded_one_as_onnxruntime_does(optimized):

@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from shape_runs import QUICK, optimized_for_shapes
 
 import collage_core
-from collage_core.measure.timing import MeasureSettings
 from collage_core.model.shape_profiles import ShapeProfileError, symbolic_inputs
 from collage_core.model.torch_shapes import exported_for_shapes
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE
 
-QUICK = MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=1.0, time_bound_s=1.0)
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -97,19 +96,7 @@ def test_an_input_forward_ignores_a_module_in_training_mode_and_a_shape_it_canno
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory):
     folder = tmp_path_factory.mktemp("torch-shapes") / "out"
-    result = collage_core.optimize(
-        MaskedPool(),
-        example_inputs=example(),
-        shapes="features=1x4x8,3x8x8 mask=1x4,3x8",
-        backends=["tvm"],
-        output_dir=folder,
-        cost_db=folder.parent / "costs.sqlite",
-        compare_backends=False,
-        calibration_rounds=0,
-        settings=QUICK,
-        show_progress=False,
-    )
-    return result, folder
+    return optimized_for_shapes(MaskedPool(), "features=1x4x8,3x8x8 mask=1x4,3x8", folder, example_inputs=example()), folder
 
 
 def test_one_library_answers_a_module_at_each_shape_and_padded_between_them(optimized):
