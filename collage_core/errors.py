@@ -25,3 +25,9 @@ def reraise_interrupt(error: BaseException) -> None:
     interrupt = interrupt_within(error)
     if interrupt is not None:
         raise interrupt
+
+
+def one_line(error: BaseException) -> str:
+    """An error in one line: its type and the last line of its message (where tracebacks put what went wrong)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[-1] if text else ''}".strip()

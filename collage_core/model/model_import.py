@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, one_line
 from collage_core.model import import_cache, rewrites
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.precision import FP32, tolerance
@@ -150,7 +150,7 @@ def _from_onnx_file(path: Path, name: Optional[str]) -> ImportedModel:
         proto = onnx.load_from_string(data)
         onnx.checker.check_model(data if len(data) < 2**31 else path)  # the bytes in hand: no second serialization
     except Exception as error:
-        raise ModelImportError(f"{path}: not a valid ONNX model ({_first_line(error)})") from None
+        raise ModelImportError(f"{path}: not a valid ONNX model ({one_line(error)})") from None
     return _from_onnx_proto(proto, name or path.stem, data, origin=str(path))
 
 
@@ -179,7 +179,7 @@ def fold_static_shapes(data: bytes, origin: str):
             onnxruntime.InferenceSession(data, options, providers=["CPUExecutionProvider"])
             return onnx.load(options.optimized_model_filepath)
         except Exception as error:
-            raise ModelImportError(f"{origin}: folding its shape computations failed ({_first_line(error)})") from None
+            raise ModelImportError(f"{origin}: folding its shape computations failed ({one_line(error)})") from None
 
 
 def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", advise: bool = True) -> ImportedModel:
@@ -232,10 +232,10 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
     except tvm_compat.OnnxNodeFailure as failure:
         raise ModelImportError(
             f"{origin}: TVM's ONNX importer cannot convert {failure.op_type} node {failure.node!r} "
-            f"({_first_line(failure.cause)}){fold_failure}{advice}"
+            f"({one_line(failure.cause)}){fold_failure}{advice}"
         ) from None
     except Exception as error:
-        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {_first_line(error)}{fold_failure}{advice}") from None
+        raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {one_line(error)}{fold_failure}{advice}") from None
     canonical = canonicalize(mod, origin)
     import_cache.store(cache_name, canonical, fingerprint, len(data))
     return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original)
@@ -287,11 +287,11 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
         where = f" (made by {failure.source})" if failure.source else ""
         raise ModelImportError(
             f"PyTorch module {name}: TVM's importer cannot convert {failure.target} node {failure.node!r}{where}: "
-            f"{_first_line(failure.cause)}; {verdict}"
+            f"{one_line(failure.cause)}; {verdict}"
         ) from None
     except Exception as error:
         verdict = _onnx_route_verdict(module, example_inputs, name)
-        raise ModelImportError(f"PyTorch module {name}: export or import failed: {_first_line(error)}; {verdict}") from None
+        raise ModelImportError(f"PyTorch module {name}: export or import failed: {one_line(error)}; {verdict}") from None
     inputs = tuple(TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs))
 
     def reference(arrays):
@@ -324,7 +324,7 @@ def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
             torch.onnx.export(module, example_inputs, buffer, opset_version=17, dynamo=False)
         _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(), origin="its ONNX export", advise=False)
     except Exception as error:
-        return f"the ONNX route fails too ({_first_line(error)})"
+        return f"the ONNX route fails too ({one_line(error)})"
     return (
         "the ONNX route takes it: export it with torch.onnx.export(module, inputs, path, opset_version=17, "
         "dynamo=False) and optimize the file (a trace: branches on input values follow the example inputs)"
@@ -395,7 +395,7 @@ def check_against_reference(imported: ImportedModel) -> str:
         expected = [np.asarray(array) for array in imported.reference(inputs)]
     except Exception as error:
         raise UncheckableModel(
-            f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's shapes: {_first_line(error)}"
+            f"{label}: its reference ({imported.reference_name}) fails on inputs of the model's shapes: {one_line(error)}"
         ) from None
     declared = tvm_compat.return_type(imported.mod["main"])
     declared = list(declared.fields) if isinstance(declared, relax.TupleType) else [declared]
@@ -422,7 +422,7 @@ def check_against_reference(imported: ImportedModel) -> str:
     try:
         outputs = _run_plain_build(imported.mod, inputs)
     except Exception as error:
-        return f"{agree}; numerics are verified at the end only (TVM's plain build failed: {_first_line(error)})"
+        return f"{agree}; numerics are verified at the end only (TVM's plain build failed: {one_line(error)})"
     held_to = tolerance(FP32)
     verification = compare_outputs(outputs, expected, imported.reference_name, held_to.rtol, held_to.atol)
     if verification.passed:
@@ -485,8 +485,3 @@ def _run_plain_build(mod, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     vm = tvm_compat.virtual_machine(relax.build(mod, tvm_compat.host_cpu_target()), device)
     result = vm["main"](*[tvm_compat.to_tensor(array, device) for array in inputs])
     return [tvm_compat.to_numpy(value) for value in ([result] if hasattr(result, "numpy") else result)]
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}".strip()

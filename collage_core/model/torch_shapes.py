@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from collage_core.errors import one_line
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
 from collage_core.model.torch_outputs import Flattened
 from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL
@@ -79,7 +80,7 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
         proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(buffer.getvalue()))
     except Exception as error:  # noqa: BLE001 - one line naming the module
         raise ShapeProfileError(
-            f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {_first_line(error)}"
+            f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {one_line(error)}"
         ) from None
     proto.graph.name = name
     _check_export(flat, proto, names, profiles, example_inputs, name)
@@ -101,11 +102,6 @@ def _dtype(tensor) -> str:
 def _example(names, example_inputs) -> str:
     shapes = ["x".join(str(s) for s in x.shape) for x in example_inputs]
     return " ".join(f"{n}={s},{'x'.join(['8', *s.split('x')[1:]]) if 'x' in s else '8'}" for n, s in zip(names, shapes))
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def _check_export(module, proto, names, profiles, example_inputs, name: str) -> None:
@@ -138,11 +134,11 @@ def _check_export(module, proto, names, profiles, example_inputs, name: str) -> 
             with torch.no_grad():
                 expected = [t.numpy() for t in module(*(torch.from_numpy(a) for a in arrays))]
         except Exception as error:  # noqa: BLE001 - one line naming the shape
-            raise ShapeProfileError(f"PyTorch module {name} fails at {_shown(profile)}: {_first_line(error)}") from None
+            raise ShapeProfileError(f"PyTorch module {name} fails at {_shown(profile)}: {one_line(error)}") from None
         try:
             got = session.run(None, dict(zip(names, arrays)))
         except Exception as error:  # noqa: BLE001 - one line naming the shape
-            got, why = None, f"ONNX Runtime fails on it ({_first_line(error)})"
+            got, why = None, f"ONNX Runtime fails on it ({one_line(error)})"
         if got is not None and len(got) != len(expected):
             why = f"it has {len(got)} outputs, the module {len(expected)}"
         elif got is not None:
