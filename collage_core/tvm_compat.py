@@ -611,7 +611,12 @@ def rpc_gpu(session) -> tuple[str, str]:
     device = session.cuda(0)
     if not device.exist:
         raise RuntimeError("it has no CUDA GPU (or its TVM runtime was built without CUDA)")
-    capability = str(device.compute_version)
+    try:
+        capability = str(device.compute_version)
+    except Exception as error:  # noqa: BLE001 - the RPC error's text says why
+        if "initialization error" in str(error) or "NOT_INITIALIZED" in str(error):
+            raise RuntimeError("CUDA cannot initialize in its forked session: start the server with --no-fork") from None
+        raise
     runtime = device.api_version  # cudaRuntimeGetVersion: 13000 for CUDA 13.0
     cuda = f", CUDA runtime {int(runtime) // 1000}.{int(runtime) % 1000 // 10}" if runtime else ""
     return "sm_" + capability.replace(".", ""), f"{device.device_name}, compute capability {capability}{cuda}"

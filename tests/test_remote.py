@@ -65,7 +65,7 @@ def dense_model(folder) -> str:
         [weight("w1", 64, 64), weight("b1", 64), weight("w2", 64, 64)],
     )
     path = folder / "dense.onnx"
-    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), path)
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), path)
     return str(path)
 
 
@@ -213,7 +213,7 @@ def test_a_cuda_placement_is_measured_and_verified_on_a_server_of_this_gpu(tmp_p
     started = LocalCluster()
     try:
         started.start()
-        started.add_servers(KEY, 1)
+        started.add_servers(KEY, 1, fork=False)
         result = optimize(tmp_path, "out", rpc_tracker=started.address, rpc_key=KEY, target="cuda", backends=["tvm", "cublas"])
     finally:
         started.stop()

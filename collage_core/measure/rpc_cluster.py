@@ -55,13 +55,25 @@ class LocalCluster:
             time.sleep(0.2)
         return self
 
-    def add_servers(self, key: str, count: int = 1, cpus: Optional[Sequence[Sequence[int]]] = None) -> list[subprocess.Popen]:
+    def add_servers(
+        self, key: str, count: int = 1, cpus: Optional[Sequence[Sequence[int]]] = None, fork: bool = True
+    ) -> list[subprocess.Popen]:
         """Start ``count`` servers of ``key`` (the i-th pinned to the cores ``cpus[i]``) and wait until the tracker
-        lists them."""
+        lists them. ``fork=False`` starts each session in a fresh process (``--no-fork``), which CUDA needs: in a session
+        TVM's server forks, CUDA fails to initialize (seen on an H100 with TVM 0.27)."""
         started = []
         for index in range(count):
             port = free_port()
-            command = ["tvm.exec.rpc_server", "--tracker", self.address, "--key", key, "--host", "127.0.0.1"]
+            command = [
+                "tvm.exec.rpc_server",
+                "--tracker",
+                self.address,
+                "--key",
+                key,
+                "--host",
+                "127.0.0.1",
+                *([] if fork else ["--no-fork"]),
+            ]
             pinned = None if cpus is None else set(cpus[index])
             started.append(_spawn([*command, "--port", str(port), "--port-end", str(port + 1)], pinned))
         self.servers += started
