@@ -83,6 +83,11 @@ def optimize(
     if options.rpc_tracker is not None:  # before anything is built: a tracker that cannot be reached is one line
         remote = remote_servers.connect(options.rpc_tracker, options.rpc_key, options.target)
         say(f"measuring on {len(remote.servers)} server(s) of key {options.rpc_key} at {remote.tracker}: {remote.target}")
+        for host, count in remote_servers.shared_hosts(remote.servers).items():
+            say(
+                f"{count} servers of key {options.rpc_key} run on one host, {host}: they time each other's load unless each is "
+                "pinned to cores of its own (taskset -c CORES python -m tvm.exec.rpc_server ...)"
+            )
         options = attrs.evolve(options, target=remote.target)
     with output_folder.for_run(options.output_dir) as folder:
         imported = import_model(model, example_inputs, options, say)

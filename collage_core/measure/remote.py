@@ -90,6 +90,13 @@ def servers_of(summary: dict, key: str) -> list[str]:
     )
 
 
+def shared_hosts(servers: Sequence[str]) -> dict[str, int]:
+    """The hosts that several of ``servers`` (``host:port``) run on, with how many: their timings disturb each other
+    unless each server is pinned to cores of its own."""
+    counts = collections.Counter(server.rpartition(":")[0] for server in servers)
+    return {host: count for host, count in sorted(counts.items()) if count > 1}
+
+
 def tracker_summary(tracker: str) -> tuple[str, int, dict]:
     """The tracker's host, port and summary; :class:`RemoteError` in one line when it cannot be reached."""
     host, port = parse_tracker(tracker)
