@@ -26,7 +26,7 @@ def _describe() -> Backend:
         kind=OP_LEVEL,
         device_kinds=("cuda",),
         version=f"cudnn-{library.cudnn_version()}+kernels-{KERNELS_DIGEST}",
-        description="cuDNN graphs: conv2d and matrix products with fused bias, residual, ReLU, GELU (erf, tanh), SiLU",
+        description="cuDNN graphs: conv2d and matrix products with fused bias, residual, ReLU, GELU (erf, tanh), SiLU; fused attention at 16 bits",
         runtime_needs=f"the collage-cudnn plugin (pip install -e plugins/cudnn), an NVIDIA GPU and {library.INSTALL_HINT}",
     )
 

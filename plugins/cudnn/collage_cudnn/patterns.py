@@ -10,7 +10,7 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.kit import TF32_PATTERN_SUFFIX, Pattern, activation_pattern, bias_pattern, cast_pattern, recognizer_check
+from collage_core.kit import TF32_PATTERN_SUFFIX, Pattern, activation_pattern, bias_pattern, cast_pattern, recognizer_check, scale_pattern
 from collage_cudnn import specs
 
 BACKEND = "cudnn"
@@ -27,6 +27,29 @@ CONV2D_EPILOGUES = {"": lambda v: v, "_bias": bias_pattern, "_bias_relu": lambda
 # for conv-cast-bias, -bias-ReLU, -bias-add and -bias-add-ReLU), so the bias and what follows stay with TVM.
 SIXTEEN_BIT_CONV2D_EPILOGUES = {"_cast": cast_pattern}
 OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims")(wildcard())}
+
+
+def _maybe(value, wrap):
+    return wrap(value) | value
+
+
+def attention_pattern():
+    """``softmax(scores) @ v`` cast to 16 bits, the scores ``q @ k^T`` through the casts, scale (on the scores or
+    on q and k) and additive mask the exporters write, a NaN guard after the softmax; the recognizer reads the rest."""
+
+    def operand():
+        plain = is_op("relax.permute_dims")(wildcard()) | wildcard()
+        return scale_pattern(plain) | plain
+
+    scores = is_op("relax.matmul")(operand(), operand())
+    scores = _maybe(_maybe(scores, cast_pattern), cast_pattern)
+    scores = _maybe(scores, lambda v: scale_pattern(v) | is_op("relax.divide")(v, is_const()))
+    scores = _maybe(_maybe(scores, cast_pattern), bias_pattern)
+    probabilities = is_op("relax.nn.softmax")(scores)
+    probabilities = _maybe(probabilities, lambda p: is_op("relax.where")(is_op("relax.isnan")(p), is_const(), p))
+    probabilities = _maybe(probabilities, cast_pattern)
+    values = is_op("relax.permute_dims")(wildcard()) | wildcard()
+    return cast_pattern(is_op("relax.matmul")(probabilities, values))
 
 
 _check = recognizer_check(specs.recognize)
@@ -53,4 +76,5 @@ def patterns(tf32: bool = False) -> list[Pattern]:
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"
             product = is_op("relax.matmul")(lhs(), rhs())
             add(f"batch_matmul{forms}", product | cast_pattern(product))  # the cast only with 16-bit operands
+    add("attention", attention_pattern(), sixteen_bit_only=True)
     return found

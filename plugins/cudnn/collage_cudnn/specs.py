@@ -2,7 +2,11 @@
 
 Two anchors: a 2-d convolution (NCHW, OIHW weights, any padding, stride, dilation and groups)
 and a matrix product (each operand read in place through its strides, so ``permute_dims``
-transposes and head splits cost nothing; batch dimensions merged into one). After the anchor,
+transposes and head splits cost nothing; batch dimensions merged into one). And one fused
+operation: attention at 16 bits, ``softmax(scale * q @ k^T [+ causal mask]) @ v`` as the exporters
+spell it (casts, a scale on the scores or on q and k, an additive causal mask, a NaN guard after the
+softmax), run by cuDNN's flash-attention engine (its SDPA node), which keeps the scores in float32
+where the converted Relax program rounds them to 16 bits. After the anchor,
 cuDNN's pointwise nodes fuse a per-channel bias, a residual add and one activation: ReLU,
 erf GELU (``GELU_FWD``), tanh GELU (``GELU_APPROX_TANH_FWD``) or SiLU (``SWISH_FWD``), each the
 function the Relax program spells out. With 16-bit operands the group may first cast the anchor's
@@ -20,12 +24,12 @@ import numpy as np
 from tvm import relax
 
 from collage_core.kit import (
-    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, ints, padding4, plain_strides,
-    read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
+    FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, float_word, fused_groups, ints, padding4,
+    plain_strides, read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
 )
 from collage_core.kit import spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 3
+SPEC_VERSION = 4
 # The words after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), then what y and the residual are: float32, or
 # the 16-bit type of a cast the group applies to the anchor's result (the pointwise nodes still compute
@@ -34,7 +38,11 @@ OPERAND_TYPES = {FLOAT32: 0, "bfloat16": 1, "float16": 2}
 OPERAND_DTYPES = tuple(OPERAND_TYPES)
 DTYPE_OF_TYPE = {code: dtype for dtype, code in OPERAND_TYPES.items()}  # a spec word back to its dtype
 TF32_OPERANDS = 3  # float32 operands that tensor-core engines may round to TF32: an operand type only
-CONV2D, MATMUL = 1, 2
+CONV2D, MATMUL, ATTENTION = 1, 2, 3
+SIXTEEN_BIT_DTYPES = ("bfloat16", "float16")  # cuDNN's fused attention reads and writes 16 bits
+MASK_CODES = {None: 0, "causal": 1}
+MASKED_AT_MOST = -1e4  # an additive mask entry at or below this hides its score: exp underflows to 0 in float32
+MAX_HEAD_SIZE = 128  # q's and v's last dimension: a multiple of 8, at most this (cuDNN 9's flash-attention engine)
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
@@ -137,11 +145,132 @@ def _with_epilogue(words: tuple, operands: list, epilogue, operand_type: int) ->
     return KernelSpec((*words, *tail), tuple(operands))
 
 
+class _Walk:
+    """The group's calls read backwards from its output, each taken once; what is left untaken is refused."""
+
+    def __init__(self, group: Group):
+        self.group, self.taken = group, []
+
+    def call(self, expr, *ops):
+        """The group's call producing ``expr`` if it is one of ``ops`` (taken), else None."""
+        call = self.group.producer(expr)
+        if call is None or tvm_compat.op_name(call) not in ops:
+            return None
+        self.taken.append(call)
+        return call
+
+    def operand(self, expr) -> StridedOperand:
+        if self.group.producer(expr) is not None:
+            self.call(expr, "relax.permute_dims")
+        return strided_operand(self.group, expr, SIXTEEN_BIT_DTYPES)
+
+    def scaled(self, expr) -> tuple[object, float]:
+        """``expr`` less a multiplication by a scalar constant (taken), and that scalar (1 without one)."""
+        call = self.call(expr, "relax.multiply")
+        return (expr, 1.0) if call is None else _by_scalar(call)
+
+
+def _by_scalar(call) -> tuple[object, float]:
+    """A multiplication's (or division's) other operand and the scalar constant it multiplies that by."""
+    operands = [call.args] if tvm_compat.op_name(call) == "relax.divide" else [call.args, tuple(reversed(call.args))]
+    for value, other in operands:
+        factor = fused_groups.scalar(other) if tvm_compat.is_constant(other) else None
+        if factor:
+            return value, (1.0 / factor if tvm_compat.op_name(call) == "relax.divide" else factor)
+    raise Refused(f"a {tvm_compat.op_name(call)} that is not by a nonzero scalar constant")
+
+
+def _causal(mask: np.ndarray, rows: int, columns: int) -> bool:
+    """Whether an additive ``mask`` hides exactly the scores above the diagonal (a causal mask)."""
+    if mask.ndim < 2 or mask.shape[-2:] != (rows, columns) or any(size != 1 for size in mask.shape[:-2]):
+        return False
+    plane = mask.reshape(rows, columns).astype(np.float64)
+    above = np.triu(np.ones((rows, columns), dtype=bool), k=1)
+    return bool(np.all(plane[~above] == 0) and np.all(plane[above] <= MASKED_AT_MOST))
+
+
+def _attention(group: Group) -> KernelSpec:
+    if len(group.outputs) != 1:
+        raise Refused("an intermediate result of the group is used outside it")
+    walk = _Walk(group)
+    output = group.outputs[0]
+    cast = walk.call(output, "relax.astype")
+    second = walk.call(cast.args[0] if cast is not None else output, "relax.matmul")
+    if second is None:
+        raise Refused("attention that does not end in a product with v")
+    if cast is None:
+        raise Refused("attention with a float32 result (cuDNN's fused attention writes 16 bits)")
+    probabilities, values = second.args
+    if walk.call(probabilities, "relax.astype") is not None:
+        probabilities = walk.taken[-1].args[0]
+    guard = walk.call(probabilities, "relax.where")
+    if guard is not None:  # where(isnan(p), 0, p): a row whose every score is masked; a causal mask leaves none
+        condition, zero, probabilities = guard.args
+        isnan = walk.call(condition, "relax.isnan")
+        if isnan is None or not isnan.args[0].same_as(probabilities) or fused_groups.scalar(zero) != 0.0:
+            raise Refused("a where after the softmax that is not a NaN guard")
+    softmax = walk.call(probabilities, "relax.nn.softmax")
+    if softmax is None:
+        raise Refused("attention without a softmax before the product with v")
+    rank = len(shape_of(softmax))
+    if int(softmax.attrs.axis) not in (-1, rank - 1):
+        raise Refused(f"a softmax over axis {int(softmax.attrs.axis)} (attention normalizes the last)")
+    scores, scale, mask = softmax.args[0], 1.0, None
+    while (step := walk.call(scores, "relax.astype", "relax.multiply", "relax.divide", "relax.add")) is not None:
+        name = tvm_compat.op_name(step)
+        if name == "relax.astype":
+            scores = step.args[0]
+        elif name in ("relax.multiply", "relax.divide"):
+            scores, factor = _by_scalar(step)
+            scale *= factor
+        else:
+            constant = next((arg for arg in step.args if tvm_compat.is_constant(arg)), None)
+            dims = shape_of(step)
+            if mask is not None or constant is None or not _causal(tvm_compat.constant_array(constant), dims[-2], dims[-1]):
+                raise Refused("an additive mask that is not one causal mask (cuDNN takes a causal mask, not a bias)")
+            scores, mask = next(arg for arg in step.args if not arg.same_as(constant)), "causal"
+    first = walk.call(scores, "relax.matmul")
+    if first is None:
+        raise Refused("attention whose scores are not a product of q and k")
+    (q_expr, q_factor), (k_expr, k_factor) = walk.scaled(first.args[0]), walk.scaled(first.args[1])
+    scale *= q_factor * k_factor
+    q, kt, v = walk.operand(q_expr), walk.operand(k_expr), walk.operand(values)
+    operand_dtype = uniform_operand_dtype(first, (q.source, kt.source), SIXTEEN_BIT_DTYPES)
+    if uniform_operand_dtype(second, (v.source,), SIXTEEN_BIT_DTYPES) != operand_dtype or str(cast.attrs.dtype) != operand_dtype:
+        raise Refused("attention whose q, k, v and result are not of one 16-bit type")
+    untaken = [tvm_compat.op_name(call) for call in group.calls if not any(call.same_as(taken) for taken in walk.taken)]
+    if untaken:
+        raise Refused(f"the group holds operators the fused attention does not compute: {', '.join(untaken)}")
+    if len(q.dims) != 4 or len(kt.dims) != 4 or len(v.dims) != 4:
+        raise Refused("attention over tensors that are not (batch, heads, sequence, head size)")
+    k_dims, k_strides = (*kt.dims[:2], kt.dims[3], kt.dims[2]), (*kt.strides[:2], kt.strides[3], kt.strides[2])
+    batch, heads, rows, size = q.dims
+    if k_dims[:2] != (batch, heads) or v.dims[:3] != k_dims[:3] or k_dims[3] != size:
+        raise Refused("q, k and v of attention whose batch, heads or sequences do not agree (no broadcasting)")
+    for head_size in (size, v.dims[3]):
+        if head_size % 8 or head_size > MAX_HEAD_SIZE:
+            raise Refused(f"a head size of {head_size} (cuDNN's fused attention takes multiples of 8 up to {MAX_HEAD_SIZE})")
+    if 1 not in (q.strides[3], k_strides[3], v.strides[3]) or {q.strides[3], k_strides[3], v.strides[3]} != {1}:
+        raise Refused("q, k or v whose head dimension is not contiguous")
+    if mask == "causal" and rows != k_dims[2]:
+        raise Refused("a causal mask over sequences of different lengths")
+    type_code = OPERAND_TYPES[operand_dtype]
+    words = (
+        SPEC_VERSION, ATTENTION, 4, *q.dims, *q.strides, *k_dims, *k_strides, *v.dims, *v.strides, *shape_of(second),
+        float_word(scale), MASK_CODES[mask], type_code, type_code,
+    )
+    return KernelSpec(words, (q.source, kt.source, v.source))
+
+
 def recognize(group: Group, tf32: bool = False) -> KernelSpec:
     """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none. With ``tf32``
     (the ``_tf32`` patterns of ``--precision tf32``) its float32 operands may go to engines that round them to TF32."""
-    anchor = group.single_anchor(ANCHORS, OPERAND_DTYPES)
-    spec = _conv2d(group, anchor) if tvm_compat.op_name(anchor) == "relax.nn.conv2d" else _matmul(group, anchor)
+    names = [tvm_compat.op_name(call) for call in group.calls]
+    if "relax.nn.softmax" in names and names.count("relax.matmul") == 2:
+        spec = _attention(group)
+    else:
+        anchor = group.single_anchor(ANCHORS, OPERAND_DTYPES)
+        spec = _conv2d(group, anchor) if tvm_compat.op_name(anchor) == "relax.nn.conv2d" else _matmul(group, anchor)
     if not tf32:
         return spec
     *head, operand_type, out_type = spec.words

@@ -45,6 +45,8 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
     w = _Words(words)
     assert w.take() == specs.SPEC_VERSION
     kind, rank = w.take(), w.take()
+    if kind == specs.ATTENTION:
+        return _attention(w, [tensor(array) for array in operands])
     x_dims, x_strides, w_dims, w_strides, y_dims = (w.take(rank) for _ in range(5))
     x = torch.as_strided(tensor(operands[0]), x_dims, x_strides)
     weights = torch.as_strided(tensor(operands[1]), w_dims, w_strides)
@@ -77,9 +79,29 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
     return rounded_to(functions[activation](y).cpu().numpy(), out_dtype).astype(np.float64)
 
 
+def _attention(w: _Words, operands: list) -> np.ndarray:
+    """What cuDNN's fused attention computes: scores and softmax unrounded, the probabilities rounded to the
+    operands' 16-bit type before the product with v (as its flash-attention engine does), the result rounded once."""
+    q_dims, q_strides, k_dims, k_strides, v_dims, v_strides, o_dims = (w.take(4) for _ in range(7))
+    (scale,), mask, operand_type, output_type = np.frombuffer(np.int64(w.take()).tobytes(), np.float64), w.take(), w.take(), w.take()
+    assert w.at == len(w.words) and mask in specs.MASK_CODES.values()
+    q, k, v = (torch.as_strided(t, d, s) for t, d, s in zip(operands, (q_dims, k_dims, v_dims), (q_strides, k_strides, v_strides)))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask == specs.MASK_CODES["causal"]:
+        hidden = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    dtype = specs.DTYPE_OF_TYPE[operand_type]
+    probabilities = torch.from_numpy(rounded_to(torch.softmax(scores, dim=-1).cpu().numpy(), dtype).astype(np.float64))
+    out = torch.matmul(probabilities.to(v.device, v.dtype), v)
+    assert list(out.shape) == list(o_dims)
+    return rounded_to(out.cpu().numpy(), specs.DTYPE_OF_TYPE[output_type]).astype(np.float64)
+
+
 def cast_dtype(pattern_name: str, dtype: str = "bfloat16") -> str:
-    """The dtype a pattern's case takes: ``dtype`` (16 bits) for one that absorbs the cast, else float32."""
-    return dtype if "cast" in pattern_name.split("_") else F
+    """The dtype a pattern's case takes: ``dtype`` (16 bits) for one that absorbs the cast or is fused attention,
+    else float32."""
+    parts = pattern_name.split("_")
+    return dtype if "cast" in parts or parts[0] == "attention" else F
 
 
 def _const(rng, *shape, dtype=F):
@@ -131,6 +153,19 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
             return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
 
         return make, shapes
+    if parts[0] == "attention":  # as `--precision bf16|fp16` converts a causal self-attention: q, k, v (batch, seq, heads, size)
+        batch, sequence, heads, size = 2, 16, 3, 8
+        mask = np.triu(np.full((sequence, sequence), -np.inf, dtype=np.float32), k=1).reshape(1, 1, sequence, sequence)
+
+        def make(bb, q, k, v):
+            q = bb.emit(R.permute_dims(q, [0, 2, 1, 3]))
+            k = bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
+            scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), operand_dtype))
+            scores = bb.emit(R.astype(bb.emit(R.multiply(scores, relax.const(1 / math.sqrt(size), operand_dtype))), F))
+            probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(bb.emit(R.add(scores, relax.const(mask))), axis=-1)), operand_dtype))
+            return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), operand_dtype)
+
+        return make, [(batch, sequence, heads, size)] * 3
     if parts[0] == "dense":
         transposed = "t" in parts
         k, n = 24, 40

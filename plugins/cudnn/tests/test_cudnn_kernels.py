@@ -139,3 +139,44 @@ def test_a_tf32_convolution_matches_float64_within_tf32_rounding(pm, backends, c
     if "bias" in pattern_name:
         expected = torch.relu(expected + torch.from_numpy(bias).double())
     assert np.max(np.abs(got - expected.numpy())) <= tf32_atol(64 * 9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_attention_of_bert_base_size_matches_pytorch_attention(pm, backends, cuda, dtype, causal):
+    """BERT-base's attention at batch 2 (12 heads, sequence 128, head size 64), the heads split in place, on cuDNN's
+    fused attention against PyTorch's in float32 on the same 16-bit q, k, v. Tolerance: cuDNN rounds the
+    probabilities to 16 bits before the product with v (at most one unit in the last place of the largest |v|)
+    and rounds its result once (four units of the largest output)."""
+    target, device = cuda
+    batch, sequence, heads, size = 2, 128, 12, 64
+    scale = 1 / np.sqrt(size)
+    mask = np.triu(np.full((sequence, sequence), -np.inf, dtype=F), k=1).reshape(1, 1, sequence, sequence)
+
+    def make(bb, q, k, v):
+        q, k = bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
+        scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), dtype))
+        scores = bb.emit(R.astype(bb.emit(R.multiply(scores, relax.const(scale, dtype))), F))
+        if causal:
+            scores = bb.emit(R.add(scores, relax.const(mask)))
+        probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(scores, axis=-1)), dtype))
+        return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
+
+    shape = (batch, sequence, heads, size)
+    mod = function_module(make, shape, shape, shape, dtype=dtype)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), "cudnn.attention")
+    assert candidate is not None
+    placed = partition_module(graph, [candidate])
+    assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    rng = np.random.default_rng(5)
+    q, k, v = (rounded_to(rng.uniform(-2, 2, size=shape).astype(F), dtype) for _ in range(3))
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in (q, k, v)])).astype(np.float64)
+    heads_first = [torch.from_numpy(x.astype(F)).cuda().transpose(1, 2) for x in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *heads_first, is_causal=causal, scale=float(rounded_to(np.float32(scale), dtype))
+    )
+    expected = expected.transpose(1, 2).double().cpu().numpy()
+    last_place = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+    atol = last_place * float(np.max(np.abs(v))) + sixteen_bit_atol(expected, dtype)
+    np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=0, atol=atol)

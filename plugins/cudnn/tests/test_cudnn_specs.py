@@ -132,7 +132,7 @@ def test_at_tf32_each_float32_pattern_is_also_a_tf32_candidate_naming_tf32_opera
     exact one only in its operand word, which the runtime reads as "do not deselect tensor cores"."""
     exact = {p.name for p in patterns.patterns()}
     tf32 = {p.name for p in patterns.patterns(tf32=True)} - exact
-    assert tf32 == {name + "_tf32" for name in exact if not name.endswith("_cast")}
+    assert tf32 == {name + "_tf32" for name in exact if not name.endswith(("_cast", ".attention"))}  # 16-bit only
     graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_resnet.onnx")).mod["main"])
     candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
     by_nodes = {}
@@ -150,3 +150,59 @@ def test_a_tf32_kernel_takes_only_float32_operands():
     conv = next(node for node in range(len(graph.graph)) if graph.graph.ops[node] == "relax.nn.conv2d")
     with pytest.raises(Refused, match="a TF32 kernel takes float32 operands"):
         specs.recognize(Group.from_function(graph.standalone_module([conv])["main"]), tf32=True)
+
+
+@pytest.mark.parametrize("model, mask", [("tiny_bert", None), ("tiny_gpt2", "causal")])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_at_sixteen_bits_each_attention_of_a_shipped_model_is_one_fused_attention_that_computes_what_tvm_does(model, mask, precision):
+    """Both products, the casts, the scale, GPT-2's causal mask and NaN guard, and the softmax in one candidate, whose
+    spec (cuDNN's SDPA: scores in float32, probabilities rounded to 16 bits) computes what TVM's build of them does."""
+    imported = at_precision(load_model(str(MODELS / f"{model}.onnx")), precision)
+    graph = RelaxGraph.from_function(imported.mod["main"])
+    softmaxes = [node for node in range(len(graph.graph)) if graph.graph.ops[node] == "relax.nn.softmax"]
+    fused = [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == "cudnn.attention"]
+    assert softmaxes and sorted(node for c in fused for node in c.nodes if node in softmaxes) == softmaxes
+    for candidate in fused:
+        names = {tvm_compat.op_name(graph.call(n)) for n in candidate.nodes}
+        assert {"relax.matmul", "relax.nn.softmax", "relax.astype"} <= names
+        spec = check_candidate(graph, candidate.nodes)
+        assert spec.words[1] == specs.ATTENTION and spec.words[-3] == specs.MASK_CODES[mask]
+        assert spec.words[-1] == spec.words[-2] == specs.OPERAND_TYPES[DTYPES[precision]]
+
+
+def _attention(dtype="bfloat16", mask=None, size=8, scores_dtype=None):
+    """A self-attention as the mixed-precision pass writes it, with ``mask`` added to the scores."""
+
+    def make(bb, q, k, v):
+        q, k = bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
+        scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), scores_dtype or dtype))
+        scores = bb.emit(R.astype(scores, F)) if (scores_dtype or dtype) != F else scores
+        if mask is not None:
+            scores = bb.emit(R.add(scores, relax.const(mask)))
+        probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(scores, axis=-1)), dtype))
+        return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
+
+    return function_module(make, *[(1, 16, 2, size)] * 3, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "mod, reason",
+    [
+        (lambda: _attention(mask=RNG.uniform(-1, 0, size=(1, 1, 16, 16)).astype(F)), "not one causal mask"),
+        (lambda: _attention(mask=np.triu(np.full((16, 16), -np.inf, F), k=1).T.copy()), "not one causal mask"),
+        (lambda: _attention(size=12), "a head size of 12"),
+    ],
+)
+def test_attention_that_cudnn_would_compute_differently_is_refused_in_one_line(mod, reason):
+    graph = RelaxGraph.from_function(mod()["main"])
+    everything = tuple(range(len(graph.graph)))
+    with pytest.raises(Refused, match=reason) as refused:
+        specs.recognize(Group.from_function(graph.standalone_module(everything)["main"]))
+    assert "\n" not in str(refused.value)
+
+
+def test_attention_in_float32_is_left_to_the_products_one_by_one():
+    graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_bert.onnx")).mod["main"])
+    assert not [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == "cudnn.attention"]
+    with pytest.raises(Refused, match="float32"):
+        specs.recognize(Group.from_function(_attention(dtype=F)["main"]))

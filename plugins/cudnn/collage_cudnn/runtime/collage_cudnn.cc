@@ -12,6 +12,10 @@
 // would round inputs to TF32, which is not what the Relax program computes. No Python runs on
 // this path.
 //
+// An attention partition is one call on [spec, q, k, v] (16-bit, each read through its dims and strides)
+// running cuDNN's fused attention (SDPA: softmax(scale * q @ k^T, causal mask optional) @ v, scores in
+// float32) into a 16-bit output.
+//
 // `collage_cudnn.tune(spec)` builds the first plans cuDNN's heuristics offer for a spec, times
 // them on scratch buffers and returns the fastest plan's engine and knobs as spec words.
 #include <cuda_runtime.h>
@@ -40,12 +44,13 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-constexpr int64_t kSpecVersion = 3;
+constexpr int64_t kSpecVersion = 4;
 constexpr int64_t kTunedPlans = 6;  // plans built and timed per graph at build time
 constexpr size_t kMessageChars = 240;
-enum Kind : int64_t { kConv2d = 1, kMatmul = 2 };
+enum Kind : int64_t { kConv2d = 1, kMatmul = 2, kAttention = 3 };
+enum Mask : int64_t { kNoMask = 0, kCausal = 1 };
 enum Activation : int64_t { kNone = 0, kRelu = 1, kGeluErf = 2, kGeluTanh = 3, kSilu = 4 };
-enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5 };
+enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kResidual = 4, kY = 5, kV = 6 };  // attention: q is x, k is w
 // What x and w are, and what y and the residual are; the bias is float32 and the operation computes in
 // float32 either way. kTf32Operands: float32 x and w that tensor-core engines may round to TF32 (an
 // operand type only, at --precision tf32).
@@ -91,12 +96,14 @@ struct Tensor {
 
 struct Spec {
   int64_t kind = 0;
-  Tensor x, w, y, bias;
+  Tensor x, w, y, bias, v;
   std::vector<int64_t> pre_padding, post_padding, stride, dilation;
   int64_t has_bias = 0, has_residual = 0, activation = kNone, operand_type = kF32Operands, output_type = kF32Operands;
+  double scale = 1.0;  // attention
+  int64_t mask = kNoMask;
   int64_t has_choice = 0, engine = 0;
   std::unordered_map<fe::KnobType_t, int64_t> knobs;
-  int64_t Arity() const { return 3 + has_bias + has_residual; }
+  int64_t Arity() const { return kind == kAttention ? 4 : 3 + has_bias + has_residual; }
   fe::DataType_t OperandDataType() const { return DataTypeOf(operand_type); }
   fe::DataType_t OutputDataType() const { return DataTypeOf(output_type); }
 };
@@ -142,6 +149,40 @@ std::string SpecText(const tvm::ffi::AnyView& spec) {
   return std::string(text.data(), text.size());
 }
 
+void ReadChoice(Reader& reader, Spec& spec) {
+  spec.has_choice = reader.Next();
+  if (spec.has_choice) {
+    spec.engine = reader.Next();
+    int64_t knob_count = reader.Next();
+    for (int64_t i = 0; i < knob_count; ++i) {
+      auto type = static_cast<fe::KnobType_t>(reader.Next());
+      spec.knobs[type] = reader.Next();
+    }
+  }
+  if (!reader.Done()) Fail("the spec has trailing words");
+}
+
+// Attention's layout after the rank (4): q, k, v dims and strides each, o dims, the scale (a float64's
+// bits), the mask, operand type, output type (both 16-bit), has_choice, [engine, knobs...].
+Spec ParseAttention(Reader& reader, Spec spec, int64_t rank) {
+  if (rank != 4) Fail("attention takes tensors of rank 4");
+  spec.x = {reader.Next(rank), reader.Next(rank)};
+  spec.w = {reader.Next(rank), reader.Next(rank)};
+  spec.v = {reader.Next(rank), reader.Next(rank)};
+  spec.y.dims = reader.Next(rank);
+  spec.y.strides = PlainStrides(spec.y.dims);
+  int64_t scale_bits = reader.Next();
+  std::memcpy(&spec.scale, &scale_bits, sizeof(spec.scale));
+  spec.mask = reader.Next();
+  if (spec.mask != kNoMask && spec.mask != kCausal) Fail("unknown attention mask " + std::to_string(spec.mask));
+  spec.operand_type = reader.Next();
+  spec.output_type = reader.Next();
+  if (spec.operand_type != kBf16Operands && spec.operand_type != kF16Operands) Fail("attention takes 16-bit q, k and v");
+  if (spec.output_type != spec.operand_type) Fail("attention writes the type of q, k and v");
+  ReadChoice(reader, spec);
+  return spec;
+}
+
 // Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, [conv: pre, post,
 // stride, dilation (2 each)], has_bias, has_residual, activation, operand type, output type, has_choice, [engine, knob count, knob type/value...]
 Spec ParseSpec(const std::string& hex) {
@@ -151,8 +192,9 @@ Spec ParseSpec(const std::string& hex) {
   if (reader.Next() != kSpecVersion) Fail("the spec was written for another version of the kernels");
   Spec spec;
   spec.kind = reader.Next();
-  if (spec.kind != kConv2d && spec.kind != kMatmul) Fail("unknown kernel kind " + std::to_string(spec.kind));
+  if (spec.kind != kConv2d && spec.kind != kMatmul && spec.kind != kAttention) Fail("unknown kernel kind " + std::to_string(spec.kind));
   int64_t rank = reader.Next();
+  if (spec.kind == kAttention) return ParseAttention(reader, spec, rank);
   spec.x = {reader.Next(rank), reader.Next(rank)};
   spec.w = {reader.Next(rank), reader.Next(rank)};
   spec.y.dims = reader.Next(rank);
@@ -175,16 +217,7 @@ Spec ParseSpec(const std::string& hex) {
   int64_t channel_axis = spec.kind == kConv2d ? 1 : rank - 1;
   bias_dims[channel_axis] = spec.y.dims[channel_axis];
   spec.bias = {bias_dims, PlainStrides(bias_dims)};
-  spec.has_choice = reader.Next();
-  if (spec.has_choice) {
-    spec.engine = reader.Next();
-    int64_t knob_count = reader.Next();
-    for (int64_t i = 0; i < knob_count; ++i) {
-      auto type = static_cast<fe::KnobType_t>(reader.Next());
-      spec.knobs[type] = reader.Next();
-    }
-  }
-  if (!reader.Done()) Fail("the spec has trailing words");
+  ReadChoice(reader, spec);
   return spec;
 }
 
@@ -227,7 +260,26 @@ std::shared_ptr<fe::graph::Tensor_attributes> Pointwise(fe::graph::Graph& graph,
   return graph.pointwise(in, attributes);
 }
 
+// softmax(scale * q @ k^T) @ v in one SDPA node: cuDNN's flash-attention engine, the scores and softmax in
+// float32, k given as (batch, heads, sequence, size) as q and v are.
+std::shared_ptr<fe::graph::Graph> MakeAttentionGraph(const Spec& spec) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(spec.OperandDataType())
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = Input(*graph, "q", kX, spec.x, spec.OperandDataType());
+  auto k = Input(*graph, "k", kW, spec.w, spec.OperandDataType());
+  auto v = Input(*graph, "v", kV, spec.v, spec.OperandDataType());
+  auto attributes = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(false).set_attn_scale(static_cast<float>(spec.scale));
+  if (spec.mask == kCausal) attributes.set_causal_mask(true);
+  auto [o, stats] = graph->sdpa(q, k, v, attributes);
+  o->set_output(true).set_uid(kY).set_dim(spec.y.dims).set_stride(spec.y.strides).set_data_type(spec.OutputDataType());
+  Check(graph->validate(), "cuDNN refused the attention graph");
+  return graph;
+}
+
 std::shared_ptr<fe::graph::Graph> MakeGraph(const Spec& spec) {
+  if (spec.kind == kAttention) return MakeAttentionGraph(spec);
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(fe::DataType_t::FLOAT)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -388,6 +440,7 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   std::unordered_map<int64_t, void*> pointers{{kX, DataOf(tensors[0], device, spec.operand_type)},
                                               {kW, DataOf(tensors[1], device, spec.operand_type)},
                                               {kY, DataOf(out, device, spec.output_type)}};
+  if (spec.kind == kAttention) pointers[kV] = DataOf(tensors[2], device, spec.operand_type);
   size_t at = 2;
   if (spec.has_bias) pointers[kBias] = DataOf(tensors[at++], device);
   if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device, spec.output_type);
@@ -404,6 +457,7 @@ tvm::ffi::Bytes Tune(tvm::ffi::String spec_text) {
   std::vector<std::pair<int64_t, size_t>> buffers{{kX, spec.x.Extent()}, {kW, spec.w.Extent()}, {kY, spec.y.Extent()}};
   if (spec.has_bias) buffers.push_back({kBias, spec.bias.Extent()});
   if (spec.has_residual) buffers.push_back({kResidual, spec.y.Extent()});
+  if (spec.kind == kAttention) buffers.push_back({kV, spec.v.Extent()});
   std::unordered_map<int64_t, void*> pointers;
   for (auto [uid, extent] : buffers) {
     void* buffer = nullptr;
