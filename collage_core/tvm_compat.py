@@ -222,6 +222,11 @@ def is_op_call(expr) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
 
 
+def call_with_args(call, args):
+    """``call`` (an operator call) on ``args`` instead, its attributes kept (0.27: ``ty_args`` for ``sinfo_args``)."""
+    return relax.Call(call.op, args, call.attrs, call.ty_args)
+
+
 def to_tensor(array: np.ndarray, device):
     array = np.asarray(array)
     # np.ascontiguousarray would turn a 0-d array into a 1-d one.

@@ -185,3 +185,36 @@ def test_inspect_at_bf16_shows_which_backends_refuse_bfloat16_and_why(capsys):
     assert "onnxruntime.matmul x8" in text and "bfloat16" in text
     with pytest.raises(SystemExit):
         cli.main(["inspect", str(MODELS / "tiny_bert.onnx"), "--precision", "int4"])
+
+
+def test_bf16_runs_a_layer_norm_between_sixteen_bit_operators_in_float32_and_keeps_its_numbers():
+    """TVM's mixed-precision pass leaves a layer norm on 16-bit values (DeiT's, Swin's and Whisper's, after a residual
+    add) at 16 bits; TVM's layer norm takes no bfloat16, so at bf16 it runs in float32 between casts."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (relax.const(rng.uniform(-0.5, 0.5, size=(16, 16)).astype("float32")) for _ in range(2))
+    gamma, beta = (relax.const(rng.uniform(0.5, 1.5, size=(16,)).astype("float32")) for _ in range(2))
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, w1))
+            y = bb.emit(relax.op.add(bb.emit(relax.op.add(bb.emit(relax.op.matmul(h, w2)), beta)), h))  # a residual add
+            z = bb.emit(relax.op.nn.layer_norm(y, gamma, beta, axes=[-1]))
+            out = bb.emit_output(relax.op.matmul(z, w1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    converted = precision.convert(mod, precision.BF16)
+    (norm,) = calls(converted, "relax.nn.layer_norm")
+    assert [dtype(arg) for arg in norm.args] == ["float32"] * 3
+    assert "float16" not in converted.script().replace("bfloat16", "")
+    inputs = [rng.uniform(-1, 1, size=(4, 16)).astype("float32")]
+
+    def run(module):
+        vm = relax.VirtualMachine(tvm.compile(module, target=tvm_compat.make_target(CPU)), tvm.cpu())
+        return [tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(inputs[0], tvm.cpu())))]
+
+    held_to = precision.tolerance("bf16")
+    result = compare_outputs(run(converted), run(mod), "float32 build", held_to.rtol, held_to.atol)
+    assert result.passed, result.describe()

@@ -212,12 +212,23 @@ def describe(precision: str) -> Optional[str]:
     )
 
 
+# Operators TVM takes in float32 and float16 only: at bfloat16 they run in float32 between casts.
+FLOAT32_AT_BFLOAT16 = ("relax.nn.layer_norm", "relax.nn.group_norm", "relax.nn.rms_norm")
+
+
 def _float16_to_bfloat16(mod):
-    """float16 casts become bfloat16 casts; a power on bfloat16 runs in float32 (TVM's power takes no bfloat16)."""
+    """float16 casts become bfloat16 casts; a power on bfloat16 runs in float32 (TVM's power takes no bfloat16),
+    and so do the normalizations of ``FLOAT32_AT_BFLOAT16`` (their type inference refuses bfloat16)."""
 
     @relax.expr_functor.mutator
     class Retype(relax.expr_functor.PyExprMutator):
         def visit_call_(self, call):
+            if tvm_compat.op_name(call) in FLOAT32_AT_BFLOAT16:
+                args = [self.builder_.normalize(self.visit_expr(arg)) for arg in call.args]
+                if "bfloat16" not in {tvm_compat.tensor_shape_dtype(arg)[1] for arg in args}:
+                    return tvm_compat.call_with_args(call, args)
+                widened = [relax.op.astype(arg, "float32") if tvm_compat.tensor_shape_dtype(arg)[1] == "bfloat16" else arg for arg in args]
+                return relax.op.astype(tvm_compat.call_with_args(call, widened), "bfloat16")
             call = super().visit_call_(call)
             name = tvm_compat.op_name(call)
             if name == "relax.astype" and str(call.attrs.dtype) == "float16":
