@@ -139,3 +139,13 @@ def test_an_onnx_model_with_same_padding_and_a_ceil_mode_pooler_converts_whole()
     assert all(support.supports(call) for call in calls(rewritten))
     data = random_input((1, 3, 9, 10), F, RNG)
     assert_same(run(rewritten, [data]), run(mod, [data]))
+
+
+def test_a_concatenation_of_one_tensor_becomes_that_tensor_and_one_of_two_stays():
+    x = random_input((2, 3, 4), F, RNG)
+    lone = module(lambda bb, a: R.nn.relu(bb.emit(R.concat([a], axis=1))), ((2, 3, 4), F))
+    rewritten = rewrites.for_backends(lone)
+    assert "relax.concat" in op_names(lone) and op_names(rewritten) == ["relax.nn.relu"]
+    assert_same(run(rewritten, [x])[0], np.maximum(x, 0))
+    pair = module(lambda bb, a: R.concat([a, a], axis=1), ((2, 3, 4), F))
+    assert op_names(rewrites.for_backends(pair)) == ["relax.concat"]

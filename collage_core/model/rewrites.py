@@ -7,8 +7,10 @@
 - :func:`importer_pads`: the ``call_tir`` kernels TVM's ONNX importer writes for ONNX ``Pad`` (TOPI's ``pad``,
   ``mirror_pad`` and ``replicate_pad``) become ``relax.nn.pad``, or nothing where they pad by zero. A callee is
   rewritten only where it is, structurally, the kernel TOPI makes for widths and a value read off its shapes.
+- :func:`lone_concats`: a concatenation of one tensor (OPT's export writes one around each key and value, where a
+  cache would be joined) is that tensor: a copy kernel less, and attention reads its keys and values in place.
 
-:func:`for_backends` applies both; :mod:`collage_core.model.model_import` calls it after the import, before constants
+:func:`for_backends` applies them all; :mod:`collage_core.model.model_import` calls it after the import, before constants
 are folded.
 """
 
@@ -109,6 +111,12 @@ def _importer_pad(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
     return None
 
 
+def _lone_concat(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+    if tvm_compat.op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple) or len(call.args[0].fields) != 1:
+        return None
+    return call.args[0].fields[0]
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, rules: list[Rule]):
@@ -144,7 +152,12 @@ def importer_pads(mod: tvm.IRModule) -> tvm.IRModule:
     return _apply(mod, [_importer_pad])
 
 
+def lone_concats(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each concatenation of one tensor replaced by that tensor."""
+    return _apply(mod, [_lone_concat])
+
+
 def for_backends(mod: tvm.IRModule) -> tvm.IRModule:
-    """Both rewrites, in one pass over ``mod``; the TIR functions no call reads any more stay for dead-code
+    """Every rewrite, in one pass over ``mod``; the TIR functions no call reads any more stay for dead-code
     elimination to remove."""
-    return _apply(mod, [_importer_pad, _global_pooling])
+    return _apply(mod, [_importer_pad, _global_pooling, _lone_concat])

@@ -44,10 +44,10 @@ def attention_pattern():
     scores = is_op("relax.matmul")(operand(), operand())
     scores = _maybe(_maybe(scores, cast_pattern), cast_pattern)
     scores = _maybe(scores, lambda v: scale_pattern(v) | is_op("relax.divide")(v, is_const()))
-    scores = _maybe(_maybe(scores, cast_pattern), bias_pattern)
+    scores = _maybe(_maybe(_maybe(scores, cast_pattern), bias_pattern), cast_pattern)
     probabilities = is_op("relax.nn.softmax")(scores)
     probabilities = _maybe(probabilities, lambda p: is_op("relax.where")(is_op("relax.isnan")(p), is_const(), p))
-    probabilities = _maybe(probabilities, cast_pattern)
+    probabilities = _maybe(_maybe(_maybe(probabilities, cast_pattern), cast_pattern), cast_pattern)
     values = is_op("relax.permute_dims")(wildcard()) | wildcard()
     return cast_pattern(is_op("relax.matmul")(probabilities, values))
 

@@ -201,11 +201,12 @@ def _attention(group: Group) -> KernelSpec:
     if cast is None:
         raise Refused("attention with a float32 result (cuDNN's fused attention writes 16 bits)")
     probabilities, values = second.args
-    if walk.call(probabilities, "relax.astype") is not None:
-        probabilities = walk.taken[-1].args[0]
-    guard = walk.call(probabilities, "relax.where")
-    if guard is not None:  # where(isnan(p), 0, p): a row whose every score is masked; a causal mask leaves none
-        condition, zero, probabilities = guard.args
+    while (step := walk.call(probabilities, "relax.astype", "relax.where")) is not None:
+        if tvm_compat.op_name(step) == "relax.astype":
+            probabilities = step.args[0]
+            continue
+        # where(isnan(p), 0, p): a row whose every score is masked; a causal mask leaves none
+        condition, zero, probabilities = step.args
         isnan = walk.call(condition, "relax.isnan")
         if isnan is None or not isnan.args[0].same_as(probabilities) or fused_groups.scalar(zero) != 0.0:
             raise Refused("a where after the softmax that is not a NaN guard")
@@ -225,8 +226,11 @@ def _attention(group: Group) -> KernelSpec:
             scale *= factor
         else:
             constant = next((arg for arg in step.args if tvm_compat.is_constant(arg)), None)
-            dims = shape_of(step)
-            if mask is not None or constant is None or not _causal(tvm_compat.constant_array(constant), dims[-2], dims[-1]):
+            added, dims = (None if constant is None else tvm_compat.constant_array(constant)), shape_of(step)
+            if added is not None and not added.any():  # a padding mask that hides nothing, folded to zeros
+                scores = next(arg for arg in step.args if not arg.same_as(constant))
+                continue
+            if mask is not None or added is None or not _causal(added, dims[-2], dims[-1]):
                 raise Refused("an additive mask that is not one causal mask (cuDNN takes a causal mask, not a bias)")
             scores, mask = next(arg for arg in step.args if not arg.same_as(constant)), "causal"
     first = walk.call(scores, "relax.matmul")

@@ -206,3 +206,13 @@ def test_attention_in_float32_is_left_to_the_products_one_by_one():
     assert not [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == "cudnn.attention"]
     with pytest.raises(Refused, match="float32"):
         specs.recognize(Group.from_function(_attention(dtype=F)["main"]))
+
+
+def test_a_padding_mask_that_hides_nothing_is_no_mask():
+    """DistilBERT's export adds its padding mask, folded to zeros when every token is kept: attention without a mask."""
+    mod = _attention(mask=np.zeros((1, 1, 1, 16), F))
+    graph = RelaxGraph.from_function(mod["main"])
+    (candidate,) = [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == "cudnn.attention"]
+    assert len(candidate.nodes) == len(graph.graph)
+    spec = check_candidate(graph, candidate.nodes)
+    assert spec.words[-3] == specs.MASK_CODES[None]
