@@ -153,3 +153,22 @@ def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_
     inputs = result.model.random_inputs(seed=7)
     got, expected = result.run(*inputs)[0], result.model.reference(inputs)[0]
     assert np.abs(got - expected).max() <= held_to.atol + held_to.rtol * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("name", ["tiny_bert", "tiny_gpt2"])
+def test_at_bf16_attention_is_measured_as_one_cudnn_kernel_and_the_placement_passes_its_tolerance(workspace, name):
+    """Each attention of the model is a cudnn.attention candidate that was built and timed on the GPU; whichever the
+    search keeps, the placement's outputs are within bf16's tolerance of ONNX Runtime's."""
+    result = collage_core.optimize(
+        str(MODELS / f"{name}.onnx"),
+        target="cuda",
+        backends=BACKENDS,
+        cost_db=workspace / "costs.sqlite",
+        output_dir=workspace / f"{name}-attention",
+        show_progress=False,
+        compare_backends=False,
+        precision="bf16",
+    )
+    assert result.verification.passed, result.verification.describe()
+    fused = [c for c in result.placement.considered if c.pattern == "cudnn.attention"]
+    assert fused and all(c.cost.is_measured for c in fused), [(c.pattern, c.cost) for c in fused]
