@@ -154,7 +154,7 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
 
         return make, shapes
     if parts[0] == "attention":  # as `--precision bf16|fp16` converts a causal self-attention: q, k, v (batch, seq, heads, size)
-        batch, sequence, heads, size = 2, 16, 3, 8
+        batch, sequence, heads, size = 2, 16, 3, 32
         mask = np.triu(np.full((sequence, sequence), -np.inf, dtype=np.float32), k=1).reshape(1, 1, sequence, sequence)
 
         def make(bb, q, k, v):
