@@ -132,10 +132,9 @@ def test_a_model_library_format_tar_runs_with_tvm_runtime_alone(optimized, tmp_p
     np.testing.assert_allclose(alone, result.run(*inputs)[0], rtol=1e-5, atol=1e-5, equal_nan=False)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("name, vendor", [("tiny_bert", "cublas"), ("tiny_resnet", "cudnn")])
-def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_its_tolerance(workspace, name, vendor, precision):
-    result = collage_core.optimize(
+def optimized_at(workspace, name: str, precision: str):
+    """``name`` placed over BACKENDS at ``precision`` on the GPU (no baselines), its costs kept in ``workspace``."""
+    return collage_core.optimize(
         str(MODELS / f"{name}.onnx"),
         target="cuda",
         backends=BACKENDS,
@@ -145,6 +144,12 @@ def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_
         compare_backends=False,
         precision=precision,
     )
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name, vendor", [("tiny_bert", "cublas"), ("tiny_resnet", "cudnn")])
+def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_its_tolerance(workspace, name, vendor, precision):
+    result = optimized_at(workspace, name, precision)
     assert result.placement.precision == precision and result.verification.passed, result.verification.describe()
     held_to = tolerance(precision)
     assert (result.verification.rtol, result.verification.atol) == (held_to.rtol, held_to.atol)
@@ -159,16 +164,7 @@ def test_a_sixteen_bit_placement_puts_products_on_the_vendor_library_and_passes_
 def test_at_bf16_attention_is_measured_as_one_cudnn_kernel_and_the_placement_passes_its_tolerance(workspace, name):
     """Each attention of the model is a cudnn.attention candidate that was built and timed on the GPU; whichever the
     search keeps, the placement's outputs are within bf16's tolerance of ONNX Runtime's."""
-    result = collage_core.optimize(
-        str(MODELS / f"{name}.onnx"),
-        target="cuda",
-        backends=BACKENDS,
-        cost_db=workspace / "costs.sqlite",
-        output_dir=workspace / f"{name}-attention",
-        show_progress=False,
-        compare_backends=False,
-        precision="bf16",
-    )
+    result = optimized_at(workspace, name, "bf16")
     assert result.verification.passed, result.verification.describe()
     fused = [c for c in result.placement.considered if c.pattern == "cudnn.attention"]
     assert fused and all(c.cost.is_measured for c in fused), [(c.pattern, c.cost) for c in fused]
