@@ -177,7 +177,7 @@ def _checked(
         arrays = result.model.random_inputs()
         outputs = _run_in(worker, library, target, dispatch, arrays, scratch, remote)
         verification = compare_outputs(outputs, reference(arrays), "onnxruntime", *_tolerance(result))
-        in_library_s, alone_s = _in_turns(worker, library, result, index, arrays, target, say, scratch) if timed else (None, None)
+        in_library_s, alone_s = _in_turns(worker, library, result, index, arrays, target, say, scratch, remote) if timed else (None, None)
         checks.append(ShapeCheck(profile.label, index, False, verification, in_library_s, alone_s))
         timing = f"; in turns: in the library {shown_ms(in_library_s)}, alone {shown_ms(alone_s)}" if timed else ""
         say(f"  {profile.label}: {verification.describe()}{timing}")
@@ -222,7 +222,7 @@ def _asked(worker, request: dict, what: str) -> dict:
         raise ShapeProfileError(f"{what} failed: {failure}") from None
 
 
-def _in_turns(worker, library: Path, result, index: int, arrays, target, say, scratch: Path):
+def _in_turns(worker, library: Path, result, index: int, arrays, target, say, scratch: Path, remote=None):
     inputs = scratch / f"turns-{index + 1}.npz"
     np.savez(inputs, *arrays)
     try:
@@ -233,6 +233,7 @@ def _in_turns(worker, library: Path, result, index: int, arrays, target, say, sc
             worker.plugin_modules,
             worker.disabled,
             functions={"library": entry_function(index)},
+            remote=remote,
         )
     except (CollageError, WorkerFailure) as error:
         say(f"  timing shape {index + 1} in turns failed: {error}")

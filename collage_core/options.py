@@ -186,10 +186,9 @@ class OptimizeOptions:
                         refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise ArgumentError("--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers")
-        if self.rpc_tracker is not None and (self.compare_backends or self.accuracy_budget is not None):
+        if self.rpc_tracker is not None and self.accuracy_budget is not None:
             raise ArgumentError(
-                "measuring on other machines (--rpc-tracker) does not yet time baselines in turns (--compare) "
-                "or hold an accuracy budget: leave those out, or measure here"
+                "measuring on other machines (--rpc-tracker) does not yet hold an accuracy budget: leave it out, or measure here"
             )
         if self.shapes is not None and self.placement is not None:
             raise ArgumentError("--shapes searches; a placements file of several shapes replays the shapes it names: leave --shapes out")
@@ -208,7 +207,8 @@ class OptimizeOptions:
 
     def compares_backends(self) -> bool:
         """Whether the baselines are measured: as asked, or by default when searching here, not when replaying
-        nor measuring on other machines."""
+        nor measuring on other machines (there ``--compare`` asks for them: each is built here and timed on a server,
+        and the contest in turns runs on one server)."""
         if self.compare_backends is None:
             return self.placement is None and self.rpc_tracker is None
         return self.compare_backends

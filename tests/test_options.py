@@ -176,10 +176,9 @@ def test_a_target_tvm_does_not_make_is_refused_in_tvms_words_by_the_command_and_
             "--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers",
         ),
         (
-            ["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "x86", "--compare"],
-            {"rpc_tracker": "127.0.0.1:9190", "rpc_key": "x86", "compare_backends": True},
-            "measuring on other machines (--rpc-tracker) does not yet time baselines in turns (--compare) "
-            "or hold an accuracy budget: leave those out, or measure here",
+            ["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "x86", "--precision", "bf16", "--accuracy-budget", "0.01"],
+            {"rpc_tracker": "127.0.0.1:9190", "rpc_key": "x86", "precision": "bf16", "accuracy_budget": 0.01},
+            "measuring on other machines (--rpc-tracker) does not yet hold an accuracy budget: leave it out, or measure here",
         ),
         (
             ["--placement", "p.json", "--accuracy-budget", "0.01"],

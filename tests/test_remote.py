@@ -337,3 +337,28 @@ def test_servers_that_share_a_host_are_named_for_the_warning_that_they_time_each
     servers = ["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.1:9091", "10.0.0.1:9092", "[::1]:9090", "[::1]:9091"]
     assert remote.shared_hosts(servers) == {"10.0.0.1": 3, "[::1]": 2}
     assert remote.shared_hosts(["10.0.0.1:9090", "10.0.0.2:9090"]) == {}
+
+
+def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_on_a_server(cluster, tmp_path, monkeypatch):
+    """``--compare`` through RPC: each baseline built here and timed on a server; the placement and its closest rivals
+    then timed in turns in one session on one server, each run timed there."""
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    result = collage_core.optimize(
+        dense_model(tmp_path),
+        cost_db=tmp_path / "costs.sqlite",
+        output_dir=tmp_path / "out",
+        calibration_rounds=0,
+        compare_backends=True,
+        show_progress=False,
+        settings=QUICK,
+        backends=["tvm", "dnnl"],
+        rpc_tracker=cluster.address,
+        rpc_key=KEY,
+    )
+    assert result.verification.passed
+    rows = {row.name: row for row in result.end_to_end}
+    print({name: (row.cost.median_s, row.timed_in_turns) for name, row in rows.items()})
+    assert len(rows) >= 3 and all(row.cost.is_measured for row in rows.values())
+    in_turns = [row for row in rows.values() if row.timed_in_turns]
+    assert len(in_turns) >= 2 and all(row.after_pause is not None and row.after_pause.is_measured for row in in_turns)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import attrs
 import numpy as np
@@ -84,25 +84,33 @@ def time_in_turns(
     disabled: Sequence[str],
     settings: TurnSettings = TurnSettings(),
     functions: Mapping[str, str] = {},
+    remote: Optional[dict] = None,
 ) -> dict[str, LibraryTurns]:
     """Each library's latency in turns, by name, from the runs of its fastest worker on ``inputs`` (an
     ``.npz``), every worker of every library taking its turns. A library runs its ``main``, or the entry
     function ``functions`` names for it (a library of shape profiles holds one per shape).
 
+    With ``remote`` (:meth:`collage_core.measure.remote.RemoteServers.request`: libraries built for the servers),
+    the libraries take their turns on one server, loaded in one session (held for the whole contest, so that it
+    needs one free server) and each run timed there; a process's luck is the server's, so one copy of each.
+
     Raises :class:`~collage_core.measure.worker_client.WorkerFailure` if a library cannot be loaded or run.
     """
     with contextlib.ExitStack() as stack:
         workers, once_s = {}, {}
+        shared = stack.enter_context(MeasurementWorker(plugin_modules, disabled)) if remote is not None else None
         for name, library in libraries.items():
-            for copy in range(settings.workers_per_library):
-                worker = stack.enter_context(MeasurementWorker(plugin_modules, disabled))
+            for copy in range(settings.workers_per_library if remote is None else 1):
+                worker = shared or stack.enter_context(MeasurementWorker(plugin_modules, disabled))
                 request = {
                     "op": "load_library",
+                    "name": name,
                     "library": str(library),
                     "inputs": str(inputs),
                     "target": target_json,
                     "warmup_runs": settings.warmup_runs,
                     "function": functions.get(name, "main"),
+                    **({"remote": remote} if remote is not None else {}),
                 }
                 once_s[name, copy] = worker.request(request, settings.timeout_s)["once_s"]
                 workers[name, copy] = worker
@@ -115,7 +123,7 @@ def time_in_turns(
             for key in keys[shift:] + keys[:shift]:
                 run_s = max(float(np.median(warm[key])) if warm[key] else once_s[key], 1e-6)
                 count = 1 + max(1, int(settings.burst_s / run_s))
-                request = {"op": "time_turn", "count": count, "pause_s": settings.pause_s}
+                request = {"op": "time_turn", "name": key[0], "count": count, "pause_s": settings.pause_s}
                 response = workers[key].request(request, settings.timeout_s)
                 first, *rest = response["samples_s"]
                 after_pause[key].append(first)

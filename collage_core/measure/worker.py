@@ -350,19 +350,56 @@ def _held_placement(state, request):
 
 def _load_library(state, request):
     """Load an exported library and its inputs and run its entry function (``function``, default ``main``)
-    ``warmup_runs`` times (default 1) and once more, timed; ``time_turn`` then times it."""
+    ``warmup_runs`` times (default 1) and once more, timed; ``time_turn`` then times it by the request's ``name``
+    (a worker may hold several). With ``remote``, the library is uploaded to a server and runs there, each run
+    timed there by TVM's timer (no round trip inside a sample)."""
+    if request.get("remote"):
+        return _load_library_remotely(state, request)
     function, args, device = _library_function(state, request)
 
     def run():
         function(*args)
         device.sync()
 
+    def runs(count: int) -> list[float]:
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - started)
+        return samples
+
     for _ in range(int(request.get("warmup_runs", 1))):
         run()
-    started = time.perf_counter()
-    run()
-    state["turn"], state["last_run_end"] = run, time.perf_counter()
-    return {"once_s": state["last_run_end"] - started}
+    (once_s,) = runs(1)
+    state.setdefault("turns", {})[request.get("name")] = {"runs": runs, "last_run_end": time.perf_counter()}
+    return {"once_s": once_s}
+
+
+def _load_library_remotely(state, request):
+    remote = request["remote"]
+    state["remote_target"] = request["target"]
+    if "remote" not in state:
+        _remote_connect(state, remote)
+
+    def load():
+        vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
+        args = _saved_tensors(request["inputs"], device)
+
+        def runs(count: int) -> list[float]:
+            evaluator = vm.time_evaluator(request.get("function", "main"), device, number=1, repeat=count)
+            return [float(sample) for sample in evaluator(*args).results]
+
+        if int(request.get("warmup_runs", 1)) > 0:
+            runs(int(request.get("warmup_runs", 1)))
+        return runs, runs(1)[0]
+
+    runs, once_s = _guarded(state, load)
+    state.setdefault("turns", {})[request.get("name")] = {
+        "runs": lambda count: _guarded(state, lambda: runs(count)),
+        "last_run_end": time.perf_counter(),
+    }
+    return {"once_s": once_s, "server": _remote(state)["server"]}
 
 
 def _library_function(state, request):
@@ -401,20 +438,17 @@ def _run_library(state, request):
 
 
 def _time_turn(state, request):
-    """Run the loaded library ``count`` times; the seconds of each run. With ``pause_s``, the turn first
-    waits until the library has been idle that long since its last run, and says how long it was idle
+    """Run the loaded library of the request's ``name`` ``count`` times; the seconds of each run. With ``pause_s``,
+    the turn first waits until the library has been idle that long since its last run, and says how long it was idle
     (``paused_s``): the first run of the turn is then a run after a pause, the others back to back."""
-    run, samples = state["turn"], []
+    turn = state["turns"][request.get("name")]
     if "pause_s" in request:
-        idle_s = time.perf_counter() - state["last_run_end"]
+        idle_s = time.perf_counter() - turn["last_run_end"]
         if idle_s < request["pause_s"]:
             time.sleep(request["pause_s"] - idle_s)
-    paused_s = time.perf_counter() - state["last_run_end"]
-    for _ in range(int(request["count"])):
-        started = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - started)
-    state["last_run_end"] = time.perf_counter()
+    paused_s = time.perf_counter() - turn["last_run_end"]
+    samples = turn["runs"](int(request["count"]))
+    turn["last_run_end"] = time.perf_counter()
     return {"samples_s": samples, "paused_s": paused_s}
 
 
