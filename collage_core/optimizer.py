@@ -97,7 +97,7 @@ def optimize(
             backends = remote_servers.measurable_remotely(pm, backends, say)
             remote = attrs.evolve(remote, carried=remote_servers.carried_libraries(pm, [info.backend for info in backends]))
         search = search_stage.search_kind(options.search, backends)
-        held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock)
+        held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock, remote)
         placed_model, target = held.imported.model, imported.target
         graph = RelaxGraph.from_function(placed_model.mod["main"], placed_model.mod)
         say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; target {target}")

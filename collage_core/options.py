@@ -186,10 +186,6 @@ class OptimizeOptions:
                         refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise ArgumentError("--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers")
-        if self.rpc_tracker is not None and self.accuracy_budget is not None:
-            raise ArgumentError(
-                "measuring on other machines (--rpc-tracker) does not yet hold an accuracy budget: leave it out, or measure here"
-            )
         if self.shapes is not None and self.placement is not None:
             raise ArgumentError("--shapes searches; a placements file of several shapes replays the shapes it names: leave --shapes out")
         if self.accuracy_budget is not None:

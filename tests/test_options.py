@@ -176,11 +176,6 @@ def test_a_target_tvm_does_not_make_is_refused_in_tvms_words_by_the_command_and_
             "--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers",
         ),
         (
-            ["--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "x86", "--precision", "bf16", "--accuracy-budget", "0.01"],
-            {"rpc_tracker": "127.0.0.1:9190", "rpc_key": "x86", "precision": "bf16", "accuracy_budget": 0.01},
-            "measuring on other machines (--rpc-tracker) does not yet hold an accuracy budget: leave it out, or measure here",
-        ),
-        (
             ["--placement", "p.json", "--accuracy-budget", "0.01"],
             {"placement": "p.json", "accuracy_budget": 0.01},
             "--accuracy-budget searches; a placement file is replayed as it was made, with the units it kept in float32",

@@ -24,6 +24,7 @@ from collage_core.build.cuda_libraries import gpu_description
 from collage_core.measure import remote
 from collage_core.measure.rpc_cluster import LocalCluster, free_port
 from collage_core.measure.timing import MeasureSettings
+from collage_core.model import precision
 from collage_core.plugins import get_plugin_manager
 
 pytest.importorskip("tornado", reason="the RPC tracker needs tornado: pip install 'collage-core[rpc]'")
@@ -362,3 +363,27 @@ def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_o
     assert len(rows) >= 3 and all(row.cost.is_measured for row in rows.values())
     in_turns = [row for row in rows.values() if row.timed_in_turns]
     assert len(in_turns) >= 2 and all(row.after_pause is not None and row.after_pause.is_measured for row in in_turns)
+
+
+@pytest.mark.slow  # tiny_bert's search, probes and verification through two servers: about a minute
+def test_an_accuracy_budget_is_held_with_probes_run_on_the_servers(cluster, tmp_path, monkeypatch):
+    """At bf16 with ``--accuracy-budget``, each probe (a placement with some units in float32) built here and run on
+    a server; the units kept in float32 hold the budget in the verification, which also ran there."""
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})  # TVM computes bfloat16 on any x86 CPU
+    budget = 1e-4  # tiny_bert measures about 3e-4 with every unit at bf16 (tests/test_accuracy_budget.py)
+    held = collage_core.optimize(
+        str(Path(__file__).resolve().parents[1] / "models" / "tiny_bert.onnx"),
+        backends=["tvm"],
+        precision="bf16",
+        accuracy_budget=budget,
+        accuracy_blocks=2,
+        cost_db=tmp_path / "costs.sqlite",
+        output_dir=tmp_path / "out",
+        calibration_rounds=0,
+        show_progress=False,
+        settings=QUICK,
+        rpc_tracker=cluster.address,
+        rpc_key=KEY,
+    )
+    assert held.accuracy.probes[0].float32_units == () and held.accuracy.probes[0].error > budget
+    assert held.accuracy.float32_units and held.verification.passed and held.verification.max_rel_error <= budget

@@ -53,6 +53,9 @@ def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[i
             "library": None,
             "timed": False,
         }
+        if base.remote is not None:  # built here for the servers, run on one of them
+            request["library"] = str(base.workdir / f"probe-{index}.so")
+            request["remote"] = base.remote.request(sorted({path for paths in base.remote.carried.values() for path in paths}))
         if held:
             request.update(held=key, float32_units=sorted(units), parts=parts_to_json(parts))
         else:
@@ -67,7 +70,7 @@ def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[i
         return outputs
     finally:
         for request in requests:
-            for name in ("outputs", "module"):
+            for name in ("outputs", "module", "library"):
                 if request.get(name):
                     Path(request[name]).unlink(missing_ok=True)
         inputs.unlink(missing_ok=True)

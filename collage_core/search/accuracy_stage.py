@@ -46,10 +46,12 @@ def held_to_budget(
     folder: RunFolder,
     say: Callable[[str], None],
     clock: PhaseClock,
+    remote=None,
 ) -> Held:
     """``imported`` with as few units back in float32 as hold ``options.accuracy_budget`` (as it is without
     a budget). The fit is kept in the run's folder, and reused by a rerun into it; the probes' files go
-    to its scratch."""
+    to its scratch. With ``remote`` (:class:`collage_core.measure.remote.RemoteServers`) the probes' candidates
+    are timed and the probes run on the servers."""
     budget = options.accuracy_budget
     if budget is None:
         return Held(imported, None)
@@ -63,7 +65,9 @@ def held_to_budget(
         variant = with_float32_units(model, float32_units, imported.original)
         graph = RelaxGraph.from_function(variant.mod["main"], variant.mod)
         # Nothing of a probe is kept: its job's folder is the run's scratch.
-        return Job(variant, graph, imported.target, pm, chosen, options.settings, folder.scratch, lambda message: None, False)
+        job = Job(variant, graph, imported.target, pm, chosen, options.settings, folder.scratch, lambda message: None, False)
+        job.remote = remote
+        return job
 
     base = job_for(())
     reference = model.reference(base.inputs)
