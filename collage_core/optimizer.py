@@ -62,7 +62,8 @@ def optimize(
     With ``rpc_tracker`` (``"HOST:PORT"``) and ``rpc_key``, candidates and placements are built here for the CPU of
     the servers registered under that key (``target``, or read from a server) and timed and verified on them, every
     free one at once (see :mod:`collage_core.measure.remote`); backends whose partitions call Python at run time are
-    left out, and no baselines are measured (not yet remotely). With ``shapes`` (an ONNX model with symbolic
+    left out, and baselines are measured only when ``compare_backends`` asks (the contest in turns then runs on one
+    server). With ``shapes`` (an ONNX model with symbolic
     dimensions, or a PyTorch module with ``example_inputs`` and every input's shapes listed, exported to such a
     file and checked: :mod:`collage_core.model.torch_shapes`), each shape listed is optimized and all are built
     into one library that chooses among them by the shapes of a call (a :class:`~collage_core.outputs.profiled_result.ProfiledModel`; see
