@@ -315,8 +315,10 @@ def default_output(model: str) -> Path:
 
 def _optimize(args) -> int:
     options = options_from(args)
-    if options.compare_backends and options.placement is None:
-        raise CollageError("--compare is for --placement: a search compares its placement with the baselines unless --no-compare")
+    if options.compare_backends and options.placement is None and options.rpc_tracker is None:
+        raise CollageError(
+            "--compare is for --placement or --rpc-tracker: a search here compares its placement with the baselines unless --no-compare"
+        )
     output = Path(options.output_dir) if options.output_dir else default_output(args.model)
     if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are

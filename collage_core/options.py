@@ -97,7 +97,7 @@ class OptimizeOptions:
         BOOLEAN.or_none(),
         "measure each backend alone and TVM's unpartitioned build beside the placement and "
         "time the closest in turns: the fastest by a margin is returned, the replayed placement whatever wins "
-        "(default: when searching, not when replaying)",
+        "(default: when searching here, not when replaying nor measuring on other machines)",
     )
     baseline_limit_s: Optional[float] = described(
         DEFAULT_BASELINE_LIMIT_S,
