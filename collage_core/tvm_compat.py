@@ -222,6 +222,14 @@ def is_op_call(expr) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
 
 
+def llvm_target_has_any_feature(target, features) -> bool:
+    """Whether LLVM's table for ``target``'s CPU (its ``mcpu``) lists any of ``features`` (LLVM's names: ``amx-bf16``)."""
+    # Deferred: TVM's compiler, which a runtime-only TVM lacks.
+    from tvm.target import codegen
+
+    return any(bool(codegen.target_has_features([feature], make_target(target))) for feature in features)
+
+
 def call_with_args(call, args):
     """``call`` (an operator call) on ``args`` instead, its attributes kept (0.27: ``ty_args`` for ``sinfo_args``)."""
     return relax.Call(call.op, args, call.attrs, call.ty_args)

@@ -218,3 +218,14 @@ def test_bf16_runs_a_layer_norm_between_sixteen_bit_operators_in_float32_and_kee
     held_to = precision.tolerance("bf16")
     result = compare_outputs(run(converted), run(mod), "float32 build", held_to.rtol, held_to.atol)
     assert result.passed, result.describe()
+
+
+@pytest.mark.parametrize("mcpu, refused", [("sapphirerapids", False), ("znver4", False), ("znver3", True), ("skylake-avx512", True)])
+def test_bf16_on_servers_is_judged_by_llvms_table_for_their_cpu_not_by_this_machines_flags(monkeypatch, mcpu, refused):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"} if refused else set())  # this machine: the opposite
+    target = tvm_compat.make_target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})
+    if refused:
+        with pytest.raises(CollageError, match=f"the servers' CPU \\({mcpu}, as LLVM names it\\) has no fast bf16"):
+            precision.check_precision("bf16", target, remote=True)
+    else:
+        precision.check_precision("bf16", target, remote=True)

@@ -76,8 +76,13 @@ def require_known(precision: str) -> None:
         raise PrecisionError(f"unknown precision {precision!r} (choose {', '.join(PRECISIONS)})")
 
 
-def check_precision(precision: str, target) -> None:
-    """Refuse, in one line, a precision the target cannot run fast (or at all); return quietly otherwise."""
+# The same units as LLVM names them, for a CPU known by its target's ``mcpu`` alone (a server measured through RPC).
+FAST_BF16_LLVM_FEATURES = ("amx-bf16", "avx512bf16")
+
+
+def check_precision(precision: str, target, remote: bool = False) -> None:
+    """Refuse, in one line, a precision the target cannot run fast (or at all); return quietly otherwise. This
+    machine's CPU is judged by its flags; with ``remote``, the servers' by LLVM's table for the target's ``mcpu``."""
     require_known(precision)
     if precision == FP32:
         return
@@ -91,6 +96,14 @@ def check_precision(precision: str, target) -> None:
             "precision fp16 on the CPU: no CPU backend computes float16 faster than float32 here; "
             "use bf16 on a CPU with AMX or AVX512-BF16, or fp16 with --target cuda"
         )
+    if remote:
+        if not tvm_compat.llvm_target_has_any_feature(target, FAST_BF16_LLVM_FEATURES):
+            cpu = str(tvm_compat.make_target(target).attrs.get("mcpu", "unknown"))
+            raise PrecisionError(
+                f"precision bf16: the servers' CPU ({cpu}, as LLVM names it) has no fast bf16 (neither "
+                f"{' nor '.join(FAST_BF16_LLVM_FEATURES)} among its features), so bf16 would run slower than fp32; use fp32"
+            )
+        return
     if not has_fast_bf16():
         raise PrecisionError(
             f"precision bf16: this CPU ({cpu_model()}) has no fast bf16 (neither "

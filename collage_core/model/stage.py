@@ -35,7 +35,7 @@ def import_model(model: Any, example_inputs: Optional[Sequence[Any]], options: O
     target = tvm_compat.make_target(options.target)
     replayed = load_placement(options.placement) if options.placement is not None else None
     precision = _precision_wanted(options.precision, replayed, options.placement)
-    check_precision(precision, target)
+    check_precision(precision, target, remote=options.rpc_tracker is not None)
     converted = at_precision(original, precision)
     if replayed is not None:
         converted = with_float32_units(converted, replayed.float32_units, original)
