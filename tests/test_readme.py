@@ -127,3 +127,22 @@ def test_the_pages_run_as_written_in_order(tmp_path):
             _run_block(language, code, tmp_path)
             ran.append((page, heading))
     assert set(ran) == set(RUN_AS_WRITTEN), ran
+
+
+GPU_MARK = re.compile(r"^(@pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu)", re.MULTILINE)
+
+
+def test_the_gpu_script_runs_every_file_of_gpu_tests():
+    """scripts/gpu-tests.sh, which the README and docs/usage.md give for the GPU tests, names each test file that holds a
+    test marked ``gpu``, or, for a plugin's, that plugin's tests folder."""
+    words = set(shlex.split((ROOT / "scripts" / "gpu-tests.sh").read_text(), comments=True))
+    marked = [
+        path for path in [*ROOT.glob("tests/test_*.py"), *ROOT.glob("plugins/*/tests/test_*.py")] if GPU_MARK.search(path.read_text())
+    ]
+    assert len(marked) >= 10
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in marked
+        if not {str(path.relative_to(ROOT)), str(path.parent.relative_to(ROOT))} & words - {"tests"}
+    ]
+    assert not missing, f"scripts/gpu-tests.sh does not run {missing}"
