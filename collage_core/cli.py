@@ -301,9 +301,10 @@ def _backends(args) -> int:
     if args.rpc_tracker:
         print(f"\nservers of the RPC tracker at {args.rpc_tracker}:")
         print(remote.describe(args.rpc_tracker, args.rpc_key))
-        cpu_backends = [info for info in discover_backends(pm).values() if "cpu" in info.backend.device_kinds]
-        names = [info.name for info in remote.measurable_remotely(pm, cpu_backends, lambda line: None)]
-        print(f"backends measurable there (CPU targets; when available here): {', '.join(names)}")
+        for kind, label in (("cpu", "CPU targets"), ("cuda", "--target cuda")):
+            chosen = [info for info in discover_backends(pm).values() if kind in info.backend.device_kinds]
+            names = [info.name for info in remote.measurable_remotely(pm, chosen, lambda line: None)]
+            print(f"backends measurable there ({label}; when available here): {', '.join(names)}")
     return 0
 
 

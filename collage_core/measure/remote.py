@@ -211,7 +211,8 @@ def carried_libraries(pm, backends) -> dict[str, list[Path]]:
 
 
 def describe(tracker: str, key: Optional[str]) -> str:
-    """``collage backends --rpc-tracker``: the servers at ``tracker`` (of ``key``, or all), and the CPU of each key."""
+    """``collage backends --rpc-tracker``: the servers at ``tracker`` (of ``key``, or all), and the CPU (and the GPU,
+    if it has one) of each key."""
     host, port, summary = tracker_summary(tracker)
     lines = []
     keys = sorted({item.get("key", "").split(":", 1)[-1] for item in summary.get("server_info", [])})
@@ -225,7 +226,28 @@ def describe(tracker: str, key: Optional[str]) -> str:
                 lines.append(f"  runs {tvm_compat.device_name(target)} ({tvm_compat.target_to_json(target)})")
             except RemoteError as error:
                 lines.append(f"  {error}")
+            gpu = _gpu_line(host, port, each)
+            if gpu:
+                lines.append(f"  {gpu}")
     return "\n".join(lines) if lines else f"no server is registered at the RPC tracker {tracker}"
+
+
+def _gpu_line(host: str, port: int, key: str) -> Optional[str]:
+    """What a server of ``key`` says of its first CUDA GPU (for ``--target cuda``), or why it cannot use it; None
+    when it has none."""
+    try:
+        session, _ = tvm_compat.rpc_request(host, port, key)
+    except Exception:  # noqa: BLE001 - the CPU line above already said why no session opens
+        return None
+    try:
+        arch, description = tvm_compat.rpc_gpu(session)
+        return f"GPU {description} ({arch}): --target cuda measures there"
+    except RuntimeError as error:
+        return None if "no CUDA GPU" in str(error) else f"GPU: {_first_line(error)}"
+    except Exception as error:  # noqa: BLE001 - one line, whatever the RPC raised
+        return f"GPU: {_first_line(error)}"
+    finally:
+        del session
 
 
 @attrs.define
