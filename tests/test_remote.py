@@ -272,7 +272,7 @@ def test_collage_backends_lists_the_servers_and_what_they_run(cluster, capsys):
     assert f"key {KEY}: 2 server(s)" in out
     assert "runs llvm:" in out
     servers = out.split("servers of the RPC tracker", 1)[1]
-    assert ("\n  GPU" in servers) == (gpu_description() is not None)  # a server on a GPU machine says what of its GPU
+    assert ("\n  GPU" in servers) == bool(gpu_description())  # a server on a GPU machine says what of its GPU
     assert "backends measurable there (--target cuda" in out
 
 
