@@ -75,16 +75,9 @@ def structure(result) -> list:
 
 
 def optimize(tmp_path, name, **options):
-    options = {"settings": QUICK, "backends": ["tvm", "dnnl"], **options}
-    return collage_core.optimize(
-        dense_model(tmp_path),
-        cost_db=tmp_path / "costs.sqlite",
-        output_dir=tmp_path / name,
-        calibration_rounds=0,
-        compare_backends=False,
-        show_progress=False,
-        **options,
-    )
+    """The dense model optimized into ``tmp_path / name`` (quick repeats, tvm and dnnl, no baselines unless asked)."""
+    options = {"settings": QUICK, "backends": ["tvm", "dnnl"], "cost_db": tmp_path / "costs.sqlite", "compare_backends": False, **options}
+    return collage_core.optimize(dense_model(tmp_path), output_dir=tmp_path / name, calibration_rounds=0, show_progress=False, **options)
 
 
 def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_and_passes_numerics_there(cluster, tmp_path, monkeypatch):
@@ -220,15 +213,7 @@ def test_a_cuda_placement_is_measured_and_verified_on_a_server_of_this_gpu(tmp_p
         result = optimize(tmp_path, "out", rpc_tracker=started.address, rpc_key=KEY, **gpu_options)
     finally:
         started.stop()
-    here = collage_core.optimize(
-        dense_model(tmp_path),
-        cost_db=tmp_path / "costs-here.sqlite",
-        output_dir=tmp_path / "here",
-        calibration_rounds=0,
-        compare_backends=False,
-        show_progress=False,
-        **gpu_options,
-    )
+    here = optimize(tmp_path, "here", cost_db=tmp_path / "costs-here.sqlite", **gpu_options)
     remote_s, here_s = result.latency().median_s, here.latency().median_s
     print(f"through RPC {remote_s * 1e6:.1f} us ({structure(result)}), here {here_s * 1e6:.1f} us ({structure(here)})")
     assert 2 / 3 < remote_s / here_s < 3 / 2
@@ -348,18 +333,7 @@ def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_o
     then timed in turns in one session on one server, each run timed there."""
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    result = collage_core.optimize(
-        dense_model(tmp_path),
-        cost_db=tmp_path / "costs.sqlite",
-        output_dir=tmp_path / "out",
-        calibration_rounds=0,
-        compare_backends=True,
-        show_progress=False,
-        settings=QUICK,
-        backends=["tvm", "dnnl"],
-        rpc_tracker=cluster.address,
-        rpc_key=KEY,
-    )
+    result = optimize(tmp_path, "out", compare_backends=True, rpc_tracker=cluster.address, rpc_key=KEY)
     assert result.verification.passed
     rows = {row.name: row for row in result.end_to_end}
     print({name: (row.cost.median_s, row.timed_in_turns) for name, row in rows.items()})

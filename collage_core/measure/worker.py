@@ -377,24 +377,19 @@ def _load_library(state, request):
 
 
 def _load_library_remotely(state, request):
-    remote = request["remote"]
-    state["remote_target"] = request["target"]
-    if "remote" not in state:
-        _remote_connect(state, remote)
+    vm, device, args = _remote_library(state, request)
+    function = request.get("function", "main")
 
-    def load():
-        vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
-        args = _saved_tensors(request["inputs"], device)
+    def runs(count: int) -> list[float]:
+        evaluator = vm.time_evaluator(function, device, number=1, repeat=count)
+        return [float(sample) for sample in evaluator(*args).results]
 
-        def runs(count: int) -> list[float]:
-            evaluator = vm.time_evaluator(request.get("function", "main"), device, number=1, repeat=count)
-            return [float(sample) for sample in evaluator(*args).results]
-
+    def warm_then_once() -> float:
         if int(request.get("warmup_runs", 1)) > 0:
             runs(int(request.get("warmup_runs", 1)))
-        return runs, runs(1)[0]
+        return runs(1)[0]
 
-    runs, once_s = _guarded(state, load)
+    once_s = _guarded(state, warm_then_once)
     state.setdefault("turns", {})[request.get("name")] = {
         "runs": lambda count: _guarded(state, lambda: runs(count)),
         "last_run_end": time.perf_counter(),
@@ -516,8 +511,9 @@ def _load_remote_vm(state, library, carried):
     return relax.VirtualMachine(module, device), device
 
 
-def _remote_library_function(state, request):
-    """``_library_function`` on a server: the library and its backends' native libraries uploaded there."""
+def _remote_library(state, request):
+    """The request's ``library`` loaded on a server (a session opened first if none is held), with its backends'
+    native libraries, and its ``inputs`` there: the VM, the device and the input tensors."""
     remote = request["remote"]
     state["remote_target"] = request["target"]
     if "remote" not in state:
@@ -525,10 +521,16 @@ def _remote_library_function(state, request):
 
     def load():
         vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
-        function = vm[request.get("function", "main")]
-        return lambda *tensors: _guarded(state, lambda: function(*tensors)), _saved_tensors(request["inputs"], device)
+        return vm, device, _saved_tensors(request["inputs"], device)
 
     return _guarded(state, load)
+
+
+def _remote_library_function(state, request):
+    """``_library_function`` on a server: the library and its backends' native libraries uploaded there."""
+    vm, _, args = _remote_library(state, request)
+    function = vm[request.get("function", "main")]
+    return lambda *tensors: _guarded(state, lambda: function(*tensors)), args
 
 
 def _remote_call_overhead_s(state, settings, scratch: Path) -> float:

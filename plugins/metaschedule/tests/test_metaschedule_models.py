@@ -13,21 +13,26 @@ import collage_core
 MODELS = Path(__file__).resolve().parents[3] / "models"
 
 
-@pytest.mark.slow
-def test_tiny_bert_with_a_tuning_budget_places_tuned_kernels_and_verifies(tmp_path, monkeypatch, backends):
-    if "tvm-tuned" not in backends:
+def tuned_tiny_bert(tmp_path, monkeypatch, installed, **options):
+    """tiny_bert placed by the op-level search with a tuning budget, the tuning database in ``tmp_path`` (skipped
+    unless ``installed``, the backends found, has tvm-tuned)."""
+    if "tvm-tuned" not in installed:
         pytest.skip("collage-metaschedule is not installed: pip install -e plugins/metaschedule")
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
-    result = collage_core.optimize(
+    return collage_core.optimize(
         str(MODELS / "tiny_bert.onnx"),
-        backends=["tvm", "tvm-tuned"],
         search="op-level",
         cost_db=tmp_path / "costs.sqlite",
         calibration_rounds=0,
         compare_backends=False,
-        tune_budget_s=60,
         show_progress=False,
+        **options,
     )
+
+
+@pytest.mark.slow
+def test_tiny_bert_with_a_tuning_budget_places_tuned_kernels_and_verifies(tmp_path, monkeypatch, backends):
+    result = tuned_tiny_bert(tmp_path, monkeypatch, backends, backends=["tvm", "tvm-tuned"], tune_budget_s=60)
     assert "tuning" in result.phases_s and result.phases_s["tuning"] <= 60 + 5
     assert result.end_to_end[0].operators_by_backend.get("tvm-tuned", 0) > 0
     assert result.verification is not None and result.verification.passed
@@ -37,20 +42,7 @@ def test_tiny_bert_with_a_tuning_budget_places_tuned_kernels_and_verifies(tmp_pa
 def test_on_cuda_tiny_bert_with_a_tuning_budget_measures_tuned_kernels_and_verifies(tmp_path, monkeypatch, backends):
     """The same on the GPU, beside cuBLAS: TVM's partitions tuned for CUDA (MetaSchedule's CUDA schedules; records using
     tensor-core intrinsics would fail to build and be costed invalid), each tuned kernel measured as a candidate."""
-    if "tvm-tuned" not in backends:
-        pytest.skip("collage-metaschedule is not installed: pip install -e plugins/metaschedule")
-    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path / "cache"))
-    result = collage_core.optimize(
-        str(MODELS / "tiny_bert.onnx"),
-        target="cuda",
-        backends=["tvm", "cublas", "tvm-tuned"],
-        search="op-level",
-        cost_db=tmp_path / "costs.sqlite",
-        calibration_rounds=0,
-        compare_backends=False,
-        tune_budget_s=90,
-        show_progress=False,
-    )
+    result = tuned_tiny_bert(tmp_path, monkeypatch, backends, target="cuda", backends=["tvm", "cublas", "tvm-tuned"], tune_budget_s=90)
     tuned = [c for c in result.placement.considered if c.backend == "tvm-tuned"]
     print(
         f"tvm-tuned: {len(tuned)} candidates, {sum(c.cost.is_measured for c in tuned)} measured; placed {result.end_to_end[0].operators_by_backend}"
