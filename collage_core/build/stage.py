@@ -418,9 +418,7 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
         np.savez(inputs, *job.inputs)
         libraries = {PLACEMENT: library}
         libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
-        remote = None
-        if job.remote is not None:  # on one server, with the native libraries of every backend the run may place on
-            remote = job.remote.request(sorted({path for paths in job.remote.carried.values() for path in paths}))
+        remote = job.remote.request_for_every_backend() if job.remote is not None else None  # on one server
         turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules, job.disabled, remote=remote)
         job.say("  in turns, warm back to back: " + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items()))
         job.say(

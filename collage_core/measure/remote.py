@@ -62,6 +62,11 @@ class RemoteServers:
         """What a worker needs to open a session (``remote_connect``), with the native libraries to load there."""
         return {"host": self.host, "port": self.port, "key": self.key, "carried": [str(path) for path in carried]}
 
+    def request_for_every_backend(self) -> dict:
+        """:meth:`request` with the native libraries of every backend of the run: for work that may run any of them
+        (a contest's rivals, an accuracy probe's placement)."""
+        return self.request(sorted({path for paths in self.carried.values() for path in paths}))
+
     def free_servers(self) -> int:
         """How many servers of the key the tracker says are free now (at least 1: a busy one frees later)."""
         try:

@@ -55,7 +55,7 @@ def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[i
         }
         if base.remote is not None:  # built here for the servers, run on one of them
             request["library"] = str(base.workdir / f"probe-{index}.so")
-            request["remote"] = base.remote.request(sorted({path for paths in base.remote.carried.values() for path in paths}))
+            request["remote"] = base.remote.request_for_every_backend()
         if held:
             request.update(held=key, float32_units=sorted(units), parts=parts_to_json(parts))
         else:
