@@ -153,19 +153,9 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
             return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
 
         return make, shapes
-    if parts[0] == "attention":  # as `--precision bf16|fp16` converts a causal self-attention: q, k, v (batch, seq, heads, size)
+    if parts[0] == "attention":  # a causal self-attention: q, k, v (batch, seq, heads, size)
         batch, sequence, heads, size = 2, 16, 3, 32
-        mask = np.triu(np.full((sequence, sequence), -np.inf, dtype=np.float32), k=1).reshape(1, 1, sequence, sequence)
-
-        def make(bb, q, k, v):
-            q = bb.emit(R.permute_dims(q, [0, 2, 1, 3]))
-            k = bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
-            scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), operand_dtype))
-            scores = bb.emit(R.astype(bb.emit(R.multiply(scores, relax.const(1 / math.sqrt(size), operand_dtype))), F))
-            probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(bb.emit(R.add(scores, relax.const(mask))), axis=-1)), operand_dtype))
-            return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), operand_dtype)
-
-        return make, [(batch, sequence, heads, size)] * 3
+        return attention(operand_dtype, 1 / math.sqrt(size), causal_mask(sequence)), [(batch, sequence, heads, size)] * 3
     if parts[0] == "dense":
         transposed = "t" in parts
         k, n = 24, 40
@@ -194,6 +184,30 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
         return anchored(bb, R.matmul(lhs, rhs, out_dtype=F))
 
     return make, [lhs_shape, rhs_shape]
+
+
+def causal_mask(sequence: int) -> np.ndarray:
+    """The additive mask a causal self-attention's export adds to its scores: -inf above the diagonal."""
+    return np.triu(np.full((sequence, sequence), -np.inf, dtype=np.float32), k=1).reshape(1, 1, sequence, sequence)
+
+
+def attention(dtype: str, scale=None, mask=None):
+    """``make(bb, q, k, v)`` for a self-attention over q, k, v of (batch, sequence, heads, size) as `--precision
+    bf16|fp16` converts it: the scores cast to ``dtype``, multiplied by ``scale`` (unless None), cast to float32,
+    ``mask`` added (unless None), the softmax's probabilities cast to ``dtype``, and the result cast to ``dtype``."""
+
+    def make(bb, q, k, v):
+        q, k = bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
+        scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), dtype))
+        if scale is not None:
+            scores = bb.emit(R.multiply(scores, relax.const(scale, dtype)))
+        scores = bb.emit(R.astype(scores, F))
+        if mask is not None:
+            scores = bb.emit(R.add(scores, relax.const(mask)))
+        probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(scores, axis=-1)), dtype))
+        return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
+
+    return make
 
 
 def case_ids(pattern_names) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 import tvm
 from collage_cudnn import lowering, patterns, specs
-from cudnn_cases import case, case_ids, cast_dtype, reference
+from cudnn_cases import attention, case, case_ids, cast_dtype, causal_mask, reference
 from tvm import relax
 
 from collage_core.kit import Group, tvm_compat
@@ -151,19 +151,8 @@ def test_attention_of_bert_base_size_matches_pytorch_attention(pm, backends, cud
     target, device = cuda
     batch, sequence, heads, size = 2, 128, 12, 64
     scale = 1 / np.sqrt(size)
-    mask = np.triu(np.full((sequence, sequence), -np.inf, dtype=F), k=1).reshape(1, 1, sequence, sequence)
-
-    def make(bb, q, k, v):
-        q, k = bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
-        scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), dtype))
-        scores = bb.emit(R.astype(bb.emit(R.multiply(scores, relax.const(scale, dtype))), F))
-        if causal:
-            scores = bb.emit(R.add(scores, relax.const(mask)))
-        probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(scores, axis=-1)), dtype))
-        return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
-
     shape = (batch, sequence, heads, size)
-    mod = function_module(make, shape, shape, shape, dtype=dtype)
+    mod = function_module(attention(dtype, scale, causal_mask(sequence) if causal else None), shape, shape, shape, dtype=dtype)
     graph, candidate = whole_candidate(mod, patterns.patterns(), "cudnn.attention")
     assert candidate is not None
     placed = partition_module(graph, [candidate])

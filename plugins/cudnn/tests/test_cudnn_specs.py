@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 from collage_cudnn import patterns, specs
-from cudnn_cases import case, case_ids, cast_dtype, reference
+from cudnn_cases import attention, case, case_ids, cast_dtype, reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
@@ -170,19 +170,9 @@ def test_at_sixteen_bits_each_attention_of_a_shipped_model_is_one_fused_attentio
         assert spec.words[-1] == spec.words[-2] == specs.OPERAND_TYPES[DTYPES[precision]]
 
 
-def _attention(dtype="bfloat16", mask=None, size=8, scores_dtype=None):
-    """A self-attention as the mixed-precision pass writes it, with ``mask`` added to the scores."""
-
-    def make(bb, q, k, v):
-        q, k = bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
-        scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), scores_dtype or dtype))
-        scores = bb.emit(R.astype(scores, F)) if (scores_dtype or dtype) != F else scores
-        if mask is not None:
-            scores = bb.emit(R.add(scores, relax.const(mask)))
-        probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(scores, axis=-1)), dtype))
-        return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
-
-    return function_module(make, *[(1, 16, 2, size)] * 3, dtype=dtype)
+def _attention(dtype="bfloat16", mask=None, size=8):
+    """A self-attention as the mixed-precision pass writes it (unscaled), with ``mask`` added to the scores."""
+    return function_module(attention(dtype, mask=mask), *[(1, 16, 2, size)] * 3, dtype=dtype)
 
 
 @pytest.mark.parametrize(
