@@ -165,7 +165,7 @@ def test_attention_of_bert_base_size_matches_pytorch_attention(pm, backends, cud
     expected = torch.nn.functional.scaled_dot_product_attention(
         *heads_first, is_causal=causal, scale=float(rounded_to(np.float32(scale), dtype))
     )
-    expected = expected.transpose(1, 2).double().cpu().numpy()
+    expected = expected.double().cpu().numpy()  # (batch, heads, sequence, size): the product with v, as the model's
     last_place = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
     atol = last_place * float(np.max(np.abs(v))) + sixteen_bit_atol(expected, dtype)
     np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=0, atol=atol)
