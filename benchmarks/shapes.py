@@ -7,21 +7,21 @@ For a model with symbolic dimensions (``python scripts/make_hf_models.py --model
 
 1. ``collage optimize MODEL --shapes ...`` from an empty cost database: its wall time, each shape's latency in the
    one library and in its own run's library (timed in turns by the run), numerics;
-2. the peers at each shape: on the CPU, ONNX Runtime's default session on the original file (median of warm runs,
+2. ``collage export MODEL --placement together/placements.json``: one Model Library Format tar for every shape, its
+   wall time and size; then, in a new process, the tar loaded with ``load_mlf`` and run at each shape and at the
+   shape between them that the run checked padded, each against ONNX Runtime on the original file (rtol 1e-3,
+   atol 1e-4; probe inputs: integer inputs of ones, floats uniform in [-1, 1]);
+3. the peers at each shape: on the CPU, ONNX Runtime's default session on the original file (median of warm runs,
    Collage's thread settings); with ``--target cuda``, PyTorch eager and torch.compile ("reduce-overhead": CUDA
    graphs) on the GPU, running the module ``--torch-peer`` names (``scripts/make_hf_models.py``'s BERT, taking token
    ids and an attention mask as the dynamic ONNX file does), compiled for each shape in a process of its own.
-3. one ``collage optimize`` per shape on a static copy of the file, each from an empty cost database of its own:
-   the wall time of each (``--skip-separate`` leaves this out);
+4. one ``collage optimize`` per shape on a static copy of the file, each from an empty cost database of its own:
+   the wall time of each (``--skip-separate`` leaves this out).
 
-4. ``collage export MODEL --placement together/placements.json``: one Model Library Format tar for every shape, its
-   wall time and size; then, in a new process, the tar loaded with ``load_mlf`` and run at each shape and at the
-   shape between them that the run checked padded, each against ONNX Runtime on the original file (rtol 1e-3,
-   atol 1e-4; probe inputs: integer inputs of ones, floats uniform in [-1, 1]).
-
-Each step is kept in the output folder as it ends (``shapes.json``, ``peers.json``, ``separate-K.json``,
-``export.json``), and
-a rerun skips what is there, so a run cut short resumes. The table is printed and written to ``table.md``.
+Each step is kept in the output folder as it ends (``shapes.json``, ``export.json``, ``peers.json``,
+``separate-K.json``), and a rerun skips what is there, so a run cut short resumes (the export needs the first step's
+placements, which only its own folder holds: a rerun that finds ``shapes.json`` but not ``together/placements.json``
+starts again from the first step). The table is printed and written to ``table.md``.
 ``--skip-separate`` and ``--skip-export`` leave those steps out.
 """
 
@@ -163,7 +163,15 @@ def main() -> int:
         results = json.loads((out / "together" / "results.json").read_text())
         return {"wall_s": wall, "results": results, "cores": os.cpu_count(), "device": _device(args.target)}
 
+    placements = out / "together" / "placements.json"
+    if not args.skip_export and not (out / "export.json").exists() and (out / "shapes.json").exists() and not placements.exists():
+        print(f"{placements} is gone: the run for every shape is made again, for the export to rebuild its placements", file=sys.stderr)
+        (out / "shapes.json").unlink()
     shapes = kept(out / "shapes.json", together)
+    # The export rebuilds the run's placements (together/placements.json, which is not kept), so it follows the run.
+    exported = None
+    if not args.skip_export:
+        exported = kept(out / "export.json", lambda: export_and_check(args.model, out, args.target, profiles, inputs, shapes))
     if args.target == "cuda":
         peers = kept(
             out / "peers.json", lambda: {f"PyTorch {mode}": ms for mode, ms in torch_peer_ms(args.torch_peer, profiles, inputs).items()}
@@ -186,9 +194,6 @@ def main() -> int:
                 return {"wall_s": wall, "latency_s": results["end_to_end"][0]["cost"].get("median_s")}
 
             separate.append(kept(out / f"separate-{index + 1}.json", alone))
-    exported = None
-    if not args.skip_export:
-        exported = kept(out / "export.json", lambda: export_and_check(args.model, out, args.target, profiles, inputs, shapes))
     table = render(args.model.name, profiles, shapes, separate, peers, exported)
     (out / "table.md").write_text(table + "\n")
     print(table)
