@@ -147,9 +147,12 @@ def convert(mod, precision: str):
     mod = relax.transform.ToMixedPrecision(out_dtype="float32")(mod)
     if precision == BF16:
         mod = _float16_to_bfloat16(mod)
-    return tvm.transform.Sequential(
+    tidy = tvm.transform.Sequential(
         [relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(), relax.transform.DeadCodeElimination(["main"])]
-    )(_constant_casts_folded(mod))
+    )
+    # Twice: a cast of a cast of a constant (a power's exponent, cast to 16 bits by the pass and back to float32 for
+    # TVM's power) is a cast of a constant only once the first is folded and its binding inlined.
+    return tidy(_constant_casts_folded(tidy(_constant_casts_folded(mod))))
 
 
 def _constant_casts_folded(mod):
