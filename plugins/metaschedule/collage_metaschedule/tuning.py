@@ -34,21 +34,21 @@ MAX_PARTITIONS = 8
 LEAST_ROUND_S = 2.0
 
 
-# What MetaSchedule's CUDA rules read of a GPU that TVM's "cuda" target leaves out (TVM's device attributes of these names).
-CUDA_LIMITS = ("max_threads_per_block", "max_shared_memory_per_block")
+# What MetaSchedule's CUDA rules read of a GPU that TVM's "cuda" target leaves out (TVM's device attributes of these
+# names), and what every NVIDIA GPU since compute capability 3.0 gives where no GPU is here to ask.
+CUDA_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 48 * 1024}
 
 
 def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
     """``target`` as MetaSchedule's rules need it: a CPU's with ``num-cores`` (this machine's cores when not given);
-    a GPU's with its threads and shared memory per block (this GPU's, when not given)."""
+    a GPU's with its threads and shared memory per block (this GPU's when not given, or every NVIDIA GPU's without one)."""
     spec = tvm_compat.target_to_dict(target)
     if spec.get("kind") == "llvm" and "num-cores" not in spec:
         spec["num-cores"] = os.cpu_count() or 1
     if spec.get("kind") == "cuda":
         gpu = tvm.cuda(0)
-        for key in CUDA_LIMITS:
-            if key not in spec and gpu.exist:
-                spec[key] = int(getattr(gpu, key))
+        for key, otherwise in CUDA_LIMITS.items():
+            spec.setdefault(key, int(getattr(gpu, key)) if gpu.exist else otherwise)
     return tvm.target.Target(spec)
 
 

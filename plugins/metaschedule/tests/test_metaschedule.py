@@ -173,3 +173,33 @@ def test_without_a_database_for_this_device_there_are_no_tuned_patterns(tuned, t
     pm, target, _, _ = tuned
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
     assert contribute_patterns(pm, backends_now(pm)["tvm-tuned"], target) == []
+
+
+def test_the_tuning_target_of_a_gpu_carries_what_metaschedules_cuda_rules_read():
+    """TVM's cuda target leaves out the threads and shared memory per block, without which MetaSchedule's CUDA rules
+    stop before a schedule is made (seen on an H100); here, without a GPU, every NVIDIA GPU's values stand in. The
+    rule that stopped (binding threads) and the check of the GPU code's limits make the design space."""
+    from collage_metaschedule import database, tuning
+
+    tuning._import_intrinsics_of(tvm_compat.host_cpu_target())  # MetaSchedule without every kind's intrinsics (30 s)
+    from tvm.s_tir import meta_schedule as ms
+
+    target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        lowered = relax.transform.LegalizeOps()(function_module(matmul_relu, *SHAPES))
+    kernel = next(func for _, func in lowered.functions_items() if isinstance(func, tvm.tirx.PrimFunc))
+
+    def design_spaces(tuning_target):
+        rules = ms.space_generator.PostOrderApply(
+            sch_rules=[ms.schedule_rule.AutoBind()], postprocs=[ms.postproc.VerifyGPUCode()], mutator_probs={}
+        )
+        return ms.TuneContext(
+            mod=database.workload(kernel), target=tuning_target, space_generator=rules, task_name="k", num_threads=1
+        ).generate_design_space()
+
+    with pytest.raises(ValueError, match="max_threads_per_block"):
+        design_spaces(target)
+    spec = tvm_compat.target_to_dict(tuning.tuning_target(target))
+    if not tvm.cuda(0).exist:
+        assert (spec["max_threads_per_block"], spec["max_shared_memory_per_block"]) == (1024, 48 * 1024)
+    assert design_spaces(tuning.tuning_target(target))
