@@ -385,8 +385,9 @@ def _load_library_remotely(state, request):
         return [float(sample) for sample in evaluator(*args).results]
 
     def warm_then_once() -> float:
-        if int(request.get("warmup_runs", 1)) > 0:
-            runs(int(request.get("warmup_runs", 1)))
+        warmup_runs = int(request.get("warmup_runs", 1))
+        if warmup_runs > 0:
+            runs(warmup_runs)
         return runs(1)[0]
 
     once_s = _guarded(state, warm_then_once)

@@ -254,7 +254,7 @@ def _attention(group: Group) -> KernelSpec:
     for head_size in (size, v.dims[3]):
         if head_size % 8 or head_size > MAX_HEAD_SIZE:
             raise Refused(f"a head size of {head_size} (cuDNN's fused attention takes multiples of 8 up to {MAX_HEAD_SIZE})")
-    if 1 not in (q.strides[3], k_strides[3], v.strides[3]) or {q.strides[3], k_strides[3], v.strides[3]} != {1}:
+    if {q.strides[3], k_strides[3], v.strides[3]} != {1}:
         raise Refused("q, k or v whose head dimension is not contiguous")
     if mask == "causal" and rows != k_dims[2]:
         raise Refused("a causal mask over sequences of different lengths")
