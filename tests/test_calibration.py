@@ -183,3 +183,35 @@ def test_no_placement_without_a_backend_the_others_cannot_stand_in_for():
     assert {p.backend for p in start} == {"singles", "partial"}
     alternatives = without_each_backend(SimpleNamespace(graph=GRAPH), SINGLES + partial, costs, start)
     assert [name for name, _ in alternatives] == ["op-level placement without partial"]
+
+
+def test_the_alternatives_about_to_be_measured_are_handed_to_prepare_at_once_first():
+    """An evaluator that builds placements at once (``prepare``) is handed every alternative that will be measured,
+    before the first is, and not the one its candidates predict a loss for; what is measured does not change."""
+    singles = [Partition.from_candidate(c, COSTS[c.key]) for c in SINGLES]
+    hopeless = [Partition("slow", "slow.op", [n], f"x{n}", Cost.measured(5e-3, 0.0, 3)) for n in range(6)]
+    close = [Partition("near", "near.op", [n], f"n{n}", Cost.measured(1.0e-3, 0.0, 3)) for n in range(6)]
+    fused = [Partition.from_candidate(c, COSTS[c.key]) for c in FUSED]
+    alternatives = [("slow everywhere", hopeless), ("near everywhere", close), ("again", singles), ("fused alone", fused)]
+    events = []
+    model = DeterministicEndToEnd()
+
+    def evaluate(parts):
+        events.append(("measured", signature(parts)))
+        return model(parts)
+
+    result = calibrate(
+        GRAPH,
+        SINGLES,
+        COSTS,
+        singles,
+        evaluate,
+        rounds=0,
+        alternatives=alternatives,
+        prepare=lambda batch: events.append(("prepared", batch)),
+    )
+    plain = DeterministicEndToEnd()
+    assert calibrate(GRAPH, SINGLES, COSTS, singles, plain, rounds=0, alternatives=alternatives) == result
+    assert [kind for kind, _ in events] == ["measured", "prepared", "measured", "measured"]
+    assert [signature(parts) for parts in events[1][1]] == [signature(close), signature(fused)] == [s for _, s in events[2:]]
+    assert plain.calls == [signature(singles), signature(close), signature(fused)]

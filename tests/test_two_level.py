@@ -271,7 +271,7 @@ def test_a_placement_whose_run_outlasts_the_cutoff_is_stopped_and_not_measured_a
         def end_to_end_key(self, parts):
             return genome_key(parts)
 
-        def run_built(self, parts, library, cutoff_s=None, run_limit_s=None):
+        def run_built(self, parts, library, cutoff_s=None, run_limit_s=None, prebuilt=None):
             self.runs.append((parts[0].key, cutoff_s, run_limit_s))
             if parts is slow:
                 raise StageTooSlow("set up", run_limit_s)
@@ -369,3 +369,95 @@ def test_genomes_predicted_slower_than_the_best_are_not_built_and_the_search_fin
         predicted += results[True].predicted
         assert results[True].latency.median_s <= 1.05 * results[False].latency.median_s
     assert built[True] < 0.6 * built[False] and predicted > 0
+
+
+def test_each_batch_about_to_be_measured_is_handed_to_prepare_first_and_changes_nothing():
+    """``prepare`` (an evaluator building placements at once) sees every placement before it is measured, and
+    the placements it sees are those measured next, less any predicted slower once the batch's first ones
+    are in; with it the search measures the same placements and returns the same one."""
+    graph = chain_with_branches()
+    groups = groups_for(graph, {"graphy": {0, 1, 2, 3, 4, 7}, "other": set(range(8))})
+    settings = TwoLevelSettings(population=8, generations=6, seed=1)
+    events: list = []
+
+    def evaluate(parts):
+        events.append(("measured", genome_key(parts)))
+        return charged_end_to_end_cost(parts)
+
+    def prepare(placements):
+        keys = [genome_key(parts) for parts in placements]
+        assert len(keys) == len(set(keys))
+        events.append(("prepared", keys))
+
+    prepared = search_two_level(graph, groups, evaluate, settings, prepare=prepare)
+    measured_with = [key for kind, key in events if kind == "measured"]
+    events_without: list = []
+    plain = search_two_level(
+        graph, groups, lambda parts: events_without.append(genome_key(parts)) or charged_end_to_end_cost(parts), settings
+    )
+    assert measured_with == events_without and prepared.genome == plain.genome and prepared.latency == plain.latency
+    handed: set = set()
+    batches = 0
+    for kind, value in events:
+        if kind == "prepared":
+            handed |= set(value)
+            batches += 1
+        else:
+            assert value in handed, "a placement was measured that prepare was not handed first"
+    assert batches >= 3 and len(handed) >= len(measured_with)
+
+
+def test_the_evaluator_builds_what_is_not_measured_yet_at_once_and_times_each_from_its_library(tmp_path):
+    from collage_core.errors import CollageError
+    from collage_core.measure.cost_db import CostDatabase
+    from collage_core.measure.job import EndToEndEvaluator
+    from collage_core.measure.timing import MeasureSettings
+
+    placements = {name: [Partition("tvm", "tvm.op", [n], name, Cost.unknown())] for n, name in enumerate("abcd")}
+
+    class Job:  # builds ahead into files; "c" fails to build ahead, "d"'s library fails to load
+        remote = None
+
+        def __init__(self, workers):
+            self.settings, self.runs, self.built, self.measured_end_to_end = MeasureSettings(build_workers=workers), [], [], {}
+
+        def end_to_end_key(self, parts):
+            return genome_key(parts)
+
+        def prebuild(self, batch, workers, run_limit_s=None):
+            self.built.append(([p[0].key for p in batch], workers))
+            libraries = []
+            for parts in batch:
+                library = tmp_path / f"{parts[0].key}.so"
+                library.write_text("built")
+                libraries.append(None if parts[0].key == "c" else library)
+            return libraries
+
+        def run_built(self, parts, library, cutoff_s=None, run_limit_s=None, prebuilt=None):
+            self.runs.append((parts[0].key, prebuilt.name if prebuilt else None))
+            if prebuilt is not None and parts[0].key == "d":
+                raise CollageError("cannot load it")
+            return [], Cost.measured(0.1, 0.0, 5)
+
+        def say(self, message):
+            pass
+
+    with CostDatabase.open(tmp_path / "costs.sqlite") as db:
+        evaluate = EndToEndEvaluator(Job(1), db, cut_off=False)
+        assert evaluate.prepare(list(placements.values())) == 0 and not evaluate.job.built  # one build worker: nothing ahead
+        evaluate = EndToEndEvaluator(Job(3), db, cut_off=False)
+        evaluate(placements["a"])  # measured: not built again
+        assert evaluate.prepare([placements[k] for k in "abcdb"]) == 2
+        assert evaluate.job.built == [(["b", "c", "d"], 3)]
+        for key in "bcd":
+            evaluate(placements[key])
+        assert evaluate.job.runs == [("a", None), ("b", "b.so"), ("c", None), ("d", "d.so"), ("d", None)]
+        assert not (tmp_path / "b.so").exists() and not (tmp_path / "d.so").exists()  # removed once timed
+        assert evaluate.spent_s > 0
+        evaluate.prepare([placements[k] for k in "abcd"])  # all measured now
+        assert len(evaluate.job.built) == 1
+        db.put_end_to_end(genome_key(placements["a"]), Cost.measured(0.1, 0.0, 5))
+        other = {k: [Partition("tvm", "tvm.op", [7, n], k, Cost.unknown())] for n, k in enumerate("xy")}
+        assert evaluate.prepare(list(other.values())) == 2
+        evaluate.discard_prebuilt()  # the search stopped before measuring them
+        assert not (tmp_path / "x.so").exists() and not (tmp_path / "y.so").exists() and not evaluate.prebuilt

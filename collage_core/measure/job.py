@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,11 +17,13 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
+from collage_core.build.deploy import runtime_file
 from collage_core.build.partition import partition_module
 from collage_core.errors import CollageError
 from collage_core.measure import zygote
 from collage_core.measure.cost_db import Claim, CostDatabaseError
 from collage_core.measure.measurement import CLAIM_POLL_S, threads_key_part
+from collage_core.measure.progress import ProgressBar
 from collage_core.measure.timing import MeasureSettings, stopped
 from collage_core.measure.worker import LOST
 from collage_core.measure.worker_client import START_TIMEOUT_S, MeasurementWorker, StageTooSlow, WorkerFailure
@@ -197,6 +200,79 @@ class Job:
         wanted = self.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
         return wanted and tvm_compat.is_cuda(self.target)
 
+    def prebuild(self, placements, workers: int, run_limit_s: Optional[float] = None, warm: Optional[bool] = None) -> list[Optional[Path]]:
+        """Build each of ``placements`` (lists of partitions) into a library, ``workers`` at once, each in a fresh
+        worker (the worker's ``build_placement``), for :meth:`run_built` to time with ``prebuilt`` one by one
+        afterwards. On a GPU, where a run takes milliseconds and what a backend compiles at its first run
+        (AOTInductor's packages) takes seconds, each worker also runs its placement once, untimed, so that the
+        compiling is done at once as well; on the CPU a placement's first run can take seconds (untuned TVM
+        kernels), and would be paid twice (``warm`` overrides the choice). Gives each placement's library, or None where building or
+        running it failed: measured as usual, it is built again and the failure reported there. A run that takes
+        longer than ``run_limit_s`` (with SETUP_GRACE_S more) is stopped there and its library kept: its timing
+        stops it again, at the limit it is timed with. The caller removes the libraries (:func:`remove_prebuilt`)."""
+        batch = uuid.uuid4().hex[:8]
+        inputs_path = self.scratch / f"prebuild-{batch}-inputs.npz"
+        warm = tvm_compat.is_cuda(self.target) if warm is None else warm
+        if warm:
+            np.savez(inputs_path, *self.inputs)
+        held = zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
+        (self.scratch / "model.json").unlink(missing_ok=True)
+        requests = []
+        for index, parts in enumerate(placements):
+            name = f"prebuild-{batch}-{index}"
+            request = {
+                "op": "build_placement",
+                "target": tvm_compat.target_to_json(self.target),
+                **({"inputs": str(inputs_path), "outputs": str(self.scratch / f"{name}.npz")} if warm else {}),
+                "settings": self.settings.to_json(),
+                "library": str(self.scratch / f"{name}.so"),
+                "placed_on": sorted({p.backend for p in parts}),
+            }
+            if held:
+                request.update(held=self.held_key, parts=parts_to_json(parts))
+            else:
+                request["module"] = str(self.scratch / f"{name}.json")
+            requests.append(request)
+        libraries: list[Optional[Path]] = [None] * len(requests)
+        pending, lock, cutting = list(range(len(requests))), threading.Lock(), threading.Lock()
+        bar = ProgressBar(len(requests), f"building placements, {workers} at once", enabled=self.show_progress)
+
+        def build_some() -> None:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    index = pending.pop(0)
+                request = requests[index]
+                try:
+                    if "module" in request:  # one at a time: cutting the model into partitions is not safe in several threads
+                        with cutting:
+                            Path(request["module"]).write_text(tvm_compat.save_ir_json(self.partitioned(placements[index])))
+                    self._run_in_worker(request, run_limit_s)
+                    libraries[index] = Path(request["library"])
+                except StageTooSlow:  # built and written whole before it ran: its timing stops it again, at its own limit
+                    libraries[index] = Path(request["library"])
+                except Exception as error:  # built again where it is measured, which says what failed
+                    log.debug("placement %d not built ahead: %s", index, error)
+                    remove_prebuilt(Path(request["library"]))
+                finally:
+                    for key in ("outputs", "module"):
+                        if key in request:
+                            Path(request[key]).unlink(missing_ok=True)
+                with lock:
+                    bar.advance(f"placement of {len(placements[index])} partitions")
+
+        threads = [threading.Thread(target=build_some, daemon=True) for _ in range(min(workers, len(requests)))]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            bar.close()
+            inputs_path.unlink(missing_ok=True)
+        return libraries
+
     def run_built(
         self,
         parts,
@@ -205,10 +281,11 @@ class Job:
         run_limit_s: Optional[float] = None,
         mod=None,
         cuda_graphs: Optional[bool] = None,
+        prebuilt: Optional[Path] = None,
     ):
         """Build ``parts`` (None: TVM's unpartitioned build of the model; ``mod``: their module when
         the caller has it) in a fresh worker, run it on the job's inputs and time it; returns
-        (outputs, cost).
+        (outputs, cost). With ``prebuilt``, the library :meth:`prebuild` made of ``parts`` is loaded instead.
 
         Workers forked from a zygote that holds the model (see :func:`zygote.hold_model`) are sent
         the partitions alone and build the placement from their own copy; others are sent the
@@ -230,6 +307,8 @@ class Job:
             ).to_json(),
             "library": str(library) if library else None,
         }
+        if prebuilt is not None:
+            request["prebuilt"] = str(prebuilt)
         if self.remote is not None:
             used = [self.backends[name] for name in sorted({p.backend for p in parts or ()}) if name in self.backends]
             request["remote"] = self.remote.request([path for backend in used for path in self.remote.carried.get(backend.name, ())])
@@ -249,7 +328,9 @@ class Job:
 
     def _respond(self, parts, mod, request: dict, module_path: Path, run_limit_s: Optional[float]) -> dict:
         """``request`` answered by a fresh worker: sent the partitions alone when its zygote holds the model, else
-        the placed module (``mod``, or ``parts`` applied to the model)."""
+        the placed module (``mod``, or ``parts`` applied to the model); nothing when it loads a prebuilt library."""
+        if "prebuilt" in request:
+            return self._run_in_worker(request, run_limit_s)
         # A worker holding the model has Relax, not the original file an engine's own session runs: that is sent lowered.
         held = (
             parts is not None
@@ -293,6 +374,12 @@ class Job:
         path = self.scratch / "model.json"
         path.write_text(tvm_compat.save_ir_json(self.imported.mod))
         return path
+
+
+def remove_prebuilt(library: Path) -> None:
+    """A library :meth:`Job.prebuild` made, and the runtime file beside it, removed."""
+    for path in (library, runtime_file(library)):
+        path.unlink(missing_ok=True)
 
 
 def parts_to_json(parts) -> list[dict]:
@@ -347,6 +434,47 @@ class EndToEndEvaluator:
         self.best_s = math.inf
         self.spent_s = 0.0
         self.from_database = 0
+        # Libraries :meth:`prepare` built, by key: (path, its share of the seconds building them took).
+        self.prebuilt: dict[str, tuple[Path, float]] = {}
+
+    def prepare(self, placements) -> int:
+        """Build those of ``placements`` that are not measured yet ``parallel_builds()`` at once (see
+        :meth:`Job.prebuild`), so that measuring each then only loads, runs and times it: a search that knows the
+        placements it will measure next hands them here first. Each is charged an even share of the wall time
+        the builds took, with what measuring it takes. Nothing is built ahead with one build worker, for servers
+        (a placement is built for them as it is measured), or for an engine's own session. Gives how many were built."""
+        workers = self.job.settings.parallel_builds()
+        if workers < 2 or self.job.remote is not None:
+            return 0
+        todo: dict[str, Any] = {}
+        for parts in placements:
+            if original_model.engine_of(parts):
+                continue
+            key = self.job.end_to_end_key(parts)
+            if key in todo or key in self.prebuilt or self._stored(key):
+                continue
+            todo[key] = parts
+        if len(todo) < 2:
+            return 0
+        started = time.perf_counter()
+        limit = max(CUTOFF_FACTOR * self.best_s, RUN_LIMIT_FLOOR_S) if self.cut_off and math.isfinite(self.best_s) else None
+        libraries = self.job.prebuild(list(todo.values()), workers, run_limit_s=limit)
+        share_s = (time.perf_counter() - started) / len(todo)
+        for key, library in zip(todo, libraries):
+            if library is not None:
+                self.prebuilt[key] = (library, share_s)
+        return sum(1 for library in libraries if library is not None)
+
+    def discard_prebuilt(self) -> None:
+        """Remove the libraries :meth:`prepare` built that were not measured (the search stopped first)."""
+        while self.prebuilt:
+            remove_prebuilt(self.prebuilt.popitem()[1][0])
+
+    def _stored(self, key: str) -> bool:
+        try:
+            return self.db.get_end_to_end(key) is not None
+        except CostDatabaseError:
+            return False
 
     def __call__(self, parts) -> Cost:
         job = self.job
@@ -361,7 +489,7 @@ class EndToEndEvaluator:
                 job.measured_end_to_end[signature(parts)] = cost
             return cost
         try:
-            cost, effort_s = self._measured(parts)
+            cost, effort_s = self._measured(parts, key)
         except BaseException:
             if claim.granted:  # it lapses with this process anyway: a database that cannot be written costs nothing
                 with contextlib.suppress(CostDatabaseError):
@@ -376,16 +504,27 @@ class EndToEndEvaluator:
         granted unless another live run held it for longer than its measurement may take."""
         return claimed_end_to_end(self.db, key, self.claim_lifetime_s, self.job.say, f"placement of {len(parts)} partitions")
 
-    def _measured(self, parts) -> tuple[Cost, float]:
-        """The placement measured here, and the seconds that took."""
+    def _measured(self, parts, key: str) -> tuple[Cost, float]:
+        """The placement measured here (from its prebuilt library where :meth:`prepare` made one), and the
+        seconds that took, its share of the prebuilding included."""
         job = self.job
         cutoff = CUTOFF_FACTOR * self.best_s if self.cut_off and math.isfinite(self.best_s) else None
-        started = time.perf_counter()
+        prebuilt, built_s = self.prebuilt.pop(key, (None, 0.0))
+        started = time.perf_counter() - built_s
         try:
             # A run far slower than the cutoff stops the worker: a placement whose one run takes seconds
             # against a best of milliseconds is not run again (BERT-base on 2 cores: 30 s a run).
             limit = None if cutoff is None else max(cutoff, RUN_LIMIT_FLOOR_S)
-            _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)
+            try:
+                _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit, prebuilt=prebuilt)
+            except CollageError as error:
+                if prebuilt is None:
+                    raise
+                log.debug("the prebuilt library of a placement failed (%s): built again", error)
+                _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)
+            finally:
+                if prebuilt is not None:
+                    remove_prebuilt(prebuilt)
             self.best_s = min(self.best_s, cost.seconds)
             if cost.repeats > 1:
                 job.measured_end_to_end[signature(parts)] = cost

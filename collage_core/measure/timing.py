@@ -52,8 +52,8 @@ class MeasureSettings:
     (``repeats`` 1): repeating a run of seconds (untuned TVM on a large model) costs minutes and
     adds no precision anyone reads.
 
-    ``build_workers``: how many worker processes build candidates at once (0: half the cores, at
-    most MAX_BUILD_WORKERS); timing stays one candidate at a time, after the builds.
+    ``build_workers``: how many worker processes build candidates, and each generation of the two-level search's
+    placements, at once (0: half the cores, at most MAX_BUILD_WORKERS); timing stays one at a time, after the builds.
 
     ``cuda_graphs``: on a CUDA target, whole placements are built to replay as CUDA graphs (see
     :func:`collage_core.build.executable.build`), and so measured, searched, verified and saved; candidates
@@ -72,7 +72,7 @@ class MeasureSettings:
     build_workers: int = described(
         0,
         whole(0),
-        f"build this many candidates at once (0: half the cores, at most "
+        f"build this many candidates, and two-level placements, at once (0: half the cores, at most "
         f"{MAX_BUILD_WORKERS}); they are timed one at a time after the builds",
     )
     cuda_graphs: bool = described(

@@ -289,10 +289,32 @@ def random_arguments(func) -> list[np.ndarray]:
     return arrays
 
 
-def _run_placement(state, request):
-    """Build a placed module, run it on given inputs, time it, and optionally export the library."""
+def _build_placement(state, request):
+    """Build a placed module and export it to ``library`` for a later ``run_placement`` with ``prebuilt``; with
+    ``inputs``, also run it once, untimed, so that what its backends compile at a first run (AOTInductor's packages)
+    is in their caches when it is timed. Placements built this way, several workers at once, are timed one by one
+    afterwards, so that no build runs while a placement is timed."""
     mod, target = _held_placement(state, request) if "held" in request else _load(request)
+    settings = MeasureSettings.from_json(request["settings"])
+    executable, build_s = _build(state, mod, target, cuda_graphs=settings.cuda_graphs)
+    export_library(executable, request["library"])
+    write_runtime_file(request["library"], backend_needs(state["backends"].values(), request["placed_on"]))
+    if request.get("inputs"):
+        vm, device = _vm(executable, target)
+        _run_and_time(state, {**request, "timed": False}, vm, device, None)
+    return {"build_s": build_s}
+
+
+def _run_placement(state, request):
+    """Build a placed module (or load the one ``build_placement`` exported to ``prebuilt``), run it on given inputs,
+    time it, and optionally export the library."""
     settings = MeasureSettings.from_json(request["settings"]) if request.get("settings") else None
+    if request.get("prebuilt"):
+        target = tvm_compat.make_target(request["target"])
+        device = tvm_compat.device_for(target)
+        vm = load_vm(request["prebuilt"], device, pm=state["pm"])
+        return {"cost": _run_and_time(state, request, vm, device, settings), "build_s": 0.0}
+    mod, target = _held_placement(state, request) if "held" in request else _load(request)
     executable, build_s = _build(state, mod, target, cuda_graphs=(settings or MeasureSettings()).cuda_graphs)
     if request.get("library"):
         # Before any VM exists: making one fills the executable's memory-scope map with an entry per
@@ -587,6 +609,7 @@ HANDLERS = {
     "measure_candidate": _measure_candidate,
     "build_candidate": _build_candidate,
     "time_candidate": _time_candidate,
+    "build_placement": _build_placement,
     "run_placement": _run_placement,
     "load_library": _load_library,
     "build_library": _build_library,

@@ -21,7 +21,7 @@ to seconds against a placement of 0.25 s, and building it took 34 s).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 
@@ -97,8 +97,11 @@ def calibrate(
     evaluate: Callable[[Sequence[Partition]], Cost],
     rounds: int = DEFAULT_ROUNDS,
     alternatives: Sequence[tuple[str, Sequence[Partition]]] = (),
+    prepare: Optional[Callable[[list[Sequence[Partition]]], object]] = None,
 ) -> CalibrationResult:
-    """The fastest end to end of ``parts``, up to ``rounds`` re-searched placements and the named ``alternatives``."""
+    """The fastest end to end of ``parts``, up to ``rounds`` re-searched placements and the named ``alternatives``.
+    ``prepare(placements)`` is handed the alternatives about to be measured, for an evaluator that builds them all
+    at once first (:meth:`EndToEndEvaluator.prepare`); it changes what is measured in no way."""
     best_parts, best = tuple(parts), evaluate(parts)
     if not best.is_measured:
         return CalibrationResult(best_parts, best, ())
@@ -121,15 +124,26 @@ def calibrate(
             break
         best_parts, best = proposal, latency
     chosen, predicted = "", []
+
+    def predicted_loss(alternative) -> Optional[float]:
+        """The latency predicted for ``alternative`` when it is over PREDICTED_LOSS_FACTOR times the best: not built."""
+        if all(p.cost.is_measured for p in alternative):
+            guess = predicted_s(alternative, history[-1].charge_per_partition_s)
+            if guess > PREDICTED_LOSS_FACTOR * best.median_s:
+                return guess
+        return None
+
+    if prepare is not None:
+        coming = {signature(a): a for _, a in alternatives if signature(a) not in measured and predicted_loss(a) is None}
+        prepare(list(coming.values()))
     for name, alternative in alternatives:
         if signature(alternative) in measured:
             continue
         measured.add(signature(alternative))
-        if all(p.cost.is_measured for p in alternative):
-            guess = predicted_s(alternative, history[-1].charge_per_partition_s)
-            if guess > PREDICTED_LOSS_FACTOR * best.median_s:
-                predicted.append((name, guess))
-                continue
+        guess = predicted_loss(alternative)
+        if guess is not None:
+            predicted.append((name, guess))
+            continue
         latency = evaluate(alternative)
         if latency.is_measured and latency.median_s < best.median_s:
             best_parts, best, chosen = tuple(alternative), latency, name

@@ -122,7 +122,19 @@ def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLeve
             if record.generation:
                 bar.advance(line)
 
-        result = search_two_level(job.graph.graph, groups, evaluate, settings, on_generation, on_best, spent=lambda: evaluate.spent_s)
+        try:
+            result = search_two_level(
+                job.graph.graph,
+                groups,
+                evaluate,
+                settings,
+                on_generation,
+                on_best,
+                spent=lambda: evaluate.spent_s,
+                prepare=evaluate.prepare,
+            )
+        finally:
+            evaluate.discard_prebuilt()
     result = attrs.evolve(result, from_database=evaluate.from_database)
     job.say(
         f"two-level search: best {result.latency.seconds * 1e3:.3f} ms after {result.generations} generations, "
@@ -149,7 +161,10 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
     ]
     alternatives += without_each_backend(job.graph, op_level, costs, parts)
     evaluate = job.end_to_end_evaluator(db)
-    result = calibrate(job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives)
+    try:
+        result = calibrate(job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives, prepare=evaluate.prepare)
+    finally:
+        evaluate.discard_prebuilt()
     for number, step in enumerate(result.rounds):
         job.say(
             f"  round {number}: {step.partitions} partitions, candidates sum to {step.summed_s * 1e3:.3f} ms, "

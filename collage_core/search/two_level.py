@@ -144,6 +144,7 @@ def search_two_level(
     on_generation: Optional[Callable[[GenerationRecord], None]] = None,
     on_best: Optional[Callable[[Sequence[Partition], Cost], None]] = None,
     spent: Optional[Callable[[], float]] = None,
+    prepare: Optional[Callable[[list[Sequence[Partition]]], object]] = None,
 ) -> TwoLevelResult:
     """Evolve genomes (mu + lambda, elitist) from the seeds; return the fastest placement measured.
 
@@ -152,13 +153,16 @@ def search_two_level(
     placement is found, so a caller can save it before the search ends. ``spent()`` is what the
     budget is charged so far (default: the seconds since the search started); an evaluator
     that charges measurements read from a database at what they once took makes a search on a
-    warm database stop where it stopped when it measured, and return the same placement.
+    warm database stop where it stopped when it measured, and return the same placement. ``prepare(placements)``
+    is handed, before the seeds and before each generation are scored, the placements about to be measured (those
+    not measured nor predicted slower), for an evaluator that builds them all at once first
+    (:meth:`EndToEndEvaluator.prepare`); it changes what is measured in no way.
     """
     with _seeded_global_random(settings.seed):
-        return _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent)
+        return _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent, prepare)
 
 
-def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) -> TwoLevelResult:
+def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent, prepare=None) -> TwoLevelResult:
     started = time.perf_counter()
     if spent is None:
         spent = lambda: time.perf_counter() - started  # noqa: E731
@@ -168,13 +172,20 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
     best: dict = {"cost": Cost.unknown(), "parts": None, "genome": None}
     predictor = LatencyPredictor(groups)
 
+    def predicted_slower(parts) -> Optional[float]:
+        """The latency predicted for ``parts`` when that is over the best by more than the margin: not built."""
+        guess = predictor.predict(parts) if settings.predict_margin is not None else None
+        if guess is not None and best["cost"].is_measured and guess > best["cost"].seconds * (1 + settings.predict_margin):
+            return guess
+        return None
+
     def fitness(genome: Sequence[int]) -> float:
         parts = decode(graph, groups, genome)
         key = genome_key(parts)
         counts["evaluated"] += 1
         if key not in scores:
-            guess = predictor.predict(parts) if settings.predict_margin is not None else None
-            if guess is not None and best["cost"].is_measured and guess > best["cost"].seconds * (1 + settings.predict_margin):
+            guess = predicted_slower(parts)
+            if guess is not None:
                 predicted.add(key)
                 return guess
             scores[key] = evaluate(parts)
@@ -187,9 +198,19 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
                 on_best(parts, cost)
         return cost.seconds
 
+    def score(individuals) -> None:
+        if prepare is not None:
+            coming = {}
+            for individual in individuals:
+                parts = None if individual.fitness.valid else decode(graph, groups, individual)
+                if parts is not None and genome_key(parts) not in scores and predicted_slower(parts) is None:
+                    coming.setdefault(genome_key(parts), parts)
+            prepare(list(coming.values()))
+        _score(individuals, fitness)
+
     toolbox = _toolbox(groups, settings)
     seeds = [_individual(genome) for genome in seed_genomes(groups)]
-    _score(seeds, fitness)
+    score(seeds)
     # The rest start as variations of the fastest seed: random genomes of a large model are
     # almost all far slower than the seeds and would spend the budget on builds that teach nothing.
     fastest = min(seeds, key=lambda ind: (ind.fitness.values[0], tuple(ind)))
@@ -197,7 +218,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
     while len(population) < settings.population:
         population.append(toolbox.mutate(toolbox.clone(fastest))[0])
         del population[-1].fitness.values
-    _score(population, fitness)
+    score(population)
     history: list[GenerationRecord] = []
 
     def record(generation: int) -> None:
@@ -222,7 +243,7 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent) ->
         offspring = algorithms.varOr(
             population, toolbox, settings.population, settings.crossover_probability, settings.mutation_probability
         )
-        _score(offspring, fitness)
+        score(offspring)
         population = sorted(population + offspring, key=lambda ind: (ind.fitness.values[0], tuple(ind)))
         population = _distinct(population)[: settings.population]
         record(generation)
