@@ -516,7 +516,8 @@ class EndToEndEvaluator:
             # against a best of milliseconds is not run again (BERT-base on 2 cores: 30 s a run).
             limit = None if cutoff is None else max(cutoff, RUN_LIMIT_FLOOR_S)
             try:
-                _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit, prebuilt=prebuilt)
+                from_library = {} if prebuilt is None else {"prebuilt": prebuilt}
+                _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit, **from_library)
             except CollageError as error:
                 if prebuilt is None:
                     raise
