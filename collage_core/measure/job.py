@@ -206,10 +206,12 @@ class Job:
         afterwards. On a GPU, where a run takes milliseconds and what a backend compiles at its first run
         (AOTInductor's packages) takes seconds, each worker also runs its placement once, untimed, so that the
         compiling is done at once as well; on the CPU a placement's first run can take seconds (untuned TVM
-        kernels), and would be paid twice (``warm`` overrides the choice). Gives each placement's library, or None where building or
-        running it failed: measured as usual, it is built again and the failure reported there. A run that takes
-        longer than ``run_limit_s`` (with SETUP_GRACE_S more) is stopped there and its library kept: its timing
-        stops it again, at the limit it is timed with. The caller removes the libraries (:func:`remove_prebuilt`)."""
+        kernels), and would be paid twice (``warm`` overrides the choice).
+
+        Gives each placement's library, or None where building or running it failed: measured as usual, it is
+        built again and the failure reported there. A run that takes longer than ``run_limit_s`` (with
+        SETUP_GRACE_S more) is stopped there and its library kept: its timing stops it again, at the limit it
+        is timed with. The caller removes the libraries (:func:`remove_prebuilt`)."""
         batch = uuid.uuid4().hex[:8]
         inputs_path = self.scratch / f"prebuild-{batch}-inputs.npz"
         warm = tvm_compat.is_cuda(self.target) if warm is None else warm
