@@ -217,8 +217,7 @@ class Job:
         warm = tvm_compat.is_cuda(self.target) if warm is None else warm
         if warm:
             np.savez(inputs_path, *self.inputs)
-        held = zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
-        (self.scratch / "model.json").unlink(missing_ok=True)
+        held = self._model_held()
         requests = []
         for index, parts in enumerate(placements):
             name = f"prebuild-{batch}-{index}"
@@ -334,12 +333,7 @@ class Job:
         if "prebuilt" in request:
             return self._run_in_worker(request, run_limit_s)
         # A worker holding the model has Relax, not the original file an engine's own session runs: that is sent lowered.
-        held = (
-            parts is not None
-            and not original_model.engine_of(parts)
-            and zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
-        )
-        (self.scratch / "model.json").unlink(missing_ok=True)
+        held = parts is not None and not original_model.engine_of(parts) and self._model_held()
         response = None
         if held:
             try:
@@ -370,6 +364,13 @@ class Job:
             if "held" in request and "does not hold model" in str(failure):
                 raise HeldElsewhere from None  # a zygote started since (the environment changed): send the module
             raise CollageError(f"building or running the placement failed: {failure}") from None
+
+    def _model_held(self) -> bool:
+        """Whether the zygote holds this job's model (asked to, the first time), so workers forked from it build
+        placements sent as partitions (see :func:`zygote.hold_model`)."""
+        held = zygote.hold_model(self.plugin_modules, self.disabled, self.held_key, self._write_model)
+        (self.scratch / "model.json").unlink(missing_ok=True)
+        return held
 
     def _write_model(self) -> Path:
         """The model saved as IR JSON for a zygote to hold (it reads it at once; see :meth:`run_built`)."""
@@ -459,8 +460,7 @@ class EndToEndEvaluator:
         if len(todo) < 2:
             return 0
         started = time.perf_counter()
-        limit = max(CUTOFF_FACTOR * self.best_s, RUN_LIMIT_FLOOR_S) if self.cut_off and math.isfinite(self.best_s) else None
-        libraries = self.job.prebuild(list(todo.values()), workers, run_limit_s=limit)
+        libraries = self.job.prebuild(list(todo.values()), workers, run_limit_s=self._limits()[1])
         share_s = (time.perf_counter() - started) / len(todo)
         for key, library in zip(todo, libraries):
             if library is not None:
@@ -471,6 +471,28 @@ class EndToEndEvaluator:
         """Remove the libraries :meth:`prepare` built that were not measured (the search stopped first)."""
         while self.prebuilt:
             remove_prebuilt(self.prebuilt.popitem()[1][0])
+
+    def _run(self, parts, cutoff: Optional[float], limit: Optional[float], prebuilt: Optional[Path]) -> Cost:
+        """``parts`` run and timed in a fresh worker, from ``prebuilt`` where :meth:`prepare` made it (removed after;
+        a library that fails to load or run is built again, and what fails then is reported)."""
+        if prebuilt is None:
+            return self.job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)[1]
+        try:
+            return self.job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit, prebuilt=prebuilt)[1]
+        except CollageError as error:
+            log.debug("the prebuilt library of a placement failed (%s): built again", error)
+            return self.job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)[1]
+        finally:
+            remove_prebuilt(prebuilt)
+
+    def _limits(self) -> tuple[Optional[float], Optional[float]]:
+        """The cutoff a placement measured now is judged by (None: none yet), and the run limit that stops its worker:
+        a run far slower than the cutoff stops it, so a placement whose one run takes seconds against a best of
+        milliseconds is not run again (BERT-base on 2 cores: 30 s a run)."""
+        if not (self.cut_off and math.isfinite(self.best_s)):
+            return None, None
+        cutoff = CUTOFF_FACTOR * self.best_s
+        return cutoff, max(cutoff, RUN_LIMIT_FLOOR_S)
 
     def _stored(self, key: str) -> bool:
         try:
@@ -510,24 +532,11 @@ class EndToEndEvaluator:
         """The placement measured here (from its prebuilt library where :meth:`prepare` made one), and the
         seconds that took, its share of the prebuilding included."""
         job = self.job
-        cutoff = CUTOFF_FACTOR * self.best_s if self.cut_off and math.isfinite(self.best_s) else None
+        cutoff, limit = self._limits()
         prebuilt, built_s = self.prebuilt.pop(key, (None, 0.0))
         started = time.perf_counter() - built_s
         try:
-            # A run far slower than the cutoff stops the worker: a placement whose one run takes seconds
-            # against a best of milliseconds is not run again (BERT-base on 2 cores: 30 s a run).
-            limit = None if cutoff is None else max(cutoff, RUN_LIMIT_FLOOR_S)
-            try:
-                from_library = {} if prebuilt is None else {"prebuilt": prebuilt}
-                _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit, **from_library)
-            except CollageError as error:
-                if prebuilt is None:
-                    raise
-                log.debug("the prebuilt library of a placement failed (%s): built again", error)
-                _, cost = job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)
-            finally:
-                if prebuilt is not None:
-                    remove_prebuilt(prebuilt)
+            cost = self._run(parts, cutoff, limit, prebuilt)
             self.best_s = min(self.best_s, cost.seconds)
             if cost.repeats > 1:
                 job.measured_end_to_end[signature(parts)] = cost

@@ -294,10 +294,7 @@ def _build_placement(state, request):
     ``inputs``, also run it once, untimed, so that what its backends compile at a first run (AOTInductor's packages)
     is in their caches when it is timed. Placements built this way, several workers at once, are timed one by one
     afterwards, so that no build runs while a placement is timed."""
-    mod, target = _held_placement(state, request) if "held" in request else _load(request)
-    settings = MeasureSettings.from_json(request["settings"])
-    executable, build_s = _build(state, mod, target, cuda_graphs=settings.cuda_graphs)
-    export_library(executable, request["library"])
+    executable, target, build_s = _placement_built(state, request, MeasureSettings.from_json(request["settings"]))
     write_runtime_file(request["library"], backend_needs(state["backends"].values(), request["placed_on"]))
     if request.get("inputs"):
         vm, device = _vm(executable, target)
@@ -314,17 +311,24 @@ def _run_placement(state, request):
         device = tvm_compat.device_for(target)
         vm = load_vm(request["prebuilt"], device, pm=state["pm"])
         return {"cost": _run_and_time(state, request, vm, device, settings), "build_s": 0.0}
+    executable, target, build_s = _placement_built(state, request, settings)
+    if request.get("remote"):  # cross-compiled for another machine: run and timed there
+        state["remote_target"] = tvm_compat.target_to_json(target)
+        return _run_placement_remotely(state, request, settings, build_s)
+    vm, device = _vm(executable, target)
+    return {"cost": _run_and_time(state, request, vm, device, settings), "build_s": build_s}
+
+
+def _placement_built(state, request, settings: Optional[MeasureSettings]):
+    """The request's placement (sent as partitions of the held model, or as a module) built, and exported to its
+    ``library`` when it names one; gives (executable, target, seconds the build took)."""
     mod, target = _held_placement(state, request) if "held" in request else _load(request)
     executable, build_s = _build(state, mod, target, cuda_graphs=(settings or MeasureSettings()).cuda_graphs)
     if request.get("library"):
         # Before any VM exists: making one fills the executable's memory-scope map with an entry per
         # constant, and a library exported after that prints TVM's "Scope Loaded" warning per constant on every load.
         export_library(executable, request["library"])
-    if request.get("remote"):  # cross-compiled for another machine: run and timed there
-        state["remote_target"] = tvm_compat.target_to_json(target)
-        return _run_placement_remotely(state, request, settings, build_s)
-    vm, device = _vm(executable, target)
-    return {"cost": _run_and_time(state, request, vm, device, settings), "build_s": build_s}
+    return executable, target, build_s
 
 
 def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings]) -> Optional[dict]:

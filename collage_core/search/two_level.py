@@ -202,9 +202,12 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent, pr
         if prepare is not None:
             coming = {}
             for individual in individuals:
-                parts = None if individual.fitness.valid else decode(graph, groups, individual)
-                if parts is not None and genome_key(parts) not in scores and predicted_slower(parts) is None:
-                    coming.setdefault(genome_key(parts), parts)
+                if individual.fitness.valid:
+                    continue
+                parts = decode(graph, groups, individual)
+                key = genome_key(parts)
+                if key not in scores and predicted_slower(parts) is None:
+                    coming.setdefault(key, parts)
             prepare(list(coming.values()))
         _score(individuals, fitness)
 
