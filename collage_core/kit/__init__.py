@@ -62,6 +62,7 @@ _EXPORTS = {
     "activation_pattern": "collage_core.candidates.fused_groups:activation_pattern",
     "bias_pattern": "collage_core.candidates.fused_groups:bias_pattern",
     "cast_pattern": "collage_core.candidates.fused_groups:cast_pattern",
+    "residual_pattern": "collage_core.candidates.fused_groups:residual_pattern",
     "scale_pattern": "collage_core.candidates.fused_groups:scale_pattern",
     "product_epilogues": "collage_core.candidates.fused_groups:product_epilogues",
     "as_dtype": "collage_core.candidates.fused_groups:as_dtype",

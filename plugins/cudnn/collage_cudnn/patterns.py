@@ -10,7 +10,16 @@ import functools
 
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from collage_core.kit import TF32_PATTERN_SUFFIX, Pattern, activation_pattern, bias_pattern, cast_pattern, recognizer_check, scale_pattern
+from collage_core.kit import (
+    TF32_PATTERN_SUFFIX,
+    Pattern,
+    activation_pattern,
+    bias_pattern,
+    cast_pattern,
+    recognizer_check,
+    residual_pattern,
+    scale_pattern,
+)
 from collage_cudnn import specs
 
 BACKEND = "cudnn"
@@ -26,6 +35,13 @@ CONV2D_EPILOGUES = {"": lambda v: v, "_bias": bias_pattern, "_bias_relu": lambda
 # 9.19, NCHW tensors) it offered no engine for such a convolution followed by a bias (CUDNN_STATUS_NOT_SUPPORTED
 # for conv-cast-bias, -bias-ReLU, -bias-add and -bias-add-ReLU), so the bias and what follows stay with TVM.
 SIXTEEN_BIT_CONV2D_EPILOGUES = {"_cast": cast_pattern}
+# cuDNN's runtime-fusion engines take channel-last tensors, so a 16-bit NHWC convolution (`--layout nhwc`)
+# is offered with its bias, residual add and ReLU as well; the check refuses these in NCHW.
+CHANNEL_LAST_CONV2D_EPILOGUES = {
+    "_nhwc_cast_bias": lambda v: bias_pattern(cast_pattern(v)),
+    "_nhwc_cast_bias_relu": lambda v: activation_pattern(bias_pattern(cast_pattern(v)), ["relu"]),
+    "_nhwc_cast_bias_add_relu": lambda v: activation_pattern(residual_pattern(bias_pattern(cast_pattern(v))), ["relu"]),
+}
 OPERAND_FORMS = {"n": lambda: wildcard(), "t": lambda: is_op("relax.permute_dims")(wildcard())}
 
 
@@ -54,6 +70,7 @@ def attention_pattern():
 
 _check = recognizer_check(specs.recognize)
 _check_tf32 = recognizer_check(functools.partial(specs.recognize, tf32=True))
+_check_channel_last = recognizer_check(functools.partial(specs.recognize, channel_last=True))
 
 
 def patterns(tf32: bool = False) -> list[Pattern]:
@@ -61,8 +78,8 @@ def patterns(tf32: bool = False) -> list[Pattern]:
     tensor cores (rounding the operands to TF32)."""
     found = []
 
-    def add(name, dpl, sixteen_bit_only=False):
-        found.append(Pattern(f"{BACKEND}.{name}", dpl, check=_check))
+    def add(name, dpl, sixteen_bit_only=False, check=_check):
+        found.append(Pattern(f"{BACKEND}.{name}", dpl, check=check))
         if tf32 and not sixteen_bit_only:
             found.append(Pattern(f"{BACKEND}.{name}{TF32_PATTERN_SUFFIX}", dpl, check=_check_tf32))
 
@@ -71,6 +88,8 @@ def patterns(tf32: bool = False) -> list[Pattern]:
         add(f"conv2d{suffix}", epilogue(conv))
     for suffix, epilogue in SIXTEEN_BIT_CONV2D_EPILOGUES.items():
         add(f"conv2d{suffix}", epilogue(conv), sixteen_bit_only=True)
+    for suffix, epilogue in CHANNEL_LAST_CONV2D_EPILOGUES.items():
+        add(f"conv2d{suffix}", epilogue(conv), sixteen_bit_only=True, check=_check_channel_last)
     for lhs_form, lhs in OPERAND_FORMS.items():
         for rhs_form, rhs in OPERAND_FORMS.items():
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"

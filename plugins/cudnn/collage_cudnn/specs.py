@@ -1,6 +1,7 @@
 """What a cuDNN operator group computes, as the words of one cuDNN operation graph, or why cuDNN cannot.
 
-Two anchors: a 2-d convolution (NCHW, OIHW weights, any padding, stride, dilation and groups)
+Two anchors: a 2-d convolution (NCHW with OIHW weights, or channel-last: NHWC with OHWI weights, as
+``collage optimize --layout nhwc`` writes them; any padding, stride, dilation and groups)
 and a matrix product (each operand read in place through its strides, so ``permute_dims``
 transposes and head splits cost nothing; batch dimensions merged into one). And one fused
 operation: attention at 16 bits, ``softmax(scale * q @ k^T [+ causal mask]) @ v`` as the exporters
@@ -29,7 +30,7 @@ from collage_core.kit import (
 )
 from collage_core.kit import spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 4
+SPEC_VERSION = 5
 # The words after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), then what y and the residual are: float32, or
 # the 16-bit type of a cast the group applies to the anchor's result (the pointwise nodes still compute
@@ -46,6 +47,8 @@ MAX_HEAD_SIZE = 128  # q's and v's last dimension: a multiple of 8, at most this
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
+CHANNEL_FIRST, CHANNEL_LAST = (0, 1, 2, 3), (0, 3, 1, 2)  # the axes of NCHW (OIHW) and of NHWC (OHWI) in NCHW's order
+CONV_LAYOUTS = {("NCHW", "OIHW", "NCHW"): CHANNEL_FIRST, ("NHWC", "OHWI", "NHWC"): CHANNEL_LAST}
 
 
 @attrs.frozen
@@ -63,9 +66,9 @@ class KernelSpec:
 
 def _conv2d(group: Group, conv) -> KernelSpec:
     attributes = conv.attrs
-    for name, wanted in (("data_layout", "NCHW"), ("kernel_layout", "OIHW"), ("out_layout", "NCHW")):
-        if str(getattr(attributes, name)) != wanted:
-            raise Refused(f"conv2d {name} {getattr(attributes, name)} (only {wanted})")
+    layouts = (str(attributes.data_layout), str(attributes.kernel_layout), str(attributes.out_layout))
+    if layouts not in CONV_LAYOUTS:
+        raise Refused(f"conv2d layouts {layouts[0]}/{layouts[1]} -> {layouts[2]} (NCHW/OIHW or NHWC/OHWI, out as in)")
     expect_plain_out_dtype(conv)
     if group.calls[0] is not conv:
         raise Refused("the group holds operators before the convolution")
@@ -74,17 +77,27 @@ def _conv2d(group: Group, conv) -> KernelSpec:
     operand_type = OPERAND_TYPES[uniform_operand_dtype(conv, (data, weights), OPERAND_DTYPES)]
     if not tvm_compat.is_constant(weights):
         raise Refused("conv2d weights that are not constants")
-    x_dims, w_dims, y_dims = shape_of(data), shape_of(weights), shape_of(conv)
+    # cuDNN takes every tensor's dims in NCHW (KCRS) order; a channel-last tensor is the same dims with its strides.
+    order = CONV_LAYOUTS[layouts]
+    (x_dims, x_strides), (w_dims, w_strides), (y_dims, y_strides) = (
+        _logical(shape_of(value), order) for value in (data, weights, conv)
+    )
     groups = int(attributes.groups)
     if x_dims[1] % groups or w_dims[0] % groups or w_dims[1] * groups != x_dims[1]:
         raise Refused(f"conv2d with {groups} groups over {x_dims[1]} input channels")
-    epilogue = read_epilogue(group, conv, w_dims[0], 3, FUSED)
+    epilogue = read_epilogue(group, conv, w_dims[0], 3 if order == CHANNEL_FIRST else 1, FUSED)
     top, left, bottom, right = padding4(attributes.padding)
     words = (
-        SPEC_VERSION, CONV2D, 4, *x_dims, *plain_strides(x_dims), *w_dims, *plain_strides(w_dims), *y_dims,
+        SPEC_VERSION, CONV2D, 4, *x_dims, *x_strides, *w_dims, *w_strides, *y_dims, *y_strides,
         top, left, bottom, right, *ints(attributes.strides), *ints(attributes.dilation),
     )
     return _with_epilogue(words, [data, weights], epilogue, operand_type)
+
+
+def _logical(shape, order: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A packed tensor of ``shape`` as cuDNN reads it: its dims taken in ``order`` (NCHW's), each with its stride."""
+    strides = plain_strides(shape)
+    return tuple(shape[axis] for axis in order), tuple(strides[axis] for axis in order)
 
 
 def _mergeable(dims, strides, outer: int, inner: int) -> bool:
@@ -131,7 +144,7 @@ def _matmul(group: Group, matmul) -> KernelSpec:
     out_shape = shape_of(matmul)
     x_dims, x_strides, w_dims, w_strides, y_dims = _as_rank3(lhs, rhs, out_shape)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED)
-    words = (SPEC_VERSION, MATMUL, 3, *x_dims, *x_strides, *w_dims, *w_strides, *y_dims)
+    words = (SPEC_VERSION, MATMUL, 3, *x_dims, *x_strides, *w_dims, *w_strides, *y_dims, *plain_strides(y_dims))
     return _with_epilogue(words, [lhs.source, rhs.source], epilogue, operand_type)
 
 
@@ -266,15 +279,18 @@ def _attention(group: Group) -> KernelSpec:
     return KernelSpec(words, (q.source, kt.source, v.source))
 
 
-def recognize(group: Group, tf32: bool = False) -> KernelSpec:
+def recognize(group: Group, tf32: bool = False, channel_last: bool = False) -> KernelSpec:
     """The cuDNN operation graph computing ``group``, or :class:`Refused` saying why there is none. With ``tf32``
-    (the ``_tf32`` patterns of ``--precision tf32``) its float32 operands may go to engines that round them to TF32."""
+    (the ``_tf32`` patterns of ``--precision tf32``) its float32 operands may go to engines that round them to TF32.
+    With ``channel_last`` (the ``_nhwc`` patterns) only a channel-last convolution is taken."""
     names = [tvm_compat.op_name(call) for call in group.calls]
     if "relax.nn.softmax" in names and names.count("relax.matmul") == 2:
         spec = _attention(group)
     else:
         anchor = group.single_anchor(ANCHORS, OPERAND_DTYPES)
         spec = _conv2d(group, anchor) if tvm_compat.op_name(anchor) == "relax.nn.conv2d" else _matmul(group, anchor)
+    if channel_last and not (spec.words[1] == CONV2D and str(anchor.attrs.data_layout) == "NHWC"):
+        raise Refused("a 16-bit convolution with a bias in NCHW (cuDNN's fused engines take NHWC: --layout nhwc)")
     if not tf32:
         return spec
     *head, operand_type, out_type = spec.words

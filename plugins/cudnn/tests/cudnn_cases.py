@@ -2,7 +2,7 @@
 
 ``case(pattern_name, activation)`` builds a small function that the named pattern covers whole,
 from the name's parts (anchor, operand forms, bias, residual, activation). ``reference`` builds
-the graph a spec describes (tensors read through the spec's dims and strides, a cross-correlation
+the graph a spec describes (tensors read and y written through the spec's dims and strides, a cross-correlation
 or a batched product, then bias, residual and activation as cuDNN's pointwise modes define them)
 with PyTorch: on the CPU in float64 for the spec tests, on CUDA in float32 with TF32 off for the
 kernel tests. A pattern whose name holds ``cast`` is built the way `--precision bf16|fp16` converts a
@@ -47,7 +47,7 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
     kind, rank = w.take(), w.take()
     if kind == specs.ATTENTION:
         return _attention(w, [tensor(array) for array in operands])
-    x_dims, x_strides, w_dims, w_strides, y_dims = (w.take(rank) for _ in range(5))
+    x_dims, x_strides, w_dims, w_strides, y_dims, y_strides = (w.take(rank) for _ in range(6))
     x = torch.as_strided(tensor(operands[0]), x_dims, x_strides)
     weights = torch.as_strided(tensor(operands[1]), w_dims, w_strides)
     if kind == specs.CONV2D:
@@ -67,7 +67,7 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         y = y + tensor(operands[at]).reshape(channel_shape)
         at += 1
     if has_residual:
-        y = y + tensor(operands[at]).reshape(y_dims)
+        y = y + torch.as_strided(tensor(operands[at]), y_dims, y_strides)
     functions = {
         0: lambda t: t,
         1: torch.relu,
@@ -75,8 +75,9 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
         3: lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
         4: torch.nn.functional.silu,
     }
-    out_dtype = specs.DTYPE_OF_TYPE[output_type]
-    return rounded_to(functions[activation](y).cpu().numpy(), out_dtype).astype(np.float64)
+    out = torch.zeros(math.prod(y_dims), dtype=y.dtype, device=y.device)  # y's memory, written through its strides
+    torch.as_strided(out, y_dims, y_strides).copy_(functions[activation](y))
+    return rounded_to(out.cpu().numpy(), specs.DTYPE_OF_TYPE[output_type]).astype(np.float64)
 
 
 def _attention(w: _Words, operands: list) -> np.ndarray:
@@ -140,17 +141,18 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
             v = bb.emit(_activation(bb, v, "relu" if "relu" in parts else activation))
         return v
 
-    if parts[0] == "conv2d":
-        x_shape, out_shape = (2, 8, 10, 10), (2, 16, 5, 5)
+    if parts[0] == "conv2d":  # NCHW, or NHWC for a pattern named _nhwc
+        last = "nhwc" in parts
+        x_shape, out_shape = ((2, 10, 10, 8), (2, 5, 5, 16)) if last else ((2, 8, 10, 10), (2, 16, 5, 5))
         shapes = [x_shape] + ([out_shape] if "add" in parts else [])
+        layouts = dict(data_layout="NHWC", kernel_layout="OHWI") if last else {}
 
         def make(bb, x, *residual):
-            v = anchored(
-                bb,
-                R.nn.conv2d(x, _const(rng, 16, 4, 3, 3, dtype=operand_dtype), strides=(2, 2), padding=(1, 1, 1, 1), groups=2, out_dtype=F),
-            )
+            weights = _const(rng, *((16, 3, 3, 4) if last else (16, 4, 3, 3)), dtype=operand_dtype)
+            conv = R.nn.conv2d(x, weights, strides=(2, 2), padding=(1, 1, 1, 1), groups=2, out_dtype=F, **layouts)
+            v = anchored(bb, conv)
             v = v if isinstance(v, relax.Var) else bb.emit(v)
-            return epilogue(bb, v, 16, (1, 16, 1, 1), residual)
+            return epilogue(bb, v, 16, (1, 1, 1, 16) if last else (1, 16, 1, 1), residual)
 
         return make, shapes
     if parts[0] == "attention":  # a causal self-attention: q, k, v (batch, seq, heads, size)

@@ -65,7 +65,7 @@ def test_every_pattern_covers_its_case_and_its_spec_computes_what_tvm_computes(p
 @pytest.mark.parametrize(
     "make, shapes, reason",
     [
-        (lambda bb, x: R.nn.conv2d(x, const(8, 3, 3, 4), data_layout="NHWC", kernel_layout="OHWI"), [(1, 9, 9, 4)], "NHWC data"),
+        (lambda bb, x: R.nn.conv2d(x, const(8, 4, 3, 3), data_layout="NHWC"), [(1, 9, 9, 4)], "NHWC data with OIHW weights"),
         (lambda bb, x, w: R.nn.conv2d(x, w), [(1, 4, 9, 9), (8, 4, 3, 3)], "weights computed at run time"),
         (lambda bb, x: R.add(R.nn.conv2d(x, const(8, 4, 3, 3)), const(8, 7, 7)), [(1, 4, 9, 9)], "a bias that is not per channel"),
         (lambda bb, a, b: R.matmul(a, b), [(2, 3, 5, 7), (3, 7, 9)], "batch dimensions that broadcast"),
@@ -84,6 +84,28 @@ def test_checks_refuse_what_cudnn_would_compute_differently(make, shapes, reason
     everything = frozenset(range(len(graph.graph)))
     covering = [c for c in enumerate_candidates(graph, patterns.patterns()) if frozenset(c.nodes) == everything]
     assert covering == [], f"{reason}: {[c.pattern for c in covering]}"
+
+
+def test_a_16_bit_convolution_with_a_bias_is_taken_whole_in_nhwc_only():
+    """cuDNN's fused engines take a 16-bit convolution's bias (and ReLU) in NHWC; in NCHW only the cast is."""
+
+    def convolution(last: bool):
+        def make(bb, x):
+            layouts = dict(data_layout="NHWC", kernel_layout="OHWI") if last else {}
+            weights = relax.const(RNG.uniform(-1, 1, size=(8, 3, 3, 4) if last else (8, 4, 3, 3)).astype("bfloat16"))
+            conv = bb.emit(R.astype(bb.emit(R.nn.conv2d(x, weights, out_dtype=F, **layouts)), "bfloat16"))
+            bias = relax.const(RNG.uniform(-1, 1, size=(1, 1, 1, 8) if last else (1, 8, 1, 1)).astype("bfloat16"))
+            return R.nn.relu(bb.emit(R.add(conv, bias)))
+
+        return function_module(make, (1, 9, 9, 4) if last else (1, 4, 9, 9), dtype="bfloat16")
+
+    for last in (True, False):
+        graph = RelaxGraph.from_function(convolution(last)["main"])
+        whole = {c.pattern for c in enumerate_candidates(graph, patterns.patterns()) if len(c.nodes) == len(graph.graph)}
+        assert whole == ({"cudnn.conv2d_nhwc_cast_bias_relu"} if last else set()), (last, whole)
+    graph = RelaxGraph.from_function(convolution(True)["main"])
+    candidate = next(c for c in enumerate_candidates(graph, patterns.patterns()) if len(c.nodes) == len(graph.graph))
+    check_candidate(graph, candidate.nodes)
 
 
 def test_a_group_with_an_unfused_operator_is_refused_with_its_name():
@@ -132,7 +154,7 @@ def test_at_tf32_each_float32_pattern_is_also_a_tf32_candidate_naming_tf32_opera
     exact one only in its operand word, which the runtime reads as "do not deselect tensor cores"."""
     exact = {p.name for p in patterns.patterns()}
     tf32 = {p.name for p in patterns.patterns(tf32=True)} - exact
-    assert tf32 == {name + "_tf32" for name in exact if not name.endswith(("_cast", ".attention"))}  # 16-bit only
+    assert tf32 == {name + "_tf32" for name in exact if "_cast" not in name and not name.endswith(".attention")}  # 16-bit only
     graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_resnet.onnx")).mod["main"])
     candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
     by_nodes = {}

@@ -44,7 +44,7 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-constexpr int64_t kSpecVersion = 4;
+constexpr int64_t kSpecVersion = 5;
 constexpr int64_t kTunedPlans = 6;  // plans built and timed per graph at build time
 constexpr size_t kMessageChars = 240;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2, kAttention = 3 };
@@ -183,7 +183,7 @@ Spec ParseAttention(Reader& reader, Spec spec, int64_t rank) {
   return spec;
 }
 
-// Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, [conv: pre, post,
+// Layout: version, kind, rank, x dims, x strides, w dims, w strides, y dims, y strides, [conv: pre, post,
 // stride, dilation (2 each)], has_bias, has_residual, activation, operand type, output type, has_choice, [engine, knob count, knob type/value...]
 Spec ParseSpec(const std::string& hex) {
   const std::string key = Decode(hex);
@@ -197,8 +197,7 @@ Spec ParseSpec(const std::string& hex) {
   if (spec.kind == kAttention) return ParseAttention(reader, spec, rank);
   spec.x = {reader.Next(rank), reader.Next(rank)};
   spec.w = {reader.Next(rank), reader.Next(rank)};
-  spec.y.dims = reader.Next(rank);
-  spec.y.strides = PlainStrides(spec.y.dims);
+  spec.y = {reader.Next(rank), reader.Next(rank)};
   if (spec.kind == kConv2d) {
     spec.pre_padding = reader.Next(2);
     spec.post_padding = reader.Next(2);
