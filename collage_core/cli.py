@@ -243,6 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     _option(optimize, "tune_budget_s", "--tune-budget-s", metavar="S")
     _option(optimize, "settings.build_workers", "--jobs", metavar="N")
     _option(optimize, "precision", "--precision")
+    _option(optimize, "layout", "--layout")
     _option(optimize, "accuracy_budget", "--accuracy-budget", metavar="E")
     _option(optimize, "accuracy_blocks", "--accuracy-blocks", metavar="N")
     _option(optimize, "verify", "--no-verify")

@@ -27,6 +27,7 @@ from collage_core.errors import CollageError
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, NEEDS_REFERENCE, AccuracyBudgetError
 from collage_core.model.dtypes import DTYPES, FP32, PRECISIONS
+from collage_core.model.layout import LAYOUTS
 from collage_core.search.calibration import DEFAULT_ROUNDS
 from collage_core.search.stage import OP_LEVEL_SEARCH, TWO_LEVEL
 from collage_core.search.two_level import TwoLevelSettings
@@ -127,6 +128,14 @@ class OptimizeOptions:
         "fp32 (default: exact), bf16 (CPUs with AMX or AVX512-BF16, GPUs) or fp16 "
         "(GPUs): the model is converted once by TVM's mixed-precision pass and verified within that precision's "
         "tolerance; tf32 (GPUs): float32, with TF32 tensor-core kernels competing where a backend has them; a "
+        "replayed placement keeps its own",
+    )
+    layout: Optional[str] = described(
+        None,
+        one_of(LAYOUTS).or_none(),
+        "model (default: 2-d convolutions as the model writes them, NCHW for ONNX) or nhwc: every convolution "
+        "channel-last (NHWC, OHWI weights) by TVM's ConvertLayout before placing, for tensor-core kernels at 16 bits "
+        "(cuDNN's fused engines, CUTLASS); the layout changes left are placed and measured like any operator; a "
         "replayed placement keeps its own",
     )
     accuracy_budget: Optional[float] = described(

@@ -132,17 +132,19 @@ def test_a_model_library_format_tar_runs_with_tvm_runtime_alone(optimized, tmp_p
     np.testing.assert_allclose(alone, result.run(*inputs)[0], rtol=1e-5, atol=1e-5, equal_nan=False)
 
 
-def optimized_at(workspace, name: str, precision: str):
-    """``name`` placed over BACKENDS at ``precision`` on the GPU (no baselines), its costs kept in ``workspace``."""
+def optimized_at(workspace, name: str, precision: str, layout: str = "model"):
+    """``name`` placed over BACKENDS at ``precision`` (convolutions in ``layout``) on the GPU (no baselines), its costs
+    kept in ``workspace``."""
     return collage_core.optimize(
         str(MODELS / f"{name}.onnx"),
         target="cuda",
         backends=BACKENDS,
         cost_db=workspace / "costs.sqlite",
-        output_dir=workspace / f"{name}-{precision}",
+        output_dir=workspace / f"{name}-{precision}-{layout}",
         show_progress=False,
         compare_backends=False,
         precision=precision,
+        layout=layout,
     )
 
 
@@ -168,3 +170,18 @@ def test_at_bf16_attention_is_measured_as_one_cudnn_kernel_and_the_placement_pas
     assert result.verification.passed, result.verification.describe()
     fused = [c for c in result.placement.considered if c.pattern == "cudnn.attention"]
     assert fused and all(c.cost.is_measured for c in fused), [(c.pattern, c.cost) for c in fused]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_in_nhwc_cudnn_runs_16_bit_convolutions_with_their_bias_and_relu_and_the_placement_passes_its_tolerance(workspace, precision):
+    """With --layout nhwc every convolution of tiny ResNet is channel-last; cuDNN's fused candidates (the convolution
+    with its cast, bias and ReLU, and with a residual add) were built and timed on the GPU, and the placement's
+    outputs are within the precision's tolerance of ONNX Runtime's on the NCHW file."""
+    result = optimized_at(workspace, "tiny_resnet", precision, layout="nhwc")
+    assert result.placement.layout == "nhwc" and result.verification.passed, result.verification.describe()
+    fused = [c for c in result.placement.considered if c.pattern.startswith("cudnn.conv2d_nhwc_cast_bias")]
+    assert fused and all(c.cost.is_measured for c in fused), [(c.pattern, c.cost) for c in fused]
+    held_to = tolerance(precision)
+    inputs = result.model.random_inputs(seed=7)
+    got, expected = result.run(*inputs)[0], result.model.reference(inputs)[0]
+    assert np.abs(got - expected).max() <= held_to.atol + held_to.rtol * np.abs(expected).max()

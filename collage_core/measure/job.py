@@ -163,6 +163,7 @@ class Job:
             backends={i.name: {"version": i.backend.version, "kind": i.backend.kind} for i in self.chosen},
             search=search,
             precision=self.imported.precision,
+            layout=self.imported.layout,
             float32_units=self.imported.float32_units,
             sixteen_bit_operators=sixteen_bit_operators(self.graph),
             partitions=parts,

@@ -69,6 +69,8 @@ class ImportedModel:
     precision: str = "fp32"
     # The units of the converted model given back float32 arithmetic (see collage_core.model.widening).
     float32_units: tuple[int, ...] = ()
+    # The layout of its convolutions (see collage_core.model.layout): "model" as written, or "nhwc".
+    layout: str = "model"
     # Where each output comes from, in order (a PyTorch module's: ``output['logits']``); empty when unnamed.
     output_names: tuple[str, ...] = ()
     # The model file as given (an ONNX file's or ModelProto's bytes), which engines' own sessions run whole

@@ -12,6 +12,7 @@ import attrs
 
 from collage_core.build.deploy import installed_backends, recorded_versions, tell_other_versions
 from collage_core.errors import CollageError
+from collage_core.model.layout import LAYOUTS, MODEL
 from collage_core.model.original_model import contender_name, engine_of, kind_of, runs_original
 from collage_core.model.precision import DTYPES, FP32, PRECISIONS
 from collage_core.records import Cost, Partition
@@ -48,6 +49,8 @@ class Placement:
     ran_on: str = attrs.field(default="", eq=False)
     # The precision the model was converted to before placing (see collage_core.model.precision); a replay converts it the same.
     precision: str = attrs.field(default=FP32, validator=attrs.validators.in_(PRECISIONS))
+    # The layout the model's convolutions were placed in (see collage_core.model.layout); a replay changes it the same.
+    layout: str = attrs.field(default=MODEL, validator=attrs.validators.in_(LAYOUTS))
     # Units of the converted model given back float32 arithmetic to hold an accuracy budget (collage_core.model.widening),
     # and the operators that still compute on 16-bit values; a replay widens the same units.
     float32_units: tuple[int, ...] = attrs.field(default=(), converter=tuple)
@@ -86,6 +89,7 @@ class Placement:
             "backends": self.backends,
             "search": self.search,
             "precision": self.precision,
+            **({"layout": self.layout} if self.layout != MODEL else {}),
             **({"float32_units": list(self.float32_units)} if self.float32_units else {}),
             **({"sixteen_bit_operators": list(self.sixteen_bit_operators)} if self.sixteen_bit_operators else {}),
             **(
@@ -229,6 +233,9 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         precision = str(data.get("precision", FP32))
         if precision not in PRECISIONS:
             fail(f"unknown precision {precision!r} (Collage knows {', '.join(PRECISIONS)})")
+        layout = str(data.get("layout", MODEL))
+        if layout not in LAYOUTS:
+            fail(f"unknown layout {layout!r} (Collage knows {', '.join(LAYOUTS)})")
         float32_units = _numbers(data.get("float32_units", []), "float32_units", fail)
         sixteen_bit = _numbers(data.get("sixteen_bit_operators", []), "sixteen_bit_operators", fail)
         if float32_units and precision not in DTYPES:
@@ -237,6 +244,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
             fail(f"sixteen_bit_operators names operators outside 0..{len(operators) - 1}")
         placement = Placement(
             precision=precision,
+            layout=layout,
             float32_units=float32_units,
             sixteen_bit_operators=sixteen_bit,
             accuracy_budget=_optional_number(data.get("accuracy_budget"), "accuracy_budget", fail),

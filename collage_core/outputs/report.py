@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collage_core.measure.threads import ThreadSettings
 from collage_core.measure.timing import STOPPED_PREFIX
+from collage_core.model.layout import MODEL
 from collage_core.model.precision import FP32
 from collage_core.model.precision import describe as describe_precision
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, WITHOUT_CUDA_GRAPHS
@@ -164,7 +165,9 @@ def render_report(optimized) -> str:
             rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
     sections = [
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
-        f"{placement.search} search" + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
+        f"{placement.search} search"
+        + (f", convolutions in {placement.layout.upper()} (--layout {placement.layout})" if placement.layout != MODEL else "")
+        + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         *[line for line in (headline(optimized.end_to_end), why_line(placement)) if line],
         *[work.describe() for work in [placement_throughput(optimized)] if work is not None],
         format_table(["backend", "operators", "partitions", "summed cost", "share of op-level time"], rows),

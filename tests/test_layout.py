@@ -1,0 +1,89 @@
+"""--layout nhwc: every 2-d convolution rewritten channel-last once, outputs unchanged (checked against ONNX
+Runtime through TVM's build), and the layout carried by fingerprints and placement files so a replay does the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tvm import relax
+
+from collage_core import tvm_compat
+from collage_core.errors import CollageError
+from collage_core.model import layout
+from collage_core.model.model_import import check_against_reference, load_model
+from collage_core.optimizer import optimize
+from collage_core.outputs.placement_file import Placement, PlacementFileError, load_placement
+from collage_core.records import Cost, Partition
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def convolution_layouts(mod) -> list[tuple[str, str, str]]:
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and tvm_compat.op_name(expr) == "relax.nn.conv2d":
+            found.append((str(expr.attrs.data_layout), str(expr.attrs.kernel_layout), str(expr.attrs.out_layout)))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def test_nhwc_rewrites_every_convolution_and_tvms_build_still_matches_onnx_runtime():
+    model = load_model(str(MODELS / "tiny_resnet.onnx"))
+    assert set(convolution_layouts(model.mod)) == {("NCHW", "OIHW", "NCHW")}
+    nhwc = layout.with_layout(model, "nhwc")
+    assert convolution_layouts(nhwc.mod) == [("NHWC", "OHWI", "NHWC")] * len(convolution_layouts(model.mod))
+    assert nhwc.layout == "nhwc" and nhwc.fingerprint == f"{model.fingerprint}+nhwc"
+    # TVM's CPU build of the rewritten model against ONNX Runtime on the original file, within float32's tolerance
+    # (atol 1e-4 + rtol 1e-3 x max|reference|); a mismatch raises.
+    assert "numerics passed" in check_against_reference(nhwc)
+    # The layout changes left: into NHWC at the input, and back before the classifier's pooling and flattening.
+    assert 1 <= layout._count_ops(nhwc.mod, "relax.permute_dims") <= 3
+    assert layout.with_layout(nhwc, "nhwc") is nhwc
+
+
+def test_a_model_without_convolutions_is_left_as_it_is_and_unknown_layouts_are_refused():
+    model = load_model(str(MODELS / "tiny_bert.onnx"))
+    assert layout.with_layout(model, "nhwc") is model
+    with pytest.raises(CollageError, match="unknown layout 'nchw4c'"):
+        layout.with_layout(model, "nchw4c")
+
+
+def test_a_placement_file_keeps_its_layout_and_refuses_an_unknown_one(tmp_path):
+    whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
+    placement = Placement("m", "f+nhwc", ["relax.nn.conv2d"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole], layout="nhwc")
+    path = placement.save(tmp_path / "p.json")
+    assert load_placement(path).layout == "nhwc"
+    data = json.loads(path.read_text())
+    data["layout"] = "nchw4c"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlacementFileError, match=r"p.json: unknown layout 'nchw4c'"):
+        load_placement(path)
+    del data["layout"]  # files written before the option existed keep the model's layout
+    path.write_text(json.dumps(data))
+    assert load_placement(path).layout == "model"
+
+
+@pytest.mark.slow  # a whole optimize and a replay, about a minute
+def test_nhwc_is_placed_verified_saved_and_replayed_in_its_own_layout(tmp_path):
+    model = MODELS / "tiny_resnet.onnx"
+    out = tmp_path / "out"
+    kwargs = dict(
+        backends=["tvm"],
+        search="op-level",
+        cost_db=tmp_path / "costs.sqlite",
+        compare_backends=False,
+        show_progress=False,
+        calibration_rounds=0,
+    )
+    result = optimize(model, layout="nhwc", output_dir=out, **kwargs)
+    assert result.placement.layout == "nhwc" and result.model.fingerprint.endswith("+nhwc") and result.verification.passed
+    assert json.loads((out / "placement.json").read_text())["layout"] == "nhwc"
+    assert "convolutions in NHWC" in (out / "report.txt").read_text()
+    replayed = optimize(model, placement=out / "placement.json", **kwargs)
+    assert replayed.placement.layout == "nhwc" and replayed.verification.passed
+    with pytest.raises(CollageError, match="made at layout nhwc, not model"):
+        optimize(model, placement=out / "placement.json", layout="model", **kwargs)
