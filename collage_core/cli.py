@@ -357,6 +357,8 @@ def _inspect(args) -> int:
 
 
 def _export(args) -> int:
+    if Path(args.output).is_dir():
+        raise CollageError(f"{args.output}: is a folder; -o names the tar to write (-o model.tar); nothing was built")
     problem = unwritable_because(Path(args.output).parent)
     if problem:
         raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")

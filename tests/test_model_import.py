@@ -579,3 +579,20 @@ def test_a_model_too_large_to_run_unscheduled_is_checked_in_shapes_only_before_m
         "its output agrees with " + imported.reference_name + "'s in shape and dtype; numerics are verified at the end "
         "only (0.0 G multiply-adds, too many to run TVM's unscheduled build first)"
     )
+
+
+def test_a_module_in_training_mode_is_imported_in_eval_mode_and_given_back_in_training_mode():
+    """Collage optimizes inference: dropout off and batch norm on its running statistics, in the import and the
+    reference alike, and the user's module keeps training afterwards as it was."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5), torch.nn.ReLU()).train()
+    imported = load_model(module, (torch.randn(4, 8),))
+    assert module.training and all(child.training for child in module)
+    inputs = imported.random_inputs()
+    first, second = imported.reference(inputs)[0], imported.reference(inputs)[0]
+    np.testing.assert_array_equal(first, second)  # no dropout: eval mode
+    with torch.no_grad():
+        expected = module.eval()(torch.from_numpy(inputs[0])).numpy()
+    np.testing.assert_allclose(first, expected, rtol=1e-6, atol=1e-6)
+    module.train()
+    assert module.training

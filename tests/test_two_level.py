@@ -100,6 +100,15 @@ def test_search_beats_both_seeds_and_is_reproducible(seed):
     assert again.genome == result.genome and again.latency == result.latency
 
 
+def test_a_model_of_one_group_is_searched_without_crossover():
+    """A genome of one group cannot be cut in two; the search still mutates it and returns the faster choice."""
+    graph = OpGraph(ops=["matmul"], preds=[[]])
+    groups = groups_for(graph, {"graphy": {0}})
+    result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=4, generations=3, seed=1))
+    assert_valid_placement(graph, result.parts)
+    assert result.latency.seconds == min(deterministic_end_to_end_cost(decode(graph, groups, g)).seconds for g in seed_genomes(groups))
+
+
 def test_best_placement_is_reported_as_it_improves():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})

@@ -107,7 +107,10 @@ class Job:
         placement.check_fits(self.graph.graph, str(path))
         missing = sorted({p.backend for p in placement.partitions} - set(self.backends))
         if missing:
-            raise CollageError(f"{path}: placed on backend(s) not available here: {', '.join(missing)}")
+            raise CollageError(
+                f"{path}: placed on backend(s) not among this run's ({', '.join(sorted(self.backends))}): {', '.join(missing)}; "
+                "add them to --backends (`collage backends` says whether they run here)"
+            )
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
         here = tvm_compat.device_name(self.target)
         if placement.device != here:

@@ -276,7 +276,16 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch model.
     import torch
 
-    module = module.eval()
+    # Collage optimizes inference: the module is exported and checked in eval mode, and given back in the mode it came in.
+    was_training = module.training
+    module.eval()
+    try:
+        return _from_torch_in_eval(module, example_inputs, name, torch)
+    finally:
+        module.train(was_training)
+
+
+def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> ImportedModel:
     flattened = Flattened(module)
     try:
         with torch.no_grad():
@@ -297,8 +306,13 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     inputs = tuple(TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs))
 
     def reference(arrays):
-        with torch.no_grad():
-            returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        finally:
+            module.train(was_training)
         return [tensor.detach().numpy() for _, tensor in flatten(returned)]
 
     canonical = canonicalize(mod, f"PyTorch module {name}")

@@ -281,9 +281,14 @@ def beats(new: Cost, old: Cost, min_gain: float) -> bool:
 
 def _toolbox(groups: Sequence[OpGroup], settings: TwoLevelSettings) -> base.Toolbox:
     toolbox = base.Toolbox()
-    toolbox.register("mate", tools.cxTwoPoint)
+    # Two-point crossover cuts a genome at two points; a genome of one group has nowhere to cut, and mating leaves it be.
+    toolbox.register("mate", tools.cxTwoPoint if len(groups) >= 2 else _unmated)
     toolbox.register("mutate", _mutate, groups=groups, probability=settings.gene_mutation_probability)
     return toolbox
+
+
+def _unmated(first, second) -> tuple:
+    return first, second
 
 
 def _individual(genes) -> list:

@@ -112,6 +112,12 @@ def test_an_output_folder_under_a_file_is_refused_before_anything_is_measured(tm
     assert code == 1 and stderr == [
         f"collage: error: {tmp_path / 'file' / 'x.tar'}: cannot be written ({tmp_path / 'file'} is not a folder); nothing was built"
     ]
+    (tmp_path / "folder").mkdir()
+    code, stderr = run_main(["export", str(MODEL), "--placement", "p.json", "-o", str(tmp_path / "folder")], capfd)
+    assert code == 1 and stderr == [
+        f"collage: error: {tmp_path / 'folder'}: is a folder; -o names the tar to write (-o model.tar); nothing was built"
+    ]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file", "folder"]  # nothing left beside them
 
 
 MOUNTED = """
