@@ -256,7 +256,7 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export",
         parents=[strict],
-        help="rebuild a placement (no measuring), export it for deployment, and load and run what was written once in a new process",
+        help="rebuild a placement (no search: its candidates are not measured), export it for deployment, and load and run what was written once in a new process",
     )
     export.add_argument("model", help="the ONNX file the placement was made for")
     export.add_argument("--placement", required=True, help="a placement.json written by collage optimize")
