@@ -328,12 +328,13 @@ def _optimize(args) -> int:
     if isinstance(result, ProfiledModel):
         return _shapes_saved(result, output)
     print(render_report(result))
-    saved = [output / "placement.json", output / f"{result.model.name}.so", output / "report.txt"]
-    saved += [output / SEARCH_PICTURE] * (output / SEARCH_PICTURE).exists()
+    library = output_folder.library_file(output, result.model.name)
+    saved = [output / "placement.json", library, output / "report.txt", output / "results.json"]
+    saved += [output / SEARCH_PICTURE] * result.drew_search
     saved += [f"{output / SEARCHED_PLACEMENT_FILE} (the search's placement, which lost the contest; replay it with --placement)"] * (
         result.searched_placement is not None
     )
-    carried = carried_dir(output / f"{result.model.name}.so")
+    carried = carried_dir(library)
     saved += [f"{carried}/ (the native kernels the library carries)"] * carried.is_dir()
     print(f"\nsaved: {', '.join(str(path) for path in saved)}")
     if result.verification is not None and not result.verification.passed:

@@ -847,7 +847,11 @@ def test_the_cli_replays_into_collage_out_replay_and_takes_dash_o_saying_whose_f
     searched = workspace / "baseline-won" / SEARCHED_PLACEMENT_FILE
     assert main(["optimize", str(TINY_RESNET), "--placement", str(searched), "--backends", "tvm"]) == 0
     assert (tmp_path / "collage-out" / "tiny_resnet" / "replay" / "placement.json").exists()
-    assert "saved: collage-out/tiny_resnet/replay/placement.json" in capsys.readouterr().out
+    saved = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("saved: ")).removeprefix("saved: ").split(", ")
+    assert saved[:4] == [
+        f"collage-out/tiny_resnet/replay/{name}" for name in ("placement.json", "tiny_resnet.so", "report.txt", "results.json")
+    ]
+    assert all((tmp_path / path.split(" ")[0]).exists() for path in saved)  # every file named was written
 
     copy = tmp_path / "a-searched-run"
     shutil.copytree(workspace / "baseline-won", copy, ignore=shutil.ignore_patterns("replay"))

@@ -67,6 +67,7 @@ def store(name: str, mod, fingerprint: str, model_bytes: int) -> bool:
     if len(text) > LARGEST_KEPT_BYTES:
         return False
     entry = _entry(name)
+    partial = None
     try:
         entry.mkdir(parents=True, exist_ok=True)
         for file, content in (("module.json", text), ("meta.json", json.dumps({"fingerprint": fingerprint}))):
@@ -74,5 +75,7 @@ def store(name: str, mod, fingerprint: str, model_bytes: int) -> bool:
             partial.write_text(content)
             os.replace(partial, entry / file)
     except OSError:
+        if partial is not None:
+            partial.unlink(missing_ok=True)  # a full disk keeps no half-written entry
         return False
     return True

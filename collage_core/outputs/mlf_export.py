@@ -28,6 +28,7 @@ from collage_core.build.executable import build, lower_partitions
 from collage_core.build.partition import BACKEND_ATTR, pattern_of
 from collage_core.build.plugin_calls import calls_of
 from collage_core.build.profiles import merged_module
+from collage_core.errors import CollageError
 from collage_core.outputs.mlf import (
     CALL_KINDS,
     EXECUTOR,
@@ -189,19 +190,25 @@ def _write_tar(path: Path, files: dict[str, bytes]) -> None:
         | {"/".join(name.split("/")[:depth]) + "/" for name in files for depth in range(1, name.count("/"))}
     )
     partial = path.with_name(path.name + ".writing")
-    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
-        for name in directories + sorted(files):
-            info = tarfile.TarInfo(name.rstrip("/") if name.endswith("/") else name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            info.mtime = _epoch()
-            if name.endswith("/"):
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                archive.addfile(info)
-            else:
-                info.mode, info.size = 0o644, len(files[name])
-                archive.addfile(info, io.BytesIO(files[name]))
-    partial.replace(path)
+    try:
+        with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
+            for name in directories + sorted(files):
+                info = tarfile.TarInfo(name.rstrip("/") if name.endswith("/") else name)
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                info.mtime = _epoch()
+                if name.endswith("/"):
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    archive.addfile(info)
+                else:
+                    info.mode, info.size = 0o644, len(files[name])
+                    archive.addfile(info, io.BytesIO(files[name]))
+        partial.replace(path)
+    except BaseException as error:  # a full disk, an interrupt: no half-written tar is left
+        partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise CollageError(f"{path}: writing it failed ({error.strerror or error}); nothing of it was left") from None
+        raise
 
 
 @attrs.frozen

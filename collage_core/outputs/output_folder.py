@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import unicodedata
 from pathlib import Path
@@ -226,9 +227,15 @@ def temporary_files_in(folder: os.PathLike) -> Iterator[Path]:
 def _locked(directory: Path) -> Iterator[None]:
     path = directory / LOCK_FILE
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        # Never through a link: a lock file planted as a link in a shared folder would have the run overwrite its target.
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise CollageError(f"{path}: is a symbolic link; Collage writes its lock file only as a file of its own") from None
         raise CollageError(f"{directory}: cannot write into it ({error.strerror})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise CollageError(f"{path}: is not a regular file; Collage writes its lock file only as a file of its own")
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

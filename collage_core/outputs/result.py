@@ -93,7 +93,7 @@ class OptimizedModel:
             copy_library(self.library_path, library)
         output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
         output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
-        if self.two_level is not None and self.two_level.history:
+        if self.drew_search:
             lost = (
                 ""
                 if self.searched_placement is None
@@ -102,7 +102,14 @@ class OptimizedModel:
             output_folder.write_text(
                 directory / SEARCH_PICTURE, history_svg(self.two_level.history, backend_colours(self.placement), caption=lost)
             )
+        elif self.replayed_from is None:  # an op-level search over a two-level one's folder: its picture is not this run's
+            (directory / SEARCH_PICTURE).unlink(missing_ok=True)
         return directory
+
+    @property
+    def drew_search(self) -> bool:
+        """Whether ``save`` draws the two-level search (``two-level-search.svg``)."""
+        return self.two_level is not None and bool(self.two_level.history)
 
     def results_json(self) -> dict:
         """The report's numbers for scripts: end-to-end latencies, measurement counts, search time, numerics."""

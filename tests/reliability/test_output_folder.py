@@ -439,3 +439,40 @@ def test_a_lock_file_removed_as_a_run_locks_it_refuses_the_run(tmp_path, monkeyp
     with pytest.raises(OutputFolderInUse, match="was removed by another Collage run"):
         with held(out):
             pass
+
+
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_left_alone(tmp_path):
+    """In a folder others can write to, a link named like the lock file must not make the run overwrite its target."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("important\n")
+    for kind in ("link", "folder"):
+        out = tmp_path / f"out-{kind}"
+        out.mkdir()
+        if kind == "link":
+            (out / LOCK_FILE).symlink_to(victim)
+        else:
+            (out / LOCK_FILE).mkdir()
+        with pytest.raises(CollageError) as refused:
+            with held(out):
+                pass
+        assert str(refused.value).startswith(str(out / LOCK_FILE)) or "cannot write into it" in str(refused.value)
+        assert "\n" not in str(refused.value)
+    assert victim.read_text() == "important\n"
+
+
+def test_a_tar_that_cannot_be_written_whole_leaves_nothing_and_names_its_file(tmp_path, monkeypatch):
+    """A full disk midway through writing an export: one line naming the tar, and no half-written file."""
+    import errno
+    import tarfile
+
+    from collage_core.outputs import mlf_export
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", full)
+    target = tmp_path / "x.tar"
+    with pytest.raises(CollageError) as refused:
+        mlf_export._write_tar(target, {"metadata.json": b"{}"})
+    assert str(refused.value) == f"{target}: writing it failed (No space left on device); nothing of it was left"
+    assert list(tmp_path.iterdir()) == []
