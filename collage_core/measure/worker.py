@@ -29,6 +29,7 @@ from collage_core.backends import registered_backends
 from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
+from collage_core.measure.cost_db import TRANSIENT_REASON
 from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.widening import widen
@@ -132,15 +133,25 @@ OUT_OF_GPU_MEMORY = (
 )
 
 
+# What a full disk says (Python's OSError, and a compiler or linker it ran): the machine's doing, not the candidate's.
+DISK_FULL = "No space left on device"
+
+
 def describe_failure(error: Exception) -> str:
-    """One line for a failed request: the error's type and last line, marked when the GPU ran out of memory."""
+    """One line for a failed request: the error's type and last line, marked when the GPU ran out of memory or
+    the disk was full."""
     lines = [text for text in str(error).strip().splitlines() if text.strip()]
-    return _marked_if_out_of_gpu_memory(f"{type(error).__name__}: {lines[-1] if lines else ''}", str(error))
+    return _marked(f"{type(error).__name__}: {lines[-1] if lines else ''}", str(error))
 
 
-def _marked_if_out_of_gpu_memory(reason: str, text: str) -> str:
-    """``reason``, prefixed with ``out of GPU memory`` when ``text`` (the whole error) says so."""
-    return f"{OUT_OF_GPU_MEMORY_REASON} ({reason})" if any(marker in text for marker in OUT_OF_GPU_MEMORY) else reason
+def _marked(reason: str, text: str) -> str:
+    """``reason``, prefixed with ``out of GPU memory`` when ``text`` (the whole error) says so, or marked a
+    transient failure (measured again by a later run: see cost_db.TRANSIENT_REASON) when the disk was full."""
+    if any(marker in text for marker in OUT_OF_GPU_MEMORY):
+        return f"{OUT_OF_GPU_MEMORY_REASON} ({reason})"
+    if DISK_FULL in text:
+        return f"{TRANSIENT_REASON}: the disk is full ({DISK_FULL.lower()}; {reason})"
+    return reason
 
 
 def _init(state, request):
@@ -209,7 +220,7 @@ def _own_measurement(state, backend_name: str, mod, target, settings):
     )
     if cost is None and errors:
         reason = "; ".join(errors)
-        return Cost.invalid(_marked_if_out_of_gpu_memory(reason, reason))
+        return Cost.invalid(_marked(reason, reason))
     if cost is not None and not isinstance(cost, Cost):
         raise TypeError(f"collage_measure_candidate returned {cost!r}, not a Cost")
     return cost

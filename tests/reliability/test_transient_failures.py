@@ -178,3 +178,24 @@ def test_collage_optimize_remeasure_invalid_measures_a_stored_failure_again(load
     for flag, passed in (([], False), (["--remeasure-invalid"], True)):
         with pytest.raises(CollageError, match=f"remeasure_invalid={passed}"):
             cli._optimize(cli._parser().parse_args(["optimize", "model.onnx", "-o", str(tmp_path / "out"), *flag]))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(
+            "Command line: /usr/bin/g++ -shared -o lib.so a.o\nCompilation error:\n/usr/bin/ld: final link failed: No space left on device"
+        ),
+        OSError(28, "No space left on device"),
+    ],
+    ids=["linker", "python"],
+)
+def test_a_full_disk_is_a_transient_failure_that_a_later_run_measures_again(error):
+    """A build that fails because the disk is full says so, and is stored as the machine's doing, not the candidate's."""
+    from collage_core.measure.worker import describe_failure
+    from collage_core.records import Cost
+
+    reason = describe_failure(error)
+    assert "the disk is full" in reason and "\n" not in reason
+    assert is_transient(Cost.invalid(f"building or running the placement failed: {reason}"))
+    assert not is_transient(Cost.invalid(describe_failure(RuntimeError("Command line: g++\nerror: 'x' was not declared"))))
