@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pathlib
 import shutil
@@ -25,7 +26,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import attrs
 
 from collage_core.errors import CollageError
-from collage_core.records import INVALID, UNKNOWN, Cost
+from collage_core.records import INVALID, MEASURED, UNKNOWN, Cost
 
 log = logging.getLogger("collage")
 
@@ -307,9 +308,9 @@ class CostDatabase:
             row = self._connection.execute(
                 f"SELECT {_COST_COLUMNS}, measured_at, {effort} FROM end_to_end_costs WHERE key = ?", (key,)
             ).fetchone()
-        if row is None or not self._usable(_cost_from_row(row[:5]), row[5]):
+        if row is None or not self._usable(self._cost_from_row(row[:5]), row[5]):
             return None
-        return _cost_from_row(row[:5]), float(row[6])
+        return self._cost_from_row(row[:5]), float(row[6])
 
     def put_end_to_end(self, key: str, cost: Cost, *, effort_s: float = 0.0, measured_at: Optional[float] = None) -> None:
         """Store the cost of a whole placement under the caller's ``key``, replacing any earlier one,
@@ -362,7 +363,7 @@ class CostDatabase:
                     [field for key in chunk for field in attrs.astuple(key)],
                 )
                 for row in rows:
-                    cost = _cost_from_row(row[5:10])
+                    cost = self._cost_from_row(row[5:10])
                     if self._usable(cost, row[10]):
                         stored[CostKey(*row[:5])] = cost
         return stored
@@ -448,13 +449,25 @@ class CostDatabase:
             raise CostDatabaseError(
                 f"{self.path} is an SQLite database but not a Collage cost database; move it away or {_USE_ANOTHER_FILE}"
             )
-        (version,) = self._connection.execute("SELECT version FROM collage_cost_db_schema").fetchone()
+        row = self._connection.execute("SELECT version FROM collage_cost_db_schema").fetchone()
+        if row is None:
+            raise CostDatabaseError(f"cost database {self.path} has lost its schema version; move it away or {_USE_ANOTHER_FILE}")
+        (version,) = row
         if version != SCHEMA_VERSION:
             raise CostDatabaseError(
                 f"cost database {self.path} has schema version {version} but this Collage reads version "
                 f"{SCHEMA_VERSION}; move it away (its costs will be measured again) or {_USE_ANOTHER_FILE}"
             )
         return True
+
+    def _cost_from_row(self, row: tuple) -> Cost:
+        try:
+            return _cost_from_row(row)
+        except (TypeError, ValueError) as error:
+            raise CostDatabaseError(
+                f"{self.path}: a stored cost is not one Collage wrote ({str(error).strip()}); move the file away (its costs "
+                f"will be measured again) or {_USE_ANOTHER_FILE}"
+            ) from None
 
     def _reported(self, action: str) -> contextlib.AbstractContextManager[None]:
         return _reported_as(self.path, self.busy_timeout_s, action)
@@ -602,8 +615,17 @@ def _row_from_cost(cost: Cost) -> tuple:
 
 
 def _cost_from_row(row: tuple) -> Cost:
+    """A stored row as a Cost; ValueError or TypeError for one no Collage wrote (a kind, number or count out of place)."""
     kind, median_s, spread_s, repeats, reason = row
-    return Cost(kind, median_s, spread_s, repeats, reason)
+    if kind not in (MEASURED, INVALID, UNKNOWN):
+        raise ValueError(f"kind {kind!r}")
+    median_s, spread_s = float(median_s), float(spread_s)
+    if isinstance(repeats, float) and not repeats.is_integer():
+        raise ValueError(f"repeats {repeats!r} is not a count")
+    cost = Cost(kind, median_s, spread_s, int(repeats), str(reason))
+    if median_s < 0 or spread_s < 0 or (cost.is_measured and not math.isfinite(median_s + spread_s)):
+        raise ValueError(f"a {kind} cost of {median_s!r} s (spread {spread_s!r} s)")
+    return cost
 
 
 def open_costs(path: Optional[os.PathLike], remeasure_invalid: bool = False) -> CostDatabase:

@@ -194,6 +194,30 @@ def test_other_schema_version_is_refused(db_path):
     assert str(db_path) in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ("DELETE FROM collage_cost_db_schema", "has lost its schema version"),
+        ("UPDATE costs SET kind = 'weird'", "is not one Collage wrote (kind 'weird')"),
+        ("UPDATE costs SET median_s = 'abc'", "is not one Collage wrote (could not convert string to float"),
+        ("UPDATE costs SET repeats = 'x'", "is not one Collage wrote (invalid literal for int()"),
+        ("UPDATE costs SET median_s = -1", "is not one Collage wrote (a measured cost of -1.0 s"),
+        ("UPDATE end_to_end_costs SET median_s = 1e999", "is not one Collage wrote (a measured cost of inf s"),
+    ],
+)
+def test_rows_no_collage_wrote_are_refused_in_one_line_naming_the_file(db_path, edit, message):
+    with CostDatabase.open(db_path) as db:
+        db.put(key(1), MEASURED)
+        db.put_end_to_end("placement", MEASURED)
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as raw:
+        raw.execute(edit)
+    with pytest.raises(CostDatabaseError) as raised:
+        with CostDatabase.open(db_path) as db:
+            db.get(key(1))
+            db.get_end_to_end_entry("placement")
+    assert message in str(raised.value) and str(db_path) in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_database_locked_longer_than_the_timeout_is_reported(db_path):
     with CostDatabase.open(db_path, busy_timeout_s=0.2) as db:
         holder = sqlite3.connect(db_path, isolation_level=None)
