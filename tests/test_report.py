@@ -33,6 +33,7 @@ def _placement(**fields) -> SimpleNamespace:
             "search": "op-level",
             "ran_on": "",
             "precision": "fp32",
+            "layout": "model",
             "why_chosen": "",
             **fields,
         }
