@@ -40,9 +40,9 @@ def optimize(
     Relax IRModule. ``search`` is ``"op-level"`` or ``"two-level"`` (the default when a
     graph-level backend is selected). With ``placement`` (a placement file) nothing is searched:
     the file's placement is built, verified, measured end to end and returned. Measured costs are
-    kept in ``cost_db`` (default: the user cache); with ``output_dir`` the best placement so far is
-    saved there as the search goes. ``calibration_rounds`` re-searches of the op-level placement
-    with per-partition charges measured end to end are tried (0: none; see
+    kept in ``cost_db`` (default: the user cache); with ``output_dir`` the two-level search's best placement so
+    far is saved there as it goes (``search-best-placement.json``, removed when the run's own files are
+    written). ``calibration_rounds`` re-searches of the op-level placement with per-partition charges measured end to end are tried (0: none; see
     :mod:`collage_core.search.calibration`). With ``tune_budget_s``, the backends that tune spend at most that
     many seconds on the kernels of the placement's costliest partitions, and the search runs again with the tuned
     kernels among the candidates (see :mod:`collage_core.search.tuning_stage`). With ``compare_backends`` (default: when searching, not when

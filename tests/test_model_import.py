@@ -596,3 +596,13 @@ def test_a_module_in_training_mode_is_imported_in_eval_mode_and_given_back_in_tr
     np.testing.assert_allclose(first, expected, rtol=1e-6, atol=1e-6)
     module.train()
     assert module.training
+
+
+def test_a_name_with_control_characters_is_shown_with_them_escaped(tmp_path):
+    """A graph name cannot forge report lines or send escape sequences to the terminal."""
+    import onnx
+
+    proto = onnx.load(str(MODELS / "tiny_resnet.onnx"))
+    proto.graph.name = "evil\n\x1b[31mRED\x1b[0m$(id)"
+    imported = load_model(proto)
+    assert imported.name == "evil\\n\\x1b[31mRED\\x1b[0m$(id)" and imported.name.isprintable()

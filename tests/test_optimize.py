@@ -461,8 +461,15 @@ def test_a_warm_cost_database_returns_the_same_result_measuring_only_the_result(
             two_level=TwoLevelSettings(population=4, generations=2),
         )
 
+    from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
+
     quick_turns(monkeypatch)
+    saved_to = []
+    save = Placement.save
+    monkeypatch.setattr(Placement, "save", lambda placement, path: saved_to.append(Path(path).name) or save(placement, path))
     cold = run()
+    # The search's best so far went beside the run's files, never over them, and is gone once they are written.
+    assert SEARCH_BEST_FILE in saved_to and saved_to[-1] == "placement.json" and not (tmp_path / "out" / SEARCH_BEST_FILE).exists()
     svg = (tmp_path / "out" / "two-level-search.svg").read_text()
     assert svg.count('class="generation"') == len(cold.two_level.history)
     # Whichever won the contest in turns here, the run says so, and the picture says when the search's best lost it.

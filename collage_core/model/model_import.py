@@ -102,6 +102,18 @@ def load_model(model: Any, example_inputs: Optional[Sequence[Any]] = None, name:
     """
     if isinstance(model, ImportedModel):
         return model
+    imported = _imported(model, example_inputs, name)
+    shown = printable(imported.name)
+    return imported if shown == imported.name else attrs.evolve(imported, name=shown)
+
+
+def printable(name: str) -> str:
+    """``name`` (from a model file, a graph or a class) as reports and the terminal show it: control characters
+    (newlines, escape sequences) written as escapes, so a name cannot forge report lines or colour a terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in name)
+
+
+def _imported(model: Any, example_inputs: Optional[Sequence[Any]], name: Optional[str]) -> ImportedModel:
     if isinstance(model, (str, os.PathLike)):
         return _from_onnx_file(Path(model), name)
     if isinstance(model, tvm.IRModule):

@@ -29,6 +29,11 @@ class PlacementFileError(CollageError):
     """A placement file that cannot be read, or does not fit the model it is applied to."""
 
 
+# The best placement of a two-level search still running (or killed), saved as the search goes; the finished run's
+# files replace it with placement.json, so that placement.json always describes the library beside it.
+SEARCH_BEST_FILE = "search-best-placement.json"
+
+
 @attrs.frozen
 class Placement:
     """A searched (or replayed) placement of a model's operators on backends."""

@@ -23,7 +23,7 @@ from collage_core.outputs import output_folder
 from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
 from collage_core.outputs.output_folder import RunFolder
 from collage_core.outputs.picture import backend_colours
-from collage_core.outputs.placement_file import Placement
+from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
 from collage_core.outputs.report import is_noisy, placement_throughput, render_report
 from collage_core.outputs.reuse import FinishedBuild, FinishKey, save_finished
 from collage_core.outputs.search_history import history_svg
@@ -80,17 +80,18 @@ class OptimizedModel:
         a two-level search, its picture (``two-level-search.svg``) into ``directory``; after a search
         whose placement lost the contest in turns, that placement as ``searched-placement.json`` (a
         search's directory holds one only then). Each file is written whole under a temporary name and renamed
-        into place."""
+        into place, the library first; the search's best so far (``search-best-placement.json``) is then removed."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.placement.save(directory / "placement.json")
+        # The library first (the slow copy; the one before stays in place until this one is renamed over it), then the
+        # small files that describe it, within milliseconds: a run killed during the copy leaves the run before whole.
+        library = output_folder.library_file(directory, self.model.name)
+        if self.library_path.resolve() != library.resolve():
+            copy_library(self.library_path, library)
         if self.searched_placement is not None:
             self.searched_placement.save(directory / SEARCHED_PLACEMENT_FILE)
         elif self.replayed_from is None:
             (directory / SEARCHED_PLACEMENT_FILE).unlink(missing_ok=True)
-        library = output_folder.library_file(directory, self.model.name)
-        if self.library_path.resolve() != library.resolve():
-            copy_library(self.library_path, library)
         output_folder.write_text(directory / "report.txt", render_report(self) + "\n")
         output_folder.write_text(directory / "results.json", json.dumps(self.results_json(), indent=1, sort_keys=True) + "\n")
         if self.drew_search:
@@ -104,6 +105,8 @@ class OptimizedModel:
             )
         elif self.replayed_from is None:  # an op-level search over a two-level one's folder: its picture is not this run's
             (directory / SEARCH_PICTURE).unlink(missing_ok=True)
+        self.placement.save(directory / "placement.json")
+        (directory / SEARCH_BEST_FILE).unlink(missing_ok=True)
         return directory
 
     @property

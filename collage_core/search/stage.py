@@ -15,7 +15,7 @@ from collage_core.measure.cost_db import open_costs
 from collage_core.measure.job import Job, describe_cost
 from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
 from collage_core.measure.progress import PhaseClock, ProgressBar
-from collage_core.outputs.placement_file import Placement
+from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Partition
 from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
 from collage_core.search.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
@@ -111,7 +111,7 @@ def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLeve
         evaluate = job.end_to_end_evaluator(db)
 
         def on_best(parts, cost):
-            job.placement(parts, TWO_LEVEL).save(job.workdir / "placement.json")
+            job.placement(parts, TWO_LEVEL).save(job.workdir / SEARCH_BEST_FILE)
 
         def on_generation(record):
             line = (
