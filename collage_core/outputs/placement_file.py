@@ -214,16 +214,21 @@ def placement_from_json(data: Any, origin: str) -> Placement:
 
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         fail(f"not a Collage placement (expected \"format\": \"{FORMAT}\")")
-    if data.get("version") != VERSION:
-        fail(f"placement version {data.get('version')!r} is not supported (this Collage reads version {VERSION})")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        fail(f"placement version {version!r} is not a number (this Collage reads version {VERSION})")
+    if version != VERSION:
+        fail(f"placement version {version} is not supported (this Collage reads version {VERSION})")
     try:
         model = data["model"]
         operators = tuple(str(op) for op in model["operators"])
 
         def partitions_of(items, what: str) -> list[Partition]:
             read = []
+            if not isinstance(items, list):
+                fail(f"{what}s must be a list")
             for number, item in enumerate(items):
-                nodes = [int(n) for n in item["operators"]]
+                nodes = list(_numbers(item["operators"], f"{what} {number}'s operators", fail))
                 if not nodes or any(not 0 <= n < len(operators) for n in nodes):
                     fail(f"{what} {number} names operators outside 0..{len(operators) - 1}")
                 cost = _checked_cost(Cost.from_json(item["cost"]), f"{what} {number}", fail)
@@ -232,7 +237,7 @@ def placement_from_json(data: Any, origin: str) -> Placement:
 
         partitions = partitions_of(data["partitions"], "partition")
         considered = partitions_of(data.get("candidates", []), "candidate")
-        inputs_of = [[int(n) for n in preds] for preds in model.get("inputs_of", [])]
+        inputs_of = [list(_numbers(preds, "model.inputs_of", fail)) for preds in model.get("inputs_of", [])]
         if inputs_of and (len(inputs_of) != len(operators) or any(not 0 <= n < i for i, p in enumerate(inputs_of) for n in p)):
             fail("model.inputs_of does not list earlier operators for each operator")
         precision = str(data.get("precision", FP32))

@@ -232,7 +232,19 @@ def test_placements_nested_too_deeply_or_with_numbers_past_floats_are_refused_in
         "deep.json": ("[" * 100_000 + "]" * 100_000, "not a placement (its JSON is nested too deeply to read)"),
         "huge-operator.json": (
             json.dumps(VALID).replace('"operators": [0]', '"operators": [1e999]'),
-            "malformed placement (OverflowError: cannot convert float infinity to integer)",
+            "partition 0's operators must be a list of non-negative integers",
+        ),
+        "fractional-operator.json": (
+            json.dumps(VALID).replace('"operators": [0]', '"operators": [0.5]'),
+            "partition 0's operators must be a list of non-negative integers",
+        ),
+        "text-operator.json": (
+            json.dumps(VALID).replace('"operators": [0]', '"operators": ["0"]'),
+            "partition 0's operators must be a list of non-negative integers",
+        ),
+        "text-version.json": (
+            json.dumps(VALID).replace('"version": 1', '"version": "1"', 1),
+            "placement version '1' is not a number (this Collage reads version 1)",
         ),
         "huge-repeats.json": (
             json.dumps(VALID).replace('"repeats": 3', '"repeats": 1e999', 1),
