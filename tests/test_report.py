@@ -72,6 +72,25 @@ def test_a_library_is_compared_with_other_builds_timed_the_same_way_never_with_i
     assert "tvm alone, timed in turns" not in in_turns  # the heading says how the rows were timed
 
 
+def test_two_builds_of_the_same_backend_mix_are_compared_and_one_build_measured_twice_is_not():
+    """ONNX Runtime's own session and Collage's onnxruntime region over the same operators are two builds of one mix:
+    told apart by the build each row measured. The returned placement's row and its own row are one build."""
+    ort = {"onnxruntime": 45}
+    entries = [
+        EndToEnd("placement", Cost.measured(0.308e-3, 1e-6, 99), ort, timed_in_turns=True, build="own-session"),
+        EndToEnd("onnxruntime alone, timed in turns", Cost.measured(0.310e-3, 1e-6, 99), ort, timed_in_turns=True, build="region"),
+        EndToEnd("searched placement, timed in turns", Cost.measured(0.383e-3, 1e-6, 99), {"tvm": 45}, timed_in_turns=True, build="s"),
+        EndToEnd("placement, one after another", Cost.measured(1.090e-3, 1e-6, 5), ort, build="own-session"),
+        EndToEnd("onnxruntime's own session", Cost.measured(0.754e-3, 1e-6, 5), ort, build="own-session"),
+        EndToEnd("onnxruntime alone", Cost.measured(1.000e-3, 1e-6, 5), ort, build="region"),
+    ]
+    in_turns, one_after_another = _sections(_report(entries))
+    assert _row(in_turns, "placement")[3] == "0.994"  # 0.308 against the region's 0.310, not 0.383
+    assert _row(in_turns, "onnxruntime alone")[3] == "1.006"
+    assert _row(one_after_another, "placement")[3] == "1.090"  # 1.090 against the region's 1.000, not its own 0.754
+    assert _row(one_after_another, "onnxruntime's own session")[3] == "0.754"
+
+
 def test_the_headline_is_the_latency_in_turns_when_a_contest_ran():
     """The returned placement's latency is the one it was chosen by: in turns with its rivals, not the
     one its build measured alone; without a contest, the one measured one after another."""

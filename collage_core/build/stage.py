@@ -7,6 +7,7 @@ say why what is returned won, with the latency it was chosen by as the headline.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import time
 from pathlib import Path
@@ -124,7 +125,7 @@ def baselines(
     whole_cost = unpartitioned or baseline_cost(job, UNPARTITIONED, whole, limit_s, db)
     if whole is not None and whole_cost.is_measured:  # its one partition costs what the whole measured
         whole = [attrs.evolve(whole[0], cost=whole_cost)]
-    results = [(EndToEnd(UNPARTITIONED, whole_cost, {"relax.build": len(job.graph.graph)}), whole)]
+    results = [(EndToEnd(UNPARTITIONED, whole_cost, {"relax.build": len(job.graph.graph)}, build=build_id(whole)), whole)]
     measured = {**job.measured_end_to_end, signature(parts): placement_cost}
     for name, baseline_parts in built:
         baseline_signature = signature(baseline_parts)
@@ -133,7 +134,8 @@ def baselines(
             if cannot_win is not None:
                 job.say(f"{name}: {cannot_win.reason}")
             measured[baseline_signature] = cannot_win or baseline_cost(job, name, baseline_parts, limit_s, db)
-        results.append((EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts)), baseline_parts))
+        entry = EndToEnd(name, measured[baseline_signature], operators_by_backend(baseline_parts), build=build_id(baseline_parts))
+        results.append((entry, baseline_parts))
     return results + own_sessions(job, limit_s, db)
 
 
@@ -166,7 +168,7 @@ def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd,
         cost = baseline_cost(job, entry, parts, limit_s, db)
         if cost.is_measured:  # its one partition costs what the whole measured
             parts = [attrs.evolve(parts[0], cost=cost)]
-        rows.append((EndToEnd(entry, cost, {name: operators}), parts))
+        rows.append((EndToEnd(entry, cost, {name: operators}, build=build_id(parts)), parts))
     return rows
 
 
@@ -237,7 +239,7 @@ def build_and_compare(
     searched_placement = None
     if not options.compares_backends():
         outcome = Outcome(
-            [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts))],
+            [EndToEnd(PLACEMENT, built.cost, operators_by_backend(parts), build=build_id(parts))],
             origin if options.placement is not None else f"{origin}; not compared with baselines",
         )
     else:
@@ -320,7 +322,8 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     faster = faster_baseline(baselines, built.cost) if may_replace else None
     if faster is None:
         measured = "no baseline measured faster one after another" if sequential else "no baseline was measured"
-        return Outcome([EndToEnd(PLACEMENT, built.cost, mix), *sequential], f"{origin}; {measured} (none timed in turns)")
+        placed = EndToEnd(PLACEMENT, built.cost, mix, build=build_id(parts))
+        return Outcome([placed, *sequential], f"{origin}; {measured} (none timed in turns)")
     entry, rival_parts = faster
     rebuilt = build_placement(job, rival_parts, library)
     why = (
@@ -328,7 +331,11 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
         f"{_ms(entry.cost)} against the searched placement's {_ms(built.cost)}, {_times(built.cost, entry.cost)}; "
         f"{_what_it_runs(rival_parts)}the searched placement ({origin}) is saved as {SEARCHED_PLACEMENT_FILE}"
     )
-    rows = [EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts)), EndToEnd(SEARCHED, built.cost, mix), *sequential]
+    rows = [
+        EndToEnd(PLACEMENT, rebuilt.cost, operators_by_backend(rival_parts), build=build_id(rival_parts)),
+        EndToEnd(SEARCHED, built.cost, mix, build=build_id(parts)),
+        *sequential,
+    ]
     return Outcome(rows, why, faster, rebuilt)
 
 
@@ -338,7 +345,8 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     timed_turns, mix = timed.turns, operators_by_backend(parts)
     turns = {name: library.warm for name, library in timed_turns.items()}
     in_turns = {
-        entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend) for entry, _ in rivals
+        entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend, entry_parts)
+        for entry, entry_parts in rivals
     }
     sequential = [entry for entry, _ in baselines]
     fastest, _ = min(rivals, key=lambda pair: turns[pair[0].name].seconds)
@@ -357,9 +365,9 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
                 f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}"
             )
         rows = [
-            _in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix),
+            _in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix, parts),
             *in_turns.values(),
-            EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix),
+            EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix, build=build_id(parts)),
             *sequential,
         ]
         return Outcome(rows, why)
@@ -371,19 +379,27 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
         f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}"
     )
     rows = [
-        _in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix),
-        _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix),
+        _in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix, rival_parts),
+        _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix, parts),
         *(row for name, row in in_turns.items() if name != entry.name),
-        EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix),
-        EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix),
+        EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", timed.winner_build.cost, rival_mix, build=build_id(rival_parts)),
+        EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix, build=build_id(parts)),
         *sequential,
     ]
     return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
 
 
-def _in_turns_row(name: str, library, mix) -> EndToEnd:
+def _in_turns_row(name: str, library, mix, parts) -> EndToEnd:
     """A row timed in turns: its warm latency, by which the contest chose, and its latency after a pause."""
-    return EndToEnd(name, library.warm, mix, True, library.after_pause, library.paused_s)
+    return EndToEnd(name, library.warm, mix, True, library.after_pause, library.paused_s, build_id(parts))
+
+
+def build_id(parts, variant: str = "") -> str:
+    """Which build a row measured: a digest of which backend runs which operators (and whether an engine runs the
+    original file), and of ``variant`` (a build without CUDA graphs); "" when there are no parts."""
+    if parts is None:
+        return ""
+    return hashlib.sha256(repr((signature(parts), variant)).encode()).hexdigest()[:16]
 
 
 def _what_it_runs(parts) -> str:
@@ -444,7 +460,7 @@ def without_cuda_graphs(job: Job, parts, limit_s: Optional[float], db) -> Option
     if not job.replays_cuda_graphs():
         return None
     cost = baseline_cost(job, WITHOUT_CUDA_GRAPHS, parts, limit_s, db, cuda_graphs=False)
-    return EndToEnd(WITHOUT_CUDA_GRAPHS, cost, operators_by_backend(parts))
+    return EndToEnd(WITHOUT_CUDA_GRAPHS, cost, operators_by_backend(parts), build=build_id(parts, WITHOUT_CUDA_GRAPHS))
 
 
 def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda_graphs: Optional[bool] = None) -> Cost:

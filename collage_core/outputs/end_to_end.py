@@ -31,6 +31,9 @@ class EndToEnd:
     timed_in_turns: bool = False
     after_pause: Optional[Cost] = None
     paused_s: Optional[float] = None
+    # Which build the row measured (a digest of its placement: see collage_core.build.stage.build_id), so that the
+    # report never compares a library with itself and does compare two builds of the same backend mix; "" if unknown.
+    build: str = attrs.field(default="", eq=False)
 
     def to_json(self) -> dict:
         data = {
@@ -41,6 +44,8 @@ class EndToEnd:
         }
         if self.after_pause is not None:
             data.update(after_pause=self.after_pause.to_json(), paused_s=self.paused_s)
+        if self.build:
+            data["build"] = self.build
         return data
 
     @classmethod
@@ -53,4 +58,5 @@ class EndToEnd:
             bool(data.get("timed_in_turns", False)),
             None if after_pause is None else Cost.from_json(after_pause),
             data.get("paused_s"),
+            str(data.get("build", "")),
         )

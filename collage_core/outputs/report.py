@@ -75,18 +75,26 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _best_other_build(entry, entries):
-    """The fastest measured latency of a different build (another mix of backends) timed the same way
-    as ``entry`` (in turns, or one after the other), or None: a library is not compared with itself."""
+    """The fastest measured latency of a different build timed the same way as ``entry`` (in turns, or one
+    after the other), or None: a library is not compared with itself. Rows that say which build they measured
+    are told apart by it (two builds of the same backend mix are compared); others by their mix of backends."""
     return min(
         (
             other.cost.median_s
             for other in entries
-            if other.cost.is_measured
+            if other is not entry
+            and other.cost.is_measured
             and other.timed_in_turns == entry.timed_in_turns
-            and other.operators_by_backend != entry.operators_by_backend
+            and not _same_build(other, entry)
         ),
         default=None,
     )
+
+
+def _same_build(one, other) -> bool:
+    if one.build and other.build:
+        return one.build == other.build
+    return one.operators_by_backend == other.operators_by_backend
 
 
 def _end_to_end_table(entries) -> str:
