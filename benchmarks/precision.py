@@ -50,6 +50,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import signal
 import subprocess
@@ -306,19 +307,31 @@ def measure(name: str, batch: int, backends: str, raw: Path, again: tuple = ()) 
 
 
 def parse_run(spec: str, backends: str) -> tuple[str, str, str]:
-    """A ``--precisions`` entry (``P``, ``P@E``, ``P+B[+B...]``) as (precision, accuracy budget or "", backends)."""
+    """A ``--precisions`` entry (``P``, ``P@E``, ``P/nhwc``, ``P+B[+B...]``) as (precision, accuracy budget or "",
+    backends); ``run_layout`` reads its layout."""
     base, *added = spec.split("+")
-    precision, _, budget = base.partition("@")
+    precision, _, budget = base.partition("/")[0].partition("@")
     if precision not in GPU_PRECISIONS:
         raise ValueError(f"{spec!r}: the precision is one of {', '.join(GPU_PRECISIONS)}")
     return precision, budget, ",".join([*backends.split(","), *(b for b in added if b not in backends.split(","))])
 
 
+def run_layout(spec: str) -> str:
+    """The layout a ``--precisions`` entry asks for (``bf16/nhwc``: ``collage optimize --layout nhwc``); "" for the
+    model's own."""
+    layout = spec.split("+")[0].partition("/")[2]
+    if layout not in ("", "nhwc"):
+        raise ValueError(f"{spec!r}: the layout after / is nhwc")
+    return layout
+
+
 def run_label(spec: str) -> str:
-    """How a run's row is named: ``fp16``, ``bf16, budget 2e-3``, ``fp16 + cutlass``."""
+    """How a run's row is named: ``fp16``, ``bf16, budget 2e-3``, ``bf16, NHWC``, ``fp16 + cutlass``."""
     base, *added = spec.split("+")
+    base, _, layout = base.partition("/")
     precision, _, budget = base.partition("@")
-    return (f"{precision}, budget {budget}" if budget else precision) + "".join(f" + {b}" for b in added)
+    label = f"{precision}, budget {budget}" if budget else precision
+    return label + (f", {layout.upper()}" if layout else "") + "".join(f" + {b}" for b in added)
 
 
 ABOUT_FILE = "about.md"  # beside a GPU run's raw records: what the report says under its title
@@ -404,11 +417,12 @@ def measure_on_gpu(
                 "--target",
                 "cuda",
                 *(("--accuracy-budget", accuracy_budget) if accuracy_budget else ()),
+                *(("--layout", run_layout(spec)) if run_layout(spec) else ()),
                 *(() if compare else ("--no-compare",)),
                 *collage_args,
             )
             print(f"{name} b{batch}: collage optimize {' '.join(extra)} --precision {precision} --backends {run_backends}", flush=True)
-            out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / spec.replace("@", "-").replace("+", "-")
+            out = Path(tempfile.mkdtemp(prefix=f"precision-{name}-")) / re.sub(r"[@+/]", "-", spec)
             run = optimize(onnx, precision, run_backends, out, extra, cost_db, None if left == float("inf") else left)
             if run is None:
                 print(f"{name} b{batch}: Collage at {spec} cut short by the budget: made again in a later call", flush=True)
@@ -725,7 +739,8 @@ def main() -> None:
     parser.add_argument(
         "--precisions",
         default=",".join(DEFAULT_GPU_PRECISIONS),
-        help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E",
+        help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E, P/nhwc with "
+        "--layout nhwc, P+B adds backend B",
     )
     parser.add_argument("--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone")
     parser.add_argument(
