@@ -87,3 +87,18 @@ def test_nhwc_is_placed_verified_saved_and_replayed_in_its_own_layout(tmp_path):
     assert replayed.placement.layout == "nhwc" and replayed.verification.passed
     with pytest.raises(CollageError, match="made at layout nhwc, not model"):
         optimize(model, placement=out / "placement.json", layout="model", **kwargs)
+
+
+def test_tvm_compiles_the_nhwc_model_for_cuda_at_bf16_here():
+    """TVM's CUDA code for every operator of the channel-last 16-bit model compiles (no GPU needed to compile;
+    running it is the GPU tests')."""
+    from collage_core.backends import registered_backends
+    from collage_core.build.executable import build
+    from collage_core.model.precision import at_precision
+    from collage_core.plugins import get_plugin_manager
+
+    model = at_precision(layout.with_layout(load_model(str(MODELS / "tiny_resnet.onnx")), "nhwc"), "bf16")
+    pm = get_plugin_manager()
+    executable = build(pm, model.mod, registered_backends(pm), tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"}))
+    kinds = {getattr(module, "kind", None) for host in executable.mod.imports for module in host.imports}
+    assert kinds == {"cuda"}  # the kernels went to CUDA device code
