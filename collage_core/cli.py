@@ -25,6 +25,7 @@ from collage_core.inspection import inspect_model, render_inspection
 from collage_core.measure import remote
 from collage_core.measure.progress import Narrator
 from collage_core.model.dtypes import FP32, PRECISIONS
+from collage_core.model.layout import LAYOUTS, MODEL
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch
@@ -201,6 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
     inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
     inspect.add_argument("--precision", choices=PRECISIONS, default=FP32, help="inspect the model converted to this precision")
+    inspect.add_argument("--layout", choices=LAYOUTS, default=MODEL, help="inspect the model with its convolutions in this layout")
     inspect.set_defaults(command=_inspect)
 
     optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
@@ -352,7 +354,7 @@ def _shapes_saved(result: ProfiledModel, output: Path) -> int:
 
 
 def _inspect(args) -> int:
-    inspection = inspect_model(args.model, target=args.target, backends=args.backends, precision=args.precision)
+    inspection = inspect_model(args.model, target=args.target, backends=args.backends, precision=args.precision, layout=args.layout)
     print(render_inspection(inspection, show_relax=not args.no_relax, show_candidates=args.candidates))
     return 0
 

@@ -97,3 +97,15 @@ def test_a_backend_chosen_by_default_on_cuda_only_is_inspected_by_default_there_
     on_cuda = {view.name for view in inspect_model(model, target="cuda").views}
     on_cpu = {view.name for view in inspect_model(model, target="llvm").views}
     assert "inductor" in on_cuda and "inductor" not in on_cpu
+
+
+def test_inspect_shows_what_cudnn_takes_with_the_convolutions_in_nhwc():
+    """At bf16 cuDNN's fused convolutions (with their bias and ReLU) match only with --layout nhwc."""
+    model, cuda = str(MODELS / "tiny_resnet.onnx"), {"kind": "cuda", "arch": "sm_90"}
+
+    def fused(layout):
+        view = inspection.inspect_model(model, target=cuda, backends=["cudnn"], precision="bf16", layout=layout).views[0]
+        return {candidate.pattern for candidate in view.candidates if "_nhwc_" in candidate.pattern}
+
+    assert fused("nhwc") >= {"cudnn.conv2d_nhwc_cast_bias", "cudnn.conv2d_nhwc_cast_bias_relu"}
+    assert fused("model") == set()
