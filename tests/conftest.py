@@ -15,6 +15,20 @@ def shared_cost_db(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def tvm_only_run(tmp_path) -> dict:
+    """The options of a quick whole optimize: TVM alone, its op-level search, no calibration, no baselines, quiet,
+    its costs in the test's own database (for tests of what a run carries, such as its precision or layout)."""
+    return dict(
+        backends=["tvm"],
+        search="op-level",
+        cost_db=tmp_path / "costs.sqlite",
+        compare_backends=False,
+        show_progress=False,
+        calibration_rounds=0,
+    )
+
+
+@pytest.fixture
 def runtime_only_env() -> dict:
     """The environment of a process with TVM's runtime alone (no compiler) and no C++ compiler either."""
     from runtime_only import environment

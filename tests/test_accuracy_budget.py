@@ -133,16 +133,11 @@ def bf16_everywhere(monkeypatch):
 
 
 @pytest.mark.slow  # a minute: the whole optimize twice; the probes and the widening have quick tests of their own
-def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(bf16_everywhere, tmp_path, capsys, monkeypatch):
+def test_optimize_holds_the_budget_saves_the_choice_and_a_replay_widens_the_same_units(
+    bf16_everywhere, tmp_path, capsys, monkeypatch, tvm_only_run
+):
     model = MODELS / "tiny_bert.onnx"
-    kwargs = dict(
-        backends=["tvm"],
-        search="op-level",
-        cost_db=tmp_path / "costs.sqlite",
-        compare_backends=False,
-        show_progress=False,
-        calibration_rounds=0,
-    )
+    kwargs = tvm_only_run
     budget = 1e-4  # tiny_bert measures about 3e-4 with every unit at bf16, under 1e-6 in float32
     out = tmp_path / "out"
     held = optimize(model, precision="bf16", accuracy_budget=budget, accuracy_blocks=2, output_dir=out, **kwargs)

@@ -68,17 +68,10 @@ def test_a_placement_file_keeps_its_layout_and_refuses_an_unknown_one(tmp_path):
 
 
 @pytest.mark.slow  # a whole optimize and a replay, about a minute
-def test_nhwc_is_placed_verified_saved_and_replayed_in_its_own_layout(tmp_path):
+def test_nhwc_is_placed_verified_saved_and_replayed_in_its_own_layout(tmp_path, tvm_only_run):
     model = MODELS / "tiny_resnet.onnx"
     out = tmp_path / "out"
-    kwargs = dict(
-        backends=["tvm"],
-        search="op-level",
-        cost_db=tmp_path / "costs.sqlite",
-        compare_backends=False,
-        show_progress=False,
-        calibration_rounds=0,
-    )
+    kwargs = tvm_only_run
     result = optimize(model, layout="nhwc", output_dir=out, **kwargs)
     assert result.placement.layout == "nhwc" and result.model.fingerprint.endswith("+nhwc") and result.verification.passed
     assert json.loads((out / "placement.json").read_text())["layout"] == "nhwc"

@@ -130,20 +130,13 @@ def test_a_precision_the_target_cannot_run_fast_is_refused_in_one_line(monkeypat
 
 
 @pytest.mark.slow  # the whole optimize and a replay at bf16, about a minute
-def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monkeypatch, tmp_path):
+def test_bf16_is_searched_verified_saved_and_replayed_at_its_own_precision(monkeypatch, tmp_path, tvm_only_run):
     # TVM computes bfloat16 on any x86 CPU (slowly where the CPU has no bf16 units, which the check refuses):
     # the test lets the check pass on every CPU so that the pipeline runs everywhere.
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
     model = MODELS / "tiny_bert.onnx"
     out = tmp_path / "out"
-    kwargs = dict(
-        backends=["tvm"],
-        search="op-level",
-        cost_db=tmp_path / "costs.sqlite",
-        compare_backends=False,
-        show_progress=False,
-        calibration_rounds=0,
-    )
+    kwargs = tvm_only_run
     result = optimize(model, precision="bf16", output_dir=out, **kwargs)
     assert result.placement.precision == "bf16" and result.model.fingerprint.endswith("+bf16")
     assert result.verification.passed and (result.verification.rtol, result.verification.atol) == (0.05, 0.005)

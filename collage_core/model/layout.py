@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from collage_core.errors import CollageError
+from collage_core.model.dtypes import FP32
 
 MODEL, NHWC = "model", "nhwc"
 LAYOUTS = (MODEL, NHWC)
@@ -51,7 +52,7 @@ def with_layout(imported, layout: str):
     require_known(layout)
     if layout == imported.layout:
         return imported
-    if imported.layout != MODEL or imported.precision != "fp32":
+    if imported.layout != MODEL or imported.precision != FP32:
         raise CollageError(f"{imported.name}: the layout is changed once, at float32, from the model's own")
     if not convolutions(imported.mod):
         return imported

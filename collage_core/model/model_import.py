@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import attrs
 import numpy as np
@@ -289,10 +290,17 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     import torch
 
     # Collage optimizes inference: the module is exported and checked in eval mode, and given back in the mode it came in.
+    with _in_eval_mode(module):
+        return _from_torch_in_eval(module, example_inputs, name, torch)
+
+
+@contextlib.contextmanager
+def _in_eval_mode(module) -> Iterator[None]:
+    """``module`` in eval mode (dropout off, batch norm on its running statistics) for the block, then in its own mode."""
     was_training = module.training
     module.eval()
     try:
-        return _from_torch_in_eval(module, example_inputs, name, torch)
+        yield
     finally:
         module.train(was_training)
 
@@ -318,13 +326,8 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
     inputs = tuple(TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs))
 
     def reference(arrays):
-        was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
-        finally:
-            module.train(was_training)
+        with _in_eval_mode(module), torch.no_grad():
+            returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
         return [tensor.detach().numpy() for _, tensor in flatten(returned)]
 
     canonical = canonicalize(mod, f"PyTorch module {name}")
