@@ -215,7 +215,10 @@ def test_loaded_in_a_new_process_with_tvm_runtime_alone_it_gives_the_outputs_it_
 def test_parameters_round_trip_in_tvm_serialization(exported):
     loaded = load_mlf(exported)
     assert loaded.parameters and all(isinstance(v, np.ndarray) for v in loaded.parameters.values())
-    assert sum(v.nbytes for v in loaded.parameters.values()) == loaded.metadata["memory"]["constant_bytes"]
+    stored = sum(v.nbytes for v in loaded.parameters.values())
+    assert stored == loaded.metadata["memory"]["parameter_bytes"] <= loaded.metadata["memory"]["constant_bytes"]
+    distinct = {(v.dtype.str, v.shape, v.tobytes()) for v in loaded.parameters.values()}
+    assert len(distinct) == len(loaded.parameters)
 
 
 def rewritten(source: Path, target: Path, change) -> Path:

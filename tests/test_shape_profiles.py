@@ -351,6 +351,10 @@ def test_the_library_of_every_shape_exports_to_one_tar_that_dispatches_when_load
     for batch, sequence in [(1, 8), (2, 6)]:
         ids, mask = np.random.default_rng(batch).integers(0, 1000, (batch, sequence)), np.ones((batch, sequence), np.int64)
         np.testing.assert_allclose(loaded.run(ids, mask)[0], reference([ids, mask])[0], rtol=1e-3, atol=1e-4)
+    # each of the two shapes' entry functions holds the weights; the parameters member stores them once
+    stored, held = loaded.metadata["memory"]["parameter_bytes"], loaded.metadata["memory"]["constant_bytes"]
+    assert stored == sum(array.nbytes for array in loaded.parameters.values())
+    assert 0 < stored < 0.6 * held
 
 
 def test_a_placements_file_that_is_not_one_is_refused_in_one_line_naming_it(tmp_path):

@@ -117,13 +117,22 @@ def _io(vars_) -> list[dict]:
 
 
 def _parameters(partitioned) -> dict:
-    """Every constant of the partitioned module, named ``p<i>`` in order of appearance, as numpy."""
+    """Every distinct constant of the partitioned module, named ``p<i>`` in order of first appearance, as numpy.
+
+    A constant held by several functions (every shape's entry function holds the model's weights) is stored once,
+    as the executable's constant pool holds it once.
+    """
 
     params = {}
+    seen = set()
     for _, func in sorted(partitioned.functions.items(), key=lambda item: item[0].name_hint):
         if isinstance(func, relax.Function):
             for constant in _constants(func):
-                params[f"p{len(params)}"] = tvm_compat.constant_array(constant)
+                array = np.ascontiguousarray(tvm_compat.constant_array(constant))
+                key = (array.dtype.str, array.shape, hashlib.sha256(array.view(np.uint8).reshape(-1)).digest())
+                if key not in seen:
+                    seen.add(key)
+                    params[f"p{len(params)}"] = array
     return params
 
 
@@ -273,7 +282,8 @@ def export_mlf(
         for entry in placed.entries
     ]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
-    files[_parameters_member(name)] = tvm_compat.save_params(_parameters(partitioned))
+    parameters = _parameters(partitioned)
+    files[_parameters_member(name)] = tvm_compat.save_params(parameters)
     files[RELAX_TEXT] = partitioned.script(show_meta=False).encode()
     files.update(lowered_files)
     runtime = backend_needs(backends.values(), used)
@@ -307,7 +317,7 @@ def export_mlf(
         "export_datetime": _export_time(),
         "target": {"host": placement.target},
         "executor": EXECUTOR,
-        "memory": memory_map(partitioned),
+        "memory": {**memory_map(partitioned), "parameter_bytes": sum(array.nbytes for array in parameters.values())},
         "placement": {
             "search": placement.search,
             "backends": per_backend,
