@@ -2,11 +2,10 @@
 
     python benchmarks/conv_layout.py [--batches 1,8] [--precisions fp32,bf16,fp16]
 
-Collage's cuDNN plugin runs convolutions in the layout the model is written in (NCHW for ONNX
-models); tensor-core convolutions are built for NHWC. This table says what the layout costs, summed
-over ResNet-50's convolutions at 224x224 (each timed alone with CUDA events, median of 5 rounds of
-100 calls, cuDNN's autotuner on, TF32 off), before the plugin is taught to change layouts.
-Needs PyTorch with CUDA.
+ONNX models write convolutions NCHW; tensor-core convolutions are built for NHWC. This table says what
+the layout costs, summed over ResNet-50's convolutions at 224x224 (each timed alone with CUDA events,
+median of 5 rounds of 100 calls, cuDNN's autotuner on, TF32 off): the measurement behind
+``collage optimize --layout auto`` (NHWC at 16 bits on CUDA). Needs PyTorch with CUDA.
 """
 
 from __future__ import annotations

@@ -317,11 +317,11 @@ def parse_run(spec: str, backends: str) -> tuple[str, str, str]:
 
 
 def run_layout(spec: str) -> str:
-    """The layout a ``--precisions`` entry asks for (``bf16/nhwc``: ``collage optimize --layout nhwc``); "" for the
-    model's own."""
+    """The layout a ``--precisions`` entry asks for (``bf16/nhwc``: ``collage optimize --layout nhwc``,
+    ``bf16/model``: the model's own); "" for Collage's default (auto)."""
     layout = spec.split("+")[0].partition("/")[2]
-    if layout not in ("", "nhwc"):
-        raise ValueError(f"{spec!r}: the layout after / is nhwc")
+    if layout not in ("", "nhwc", "model"):
+        raise ValueError(f"{spec!r}: the layout after / is nhwc or model")
     return layout
 
 
@@ -331,7 +331,7 @@ def run_label(spec: str) -> str:
     base, _, layout = base.partition("/")
     precision, _, budget = base.partition("@")
     label = f"{precision}, budget {budget}" if budget else precision
-    return label + (f", {layout.upper()}" if layout else "") + "".join(f" + {b}" for b in added)
+    return label + {"": "", "nhwc": ", NHWC", "model": ", model layout"}[layout] + "".join(f" + {b}" for b in added)
 
 
 ABOUT_FILE = "about.md"  # beside a GPU run's raw records: what the report says under its title
@@ -740,7 +740,7 @@ def main() -> None:
         "--precisions",
         default=",".join(DEFAULT_GPU_PRECISIONS),
         help="with --device cuda: Collage's runs to make; P@E runs precision P with --accuracy-budget E, P/nhwc with "
-        "--layout nhwc, P+B adds backend B",
+        "--layout nhwc (P/model: --layout model; plain P: the default, auto), P+B adds backend B",
     )
     parser.add_argument("--compare", action="store_true", help="with --device cuda: Collage's runs also measure each backend alone")
     parser.add_argument(

@@ -25,7 +25,7 @@ from collage_core.inspection import inspect_model, render_inspection
 from collage_core.measure import remote
 from collage_core.measure.progress import Narrator
 from collage_core.model.dtypes import FP32, PRECISIONS
-from collage_core.model.layout import LAYOUTS, MODEL
+from collage_core.model.layout import ASKABLE, AUTO
 from collage_core.options import OptimizeOptions, command_line_paths, field_at, with_values
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch
@@ -202,7 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--no-relax", action="store_true", help="leave out the imported Relax")
     inspect.add_argument("--candidates", action="store_true", help="list every candidate with its operators")
     inspect.add_argument("--precision", choices=PRECISIONS, default=FP32, help="inspect the model converted to this precision")
-    inspect.add_argument("--layout", choices=LAYOUTS, default=MODEL, help="inspect the model with its convolutions in this layout")
+    inspect.add_argument(
+        "--layout", choices=ASKABLE, default=AUTO, help="inspect the model with its convolutions in this layout (auto: as optimize chooses)"
+    )
     inspect.set_defaults(command=_inspect)
 
     optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")

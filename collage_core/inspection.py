@@ -15,7 +15,7 @@ import attrs
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends, select_backends, serves
 from collage_core.candidates.enumeration import Refusal, enumerate_candidates
-from collage_core.model.layout import MODEL, with_layout
+from collage_core.model.layout import AUTO, resolve, with_layout
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import FP32, at_precision
 from collage_core.model.relax_graph import RelaxGraph
@@ -53,13 +53,15 @@ class Inspection:
 
 
 def inspect_model(
-    model, target: Any = None, backends: Optional[Sequence[str]] = None, example_inputs=None, precision: str = FP32, layout: str = MODEL
+    model, target: Any = None, backends: Optional[Sequence[str]] = None, example_inputs=None, precision: str = FP32, layout: str = AUTO
 ) -> Inspection:
-    """Import ``model`` (its convolutions in ``layout``, converted to ``precision``) and match the patterns of
-    ``backends`` (default: every available one) against it; nothing is built or run, so a named backend is
-    inspected even where it is not available, and a precision even on a machine that would not run it fast."""
-    imported = at_precision(with_layout(load_model(model, example_inputs), layout), precision)
+    """Import ``model`` (its convolutions in ``layout``, chosen as ``optimize`` chooses it by default; converted
+    to ``precision``) and match the patterns of ``backends`` (default: every available one) against it; nothing
+    is built or run, so a named backend is inspected even where it is not available, and a precision even on a
+    machine that would not run it fast."""
     target = tvm_compat.make_target(target)
+    loaded = load_model(model, example_inputs)
+    imported = at_precision(with_layout(loaded, resolve(layout, target, precision, loaded.mod)), precision)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
     unavailable = tuple(

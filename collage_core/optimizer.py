@@ -54,8 +54,8 @@ def optimize(
     :func:`collage_core.search.baselines.baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.model.precision`;
     default fp32, or the placement file's) converts the model once before anything is placed; outputs
     are verified against the float32 reference within that precision's tolerance. ``layout="nhwc"`` rewrites
-    every 2-d convolution channel-last first (default ``"model"``, or the placement file's; see
-    :mod:`collage_core.model.layout`). With
+    every 2-d convolution channel-last first (default ``"auto"``: NHWC at bf16 or fp16 on CUDA, else ``"model"``;
+    or the placement file's; see :mod:`collage_core.model.layout`). With
     ``accuracy_budget`` (bf16 or fp16 only), units of the converted model go back to float32 until the
     placement's measured error (largest |out - ref| over largest |ref|) is within the budget, and the
     outputs are verified against the budget (see :mod:`collage_core.model.accuracy_budget`; ``accuracy_blocks``

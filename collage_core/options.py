@@ -27,7 +27,7 @@ from collage_core.errors import CollageError
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, NEEDS_REFERENCE, AccuracyBudgetError
 from collage_core.model.dtypes import DTYPES, FP32, PRECISIONS
-from collage_core.model.layout import LAYOUTS
+from collage_core.model.layout import ASKABLE
 from collage_core.search.calibration import DEFAULT_ROUNDS
 from collage_core.search.stage import OP_LEVEL_SEARCH, TWO_LEVEL
 from collage_core.search.two_level import TwoLevelSettings
@@ -132,11 +132,11 @@ class OptimizeOptions:
     )
     layout: Optional[str] = described(
         None,
-        one_of(LAYOUTS).or_none(),
-        "model (default: 2-d convolutions as the model writes them, NCHW for ONNX) or nhwc: every convolution "
-        "channel-last (NHWC, OHWI weights) by TVM's ConvertLayout before placing, for tensor-core kernels at 16 bits "
-        "(cuDNN's fused engines, CUTLASS); the layout changes left are placed and measured like any operator; a "
-        "replayed placement keeps its own",
+        one_of(ASKABLE).or_none(),
+        "auto (default: nhwc for a model with 2-d convolutions at bf16 or fp16 on CUDA, else model), model (2-d "
+        "convolutions as the model writes them, NCHW for ONNX) or nhwc: every convolution channel-last (NHWC, OHWI "
+        "weights) by TVM's ConvertLayout before placing, for tensor-core kernels at 16 bits (cuDNN's fused engines, "
+        "CUTLASS); the layout changes left are placed and measured like any operator; a replayed placement keeps its own",
     )
     accuracy_budget: Optional[float] = described(
         None,

@@ -252,8 +252,14 @@ def test_gpu_precision_runs_with_an_added_backend_get_their_own_row_beside_the_p
     assert precision.parse_run("fp16+cublas", "tvm,cublas") == ("fp16", "", "tvm,cublas")  # named once
     assert precision.parse_run("tf32+cutlass", "tvm,cublas") == ("tf32", "", "tvm,cublas,cutlass")
     assert precision.parse_run("bf16/nhwc+cutlass", "tvm,cudnn") == ("bf16", "", "tvm,cudnn,cutlass")
-    assert [precision.run_layout(spec) for spec in ("bf16/nhwc+cutlass", "bf16@2e-3", "fp16/nhwc")] == ["nhwc", "", "nhwc"]
+    assert [precision.run_layout(spec) for spec in ("bf16/nhwc+cutlass", "bf16@2e-3", "fp16/nhwc", "bf16/model")] == [
+        "nhwc",
+        "",
+        "nhwc",
+        "model",
+    ]
     assert precision.run_label("bf16/nhwc+cutlass") == "bf16, NHWC + cutlass"
+    assert precision.run_label("bf16/model") == "bf16, model layout"
     with pytest.raises(ValueError, match="the layout after / is nhwc"):
         precision.run_layout("bf16/nchw4c")
     with pytest.raises(ValueError, match="'int8'"):

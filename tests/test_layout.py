@@ -52,6 +52,39 @@ def test_a_model_without_convolutions_is_left_as_it_is_and_unknown_layouts_are_r
         layout.with_layout(model, "nchw4c")
 
 
+@pytest.mark.parametrize(
+    "model, target, precision, asked, chosen",
+    [
+        ("tiny_resnet", "cuda", "bf16", None, "nhwc"),
+        ("tiny_resnet", "cuda", "fp16", "auto", "nhwc"),
+        ("tiny_resnet", "cuda", "fp32", None, "model"),  # cuDNN's float32 convolutions are slower in NHWC
+        ("tiny_resnet", "cuda", "tf32", None, "model"),
+        ("tiny_resnet", "llvm", "bf16", None, "model"),  # untuned TVM is slower in NHWC on the CPU
+        ("tiny_bert", "cuda", "bf16", None, "model"),  # no convolution to rewrite
+        ("tiny_resnet", "cuda", "bf16", "model", "model"),
+        ("tiny_resnet", "llvm", "fp32", "nhwc", "nhwc"),
+    ],
+)
+def test_auto_takes_nhwc_for_16_bit_convolutions_on_cuda_and_the_models_own_layout_elsewhere(model, target, precision, asked, chosen):
+    mod = load_model(str(MODELS / f"{model}.onnx")).mod
+    assert layout.resolve(asked, tvm_compat.make_target(target), precision, mod) == chosen
+
+
+def test_the_import_stage_places_a_16_bit_resnet_for_cuda_in_nhwc_and_says_why_unless_told_otherwise():
+    from collage_core.model.stage import import_model
+    from collage_core.options import OptimizeOptions
+
+    said = []
+    imported = import_model(str(MODELS / "tiny_resnet.onnx"), None, OptimizeOptions(target="cuda", precision="bf16"), said.append)
+    assert imported.original.layout == imported.model.layout == "nhwc"
+    assert set(convolution_layouts(imported.model.mod)) == {("NHWC", "OHWI", "NHWC")}
+    assert any("--layout auto" in line for line in said) and any("numerics passed" in line for line in said)
+    told = import_model(
+        str(MODELS / "tiny_resnet.onnx"), None, OptimizeOptions(target="cuda", precision="bf16", layout="model"), said.append
+    )
+    assert told.model.layout == "model" and set(convolution_layouts(told.model.mod)) == {("NCHW", "OIHW", "NCHW")}
+
+
 def test_a_placement_file_keeps_its_layout_and_refuses_an_unknown_one(tmp_path):
     whole = Partition("tvm", "tvm.op", [0], "k", Cost.measured(1e-6, 0.0, 3))
     placement = Placement("m", "f+nhwc", ["relax.nn.conv2d"], {"kind": "llvm"}, "cpu", {}, "op-level", [whole], layout="nhwc")

@@ -122,7 +122,7 @@ def test_every_option_has_a_case_above():
     "argv, keywords, name, problem",
     [
         (["--precision", "fp8"], {"precision": "fp8"}, "precision", "must be one of fp32, tf32, bf16, fp16, not 'fp8'"),
-        (["--layout", "nchw4c"], {"layout": "nchw4c"}, "layout", "must be one of model, nhwc, not 'nchw4c'"),
+        (["--layout", "nchw4c"], {"layout": "nchw4c"}, "layout", "must be one of auto, model, nhwc, not 'nchw4c'"),
         (["--search", "one-level"], {"search": "one-level"}, "search", "must be one of op-level, two-level, not 'one-level'"),
         (["--budget", "-5"], {"two_level": TwoLevelSettings(budget_s=-5)}, "two_level.budget_s", "must be at least 0, not -5"),
         (["--population", "1"], {"two_level": TwoLevelSettings(population=1)}, "two_level.population", "must be at least 2, not 1"),

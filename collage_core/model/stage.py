@@ -9,7 +9,7 @@ import attrs
 
 from collage_core import tvm_compat
 from collage_core.errors import CollageError
-from collage_core.model.layout import MODEL, with_layout
+from collage_core.model.layout import AUTO, MODEL, resolve, with_layout
 from collage_core.model.layout import describe as describe_layout
 from collage_core.model.model_import import ImportedModel, check_against_reference, load_model
 from collage_core.model.precision import FP32, at_precision, check_precision, with_float32_units
@@ -34,15 +34,19 @@ def import_model(model: Any, example_inputs: Optional[Sequence[Any]], options: O
     whose outputs cannot be checked fails here, before anything is measured."""
     replayed = load_placement(options.placement) if options.placement is not None else None
     original = load_model(model, example_inputs)
-    layout = _recorded_or_asked("layout", options.layout, MODEL, replayed, options.placement)
-    if layout != MODEL:
-        original = with_layout(original, layout)
-        say(describe_layout(original))
-    if options.verify:
-        say(check_against_reference(original))
     target = tvm_compat.make_target(options.target)
     precision = _recorded_or_asked("precision", options.precision, FP32, replayed, options.placement)
     check_precision(precision, target, remote=options.rpc_tracker is not None)
+    asked_layout = None if options.layout == AUTO else options.layout
+    layout = _recorded_or_asked("layout", asked_layout, resolve(AUTO, target, precision, original.mod), replayed, options.placement)
+    if layout != MODEL:
+        original = with_layout(original, layout)
+        say(
+            describe_layout(original)
+            + (" (--layout auto: 16-bit convolutions on CUDA)" if asked_layout is None and replayed is None else "")
+        )
+    if options.verify:
+        say(check_against_reference(original))
     converted = at_precision(original, precision)
     if replayed is not None:
         converted = with_float32_units(converted, replayed.float32_units, original)

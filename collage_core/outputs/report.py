@@ -174,7 +174,7 @@ def render_report(optimized) -> str:
     sections = [
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{placement.search} search"
-        + (f", convolutions in {placement.layout.upper()} (--layout {placement.layout})" if placement.layout != MODEL else "")
+        + (f", convolutions in {placement.layout.upper()}" if placement.layout != MODEL else "")
         + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         *[line for line in (headline(optimized.end_to_end), why_line(placement)) if line],
         *[work.describe() for work in [placement_throughput(optimized)] if work is not None],
