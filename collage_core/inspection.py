@@ -15,7 +15,7 @@ import attrs
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns, discover_backends, select_backends, serves
 from collage_core.candidates.enumeration import Refusal, enumerate_candidates
-from collage_core.model.layout import AUTO, resolve, with_layout
+from collage_core.model.layout import AUTO, MODEL, resolve, with_layout
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import FP32, at_precision
 from collage_core.model.relax_graph import RelaxGraph
@@ -47,6 +47,7 @@ class Inspection:
     relax_text: str = attrs.field(repr=False)
     views: tuple[BackendView, ...]
     unavailable: tuple[tuple[str, str], ...] = ()
+    layout: str = MODEL  # the layout its convolutions were inspected in
 
     def broken_checks(self) -> list[Refusal]:
         return [refusal for view in self.views for refusal in view.refusals if refusal.broken]
@@ -83,7 +84,15 @@ def inspect_model(
         refusals: list[Refusal] = []
         candidates = enumerate_candidates(graph, patterns, refusals)
         views.append(BackendView(info.name, tuple(p.name for p in patterns), tuple(candidates), tuple(refusals)))
-    return Inspection(imported.name, tvm_compat.device_name(target), graph, imported.mod.script(show_meta=False), tuple(views), unavailable)
+    return Inspection(
+        imported.name,
+        tvm_compat.device_name(target),
+        graph,
+        imported.mod.script(show_meta=False),
+        tuple(views),
+        unavailable,
+        imported.layout,
+    )
 
 
 def render_inspection(inspection: Inspection, show_relax: bool = True, show_candidates: bool = False) -> str:
@@ -91,7 +100,8 @@ def render_inspection(inspection: Inspection, show_relax: bool = True, show_cand
     sections = []
     if show_relax:
         sections += ["# The imported Relax, which the patterns are matched against", inspection.relax_text, ""]
-    sections.append(f"Model {inspection.model_name}: {len(ops)} operators on {inspection.target}")
+    in_layout = f", convolutions in {inspection.layout.upper()}" if inspection.layout != MODEL else ""
+    sections.append(f"Model {inspection.model_name}: {len(ops)} operators on {inspection.target}{in_layout}")
     rows = []
     for view in inspection.views:
         rows.append(

@@ -109,3 +109,8 @@ def test_inspect_shows_what_cudnn_takes_with_the_convolutions_in_nhwc():
 
     assert fused("nhwc") >= {"cudnn.conv2d_nhwc_cast_bias", "cudnn.conv2d_nhwc_cast_bias_relu"}
     assert fused("model") == set()
+    # by default (auto) it is inspected as optimize would place it: NHWC at 16 bits on CUDA, and says so
+    default = inspection.inspect_model(model, target=cuda, backends=["cudnn"], precision="bf16")
+    assert default.layout == "nhwc" and "convolutions in NHWC" in inspection.render_inspection(default, show_relax=False)
+    at_fp32 = inspection.inspect_model(model, target=cuda, backends=["cudnn"])
+    assert at_fp32.layout == "model" and "convolutions in" not in inspection.render_inspection(at_fp32, show_relax=False)
