@@ -23,6 +23,7 @@ from collage_core.model.padding import PaddingRule, padding_rule
 from collage_core.model.shape_profiles import ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs.dispatch import ShapeDispatch, ShapeNotServed, ShapeRecordError
+from collage_core.outputs.index_ranges import IndexOutOfRange
 from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE
 from collage_core.outputs.shape_differences import placement_differences
@@ -351,6 +352,11 @@ def test_the_library_of_every_shape_exports_to_one_tar_that_dispatches_when_load
     for batch, sequence in [(1, 8), (2, 6)]:
         ids, mask = np.random.default_rng(batch).integers(0, 1000, (batch, sequence)), np.ones((batch, sequence), np.int64)
         np.testing.assert_allclose(loaded.run(ids, mask)[0], reference([ids, mask])[0], rtol=1e-3, atol=1e-4)
+    # a token id past the vocabulary is refused by the tar and by the library it came from, whatever the shape
+    ids, mask = np.full((2, 6), 1000, np.int64), np.ones((2, 6), np.int64)
+    for run in (loaded.run, result.run):
+        with pytest.raises(IndexOutOfRange, match="input input_ids: 1000 at"):
+            run(ids, mask)
     # each of the two shapes' entry functions holds the weights; the parameters member stores them once
     stored, held = loaded.metadata["memory"]["parameter_bytes"], loaded.metadata["memory"]["constant_bytes"]
     assert stored == sum(array.nbytes for array in loaded.parameters.values())

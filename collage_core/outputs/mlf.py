@@ -61,6 +61,7 @@ from collage_core import tvm_compat
 from collage_core.build.deploy import load_vm, write_runtime_file
 from collage_core.errors import CollageError
 from collage_core.outputs.dispatch import ShapeDispatch, ShapeRecordError, run_dispatched
+from collage_core.outputs.index_ranges import IndexRange, check_index_ranges
 from collage_core.outputs.output_folder import library_file, safe_file_name
 
 FORMAT = "collage-model-library-format"
@@ -183,7 +184,10 @@ class LoadedMLF:
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """``main`` on numpy arrays (one per input, as :attr:`input_specs` lists them); its outputs as numpy arrays.
         A tar of several shapes runs the entry function of the inputs' shapes, or of the smallest that covers them,
-        padded (:mod:`collage_core.outputs.dispatch`); :attr:`input_specs` are its largest shape's."""
+        padded (:mod:`collage_core.outputs.dispatch`); :attr:`input_specs` are its largest shape's. An integer
+        input outside the range the configuration's ``input_ranges`` gives it (a token id past the vocabulary) is
+        refused before anything runs (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`)."""
+        check_index_ranges([IndexRange.from_json(limit) for limit in self.executor_config.get("input_ranges", [])], inputs)
         shapes = self.executor_config.get("shape_profiles")
         if shapes is not None:
             return run_dispatched(self.vm, self.device, ShapeDispatch.from_json(shapes, EXECUTOR_CONFIG), inputs)

@@ -299,6 +299,8 @@ def export_mlf(
         "device": placement.device,
         "runtime_backends": runtime,
         "parameters_embedded": True,
+        # Integer inputs that index a table (token ids): the range of each, which load_mlf's run checks
+        "input_ranges": [limit.to_json() for limit in optimized.index_ranges],
     }
     if placed.dispatch is not None:  # the largest shape is the entry above; the loader chooses by each call's shapes
         config.update(entries=entries, shape_profiles=placed.dispatch.to_json())

@@ -18,6 +18,7 @@ from collage_core.build.deploy import copy_library, load_library
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
+from collage_core.outputs.index_ranges import check_index_ranges
 from collage_core.outputs.placement_file import SHAPES_FORMAT, SHAPES_VERSION
 from collage_core.outputs.report import format_table, is_noisy
 from collage_core.outputs.result import OptimizedModel
@@ -67,9 +68,17 @@ class ProfiledModel:
     def verified(self) -> bool:
         return all(check.verification.passed for check in self.checks)
 
+    @property
+    def index_ranges(self):
+        """The range of each integer input that indexes a table (token ids), the same at every shape; :meth:`run`
+        checks it."""
+        return self.shapes[0].index_ranges
+
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run the library on ``inputs``: the profile of their shapes, or the smallest that covers them, padded
-        (see :mod:`collage_core.outputs.dispatch`)."""
+        (see :mod:`collage_core.outputs.dispatch`). A token id past the vocabulary is refused as
+        :meth:`OptimizedModel.run <collage_core.outputs.result.OptimizedModel.run>` refuses it."""
+        check_index_ranges(self.index_ranges, inputs)
         if self._vm is None:
             device = tvm_compat.device_for(self.target)
             self._vm = (tvm_compat.virtual_machine(load_library(self.library_path, device=device), device), device)

@@ -21,6 +21,7 @@ from collage_core.model.model_import import ImportedModel
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.end_to_end import PLACEMENT, EndToEnd
+from collage_core.outputs.index_ranges import IndexRange, check_index_ranges, index_ranges
 from collage_core.outputs.output_folder import RunFolder
 from collage_core.outputs.picture import backend_colours
 from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
@@ -61,10 +62,21 @@ class OptimizedModel:
     # The thread settings its partitions ran and were measured with (this process's: the workers inherit them).
     threads: ThreadSettings = attrs.field(factory=ThreadSettings.from_environment, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
+    _index_ranges: Any = attrs.field(default=None, repr=False)
+
+    @property
+    def index_ranges(self) -> tuple[IndexRange, ...]:
+        """The range of each integer input that indexes a table (token ids), which :meth:`run` checks."""
+        if self._index_ranges is None:
+            self._index_ranges = index_ranges(self.model.mod)
+        return self._index_ranges
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run the built placement in this process, each backend's runtime prepared first (a partition's
-        kernels may have been built and loaded only in the worker processes that measured them)."""
+        kernels may have been built and loaded only in the worker processes that measured them). An integer
+        input outside the table it indexes (a token id past the vocabulary) is refused before anything runs
+        (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`): the library's kernels read indices unchecked."""
+        check_index_ranges(self.index_ranges, inputs)
         if self._vm is None:
             device = tvm_compat.device_for(self.target)
             self._vm = (relax.VirtualMachine(load_library(self.library_path, device=device), device), device)
