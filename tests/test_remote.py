@@ -38,7 +38,18 @@ THREAD_VARIABLES = ("COLLAGE_NUM_THREADS", "TVM_NUM_THREADS", "OMP_NUM_THREADS")
 
 @pytest.fixture
 def cluster(request):
-    """A tracker and two servers of KEY, stopped when the test ends."""
+    """A tracker and two servers of KEY of the test's own (it kills, stops or adds servers), stopped when it ends."""
+    started = LocalCluster()
+    request.addfinalizer(started.stop)
+    started.start()
+    started.add_servers(KEY, 2)
+    return started
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(request):
+    """A tracker and two servers of KEY for the tests that leave them as they found them (starting one takes
+    about 14 s on 2 cores), stopped when the module's tests end."""
     started = LocalCluster()
     request.addfinalizer(started.stop)
     started.start()
@@ -80,18 +91,22 @@ def optimize(tmp_path, name, **options):
     return collage_core.optimize(dense_model(tmp_path), output_dir=tmp_path / name, calibration_rounds=0, show_progress=False, **options)
 
 
-def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_and_passes_numerics_there(cluster, tmp_path, monkeypatch):
+def test_the_placement_measured_remotely_is_the_local_one_given_the_same_costs_and_passes_numerics_there(
+    shared_cluster, tmp_path, monkeypatch
+):
     for name in THREAD_VARIABLES:  # the machine's defaults here, as on the servers: the same cost keys
         monkeypatch.delenv(name, raising=False)
     local = optimize(tmp_path, "local")
     # Into the same folder: the end of the local run (verified and timed here) is not taken for the servers'.
-    remotely = optimize(tmp_path, "local", rpc_tracker=cluster.address, rpc_key=KEY)
+    remotely = optimize(tmp_path, "local", rpc_tracker=shared_cluster.address, rpc_key=KEY)
     assert "reusing the run before" not in remotely.phases_s
     assert remotely.measurement.measured == 0  # every cost read from those measured here: the keys are shared
     assert structure(remotely) == structure(local)
     assert remotely.verification.passed and remotely.latency().is_measured
     assert remotely.placement.target == local.placement.target
-    replayed = optimize(tmp_path, "replay", rpc_tracker=cluster.address, rpc_key=KEY, placement=tmp_path / "local" / "placement.json")
+    replayed = optimize(
+        tmp_path, "replay", rpc_tracker=shared_cluster.address, rpc_key=KEY, placement=tmp_path / "local" / "placement.json"
+    )
     assert structure(replayed) == structure(local) and replayed.verification.passed
 
 
@@ -128,7 +143,7 @@ def kill_after_the_first_cost(cluster, tmp_path, server, how=signal.SIGKILL) -> 
     return thread
 
 
-@pytest.mark.slow  # a tracker and two servers of its own; the default suite keeps the killed server and the key
+@pytest.mark.slow  # a server stopped mid-run: a cluster of its own
 def test_a_server_that_hangs_costs_only_the_measurement_in_flight(cluster, tmp_path, caplog):
     # Stopped, it neither answers nor hangs up: the measurement in flight runs out of time and goes to the other.
     stopper = kill_after_the_first_cost(cluster, tmp_path, cluster.servers[0], signal.SIGSTOP)
@@ -154,7 +169,7 @@ def test_a_server_of_another_key_is_left_alone(cluster, tmp_path):
 
 
 @pytest.mark.slow  # two shapes of a model measured and checked on the servers: about a minute
-def test_several_shapes_are_measured_on_the_servers_and_their_one_library_checked_there(cluster, tmp_path, monkeypatch):
+def test_several_shapes_are_measured_on_the_servers_and_their_one_library_checked_there(shared_cluster, tmp_path, monkeypatch):
     asked = []
     run_in = optimize_shapes._run_in
 
@@ -167,7 +182,7 @@ def test_several_shapes_are_measured_on_the_servers_and_their_one_library_checke
         str(DYNAMIC_BERT),
         shapes="batch=1,2 sequence=8",
         backends=["tvm", "dnnl"],
-        rpc_tracker=cluster.address,
+        rpc_tracker=shared_cluster.address,
         rpc_key=KEY,
         cost_db=tmp_path / "costs.sqlite",
         output_dir=tmp_path / "out",
@@ -184,9 +199,9 @@ def test_several_shapes_are_measured_on_the_servers_and_their_one_library_checke
 
 
 @pytest.mark.skipif(bool(gpu_description()), reason="the servers here have a GPU: the gpu test below measures on it")
-def test_a_cuda_target_on_servers_without_a_gpu_is_one_line_naming_the_server(cluster, tmp_path):
+def test_a_cuda_target_on_servers_without_a_gpu_is_one_line_naming_the_server(shared_cluster, tmp_path):
     with pytest.raises(remote.RemoteError) as refused:
-        optimize(tmp_path, "out", rpc_tracker=cluster.address, rpc_key=KEY, target="cuda", backends=["tvm"])
+        optimize(tmp_path, "out", rpc_tracker=shared_cluster.address, rpc_key=KEY, target="cuda", backends=["tvm"])
     said = str(refused.value)
     assert re.fullmatch(rf"server 127\.0\.0\.1:\d+ \(key '{KEY}'\) cannot run a CUDA target: it has no CUDA GPU.*", said)
     assert not (tmp_path / "out").exists()
@@ -248,11 +263,11 @@ def test_backends_that_call_python_at_run_time_are_left_out_in_one_line_each():
         assert f"{engine}: its partitions call Python at run time, so it cannot be measured remotely; left out" in said
 
 
-@pytest.mark.slow  # a tracker and two servers of its own; the default suite keeps the killed server and the key
-def test_collage_backends_lists_the_servers_and_what_they_run(cluster, capsys):
+@pytest.mark.slow
+def test_collage_backends_lists_the_servers_and_what_they_run(shared_cluster, capsys):
     from collage_core import cli
 
-    assert cli.main(["backends", "--rpc-tracker", cluster.address, "--rpc-key", KEY]) == 0
+    assert cli.main(["backends", "--rpc-tracker", shared_cluster.address, "--rpc-key", KEY]) == 0
     out = capsys.readouterr().out
     assert f"key {KEY}: 2 server(s)" in out
     assert "runs llvm:" in out
@@ -328,12 +343,12 @@ def test_servers_that_share_a_host_are_named_for_the_warning_that_they_time_each
     assert remote.shared_hosts(["10.0.0.1:9090", "10.0.0.2:9090"]) == {}
 
 
-def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_on_a_server(cluster, tmp_path, monkeypatch):
+def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_on_a_server(shared_cluster, tmp_path, monkeypatch):
     """``--compare`` through RPC: each baseline built here and timed on a server; the placement and its closest rivals
     then timed in turns in one session on one server, each run timed there."""
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    result = optimize(tmp_path, "out", compare_backends=True, rpc_tracker=cluster.address, rpc_key=KEY)
+    result = optimize(tmp_path, "out", compare_backends=True, rpc_tracker=shared_cluster.address, rpc_key=KEY)
     assert result.verification.passed
     rows = {row.name: row for row in result.end_to_end}
     print({name: (row.cost.median_s, row.timed_in_turns) for name, row in rows.items()})
@@ -343,7 +358,7 @@ def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_o
 
 
 @pytest.mark.slow  # tiny_bert's search, probes and verification through two servers: about a minute
-def test_an_accuracy_budget_is_held_with_probes_run_on_the_servers(cluster, tmp_path, monkeypatch):
+def test_an_accuracy_budget_is_held_with_probes_run_on_the_servers(shared_cluster, tmp_path, monkeypatch):
     """At bf16 with ``--accuracy-budget``, each probe (a placement with some units in float32) built here and run on
     a server; the units kept in float32 hold the budget in the verification, which also ran there."""
     # TVM computes bfloat16 on any x86 CPU (slowly without bf16 units, which the check refuses): let it pass here.
@@ -361,7 +376,7 @@ def test_an_accuracy_budget_is_held_with_probes_run_on_the_servers(cluster, tmp_
         calibration_rounds=0,
         show_progress=False,
         settings=QUICK,
-        rpc_tracker=cluster.address,
+        rpc_tracker=shared_cluster.address,
         rpc_key=KEY,
     )
     assert held.accuracy.probes[0].float32_units == () and held.accuracy.probes[0].error > budget
