@@ -105,8 +105,7 @@ def index_ranges(mod) -> tuple[IndexRange, ...]:
                     source = traced[args[1]]
                     low, high = found.get(source.index, (-rows, rows))
                     found[source.index] = (max(low, -rows if source.normalized else 0), min(high, rows))
-    names = [_name(param) for param in func.params]
-    return tuple(IndexRange(index, names[index], low, high) for index, (low, high) in sorted(found.items()))
+    return tuple(IndexRange(index, str(func.params[index].name), low, high) for index, (low, high) in sorted(found.items()))
 
 
 def check_index_ranges(ranges: Sequence[IndexRange], inputs: Sequence) -> None:
@@ -136,7 +135,3 @@ def _rows(table, axis: int):
     except ValueError:
         return None
     return shape[axis] if -len(shape) <= axis < len(shape) else None
-
-
-def _name(param) -> str:
-    return str(getattr(param, "name", "") or getattr(param, "name_hint", ""))

@@ -160,6 +160,8 @@ class LoadedMLF:
     vm: object = attrs.field(repr=False)
     library: Path
     device: object = attrs.field(repr=False)
+    # The executor configuration's input_ranges: integer inputs that index a table, which run checks
+    index_ranges: tuple = ()
 
     @property
     def input_specs(self) -> list[dict]:
@@ -187,7 +189,7 @@ class LoadedMLF:
         padded (:mod:`collage_core.outputs.dispatch`); :attr:`input_specs` are its largest shape's. An integer
         input outside the range the configuration's ``input_ranges`` gives it (a token id past the vocabulary) is
         refused before anything runs (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`)."""
-        check_index_ranges([IndexRange.from_json(limit) for limit in self.executor_config.get("input_ranges", [])], inputs)
+        check_index_ranges(self.index_ranges, inputs)
         shapes = self.executor_config.get("shape_profiles")
         if shapes is not None:
             return run_dispatched(self.vm, self.device, ShapeDispatch.from_json(shapes, EXECUTOR_CONFIG), inputs)
@@ -337,6 +339,14 @@ def _checked_config(path: Path, config) -> dict:
     return config
 
 
+def _input_ranges(path: Path, config: dict) -> tuple[IndexRange, ...]:
+    """The configuration's ``input_ranges`` (none in a tar exported before they were recorded)."""
+    try:
+        return tuple(IndexRange.from_json(limit) for limit in config.get("input_ranges", []))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise MLFError(f"{path}: {EXECUTOR_CONFIG}: input_ranges must list each input's index, name, low and high") from None
+
+
 def _is_tensor_spec(spec) -> bool:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("dtype"), str):
         return False
@@ -431,6 +441,7 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
     unpacked_config = workdir / EXECUTOR_CONFIG
     _within_json_bound(path, EXECUTOR_CONFIG, unpacked_config.stat().st_size)
     config = _checked_config(path, _json(path, EXECUTOR_CONFIG, unpacked_config.read_bytes()))
+    index_ranges = _input_ranges(path, config)
     objects = [str(workdir / member) for member in sorted(metadata["files"]) if member.startswith(OBJECTS_DIR)]
     library = library_file(workdir, metadata["model_name"])
 
@@ -462,4 +473,4 @@ def _load(path: Path, workdir: Path, pm, strict: bool) -> LoadedMLF:
             raise MLFError(
                 f"{path}: {parameters_member} is not in TVM's parameter serialization ({type(error).__name__}: {named_by_the_tar(error)})"
             ) from None
-    return LoadedMLF(metadata, config, parameters, vm, library, device)
+    return LoadedMLF(metadata, config, parameters, vm, library, device, index_ranges)
