@@ -31,7 +31,6 @@ from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch
 from collage_core.outputs.explain import explain
 from collage_core.outputs.mlf_export import export_mlf
-from collage_core.outputs.output_folder import safe_file_name
 from collage_core.outputs.placement_file import holds_several_shapes, load_placement, load_shape_placements
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE, ProfiledModel, render_profiles_report
 from collage_core.outputs.report import format_table, render_report
@@ -315,8 +314,9 @@ def _backends(args) -> int:
 
 def default_output(model: str) -> Path:
     """``collage-out/<the model file's name>``, that name as a file name that stays in ``collage-out``
-    (a model file called ``...onnx`` has the stem ``..``)."""
-    return Path("collage-out") / safe_file_name(Path(model).stem)
+    (a model file called ``...onnx`` has the stem ``..``), or beside it when another file of that name
+    holds it (see :func:`collage_core.outputs.output_folder.default_for`)."""
+    return output_folder.default_for(model)
 
 
 def _optimize(args) -> int:
@@ -326,6 +326,9 @@ def _optimize(args) -> int:
             "--compare is for --placement or --rpc-tracker: a search here compares its placement with the baselines unless --no-compare"
         )
     output = Path(options.output_dir) if options.output_dir else default_output(args.model)
+    taken = output_folder.DEFAULT_ROOT / output_folder.safe_file_name(Path(args.model).stem)
+    if not options.output_dir and output != taken:  # another model file of this name has the plain folder
+        print(f"{taken} holds the outputs of {output_folder.recorded_model_file(taken)}: writing to {output}", file=sys.stderr)
     if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are
     result = optimizer.optimize(args.model, options=attrs.evolve(options, output_dir=output))

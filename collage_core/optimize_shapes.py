@@ -60,6 +60,8 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
     dispatch = ShapeDispatch(tuple(inputs), tuple(profiles), tuple(entry_function(i) for i in range(len(profiles))), padding)
     original = OriginalModel.from_bytes(ONNX, data)
     with output_folder.for_run(options.output_dir) as folder:
+        if folder.kept and isinstance(model, (str, os.PathLike)):
+            output_folder.record_model_file(folder.path, model)
         results = []
         for index, profile in enumerate(profiles):
             say(f"shape {index + 1} of {len(profiles)}: {profile.label}")

@@ -4,6 +4,7 @@ it belongs to that returns a record."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
 import attrs
@@ -94,6 +95,8 @@ def optimize(
         options = attrs.evolve(options, target=remote.target)
     with output_folder.for_run(options.output_dir) as folder:
         imported = import_model(model, example_inputs, options, say)
+        if folder.kept and isinstance(model, (str, os.PathLike)):
+            output_folder.record_model_file(folder.path, model)
         pm = get_plugin_manager()
         backends = backends_for(pm, options.backends, imported.target)
         if remote is not None:

@@ -16,6 +16,9 @@ replaced whole, one run writes into it at a time, and each run's scratch files a
 - While a run holds the folder, temporary files go to its scratch too (:func:`temporary_files_in`):
   ``TMPDIR`` and ``tempfile.tempdir`` name ``.run-*/tmp``, so what its workers and the libraries
   they call make there (TVM's links, a killed worker's files) goes with the scratch.
+- A run from a model file records that file's path in the folder (``.collage-model``), so that the default
+  folder of another file of the same name (``a/model.onnx``, ``b/model.onnx``) is another folder
+  (:func:`default_for`) rather than the first one's outputs overwritten.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ PARTIAL = ".partial"
 # marks within the 255 bytes a file name may have.
 NAME_BYTES = 180
 DEFAULT_NAME = "model"
+# Where a folder keeps the path of the model file its outputs were made from (see default_for).
+MODEL_FILE_RECORD = ".collage-model"
+DEFAULT_ROOT = Path("collage-out")
 
 
 class OutputFolderInUse(CollageError):
@@ -116,6 +122,35 @@ def safe_file_name(name: str, default: str = DEFAULT_NAME) -> str:
     return cleaned or default
 
 
+def default_for(model_file: os.PathLike, root: os.PathLike = DEFAULT_ROOT) -> Path:
+    """The folder a run from ``model_file`` writes when given none: ``root/<the file's name>`` (a safe file
+    name: :func:`safe_file_name`), unless that folder holds the outputs of another model file that still
+    exists, when it is ``root/<the file's name>-<a digest of the file's path>``: ``a/model.onnx`` and
+    ``b/model.onnx`` keep their outputs apart, and each keeps its own folder run after run."""
+    source = os.path.realpath(model_file)
+    folder = Path(root) / safe_file_name(Path(model_file).stem)
+    other = recorded_model_file(folder)
+    if other is None or other == source or not os.path.exists(other):
+        return folder
+    digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return folder.with_name(f"{folder.name}-{digest}")  # at most NAME_BYTES + 9 bytes: a name may have 255
+
+
+def recorded_model_file(folder: os.PathLike) -> Optional[str]:
+    """The model file whose outputs ``folder`` holds, as :func:`record_model_file` kept it (None when none
+    was kept or the record cannot be read)."""
+    try:
+        recorded = json.loads((Path(folder) / MODEL_FILE_RECORD).read_text(encoding="utf-8"))["model_file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
+
+
+def record_model_file(folder: os.PathLike, model_file: os.PathLike) -> None:
+    """Keep in ``folder`` that its outputs come from ``model_file`` (its real path), for :func:`default_for`."""
+    write_text(Path(folder) / MODEL_FILE_RECORD, json.dumps({"model_file": os.path.realpath(model_file)}) + "\n")
+
+
 def library_file(directory: os.PathLike, model_name: str) -> Path:
     """Where a run writes the library of the model called ``model_name`` in ``directory``."""
     return Path(directory) / f"{safe_file_name(model_name)}.so"
@@ -184,7 +219,7 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
     gives the run's scratch folder inside it, removed when the block ends, however it ends.
 
     ``made`` is the outermost folder the run made for ``directory`` (itself or a parent); if the block
-    fails and nothing but folders and the lock is in it, it is removed, while the folder is still
+    fails and nothing but folders, the lock and the model file's record is in it, it is removed, while the folder is still
     held: a run that fails before writing anything (a model that does not exist) leaves no folder
     behind. A run refused because the folder is in use removes nothing."""
     directory = Path(directory)
@@ -199,7 +234,8 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
             _remove_leftovers(directory)
-            if failed and made is not None and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*")):
+            bookkeeping = (LOCK_FILE, MODEL_FILE_RECORD)
+            if failed and made is not None and all(path.is_dir() or path.name in bookkeeping for path in Path(made).rglob("*")):
                 shutil.rmtree(made, ignore_errors=True)
 
 

@@ -31,7 +31,7 @@ onnx = pytest.importorskip("onnx")
 TESTS = Path(__file__).resolve().parents[1]
 PLUGIN = "plugins_for_tests.broken_export"
 # What a finished run leaves in its folder (for a model called relu).
-FINISHED = {LOCK_FILE, "finished.json", "placement.json", "relu.so", "relu.so.runtime.json", "report.txt", "results.json"}
+FINISHED = {LOCK_FILE, ".collage-model", "finished.json", "placement.json", "relu.so", "relu.so.runtime.json", "report.txt", "results.json"}
 HOSTILE = {
     "parent": "../../escaped",
     "absolute": "ABSOLUTE",  # a path in the test's own folder, outside the output folder
@@ -320,6 +320,55 @@ def test_the_default_output_folder_stays_in_collage_out_whatever_the_model_file_
     for hostile in ("...onnx", "../x/..onnx", ".onnx"):
         folder = default_output(hostile)
         assert folder.parent == Path("collage-out") and folder.name not in ("", ".", ".."), (hostile, folder)
+
+
+def test_model_files_of_one_name_keep_their_default_output_folders_apart(tmp_path, monkeypatch):
+    """a/model.onnx and b/model.onnx: the first run's folder is the plain name, the other file's is beside it,
+    each the same run after run; a folder whose model file is gone is taken by the next file of that name."""
+    from collage_core.outputs.output_folder import default_for, record_model_file, recorded_model_file
+
+    monkeypatch.chdir(tmp_path)
+    first, second = tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"
+    for file in (first, second):
+        file.parent.mkdir()
+        file.write_bytes(b"")
+    plain = Path("collage-out/model")
+    assert default_for(first) == default_for(second) == plain  # nothing kept yet
+    plain.mkdir(parents=True)
+    record_model_file(plain, "a/model.onnx")  # as a run given a relative path keeps it
+    assert recorded_model_file(plain) == str(first)
+    assert default_for(first) == default_for(str(first)) == plain
+    beside = default_for(second)
+    assert beside.parent == plain.parent and beside.name.startswith("model-") and beside != plain
+    assert default_for(second) == beside and default_for(tmp_path / "a" / ".." / "b" / "model.onnx") == beside
+    first.unlink()
+    assert default_for(second) == plain
+    (plain / ".collage-model").write_text("{not json")
+    assert recorded_model_file(plain) is None and default_for(second) == plain
+
+
+def test_the_cli_writes_a_second_model_file_of_one_name_beside_the_first(model, tmp_path, monkeypatch, capsys):
+    """Each run keeps its model file's path in its folder; a second file of the same name gets a folder of its own,
+    and the run says where it writes and why."""
+    import shutil
+
+    from collage_core.cli import main
+    from collage_core.outputs.output_folder import recorded_model_file
+
+    monkeypatch.chdir(tmp_path)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(model, tmp_path / folder / "model.onnx")
+    run = ["optimize", "--backends", "tvm", "--no-compare", "--search", "op-level", "--cost-db", str(tmp_path / "costs.sqlite")]
+    assert main([*run, "a/model.onnx"]) == 0
+    assert recorded_model_file(Path("collage-out/model")) == str(tmp_path / "a" / "model.onnx")
+    capsys.readouterr()
+    assert main([*run, "b/model.onnx"]) == 0
+    said = capsys.readouterr().err
+    (beside,) = [path for path in Path("collage-out").iterdir() if path.name != "model"]
+    assert f"collage-out/model holds the outputs of {tmp_path / 'a' / 'model.onnx'}: writing to {beside}" in said
+    assert recorded_model_file(beside) == str(tmp_path / "b" / "model.onnx")
+    assert (beside / "placement.json").exists() and (Path("collage-out/model") / "placement.json").exists()
 
 
 def test_a_run_without_an_output_folder_leaves_no_temporary_folder(tmp_path, monkeypatch):
