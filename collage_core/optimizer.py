@@ -141,12 +141,16 @@ def optimize(
                 folder,
             )
 
-        finished = build_stage.build_and_compare(job, placed, options, search, imported.replayed, library, folder, held.fit, clock)
+        # Built in the scratch and moved into the folder at the end (kept), with placement.json: the library in the
+        # folder is always the one its placement.json describes, whenever the run is killed.
+        building = folder.scratch / "library" / library.name if folder.kept else library
+        building.parent.mkdir(exist_ok=True)
+        finished = build_stage.build_and_compare(job, placed, options, search, imported.replayed, building, folder, held.fit, clock)
         return kept(
             OptimizedModel(
                 placed_model,
                 finished.placement,
-                library,
+                building,
                 target,
                 finished.rows,
                 finished.verification,

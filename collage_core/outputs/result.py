@@ -173,6 +173,12 @@ def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKe
     too, for a rerun from the same searched placement to reuse); a temporary folder, which holds the
     library, is removed with the result instead."""
     if folder.kept:
+        # Built in the run's scratch (see optimize): moved into place now, with the files that describe it, so
+        # that a run killed before its end leaves the run before's library with its placement.json.
+        library = output_folder.library_file(folder.path, optimized.model.name)
+        if optimized.library_path.resolve() != library.resolve():
+            copy_library(optimized.library_path, library, move=True)
+            optimized.library_path = library
         optimized.save(folder.path)
         if finish is not None:
             save_finished(

@@ -2,9 +2,9 @@
 written never harms the one before it; never installed.
 
 It registers no backend: imported with the other plugins in every worker, it wraps TVM's
-``Executable.export_library``. While ``$BROKEN_EXPORT`` is set, an export into the folder
-``$BROKEN_EXPORT_INTO`` (a run's output folder; candidates' libraries, built elsewhere, are left
-alone) first writes the start of a library to the path it was given, as a linker does, and then raises
+``Executable.export_library``. While ``$BROKEN_EXPORT`` is set, an export of a run's library into the folder
+``$BROKEN_EXPORT_INTO`` (a run's output folder) or into its scratch's ``library/`` (candidates' libraries, built
+elsewhere, are left alone) first writes the start of a library to the path it was given, as a linker does, and then raises
 (``raise``), or writes that path to the file ``exporting`` in the folder ``$BROKEN_EXPORT_DIR`` and
 waits (``pause``) for the file ``go`` there (then it exports as TVM does) or ``stop`` (then it
 raises). Otherwise exports are TVM's own.
@@ -27,9 +27,16 @@ START_OF_A_LIBRARY = b"\x7fELF half a library"
 _export_library = Executable.export_library
 
 
+def _a_runs_library(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is a run's library in ``folder``: in it, or built in a run's scratch (``.run-*/library/``)
+    to be moved into it at the end."""
+    built = path.parent.name == "library" and path.parent.parent.name.startswith(".run-") and path.parent.parent.parent == folder
+    return path.parent == folder or built
+
+
 def _export_breaking_midway(self, file_name, *args, **kwargs):
     mode = os.environ.get(MODE)
-    if mode is None or Path(file_name).parent != Path(os.environ[INTO]):
+    if mode is None or not _a_runs_library(Path(file_name), Path(os.environ[INTO])):
         return _export_library(self, file_name, *args, **kwargs)
     Path(file_name).write_bytes(START_OF_A_LIBRARY)
     if mode == PAUSE:

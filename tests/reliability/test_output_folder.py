@@ -240,6 +240,35 @@ def test_a_run_killed_while_it_writes_the_library_leaves_the_library_before_inta
     assert names_in(out) == FINISHED
 
 
+def test_a_run_stopped_after_building_its_library_leaves_the_run_befores_library_with_its_placement(model, cost_db, tmp_path, monkeypatch):
+    """Ctrl-C during the baselines or the contest in turns, after the placement was built: the folder keeps the
+    run before's library, runtime file and placement.json, which describe each other, and the next run finishes."""
+    from collage_core import optimizer
+
+    out = tmp_path / "out"
+    optimize_into(out, model, cost_db)
+    kept = ("relu.so", "relu.so.runtime.json", "placement.json", "report.txt")
+    before = {name: (out / name).read_bytes() for name in kept}
+    wider = relu_model()  # another model of the same name: another library in the same file
+    for value in (*wider.graph.input, *wider.graph.output):
+        value.type.tensor_type.shape.dim[1].dim_value = 16
+    onnx.save(wider, tmp_path / "relu.onnx")
+    build_and_compare = optimizer.build_stage.build_and_compare
+
+    def interrupted(*args, **kwargs):
+        build_and_compare(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimizer.build_stage, "build_and_compare", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        optimize_into(out, tmp_path / "relu.onnx", cost_db)
+    assert {name: (out / name).read_bytes() for name in kept} == before
+    monkeypatch.undo()
+    after = optimize_into(out, tmp_path / "relu.onnx", cost_db)
+    assert after.library_path == out / "relu.so" and (out / "relu.so").read_bytes() != before["relu.so"]
+    assert after.run(np.ones((1, 16), np.float32))[0].shape == (1, 16) and names_in(out) == FINISHED
+
+
 def test_a_second_run_into_a_folder_in_use_stops_in_one_line_and_the_first_finishes(model, cost_db, tmp_path, paused, capsys):
     from collage_core.cli import main
 
