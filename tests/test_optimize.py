@@ -257,6 +257,28 @@ def test_optimize_torch_module_is_verified_against_pytorch(costs):
     assert result.verification.passed and result.verification.reference.startswith("pytorch")
 
 
+def test_a_torch_module_numbering_its_positions_from_a_mask_is_optimized_and_matches_pytorch(costs):
+    """GPT-2's position ids, ``(ids != pad).cumsum(-1)``: a running sum of booleans, which PyTorch counts in int64."""
+    torch = pytest.importorskip("torch")
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens, self.positions = torch.nn.Embedding(16, 8), torch.nn.Embedding(16, 8)
+
+        def forward(self, ids):
+            positions = (ids != 0).cumsum(-1) * (ids != 0)
+            return self.tokens(ids) + self.positions(positions)
+
+    torch.manual_seed(0)
+    model, ids = Positions(), torch.tensor([[5, 3, 0, 7, 9, 0, 0, 2]])
+    result = collage_core.optimize(model, example_inputs=(ids,), backends=["tvm"], cost_db=costs, show_progress=False, compare_backends=False)
+    assert result.verification.passed
+    other = torch.tensor([[0, 0, 4, 4, 4, 1, 0, 15]])  # other positions than the example's
+    with torch.no_grad():
+        np.testing.assert_allclose(result.run(other.numpy())[0], model(other).numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_a_torch_module_gets_the_two_level_search_with_a_graph_level_backend(costs):
     """The torch.export route meets the same searches as an ONNX file: ONNX Runtime regions of a
     PyTorch module are evolved end to end, and the result is verified against PyTorch."""

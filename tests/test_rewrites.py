@@ -149,3 +149,17 @@ def test_a_concatenation_of_one_tensor_becomes_that_tensor_and_one_of_two_stays(
     assert_same(run(rewritten, [x])[0], np.maximum(x, 0))
     pair = module(lambda bb, a: R.concat([a, a], axis=1), ((2, 3, 4), F))
     assert op_names(rewrites.for_backends(pair)) == ["relax.concat"]
+
+
+def test_a_running_sum_of_booleans_counts_in_int64_as_numpy_does_and_one_of_integers_stays():
+    """PyTorch's ``mask.cumsum(-1)`` (GPT-2's positions): TVM's importer keeps the booleans' type, which no backend
+    builds; the rewrite counts them in int64. ONNX's CumSum of int32 keeps its type."""
+    mask = RNG.integers(0, 2, size=(2, 9)).astype(bool)
+    booleans = module(lambda bb, m: R.cumsum(m, axis=-1), ((2, 9), "bool"))
+    rewritten = rewrites.for_backends(booleans)
+    assert op_names(rewritten) == ["relax.astype", "relax.cumsum"]
+    assert tvm_compat.tensor_shape_dtype(rewritten["main"].body.body)[1] == "int64"
+    (counted,) = run(rewritten, [mask])
+    assert counted.dtype == np.int64 and np.array_equal(counted, np.cumsum(mask, axis=-1))
+    integers = module(lambda bb, m: R.cumsum(m, axis=0, exclusive=True), ((2, 9), "int32"))
+    assert op_names(rewrites.for_backends(integers)) == ["relax.cumsum"]

@@ -7,6 +7,9 @@
 - :func:`importer_pads`: the ``call_tir`` kernels TVM's ONNX importer writes for ONNX ``Pad`` (TOPI's ``pad``,
   ``mirror_pad`` and ``replicate_pad``) become ``relax.nn.pad``, or nothing where they pad by zero. A callee is
   rewritten only where it is, structurally, the kernel TOPI makes for widths and a value read off its shapes.
+- :func:`boolean_cumsums`: a running sum of booleans (PyTorch's ``mask.cumsum(-1)``, as GPT-2 numbers its positions)
+  counts in int64, as PyTorch and numpy count; TVM's PyTorch importer keeps the booleans' type, which no backend
+  builds (and which would count nothing). ONNX's CumSum takes no booleans, so an ONNX model never has one.
 - :func:`lone_concats`: a concatenation of one tensor (OPT's export writes one around each key and value, where a
   cache would be joined) is that tensor: a copy kernel less, and attention reads its keys and values in place.
 
@@ -117,6 +120,18 @@ def _lone_concat(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
     return call.args[0].fields[0]
 
 
+def _boolean_cumsum(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+    if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) != "relax.cumsum":
+        return None
+    try:
+        dtype = tvm_compat.tensor_shape_dtype(call.args[0])[1]
+    except ValueError:
+        return None
+    if dtype != "bool" or call.attrs.dtype not in (None, "", "bool"):
+        return None
+    return relax.op.cumsum(relax.op.astype(call.args[0], "int64"), axis=call.attrs.axis, exclusive=call.attrs.exclusive)
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, rules: list[Rule]):
@@ -152,6 +167,11 @@ def importer_pads(mod: tvm.IRModule) -> tvm.IRModule:
     return _apply(mod, [_importer_pad])
 
 
+def boolean_cumsums(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each running sum of booleans counted in int64."""
+    return _apply(mod, [_boolean_cumsum])
+
+
 def lone_concats(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each concatenation of one tensor replaced by that tensor."""
     return _apply(mod, [_lone_concat])
@@ -160,4 +180,4 @@ def lone_concats(mod: tvm.IRModule) -> tvm.IRModule:
 def for_backends(mod: tvm.IRModule) -> tvm.IRModule:
     """Every rewrite, in one pass over ``mod``; the TIR functions no call reads any more stay for dead-code
     elimination to remove."""
-    return _apply(mod, [_importer_pad, _global_pooling, _lone_concat])
+    return _apply(mod, [_importer_pad, _global_pooling, _boolean_cumsum, _lone_concat])
