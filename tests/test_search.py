@@ -213,13 +213,18 @@ def test_candidates_without_a_measured_cost_are_never_chosen(not_measured):
 
 def test_operator_without_a_valid_candidate_is_named():
     costs = deterministic_costs(DIAMOND_CANDIDATES, seed=0)
-    for group in DIAMOND_CANDIDATES:
-        if 3 in group.nodes:
-            costs[group.key] = Cost.invalid("unsupported")
+    covering = sorted((group for group in DIAMOND_CANDIDATES if 3 in group.nodes), key=lambda c: (c.sort_key, c.key))
+    for group in covering:
+        costs[group.key] = Cost.invalid(f"BuildError: TVM build failed:\n  in {group.key}\nCheck failed: a float")
     with pytest.raises(NoPlacementError, match=r"operator 3 \(add\)") as raised:
         search_op_level(DIAMOND, DIAMOND_CANDIDATES, costs)
     assert isinstance(raised.value, CollageError)
     assert "\n" not in str(raised.value)
+    # Why: the first covering candidate's reason, its last line.
+    assert str(raised.value).endswith(
+        f"none of the {len(covering)} candidates covering it can be placed (invalid, unmeasured or not convex); "
+        f"{covering[0].key}: Check failed: a float"
+    )
 
 
 def test_empty_graph_needs_no_candidates():

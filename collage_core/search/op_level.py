@@ -60,7 +60,7 @@ def search_op_level(
     Raises :class:`NoPlacementError` when no such cover exists.
     """
     steps = _usable_steps(graph, candidates, costs)
-    _raise_for_uncovered_operator(graph, steps)
+    _raise_for_uncovered_operator(graph, steps, candidates, costs)
     containing = _steps_by_operator(graph, steps)
     everything = (1 << len(graph)) - 1
 
@@ -128,11 +128,30 @@ def _usable_steps(graph: OpGraph, candidates: Sequence[Candidate], costs: Mappin
     return steps
 
 
-def _raise_for_uncovered_operator(graph: OpGraph, steps: Sequence[_Step]) -> None:
+def _raise_for_uncovered_operator(
+    graph: OpGraph, steps: Sequence[_Step], candidates: Sequence[Candidate], costs: Mapping[str, Cost]
+) -> None:
+    """One line naming the first operator no usable candidate covers and why: no candidate covers it, or those that
+    do are invalid (the first reason given: a build error, a crash), unmeasured or cannot be placed."""
     uncovered = ~_union(step.nodes for step in steps) & ((1 << len(graph)) - 1)
-    if uncovered:
-        node = _lowest_bit(uncovered)
-        raise NoPlacementError(f"no valid candidate covers operator {node} ({graph.ops[node]})")
+    if not uncovered:
+        return
+    node = _lowest_bit(uncovered)
+    covering = sorted({c for c in candidates if node in c.nodes}, key=lambda c: (c.sort_key, c.key))
+    reasons = [f"{c.key}: {_last_line(costs[c.key].reason)}" for c in covering if c.key in costs and costs[c.key].reason]
+    why = (
+        "no candidate covers it"
+        if not covering
+        else f"none of the {len(covering)} candidates covering it can be placed (invalid, unmeasured or not convex)"
+        + (f"; {reasons[0]}" if reasons else "")
+    )
+    raise NoPlacementError(f"no valid candidate covers operator {node} ({graph.ops[node]}): {why}")
+
+
+def _last_line(text: str) -> str:
+    """The last line of a multi-line reason (where a build error says what went wrong)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _steps_by_operator(graph: OpGraph, steps: Sequence[_Step]) -> tuple[tuple[_Step, ...], ...]:
