@@ -272,7 +272,9 @@ def test_a_torch_module_numbering_its_positions_from_a_mask_is_optimized_and_mat
 
     torch.manual_seed(0)
     model, ids = Positions(), torch.tensor([[5, 3, 0, 7, 9, 0, 0, 2]])
-    result = collage_core.optimize(model, example_inputs=(ids,), backends=["tvm"], cost_db=costs, show_progress=False, compare_backends=False)
+    result = collage_core.optimize(
+        model, example_inputs=(ids,), backends=["tvm"], cost_db=costs, show_progress=False, compare_backends=False
+    )
     assert result.verification.passed
     other = torch.tensor([[0, 0, 4, 4, 4, 1, 0, 15]])  # other positions than the example's
     with torch.no_grad():
