@@ -26,6 +26,7 @@ from collage_core.outputs.dispatch import ShapeDispatch, ShapeNotServed, ShapeRe
 from collage_core.outputs.index_ranges import IndexOutOfRange
 from collage_core.outputs.placement_file import Placement
 from collage_core.outputs.profiled_result import PLACEMENTS_FILE
+from collage_core.outputs.run_inputs import InputMismatch
 from collage_core.outputs.shape_differences import placement_differences
 from collage_core.records import Cost, Partition
 
@@ -357,6 +358,11 @@ def test_the_library_of_every_shape_exports_to_one_tar_that_dispatches_when_load
     for run in (loaded.run, result.run):
         with pytest.raises(IndexOutOfRange, match="input input_ids: 1000 at"):
             run(ids, mask)
+        # inputs of another number or type, in one line before the dispatcher chooses
+        with pytest.raises(InputMismatch, match=r"^1 input given; the model takes 2: input_ids \(int64\), attention_mask \(int64\)"):
+            run(ids)
+        with pytest.raises(InputMismatch, match="input attention_mask: int32 values where the model takes int64"):
+            run(ids % 1000, mask.astype(np.int32))
     # each of the two shapes' entry functions holds the weights; the parameters member stores them once
     stored, held = loaded.metadata["memory"]["parameter_bytes"], loaded.metadata["memory"]["constant_bytes"]
     assert stored == sum(array.nbytes for array in loaded.parameters.values())

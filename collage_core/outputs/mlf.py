@@ -63,6 +63,7 @@ from collage_core.errors import CollageError
 from collage_core.outputs.dispatch import ShapeDispatch, ShapeRecordError, run_dispatched
 from collage_core.outputs.index_ranges import IndexRange, check_index_ranges
 from collage_core.outputs.output_folder import library_file, safe_file_name
+from collage_core.outputs.run_inputs import Expected, checked_inputs
 
 FORMAT = "collage-model-library-format"
 VERSION = 1
@@ -188,9 +189,13 @@ class LoadedMLF:
         A tar of several shapes runs the entry function of the inputs' shapes, or of the smallest that covers them,
         padded (:mod:`collage_core.outputs.dispatch`); :attr:`input_specs` are its largest shape's. An integer
         input outside the range the configuration's ``input_ranges`` gives it (a token id past the vocabulary) is
-        refused before anything runs (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`)."""
-        check_index_ranges(self.index_ranges, inputs)
+        refused before anything runs (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`), and so are
+        inputs of another number, type or (one shape) shape (:class:`~collage_core.outputs.run_inputs.InputMismatch`)."""
         shapes = self.executor_config.get("shape_profiles")
+        inputs = checked_inputs(
+            [Expected(spec["name"], spec["dtype"], None if shapes is not None else spec["shape"]) for spec in self.input_specs], inputs
+        )
+        check_index_ranges(self.index_ranges, inputs)
         if shapes is not None:
             return run_dispatched(self.vm, self.device, ShapeDispatch.from_json(shapes, EXECUTOR_CONFIG), inputs)
         result = self.vm["main"](*[tvm_compat.to_tensor(a, self.device) for a in inputs])

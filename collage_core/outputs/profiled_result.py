@@ -22,6 +22,7 @@ from collage_core.outputs.index_ranges import check_index_ranges
 from collage_core.outputs.placement_file import SHAPES_FORMAT, SHAPES_VERSION
 from collage_core.outputs.report import format_table, is_noisy
 from collage_core.outputs.result import OptimizedModel
+from collage_core.outputs.run_inputs import Expected, checked_inputs
 from collage_core.outputs.shape_differences import placement_differences
 
 # The file listing every shape's placement, written beside the library.
@@ -77,7 +78,9 @@ class ProfiledModel:
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run the library on ``inputs``: the profile of their shapes, or the smallest that covers them, padded
         (see :mod:`collage_core.outputs.dispatch`). A token id past the vocabulary is refused as
-        :meth:`OptimizedModel.run <collage_core.outputs.result.OptimizedModel.run>` refuses it."""
+        :meth:`OptimizedModel.run <collage_core.outputs.result.OptimizedModel.run>` refuses it, and so are inputs
+        of another number or type (:class:`~collage_core.outputs.run_inputs.InputMismatch`)."""
+        inputs = checked_inputs([Expected(spec.name, spec.dtype) for spec in self.dispatch.inputs], inputs)
         check_index_ranges(self.index_ranges, inputs)
         if self._vm is None:
             device = tvm_compat.device_for(self.target)

@@ -27,6 +27,7 @@ from collage_core.outputs.picture import backend_colours
 from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
 from collage_core.outputs.report import is_noisy, placement_throughput, render_report
 from collage_core.outputs.reuse import FinishedBuild, FinishKey, save_finished
+from collage_core.outputs.run_inputs import Expected, checked_inputs
 from collage_core.outputs.search_history import history_svg
 from collage_core.records import Cost
 from collage_core.search.two_level import TwoLevelResult
@@ -75,13 +76,16 @@ class OptimizedModel:
         """Run the built placement in this process, each backend's runtime prepared first (a partition's
         kernels may have been built and loaded only in the worker processes that measured them). An integer
         input outside the table it indexes (a token id past the vocabulary) is refused before anything runs
-        (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`): the library's kernels read indices unchecked."""
+        (:class:`~collage_core.outputs.index_ranges.IndexOutOfRange`): the library's kernels read indices unchecked.
+        So are inputs that are not one per :attr:`model.inputs <ImportedModel.inputs>`, of its type and shape
+        (:class:`~collage_core.outputs.run_inputs.InputMismatch`, one line naming the input)."""
+        inputs = checked_inputs([Expected(spec.name, spec.dtype, spec.shape) for spec in self.model.inputs], inputs)
         check_index_ranges(self.index_ranges, inputs)
         if self._vm is None:
             device = tvm_compat.device_for(self.target)
             self._vm = (relax.VirtualMachine(load_library(self.library_path, device=device), device), device)
         vm, device = self._vm
-        result = vm["main"](*[tvm_compat.to_tensor(np.asarray(a), device) for a in inputs])
+        result = vm["main"](*[tvm_compat.to_tensor(a, device) for a in inputs])
         return [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
 
     def latency(self, name: str = PLACEMENT) -> Cost:
