@@ -96,7 +96,10 @@ def optimize(
     with output_folder.for_run(options.output_dir) as folder:
         imported = import_model(model, example_inputs, options, say)
         if folder.kept and isinstance(model, (str, os.PathLike)):
+            before = output_folder.recorded_model_file(folder.path)
             output_folder.record_model_file(folder.path, model)
+            if before is not None and before != os.path.realpath(model):
+                say(f"{folder.path} holds the outputs of another model file, {before}: this run's replace them")
         pm = get_plugin_manager()
         backends = backends_for(pm, options.backends, imported.target)
         if remote is not None:

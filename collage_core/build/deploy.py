@@ -88,6 +88,22 @@ def carried_dir(library: os.PathLike) -> Path:
     return library.with_name(library.name + ".libs")
 
 
+def remove_other_libraries(directory: os.PathLike, kept: os.PathLike) -> list[str]:
+    """Remove from ``directory`` the libraries a run wrote there other than ``kept`` (a ``.so`` with its runtime
+    file beside it, and the native libraries it carries): another model's, whose placement.json this run replaced.
+    Gives their names."""
+    removed = []
+    for record in sorted(Path(directory).glob("*.so.runtime.json")):
+        library = record.with_name(record.name.removesuffix(".runtime.json"))
+        if library.name == Path(kept).name:
+            continue
+        library.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+        shutil.rmtree(carried_dir(library), ignore_errors=True)
+        removed.append(library.name)
+    return removed
+
+
 def write_runtime_file(
     library: os.PathLike,
     needs: dict,

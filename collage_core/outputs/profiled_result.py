@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import copy_library, load_library
+from collage_core.build.deploy import copy_library, load_library, remove_other_libraries
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
@@ -170,6 +170,7 @@ def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path) -> Profiled
     """``profiled`` saved in the caller's folder, or its temporary folder removed with it."""
     if kept:
         profiled.save(folder)
+        remove_other_libraries(folder, output_folder.library_file(folder, profiled.name))  # another model's, run here before
     else:
         weakref.finalize(profiled, shutil.rmtree, str(folder), True)
     return profiled

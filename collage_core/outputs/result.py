@@ -14,7 +14,7 @@ import numpy as np
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import copy_library, load_library
+from collage_core.build.deploy import copy_library, load_library, remove_other_libraries
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
@@ -184,6 +184,7 @@ def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKe
             copy_library(optimized.library_path, library, move=True)
             optimized.library_path = library
         optimized.save(folder.path)
+        remove_other_libraries(folder.path, library)  # another model's, run into this folder before
         if finish is not None:
             save_finished(
                 folder.path,

@@ -9,6 +9,7 @@ no calibration. Runs are stopped at a known point, the export of their library, 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -349,6 +350,28 @@ def test_the_default_output_folder_stays_in_collage_out_whatever_the_model_file_
     for hostile in ("...onnx", "../x/..onnx", ".onnx"):
         folder = default_output(hostile)
         assert folder.parent == Path("collage-out") and folder.name not in ("", ".", ".."), (hostile, folder)
+
+
+def test_another_model_run_into_a_folder_says_so_and_leaves_no_library_of_the_first(model, cost_db, tmp_path, capsys):
+    """-o naming the folder of another model's run: that run's placement, report and library are replaced, and its
+    library (another name) goes too, so that placement.json describes the one library in the folder."""
+    out = tmp_path / "out"
+    optimize_into(out, model, cost_db)
+    assert {"relu.so", "relu.so.runtime.json"} <= names_in(out)
+    other = tmp_path / "other" / "sigmoid.onnx"
+    other.parent.mkdir()
+    proto = relu_model("sigmoid")
+    proto.graph.node[0].op_type = "Sigmoid"
+    onnx.save(proto, other)
+    capsys.readouterr()
+    result = collage_core.optimize(
+        other, backends=["tvm"], search="op-level", compare_backends=False, calibration_rounds=0, output_dir=out, cost_db=cost_db
+    )
+    said = capsys.readouterr().err
+    assert f"{out} holds the outputs of another model file, {model}: this run's replace them" in said
+    assert names_in(out) == {name.replace("relu", "sigmoid") for name in FINISHED}
+    assert json.loads((out / "placement.json").read_text())["model"]["name"] == "sigmoid"
+    np.testing.assert_allclose(result.run(np.zeros((1, 8), np.float32))[0], np.full((1, 8), 0.5, np.float32), rtol=1e-6)
 
 
 def test_model_files_of_one_name_keep_their_default_output_folders_apart(tmp_path, monkeypatch):
