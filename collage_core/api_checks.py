@@ -178,7 +178,17 @@ def _shown(value: Any) -> str:
 
 
 def _inputs_problem(value: Any) -> str:
-    return "" if value is None or isinstance(value, (list, tuple)) else f"must be a tuple of tensors, not {_shown(value)}"
+    if value is None:
+        return ""
+    if not isinstance(value, (list, tuple)):
+        return f"must be a tuple of tensors, not {_shown(value)}"
+    for index, item in enumerate(value):
+        if not (hasattr(item, "shape") and hasattr(item, "dtype")):  # a tensor, or an array
+            return (
+                f"must be a tuple of tensors, one per argument of forward: item {index} is {_shown(item)} (a forward that "
+                "takes nested or other arguments can be wrapped in a module whose forward takes tensors one by one)"
+            )
+    return ""
 
 
 # A PyTorch module's example inputs (None for a model that knows its own).

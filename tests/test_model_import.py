@@ -172,6 +172,16 @@ def test_torch_module_without_example_inputs_is_refused():
         load_model(ConvReluLinear())
 
 
+def test_nested_or_other_example_inputs_are_refused_in_one_line_naming_the_item():
+    """torch.export takes a tuple inside the tuple; the checks, the reference and the library take tensors one by one."""
+    from collage_core.api_checks import ArgumentError
+
+    x = torch.randn(1, 3, 8, 8)
+    for inputs, shown in [((x, (x, x)), "item 1 is tuple"), ((x, {"y": x}), "item 1 is dict"), ((3,), "item 0 is 3")]:
+        with pytest.raises(ArgumentError, match=f"example_inputs must be a tuple of tensors, one per argument of forward: {shown}"):
+            collage_core.optimize(ConvReluLinear(), example_inputs=inputs, backends=["tvm"])
+
+
 def test_relax_module_imports_into_one_dataflow_block():
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((2, 8), "float32"))
