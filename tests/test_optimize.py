@@ -127,6 +127,28 @@ def test_placement_file_replays_the_same_executable(optimized, workspace):
     np.testing.assert_array_equal(replayed.run(*inputs)[0], optimized.run(*inputs)[0])
 
 
+def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_that_models(optimized, workspace, caplog):
+    """Same operators, other shapes or weights (a module replayed at another batch): the replay runs, and says that the
+    costs it carries were measured on the other model."""
+    data = json.loads((workspace / "out" / "placement.json").read_text())
+    data["model"]["fingerprint"] = "0123456789abcdef"
+    other = workspace / "made-for-another-version.json"
+    other.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        collage_core.optimize(str(TINY_RESNET), placement=other, backends=["tvm"], compare_backends=False, show_progress=False)
+    warned = [r.getMessage() for r in caplog.records if "another version" in r.getMessage()]
+    assert warned == [
+        f"{other} was made for another version of this model (other shapes, weights or attributes: its fingerprint is "
+        f"0123456789abcdef, this model's {optimized.model.fingerprint}): its partitions' costs are that model's, not measured here"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        collage_core.optimize(
+            str(TINY_RESNET), placement=workspace / "out" / "placement.json", backends=["tvm"], compare_backends=False, show_progress=False
+        )
+    assert not [r for r in caplog.records if "another version" in r.getMessage()]
+
+
 def test_a_placement_measured_on_another_device_says_so_and_the_report_names_where_it_ran(optimized, workspace, caplog):
     data = json.loads((workspace / "out" / "placement.json").read_text())
     data["device"] = "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"

@@ -112,6 +112,14 @@ class Job:
                 "add them to --backends (`collage backends` says whether they run here)"
             )
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
+        if placement.model_fingerprint != self.imported.fingerprint:
+            log.warning(
+                "%s was made for another version of this model (other shapes, weights or attributes: its fingerprint is %s, "
+                "this model's %s): its partitions' costs are that model's, not measured here",
+                path,
+                placement.model_fingerprint,
+                self.imported.fingerprint,
+            )
         here = tvm_compat.device_name(self.target)
         if placement.device != here:
             log.warning(
