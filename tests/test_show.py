@@ -198,6 +198,14 @@ def test_show_says_why_the_placement_was_chosen_as_its_file_says(small, tmp_path
     assert " ".join(title.split("\\n")[1:]) == f"why this placement: {why_chosen}"
 
 
+def test_a_baselines_placement_is_headed_as_the_baseline_it_is_not_as_a_search(small):
+    """baselines/onnxruntime_alone.json, as the run saves it, shown: "baseline onnxruntime alone", in words and picture."""
+    baseline = attrs.evolve(small, search="baseline: onnxruntime alone")
+    assert blocks_of(explain(baseline))[0].startswith("hand_built: 6 operators in 3 partitions, baseline onnxruntime alone on cpu")
+    assert "6 operators, 3 partitions, baseline onnxruntime alone" in placement_dot(baseline)
+    assert "search" not in blocks_of(explain(baseline))[0].splitlines()[0]
+
+
 def test_a_region_of_a_baseline_that_won_the_contest_is_not_said_to_be_kept_by_the_two_level_search(small):
     region = part("onnxruntime", "onnxruntime.region", range(6), Cost.unknown())
     won = attrs.evolve(small, partitions=(region,), search="two-level", why_chosen=WON_CONTEST)

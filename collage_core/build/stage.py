@@ -32,7 +32,7 @@ from collage_core.model.verify import Verification, compare_outputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
 from collage_core.outputs.output_folder import RunFolder
-from collage_core.outputs.placement_file import Placement
+from collage_core.outputs.placement_file import BASELINE_PREFIX, Placement
 from collage_core.outputs.result import SEARCHED_PLACEMENT_FILE
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Cost, Partition
 from collage_core.search.baselines import (
@@ -259,7 +259,7 @@ def build_and_compare(
         if folder.kept:
             for entry, baseline_parts in measured:
                 if baseline_parts is not None:
-                    job.placement(baseline_parts, f"baseline: {entry.name}").save(baseline_file(folder.path, entry.name))
+                    job.placement(baseline_parts, f"{BASELINE_PREFIX}{entry.name}").save(baseline_file(folder.path, entry.name))
         # A replay returns the placement it was given, whatever ran faster beside it.
         outcome = finish(job, library, origin, parts, built, measured, may_replace=options.placement is None)
         clock.lap("contest in turns")

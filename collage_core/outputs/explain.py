@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from typing import Optional, Sequence
 
 from collage_core.model.precision import FP32
-from collage_core.outputs.placement_file import Placement
+from collage_core.outputs.placement_file import Placement, described_search
 from collage_core.outputs.report import format_table
 from collage_core.records import INVALID, MEASURED, Partition
 
@@ -122,7 +122,7 @@ def summarise(placement: Placement, numbers: dict) -> str:
     heading = [
         f"{placement.model_name}: {counted(len(placement.operators), 'operator')} in "
         f"{counted(len(placement.partitions), 'partition')}, "
-        f"{placement.search} search on {placement.device}",
+        f"{described_search(placement.search)} on {placement.device}",
         *([f"why this placement: {placement.why_chosen}"] if placement.why_chosen else []),
     ]
     if placement.precision != FP32:

@@ -15,7 +15,7 @@ from collage_core.outputs.explain import (
     partitions_in_operator_order,
     short_op_name,
 )
-from collage_core.outputs.placement_file import Placement, PlacementFileError
+from collage_core.outputs.placement_file import Placement, PlacementFileError, described_search
 
 # Light fills keep black labels readable; no red among them, red marks the costliest partitions.
 PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5")
@@ -83,8 +83,7 @@ def _node(placement: Placement, node: int, fill: str, about: str, note: str = ""
 def _title(placement: Placement, total_s: float) -> str:
     title = (
         f"{placement.model_name}: {counted(len(placement.operators), 'operator')}, "
-        f"{counted(len(placement.partitions), 'partition')}, "
-        f"{placement.search} search"
+        f"{counted(len(placement.partitions), 'partition')}, {described_search(placement.search)}"
     )
     title += f"; measured partitions sum to {total_s * 1e3:.3f} ms" if total_s else ""
     why = textwrap.wrap(f"why this placement: {placement.why_chosen}", TITLE_CHARACTERS) if placement.why_chosen else []

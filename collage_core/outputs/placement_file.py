@@ -32,6 +32,16 @@ class PlacementFileError(CollageError):
 # The best placement of a two-level search still running (or killed), saved as the search goes; the finished run's
 # files replace it with placement.json, so that placement.json always describes the library beside it.
 SEARCH_BEST_FILE = "search-best-placement.json"
+# A baseline's placement, saved beside a run's (baselines/<name>.json), says so in its ``search``: "baseline: tvm alone".
+BASELINE_PREFIX = "baseline: "
+
+
+def described_search(search: str) -> str:
+    """How a placement was made, from its ``search``, for a heading: ``op-level search``, or for a baseline's
+    placement (``baseline: tvm alone``) ``baseline tvm alone``."""
+    if search.startswith(BASELINE_PREFIX):
+        return f"baseline {search.removeprefix(BASELINE_PREFIX)}"
+    return f"{search} search"
 
 
 @attrs.frozen

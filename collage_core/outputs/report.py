@@ -10,6 +10,7 @@ from collage_core.model.precision import describe as describe_precision
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, WITHOUT_CUDA_GRAPHS
 from collage_core.outputs.flops import count_flops
 from collage_core.outputs.peak import throughput
+from collage_core.outputs.placement_file import described_search
 from collage_core.search.baselines import IN_TURNS, PREDICTED_PREFIX
 from collage_core.search.two_level import history_text
 
@@ -173,7 +174,7 @@ def render_report(optimized) -> str:
             rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
     sections = [
         f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
-        f"{placement.search} search"
+        f"{described_search(placement.search)}"
         + (f", convolutions in {placement.layout.upper()}" if placement.layout != MODEL else "")
         + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
         *[line for line in (headline(optimized.end_to_end), why_line(placement)) if line],
