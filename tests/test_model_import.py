@@ -158,7 +158,7 @@ def test_torch_module_with_example_inputs_imports_with_pytorch_as_reference():
     imported = load_model(module, example_inputs=(torch.randn(1, 3, 8, 8),))
     assert imported.source == "torch" and imported.name == "ConvReluLinear"
     assert imported.reference_name.startswith("pytorch")
-    assert imported.inputs == (TensorSpec("input0", (1, 3, 8, 8), "float32"),)
+    assert imported.inputs == (TensorSpec("x", (1, 3, 8, 8), "float32"),)  # forward(self, x)
     assert_canonical(imported)
     inputs = imported.random_inputs()
     with torch.no_grad():
@@ -170,6 +170,26 @@ def test_torch_module_with_example_inputs_imports_with_pytorch_as_reference():
 def test_torch_module_without_example_inputs_is_refused():
     with pytest.raises(ModelImportError, match="needs example_inputs"):
         load_model(ConvReluLinear())
+
+
+def test_a_torch_modules_inputs_are_named_after_forwards_parameters_in_the_model_and_its_library():
+    """model.inputs, the Relax function's parameters (and so a tar's executor configuration) and the run's errors
+    all say ``ids`` and ``scale``, as forward does."""
+
+    class Scaled(torch.nn.Module):
+        def forward(self, ids, scale):
+            return ids.float() * scale
+
+    imported = load_model(Scaled(), example_inputs=(torch.ones(1, 4, dtype=torch.int64), torch.ones(1, 4)))
+    assert [spec.name for spec in imported.inputs] == ["ids", "scale"]
+    assert [param.name for param in imported.mod["main"].params] == ["ids", "scale"]
+
+    class Starred(torch.nn.Module):
+        def forward(self, *args):
+            return args[0] + args[1]
+
+    imported = load_model(Starred(), example_inputs=(torch.ones(2), torch.ones(2)))
+    assert [spec.name for spec in imported.inputs] == ["input0", "input1"]
 
 
 def test_nested_or_other_example_inputs_are_refused_in_one_line_naming_the_item():

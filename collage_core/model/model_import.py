@@ -21,7 +21,7 @@ from collage_core.errors import CollageError, one_line
 from collage_core.model import import_cache, rewrites
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.precision import FP32, tolerance
-from collage_core.model.torch_outputs import Flattened, NotATensor, flatten
+from collage_core.model.torch_outputs import Flattened, NotATensor, flatten, forward_input_names
 from collage_core.model.verify import compare_outputs
 
 Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
@@ -306,7 +306,8 @@ def _in_eval_mode(module) -> Iterator[None]:
 
 
 def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> ImportedModel:
-    flattened = Flattened(module)
+    names = forward_input_names(module, len(example_inputs))
+    flattened = Flattened(module, names)
     try:
         with torch.no_grad():
             program = torch.export.export(flattened, example_inputs)
@@ -323,7 +324,7 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
     except Exception as error:
         verdict = _onnx_route_verdict(module, example_inputs, name)
         raise ModelImportError(f"PyTorch module {name}: export or import failed: {one_line(error)}; {verdict}") from None
-    inputs = tuple(TensorSpec(f"input{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(example_inputs))
+    inputs = tuple(TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in zip(names, example_inputs))
 
     def reference(arrays):
         with _in_eval_mode(module), torch.no_grad():

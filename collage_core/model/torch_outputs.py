@@ -14,7 +14,9 @@ can compare with the imported model's outputs: :class:`NotATensor`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
+from typing import Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -26,6 +28,15 @@ class NotATensor(Exception):
     def __init__(self, name: str, value):
         super().__init__(f"{name} is not a tensor (type {type(value).__name__})")
         self.name = name
+
+
+def forward_input_names(module, count: int) -> list[str]:
+    """The names of ``module.forward``'s first ``count`` parameters (``input0``, ``input1``, ... where it takes
+    fewer by name: ``*args``)."""
+    parameters = [
+        p.name for p in inspect.signature(module.forward).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return parameters[:count] if len(parameters) >= count else [f"input{index}" for index in range(count)]
 
 
 def flatten(returned) -> list[tuple[str, torch.Tensor]]:
@@ -51,11 +62,20 @@ class Flattened(torch.nn.Module):
     """``module`` returning its tensors as :func:`flatten` orders them: what ``torch.export`` is given.
     ``last.names`` says where each came from, as of the last call."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, input_names: Sequence[str] = ()):
         super().__init__()
         self.module = module
         # torch.export puts a module's list attributes back as they were once it has traced; an object's it leaves.
         self.last = types.SimpleNamespace(names=())
+        if input_names:  # torch.export names the program's inputs, and so the library's, after forward's parameters
+
+            def forward(*args):
+                return Flattened.forward(self, *args)
+
+            forward.__signature__ = inspect.Signature(
+                [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in input_names]
+            )
+            self.forward = forward
 
     def forward(self, *args):
         named = flatten(self.module(*args))

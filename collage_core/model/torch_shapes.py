@@ -12,7 +12,6 @@ shapes then run as for an ONNX file, ONNX Runtime on the export being the refere
 
 from __future__ import annotations
 
-import inspect
 import io
 import warnings
 from typing import Any, Sequence
@@ -21,7 +20,7 @@ import numpy as np
 
 from collage_core.errors import one_line
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
-from collage_core.model.torch_outputs import Flattened
+from collage_core.model.torch_outputs import Flattened, forward_input_names
 from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL
 
 # The ONNX opset of the export, as the ONNX route of a single shape uses.
@@ -38,7 +37,7 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
     name = type(module).__name__
     if example_inputs is None or not all(isinstance(x, torch.Tensor) for x in example_inputs):
         raise ShapeProfileError(f"PyTorch module {name}: shapes need example_inputs, a tuple of tensors (one per input of forward)")
-    names = _input_names(module, len(example_inputs))
+    names = forward_input_names(module, len(example_inputs))
     free = [SymbolicInput(n, tuple(f"{n}.{axis}" for axis in range(x.dim())), _dtype(x)) for n, x in zip(names, example_inputs)]
     try:
         profiles = parse_shapes(text, free)
@@ -85,14 +84,6 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
     proto.graph.name = name
     _check_export(flat, proto, names, profiles, example_inputs, name)
     return proto
-
-
-def _input_names(module, count: int) -> list[str]:
-    """The names of ``forward``'s first ``count`` parameters."""
-    parameters = [
-        p.name for p in inspect.signature(module.forward).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    return parameters[:count] if len(parameters) >= count else [f"input{index}" for index in range(count)]
 
 
 def _dtype(tensor) -> str:
