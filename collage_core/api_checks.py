@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -182,8 +183,9 @@ def _inputs_problem(value: Any) -> str:
         return ""
     if not isinstance(value, (list, tuple)):
         return f"must be a tuple of tensors, not {_shown(value)}"
-    for index, item in enumerate(value):
-        if not (hasattr(item, "shape") and hasattr(item, "dtype")):  # a tensor, or an array
+    torch = sys.modules.get("torch")  # not loaded: the model is no PyTorch module, and reads no example inputs
+    for index, item in enumerate(value if torch is not None else ()):
+        if not isinstance(item, torch.Tensor):
             return (
                 f"must be a tuple of tensors, one per argument of forward: item {index} is {_shown(item)} (a forward that "
                 "takes nested or other arguments can be wrapped in a module whose forward takes tensors one by one)"

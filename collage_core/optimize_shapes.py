@@ -60,8 +60,6 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
     dispatch = ShapeDispatch(tuple(inputs), tuple(profiles), tuple(entry_function(i) for i in range(len(profiles))), padding)
     original = OriginalModel.from_bytes(ONNX, data)
     with output_folder.for_run(options.output_dir) as folder:
-        if folder.kept and isinstance(model, (str, os.PathLike)):
-            output_folder.record_model_file(folder.path, model)
         results = []
         for index, profile in enumerate(profiles):
             say(f"shape {index + 1} of {len(profiles)}: {profile.label}")
@@ -101,7 +99,7 @@ def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Call
         for check in checks:
             if not check.verification.passed:
                 say(f"numerics FAILED at {check.label}: {check.verification.describe()}")
-        return kept_profiles(profiled, folder.kept, folder.path)
+        return kept_profiles(profiled, folder.kept, folder.path, model if isinstance(model, (str, os.PathLike)) else None)
 
 
 def recorded_shapes(placements_file) -> str:

@@ -95,11 +95,11 @@ def optimize(
         options = attrs.evolve(options, target=remote.target)
     with output_folder.for_run(options.output_dir) as folder:
         imported = import_model(model, example_inputs, options, say)
-        if folder.kept and isinstance(model, (str, os.PathLike)):
-            before = output_folder.recorded_model_file(folder.path)
-            output_folder.record_model_file(folder.path, model)
-            if before is not None and before != os.path.realpath(model):
-                say(f"{folder.path} holds the outputs of another model file, {before}: this run's replace them")
+        # The folder records the model file its outputs come from once they are saved (kept), beside them.
+        model_file = model if folder.kept and isinstance(model, (str, os.PathLike)) else None
+        before = output_folder.recorded_model_file(folder.path) if model_file is not None else None
+        if before is not None and before != os.path.realpath(model_file):
+            say(f"{folder.path} holds the outputs of another model file, {before}: this run's replace them")
         pm = get_plugin_manager()
         backends = backends_for(pm, options.backends, imported.target)
         if remote is not None:
@@ -142,10 +142,11 @@ def optimize(
                     searched_placement=previous.searched_placement,
                 ),
                 folder,
+                model_file=model_file,
             )
 
-        # Built in the scratch and moved into the folder at the end (kept), with placement.json: the library in the
-        # folder is always the one its placement.json describes, whenever the run is killed.
+        # Built in the scratch and moved into the folder at the end (kept), then placement.json within milliseconds: a run
+        # stopped before it saves leaves the folder's library with the placement.json that describes it.
         building = folder.scratch / "library" / library.name if folder.kept else library
         building.parent.mkdir(exist_ok=True)
         finished = build_stage.build_and_compare(job, placed, options, search, imported.replayed, building, folder, held.fit, clock)
@@ -169,6 +170,7 @@ def optimize(
             ),
             folder,
             finish,
+            model_file,
         )
 
 

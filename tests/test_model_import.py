@@ -190,6 +190,9 @@ def test_a_torch_modules_inputs_are_named_after_forwards_parameters_in_the_model
 
     imported = load_model(Starred(), example_inputs=(torch.ones(2), torch.ones(2)))
     assert [spec.name for spec in imported.inputs] == ["input0", "input1"]
+    traced = torch.jit.trace(Scaled(), (torch.ones(1, 4, dtype=torch.int64), torch.ones(1, 4)))  # no signature to read
+    imported = load_model(traced, example_inputs=(torch.ones(1, 4, dtype=torch.int64), torch.ones(1, 4)))
+    assert [spec.name for spec in imported.inputs] == ["input0", "input1"]
 
 
 def test_nested_or_other_example_inputs_are_refused_in_one_line_naming_the_item():
@@ -197,7 +200,13 @@ def test_nested_or_other_example_inputs_are_refused_in_one_line_naming_the_item(
     from collage_core.api_checks import ArgumentError
 
     x = torch.randn(1, 3, 8, 8)
-    for inputs, shown in [((x, (x, x)), "item 1 is tuple"), ((x, {"y": x}), "item 1 is dict"), ((3,), "item 0 is 3")]:
+    cases = [
+        ((x, (x, x)), "item 1 is tuple"),
+        ((x, {"y": x}), "item 1 is dict"),
+        ((3,), "item 0 is 3"),
+        ((x.numpy(),), "item 0 is ndarray"),
+    ]
+    for inputs, shown in cases:
         with pytest.raises(ArgumentError, match=f"example_inputs must be a tuple of tensors, one per argument of forward: {shown}"):
             collage_core.optimize(ConvReluLinear(), example_inputs=inputs, backends=["tvm"])
 

@@ -135,7 +135,7 @@ def test_placement_file_replays_the_same_executable(optimized, workspace, caplog
 
 
 def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_that_models(optimized, workspace, caplog):
-    """Same operators, other shapes or weights (a module replayed at another batch): the replay runs, and says that the
+    """Same operators, another fingerprint (a module replayed at another batch): the replay runs, and says that the
     costs it carries were measured on the other model."""
     data = json.loads((workspace / "out" / "placement.json").read_text())
     data["model"]["fingerprint"] = "0123456789abcdef"
@@ -145,8 +145,9 @@ def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_th
         collage_core.optimize(str(TINY_RESNET), placement=other, backends=["tvm"], compare_backends=False, show_progress=False)
     warned = [r.getMessage() for r in caplog.records if "another version" in r.getMessage()]
     assert warned == [
-        f"{other} was made for another version of this model (other shapes, weights or attributes: its fingerprint is "
-        f"0123456789abcdef, this model's {optimized.model.fingerprint}): its partitions' costs are that model's, not measured here"
+        f"{other} was made for another version of this model (its fingerprint is 0123456789abcdef, this model's "
+        f"{optimized.model.fingerprint}: other shapes or attributes, or another file): its partitions' costs are that model's, "
+        "not measured here"
     ]
 
 

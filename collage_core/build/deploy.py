@@ -88,20 +88,29 @@ def carried_dir(library: os.PathLike) -> Path:
     return library.with_name(library.name + ".libs")
 
 
-def remove_other_libraries(directory: os.PathLike, kept: os.PathLike) -> list[str]:
-    """Remove from ``directory`` the libraries a run wrote there other than ``kept`` (a ``.so`` with its runtime
-    file beside it, and the native libraries it carries): another model's, whose placement.json this run replaced.
-    Gives their names."""
-    removed = []
-    for record in sorted(Path(directory).glob("*.so.runtime.json")):
-        library = record.with_name(record.name.removesuffix(".runtime.json"))
-        if library.name == Path(kept).name:
-            continue
-        library.unlink(missing_ok=True)
-        record.unlink(missing_ok=True)
-        shutil.rmtree(carried_dir(library), ignore_errors=True)
-        removed.append(library.name)
-    return removed
+def replaced_library(directory: os.PathLike) -> Optional[Path]:
+    """The library of the run whose ``results.json`` ``directory`` holds, which a run saving its own there replaces
+    (None when it holds none, or the record cannot be read)."""
+    try:
+        name = json.loads((Path(directory) / "results.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return output_folder.library_file(directory, name) if isinstance(name, str) else None
+
+
+def remove_replaced_library(replaced: Optional[Path], kept: os.PathLike) -> None:
+    """Remove ``replaced`` (see :func:`replaced_library`) with its runtime file and the native libraries it carries,
+    when it is another library than ``kept``: another model's, whose placement and report the run saving ``kept``
+    replaced. What cannot be removed is left, with a warning: the run itself is saved."""
+    if replaced is None or replaced.name == Path(kept).name or not runtime_file(replaced).exists():
+        return
+    try:
+        replaced.unlink(missing_ok=True)
+        runtime_file(replaced).unlink(missing_ok=True)
+        if carried_dir(replaced).exists():
+            shutil.rmtree(carried_dir(replaced))
+    except OSError as error:
+        log.warning("%s, the library of the outputs this run replaced, could not be removed: %s", replaced, error)
 
 
 def write_runtime_file(

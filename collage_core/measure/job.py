@@ -114,8 +114,8 @@ class Job:
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
         if placement.model_fingerprint != self.imported.fingerprint:
             log.warning(
-                "%s was made for another version of this model (other shapes, weights or attributes: its fingerprint is %s, "
-                "this model's %s): its partitions' costs are that model's, not measured here",
+                "%s was made for another version of this model (its fingerprint is %s, this model's %s: other shapes or "
+                "attributes, or another file): its partitions' costs are that model's, not measured here",
                 path,
                 placement.model_fingerprint,
                 self.imported.fingerprint,

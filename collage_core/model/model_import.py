@@ -332,6 +332,9 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
         return [tensor.detach().numpy() for _, tensor in flatten(returned)]
 
     canonical = canonicalize(mod, f"PyTorch module {name}")
+    params = canonical["main"].params
+    if len(params) == len(inputs):  # as the library names them (the importer makes names of other letters identifiers)
+        inputs = tuple(attrs.evolve(spec, name=param.name) for spec, param in zip(inputs, params))
     return ImportedModel(
         name=name,
         source="torch",

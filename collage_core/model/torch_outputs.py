@@ -32,10 +32,12 @@ class NotATensor(Exception):
 
 def forward_input_names(module, count: int) -> list[str]:
     """The names of ``module.forward``'s first ``count`` parameters (``input0``, ``input1``, ... where it takes
-    fewer by name: ``*args``)."""
-    parameters = [
-        p.name for p in inspect.signature(module.forward).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    fewer by name, ``*args``, or has no signature to read, a traced module's)."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (ValueError, TypeError):  # a traced module's ScriptMethod, a builtin: no signature to read
+        return [f"input{index}" for index in range(count)]
+    parameters = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return parameters[:count] if len(parameters) >= count else [f"input{index}" for index in range(count)]
 
 

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import copy_library, load_library, remove_other_libraries
+from collage_core.build.deploy import copy_library, load_library, remove_replaced_library, replaced_library
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
@@ -166,11 +166,15 @@ def render_profiles_report(profiled: ProfiledModel) -> str:
     return "\n".join(lines)
 
 
-def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path) -> ProfiledModel:
-    """``profiled`` saved in the caller's folder, or its temporary folder removed with it."""
+def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path, model_file: Optional[os.PathLike] = None) -> ProfiledModel:
+    """``profiled`` saved in the caller's folder (with the record of ``model_file``, as
+    :func:`~collage_core.outputs.result.kept` keeps it), or its temporary folder removed with it."""
     if kept:
+        replaced = replaced_library(folder)  # another model's, when this folder held its outputs
         profiled.save(folder)
-        remove_other_libraries(folder, output_folder.library_file(folder, profiled.name))  # another model's, run here before
+        if model_file is not None:
+            output_folder.record_model_file(folder, model_file)
+        remove_replaced_library(replaced, output_folder.library_file(folder, profiled.name))
     else:
         weakref.finalize(profiled, shutil.rmtree, str(folder), True)
     return profiled

@@ -14,7 +14,7 @@ import numpy as np
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import copy_library, load_library, remove_other_libraries
+from collage_core.build.deploy import copy_library, load_library, remove_replaced_library, replaced_library
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
@@ -172,11 +172,15 @@ class OptimizedModel:
         }
 
 
-def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKey] = None) -> OptimizedModel:
+def kept(
+    optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKey] = None, model_file: Optional[os.PathLike] = None
+) -> OptimizedModel:
     """``optimized``, saved in the run's folder when it is the caller's (with ``finish``, the run's end
-    too, for a rerun from the same searched placement to reuse); a temporary folder, which holds the
+    too, for a rerun from the same searched placement to reuse; with ``model_file``, the record of the file it came
+    from, :func:`~collage_core.outputs.output_folder.record_model_file`); a temporary folder, which holds the
     library, is removed with the result instead."""
     if folder.kept:
+        replaced = replaced_library(folder.path)  # another model's, when this folder held its outputs
         # Built in the run's scratch (see optimize): moved into place now, with the files that describe it, so
         # that a run killed before its end leaves the run before's library with its placement.json.
         library = output_folder.library_file(folder.path, optimized.model.name)
@@ -184,7 +188,9 @@ def kept(optimized: OptimizedModel, folder: RunFolder, finish: Optional[FinishKe
             copy_library(optimized.library_path, library, move=True)
             optimized.library_path = library
         optimized.save(folder.path)
-        remove_other_libraries(folder.path, library)  # another model's, run into this folder before
+        if model_file is not None:
+            output_folder.record_model_file(folder.path, model_file)
+        remove_replaced_library(replaced, library)
         if finish is not None:
             save_finished(
                 folder.path,

@@ -248,7 +248,7 @@ def test_a_run_stopped_after_building_its_library_leaves_the_run_befores_library
 
     out = tmp_path / "out"
     optimize_into(out, model, cost_db)
-    kept = ("relu.so", "relu.so.runtime.json", "placement.json", "report.txt")
+    kept = ("relu.so", "relu.so.runtime.json", "placement.json", "report.txt", ".collage-model")  # the record too
     before = {name: (out / name).read_bytes() for name in kept}
     wider = relu_model()  # another model of the same name: another library in the same file
     for value in (*wider.graph.input, *wider.graph.output):
@@ -354,10 +354,12 @@ def test_the_default_output_folder_stays_in_collage_out_whatever_the_model_file_
 
 def test_another_model_run_into_a_folder_says_so_and_leaves_no_library_of_the_first(model, cost_db, tmp_path, capsys):
     """-o naming the folder of another model's run: that run's placement, report and library are replaced, and its
-    library (another name) goes too, so that placement.json describes the one library in the folder."""
+    library (another name, which its results.json named) goes too; a library of the user's stays."""
     out = tmp_path / "out"
     optimize_into(out, model, cost_db)
     assert {"relu.so", "relu.so.runtime.json"} <= names_in(out)
+    for name in ("mine.so", "mine.so.runtime.json"):  # a library of the user's, which no results.json there names
+        (out / name).write_text(name)
     other = tmp_path / "other" / "sigmoid.onnx"
     other.parent.mkdir()
     proto = relu_model("sigmoid")
@@ -369,7 +371,7 @@ def test_another_model_run_into_a_folder_says_so_and_leaves_no_library_of_the_fi
     )
     said = capsys.readouterr().err
     assert f"{out} holds the outputs of another model file, {model}: this run's replace them" in said
-    assert names_in(out) == {name.replace("relu", "sigmoid") for name in FINISHED}
+    assert names_in(out) == {name.replace("relu", "sigmoid") for name in FINISHED} | {"mine.so", "mine.so.runtime.json"}
     assert json.loads((out / "placement.json").read_text())["model"]["name"] == "sigmoid"
     np.testing.assert_allclose(result.run(np.zeros((1, 8), np.float32))[0], np.full((1, 8), 0.5, np.float32), rtol=1e-6)
 
