@@ -219,7 +219,7 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
     gives the run's scratch folder inside it, removed when the block ends, however it ends.
 
     ``made`` is the outermost folder the run made for ``directory`` (itself or a parent); if the block
-    fails and nothing but folders, the lock and the model file's record is in it, it is removed, while the folder is still
+    fails and nothing but folders and the lock is in it, it is removed, while the folder is still
     held: a run that fails before writing anything (a model that does not exist) leaves no folder
     behind. A run refused because the folder is in use removes nothing."""
     directory = Path(directory)
@@ -234,8 +234,7 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
         finally:
             # With the scratch, what a worker stopped midway (by an interrupt, a failure) left half written.
             _remove_leftovers(directory)
-            bookkeeping = (LOCK_FILE, MODEL_FILE_RECORD)
-            if failed and made is not None and all(path.is_dir() or path.name in bookkeeping for path in Path(made).rglob("*")):
+            if failed and made is not None and all(path.is_dir() or path.name == LOCK_FILE for path in Path(made).rglob("*")):
                 shutil.rmtree(made, ignore_errors=True)
 
 
