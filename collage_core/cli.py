@@ -328,7 +328,7 @@ def _optimize(args) -> int:
     output = Path(options.output_dir) if options.output_dir else default_output(args.model)
     if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are
-    taken = output_folder.DEFAULT_ROOT / output_folder.safe_file_name(Path(args.model).stem)
+    taken = output_folder.named_for(args.model)
     if not options.output_dir and output.parts[:2] != taken.parts:  # another model file of this name has the plain folder
         print(f"{taken} holds the outputs of {output_folder.recorded_model_file(taken)}: writing to {output}", file=sys.stderr)
     result = optimizer.optimize(args.model, options=attrs.evolve(options, output_dir=output))

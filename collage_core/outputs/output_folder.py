@@ -122,13 +122,19 @@ def safe_file_name(name: str, default: str = DEFAULT_NAME) -> str:
     return cleaned or default
 
 
+def named_for(model_file: os.PathLike, root: os.PathLike = DEFAULT_ROOT) -> Path:
+    """``root/<the model file's name>``, that name as a safe file name (:func:`safe_file_name`): the folder
+    :func:`default_for` gives unless another file of the name holds it."""
+    return Path(root) / safe_file_name(Path(model_file).stem)
+
+
 def default_for(model_file: os.PathLike, root: os.PathLike = DEFAULT_ROOT) -> Path:
     """The folder a run from ``model_file`` writes when given none: ``root/<the file's name>`` (a safe file
     name: :func:`safe_file_name`), unless that folder holds the outputs of another model file that still
     exists, when it is ``root/<the file's name>-<a digest of the file's path>``: ``a/model.onnx`` and
     ``b/model.onnx`` keep their outputs apart, and each keeps its own folder run after run."""
     source = os.path.realpath(model_file)
-    folder = Path(root) / safe_file_name(Path(model_file).stem)
+    folder = named_for(model_file, root)
     other = recorded_model_file(folder)
     if other is None or other == source or not os.path.exists(other):
         return folder
