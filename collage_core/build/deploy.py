@@ -22,6 +22,7 @@ the ones the library was built with.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import hashlib
@@ -30,7 +31,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 import tvm
 
@@ -88,21 +89,18 @@ def carried_dir(library: os.PathLike) -> Path:
     return library.with_name(library.name + ".libs")
 
 
-def replaced_library(directory: os.PathLike) -> Optional[Path]:
-    """The library of the run whose ``results.json`` ``directory`` holds, which a run saving its own there replaces
-    (None when it holds none, or the record cannot be read)."""
-    try:
-        name = json.loads((Path(directory) / "results.json").read_text())["model"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return output_folder.library_file(directory, name) if isinstance(name, str) else None
-
-
-def remove_replaced_library(replaced: Optional[Path], kept: os.PathLike) -> None:
-    """Remove ``replaced`` (see :func:`replaced_library`) with its runtime file and the native libraries it carries,
-    when it is another library than ``kept``: another model's, whose placement and report the run saving ``kept``
-    replaced. What cannot be removed is left, with a warning: the run itself is saved."""
-    if replaced is None or replaced.name == Path(kept).name or not runtime_file(replaced).exists():
+@contextlib.contextmanager
+def replacing_outputs(directory: os.PathLike, library: os.PathLike, model_file: Optional[os.PathLike] = None) -> Iterator[None]:
+    """For a block that saves a run's outputs, ``library`` among them, in ``directory``: once it has, the record of
+    ``model_file`` is kept beside them (:func:`~collage_core.outputs.output_folder.record_model_file`), and the
+    library of the outputs they replaced, another model's (the one the ``results.json`` before named), is removed
+    with its runtime file and the native libraries it carries. What cannot be removed is left, with a warning: the
+    run itself is saved. Nothing of this happens when the block raises."""
+    replaced = _replaced_library(directory)
+    yield
+    if model_file is not None:
+        output_folder.record_model_file(directory, model_file)
+    if replaced is None or replaced.name == Path(library).name or not runtime_file(replaced).exists():
         return
     try:
         replaced.unlink(missing_ok=True)
@@ -111,6 +109,16 @@ def remove_replaced_library(replaced: Optional[Path], kept: os.PathLike) -> None
             shutil.rmtree(carried_dir(replaced))
     except OSError as error:
         log.warning("%s, the library of the outputs this run replaced, could not be removed: %s", replaced, error)
+
+
+def _replaced_library(directory: os.PathLike) -> Optional[Path]:
+    """The library of the run whose ``results.json`` ``directory`` holds (None when it holds none, or the record
+    cannot be read)."""
+    try:
+        name = json.loads((Path(directory) / "results.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return output_folder.library_file(directory, name) if isinstance(name, str) else None
 
 
 def write_runtime_file(

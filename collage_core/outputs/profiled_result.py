@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import copy_library, load_library, remove_replaced_library, replaced_library
+from collage_core.build.deploy import copy_library, load_library, replacing_outputs
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
@@ -170,11 +170,8 @@ def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path, model_file:
     """``profiled`` saved in the caller's folder (with the record of ``model_file``, as
     :func:`~collage_core.outputs.result.kept` keeps it), or its temporary folder removed with it."""
     if kept:
-        replaced = replaced_library(folder)  # another model's, when this folder held its outputs
-        profiled.save(folder)
-        if model_file is not None:
-            output_folder.record_model_file(folder, model_file)
-        remove_replaced_library(replaced, output_folder.library_file(folder, profiled.name))
+        with replacing_outputs(folder, output_folder.library_file(folder, profiled.name), model_file):
+            profiled.save(folder)
     else:
         weakref.finalize(profiled, shutil.rmtree, str(folder), True)
     return profiled

@@ -14,7 +14,7 @@ import numpy as np
 from tvm import relax
 
 from collage_core import tvm_compat
-from collage_core.build.deploy import copy_library, load_library, remove_replaced_library, replaced_library
+from collage_core.build.deploy import copy_library, load_library, replacing_outputs
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
@@ -180,17 +180,14 @@ def kept(
     from, :func:`~collage_core.outputs.output_folder.record_model_file`); a temporary folder, which holds the
     library, is removed with the result instead."""
     if folder.kept:
-        replaced = replaced_library(folder.path)  # another model's, when this folder held its outputs
-        # Built in the run's scratch (see optimize): moved into place now, with the files that describe it, so
-        # that a run killed before its end leaves the run before's library with its placement.json.
         library = output_folder.library_file(folder.path, optimized.model.name)
-        if optimized.library_path.resolve() != library.resolve():
-            copy_library(optimized.library_path, library, move=True)
-            optimized.library_path = library
-        optimized.save(folder.path)
-        if model_file is not None:
-            output_folder.record_model_file(folder.path, model_file)
-        remove_replaced_library(replaced, library)
+        with replacing_outputs(folder.path, library, model_file):
+            # Built in the run's scratch (see optimize): moved into place now, with the files that describe it, so
+            # that a run killed before its end leaves the run before's library with its placement.json.
+            if optimized.library_path.resolve() != library.resolve():
+                copy_library(optimized.library_path, library, move=True)
+                optimized.library_path = library
+            optimized.save(folder.path)
         if finish is not None:
             save_finished(
                 folder.path,
