@@ -324,7 +324,6 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
     except Exception as error:
         verdict = _onnx_route_verdict(module, example_inputs, name)
         raise ModelImportError(f"PyTorch module {name}: export or import failed: {one_line(error)}; {verdict}") from None
-    inputs = tuple(TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in zip(names, example_inputs))
 
     def reference(arrays):
         with _in_eval_mode(module), torch.no_grad():
@@ -333,8 +332,11 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
 
     canonical = canonicalize(mod, f"PyTorch module {name}")
     params = canonical["main"].params
-    if len(params) == len(inputs):  # as the library names them (the importer makes names of other letters identifiers)
-        inputs = tuple(attrs.evolve(spec, name=param.name) for spec, param in zip(inputs, params))
+    if len(params) == len(example_inputs):  # as the library names them (the importer makes names of other letters identifiers)
+        names = [param.name for param in params]
+    inputs = tuple(
+        TensorSpec(input_name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for input_name, t in zip(names, example_inputs)
+    )
     return ImportedModel(
         name=name,
         source="torch",
