@@ -27,7 +27,12 @@ def reraise_interrupt(error: BaseException) -> None:
         raise interrupt
 
 
+def last_line(text: str) -> str:
+    """The last line of ``text`` that holds anything (where tracebacks and build errors put what went wrong)."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def one_line(error: BaseException) -> str:
     """An error in one line: its type and the last line of its message (where tracebacks put what went wrong)."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}".strip()
+    return f"{type(error).__name__}: {last_line(str(error))}".strip()

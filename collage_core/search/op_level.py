@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import attrs
 
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, last_line
 from collage_core.records import Candidate, Cost
 from collage_core.search.graph import OpGraph
 
@@ -138,7 +138,7 @@ def _raise_for_uncovered_operator(
         return
     node = _lowest_bit(uncovered)
     covering = sorted({c for c in candidates if node in c.nodes}, key=lambda c: (c.sort_key, c.key))
-    reasons = [f"{c.key}: {_last_line(costs[c.key].reason)}" for c in covering if c.key in costs and costs[c.key].reason]
+    reasons = [f"{c.key}: {last_line(costs[c.key].reason).strip()}" for c in covering if c.key in costs and costs[c.key].reason]
     why = (
         "no candidate covers it"
         if not covering
@@ -146,12 +146,6 @@ def _raise_for_uncovered_operator(
         + (f"; {reasons[0]}" if reasons else "")
     )
     raise NoPlacementError(f"no valid candidate covers operator {node} ({graph.ops[node]}): {why}")
-
-
-def _last_line(text: str) -> str:
-    """The last line of a multi-line reason (where a build error says what went wrong)."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def _steps_by_operator(graph: OpGraph, steps: Sequence[_Step]) -> tuple[tuple[_Step, ...], ...]:
