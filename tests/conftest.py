@@ -28,6 +28,17 @@ def tvm_only_run(tmp_path) -> dict:
     )
 
 
+@pytest.fixture(scope="module")
+def tiny_bert_on_tvm(tmp_path_factory):
+    """tiny BERT placed op-level on TVM without measuring and replayed (built, verified, run end to end once), with
+    the folder its placement file is in: a built model with an integer input, for tests of what its run takes."""
+    from test_mlf import op_level, placement_file, replayed
+
+    model = Path(__file__).resolve().parents[1] / "models" / "tiny_bert.onnx"
+    folder = tmp_path_factory.mktemp("bert")
+    return replayed(placement_file(folder / "placement.json", op_level("tvm", "tvm"), model=model), model=model), folder
+
+
 @pytest.fixture
 def runtime_only_env() -> dict:
     """The environment of a process with TVM's runtime alone (no compiler) and no C++ compiler either."""

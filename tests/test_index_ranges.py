@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
-from test_mlf import op_level, placement_file, replayed
 from tvm import relax
 
 from collage_core.model.model_import import load_model
@@ -63,14 +62,8 @@ def test_a_call_outside_the_range_is_refused_in_one_line_naming_the_input_the_va
     assert message.startswith("input input_ids: 1000 at [0, 2] is outside [-1000, 1000)") and "nothing was run" in message
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    return replayed(placement_file(folder / "placement.json", op_level("tvm", "tvm"), model=BERT), model=BERT), folder
-
-
-def test_the_library_refuses_a_token_id_past_the_vocabulary_and_runs_the_ones_onnx_runtime_takes(bert):
-    result, _ = bert
+def test_the_library_refuses_a_token_id_past_the_vocabulary_and_runs_the_ones_onnx_runtime_takes(tiny_bert_on_tvm):
+    result, _ = tiny_bert_on_tvm
     session = onnxruntime.InferenceSession(str(BERT), providers=["CPUExecutionProvider"])
     ids = np.arange(-8, 8, dtype=np.int64).reshape(1, 16) * 124  # -992 ... 868, negatives from the end
     expected = session.run(None, {"input_ids": ids})[0]
@@ -83,8 +76,8 @@ def test_the_library_refuses_a_token_id_past_the_vocabulary_and_runs_the_ones_on
         session.run(None, {"input_ids": far})
 
 
-def test_a_loaded_tar_carries_the_ranges_and_refuses_the_same_call(bert):
-    result, folder = bert
+def test_a_loaded_tar_carries_the_ranges_and_refuses_the_same_call(tiny_bert_on_tvm):
+    result, folder = tiny_bert_on_tvm
     loaded = load_mlf(export_mlf(result, folder / "bert.tar"), folder / "unpacked")
     assert loaded.executor_config["input_ranges"] == [{"input": 0, "name": "input_ids", "low": -1000, "high": 1000}]
     ids = np.ones((1, 16), np.int64)

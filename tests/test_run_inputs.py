@@ -4,18 +4,13 @@ a loaded Model Library Format tar. TVM's virtual machine would refuse them deep 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from test_mlf import op_level, placement_file, replayed
 
 from collage_core.errors import CollageError
 from collage_core.outputs.mlf import load_mlf
 from collage_core.outputs.mlf_export import export_mlf
 from collage_core.outputs.run_inputs import Expected, InputMismatch, checked_inputs
-
-BERT = Path(__file__).resolve().parents[1] / "models" / "tiny_bert.onnx"  # input_ids: int64 1x16
 
 
 def test_the_first_input_that_is_not_what_the_model_takes_is_named_and_nothing_is_cast():
@@ -38,14 +33,8 @@ def test_the_first_input_that_is_not_what_the_model_takes_is_named_and_nothing_i
         assert isinstance(refused.value, CollageError)
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    return replayed(placement_file(folder / "placement.json", op_level("tvm", "tvm"), model=BERT), model=BERT), folder
-
-
-def test_the_library_and_its_tar_refuse_inputs_of_another_number_type_or_shape_and_run_the_right_ones(bert):
-    result, folder = bert
+def test_the_library_and_its_tar_refuse_inputs_of_another_number_type_or_shape_and_run_the_right_ones(tiny_bert_on_tvm):
+    result, folder = tiny_bert_on_tvm
     loaded = load_mlf(export_mlf(result, folder / "bert.tar"), folder / "unpacked")
     ids = np.arange(16, dtype=np.int64).reshape(1, 16)
     np.testing.assert_allclose(loaded.run(ids)[0], result.run(ids)[0], rtol=1e-5, atol=1e-6)
