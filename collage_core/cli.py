@@ -225,6 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--no-compare", dest="compare_backends", action="store_const", const=False, help=f"do not {compare_help}")
     _option(optimize, "cost_db", "--cost-db", metavar="FILE")
     _option(optimize, "remeasure_invalid", "--remeasure-invalid")
+    _option(optimize, "remeasure_held_up", "--remeasure-held-up")
     _option(optimize, "search", "--search")
     _option(optimize, "two_level.budget_s", "--budget", metavar="S")
     _option(optimize, "two_level.population", "--population", metavar="N")

@@ -61,7 +61,9 @@ def optimize(
     placement's measured error (largest |out - ref| over largest |ref|) is within the budget, and the
     outputs are verified against the budget (see :mod:`collage_core.model.accuracy_budget`; ``accuracy_blocks``
     is how many blocks the units are probed in). With ``remeasure_invalid``, every candidate and placement
-    whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read.
+    whose stored cost is invalid (a build error, a crash, a hang) is measured again instead of read; with
+    ``remeasure_held_up``, every one timed while other processes held its threads up (see
+    :mod:`collage_core.measure.processor_wait`).
     With ``rpc_tracker`` (``"HOST:PORT"``) and ``rpc_key``, candidates and placements are built here for the CPU of
     the servers registered under that key (``target``, or read from a server) and timed and verified on them, every
     free one at once (see :mod:`collage_core.measure.remote`); backends whose partitions call Python at run time are

@@ -153,6 +153,12 @@ class OptimizeOptions:
         "cost is invalid (a build error, a crash, a hang) instead of reading it; "
         "transient failures are measured again anyway",
     )
+    remeasure_held_up: bool = described(
+        False,
+        BOOLEAN,
+        "measure again every candidate and placement whose stored cost was timed while other processes kept its "
+        "threads waiting for a processor (held up: it may be too high) instead of reading it",
+    )
     rpc_tracker: Optional[str] = described(
         None,
         RPC_TRACKER.or_none(),

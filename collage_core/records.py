@@ -106,6 +106,10 @@ class Cost:
 
     ``invalid``: the backend cannot run the candidate (build error, crash, timeout); infinite.
     ``unknown``: not measured yet. Only ``measured`` costs carry numbers (seconds).
+
+    ``held_up_share``: a measured cost timed while other processes kept the processors busy carries the
+    share of its timing that its threads spent waiting for one (see :mod:`collage_core.measure.processor_wait`);
+    it may be too high. 0.0 for one timed on a machine that let it run.
     """
 
     kind: str = attrs.field(validator=attrs.validators.in_((MEASURED, INVALID, UNKNOWN)))
@@ -113,10 +117,20 @@ class Cost:
     spread_s: float = math.inf
     repeats: int = 0
     reason: str = ""
+    held_up_share: float = 0.0
 
     @classmethod
-    def measured(cls, median_s: float, spread_s: float, repeats: int) -> "Cost":
-        return cls(MEASURED, float(median_s), float(spread_s), int(repeats))
+    def measured(cls, median_s: float, spread_s: float, repeats: int, held_up_share: float = 0.0) -> "Cost":
+        return cls(MEASURED, float(median_s), float(spread_s), int(repeats), held_up_share=float(held_up_share))
+
+    @property
+    def held_up(self) -> bool:
+        """Whether this cost was timed while other processes kept its threads waiting for a processor."""
+        return self.held_up_share > 0.0
+
+    def with_held_up_share(self, share: float) -> "Cost":
+        """This cost marked as timed while its threads waited ``share`` of the time (measured costs only)."""
+        return attrs.evolve(self, held_up_share=float(share)) if self.is_measured else self
 
     @classmethod
     def invalid(cls, reason: str) -> "Cost":
@@ -137,13 +151,14 @@ class Cost:
 
     def to_json(self) -> dict:
         if self.is_measured:
-            return {"kind": self.kind, "median_s": self.median_s, "spread_s": self.spread_s, "repeats": self.repeats}
+            held_up = {"held_up_share": self.held_up_share} if self.held_up else {}
+            return {"kind": self.kind, "median_s": self.median_s, "spread_s": self.spread_s, "repeats": self.repeats, **held_up}
         return {"kind": self.kind, "reason": self.reason}
 
     @classmethod
     def from_json(cls, data: dict) -> "Cost":
         if data["kind"] == MEASURED:
-            return cls.measured(data["median_s"], data["spread_s"], data["repeats"])
+            return cls.measured(data["median_s"], data["spread_s"], data["repeats"], data.get("held_up_share", 0.0))
         return cls(data["kind"], reason=data.get("reason", ""))
 
 

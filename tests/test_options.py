@@ -32,6 +32,7 @@ OPTION_CASES = [
     (["--no-compare"], {"compare_backends": False}),
     (["--cost-db", "costs.sqlite"], {"cost_db": "costs.sqlite"}),
     (["--remeasure-invalid"], {"remeasure_invalid": True}),
+    (["--remeasure-held-up"], {"remeasure_held_up": True}),
     (["--search", "op-level"], {"search": "op-level"}),
     (["--budget", "30"], {"two_level.budget_s": 30.0}),
     (["--population", "4"], {"two_level.population": 4}),

@@ -305,7 +305,7 @@ def _costs_for_baselines(options: OptimizeOptions):
     a replayed placement measures its baselines afresh."""
     if options.placement is not None:
         return contextlib.nullcontext()
-    return open_costs(options.cost_db, options.remeasure_invalid)
+    return open_costs(options.cost_db, options.remeasure_invalid, options.remeasure_held_up)
 
 
 def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines, may_replace: bool = True) -> Outcome:

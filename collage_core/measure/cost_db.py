@@ -138,7 +138,8 @@ class CostDatabase:
 
     Failures that were not the measured thing's doing (:func:`is_transient`) stored before this
     database was opened are not found: this run measures them again. With ``remeasure_invalid``,
-    neither is any invalid cost stored before.
+    neither is any invalid cost stored before; with ``remeasure_held_up``, any cost timed while other
+    processes held its threads up (:attr:`Cost.held_up`) stored before.
     """
 
     path: pathlib.Path
@@ -146,6 +147,7 @@ class CostDatabase:
     read_only: bool
     _connection: sqlite3.Connection = attrs.field(repr=False)
     remeasure_invalid: bool = False
+    remeasure_held_up: bool = False
     _opened_at: float = attrs.field(factory=time.time, repr=False)
     # Who claims candidates through this object: two runs in one process divide the work as well.
     _holder: str = attrs.field(factory=lambda: uuid.uuid4().hex, repr=False)
@@ -157,13 +159,18 @@ class CostDatabase:
 
     @classmethod
     def open(
-        cls, path: os.PathLike | str, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, remeasure_invalid: bool = False
+        cls,
+        path: os.PathLike | str,
+        *,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        remeasure_invalid: bool = False,
+        remeasure_held_up: bool = False,
     ) -> "CostDatabase":
         """Open the database at ``path``, creating it (and its directory) if it does not exist.
 
         ``busy_timeout_s`` is how long to wait for another process that holds the write lock.
         With ``remeasure_invalid``, invalid costs stored before now are not found, so they are
-        measured again. Never modifies a file that is not a Collage cost database of this schema
+        measured again; with ``remeasure_held_up``, neither are held-up ones. Never modifies a file that is not a Collage cost database of this schema
         version.
         """
         path = pathlib.Path(path).absolute()
@@ -175,7 +182,7 @@ class CostDatabase:
                 connection = sqlite3.connect(f"{copied.as_uri()}?mode=ro", uri=True, isolation_level=None)
             else:
                 connection = _connect(path, read_only, busy_timeout_s)
-        database = cls(path, busy_timeout_s, read_only, connection, remeasure_invalid, private_copy=private_copy)
+        database = cls(path, busy_timeout_s, read_only, connection, remeasure_invalid, remeasure_held_up, private_copy=private_copy)
         try:
             with database._reported("open"):
                 database._check_or_create_schema()
@@ -370,9 +377,12 @@ class CostDatabase:
 
     def _usable(self, cost: Cost, measured_at: float) -> bool:
         """Whether a stored cost is found: a failure stored before this database was opened is
-        measured again when it was transient, and any is with ``remeasure_invalid``."""
-        if cost.is_measured or measured_at >= self._opened_at:
+        measured again when it was transient, and any is with ``remeasure_invalid``; a held-up cost
+        with ``remeasure_held_up``."""
+        if measured_at >= self._opened_at:
             return True
+        if cost.is_measured:
+            return not (self.remeasure_held_up and cost.held_up)
         return not (self.remeasure_invalid or is_transient(cost))
 
     @contextlib.contextmanager
@@ -610,8 +620,27 @@ def _checked_storable(cost: Cost) -> Cost:
     return cost
 
 
+# A measured cost's reason column says "held up" when it was timed while other processes kept its threads waiting
+# for a processor (Cost.held_up_share); a Collage that does not know the word reads the cost as it is.
+HELD_UP_PREFIX = "held up: its threads waited for a processor, share"
+
+
 def _row_from_cost(cost: Cost) -> tuple:
-    return (cost.kind, cost.median_s, cost.spread_s, cost.repeats, cost.reason)
+    reason = f"{HELD_UP_PREFIX} {cost.held_up_share!r}" if cost.is_measured and cost.held_up else cost.reason
+    return (cost.kind, cost.median_s, cost.spread_s, cost.repeats, reason)
+
+
+def _held_up_share(reason: str) -> float:
+    """The share a measured cost's reason column records (see HELD_UP_PREFIX); 0.0 for any other reason."""
+    if not reason.startswith(HELD_UP_PREFIX):
+        return 0.0
+    try:
+        share = float(reason[len(HELD_UP_PREFIX) :])
+    except ValueError:
+        raise ValueError(f"reason {reason!r}") from None
+    if not math.isfinite(share) or share <= 0:
+        raise ValueError(f"reason {reason!r}")
+    return share
 
 
 def _cost_from_row(row: tuple) -> Cost:
@@ -623,12 +652,17 @@ def _cost_from_row(row: tuple) -> Cost:
     if isinstance(repeats, float) and not repeats.is_integer():
         raise ValueError(f"repeats {repeats!r} is not a count")
     cost = Cost(kind, median_s, spread_s, int(repeats), str(reason))
+    if cost.is_measured:
+        cost = Cost.measured(median_s, spread_s, int(repeats), _held_up_share(str(reason)))
     if median_s < 0 or spread_s < 0 or (cost.is_measured and not math.isfinite(median_s + spread_s)):
         raise ValueError(f"a {kind} cost of {median_s!r} s (spread {spread_s!r} s)")
     return cost
 
 
-def open_costs(path: Optional[os.PathLike], remeasure_invalid: bool = False) -> CostDatabase:
+def open_costs(path: Optional[os.PathLike], remeasure_invalid: bool = False, remeasure_held_up: bool = False) -> CostDatabase:
     """The cost database at ``path`` (default: :func:`default_cost_db_path`); with ``remeasure_invalid``, the
-    invalid costs stored before it is opened are not read, so they are measured again."""
-    return CostDatabase.open(path if path else default_cost_db_path(), remeasure_invalid=remeasure_invalid)
+    invalid costs stored before it is opened are not read, so they are measured again; with ``remeasure_held_up``,
+    the held-up ones (:attr:`collage_core.records.Cost.held_up`)."""
+    return CostDatabase.open(
+        path if path else default_cost_db_path(), remeasure_invalid=remeasure_invalid, remeasure_held_up=remeasure_held_up
+    )

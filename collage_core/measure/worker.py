@@ -30,6 +30,7 @@ from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
 from collage_core.measure.cost_db import TRANSIENT_REASON
+from collage_core.measure.processor_wait import Waiting, waiting
 from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.widening import widen
@@ -171,12 +172,22 @@ def _measure_candidate(state, request):
     """Build a candidate placed whole on its backend and time it (the backend may measure it itself)."""
     mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
-    cost = _own_measurement(state, request["backend"], mod, target, settings)
+    with waiting() as waited:
+        cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
         placed = placed_whole(mod, request["backend"], request["pattern"])
         executable, _ = _build(state, placed, target)
-        cost = _net_of_call(_time(executable, placed, target, settings), _call_overhead_s(state, target, settings))
-    return {"cost": cost.to_json()}
+        overhead_s = _call_overhead_s(state, target, settings)
+        with waiting() as waited:
+            cost = _time(executable, placed, target, settings)
+        cost = _net_of_call(cost, overhead_s)
+    return _timed_answer(cost, waited)
+
+
+def _timed_answer(cost, waited):
+    """The answer to a request that timed ``cost``, marked held up when its threads waited for a processor
+    ``HELD_UP_SHARE`` of the time or more (see :mod:`collage_core.measure.processor_wait`)."""
+    return {"cost": (cost.with_held_up_share(waited.share) if waited.held_up else cost).to_json()}
 
 
 # A candidate's cost net of the VM call is kept at no less than this share of what was timed.
@@ -210,7 +221,7 @@ def _net_of_call(cost, overhead_s: float):
     """``cost`` less the VM's call overhead (see :func:`_call_overhead_s`), never below NET_FLOOR of it."""
     if not cost.is_measured:
         return cost
-    return Cost.measured(max(cost.median_s - overhead_s, NET_FLOOR * cost.median_s), cost.spread_s, cost.repeats)
+    return Cost.measured(max(cost.median_s - overhead_s, NET_FLOOR * cost.median_s), cost.spread_s, cost.repeats, cost.held_up_share)
 
 
 def _own_measurement(state, backend_name: str, mod, target, settings):
@@ -245,12 +256,16 @@ def _time_candidate(state, request):
     candidates (``collage_measure_candidate``) is asked first, as in ``measure_candidate``."""
     mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
-    cost = _own_measurement(state, request["backend"], mod, target, settings)
+    with waiting() as waited:
+        cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
         device = tvm_compat.device_for(target)
-        cost = _time_vm(load_vm(request["library"], device, pm=state["pm"]), device, mod, settings)
-        cost = _net_of_call(cost, _call_overhead_s(state, target, settings))
-    return {"cost": cost.to_json()}
+        vm = load_vm(request["library"], device, pm=state["pm"])
+        overhead_s = _call_overhead_s(state, target, settings)
+        with waiting() as waited:
+            cost = _time_vm(vm, device, mod, settings)
+        cost = _net_of_call(cost, overhead_s)
+    return _timed_answer(cost, waited)
 
 
 def _build(state, mod, target, cuda_graphs: bool = False):
@@ -342,8 +357,9 @@ def _placement_built(state, request, settings: Optional[MeasureSettings]):
     return executable, target, build_s
 
 
-def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings]) -> Optional[dict]:
-    """Run ``vm``'s main on the request's inputs, keep its outputs, and time it (None: not timed)."""
+def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings], here: bool = True) -> Optional[dict]:
+    """Run ``vm``'s main on the request's inputs, keep its outputs, and time it (None: not timed); timed ``here``
+    (not on a remote server), the cost is marked held up when other processes kept this one waiting for a processor."""
     with np.load(request["inputs"], allow_pickle=False) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     args = [tvm_compat.to_tensor(a, device) for a in arrays]
@@ -368,7 +384,9 @@ def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings
         return Cost.measured(first_run_s, 0.0, 1).to_json()
     # The VM is warm (two runs): timed as it is, with no warm-up of a VM of its own.
     judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
-    return _time_vm(vm, device, None, settings, args, warm_run_s=judged_s).to_json()
+    with waiting() as waited:
+        cost = _time_vm(vm, device, None, settings, args, warm_run_s=judged_s)
+    return _timed_answer(cost, waited if here else Waiting())["cost"]
 
 
 def _held_placement(state, request):
@@ -614,7 +632,7 @@ def _run_placement_remotely(state, request, settings: Optional[MeasureSettings],
 
     def run():
         vm, device = _load_remote_vm(state, request["library"], remote.get("carried", ()))
-        return _run_and_time(state, request, vm, device, settings)
+        return _run_and_time(state, request, vm, device, settings, here=False)
 
     return {"cost": _guarded(state, run), "build_s": build_s, "server": _remote(state)["server"]}
 

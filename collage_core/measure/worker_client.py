@@ -10,7 +10,6 @@ transient (:data:`collage_core.measure.cost_db.TRANSIENT_REASON`), and a later r
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import Optional, Sequence
 
 from collage_core.measure import threads, zygote
 from collage_core.measure.cost_db import TRANSIENT_REASON
+from collage_core.measure.processor_wait import waited_ns_by_thread
 
 log = logging.getLogger("collage")
 
@@ -194,14 +194,7 @@ class MeasurementWorker:
     def _waited_s(self) -> float:
         """Seconds the worker's threads have spent, all together, runnable but waiting for a
         processor (Linux's schedstat); 0 where the kernel does not say."""
-        waited_ns = 0
-        for path in glob.glob(f"/proc/{self.process.pid}/task/*/schedstat"):
-            try:
-                with open(path) as stat:
-                    waited_ns += int(stat.read().split()[1])
-            except (OSError, IndexError, ValueError):
-                pass  # a thread that ended meanwhile
-        return waited_ns / 1e9
+        return sum(waited_ns_by_thread(self.process.pid).values()) / 1e9
 
     def _stderr_tail(self) -> str:
         self.stderr_file.seek(0)

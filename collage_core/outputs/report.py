@@ -33,10 +33,11 @@ def is_noisy(cost) -> bool:
 
 
 def _ms(cost) -> str:
+    held_up = f" held up (waited for a processor {cost.held_up_share:.0%} of the time)" if cost.held_up else ""
     if is_noisy(cost):
-        return f"{cost.median_s * 1e3:10.3f} ms noisy (quartiles {cost.spread_s * 1e3:.3f} ms apart)"
+        return f"{cost.median_s * 1e3:10.3f} ms noisy (quartiles {cost.spread_s * 1e3:.3f} ms apart){held_up}"
     if cost.is_measured:
-        return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}"
+        return f"{cost.median_s * 1e3:10.3f} ms ±{cost.spread_s * 1e3:.3f}{held_up}"
     if cost.reason.startswith((PREDICTED_PREFIX, STOPPED_PREFIX)):
         return cost.reason  # a baseline left unbuilt or stopped, not one that failed
     return f"invalid: {cost.reason}"
@@ -203,6 +204,7 @@ def render_report(optimized) -> str:
             f"\ncandidates: {optimized.candidates} ({m.distinct} distinct); measured {m.measured} in {m.seconds:.1f} s, "
             f"{m.from_database} from the cost database, {m.invalid} invalid"
             + (f", {len(m.noisy)} noisy after two measurements" if m.noisy else "")
+            + (f", {len(m.held_up)} held up (timed while other processes kept the processors busy; may be too high)" if m.held_up else "")
             + f"; search {optimized.search_s:.2f} s"
         )
     if optimized.threads != ThreadSettings.machine_defaults():

@@ -152,6 +152,7 @@ class OptimizedModel:
                 "invalid": measurement.invalid,
                 "seconds": measurement.seconds,
                 "noisy": list(measurement.noisy),
+                "held_up": list(measurement.held_up),
             },
             "two_level": None
             if self.two_level is None

@@ -95,7 +95,7 @@ def held_to_budget(
     if fitted is not None:
         say(f"the accuracy budget's probes of the run before in {folder.path} are reused (same model, budget, backends and code)")
     else:
-        with open_costs(options.cost_db, options.remeasure_invalid) as db:
+        with open_costs(options.cost_db, options.remeasure_invalid, options.remeasure_held_up) as db:
             fitted = fit(len(units(model.mod)), budget, errors_of, options.accuracy_blocks, say)
         save_fit(record, key, fitted)
     say(fitted.describe())

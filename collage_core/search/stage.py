@@ -3,6 +3,7 @@ to end, and evolve which op groups go to graph-level backends (the two-level sea
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -14,6 +15,7 @@ from collage_core.errors import CollageError
 from collage_core.measure.cost_db import open_costs
 from collage_core.measure.job import Job, describe_cost
 from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
+from collage_core.measure.processor_wait import HELD_UP_SHARE
 from collage_core.measure.progress import PhaseClock, ProgressBar
 from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Partition
@@ -43,6 +45,9 @@ class Placed:
     two_level: Optional[TwoLevelResult] = None
 
 
+log = logging.getLogger("collage")
+
+
 def search_kind(asked: Optional[str], chosen: Sequence[BackendInfo]) -> str:
     """The search asked for, or by default the two-level search when a graph-level backend is chosen."""
     return asked or (TWO_LEVEL if any(info.backend.kind == GRAPH_LEVEL for info in chosen) else OP_LEVEL_SEARCH)
@@ -57,7 +62,7 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
         clock.lap("import and placement file")
         return Placed(list(placement.partitions), placement)
     candidates = candidates_for(job.pm, job.graph, job.chosen, job.target, job.imported.precision)
-    with open_costs(options.cost_db, options.remeasure_invalid) as db:
+    with open_costs(options.cost_db, options.remeasure_invalid, options.remeasure_held_up) as db:
         job.say(f"{len(candidates)} candidates, {len({c.key for c in candidates})} distinct; cost database {db.path}")
         clock.lap("import and candidates")
         measurement = measure(job, candidates, db)
@@ -88,7 +93,18 @@ def measure(job: Job, candidates, db) -> MeasurementReport:
             f"{NOISY_FACTOR * job.settings.target_spread:.0%} of the median) and are used as measured: "
             f"{', '.join(report.noisy[:3])}{', ...' if len(report.noisy) > 3 else ''}"
         )
+    if report.held_up:
+        log.warning(held_up_warning(len(report.held_up)))
     return report
+
+
+def held_up_warning(count: int) -> str:
+    """What a run says of ``count`` candidates' costs timed while other processes held their threads up."""
+    return (
+        f"{count} candidate{'s' if count != 1 else ''}' costs were timed while other processes kept their threads waiting "
+        f"for a processor (at least {HELD_UP_SHARE:.0%} of the time, twice) and may be too high; the placement uses them "
+        "as measured: run again with --remeasure-held-up on a quieter machine to measure them again"
+    )
 
 
 def op_level_search(job: Job, candidates, costs) -> list[Partition]:

@@ -1,0 +1,164 @@
+"""Timings that other processes hold up: a candidate whose threads waited for a processor a quarter of its
+timing or more is timed again after a pause; held up twice, its cost is used, stored marked held up, named
+in a warning and the report, and measured again by ``--remeasure-held-up``.
+
+The load is made deterministic: the timed thread shares one processor with three (or two) processes
+spinning on it, so it waits most of the time whatever else the machine runs. Nothing here asserts that a
+timing was *not* held up, which would depend on the machine's load."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugins_for_tests.held_up_timings import ATTEMPTS, BACKENDS, HELD_UP_ALWAYS, HELD_UP_ONCE, MEASURED
+from test_output_folder import relu_model
+from test_transient_failures import one_relu
+
+import collage_core
+from collage_core import tvm_compat
+from collage_core.backends import contribute_patterns
+from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.measure.cost_db import CostDatabase, CostDatabaseError
+from collage_core.measure.measurement import measure_candidates
+from collage_core.measure.processor_wait import HELD_UP_SHARE, waiting
+from collage_core.measure.timing import MeasureSettings
+from collage_core.model.relax_graph import RelaxGraph
+from collage_core.records import Cost
+
+PLUGIN = "plugins_for_tests.held_up_timings"
+QUICK = MeasureSettings(warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=60.0, build_workers=1)
+
+
+@pytest.fixture
+def plugins(load_test_plugin, monkeypatch, tmp_path):
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    monkeypatch.setenv(ATTEMPTS, str(attempts))
+    return load_test_plugin(PLUGIN)
+
+
+def attempts(tmp_path: Path, backend: str) -> int:
+    return sum(1 for _ in (tmp_path / "attempts").glob(f"{backend}-*"))
+
+
+def measure(plugins, db):
+    pm, backends = plugins
+    graph = RelaxGraph.from_function(one_relu()["main"])
+    target = tvm_compat.host_cpu_target()
+    candidates = [c for name in BACKENDS for c in enumerate_candidates(graph, contribute_patterns(pm, backends[name], target))]
+    report = measure_candidates(
+        graph, candidates, {name: backends[name] for name in BACKENDS}, target, db, QUICK, plugin_modules=[PLUGIN], show_progress=False
+    )
+    return report, {c.backend: c.key for c in candidates}
+
+
+def test_a_held_up_timing_is_timed_again_and_one_held_up_twice_is_stored_marked_until_remeasured(plugins, tmp_path):
+    path = tmp_path / "costs.sqlite"
+    with CostDatabase.open(path) as db:
+        report, key_of = measure(plugins, db)
+    held_up = report.costs[key_of[HELD_UP_ALWAYS]]
+    assert held_up.held_up and held_up.held_up_share >= HELD_UP_SHARE, held_up
+    assert held_up.median_s == MEASURED.median_s  # used as measured
+    assert key_of[HELD_UP_ALWAYS] in report.held_up
+    assert key_of[HELD_UP_ONCE] not in report.held_up or report.costs[key_of[HELD_UP_ONCE]].held_up
+    # Each held-up timing was timed once more, after a pause; no more than that.
+    assert attempts(tmp_path, HELD_UP_ALWAYS) == 2 and attempts(tmp_path, HELD_UP_ONCE) == 2
+
+    with CostDatabase.open(path) as db:
+        again, _ = measure(plugins, db)
+    assert again.measured == 0  # a later run reads held-up costs as they are, and says so
+    assert again.costs[key_of[HELD_UP_ALWAYS]] == held_up and key_of[HELD_UP_ALWAYS] in again.held_up
+
+    with CostDatabase.open(path, remeasure_held_up=True) as db:
+        remeasured, _ = measure(plugins, db)
+    assert remeasured.measured == len(report.held_up)  # exactly the held-up ones
+    assert attempts(tmp_path, HELD_UP_ALWAYS) == 4
+
+
+def test_a_held_up_cost_keeps_its_mark_through_json_and_the_database(tmp_path):
+    cost = Cost.measured(1e-3, 1e-5, 5, held_up_share=0.62)
+    assert Cost.from_json(json.loads(json.dumps(cost.to_json()))) == cost
+    assert "held_up_share" not in Cost.measured(1e-3, 1e-5, 5).to_json()
+    assert not Cost.invalid("no").with_held_up_share(0.5).held_up
+    path = tmp_path / "costs.sqlite"
+    with CostDatabase.open(path) as db:
+        db.put_end_to_end("placement", cost)
+    with CostDatabase.open(path) as db:
+        assert db.get_end_to_end("placement") == cost
+    with CostDatabase.open(path, remeasure_held_up=True) as db:
+        assert db.get_end_to_end("placement") is None
+
+
+def test_a_stored_held_up_mark_no_collage_wrote_is_refused_naming_the_file(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "costs.sqlite"
+    with CostDatabase.open(path) as db:
+        db.put_end_to_end("placement", Cost.measured(1e-3, 1e-5, 5, held_up_share=0.5))
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        connection.execute("UPDATE end_to_end_costs SET reason = reason || 'x'")
+    with CostDatabase.open(path) as db, pytest.raises(CostDatabaseError, match="costs.sqlite: a stored cost is not one Collage wrote"):
+        db.get_end_to_end("placement")
+
+
+@contextlib.contextmanager
+def spinning_beside_this_process(count: int):
+    """This process (and the workers it starts) on one processor, with ``count`` processes spinning on it."""
+    cores = os.sched_getaffinity(0)
+    one = {min(cores)}
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {one!r})\nwhile True: pass"]) for _ in range(count)
+    ]
+    os.sched_setaffinity(0, one)
+    try:
+        while True:  # the spinners have started spinning once this process waits beside them
+            with waiting() as waited:
+                sum(range(200_000))
+            if waited.share > 0.0:
+                break
+        yield
+    finally:
+        os.sched_setaffinity(0, cores)
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def test_real_tvm_timings_beside_busy_processes_are_marked_reported_and_remeasured_on_request(tmp_path, caplog):
+    model = tmp_path / "relu.onnx"
+    model.write_bytes(relu_model().SerializeToString())
+    db = tmp_path / "costs.sqlite"
+
+    def run(out: str, **options):
+        return collage_core.optimize(
+            model,
+            backends=["tvm"],
+            search="op-level",
+            compare_backends=False,
+            calibration_rounds=0,
+            verify=False,
+            output_dir=tmp_path / out,
+            cost_db=db,
+            show_progress=False,
+            **options,
+        )
+
+    with caplog.at_level(logging.WARNING, logger="collage"), spinning_beside_this_process(2):
+        busy = run("busy")
+    assert busy.measurement.held_up and set(busy.measurement.held_up) <= set(busy.measurement.costs)
+    assert all(busy.measurement.costs[key].held_up_share >= HELD_UP_SHARE for key in busy.measurement.held_up)
+    said = [record.getMessage() for record in caplog.records if "waiting for a processor" in record.getMessage()]
+    assert said and "--remeasure-held-up" in said[0], said
+    results = json.loads((tmp_path / "busy" / "results.json").read_text())
+    assert sorted(results["measurement"]["held_up"]) == sorted(busy.measurement.held_up)
+    assert "held up (timed while other processes kept the processors busy" in (tmp_path / "busy" / "report.txt").read_text()
+
+    again = run("again", remeasure_held_up=True)
+    assert again.measurement.measured == len(busy.measurement.held_up)
