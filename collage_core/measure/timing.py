@@ -10,6 +10,7 @@ import attrs
 import numpy as np
 
 from collage_core.api_checks import BOOLEAN, described, whole
+from collage_core.measure.processor_wait import waiting
 from collage_core.records import Cost
 
 # A single-backend baseline whose one run takes longer is stopped (untuned TVM on BERT at batch 8: minutes).
@@ -101,7 +102,9 @@ def summarize(samples: list[float]) -> tuple[float, float]:
     return float(median), float(q3 - q1)
 
 
-def time_callable(run: Callable[[int], float], settings: MeasureSettings, warm_run_s: Optional[float] = None) -> Cost:
+def time_callable(
+    run: Callable[[int], float], settings: MeasureSettings, warm_run_s: Optional[float] = None, judge_waiting: bool = True
+) -> Cost:
     """Time ``run(number)`` which runs the function ``number`` times and returns mean seconds per run.
 
     Each repeat runs the function often enough to last ``min_repeat_ms``; repeats stop when the
@@ -110,18 +113,30 @@ def time_callable(run: Callable[[int], float], settings: MeasureSettings, warm_r
     then no warm-up runs here and that run is the one the cut-off judges (a placement whose run
     takes seconds saves two of them). With a cut-off, a warm-up run over HOPELESS_FACTOR times it
     plus SETUP_ALLOWANCE_S is the cost by itself.
+
+    With ``judge_waiting`` (``run`` runs in this process), a cost whose runs after the warm-up kept this
+    process's threads waiting for a processor (other processes' load) is marked held up
+    (:mod:`collage_core.measure.processor_wait`); warm-up and setup, which run on the processor, are not judged.
     """
     started = time.perf_counter()
     once = warm_run_s
-    if once is None:
+    if warm_run_s is None:
         for _ in range(settings.warmup):
             once = run(1)
-        if settings.cutoff_s is not None:
-            if once is not None and once > HOPELESS_FACTOR * settings.cutoff_s + SETUP_ALLOWANCE_S:
-                return Cost.measured(once, 0.0, 1)
+        if settings.cutoff_s is not None and once is not None and once > HOPELESS_FACTOR * settings.cutoff_s + SETUP_ALLOWANCE_S:
+            return Cost.measured(once, 0.0, 1)
+    with waiting() as waited:
+        if warm_run_s is None and settings.cutoff_s is not None:
             # Judged on a run after the warm-up: a first run pays for one-time work (oneDNN creating
             # and JIT-compiling its primitives) that says nothing about the steady latency.
             once = run(1)
+        cost = _repeated(run, settings, once, started)
+    return cost.with_held_up_share(waited.share) if judge_waiting and waited.held_up else cost
+
+
+def _repeated(run: Callable[[int], float], settings: MeasureSettings, once: float, started: float) -> Cost:
+    """The cost of a warm function one run of which took ``once``: that run alone past the cut-off, else
+    repeats of runs lasting ``min_repeat_ms`` (see :func:`time_callable`)."""
     if settings.cutoff_s is not None and once > settings.cutoff_s:
         return Cost.measured(once, 0.0, 1)
     number = max(1, int(settings.min_repeat_ms / 1e3 / max(once, 1e-9)))

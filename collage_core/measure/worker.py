@@ -30,7 +30,7 @@ from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
 from collage_core.measure.cost_db import TRANSIENT_REASON
-from collage_core.measure.processor_wait import Waiting, waiting
+from collage_core.measure.processor_wait import waiting
 from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.widening import widen
@@ -172,22 +172,12 @@ def _measure_candidate(state, request):
     """Build a candidate placed whole on its backend and time it (the backend may measure it itself)."""
     mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
-    with waiting() as waited:
-        cost = _own_measurement(state, request["backend"], mod, target, settings)
+    cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
         placed = placed_whole(mod, request["backend"], request["pattern"])
         executable, _ = _build(state, placed, target)
-        overhead_s = _call_overhead_s(state, target, settings)
-        with waiting() as waited:
-            cost = _time(executable, placed, target, settings)
-        cost = _net_of_call(cost, overhead_s)
-    return _timed_answer(cost, waited)
-
-
-def _timed_answer(cost, waited):
-    """The answer to a request that timed ``cost``, marked held up when its threads waited for a processor
-    ``HELD_UP_SHARE`` of the time or more (see :mod:`collage_core.measure.processor_wait`)."""
-    return {"cost": (cost.with_held_up_share(waited.share) if waited.held_up else cost).to_json()}
+        cost = _net_of_call(_time(executable, placed, target, settings), _call_overhead_s(state, target, settings))
+    return {"cost": cost.to_json()}
 
 
 # A candidate's cost net of the VM call is kept at no less than this share of what was timed.
@@ -225,10 +215,14 @@ def _net_of_call(cost, overhead_s: float):
 
 
 def _own_measurement(state, backend_name: str, mod, target, settings):
-    """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None."""
-    cost, errors = first_result(
-        state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target, settings=settings
-    )
+    """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None; marked held
+    up when this process's threads waited for a processor while the plugin measured (see ``time_callable``)."""
+    with waiting() as waited:
+        cost, errors = first_result(
+            state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target, settings=settings
+        )
+    if isinstance(cost, Cost) and waited.held_up:
+        cost = cost.with_held_up_share(waited.share)
     if cost is None and errors:
         reason = "; ".join(errors)
         return Cost.invalid(_marked(reason, reason))
@@ -256,16 +250,12 @@ def _time_candidate(state, request):
     candidates (``collage_measure_candidate``) is asked first, as in ``measure_candidate``."""
     mod, target = _load(request)
     settings = MeasureSettings.from_json(request["settings"])
-    with waiting() as waited:
-        cost = _own_measurement(state, request["backend"], mod, target, settings)
+    cost = _own_measurement(state, request["backend"], mod, target, settings)
     if cost is None:
         device = tvm_compat.device_for(target)
-        vm = load_vm(request["library"], device, pm=state["pm"])
-        overhead_s = _call_overhead_s(state, target, settings)
-        with waiting() as waited:
-            cost = _time_vm(vm, device, mod, settings)
-        cost = _net_of_call(cost, overhead_s)
-    return _timed_answer(cost, waited)
+        cost = _time_vm(load_vm(request["library"], device, pm=state["pm"]), device, mod, settings)
+        cost = _net_of_call(cost, _call_overhead_s(state, target, settings))
+    return {"cost": cost.to_json()}
 
 
 def _build(state, mod, target, cuda_graphs: bool = False):
@@ -285,16 +275,17 @@ def _time(executable, mod, target, settings, args=None):
     return _time_vm(vm, device, mod, settings, args)
 
 
-def _time_vm(vm, device, mod, settings, args=None, warm_run_s=None):
+def _time_vm(vm, device, mod, settings, args=None, warm_run_s=None, judge_waiting=True):
     """``vm``'s main timed on ``args`` (default: seeded random arguments of ``mod``'s main); with
-    ``warm_run_s``, ``vm`` is warm and one run took that long (see ``time_callable``)."""
+    ``warm_run_s``, ``vm`` is warm and one run took that long; ``judge_waiting``, whether it runs in this
+    process, whose waiting for a processor marks a cost held up (see ``time_callable``)."""
     if args is None:
         args = [tvm_compat.to_tensor(a, device) for a in random_arguments(mod["main"])]
 
     def run(number):
         return vm.time_evaluator("main", device, number=number, repeat=1)(*args).mean
 
-    return time_callable(run, settings, warm_run_s)
+    return time_callable(run, settings, warm_run_s, judge_waiting)
 
 
 def _one_timed_run_s(vm, device, args) -> float:
@@ -384,9 +375,7 @@ def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings
         return Cost.measured(first_run_s, 0.0, 1).to_json()
     # The VM is warm (two runs): timed as it is, with no warm-up of a VM of its own.
     judged_s = run_s if run_s >= REJUDGE_BELOW_S else _one_timed_run_s(vm, device, args)
-    with waiting() as waited:
-        cost = _time_vm(vm, device, None, settings, args, warm_run_s=judged_s)
-    return _timed_answer(cost, waited if here else Waiting())["cost"]
+    return _time_vm(vm, device, None, settings, args, warm_run_s=judged_s, judge_waiting=here).to_json()
 
 
 def _held_placement(state, request):

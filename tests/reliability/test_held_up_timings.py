@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.measure.cost_db import CostDatabase, CostDatabaseError
 from collage_core.measure.measurement import measure_candidates
 from collage_core.measure.processor_wait import HELD_UP_SHARE, waiting
-from collage_core.measure.timing import MeasureSettings
+from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.records import Cost
 
@@ -162,3 +163,23 @@ def test_real_tvm_timings_beside_busy_processes_are_marked_reported_and_remeasur
 
     again = run("again", remeasure_held_up=True)
     assert again.measurement.measured == len(busy.measurement.held_up)
+
+
+def spin_runs(number: int) -> float:
+    """``number`` runs of a busy loop of 20 ms, several of the scheduler's time slices; seconds per run."""
+    started = time.perf_counter()
+    for _ in range(number):
+        deadline = time.perf_counter() + 20e-3
+        while time.perf_counter() < deadline:
+            pass
+    return (time.perf_counter() - started) / number
+
+
+@pytest.mark.parametrize("cutoff_s", [None, 1e-4], ids=["repeated", "cut off after one run"])
+def test_time_callable_marks_runs_after_the_warm_up_held_up_unless_they_run_elsewhere(cutoff_s):
+    settings = MeasureSettings(warmup=1, min_repeats=3, max_repeats=3, min_repeat_ms=10.0, cutoff_s=cutoff_s)
+    with spinning_beside_this_process(2):
+        held_up = time_callable(spin_runs, settings)
+        elsewhere = time_callable(spin_runs, settings, judge_waiting=False)
+    assert held_up.held_up_share >= HELD_UP_SHARE and held_up.repeats == (1 if cutoff_s else 3), held_up
+    assert not elsewhere.held_up and elsewhere.is_measured
