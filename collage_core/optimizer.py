@@ -15,6 +15,7 @@ from collage_core.build import stage as build_stage
 from collage_core.measure import remote as remote_servers
 from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
+from collage_core.model import torch_onnx
 from collage_core.model.model_import import is_torch_module
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.model.stage import import_model
@@ -110,6 +111,9 @@ def optimize(
         search = search_stage.search_kind(options.search, backends)
         held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock, remote)
         placed_model, target = held.imported.model, imported.target
+        placed_model = torch_onnx.with_onnx_original(
+            placed_model, build_stage.own_sessions_wanted(placed_model, backends, options, imported.replayed), say
+        )
         graph = RelaxGraph.from_function(placed_model.mod["main"], placed_model.mod)
         say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; target {target}")
         job = Job(placed_model, graph, target, pm, backends, options.settings, folder.path, say, options.show_progress, folder.scratch)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from test_optimize import op_level_costs_from
 from tvm import relax
 
@@ -162,7 +163,7 @@ def test_a_model_that_is_not_a_file_has_no_own_sessions_and_the_run_says_so():
     said = []
     engine = SimpleNamespace(kind=GRAPH_LEVEL)
     job = SimpleNamespace(
-        imported=SimpleNamespace(original=None, source="torch", precision="fp32"),
+        imported=SimpleNamespace(original=None, onnx_export=None, source="torch", precision="fp32"),
         graph=SimpleNamespace(graph=[0, 1]),
         backends={"onnxruntime": engine},
         say=said.append,
@@ -268,3 +269,101 @@ def test_an_engines_own_session_that_wins_the_contest_is_the_result_saved_replay
         f"file of SHA-256 {digest[:12]}..., and this model's is {load_model(TINY_BERT).original.digest[:12]}...: "
         "it is another model; optimize this one"
     ]
+
+
+class TwoInputs(torch.nn.Module):
+    """A module of two inputs returning a dict: its export must take them in order and give its tensors flattened."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, features, scale):
+        hidden = self.norm(self.linear(features)) * scale
+        return {"hidden": torch.nn.functional.gelu(hidden), "sum": hidden.sum(-1)}
+
+
+def test_a_pytorch_modules_onnx_export_gives_it_engines_own_sessions_whose_winner_is_returned_and_replayed(
+    engines, tmp_path, monkeypatch, shared_cost_db
+):
+    """A PyTorch module has no file: its ONNX export stands for one, so an engine's own session is a contender.
+    Here ONNX Runtime's session over the export wins a contest whose result is fixed; it is verified against
+    PyTorch, computes what the module does on other inputs, and replays on the same module; a module of
+    other weights is another model, refused in one line."""
+    import torch
+
+    from collage_core.build import stage as build_stage
+
+    torch.manual_seed(0)
+    module = TwoInputs().eval()
+    example = (torch.randn(2, 16), torch.full((2, 1), 0.5))
+    with monkeypatch.context() as patched:
+        patched.setattr(build_stage, "time_in_turns", own_session_fastest)
+        op_level_costs_from(patched, lambda candidate, ops: Cost.measured(1e-3, 0.0, 1))
+        result = collage_core.optimize(
+            module,
+            example_inputs=example,
+            backends=["tvm", "onnxruntime"],
+            cost_db=shared_cost_db,
+            output_dir=tmp_path / "out",
+            search="op-level",
+            calibration_rounds=0,
+            show_progress=False,
+        )
+    digest = result.model.original.digest
+    assert [part.pattern for part in result.placement.partitions] == ["onnxruntime.original_model"]
+    assert result.placement.original_model == {"engine": "onnxruntime", "format": "onnx", "sha256": digest}
+    assert result.verification.passed and [spec.name for spec in result.model.inputs] == ["features", "scale"]
+    features, scale = np.random.default_rng(3).standard_normal((2, 16), dtype="float32"), np.full((2, 1), 2.0, "float32")
+    with torch.no_grad():
+        expected = module(torch.from_numpy(features), torch.from_numpy(scale))
+    hidden, total = result.run(features, scale)
+    np.testing.assert_allclose(hidden, expected["hidden"].numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(total, expected["sum"].numpy(), rtol=RTOL, atol=ATOL)
+
+    same = TwoInputs().eval()
+    same.load_state_dict(module.state_dict())
+    replayed = collage_core.optimize(
+        same, example_inputs=example, placement=tmp_path / "out" / "placement.json", output_dir=tmp_path / "replay", show_progress=False
+    )
+    assert replayed.placement.partitions == result.placement.partitions and replayed.verification.passed
+
+    other = TwoInputs().eval()  # other weights: another export
+    with pytest.raises(PlacementFileError, match=f"made from a file of SHA-256 {digest[:12]}.*it is another model"):
+        collage_core.optimize(
+            other, example_inputs=example, placement=tmp_path / "out" / "placement.json", output_dir=tmp_path / "other", show_progress=False
+        )
+
+
+def test_a_pytorch_module_is_exported_only_for_a_run_with_own_sessions_and_one_whose_export_fails_says_why():
+    import torch
+
+    from collage_core.build.stage import own_sessions_wanted
+    from collage_core.model.torch_onnx import TorchExportError, with_onnx_original
+    from collage_core.options import OptimizeOptions
+
+    engine, op_level = (SimpleNamespace(backend=SimpleNamespace(kind=kind)) for kind in (GRAPH_LEVEL, "op-level"))
+    fp32, bf16 = SimpleNamespace(precision="fp32"), SimpleNamespace(precision="bf16")
+    searching = OptimizeOptions()
+    assert own_sessions_wanted(fp32, [op_level, engine], searching, None)
+    assert not own_sessions_wanted(fp32, [op_level], searching, None)  # no engine: nothing to export for
+    assert not own_sessions_wanted(bf16, [op_level, engine], searching, None)  # the file computes in float32
+    assert not own_sessions_wanted(fp32, [op_level, engine], OptimizeOptions(compare_backends=False), None)
+    assert own_sessions_wanted(fp32, [op_level], searching, SimpleNamespace(original_model={"engine": "onnxruntime"}))
+
+    class Unused(torch.nn.Module):
+        def forward(self, x, ignored):
+            return x * 2
+
+    module = Unused()
+    imported = load_model(module, (torch.ones(2), torch.ones(2)))
+    with pytest.raises(TorchExportError, match="its ONNX export takes x, not x, ignored"):
+        imported.onnx_export()
+    said = []
+    assert with_onnx_original(imported, True, said.append) is imported and imported.original is None
+    assert said == [
+        "no engine's own session over the module is a contender: PyTorch module Unused: its ONNX export takes x, not x, ignored "
+        "(the exporter drops an input forward does not use)"
+    ]
+    assert with_onnx_original(imported, False, said.append) is imported and len(said) == 1

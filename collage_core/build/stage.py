@@ -139,6 +139,15 @@ def baselines(
     return results + own_sessions(job, limit_s, db)
 
 
+def own_sessions_wanted(model, chosen, options, replayed) -> bool:
+    """Whether a run of ``model`` (at its precision) over the ``chosen`` backends (BackendInfo) has engines' own
+    sessions to measure as contenders (baselines compared, float32, a graph-level backend among them) or replays a
+    placement that runs one: what a PyTorch module is exported to ONNX for (see collage_core.model.torch_onnx)."""
+    if replayed is not None:
+        return replayed.original_model is not None
+    return options.compares_backends() and model.precision == FP32 and any(info.backend.kind == GRAPH_LEVEL for info in chosen)
+
+
 def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
     """Each engine whose plugin runs the original model file whole (``collage_lower_whole_model``), in its
     own session as its users run it, measured like the other baselines (see collage_core.model.original_model).
@@ -146,6 +155,8 @@ def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd,
     one line says so when a graph-level engine was selected."""
     imported, operators = job.imported, len(job.graph.graph)
     why_none = None
+    if imported.original is None and imported.onnx_export is not None:
+        return []  # a PyTorch module whose ONNX export failed: the run said why
     if imported.original is None:
         why_none = f"the model is {original_model.kind_of(imported)}, not a file they read (export it to ONNX and give Collage the file to have them)"
     elif imported.precision != FP32:

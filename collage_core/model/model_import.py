@@ -21,6 +21,7 @@ from collage_core.errors import CollageError, one_line
 from collage_core.model import import_cache, rewrites
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.precision import FP32, tolerance
+from collage_core.model.torch_onnx import onnx_original
 from collage_core.model.torch_outputs import Flattened, NotATensor, flatten, forward_input_names
 from collage_core.model.verify import compare_outputs
 
@@ -77,6 +78,9 @@ class ImportedModel:
     # The model file as given (an ONNX file's or ModelProto's bytes), which engines' own sessions run whole
     # (see collage_core.model.original_model); None for a PyTorch or Relax module.
     original: Optional[OriginalModel] = attrs.field(default=None, eq=False, repr=False)
+    # A PyTorch module's: its ONNX export, made when called, to stand for the original file (see
+    # collage_core.model.torch_onnx); None for a model that has a file or cannot be exported.
+    onnx_export: Optional[Callable[[], OriginalModel]] = attrs.field(default=None, eq=False, repr=False)
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Inputs for checks: uniform floats, and small non-negative integers (valid token ids)."""
@@ -337,6 +341,10 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
     inputs = tuple(
         TensorSpec(input_name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for input_name, t in zip(names, example_inputs)
     )
+
+    def onnx_export() -> OriginalModel:
+        return onnx_original(module, example_inputs, [spec.name for spec in inputs], len(flattened.last.names))
+
     return ImportedModel(
         name=name,
         source="torch",
@@ -346,6 +354,7 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
         reference=reference,
         reference_name=f"pytorch {torch.__version__}",
         output_names=flattened.last.names,
+        onnx_export=onnx_export,
     )
 
 

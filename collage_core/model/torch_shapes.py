@@ -12,19 +12,15 @@ shapes then run as for an ONNX file, ONNX Runtime on the export being the refere
 
 from __future__ import annotations
 
-import io
-import warnings
 from typing import Any, Sequence
 
 import numpy as np
 
 from collage_core.errors import one_line
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
+from collage_core.model.torch_onnx import export_flattened
 from collage_core.model.torch_outputs import Flattened, forward_input_names
 from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL
-
-# The ONNX opset of the export, as the ONNX route of a single shape uses.
-OPSET = 17
 
 
 def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
@@ -57,26 +53,10 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
             axes[n][axis] = dims.setdefault(sizes, f"{n}.{axis}")
     if not dims:
         raise ShapeProfileError(f"PyTorch module {name}: every shape listed is the example's: optimize it without shapes")
-    buffer = io.BytesIO()
     flat = Flattened(module).eval()  # its tensors in the order a single shape's import takes them
-    with torch.no_grad():
-        output_names = [f"output{index}" for index in range(len(flat(*example_inputs)))]
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            # The exporter's notices about its own future, not about the module.
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
-            torch.onnx.export(
-                flat,
-                tuple(example_inputs),
-                buffer,
-                input_names=list(names),
-                output_names=output_names,
-                opset_version=OPSET,
-                dynamic_axes={n: a for n, a in axes.items() if a},
-                dynamo=False,
-            )
-        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(buffer.getvalue()))
+        data = export_flattened(flat, example_inputs, names, {n: a for n, a in axes.items() if a})
+        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(data))
     except Exception as error:  # noqa: BLE001 - one line naming the module
         raise ShapeProfileError(
             f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {one_line(error)}"

@@ -1,0 +1,106 @@
+"""A PyTorch module exported to ONNX by the TorchScript exporter: the file its engines' own sessions run.
+
+An ONNX file's engines (ONNX Runtime, OpenVINO) each run it whole in their own session, a contender Collage
+returns when it is the fastest (:mod:`collage_core.model.original_model`). A PyTorch module has no file, so it
+had none: on a RoFormer its searched placement took 0.478 ms where OpenVINO's own session over its ONNX export
+took 0.334. :func:`onnx_original` exports the module as the single-shape ONNX route would have it
+(opset 17, a trace: branches on input values follow the example inputs), its inputs named after ``forward``'s
+parameters, its outputs the tensors it returns flattened as the import flattens them (``output0``, ...), each
+dimension the example's. A run exports it only when it has such a contender to measure, or replays a placement
+that runs one; the export is then the original file, so a placement running it records its digest, and a
+replay on a module of other weights is refused as another model. Like every contender, what is returned is
+verified against the module itself.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Any, Optional, Sequence
+
+import attrs
+
+from collage_core.errors import CollageError, one_line
+from collage_core.model.original_model import ONNX, OriginalModel
+from collage_core.model.torch_outputs import Flattened
+
+# The ONNX opset of the exports, as the ONNX route's advice names it.
+OPSET = 17
+
+
+class TorchExportError(CollageError):
+    """A module's ONNX export failed, or does not take and give what the module does."""
+
+
+def export_flattened(
+    flat: Flattened, example_inputs: Sequence[Any], input_names: Sequence[str], dynamic_axes: Optional[dict] = None
+) -> bytes:
+    """``flat`` (a :class:`Flattened` module) exported by the TorchScript exporter at OPSET, inputs named ``input_names``,
+    outputs ``output0``, ``output1``, ..., with ``dynamic_axes`` (``{input: {axis: name}}``); the exporter's own error
+    when it fails."""
+    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
+    import torch
+
+    with torch.no_grad():
+        outputs = [f"output{index}" for index in range(len(flat(*example_inputs)))]
+    buffer = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        # The exporter's notices about its own future, not about the module.
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
+        torch.onnx.export(
+            flat,
+            tuple(example_inputs),
+            buffer,
+            input_names=list(input_names),
+            output_names=outputs,
+            opset_version=OPSET,
+            dynamic_axes=dynamic_axes or None,
+            dynamo=False,
+        )
+    return buffer.getvalue()
+
+
+def onnx_original(module: Any, example_inputs: Sequence[Any], input_names: Sequence[str], outputs: int) -> OriginalModel:
+    """``module`` exported as the module's docstring says, as the original file of a run: it must take the
+    ``input_names`` in order and give ``outputs`` tensors, as the imported module does; else one line saying what."""
+    # Deferred: ONNX is optional: loaded only for an ONNX model or a PyTorch module's export.
+    import onnx
+
+    name = type(module).__name__
+    was_training = module.training
+    module.eval()
+    try:
+        data = export_flattened(Flattened(module), example_inputs, input_names)
+    except Exception as error:  # noqa: BLE001 - one line naming the module
+        raise TorchExportError(f"PyTorch module {name}: its ONNX export failed: {one_line(error)}") from None
+    finally:
+        module.train(was_training)
+    graph = onnx.load_from_string(data).graph
+    initializers = {init.name for init in graph.initializer}
+    taken = [value.name for value in graph.input if value.name not in initializers]
+    if taken != list(input_names):
+        raise TorchExportError(
+            f"PyTorch module {name}: its ONNX export takes {', '.join(taken) or 'no inputs'}, not {', '.join(input_names)} "
+            "(the exporter drops an input forward does not use)"
+        )
+    if len(graph.output) != outputs:
+        raise TorchExportError(f"PyTorch module {name}: its ONNX export gives {len(graph.output)} outputs, the module {outputs}")
+    return OriginalModel.from_bytes(ONNX, data)
+
+
+def with_onnx_original(model, wanted: bool, say) -> Any:
+    """``model`` (an :class:`~collage_core.model.model_import.ImportedModel`) with its ONNX export as its original
+    file, when ``wanted`` and it is a PyTorch module (:attr:`onnx_export`) without one; else as it is. A failed
+    export leaves it as it is, and ``say`` tells why no engine's own session is a contender."""
+    if not wanted or model.original is not None or model.onnx_export is None:
+        return model
+    try:
+        original = model.onnx_export()
+    except TorchExportError as error:
+        say(f"no engine's own session over the module is a contender: {error}")
+        return model
+    say(
+        f"{model.name}: exported to ONNX for the engines' own sessions ({len(original.data) / 1e6:.1f} MB, SHA-256 {original.digest[:12]}...)"
+    )
+    return attrs.evolve(model, original=original)
