@@ -41,15 +41,18 @@ class Waiting:
 
 
 @contextlib.contextmanager
-def waiting(pid: int | None = None) -> Iterator[Waiting]:
+def waiting(pid: int | None = None, min_wall_s: float = 0.0) -> Iterator[Waiting]:
     """Measure, over the ``with`` block, the share of its wall time that the threads of process ``pid``
     (default: this one) spent runnable but waiting for a processor, summed over threads (two threads that
-    each waited half the time give 1.0). Threads started inside the block count from their start."""
+    each waited half the time give 1.0). Threads started inside the block count from their start. A block
+    shorter than ``min_wall_s`` is not judged (0.0)."""
     pid = os.getpid() if pid is None else pid
     result = Waiting()
     before, started = waited_ns_by_thread(pid), time.perf_counter_ns()
     yield result
     wall_ns = time.perf_counter_ns() - started
+    if wall_ns < min_wall_s * 1e9:
+        return
     after = waited_ns_by_thread(pid)
     waited_ns = sum(ns - before.get(thread, 0) for thread, ns in after.items())
     result.share = round(max(0.0, waited_ns / wall_ns), 3) if wall_ns > 0 else 0.0

@@ -214,10 +214,15 @@ def _net_of_call(cost, overhead_s: float):
     return Cost.measured(max(cost.median_s - overhead_s, NET_FLOOR * cost.median_s), cost.spread_s, cost.repeats, cost.held_up_share)
 
 
+# A plugin's own measurement shorter than this is not judged held up.
+OWN_MEASUREMENT_JUDGED_S = 0.01
+
+
 def _own_measurement(state, backend_name: str, mod, target, settings):
     """The cost a plugin's ``collage_measure_candidate`` gives (invalid if every one raised), or None; marked held
     up when this process's threads waited for a processor while the plugin measured (see ``time_callable``)."""
-    with waiting() as waited:
+    # A plugin that answers at once (a cost it knew) timed nothing to judge.
+    with waiting(min_wall_s=OWN_MEASUREMENT_JUDGED_S) as waited:
         cost, errors = first_result(
             state["pm"].hook.collage_measure_candidate, backend=state["backends"][backend_name], mod=mod, target=target, settings=settings
         )
