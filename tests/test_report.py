@@ -88,7 +88,10 @@ def test_two_builds_of_the_same_backend_mix_are_compared_and_one_build_measured_
     assert _row(in_turns, "placement")[3] == "0.994"  # 0.308 against the region's 0.310, not 0.383
     assert _row(in_turns, "onnxruntime alone")[3] == "1.006"
     assert _row(one_after_another, "placement")[3] == "1.090"  # 1.090 against the region's 1.000, not its own 0.754
-    assert _row(one_after_another, "onnxruntime's own session")[3] == "0.754"
+    # Measured twice, one build: the second row says whose build it is, the first says nothing.
+    assert _row(one_after_another, "onnxruntime's own session (the placement's build)")[3] == "0.754"
+    assert _row(one_after_another, "onnxruntime alone")[3] == "1.326"  # against the own session, the other build
+    assert "build)" not in one_after_another.split("onnxruntime's own session")[0]
 
 
 def test_the_headline_is_the_latency_in_turns_when_a_contest_ran():

@@ -99,16 +99,25 @@ def _same_build(one, other) -> bool:
     return one.operators_by_backend == other.operators_by_backend
 
 
+def _same_build_as(entry, earlier) -> str:
+    """`` (the placement's build)``, naming the first earlier row of a table that measured the same library
+    (rows that say which build they measured), so that two latencies of one build are not read as two builds."""
+    if not entry.build or not entry.cost.is_measured:
+        return ""
+    first = next((other for other in earlier if other.build == entry.build and other.cost.is_measured), None)
+    return f" (the {shown_name(first)}'s build)" if first is not None else ""
+
+
 def _end_to_end_table(entries) -> str:
     """One section's rows; rows timed after a pause too (in turns) have a column for it."""
     after_pause = any(entry.after_pause is not None for entry in entries)
     rows = []
-    for entry in entries:
+    for index, entry in enumerate(entries):
         best_other = _best_other_build(entry, entries)
         ratio = f"{entry.cost.median_s / best_other:.3f}" if best_other and entry.cost.is_measured else "-"
         mix = ", ".join(f"{b} {n}" for b, n in sorted(entry.operators_by_backend.items()))
         paused = [_after_pause(entry) if entry.after_pause is not None else "-"] if after_pause else []
-        rows.append([shown_name(entry), _ms(entry.cost), *paused, ratio, mix])
+        rows.append([shown_name(entry) + _same_build_as(entry, entries[:index]), _ms(entry.cost), *paused, ratio, mix])
     latency = ["median latency, warm", "after a pause"] if after_pause else ["median latency"]
     return format_table(["end to end", *latency, "vs best other build", "operators"], rows)
 
