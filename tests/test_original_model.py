@@ -367,3 +367,18 @@ def test_a_pytorch_module_is_exported_only_for_a_run_with_own_sessions_and_one_w
         "(the exporter drops an input forward does not use)"
     ]
     assert with_onnx_original(imported, False, said.append) is imported and len(said) == 1
+
+
+def test_a_failed_export_is_one_line_without_the_exporters_graph_dump(capfd):
+    from collage_core.model.torch_onnx import TorchExportError
+
+    class Differences(torch.nn.Module):
+        def forward(self, x):
+            return torch.diff(x)  # the TorchScript exporter has no ONNX for aten::diff at opset 17
+
+    imported = load_model(Differences(), (torch.arange(6.0),))
+    capfd.readouterr()
+    with pytest.raises(TorchExportError, match="PyTorch module Differences: its ONNX export failed: .*aten::diff"):
+        imported.onnx_export()
+    printed = capfd.readouterr()
+    assert "graph" not in printed.out + printed.err, printed

@@ -14,9 +14,12 @@ verified against the module itself.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import sys
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import attrs
 
@@ -44,10 +47,12 @@ def export_flattened(
     with torch.no_grad():
         outputs = [f"output{index}" for index in range(len(flat(*example_inputs)))]
     buffer = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        # The exporter's notices about its own future, not about the module.
+    with torch.no_grad(), warnings.catch_warnings(), _native_output_dropped():
+        # The exporter's notices about its own future, not about the module; and the tracer's that a trace follows
+        # the example inputs, which is what a static export is (the docstrings say so).
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(
             flat,
             tuple(example_inputs),
@@ -59,6 +64,24 @@ def export_flattened(
             dynamo=False,
         )
     return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def _native_output_dropped() -> Iterator[None]:
+    """What native code writes to this process's standard output and error, dropped for the block: the exporter
+    prints its whole graph when it fails (PyTorch 2.13), hundreds of lines above the one line that says why."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    try:
+        with open(os.devnull, "wb") as sink:
+            for fd in saved:
+                os.dup2(sink.fileno(), fd)
+            yield
+    finally:
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def onnx_original(module: Any, example_inputs: Sequence[Any], input_names: Sequence[str], outputs: int) -> OriginalModel:
