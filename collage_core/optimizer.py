@@ -112,7 +112,7 @@ def optimize(
         held = accuracy_stage.held_to_budget(imported, options, pm, backends, folder, say, clock, remote)
         placed_model, target = held.imported.model, imported.target
         placed_model = torch_onnx.with_onnx_original(
-            placed_model, build_stage.own_sessions_wanted(placed_model, backends, options, imported.replayed), say
+            placed_model, build_stage.own_sessions_wanted(placed_model, backends, options, imported.replayed, pm), say
         )
         graph = RelaxGraph.from_function(placed_model.mod["main"], placed_model.mod)
         say(f"{placed_model.name}: {len(graph.graph)} operators; backends: {', '.join(i.name for i in backends)}; target {target}")
@@ -127,7 +127,7 @@ def optimize(
         if folder.kept:
             output_folder.say_what_is_overwritten(folder.path, options.placement, say)
         finish = reuse.key_of_run(job, placed.parts, options) if folder.kept and options.placement is None else None
-        previous = reuse.run_before(folder.path, library, finish, say) if finish is not None else None
+        previous = reuse.run_before(folder.path, library, finish, say, options.remeasure_held_up) if finish is not None else None
         if previous is not None:
             clock.lap("reusing the run before")
             return kept(

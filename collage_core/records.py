@@ -158,7 +158,10 @@ class Cost:
     @classmethod
     def from_json(cls, data: dict) -> "Cost":
         if data["kind"] == MEASURED:
-            return cls.measured(data["median_s"], data["spread_s"], data["repeats"], data.get("held_up_share", 0.0))
+            share = data.get("held_up_share", 0.0)
+            if not isinstance(share, (int, float)) or not math.isfinite(share) or share < 0:
+                raise ValueError(f"held_up_share {share!r} is not a share of a timing")
+            return cls.measured(data["median_s"], data["spread_s"], data["repeats"], share)
         return cls(data["kind"], reason=data.get("reason", ""))
 
 

@@ -336,21 +336,24 @@ def test_a_pytorch_modules_onnx_export_gives_it_engines_own_sessions_whose_winne
         )
 
 
-def test_a_pytorch_module_is_exported_only_for_a_run_with_own_sessions_and_one_whose_export_fails_says_why():
+def test_a_pytorch_module_is_exported_only_for_a_run_with_own_sessions_and_one_whose_export_fails_says_why(engines):
     import torch
 
     from collage_core.build.stage import own_sessions_wanted
     from collage_core.model.torch_onnx import TorchExportError, with_onnx_original
     from collage_core.options import OptimizeOptions
 
-    engine, op_level = (SimpleNamespace(backend=SimpleNamespace(kind=kind)) for kind in (GRAPH_LEVEL, "op-level"))
+    pm = get_plugin_manager()
+    infos = discover_backends(pm)
+    engine, op_level, graph_level = infos["onnxruntime"], infos["tvm"], infos["inductor"]
     fp32, bf16 = SimpleNamespace(precision="fp32"), SimpleNamespace(precision="bf16")
     searching = OptimizeOptions()
-    assert own_sessions_wanted(fp32, [op_level, engine], searching, None)
-    assert not own_sessions_wanted(fp32, [op_level], searching, None)  # no engine: nothing to export for
-    assert not own_sessions_wanted(bf16, [op_level, engine], searching, None)  # the file computes in float32
-    assert not own_sessions_wanted(fp32, [op_level, engine], OptimizeOptions(compare_backends=False), None)
-    assert own_sessions_wanted(fp32, [op_level], searching, SimpleNamespace(original_model={"engine": "onnxruntime"}))
+    assert own_sessions_wanted(fp32, [op_level, engine], searching, None, pm)
+    assert not own_sessions_wanted(fp32, [op_level], searching, None, pm)  # no engine: nothing to export for
+    assert not own_sessions_wanted(fp32, [op_level, graph_level], searching, None, pm)  # Inductor runs no model files
+    assert not own_sessions_wanted(bf16, [op_level, engine], searching, None, pm)  # the file computes in float32
+    assert not own_sessions_wanted(fp32, [op_level, engine], OptimizeOptions(compare_backends=False), None, pm)
+    assert own_sessions_wanted(fp32, [op_level], searching, SimpleNamespace(original_model={"engine": "onnxruntime"}), pm)
 
     class Unused(torch.nn.Module):
         def forward(self, x, ignored):
@@ -382,3 +385,34 @@ def test_a_failed_export_is_one_line_without_the_exporters_graph_dump(capfd):
         imported.onnx_export()
     printed = capfd.readouterr()
     assert "graph" not in printed.out + printed.err, printed
+
+
+def _traced_pair():
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, x + 1
+
+    return torch.jit.trace(Pair(), (torch.ones(2, 3),)), (torch.ones(2, 3),)
+
+
+def _encoder():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval(), (torch.randn(1, 8, 32),)
+
+
+@pytest.mark.parametrize("made", [_traced_pair, _encoder], ids=["traced module", "TransformerEncoder (fused attention in eval)"])
+def test_a_modules_onnx_export_computes_what_the_module_does_in_onnx_runtime(made):
+    """A traced module is exported as it is (it cannot be traced inside another); a TransformerEncoder with PyTorch's
+    fused attention off for the export, and back on after."""
+    import onnxruntime
+
+    module, example = made()
+    imported = load_model(module, example)
+    exported = imported.onnx_export()
+    assert torch.backends.mha.get_fastpath_enabled()
+    inputs = [np.random.default_rng(1).standard_normal(tuple(x.shape), dtype="float32") for x in example]
+    session = onnxruntime.InferenceSession(exported.data, providers=["CPUExecutionProvider"])
+    got = session.run(None, {spec.name: array for spec, array in zip(imported.inputs, inputs)})
+    for have, want in zip(got, imported.reference(inputs), strict=True):
+        np.testing.assert_allclose(have, want, rtol=RTOL, atol=ATOL)

@@ -139,13 +139,15 @@ def baselines(
     return results + own_sessions(job, limit_s, db)
 
 
-def own_sessions_wanted(model, chosen, options, replayed) -> bool:
+def own_sessions_wanted(model, chosen, options, replayed, pm) -> bool:
     """Whether a run of ``model`` (at its precision) over the ``chosen`` backends (BackendInfo) has engines' own
-    sessions to measure as contenders (baselines compared, float32, a graph-level backend among them) or replays a
-    placement that runs one: what a PyTorch module is exported to ONNX for (see collage_core.model.torch_onnx)."""
+    sessions to measure as contenders (baselines compared, float32, a chosen backend whose plugin runs model files,
+    ``collage_lower_whole_model``) or replays a placement that runs one: what a PyTorch module is exported to ONNX
+    for (see collage_core.model.torch_onnx)."""
     if replayed is not None:
         return replayed.original_model is not None
-    return options.compares_backends() and model.precision == FP32 and any(info.backend.kind == GRAPH_LEVEL for info in chosen)
+    runs_files = {impl.plugin_name for impl in pm.hook.collage_lower_whole_model.get_hookimpls()}
+    return options.compares_backends() and model.precision == FP32 and any(info.plugin in runs_files for info in chosen)
 
 
 def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
@@ -155,12 +157,12 @@ def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd,
     one line says so when a graph-level engine was selected."""
     imported, operators = job.imported, len(job.graph.graph)
     why_none = None
-    if imported.original is None and imported.onnx_export is not None:
-        return []  # a PyTorch module whose ONNX export failed: the run said why
-    if imported.original is None:
-        why_none = f"the model is {original_model.kind_of(imported)}, not a file they read (export it to ONNX and give Collage the file to have them)"
-    elif imported.precision != FP32:
+    if imported.precision != FP32:
         why_none = f"the original file computes in float32, and this run places the model at {imported.precision}"
+    elif imported.original is None and imported.onnx_export is not None:
+        return []  # a PyTorch module whose ONNX export failed (the run said why), or that no engine here runs
+    elif imported.original is None:
+        why_none = f"the model is {original_model.kind_of(imported)}, not a file they read (export it to ONNX and give Collage the file to have them)"
     if why_none is not None:
         if any(backend.kind == GRAPH_LEVEL for backend in job.backends.values()):
             job.say(f"no engine's own session over the original model is a contender: {why_none}")

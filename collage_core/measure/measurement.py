@@ -300,9 +300,10 @@ CLAIM_POLL_S = 0.25
 
 
 def claim_lifetime_s(settings: MeasureSettings) -> float:
-    """The longest measuring one candidate may take, and so its claim: twice when its cost is noisy,
-    each time once more after a transient failure, each in a worker that may have to start first."""
-    return 4 * (settings.timeout_s + START_TIMEOUT_S)
+    """The longest measuring one candidate may take, and so its claim: again when held up by other processes (after
+    HELD_UP_PAUSE_S), again when its cost is noisy, each time once more after a transient failure, each in a worker
+    that may have to start first."""
+    return 6 * (settings.timeout_s + START_TIMEOUT_S) + HELD_UP_PAUSE_S
 
 
 def _build_in_parallel(

@@ -125,13 +125,20 @@ def time_callable(
             once = run(1)
         if settings.cutoff_s is not None and once is not None and once > HOPELESS_FACTOR * settings.cutoff_s + SETUP_ALLOWANCE_S:
             return Cost.measured(once, 0.0, 1)
+    ran = []
+
+    def counted(number: int) -> float:
+        ran.append(number)
+        return run(number)
+
     with waiting() as waited:
         if warm_run_s is None and settings.cutoff_s is not None:
             # Judged on a run after the warm-up: a first run pays for one-time work (oneDNN creating
             # and JIT-compiling its primitives) that says nothing about the steady latency.
-            once = run(1)
-        cost = _repeated(run, settings, once, started)
-    return cost.with_held_up_share(waited.share) if judge_waiting and waited.held_up else cost
+            once = counted(1)
+        cost = _repeated(counted, settings, once, started)
+    # Judged only over runs: a cost cut off on the caller's run ran nothing here.
+    return cost.with_held_up_share(waited.share) if judge_waiting and ran and waited.held_up else cost
 
 
 def _repeated(run: Callable[[int], float], settings: MeasureSettings, once: float, started: float) -> Cost:

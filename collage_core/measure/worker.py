@@ -611,7 +611,7 @@ def _time_remote(state, request):
 
     def measure() -> Cost:
         vm, device = _load_remote_vm(state, library, request.get("carried", ()))
-        cost = _time_vm(vm, device, mod, settings)
+        cost = _time_vm(vm, device, mod, settings, judge_waiting=False)  # timed on the server: this process's waits say nothing
         return _net_of_call(cost, _remote_call_overhead_s(state, settings, library.parent))
 
     return {"cost": _guarded(state, measure).to_json(), "server": _remote(state)["server"]}

@@ -25,7 +25,7 @@ import attrs
 
 from collage_core.errors import CollageError, one_line
 from collage_core.model.original_model import ONNX, OriginalModel
-from collage_core.model.torch_outputs import Flattened
+from collage_core.model.torch_outputs import Flattened, flatten
 
 # The ONNX opset of the exports, as the ONNX route's advice names it.
 OPSET = 17
@@ -38,16 +38,16 @@ class TorchExportError(CollageError):
 def export_flattened(
     flat: Flattened, example_inputs: Sequence[Any], input_names: Sequence[str], dynamic_axes: Optional[dict] = None
 ) -> bytes:
-    """``flat`` (a :class:`Flattened` module) exported by the TorchScript exporter at OPSET, inputs named ``input_names``,
-    outputs ``output0``, ``output1``, ..., with ``dynamic_axes`` (``{input: {axis: name}}``); the exporter's own error
-    when it fails."""
+    """``flat`` (a :class:`Flattened` module, or a module PyTorch traced or scripted, whose tensors are returned in
+    order already) exported by the TorchScript exporter at OPSET, inputs named ``input_names``, outputs ``output0``,
+    ``output1``, ..., with ``dynamic_axes`` (``{input: {axis: name}}``); the exporter's own error when it fails."""
     # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
     import torch
 
     with torch.no_grad():
-        outputs = [f"output{index}" for index in range(len(flat(*example_inputs)))]
+        outputs = [f"output{index}" for index in range(len(flatten(flat(*example_inputs))))]
     buffer = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings(), _native_output_dropped():
+    with torch.no_grad(), warnings.catch_warnings(), _native_output_dropped(), _without_fused_attention(torch):
         # The exporter's notices about its own future, not about the module; and the tracer's that a trace follows
         # the example inputs, which is what a static export is (the docstrings say so).
         warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -64,6 +64,18 @@ def export_flattened(
             dynamo=False,
         )
     return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def _without_fused_attention(torch) -> Iterator[None]:
+    """PyTorch's fused ("fast path") attention off for the block: in eval mode without gradients, ``nn.TransformerEncoder``
+    and ``nn.MultiheadAttention`` call fused kernels the exporter has no ONNX for; their plain path computes the same."""
+    was = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(was)
 
 
 @contextlib.contextmanager
@@ -87,14 +99,17 @@ def _native_output_dropped() -> Iterator[None]:
 def onnx_original(module: Any, example_inputs: Sequence[Any], input_names: Sequence[str], outputs: int) -> OriginalModel:
     """``module`` exported as the module's docstring says, as the original file of a run: it must take the
     ``input_names`` in order and give ``outputs`` tensors, as the imported module does; else one line saying what."""
-    # Deferred: ONNX is optional: loaded only for an ONNX model or a PyTorch module's export.
+    # Deferred: ONNX and PyTorch are optional: loaded only for an ONNX model or a PyTorch module's export.
     import onnx
+    import torch
 
     name = type(module).__name__
     was_training = module.training
     module.eval()
+    # A traced or scripted module returns its tensors flat already, and cannot be traced again inside another module.
+    flat = module if isinstance(module, torch.jit.ScriptModule) else Flattened(module)
     try:
-        data = export_flattened(Flattened(module), example_inputs, input_names)
+        data = export_flattened(flat, example_inputs, input_names)
     except Exception as error:  # noqa: BLE001 - one line naming the module
         raise TorchExportError(f"PyTorch module {name}: its ONNX export failed: {one_line(error)}") from None
     finally:

@@ -231,9 +231,16 @@ def key_of_run(job: Job, parts, options: "OptimizeOptions") -> FinishKey:
     )
 
 
-def run_before(directory: Path, library: Path, key: FinishKey, say) -> Optional[FinishedBuild]:
-    """The end of the run before in ``directory`` when it can be reused under ``key``; says why it cannot."""
+def run_before(directory: Path, library: Path, key: FinishKey, say, remeasure_held_up: bool = False) -> Optional[FinishedBuild]:
+    """The end of the run before in ``directory`` when it can be reused under ``key``, and, with ``remeasure_held_up``,
+    none of its latencies was timed held up by other processes; says why it cannot."""
     kept = load_finished(directory, library, key)
+    if remeasure_held_up and kept.finished is not None and any(row.cost.held_up for row in kept.finished.end_to_end):
+        kept = attrs.evolve(
+            kept,
+            finished=None,
+            why_not="some of its latencies were timed while other processes kept the processors busy (--remeasure-held-up)",
+        )
     if kept.why_not:
         say(f"the run before in {directory} is not reused: {kept.why_not}")
     if kept.finished is not None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from plugins_for_tests.held_up_timings import ATTEMPTS, BACKENDS, HELD_UP_ALWAYS, HELD_UP_ONCE, MEASURED
@@ -26,12 +26,14 @@ import collage_core
 from collage_core import tvm_compat
 from collage_core.backends import contribute_patterns
 from collage_core.candidates.enumeration import enumerate_candidates
+from collage_core.measure import zygote
 from collage_core.measure.cost_db import CostDatabase, CostDatabaseError
 from collage_core.measure.measurement import measure_candidates
 from collage_core.measure.processor_wait import HELD_UP_SHARE, waiting
 from collage_core.measure.timing import MeasureSettings, time_callable
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.records import Cost
+from collage_core.search.stage import held_up_warning
 
 PLUGIN = "plugins_for_tests.held_up_timings"
 QUICK = MeasureSettings(warmup=1, min_repeats=1, max_repeats=2, min_repeat_ms=1.0, time_bound_s=1.0, timeout_s=60.0, build_workers=1)
@@ -111,15 +113,19 @@ def test_a_stored_held_up_mark_no_collage_wrote_is_refused_naming_the_file(tmp_p
 
 @contextlib.contextmanager
 def spinning_beside_this_process(count: int):
-    """This process (and the workers it starts) on one processor, with ``count`` processes spinning on it."""
+    """This process, and the workers it starts, on one processor, with ``count`` processes spinning on it. Workers
+    are forked from a zygote that keeps the processors it started with: those running now are closed before and
+    after, so that the workers start here and no later test inherits the one processor."""
     cores = os.sched_getaffinity(0)
     one = {min(cores)}
     spinners = [
         subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {one!r})\nwhile True: pass"]) for _ in range(count)
     ]
+    zygote.close_all()
     os.sched_setaffinity(0, one)
     try:
-        while True:  # the spinners have started spinning once this process waits beside them
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:  # the spinners have started spinning once this process waits beside them
             with waiting() as waited:
                 sum(range(200_000))
             if waited.share > 0.0:
@@ -127,12 +133,13 @@ def spinning_beside_this_process(count: int):
         yield
     finally:
         os.sched_setaffinity(0, cores)
+        zygote.close_all()
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
 
 
-def test_real_tvm_timings_beside_busy_processes_are_marked_reported_and_remeasured_on_request(tmp_path, caplog):
+def test_real_tvm_timings_beside_busy_processes_are_marked_reported_and_remeasured_on_request(tmp_path, capfd):
     model = tmp_path / "relu.onnx"
     model.write_bytes(relu_model().SerializeToString())
     db = tmp_path / "costs.sqlite"
@@ -147,22 +154,40 @@ def test_real_tvm_timings_beside_busy_processes_are_marked_reported_and_remeasur
             verify=False,
             output_dir=tmp_path / out,
             cost_db=db,
-            show_progress=False,
+            show_progress=True,
             **options,
         )
 
-    with caplog.at_level(logging.WARNING, logger="collage"), spinning_beside_this_process(2):
+    with spinning_beside_this_process(2):
         busy = run("busy")
     assert busy.measurement.held_up and set(busy.measurement.held_up) <= set(busy.measurement.costs)
     assert all(busy.measurement.costs[key].held_up_share >= HELD_UP_SHARE for key in busy.measurement.held_up)
-    said = [record.getMessage() for record in caplog.records if "waiting for a processor" in record.getMessage()]
-    assert said and "--remeasure-held-up" in said[0], said
+    assert held_up_warning(len(busy.measurement.held_up)) in capfd.readouterr().err
     results = json.loads((tmp_path / "busy" / "results.json").read_text())
     assert sorted(results["measurement"]["held_up"]) == sorted(busy.measurement.held_up)
     assert "held up (timed while other processes kept the processors busy" in (tmp_path / "busy" / "report.txt").read_text()
 
     again = run("again", remeasure_held_up=True)
     assert again.measurement.measured == len(busy.measurement.held_up)
+
+
+def test_the_held_up_line_counts_in_words():
+    assert held_up_warning(1).startswith("1 candidate's cost was timed while")
+    assert held_up_warning(3).startswith("3 candidates' costs were timed while")
+
+
+def test_a_finished_run_with_a_held_up_latency_is_not_reused_under_remeasure_held_up(tmp_path):
+    from collage_core.outputs import reuse
+    from collage_core.outputs.end_to_end import EndToEnd
+
+    held_up = EndToEnd("placement", Cost.measured(1e-3, 1e-5, 5, held_up_share=0.6), {"tvm": 1})
+    finished = SimpleNamespace(end_to_end=[held_up])
+    said = []
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(reuse, "load_finished", lambda directory, library, key: reuse.Lookup(finished=finished))
+        assert reuse.run_before(tmp_path, tmp_path / "m.so", None, said.append) is finished
+        assert reuse.run_before(tmp_path, tmp_path / "m.so", None, said.append, remeasure_held_up=True) is None
+    assert "is not reused: some of its latencies were timed while other processes kept the processors busy" in said[-1]
 
 
 def spin_runs(number: int) -> float:
