@@ -372,19 +372,35 @@ def test_a_pytorch_module_is_exported_only_for_a_run_with_own_sessions_and_one_w
     assert with_onnx_original(imported, False, said.append) is imported and len(said) == 1
 
 
-def test_a_failed_export_is_one_line_without_the_exporters_graph_dump(capfd):
-    from collage_core.model.torch_onnx import TorchExportError
+class Differences(torch.nn.Module):
+    def forward(self, x):
+        return torch.diff(x)  # the TorchScript exporter has no ONNX for aten::diff at opset 17 (transformers' GPT-2 masks call it)
 
-    class Differences(torch.nn.Module):
-        def forward(self, x):
-            return torch.diff(x)  # the TorchScript exporter has no ONNX for aten::diff at opset 17
 
+def test_a_failed_export_is_one_line_without_the_exporters_graph_dump(capfd, monkeypatch):
+    from collage_core.model import torch_onnx
+
+    monkeypatch.setattr(torch_onnx, "_exported_from_program", lambda *args: None)  # as where onnxscript is not installed
     imported = load_model(Differences(), (torch.arange(6.0),))
     capfd.readouterr()
-    with pytest.raises(TorchExportError, match="PyTorch module Differences: its ONNX export failed: .*aten::diff"):
+    with pytest.raises(torch_onnx.TorchExportError, match="PyTorch module Differences: its ONNX export failed: .*aten::diff"):
         imported.onnx_export()
     printed = capfd.readouterr()
     assert "graph" not in printed.out + printed.err, printed
+
+
+def test_what_the_torchscript_exporter_refuses_is_exported_from_the_torch_export_program(capfd):
+    import onnxruntime
+
+    pytest.importorskip("onnxscript", reason="PyTorch's exporter from torch.export programs needs onnxscript")
+    imported = load_model(Differences(), (torch.arange(6.0),))
+    capfd.readouterr()
+    exported = imported.onnx_export()
+    assert "torchvision" not in capfd.readouterr().err  # the exporter's notices, dropped
+    x = np.array([1.0, 4.0, 9.0, 16.0, 25.0, 36.0], "float32")
+    session = onnxruntime.InferenceSession(exported.data, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {imported.inputs[0].name: x})[0], np.diff(x), rtol=RTOL, atol=ATOL)
+    assert load_model(Differences(), (torch.arange(6.0),)).onnx_export().digest == exported.digest  # the same file again
 
 
 def _traced_pair():

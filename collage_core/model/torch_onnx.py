@@ -4,7 +4,8 @@ An ONNX file's engines (ONNX Runtime, OpenVINO) each run it whole in their own s
 returns when it is the fastest (:mod:`collage_core.model.original_model`). A PyTorch module has no file, so it
 had none: on a RoFormer its searched placement took 0.478 ms where OpenVINO's own session over its ONNX export
 took 0.334. :func:`onnx_original` exports the module as the single-shape ONNX route would have it
-(opset 17, a trace: branches on input values follow the example inputs), its inputs named after ``forward``'s
+(opset 17, a trace: branches on input values follow the example inputs; where that exporter fails and
+``onnxscript`` is installed, from the program ``torch.export`` makes, at opset 18), its inputs named after ``forward``'s
 parameters, its outputs the tensors it returns flattened as the import flattens them (``output0``, ...), each
 dimension the example's. A run exports it only when it has such a contender to measure, or replays a placement
 that runs one; the export is then the original file, so a placement running it records its digest, and a
@@ -15,6 +16,7 @@ verified against the module itself.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import sys
@@ -27,8 +29,10 @@ from collage_core.errors import CollageError, one_line
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.torch_outputs import Flattened, flatten
 
-# The ONNX opset of the exports, as the ONNX route's advice names it.
+# The ONNX opset of the exports, as the ONNX route's advice names it; PyTorch's exporter from ``torch.export``
+# programs starts at 18.
 OPSET = 17
+DYNAMO_OPSET = 18
 
 
 class TorchExportError(CollageError):
@@ -96,6 +100,44 @@ def _native_output_dropped() -> Iterator[None]:
             os.close(copy)
 
 
+def _exported_from_program(module, example_inputs: Sequence[Any], input_names: Sequence[str]) -> Optional[bytes]:
+    """``module`` exported by PyTorch's other exporter, from the program ``torch.export`` makes (as Collage imports the
+    module), at opset DYNAMO_OPSET; None where it is not installed (it needs ``onnxscript``) or fails. It takes what the
+    TorchScript exporter has no ONNX for (transformers' GPT-2 masks call ``aten::diff``), in seconds more."""
+    # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
+    import logging
+
+    import torch
+
+    if importlib.util.find_spec("onnxscript") is None:
+        return None
+    flat = Flattened(module, input_names)
+    with torch.no_grad():
+        outputs = [f"output{index}" for index in range(len(flatten(flat(*example_inputs))))]
+    quiet = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    levels = [logger.level for logger in quiet]
+    try:
+        for logger in quiet:  # its notices (torchvision's operators skipped, each step taken): nothing about the module
+            logger.setLevel(logging.ERROR)
+        with torch.no_grad(), warnings.catch_warnings(), _native_output_dropped(), _without_fused_attention(torch):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                flat,
+                tuple(example_inputs),
+                input_names=list(input_names),
+                output_names=outputs,
+                opset_version=DYNAMO_OPSET,
+                dynamo=True,
+                verbose=False,
+            )
+        return program.model_proto.SerializeToString()
+    except Exception:  # noqa: BLE001 - the TorchScript exporter's failure is the one reported
+        return None
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+
+
 def onnx_original(module: Any, example_inputs: Sequence[Any], input_names: Sequence[str], outputs: int) -> OriginalModel:
     """``module`` exported as the module's docstring says, as the original file of a run: it must take the
     ``input_names`` in order and give ``outputs`` tensors, as the imported module does; else one line saying what."""
@@ -111,7 +153,9 @@ def onnx_original(module: Any, example_inputs: Sequence[Any], input_names: Seque
     try:
         data = export_flattened(flat, example_inputs, input_names)
     except Exception as error:  # noqa: BLE001 - one line naming the module
-        raise TorchExportError(f"PyTorch module {name}: its ONNX export failed: {one_line(error)}") from None
+        data = None if isinstance(flat, torch.jit.ScriptModule) else _exported_from_program(module, example_inputs, input_names)
+        if data is None:
+            raise TorchExportError(f"PyTorch module {name}: its ONNX export failed: {one_line(error)}") from None
     finally:
         module.train(was_training)
     graph = onnx.load_from_string(data).graph
