@@ -9,7 +9,9 @@ time its threads spent waiting does. Linux counts it per thread (the second fiel
 reads it to tell a worker held up by the machine from one that hangs.
 
 :func:`waiting` measures the share of a stretch of wall time that this process's threads, all
-together, spent so; :data:`HELD_UP_SHARE` is where a timing counts as held up.
+together, spent so; :data:`HELD_UP_SHARE` is where a timing counts as held up. Linux shares a processor
+between sessions first (autogroups), and measurement workers run in sessions of their own, so what
+holds a worker up is other sessions' work: another user's job, another Collage run.
 """
 
 from __future__ import annotations

@@ -118,8 +118,10 @@ def spinning_beside_this_process(count: int):
     after, so that the workers start here and no later test inherits the one processor."""
     cores = os.sched_getaffinity(0)
     one = {min(cores)}
+    # Each in a session of its own, as the workers are: Linux's autogroups share a processor between sessions first.
     spinners = [
-        subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {one!r})\nwhile True: pass"]) for _ in range(count)
+        subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {one!r})\nwhile True: pass"], start_new_session=True)
+        for _ in range(count)
     ]
     zygote.close_all()
     os.sched_setaffinity(0, one)
