@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import logging
 import os
 import sys
 import warnings
@@ -105,8 +106,6 @@ def _exported_from_program(module, example_inputs: Sequence[Any], input_names: S
     module), at opset DYNAMO_OPSET; None where it is not installed (it needs ``onnxscript``) or fails. It takes what the
     TorchScript exporter has no ONNX for (transformers' GPT-2 masks call ``aten::diff``), in seconds more."""
     # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch module.
-    import logging
-
     import torch
 
     if importlib.util.find_spec("onnxscript") is None:
