@@ -110,7 +110,7 @@ def _exported_from_program(module, example_inputs: Sequence[Any], input_names: S
 
     if importlib.util.find_spec("onnxscript") is None:
         return None
-    flat = Flattened(module, input_names)
+    flat = Flattened(module, input_names).eval()  # a wrapper starts in training mode, which this exporter passes on
     with torch.no_grad():
         outputs = [f"output{index}" for index in range(len(flatten(flat(*example_inputs))))]
     quiet = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
