@@ -343,8 +343,13 @@ def check_same_file(placement, imported, origin: str) -> None:
             f"but this model is {kind_of(imported)}: give Collage that file"
         )
     if imported.original.digest != recorded["sha256"]:
+        module = (
+            " (a PyTorch module's file is its ONNX export, which changes with its weights and with the PyTorch version)"
+            if imported.source == "torch"
+            else ""
+        )
         raise PlacementFileError(
             f"{origin}: runs the original model file on {contender_name(engine)}, made from a file "
-            f"of SHA-256 {recorded['sha256'][:12]}..., and this model's is {imported.original.digest[:12]}...: "
+            f"of SHA-256 {recorded['sha256'][:12]}..., and this model's is {imported.original.digest[:12]}...{module}: "
             f"it is another model; optimize this one"
         )
