@@ -10,10 +10,10 @@ mostly waiting, which :mod:`collage_core.measure.processor_wait` measures. ``nev
 
 import os
 import time
-from pathlib import Path
 
 from collage_core import Cost, hookimpl
 from plugins_for_tests.any_operator import any_operator_backends
+from plugins_for_tests.attempts import attempt as counted_attempt
 
 HELD_UP_ALWAYS = "held_up_always"
 HELD_UP_ONCE = "held_up_once"
@@ -26,15 +26,8 @@ SPINNERS = 3
 
 
 def attempt(name: str) -> int:
-    """This attempt's number for ``name`` (1 for the first), kept in files so that every worker counts."""
-    folder = Path(os.environ[ATTEMPTS])
-    number = 1
-    while True:
-        try:
-            (folder / f"{name}-{number}").touch(exist_ok=False)
-            return number
-        except FileExistsError:
-            number += 1
+    """This attempt's number for ``name`` (1 for the first), counted in the folder the variable ATTEMPTS names, by every worker."""
+    return counted_attempt(ATTEMPTS, name)
 
 
 def _spin(seconds: float) -> None:

@@ -14,10 +14,10 @@ measure ``MEASURED`` and lower as TVM does.
 import os
 import signal
 import time
-from pathlib import Path
 
 from collage_core import Cost, hookimpl
 from plugins_for_tests.any_operator import any_operator_backends
+from plugins_for_tests.attempts import attempt as counted_attempt
 
 KILLED_ONCE = "killed_once"
 TERMINATED_ONCE = "terminated_once"
@@ -31,15 +31,8 @@ SPIN_LIMIT_S = 60.0
 
 
 def attempt(name: str) -> int:
-    """This attempt's number for ``name`` (1 for the first), kept in files so that every worker counts."""
-    folder = Path(os.environ[ATTEMPTS])
-    number = 1
-    while True:
-        try:
-            (folder / f"{name}-{number}").touch(exist_ok=False)
-            return number
-        except FileExistsError:
-            number += 1
+    """This attempt's number for ``name`` (1 for the first), counted in the folder the variable ATTEMPTS names, by every worker."""
+    return counted_attempt(ATTEMPTS, name)
 
 
 def _kill(signal_number: int) -> None:
