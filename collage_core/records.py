@@ -33,6 +33,11 @@ class Backend:
     # TorchInductor compiles each region for seconds, quick enough beside a GPU's other costs but not
     # on the CPU, so it says ("cuda",) and the default CPU run stays quick.
     chosen_by_default: bool | tuple[str, ...] = True
+    # Whether partitions placed next to each other on this op-level backend may be compiled as one
+    # (TVM fuses the elementwise operators, casts and reductions of what were separate partitions into
+    # fewer kernels). Calibration then also measures its placement with them merged into regions, and
+    # keeps whichever runs faster end to end.
+    compiles_regions: bool = False
 
 
 @attrs.frozen

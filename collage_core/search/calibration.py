@@ -17,6 +17,12 @@ measured slower end to end than another one measured is never returned. One whos
 charged as the last round measured, predict more than PREDICTED_LOSS_FACTOR times the best
 latency measured is not built: it cannot win (untuned TVM alone on BERT-base: its candidates sum
 to seconds against a placement of 0.25 s, and building it took 34 s).
+
+Last, where a backend compiles regions (``Backend.compiles_regions``: TVM), the fastest placement is
+measured once more with that backend's adjacent partitions merged into regions, which it compiles as
+one function each: its own fusion then makes one kernel of casts and elementwise chains that the
+op-level search placed as separate partitions, because no single candidate covered them. The merged
+placement is kept only if it measures faster end to end.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ DEFAULT_ROUNDS = 2
 PREDICTED_LOSS_FACTOR = 2.0
 # A candidate's cost charged with a negative charge keeps at least this share of itself.
 CHARGED_FLOOR = 0.1
+# How a placement with adjacent partitions merged into regions is named after the one it came from.
+MERGED_SUFFIX = ", adjacent partitions merged into regions"
 
 
 @attrs.frozen
@@ -55,6 +63,8 @@ class CalibrationResult:
     alternative: str = ""  # the name of the alternative placement returned, if one was fastest
     # Alternatives not built because their candidates predicted a loss: (name, predicted seconds).
     predicted: tuple[tuple[str, float], ...] = ()
+    # The fastest placement with adjacent partitions merged into regions (see ``merge``), as measured: (partitions, latency).
+    merged: Optional[tuple[int, Cost]] = None
 
 
 def signature(parts: Sequence[Partition]) -> tuple:
@@ -98,10 +108,13 @@ def calibrate(
     rounds: int = DEFAULT_ROUNDS,
     alternatives: Sequence[tuple[str, Sequence[Partition]]] = (),
     prepare: Optional[Callable[[list[Sequence[Partition]]], object]] = None,
+    merge: Optional[Callable[[Sequence[Partition]], Sequence[Partition]]] = None,
 ) -> CalibrationResult:
     """The fastest end to end of ``parts``, up to ``rounds`` re-searched placements and the named ``alternatives``.
     ``prepare(placements)`` is handed the alternatives about to be measured, for an evaluator that builds them all
-    at once first (:meth:`EndToEndEvaluator.prepare`); it changes what is measured in no way."""
+    at once first (:meth:`EndToEndEvaluator.prepare`); it changes what is measured in no way. ``merge(placement)``
+    gives the fastest of them with adjacent partitions merged into regions (:func:`~collage_core.search.regions.merged_regions`),
+    measured last and kept when faster, named as the placement it came from with MERGED_SUFFIX."""
     best_parts, best = tuple(parts), evaluate(parts)
     if not best.is_measured:
         return CalibrationResult(best_parts, best, ())
@@ -147,4 +160,12 @@ def calibrate(
         latency = evaluate(alternative)
         if latency.is_measured and latency.median_s < best.median_s:
             best_parts, best, chosen = tuple(alternative), latency, name
-    return CalibrationResult(best_parts, best, tuple(history), chosen, tuple(predicted))
+    merged = None
+    if merge is not None:
+        regions = tuple(merge(best_parts))
+        if signature(regions) not in measured:
+            latency = evaluate(regions)
+            merged = (len(regions), latency)
+            if latency.is_measured and latency.median_s < best.median_s:
+                best_parts, best, chosen = regions, latency, (chosen or "the op-level placement") + MERGED_SUFFIX
+    return CalibrationResult(best_parts, best, tuple(history), chosen, tuple(predicted), merged)

@@ -1,11 +1,14 @@
-"""Turning a genome (a backend choice per op group) into partitions: adjacent groups on one graph-level backend merge."""
+"""Turning a genome (a backend choice per op group) into partitions: adjacent groups on one graph-level backend merge;
+and merging a placement's adjacent partitions on a backend that compiles regions (:func:`merged_regions`)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import heapq
+from typing import Collection, Sequence
 
 import attrs
 
+from collage_core.model.original_model import runs_original
 from collage_core.records import Cost, Partition
 from collage_core.search.graph import OpGraph
 
@@ -111,6 +114,42 @@ def _runs_in_order(graph: OpGraph, parts, owner, grown: set) -> bool:
             if indegree[target] == 0:
                 ready.append(target)
     return seen == len(indegree)
+
+
+def merged_regions(graph: OpGraph, parts: Sequence[Partition], backends: Collection[str]) -> list[Partition]:
+    """``parts`` with each backend of ``backends`` given its adjacent partitions as regions, merged as
+    :func:`decode` merges a graph-level backend's groups (a region stays convex and every partition can still
+    run in some order). A partition that joins no other stays as it is, candidate and measured cost; a region
+    of several is a ``"<backend>.region"`` partition whose cost is unknown until the placement is measured."""
+    ordered = execution_order(graph, parts)
+    groups = [OpGroup(part, (part.backend,)) for part in ordered]
+    genome = [1 if part.backend in backends and not runs_original(part) else KEEP for part in ordered]
+    as_placed = {part.nodes: part for part in ordered}
+    return [as_placed.get(part.nodes, part) for part in decode(graph, groups, genome)]
+
+
+def execution_order(graph: OpGraph, parts: Sequence[Partition]) -> list[Partition]:
+    """``parts`` in an order they can run in: each after those it reads from (ties: the lower first operator)."""
+    owner = {node: index for index, part in enumerate(parts) for node in part.nodes}
+    readers: list[set[int]] = [set() for _ in parts]
+    waiting = [0] * len(parts)
+    for index, part in enumerate(parts):
+        for source in {owner[p] for n in part.nodes for p in graph.preds[n] if p in owner} - {index}:
+            readers[source].add(index)
+            waiting[index] += 1
+    ready = [(min(part.nodes), index) for index, part in enumerate(parts) if waiting[index] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, index = heapq.heappop(ready)
+        order.append(parts[index])
+        for reader in readers[index]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, (min(parts[reader].nodes), reader))
+    if len(order) != len(parts):
+        raise ValueError("the partitions read from each other in a cycle")
+    return order
 
 
 def genome_key(parts: Sequence[Partition]) -> str:

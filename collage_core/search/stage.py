@@ -20,6 +20,7 @@ from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Partition
 from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
 from collage_core.search.calibration import PREDICTED_LOSS_FACTOR, calibrate, signature
+from collage_core.search.regions import merged_regions
 from collage_core.search.two_level import TwoLevelResult, TwoLevelSettings, history_text, search_two_level
 
 if TYPE_CHECKING:  # the options name the searches defined here
@@ -160,6 +161,17 @@ def two_level_search(job: Job, op_level_parts, candidates, db, settings: TwoLeve
     return result
 
 
+def region_compilers(job: Job) -> list[str]:
+    """The op-level backends of this run that compile adjacent partitions as one region (``Backend.compiles_regions``)."""
+    return [info.name for info in job.chosen if info.backend.kind == OP_LEVEL and info.backend.compiles_regions]
+
+
+def merge(job: Job):
+    """What calibration calls to merge a placement's adjacent partitions into regions; None when no backend compiles them."""
+    backends = region_compilers(job)
+    return (lambda parts: merged_regions(job.graph.graph, parts, backends)) if backends else None
+
+
 def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> list[Partition]:
     """The op-level placement re-searched with per-partition charges measured end to end (see calibration)."""
     if rounds <= 0:
@@ -176,7 +188,9 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
     alternatives += without_each_backend(job.graph, op_level, costs, parts)
     evaluate = job.end_to_end_evaluator(db)
     try:
-        result = calibrate(job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives, prepare=evaluate.prepare)
+        result = calibrate(
+            job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives, prepare=evaluate.prepare, merge=merge(job)
+        )
     finally:
         evaluate.discard_prebuilt()
     for number, step in enumerate(result.rounds):
@@ -188,6 +202,11 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
     for name, guess in result.predicted:
         job.say(
             f"'{name}' not built: its candidates predict {guess * 1e3:.3f} ms end to end, over {PREDICTED_LOSS_FACTOR:g}x the best measured"
+        )
+    if result.merged is not None:
+        count, latency = result.merged
+        job.say(
+            f"  with adjacent {'/'.join(region_compilers(job))} partitions merged: {count} partitions, end to end {describe_cost(latency)}"
         )
     if result.alternative:
         job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")

@@ -76,6 +76,7 @@ def _describe() -> Backend:
         version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}",
         description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
         lowering_uses_device=False,  # compiles only: candidates are built several at once
+        compiles_regions=True,  # FuseOps fuses across what were partition boundaries
     )
 
 
