@@ -16,6 +16,7 @@ from collage_core.measure.job import Job, describe_cost
 from collage_core.measure.measurement import NOISY_FACTOR, MeasurementReport, measure_candidates
 from collage_core.measure.processor_wait import HELD_UP_SHARE
 from collage_core.measure.progress import PhaseClock, ProgressBar
+from collage_core.outputs.explain import counted
 from collage_core.outputs.placement_file import SEARCH_BEST_FILE, Placement
 from collage_core.records import GRAPH_LEVEL, OP_LEVEL, Partition
 from collage_core.search.baselines import op_groups, searched_parts, single_backend_parts, without_each_backend
@@ -206,7 +207,7 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
     if result.merged is not None:
         count, latency = result.merged
         job.say(
-            f"  with adjacent {'/'.join(region_compilers(job))} partitions merged: {count} partitions, end to end {describe_cost(latency)}"
+            f"  with adjacent {'/'.join(region_compilers(job))} partitions merged: {counted(count, 'partition')}, end to end {describe_cost(latency)}"
         )
     if result.alternative:
         job.say(f"'{result.alternative}' measured fastest end to end ({describe_cost(result.latency)}): it is the placement")

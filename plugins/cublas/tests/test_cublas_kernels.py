@@ -167,3 +167,20 @@ def test_a_product_cast_to_sixteen_bits_writes_sixteen_bits_like_pytorch(pm, bac
     operands = operand_arrays(spec.operands, mod["main"].params, inputs)
     expected = reference(spec.words, operands, got.size, device="cuda", dtype=torch.float32).reshape(got.shape)
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=sixteen_bit_atol(expected, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_weight_of_odd_width_read_from_its_padded_copy_matches_pytorch(pm, backends, cuda, dtype):
+    """A language-model head's shape (a vocabulary of odd size): the weight's rows are padded to 16 bytes for cuBLASLt."""
+    target, device = cuda
+    rng = np.random.default_rng(5)
+    weight = rounded_to(rng.uniform(-1, 1, size=(768, 1001)).astype(F), dtype)
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (64, 768), dtype=dtype)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), "cublas.dense")
+    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
+    assert spec.words[7] % 8 == 0  # the padded leading dimension
+    vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
+    x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)
+    got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))
+    expected = torch.from_numpy(x.astype(np.float32)).double() @ torch.from_numpy(weight.astype(np.float32)).double()
+    np.testing.assert_allclose(got, expected.numpy(), rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL * 768**0.5)

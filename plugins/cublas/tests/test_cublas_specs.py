@@ -18,7 +18,7 @@ from cublas_cases import reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
-from collage_core.kit.testing import DTYPES, assert_matches, function_module, inputs_and_answer, operand_arrays, whole_candidate
+from collage_core.kit.testing import DTYPES, assert_matches, function_module, inputs_and_answer, operand_arrays, rounded_to, whole_candidate
 from collage_core.kit.testing import product_case as case
 
 R = relax.op
@@ -214,3 +214,24 @@ def test_a_tf32_kernel_takes_only_float32_operands():
     graph = RelaxGraph.from_function(mod["main"])
     with pytest.raises(Refused, match="a TF32 kernel takes float32 operands"):
         specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), tf32=True)
+
+
+@pytest.mark.parametrize(
+    "dtype, shape, padded_cols",
+    [
+        ("float32", (24, 13), 16),  # a weight of 13 columns: 52-byte rows padded to 64 bytes
+        ("bfloat16", (24, 13), 16),  # 26-byte rows padded to 32 bytes
+        ("bfloat16", (24, 40), 40),  # 80-byte rows: already aligned, read in place
+    ],
+)
+def test_a_constant_operand_whose_rows_are_not_16_bytes_apart_is_read_from_a_padded_copy(dtype, shape, padded_cols):
+    """GPT-2's language-model head (a weight of 50257 columns) ran as cuBLASLt's sm75 kernel at alignment 1."""
+    weight = rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (3, 5, shape[0]), dtype=dtype)
+    graph, candidate = whole(mod, "dense")
+    spec = check_candidate(graph, candidate.nodes)  # computes what TVM computes: the padding is never read
+    stored = tvm_compat.constant_array(spec.operands[0])
+    assert stored.shape == (shape[0], padded_cols) and str(stored.dtype) == dtype
+    np.testing.assert_array_equal(stored[:, : shape[1]], weight)
+    assert not np.any(stored[:, shape[1] :].astype(np.float32))
+    assert spec.words[4:8] == (0, shape[1], shape[0], padded_cols)  # op(a) is N x K, read through the padded rows
