@@ -131,6 +131,7 @@ def test_collage_lower_partitions_replaces_the_body_by_one_packed_call(backends)
     np.testing.assert_allclose(result.numpy() * 0.5, numpy_conv_bias_relu_scale(x), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # 21 s on 2 cores: Inductor compiles two regions; test_inductor_models and test_inductor_packages run its regions by default
 def test_mixed_placements_beside_tvm_match_numpy(pm, backends):
     check_mixed_placements(pm, backends, "inductor", TARGET)
 
