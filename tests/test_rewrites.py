@@ -163,3 +163,34 @@ def test_a_running_sum_of_booleans_counts_in_int64_as_numpy_does_and_one_of_inte
     assert counted.dtype == np.int64 and np.array_equal(counted, np.cumsum(mask, axis=-1))
     integers = module(lambda bb, m: R.cumsum(m, axis=0, exclusive=True), ((2, 9), "int32"))
     assert op_names(rewrites.for_backends(integers)) == ["relax.cumsum"]
+
+
+def test_a_product_of_operands_scaled_by_numbers_is_scaled_once_after_it_with_the_same_numbers():
+    """The exporters' attention scores: Q and K each scaled by d ** -0.25, then K transposed into the product."""
+    q, k = random_input((2, 3, 5, 8), F, RNG), random_input((2, 3, 5, 8), F, RNG)
+    quarter = np.float32(8**-0.25)
+
+    def scores(bb, a, b):
+        scaled_q = bb.emit(R.multiply(a, relax.const(quarter)))
+        scaled_k = bb.emit(R.multiply(relax.const(quarter), bb.emit(R.permute_dims(b, [0, 1, 3, 2]))))
+        return R.matmul(scaled_q, scaled_k)
+
+    mod = module(scores, ((2, 3, 5, 8), F), ((2, 3, 5, 8), F))
+    rewritten = relax.transform.DeadCodeElimination(["main"])(rewrites.for_backends(mod))  # as the import does next
+    assert op_names(rewritten) == ["relax.permute_dims", "relax.matmul", "relax.multiply"]
+    expected = (q * quarter) @ (np.swapaxes(k, -1, -2) * quarter)
+    assert_same(run(rewritten, [q, k]), [expected.astype(np.float32)])
+    assert_same(run(rewritten, [q, k]), run(mod, [q, k]))
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [
+        lambda bb, a: bb.emit(R.multiply(a, a)),  # a tensor, not a number
+        lambda bb, a: bb.emit(R.multiply(a, relax.const(np.full((1, 4), 0.5, "float32")))),  # one number broadcast wider
+    ],
+    ids=["by a tensor", "broadcast wider"],
+)
+def test_a_product_whose_operand_is_not_scaled_by_one_number_stays(scale):
+    mod = module(lambda bb, a, b: R.matmul(scale(bb, a), b), ((4,), F), ((4, 3), F))
+    assert op_names(rewrites.for_backends(mod)) == op_names(mod)

@@ -394,7 +394,8 @@ def canonicalize(mod, origin: str):
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise ModelImportError(f"{origin}: the module has no 'main' function")
     # What the importer writes as opaque kernels (pads) or as a pathological window (a pooling over the
-    # whole input) becomes the operator it computes, which backends and their converters can take.
+    # whole input) becomes the operator it computes, which backends and their converters can take; a scale of a
+    # product's operands moves after the product, where libraries fuse it.
     mod = rewrites.for_backends(mod)
     passes = tvm.transform.Sequential(
         [

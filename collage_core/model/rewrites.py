@@ -10,6 +10,10 @@
 - :func:`boolean_cumsums`: a running sum of booleans (PyTorch's ``mask.cumsum(-1)``, as GPT-2 numbers its positions)
   counts in int64, as PyTorch and numpy count; TVM's PyTorch importer keeps the booleans' type, which no backend
   builds (and which would count nothing). ONNX's CumSum takes no booleans, so an ONNX model never has one.
+- :func:`scaled_operands`: a matrix product whose operands are each multiplied by a constant number first (the
+  exporters' attention scales both Q and K by ``d ** -0.25``) becomes the product of the unscaled operands, scaled
+  once after it. Libraries' products read transposed operands in place and scale their result in the epilogue, so
+  the attention scores become one kernel instead of two transposes, two multiplications and the product.
 - :func:`lone_concats`: a concatenation of one tensor (OPT's export writes one around each key and value, where a
   cache would be joined) is that tensor: a copy kernel less, and attention reads its keys and values in place.
 
@@ -32,14 +36,16 @@ POOLINGS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 # Combinations of widths tried per kernel, at most (even ones, then one more before, then all at one end first).
 MAX_PAD_CANDIDATES = 64
 
-Rule = Callable[[tvm.IRModule, relax.Call], Optional[relax.Expr]]
+# A rule sees the module, the call (its arguments already rewritten) and ``producer``, which gives the call an
+# argument is bound to (None for anything else); it returns what replaces the call, or None to keep it.
+Rule = Callable[[tvm.IRModule, relax.Call, Callable[[relax.Expr], Optional[relax.Call]]], Optional[relax.Expr]]
 
 
 def _window_covers(size: int, kernel: int, begin: int, dilation: int, length: int) -> bool:
     return length == 1 and (dilation == 1 or kernel == 1) and kernel - begin >= size
 
 
-def _global_pooling(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+def _global_pooling(mod: tvm.IRModule, call: relax.Call, producer=None) -> Optional[relax.Expr]:
     if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) not in POOLINGS:
         return None
     attrs = call.attrs
@@ -85,7 +91,7 @@ def _topi_pads():
     }
 
 
-def _importer_pad(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+def _importer_pad(mod: tvm.IRModule, call: relax.Call, producer=None) -> Optional[relax.Expr]:
     parts = tvm_compat.tir_call(call)
     if parts is None or len(parts[1]) != 1:
         return None
@@ -114,13 +120,13 @@ def _importer_pad(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
     return None
 
 
-def _lone_concat(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+def _lone_concat(mod: tvm.IRModule, call: relax.Call, producer=None) -> Optional[relax.Expr]:
     if tvm_compat.op_name(call) != "relax.concat" or not isinstance(call.args[0], relax.Tuple) or len(call.args[0].fields) != 1:
         return None
     return call.args[0].fields[0]
 
 
-def _boolean_cumsum(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]:
+def _boolean_cumsum(mod: tvm.IRModule, call: relax.Call, producer=None) -> Optional[relax.Expr]:
     if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) != "relax.cumsum":
         return None
     try:
@@ -132,6 +138,48 @@ def _boolean_cumsum(mod: tvm.IRModule, call: relax.Call) -> Optional[relax.Expr]
     return relax.op.cumsum(relax.op.astype(call.args[0], "int64"), axis=call.attrs.axis, exclusive=call.attrs.exclusive)
 
 
+def _scalar(expr) -> Optional[float]:
+    """The number a float32 constant of one element holds, or None."""
+    value = tvm_compat.constant_array(expr)
+    if value is None or value.size != 1 or value.dtype != np.float32:
+        return None
+    return float(value.reshape(()))
+
+
+def _dtype(expr) -> Optional[str]:
+    try:
+        return tvm_compat.tensor_shape_dtype(expr)[1]
+    except ValueError:
+        return None
+
+
+def _scaled_operands(mod: tvm.IRModule, call: relax.Call, producer) -> Optional[relax.Expr]:
+    if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) != "relax.matmul":
+        return None
+    if any(_dtype(arg) != "float32" for arg in call.args) or call.attrs.out_dtype not in (None, "", "void", "float32"):
+        return None  # a scale of another type would change the product's
+    operands, scale = [], 1.0
+    for arg in call.args:
+        made = producer(arg)
+        if made is not None and tvm_compat.is_op_call(made) and tvm_compat.op_name(made) == "relax.multiply":
+            for tensor, factor in (made.args, reversed(made.args)):
+                number = _scalar(factor)
+                if number is not None and _scalar(tensor) is None:
+                    if tvm_compat.tensor_shape_dtype(tensor) != tvm_compat.tensor_shape_dtype(arg):
+                        return None  # the scale broadcasts the operand: not a scale alone
+                    operands.append(tensor)
+                    scale *= number
+                    break
+            else:
+                operands.append(arg)
+        else:
+            operands.append(arg)
+    if scale == 1.0 and all(new.same_as(old) for new, old in zip(operands, call.args)):
+        return None
+    product = relax.op.matmul(operands[0], operands[1], out_dtype=call.attrs.out_dtype)
+    return relax.op.multiply(product, relax.const(np.float32(scale), "float32"))
+
+
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, rules: list[Rule]):
@@ -141,10 +189,16 @@ class _Rewriter(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         for rule in self.rules:
-            rewritten = rule(self.mod, call)
+            rewritten = rule(self.mod, call, self._producer)
             if rewritten is not None:
                 return rewritten
         return call
+
+    def _producer(self, expr) -> Optional[relax.Call]:
+        if not isinstance(expr, relax.Var):
+            return None
+        bound = self.lookup_binding(expr)
+        return bound if isinstance(bound, relax.Call) else None
 
     def rewrite(self) -> tvm.IRModule:
         for global_var, func in self.mod.functions_items():
@@ -177,7 +231,12 @@ def lone_concats(mod: tvm.IRModule) -> tvm.IRModule:
     return _apply(mod, [_lone_concat])
 
 
+def scaled_operands(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each matrix product of operands scaled by constant numbers scaling its result instead."""
+    return _apply(mod, [_scaled_operands])
+
+
 def for_backends(mod: tvm.IRModule) -> tvm.IRModule:
     """Every rewrite, in one pass over ``mod``; the TIR functions no call reads any more stay for dead-code
     elimination to remove."""
-    return _apply(mod, [_importer_pad, _global_pooling, _boolean_cumsum, _lone_concat])
+    return _apply(mod, [_importer_pad, _global_pooling, _boolean_cumsum, _lone_concat, _scaled_operands])
