@@ -194,3 +194,10 @@ def test_a_product_of_operands_scaled_by_numbers_is_scaled_once_after_it_with_th
 def test_a_product_whose_operand_is_not_scaled_by_one_number_stays(scale):
     mod = module(lambda bb, a, b: R.matmul(scale(bb, a), b), ((4,), F), ((4, 3), F))
     assert op_names(rewrites.for_backends(mod)) == op_names(mod)
+
+
+def test_a_dense_layer_keeps_the_scale_of_its_input():
+    """erf GELU ends in ``* 0.5`` before the next dense layer; libraries fuse the activation, not a scale after the layer."""
+    weight = relax.const(RNG.uniform(-1, 1, size=(4, 3)).astype(np.float32))
+    mod = module(lambda bb, a: R.matmul(bb.emit(R.multiply(a, relax.const(np.float32(0.5)))), weight), ((2, 4), F))
+    assert op_names(rewrites.for_backends(mod)) == ["relax.multiply", "relax.matmul"]

@@ -10,9 +10,9 @@
 - :func:`boolean_cumsums`: a running sum of booleans (PyTorch's ``mask.cumsum(-1)``, as GPT-2 numbers its positions)
   counts in int64, as PyTorch and numpy count; TVM's PyTorch importer keeps the booleans' type, which no backend
   builds (and which would count nothing). ONNX's CumSum takes no booleans, so an ONNX model never has one.
-- :func:`scaled_operands`: a matrix product whose operands are each multiplied by a constant number first (the
-  exporters' attention scales both Q and K by ``d ** -0.25``) becomes the product of the unscaled operands, scaled
-  once after it. Libraries' products read transposed operands in place and scale their result in the epilogue, so
+- :func:`scaled_operands`: a matrix product of two computed operands, each multiplied by a constant number first (the
+  exporters' attention scales both Q and K by ``d ** -0.25``), becomes the product of the unscaled operands, scaled
+  once after it (a dense layer's input keeps its scale: erf GELU ends in one, which libraries fuse before the layer). Libraries' products read transposed operands in place and scale their result in the epilogue, so
   the attention scores become one kernel instead of two transposes, two multiplications and the product.
 - :func:`lone_concats`: a concatenation of one tensor (OPT's export writes one around each key and value, where a
   cache would be joined) is that tensor: a copy kernel less, and attention reads its keys and values in place.
@@ -153,11 +153,21 @@ def _dtype(expr) -> Optional[str]:
         return None
 
 
+def _is_weight(expr, producer) -> bool:
+    """A constant, or a rearrangement of constants alone (the importer's transpose of a Gemm's weight)."""
+    if tvm_compat.is_constant(expr):
+        return True
+    made = producer(expr)
+    return made is not None and all(tvm_compat.is_constant(arg) for arg in made.args if not isinstance(arg, relax.ShapeExpr))
+
+
 def _scaled_operands(mod: tvm.IRModule, call: relax.Call, producer) -> Optional[relax.Expr]:
     if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) != "relax.matmul":
         return None
     if any(_dtype(arg) != "float32" for arg in call.args) or call.attrs.out_dtype not in (None, "", "void", "float32"):
         return None  # a scale of another type would change the product's
+    if any(_is_weight(arg, producer) for arg in call.args):
+        return None  # a dense layer: its input's scale (erf GELU's 0.5) belongs to the activation libraries fuse before it
     operands, scale = [], 1.0
     for arg in call.args:
         made = producer(arg)
