@@ -343,6 +343,7 @@ def test_servers_that_share_a_host_are_named_for_the_warning_that_they_time_each
     assert remote.shared_hosts(["10.0.0.1:9090", "10.0.0.2:9090"]) == {}
 
 
+@pytest.mark.slow  # 9 s on 2 cores: the placement measured on a server is run by default; the baselines and contest there add little
 def test_with_compare_the_baselines_are_measured_and_the_contest_in_turns_runs_on_a_server(shared_cluster, tmp_path, monkeypatch):
     """``--compare`` through RPC: each baseline built here and timed on a server; the placement and its closest rivals
     then timed in turns in one session on one server, each run timed there."""

@@ -153,7 +153,8 @@ worker.request({"op": "init", "plugins": ["plugins_for_tests.slow_import"], "dis
 """
 
 
-@pytest.mark.parametrize("started", ["forked", "exec"])
+# The exec-started worker takes the same path after its start (5 s on 2 cores): it runs with --run-slow.
+@pytest.mark.parametrize("started", ["forked", pytest.param("exec", marks=pytest.mark.slow)])
 def test_a_busy_worker_ends_soon_after_its_run_is_killed(started, load_test_plugin, tmp_path):
     """A run killed by SIGKILL cannot stop its workers, and a busy worker does not read its closed
     stdin: it sees its run gone and ends within seconds (it would otherwise finish its request first)."""
