@@ -194,10 +194,14 @@ def _by_scalar(call) -> tuple[object, float]:
 
 
 def _causal(mask: np.ndarray, rows: int, columns: int) -> bool:
-    """Whether an additive ``mask`` hides exactly the scores above the diagonal (a causal mask)."""
-    if mask.ndim < 2 or mask.shape[-2:] != (rows, columns) or any(size != 1 for size in mask.shape[:-2]):
+    """Whether an additive ``mask`` hides exactly the scores above the diagonal (a causal mask), the same for every
+    batch and head (GPT-2's export at batch 8 folds its mask to 8 equal planes)."""
+    if mask.ndim < 2 or mask.shape[-2:] != (rows, columns):
         return False
-    plane = mask.reshape(rows, columns).astype(np.float64)
+    planes = mask.reshape(-1, rows, columns)
+    if not np.array_equal(planes, np.broadcast_to(planes[:1], planes.shape)):
+        return False
+    plane = planes[0].astype(np.float64)
     above = np.triu(np.ones((rows, columns), dtype=bool), k=1)
     return bool(np.all(plane[~above] == 0) and np.all(plane[above] <= MASKED_AT_MOST))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 from collage_cudnn import patterns, specs
-from cudnn_cases import attention, case, case_ids, cast_dtype, reference
+from cudnn_cases import attention, case, case_ids, cast_dtype, causal_mask, reference
 from tvm import relax
 
 from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
@@ -211,6 +211,21 @@ def test_attention_that_cudnn_would_compute_differently_is_refused_in_one_line(m
     with pytest.raises(Refused, match=reason) as refused:
         specs.recognize(Group.from_function(graph.standalone_module(everything)["main"]))
     assert "\n" not in str(refused.value)
+
+
+def test_a_causal_mask_folded_to_one_plane_per_batch_is_the_causal_mask_and_planes_that_differ_are_refused():
+    """GPT-2's export at batch 8 folds its causal mask to (8, 1, 128, 128): eight equal planes. A padding mask that
+    hides other tokens in one sequence makes the planes differ: cuDNN's causal mask would not compute it."""
+    planes = np.repeat(causal_mask(16), 2, axis=0)
+    mod = function_module(attention("bfloat16", mask=planes), *[(2, 16, 2, 8)] * 3, dtype="bfloat16")
+    graph = RelaxGraph.from_function(mod["main"])
+    (candidate,) = [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == "cudnn.attention"]
+    spec = check_candidate(graph, candidate.nodes)  # computes what TVM computes, batch by batch
+    assert spec.words[-3] == specs.MASK_CODES["causal"]
+    planes[1, 0, :, 15] = -np.inf  # the second sequence's last token is padding
+    padded = function_module(attention("bfloat16", mask=planes), *[(2, 16, 2, 8)] * 3, dtype="bfloat16")
+    with pytest.raises(Refused, match="not one causal mask"):
+        specs.recognize(Group.from_function(padded["main"]))
 
 
 def test_attention_in_float32_is_left_to_the_products_one_by_one():
