@@ -159,3 +159,20 @@ def test_tvm_compiles_its_merged_regions_of_a_real_placement_and_they_compute_th
     for got, placed_output, expected in zip(outputs, as_placed, reference):
         np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)  # against ONNX Runtime on the original file
         np.testing.assert_allclose(got, placed_output, rtol=1e-5, atol=1e-6)
+
+
+def test_a_region_of_the_whole_model_is_left_to_the_baselines_when_they_are_compared():
+    """One TVM region of every operator is TVM's unpartitioned build, which the baselines measure anyway."""
+    from types import SimpleNamespace
+
+    from collage_core.records import OP_LEVEL, Backend
+    from collage_core.search.stage import merge
+
+    tvm_backend = Backend("tvm", OP_LEVEL, ("cpu",), "v", compiles_regions=True)
+    job = SimpleNamespace(chosen=[SimpleNamespace(name="tvm", backend=tvm_backend)], graph=SimpleNamespace(graph=GRAPH))
+    everything_on_tvm = [Partition("tvm", "tvm.op", {n}, f"t{n}", Cost.measured(1e-3, 0.0, 3)) for n in range(len(GRAPH))]
+    assert [p.pattern for p in merge(job, whole_measured_later=False)(everything_on_tvm)] == ["tvm.region"]
+    assert merge(job, whole_measured_later=True)(everything_on_tvm) == everything_on_tvm
+    assert signature(merge(job, whole_measured_later=True)(PARTS)) == signature(merged_regions(GRAPH, PARTS, {"tvm"}))
+    job.chosen[0].backend = Backend("tvm", OP_LEVEL, ("cpu",), "v")  # a backend that does not compile regions
+    assert merge(job, whole_measured_later=False) is None

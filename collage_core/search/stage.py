@@ -68,7 +68,9 @@ def place(job: Job, options: "OptimizeOptions", search: str, clock: PhaseClock) 
         started = time.perf_counter()
         parts = op_level_search(job, candidates, measurement.costs)
         search_s = time.perf_counter() - started
-        parts = op_level_parts = calibrated_op_level(job, parts, candidates, measurement.costs, db, options.calibration_rounds)
+        parts = op_level_parts = calibrated_op_level(
+            job, parts, candidates, measurement.costs, db, options.calibration_rounds, options.compares_backends()
+        )
         two_level = None
         if search == TWO_LEVEL:
             two_level = two_level_search(job, op_level_parts, candidates, db, options.two_level)
@@ -167,14 +169,24 @@ def region_compilers(job: Job) -> list[str]:
     return [info.name for info in job.chosen if info.backend.kind == OP_LEVEL and info.backend.compiles_regions]
 
 
-def merge(job: Job):
-    """What calibration calls to merge a placement's adjacent partitions into regions; None when no backend compiles them."""
+def merge(job: Job, whole_measured_later: bool):
+    """What calibration calls to merge a placement's adjacent partitions into regions; None when no backend compiles
+    them. With ``whole_measured_later`` (the baselines are compared), one region of the whole model is left out: it is
+    TVM's unpartitioned build, which the baselines measure and the contest returns when it is faster."""
     backends = region_compilers(job)
-    return (lambda parts: merged_regions(job.graph.graph, parts, backends)) if backends else None
+    if not backends:
+        return None
+
+    def merged(parts):
+        regions = merged_regions(job.graph.graph, parts, backends)
+        return parts if whole_measured_later and len(regions) == 1 else regions
+
+    return merged
 
 
-def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> list[Partition]:
-    """The op-level placement re-searched with per-partition charges measured end to end (see calibration)."""
+def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int, compared: bool = False) -> list[Partition]:
+    """The op-level placement re-searched with per-partition charges measured end to end (see calibration);
+    ``compared``: the baselines are measured after it."""
     if rounds <= 0:
         return parts
     job.say("calibrating the op-level search end to end")
@@ -190,7 +202,7 @@ def calibrated_op_level(job: Job, parts, candidates, costs, db, rounds: int) -> 
     evaluate = job.end_to_end_evaluator(db)
     try:
         result = calibrate(
-            job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives, prepare=evaluate.prepare, merge=merge(job)
+            job.graph.graph, op_level, costs, parts, evaluate, rounds, alternatives, prepare=evaluate.prepare, merge=merge(job, compared)
         )
     finally:
         evaluate.discard_prebuilt()
