@@ -17,6 +17,7 @@ import pytest
 
 import collage_core
 from collage_core import tvm_compat
+from collage_core.measure.timing import MeasureSettings
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
 from collage_core.outputs.placement_file import PlacementFileError
 from collage_core.outputs.report import render_report
@@ -54,11 +55,17 @@ def costs(shared_cost_db):
     return shared_cost_db
 
 
+# Few short repeats per timing: what the tests check does not depend on how precisely a cost is timed.
+QUICK_TIMING = MeasureSettings(min_repeats=2, max_repeats=3, min_repeat_ms=1.0, time_bound_s=1.0)
+
+
 @pytest.fixture(scope="module")
 def optimized(workspace, costs):
     with pytest.MonkeyPatch.context() as monkeypatch:
         quick_turns(monkeypatch)
-        return collage_core.optimize(str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "out", show_progress=False)
+        return collage_core.optimize(
+            str(TINY_RESNET), backends=["tvm"], cost_db=costs, output_dir=workspace / "out", settings=QUICK_TIMING, show_progress=False
+        )
 
 
 def test_optimize_measures_searches_builds_and_verifies(optimized):
@@ -368,7 +375,6 @@ def test_baseline_slower_than_the_limit_is_stopped_and_reported(optimized, works
 
 
 def test_a_run_slower_than_single_run_s_is_timed_once(optimized, workspace, costs):
-    from collage_core.measure.timing import MeasureSettings
 
     once = collage_core.optimize(
         str(TINY_RESNET),
@@ -587,7 +593,6 @@ def test_rivals_are_the_fastest_distinct_rebuildable_baselines():
     unmeasured or too slow to repeat, the RIVALS fastest first and any within NEAR_RIVAL of the last of
     them (at most MAX_RIVALS in all); however much slower than the placement they measured one after
     the other, and whatever the placement measured."""
-    from collage_core.measure.timing import MeasureSettings
     from collage_core.records import Cost, Partition
 
     def parts(backend):
@@ -656,7 +661,6 @@ def test_one_time_setup_in_a_first_run_is_not_charged_to_the_placement(workspace
     from tvm import relax
 
     from collage_core import optimizer
-    from collage_core.measure.timing import MeasureSettings
     from collage_core.plugins import get_plugin_manager
 
     tests = str(Path(__file__).resolve().parent)
