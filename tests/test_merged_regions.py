@@ -49,7 +49,7 @@ def test_adjacent_partitions_of_the_backend_become_one_region_and_the_rest_stay_
     assert set(merged) == {(0,), (1,), (2, 3, 4, 5), (6,), (7,)}
     region = merged[(2, 3, 4, 5)]
     assert (region.backend, region.pattern) == ("tvm", "tvm.region")
-    assert not region.cost.is_measured  # measured only as part of the placement
+    assert region.cost == Cost.measured(4e-3, 0.0, 3)  # its four partitions' costs, summed
     for node in (0, 1, 6, 7):  # alone or on another backend: the candidate and its measured cost are kept
         assert merged[(node,)] == placed(node)
 
@@ -176,3 +176,11 @@ def test_a_region_of_the_whole_model_is_left_to_the_baselines_when_they_are_comp
     assert signature(merge(job, whole_measured_later=True)(PARTS)) == signature(merged_regions(GRAPH, PARTS, {"tvm"}))
     job.chosen[0].backend = Backend("tvm", OP_LEVEL, ("cpu",), "v")  # a backend that does not compile regions
     assert merge(job, whole_measured_later=False) is None
+
+
+def test_a_merged_region_is_explained_as_merged_by_calibration_not_as_a_graph_level_region():
+    from collage_core.outputs.explain import why
+
+    region = next(p for p in merged_regions(GRAPH, PARTS, {"tvm"}) if p.pattern == "tvm.region")
+    (line,) = why(region, PARTS)
+    assert "tvm's partitions merged into one region" in line and "graph-level" not in line

@@ -200,6 +200,11 @@ def _cheapest_first(part: Partition) -> tuple:
 def why(part: Partition, rivals: Sequence[Partition], placement_why: str = "") -> list[str]:
     """Why ``part`` won against ``rivals``, the candidates touching its operators: one line, or two or three.
     A graph-level region won with its whole placement: ``placement_why`` says how, when the file says."""
+    if part.cost.is_measured and part.pattern == f"{part.backend}.region":
+        return [
+            f"why: {part.backend}'s partitions merged into one region, which {part.backend} compiles as one function: "
+            "calibration measured the placement faster end to end with them merged (its cost is theirs, summed as measured alone)"
+        ]
     if not part.cost.is_measured:
         if placement_why:
             return ["why: a graph-level region, measured end to end only: it came with the whole placement (see why this placement, above)"]

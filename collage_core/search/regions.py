@@ -120,12 +120,21 @@ def merged_regions(graph: OpGraph, parts: Sequence[Partition], backends: Collect
     """``parts`` with each backend of ``backends`` given its adjacent partitions as regions, merged as
     :func:`decode` merges a graph-level backend's groups (a region stays convex and every partition can still
     run in some order). A partition that joins no other stays as it is, candidate and measured cost; a region
-    of several is a ``"<backend>.region"`` partition whose cost is unknown until the placement is measured."""
+    of several is a ``"<backend>.region"`` partition costed at its partitions' summed costs, as they measured alone
+    (what the searches and predictions after calibration read; the placement's latency is measured end to end)."""
     ordered = execution_order(graph, parts)
     groups = [OpGroup(part, (part.backend,)) for part in ordered]
     genome = [1 if part.backend in backends and not runs_original(part) else KEEP for part in ordered]
     as_placed = {part.nodes: part for part in ordered}
-    return [as_placed.get(part.nodes, part) for part in decode(graph, groups, genome)]
+    return [as_placed.get(part.nodes) or attrs.evolve(part, cost=_summed(ordered, part.nodes)) for part in decode(graph, groups, genome)]
+
+
+def _summed(parts: Sequence[Partition], nodes) -> Cost:
+    """The summed cost of the partitions of ``parts`` inside ``nodes``; unknown unless each was measured."""
+    inside = [p.cost for p in parts if set(p.nodes) <= set(nodes)]
+    if not inside or not all(cost.is_measured for cost in inside):
+        return Cost.unknown()
+    return Cost.measured(sum(c.median_s for c in inside), sum(c.spread_s for c in inside), min(c.repeats for c in inside))
 
 
 def execution_order(graph: OpGraph, parts: Sequence[Partition]) -> list[Partition]:

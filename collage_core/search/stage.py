@@ -179,7 +179,7 @@ def merge(job: Job, whole_measured_later: bool):
 
     def merged(parts):
         regions = merged_regions(job.graph.graph, parts, backends)
-        return parts if whole_measured_later and len(regions) == 1 else regions
+        return parts if whole_measured_later and len(regions) == 1 and regions[0].backend == "tvm" else regions
 
     return merged
 

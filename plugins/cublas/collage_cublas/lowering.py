@@ -33,7 +33,7 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
     """``func`` with its body replaced by the cuBLASLt call (the fastest algorithm chosen on this GPU)."""
     library.load()
     try:
-        spec = specs.recognize(Group.from_function(func), tf32=computes_tf32(pattern_of(func)))
+        spec = specs.recognize(Group.from_function(func), tf32=computes_tf32(pattern_of(func)), aligned=True)
     except Refused as refused:
         raise ValueError(f"cuBLAS partition {name}: {refused}") from None
     return packed_call_function(func, name, RUN_FUNCTION, specs.as_text(spec.array(_algorithm(spec))), spec.operands)

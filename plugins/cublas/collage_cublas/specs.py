@@ -104,9 +104,10 @@ def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple
     )
 
 
-def recognize(group: Group, tf32: bool = False) -> KernelSpec:
+def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> KernelSpec:
     """The cuBLASLt problem computing ``group`` (with TF32 tensor cores when ``tf32``), or :class:`Refused`
-    saying why there is none."""
+    saying why there is none. With ``aligned`` (the lowering), constant operands are read from copies padded to
+    ALIGNMENT_BYTES (:func:`aligned_constant`); a pattern's check need not pay for the copy."""
     matmul = group.single_anchor(("relax.matmul",), OPERAND_DTYPES)
     expect_plain_out_dtype(matmul)
     consumed = {group.producer(arg) for arg in matmul.args} - {None}
@@ -114,7 +115,8 @@ def recognize(group: Group, tf32: bool = False) -> KernelSpec:
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
     lhs, rhs = (strided_operand(group, arg, OPERAND_DTYPES) for arg in matmul.args)
     operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), OPERAND_DTYPES)]
-    lhs, rhs = aligned_constant(lhs), aligned_constant(rhs)
+    if aligned:
+        lhs, rhs = aligned_constant(lhs), aligned_constant(rhs)
     if tf32:
         if operand_type != OPERAND_TYPES[FLOAT32]:
             raise Refused("a TF32 kernel takes float32 operands")

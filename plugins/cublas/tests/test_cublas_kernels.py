@@ -177,7 +177,7 @@ def test_a_weight_of_odd_width_read_from_its_padded_copy_matches_pytorch(pm, bac
     weight = rounded_to(rng.uniform(-1, 1, size=(768, 1001)).astype(F), dtype)
     mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (64, 768), dtype=dtype)
     graph, candidate = whole_candidate(mod, patterns.patterns(), "cublas.dense")
-    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
+    spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), aligned=True)
     assert spec.words[7] * weight.itemsize % specs.ALIGNMENT_BYTES == 0  # the padded leading dimension
     vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
     x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)

@@ -244,6 +244,8 @@ def _attention(group: Group) -> KernelSpec:
         else:
             constant = next((arg for arg in step.args if tvm_compat.is_constant(arg)), None)
             added, dims = (None if constant is None else tvm_compat.constant_array(constant)), shape_of(step)
+            if constant is not None and tuple(shape_of(next(a for a in step.args if not a.same_as(constant)))) != tuple(dims):
+                raise Refused("an additive mask that broadcasts the scores to more batches or heads")
             if added is not None and not added.any():  # a padding mask that hides nothing, folded to zeros
                 scores = next(arg for arg in step.args if not arg.same_as(constant))
                 continue

@@ -203,6 +203,7 @@ def _attention(dtype="bfloat16", mask=None, size=8):
         (lambda: _attention(mask=RNG.uniform(-1, 0, size=(1, 1, 16, 16)).astype(F)), "not one causal mask"),
         (lambda: _attention(mask=np.triu(np.full((16, 16), -np.inf, F), k=1).T.copy()), "not one causal mask"),
         (lambda: _attention(size=12), "a head size of 12"),
+        (lambda: _attention(mask=np.repeat(causal_mask(16), 2, axis=0)), "broadcasts the scores"),  # batch 1, mask of 2
     ],
 )
 def test_attention_that_cudnn_would_compute_differently_is_refused_in_one_line(mod, reason):
