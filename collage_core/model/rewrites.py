@@ -31,6 +31,7 @@ import tvm
 from tvm import relax, topi
 
 from collage_core import tvm_compat
+from collage_core.candidates.fused_groups import scalar
 
 POOLINGS = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d")
 # Combinations of widths tried per kernel, at most (even ones, then one more before, then all at one end first).
@@ -129,21 +130,9 @@ def _lone_concat(mod: tvm.IRModule, call: relax.Call, producer=None) -> Optional
 def _boolean_cumsum(mod: tvm.IRModule, call: relax.Call, producer=None) -> Optional[relax.Expr]:
     if not tvm_compat.is_op_call(call) or tvm_compat.op_name(call) != "relax.cumsum":
         return None
-    try:
-        dtype = tvm_compat.tensor_shape_dtype(call.args[0])[1]
-    except ValueError:
-        return None
-    if dtype != "bool" or call.attrs.dtype not in (None, "", "bool"):
+    if _dtype(call.args[0]) != "bool" or call.attrs.dtype not in (None, "", "bool"):
         return None
     return relax.op.cumsum(relax.op.astype(call.args[0], "int64"), axis=call.attrs.axis, exclusive=call.attrs.exclusive)
-
-
-def _scalar(expr) -> Optional[float]:
-    """The number a float32 constant of one element holds, or None."""
-    value = tvm_compat.constant_array(expr)
-    if value is None or value.size != 1 or value.dtype != np.float32:
-        return None
-    return float(value.reshape(()))
 
 
 def _dtype(expr) -> Optional[str]:
@@ -151,6 +140,11 @@ def _dtype(expr) -> Optional[str]:
         return tvm_compat.tensor_shape_dtype(expr)[1]
     except ValueError:
         return None
+
+
+def _scalar(expr) -> Optional[float]:
+    """The number a float32 constant of one element holds, or None."""
+    return scalar(expr) if _dtype(expr) == "float32" else None
 
 
 def _is_weight(expr, producer) -> bool:

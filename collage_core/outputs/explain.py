@@ -17,6 +17,7 @@ from collage_core.model.precision import FP32
 from collage_core.outputs.placement_file import Placement, described_search
 from collage_core.outputs.report import format_table
 from collage_core.records import INVALID, MEASURED, Partition
+from collage_core.search.regions import region_pattern
 
 # The costliest partitions are worth a look: the five most expensive, and any with a large share.
 TOP_COUNT = 5
@@ -200,7 +201,7 @@ def _cheapest_first(part: Partition) -> tuple:
 def why(part: Partition, rivals: Sequence[Partition], placement_why: str = "") -> list[str]:
     """Why ``part`` won against ``rivals``, the candidates touching its operators: one line, or two or three.
     A graph-level region won with its whole placement: ``placement_why`` says how, when the file says."""
-    if part.cost.is_measured and part.pattern == f"{part.backend}.region":
+    if part.cost.is_measured and part.pattern == region_pattern(part.backend):
         return [
             f"why: {part.backend}'s partitions merged into one region, which {part.backend} compiles as one function: "
             "calibration measured the placement faster end to end with them merged (its cost is theirs, summed as measured alone)"

@@ -131,7 +131,8 @@ def merged_regions(graph: OpGraph, parts: Sequence[Partition], backends: Collect
 
 def _summed(parts: Sequence[Partition], nodes) -> Cost:
     """The summed cost of the partitions of ``parts`` inside ``nodes``; unknown unless each was measured."""
-    inside = [p.cost for p in parts if set(p.nodes) <= set(nodes)]
+    nodes = set(nodes)
+    inside = [p.cost for p in parts if nodes.issuperset(p.nodes)]
     if not inside or not all(cost.is_measured for cost in inside):
         return Cost.unknown()
     return Cost.measured(sum(c.median_s for c in inside), sum(c.spread_s for c in inside), min(c.repeats for c in inside))
