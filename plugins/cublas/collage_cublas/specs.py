@@ -7,7 +7,8 @@ lies in memory. Each operand is read in place through strides: a ``permute_dims`
 (attention's Kᵀ, the head split of Q, K and V) becomes a transpose flag, a leading dimension and
 batch strides. Batch dimensions that cannot be merged into one strided batch are looped over
 (at most one such outer loop). A constant operand (a weight) whose rows are not 16 bytes apart is read
-from a copy padded with zeros to that width, which cuBLASLt's fast kernels need. The epilogue (scale as alpha, bias, residual as C with beta 1,
+from a copy padded with zeros to that width, which cuBLASLt's fast kernels need; an output whose rows are not
+(GPT-2's logits) may be written to a padded buffer and copied into place, which the runtime's tuning decides. The epilogue (scale as alpha, bias, residual as C with beta 1,
 ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
 operands are float32, or bfloat16 or float16 accumulating into a float32 result; with 16-bit operands
 the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D, the bias and
@@ -33,7 +34,7 @@ from collage_core.kit import (
 )
 from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 3
+SPEC_VERSION = 4
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), and what the output and residual are (float32,
 # or the 16-bit type of a cast the group applies to the product). The bias is of the output's type (a
@@ -61,7 +62,8 @@ class KernelSpec:
     operands: tuple = attrs.field(eq=False)
 
     def array(self, algorithm: tuple[int, ...] = ()) -> np.ndarray:
-        """The spec as the runtime reads it, with the chosen algorithm's words if there is one."""
+        """The spec as the runtime reads it, with the chosen algorithm's words if there is one (whether the output is
+        written through a padded buffer, then cuBLASLt's algorithm: what ``collage_cublas.tune`` returns)."""
         tail = (1, *algorithm) if algorithm else (0,)
         return np.array((*self.words, *tail), dtype=np.int64)
 

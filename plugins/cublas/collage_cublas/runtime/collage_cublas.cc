@@ -10,8 +10,13 @@
 // the descriptors; later calls look them up and launch on TVM's CUDA stream. The workspace is
 // allocated once per device. No Python runs on this path.
 //
+// An output whose rows are not 16 bytes apart (GPT-2's logits: 50257 columns) keeps cuBLASLt on its
+// slow alignment-1 kernels. Such a product may instead be written to a scratch buffer whose rows are
+// padded to 16 bytes, then copied into the output (cudaMemcpy2DAsync); tuning decides which is faster.
+//
 // `collage_cublas.tune(spec)` times cuBLASLt's heuristic candidates for a spec on scratch
-// buffers and returns the fastest algorithm's words (the build stores them in the spec).
+// buffers, written in place and (where it may be) padded, and returns the fastest one's words
+// (whether D is padded, then the algorithm), which the build stores in the spec.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <dlpack/dlpack.h>
@@ -36,10 +41,11 @@
 namespace collage_cublas {
 namespace {
 
-constexpr int64_t kSpecVersion = 3;
+constexpr int64_t kSpecVersion = 4;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 8;
+constexpr int64_t kAlignmentBytes = 16;  // what cuBLASLt's fast kernels need of every leading dimension
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
 // What the two matrix operands are, and what the output, bias and residual are; the product accumulates
 // in float32 either way. kTf32Operands: float32 operands that the tensor cores round to TF32
@@ -80,13 +86,22 @@ struct Spec {
   int64_t epilogue, has_bias, has_residual;
   double alpha;
   int64_t operand_type, output_type;
-  int64_t has_algo;
+  int64_t has_algo, padded_d;
   cublasLtMatmulAlgo_t algo;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
   cudaDataType_t OperandDataType() const { return DataTypeOf(operand_type); }
   cudaDataType_t OutputDataType() const { return DataTypeOf(output_type); }
   int64_t OperandBytes() const { return BytesOf(operand_type); }
   int64_t OutputBytes() const { return BytesOf(output_type); }
+  // D may be written padded when its rows are misaligned, nothing is read from it (no residual) and its
+  // batches lie one after another, so that one two-dimensional copy moves every row into place.
+  bool MayPadD() const {
+    return (ld_d * OutputBytes()) % kAlignmentBytes != 0 && !has_residual && outer == 1 && (batch == 1 || d_batch_stride == ld_d * n);
+  }
+  int64_t PaddedLd() const {
+    const int64_t per_alignment = kAlignmentBytes / OutputBytes();
+    return (ld_d + per_alignment - 1) / per_alignment * per_alignment;
+  }
 };
 
 class Reader {
@@ -161,8 +176,11 @@ Spec ParseSpec(const std::string& hex) {
   spec.OutputDataType();
   if (spec.output_type == kTf32Operands) Fail("TF32 is an operand type, not an output type");
   spec.has_algo = reader.Next();
+  spec.padded_d = spec.MayPadD();  // without a timed choice, padding is cuBLASLt's fast kernels' condition
   std::memset(&spec.algo, 0, sizeof(spec.algo));
   if (spec.has_algo) {
+    spec.padded_d = reader.Next();
+    if (spec.padded_d && !spec.MayPadD()) Fail("the spec pads an output that cannot be padded");
     int64_t words_of_algo[kAlgoWords];
     for (int64_t i = 0; i < kAlgoWords; ++i) words_of_algo[i] = reader.Next();
     std::memcpy(&spec.algo, words_of_algo, sizeof(spec.algo));
@@ -238,11 +256,17 @@ class Kernel {
     }
     a_ = Layout(spec.OperandDataType(), spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
     b_ = Layout(spec.OperandDataType(), spec.b.rows, spec.b.cols, spec.b.ld, spec.batch, spec.b.batch_stride);
-    d_ = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
-    if (spec.has_algo && AlgoFits(spec.algo)) {
+    d_[0] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
+    if (spec.MayPadD()) {
+      d_[1] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
+      // made here, with the descriptors, so that no allocation happens while a CUDA graph is captured
+      Check(cudaMalloc(&padded_, spec.OutputBytes() * spec.PaddedLd() * spec.n * spec.batch), "allocating the padded output");
+    }
+    padded_d_ = spec.padded_d;
+    if (spec.has_algo && AlgoFits(spec.algo, padded_d_)) {
       algo_ = spec.algo;
     } else {
-      std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(1);
+      std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(1, padded_d_);
       if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
       algo_ = candidates[0].algo;
     }
@@ -250,14 +274,16 @@ class Kernel {
   ~Kernel() {
     cublasLtMatrixLayoutDestroy(a_);
     cublasLtMatrixLayoutDestroy(b_);
-    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatrixLayoutDestroy(d_[0]);
+    if (d_[1]) cublasLtMatrixLayoutDestroy(d_[1]);
+    if (padded_) cudaFree(padded_);
     cublasLtMatmulDescDestroy(desc_);
   }
 
   int64_t Arity() const { return spec_.Arity(); }
   const Spec& spec() const { return spec_; }
 
-  std::vector<cublasLtMatmulHeuristicResult_t> Candidates(int wanted) {
+  std::vector<cublasLtMatmulHeuristicResult_t> Candidates(int wanted, bool padded) {
     cublasLtMatmulPreference_t preference;
     Check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
     size_t bytes = kWorkspaceBytes;
@@ -266,41 +292,58 @@ class Kernel {
     std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
     int returned = 0;
     cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_, d_, preference, wanted, results.data(), &returned);
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_[padded], d_[padded], preference, wanted, results.data(), &returned);
     cublasLtMatmulPreferenceDestroy(preference);
     if (status != CUBLAS_STATUS_SUCCESS) returned = 0;
     results.resize(returned);
     return results;
   }
 
-  // pointers: first, second, bias (or null), residual (or null), out
+  // pointers: first, second, bias (or null), residual (or null), out; `padded`: D is written to the padded
+  // scratch buffer, then copied into `out`
   void Launch(const void* first, const void* second, const void* bias, const void* residual, void* out,
-              const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+              const cublasLtMatmulAlgo_t& algo, bool padded, cudaStream_t stream) {
     float alpha = static_cast<float>(spec_.alpha), beta = residual ? 1.0f : 0.0f;
     const char* a = static_cast<const char*>(first);
     const char* b = static_cast<const char*>(second);
-    const char* c = static_cast<const char*>(residual ? residual : out);
-    char* d = static_cast<char*>(out);
+    char* d = static_cast<char*>(padded ? padded_ : out);
+    const char* c = static_cast<const char*>(residual ? residual : d);
+    const cublasLtMatrixLayout_t d_layout = d_[padded];
     if (bias) {
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer");
     }
     const int64_t operand_bytes = spec_.OperandBytes(), output_bytes = spec_.OutputBytes();
     for (int64_t outer = 0; outer < spec_.outer; ++outer) {
       Check(cublasLtMatmul(handle_, desc_, &alpha, a + operand_bytes * outer * spec_.a.outer_stride, a_,
-                           b + operand_bytes * outer * spec_.b.outer_stride, b_, &beta, c + output_bytes * outer * spec_.d_outer_stride, d_,
-                           d + output_bytes * outer * spec_.d_outer_stride, d_, &algo, Workspace(device_), kWorkspaceBytes, stream),
+                           b + operand_bytes * outer * spec_.b.outer_stride, b_, &beta, c + output_bytes * outer * spec_.d_outer_stride,
+                           d_layout, d + output_bytes * outer * spec_.d_outer_stride, d_layout, &algo, Workspace(device_),
+                           kWorkspaceBytes, stream),
             "cublasLtMatmul");
+    }
+    if (padded) {
+      Check(cudaMemcpy2DAsync(out, output_bytes * spec_.ld_d, padded_, output_bytes * spec_.PaddedLd(), output_bytes * spec_.m,
+                              spec_.n * spec_.batch, cudaMemcpyDeviceToDevice, stream),
+            "copying the padded output into place");
     }
   }
 
   void Run(const void* first, const void* second, const void* bias, const void* residual, void* out, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);  // the bias pointer lives in the shared descriptor
-    Launch(first, second, bias, residual, out, algo_, stream);
+    Launch(first, second, bias, residual, out, algo_, padded_d_, stream);
   }
 
-  // The fastest of cuBLASLt's heuristic candidates on scratch buffers, as spec words.
+  // The fastest of cuBLASLt's heuristic candidates on scratch buffers, D written in place and (where it may be)
+  // padded then copied, as spec words: whether D is padded, then the algorithm.
   std::vector<int64_t> Tune() {
-    std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(kHeuristicCandidates);
+    struct Candidate {
+      bool padded;
+      cublasLtMatmulAlgo_t algo;
+    };
+    std::vector<Candidate> candidates;
+    for (bool padded : {false, true}) {
+      if (padded && !spec_.MayPadD()) continue;
+      for (const auto& result : Candidates(kHeuristicCandidates, padded)) candidates.push_back({padded, result.algo});
+    }
     if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
     void* buffers[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
     size_t sizes[5] = {Extent(spec_.a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
@@ -314,11 +357,11 @@ class Kernel {
     Check(cudaEventCreate(&start), "cudaEventCreate");
     Check(cudaEventCreate(&stop), "cudaEventCreate");
     float best = std::numeric_limits<float>::infinity();
-    const cublasLtMatmulAlgo_t* fastest = &candidates[0].algo;
+    const Candidate* fastest = &candidates[0];
     for (const auto& candidate : candidates) {
       auto run = [&] {
         Launch(buffers[0], buffers[1], spec_.has_bias ? buffers[2] : nullptr, spec_.has_residual ? buffers[3] : nullptr,
-               buffers[4], candidate.algo, stream);
+               buffers[4], candidate.algo, candidate.padded, stream);
       };
       run();
       Check(cudaEventRecord(start, stream), "cudaEventRecord");
@@ -329,22 +372,23 @@ class Kernel {
       Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
       if (ms < best) {
         best = ms;
-        fastest = &candidate.algo;
+        fastest = &candidate;
       }
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     cudaStreamDestroy(stream);
     for (void* buffer : buffers) cudaFree(buffer);
-    std::vector<int64_t> words(kAlgoWords);
-    std::memcpy(words.data(), fastest, sizeof(*fastest));
+    std::vector<int64_t> words(1 + kAlgoWords);
+    words[0] = fastest->padded;
+    std::memcpy(words.data() + 1, &fastest->algo, sizeof(fastest->algo));
     return words;
   }
 
  private:
-  bool AlgoFits(const cublasLtMatmulAlgo_t& algo) {
+  bool AlgoFits(const cublasLtMatmulAlgo_t& algo, bool padded) {
     cublasLtMatmulHeuristicResult_t result;
-    return cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, d_, d_, &algo, &result) == CUBLAS_STATUS_SUCCESS &&
+    return cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, d_[padded], d_[padded], &algo, &result) == CUBLAS_STATUS_SUCCESS &&
            result.workspaceSize <= kWorkspaceBytes;
   }
   size_t Extent(const Matrix& m) const {
@@ -360,7 +404,10 @@ class Kernel {
   int device_;
   cublasLtHandle_t handle_;
   cublasLtMatmulDesc_t desc_;
-  cublasLtMatrixLayout_t a_, b_, d_;
+  cublasLtMatrixLayout_t a_, b_;
+  cublasLtMatrixLayout_t d_[2] = {nullptr, nullptr};  // D in place, and padded (when it may be)
+  void* padded_ = nullptr;                           // the padded D's scratch buffer
+  bool padded_d_ = false;                             // whether runs write the padded D
   cublasLtMatmulAlgo_t algo_;
   std::mutex mutex_;
 };
@@ -422,6 +469,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed("collage_cublas.run", collage_cublas::RunPacked)
       .def("collage_cublas.tune", collage_cublas::Tune)
       .def("collage_cublas.kernel_count", []() { return static_cast<int64_t>(collage_cublas::Kernels().Size()); })
-      .def("collage_cublas.algo_words", []() { return collage_cublas::kAlgoWords; })
+      .def("collage_cublas.algo_words", []() { return 1 + collage_cublas::kAlgoWords; })  // the padding flag, then the algorithm
       .def("collage_cublas.cublaslt_version", []() { return static_cast<int64_t>(cublasLtGetVersion()); });
 }
