@@ -296,8 +296,13 @@ def _gelu_erf_spelt_out(bb, x, dtype=F):
 
 
 def _gelu_tanh_spelt_out(bb, x, dtype=F):
-    """tanh GELU as GPT-2's exporters write it."""
-    cube = bb.emit(R.multiply(bb.emit(R.power(x, _scalar(3.0, dtype))), _scalar(0.044715, dtype)))
+    """tanh GELU as GPT-2's exporters write it; at 16 bits the cube is computed in float32 between two casts, as
+    TVM's mixed-precision pass leaves it."""
+    if dtype == F:
+        power = bb.emit(R.power(x, _scalar(3.0, dtype)))
+    else:
+        power = bb.emit(R.astype(bb.emit(R.power(bb.emit(R.astype(x, F)), _scalar(3.0, F))), dtype))
+    cube = bb.emit(R.multiply(power, _scalar(0.044715, dtype)))
     inner = bb.emit(R.multiply(bb.emit(R.add(x, cube)), _scalar(math.sqrt(2 / math.pi), dtype)))
     one = bb.emit(R.add(bb.emit(R.tanh(inner)), _scalar(1.0, dtype)))
     return R.multiply(bb.emit(R.multiply(x, _scalar(0.5, dtype))), one)

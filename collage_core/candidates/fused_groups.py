@@ -215,19 +215,28 @@ _GELU_TANH_STEPS = (
     ("relax.multiply", (2, SQRT_2_OVER_PI)), ("relax.tanh", (3,)), ("relax.add", (4, 1.0)), ("relax.multiply", ("x", 0.5)),
     ("relax.multiply", (6, 5)),
 )
+# the same at 16 bits as TVM's mixed-precision pass leaves it: the cube computed in float32 and cast back
+_GELU_TANH_CAST_CUBE_STEPS = (
+    ("relax.astype", ("x",)), ("relax.power", (0, 3.0)), ("relax.astype", (1,)), ("relax.multiply", (2, 0.044715)),
+    ("relax.add", ("x", 3)), ("relax.multiply", (4, SQRT_2_OVER_PI)), ("relax.tanh", (5,)), ("relax.add", (6, 1.0)),
+    ("relax.multiply", ("x", 0.5)), ("relax.multiply", (8, 7)),
+)
 _SILU_STEPS = (("relax.sigmoid", ("x",)), ("relax.multiply", ("x", 0)))  # x * sigmoid(x)
 
 
-def _spelt_out_activation(steps):
+def _spelt_out_activation(*spellings):
     def taken(group: Group, rest: list, value) -> int:
-        count = len(steps)
-        return count if len(rest) >= count and _spelt_out(group, rest[:count], value, steps) else 0
+        for steps in spellings:
+            count = len(steps)
+            if len(rest) >= count and _spelt_out(group, rest[:count], value, steps):
+                return count
+        return 0
 
     return taken
 
 
 _gelu_erf = _spelt_out_activation(_GELU_ERF_STEPS)
-_gelu_tanh = _spelt_out_activation(_GELU_TANH_STEPS)
+_gelu_tanh = _spelt_out_activation(_GELU_TANH_STEPS, _GELU_TANH_CAST_CUBE_STEPS)
 _silu = _spelt_out_activation(_SILU_STEPS)
 
 
@@ -405,8 +414,10 @@ def _gelu_erf_pattern(value):
 
 
 def _gelu_tanh_pattern(value):
-    """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1)."""
-    cube = either("relax.multiply", is_op("relax.power")(value, is_const()), is_const())
+    """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1);
+    at 16 bits TVM's mixed-precision pass computes the cube in float32 between two casts."""
+    power = is_op("relax.power")(value, is_const()) | is_op("relax.astype")(is_op("relax.power")(is_op("relax.astype")(value), is_const()))
+    cube = either("relax.multiply", power, is_const())
     tanh = is_op("relax.tanh")(either("relax.multiply", either("relax.add", value, cube), is_const()))
     spelt_out = either("relax.multiply", either("relax.multiply", value, is_const()), either("relax.add", tanh, is_const()))
     return is_op("relax.nn.gelu_tanh")(value) | spelt_out

@@ -148,7 +148,7 @@ def test_sixteen_bit_operands_accumulate_in_float32_like_pytorch(pm, backends, c
 # pass writes it): cuBLASLt then writes 16 bits, computing the epilogue in float32 and rounding once, where PyTorch's
 # float32 result is rounded once too; the two may round apart by a unit in the last place (``sixteen_bit_atol``).
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "batch_matmul_tt_scale"])
+@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_reshape_gelu", "batch_matmul_tt_scale"])
 def test_a_product_cast_to_sixteen_bits_writes_sixteen_bits_like_pytorch(pm, backends, cuda, pattern_name, dtype):
     target, device = cuda
     make, shapes = case(pattern_name, cast_to=dtype)

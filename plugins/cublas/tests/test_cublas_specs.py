@@ -182,7 +182,9 @@ def test_at_sixteen_bits_each_dense_layer_takes_its_cast_and_epilogue_and_comput
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_reshape_relu", "batch_matmul_tt_scale"])
+@pytest.mark.parametrize(
+    "pattern_name", ["dense_bias_add_relu", "dense_t_bias", "dense_bias_reshape_relu", "dense_bias_reshape_gelu", "batch_matmul_tt_scale"]
+)
 def test_a_product_cast_to_sixteen_bits_is_one_candidate_writing_sixteen_bits(pattern_name, dtype):
     make, shapes = case(pattern_name, cast_to=dtype)
     graph, candidate = whole(function_module(make, *shapes, dtype=dtype), pattern_name)
