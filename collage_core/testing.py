@@ -308,6 +308,29 @@ def _gelu_tanh_spelt_out(bb, x, dtype=F):
     return R.multiply(bb.emit(R.multiply(x, _scalar(0.5, dtype))), one)
 
 
+def widened_residual_case(pattern_name: str, dtype: str, seed: int = 0) -> tvm.IRModule:
+    """A module a ``dense[_bias][_reshape]_f32_add`` pattern covers whole, written as ``--precision bf16|fp16``
+    converts GPT-2's projections: ``x`` (16 x 24, ``dtype``) times a constant, accumulated in float32 and cast to
+    ``dtype``, [plus a bias,] [reshaped to 1 x 16 x 40,] cast back to float32 and added to ``residual``, a float32
+    parameter (the residual stream the mixed-precision pass keeps in float32)."""
+    rng = np.random.default_rng(seed)
+    parts = pattern_name.split("_")
+    out_shape = (1, 16, 40) if "reshape" in parts else (16, 40)
+    x = relax.Var("x", relax.TensorType((16, 24), dtype))
+    residual = relax.Var("residual", relax.TensorType(out_shape, F))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, residual]):
+        with bb.dataflow():
+            v = bb.emit(R.astype(bb.emit(R.matmul(x, _const(rng, 24, 40, dtype=dtype), out_dtype=F)), dtype))
+            if "bias" in parts:
+                v = bb.emit(R.add(v, _const(rng, 40, dtype=dtype)))
+            if "reshape" in parts:
+                v = bb.emit(R.reshape(v, out_shape))
+            output = bb.emit_output(R.add(bb.emit(R.astype(v, F)), residual))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
 def product_case(pattern_name: str, seed: int = 0, cast_to: str = F) -> tuple[Callable[..., relax.Expr], list[tuple[int, ...]]]:
     """``(make(bb, *params), param shapes)`` for a function a product pattern ``<backend>.<pattern_name>`` covers
     whole, its name read as :func:`~collage_core.candidates.fused_groups.product_epilogues` and the GPU backends write

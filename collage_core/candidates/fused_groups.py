@@ -313,8 +313,10 @@ def read_epilogue(
     straight away, as TVM's mixed-precision pass writes each product and convolution, after which the
     epilogue runs on 16-bit values. The kernel computes that epilogue in float32 and rounds once where
     the Relax program rounds after each step: closer to float32, within the 16-bit precision's
-    tolerance. With ``reshapes``, reshapes between them are taken (memory stays as it is); a bias after
-    a reshape must still run along the last axis.
+    tolerance. ``"widen"``: such a 16-bit value cast back to float32 before the residual (which is then
+    float32): the kernel writes float32 and skips the program's rounding to 16 bits in between. With
+    ``reshapes``, reshapes between them are taken (memory stays as it is); a bias after a reshape must
+    still run along the last axis.
     """
     rest = group.calls[group.calls.index(anchor) + 1 :]
     value, epilogue, stage = group.var_of(anchor), Epilogue(), 0
@@ -327,6 +329,11 @@ def read_epilogue(
             epilogue.activation, stage = activation, 4
         elif name == "relax.astype" and "cast" in allowed and call.args[0].same_as(value) and value.same_as(group.var_of(anchor)):
             epilogue.out_dtype, taken = _sixteen_bit_cast(call), 1
+        elif (
+            name == "relax.astype" and "widen" in allowed and call.args[0].same_as(value) and stage < 3
+            and epilogue.out_dtype in SIXTEEN_BIT and str(call.attrs.dtype) == FLOAT32
+        ):
+            epilogue.out_dtype, taken = FLOAT32, 1
         elif name == "relax.reshape" and reshapes and call.args[0].same_as(value):
             taken = 1
             if shape_of(call)[-1] != channels:
@@ -445,13 +452,27 @@ def activation_pattern(value, names: Sequence[str]):
     return pattern
 
 
-def product_epilogues(activations: Sequence[str]) -> dict:
+def widened_pattern(value):
+    """``value`` cast (back) to float32, as TVM's mixed-precision pass writes a 16-bit result that joins a float32 sum."""
+    return is_op("relax.astype")(value)
+
+
+def product_epilogues(activations: Sequence[str], widened_residual: bool = False) -> dict:
     """The epilogue patterns a product kernel fuses, by name suffix: bias, then residual, then one of
-    ``activations`` (each optional); a reshape may stand before the activation. Each value takes the
-    pattern of the product and returns the pattern of the group's result."""
+    ``activations`` (each optional); a reshape may stand before the activation. With ``widened_residual``
+    also ``_bias_f32_add``, ``_reshape_f32_add`` and ``_bias_reshape_f32_add``: the (16-bit) result cast back to float32 and added to a float32
+    residual, as GPT-2's projections join its float32 residual stream at 16 bits (the ``"widen"`` of
+    :func:`read_epilogue`). Each value takes the pattern of the product and returns the pattern of the group's result."""
     identity = lambda value: value  # noqa: E731
     epilogues = {}
     for bias_name, bias in (("", identity), ("_bias", bias_pattern)):
+        if widened_residual:
+            for reshape_name, reshape in (("", identity), ("_reshape", reshape_pattern)):
+                if not bias_name and not reshape_name:
+                    continue  # a cast straight after the product is the 16-bit one: that is `_add`
+                epilogues[f"{bias_name}{reshape_name}_f32_add"] = (
+                    lambda v, bias=bias, reshape=reshape: residual_pattern(widened_pattern(reshape(bias(v))))
+                )
         for residual_name, residual in (("", identity), ("_add", residual_pattern)):
             epilogues[f"{bias_name}{residual_name}"] = lambda v, bias=bias, residual=residual: residual(bias(v))
             for name in activations:

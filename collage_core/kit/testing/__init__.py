@@ -32,6 +32,7 @@ _EXPORTS = {
     "tf32_atol": "collage_core.testing:tf32_atol",
     "EXACT_FLOAT32_ATOL": "collage_core.testing:EXACT_FLOAT32_ATOL",
     "product_case": "collage_core.testing:product_case",
+    "widened_residual_case": "collage_core.testing:widened_residual_case",
     "contract_problems": "collage_core.testing:contract_problems",
     # the pipeline by hand
     "get_plugin_manager": "collage_core.plugins:get_plugin_manager",

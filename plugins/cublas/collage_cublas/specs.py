@@ -45,7 +45,7 @@ TF32_OPERANDS = 3  # float32 operands rounded to TF32: an operand type only
 DTYPE_OF_TYPE = {code: dtype for dtype, code in OPERAND_TYPES.items()}  # a spec word back to its dtype
 NO_ACTIVATION, RELU, GELU_TANH = 0, 1, 2
 ACTIVATION_CODES = {None: NO_ACTIVATION, "relu": RELU, "gelu_tanh": GELU_TANH}
-FUSED = ("cast", "scale", "bias", "residual", "relu", "gelu_tanh")
+FUSED = ("cast", "widen", "scale", "bias", "residual", "relu", "gelu_tanh")
 MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided batch
 # Bytes apart that the columns of a constant matrix operand are stored, padded with zeros where its rows are of
 # another length: cuBLASLt's fast kernels (TMA on sm_90, vector loads before it) need every leading dimension a
