@@ -1,5 +1,6 @@
 """Fixtures shared by the modules under tests/."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,13 @@ def shared_cost_db(tmp_path_factory) -> Path:
     """One cost database for the optimizations of the shipped models in test_mlf, test_optimize and
     test_show: like a user's default database, it is shared by their optimizations, so a candidate
     one of them measured is read by the next, not measured again. Tests of measuring into an empty
-    or a warm database make their own (tests/reliability/, the warm-database test)."""
+    or a warm database make their own (tests/reliability/, the warm-database test). Under pytest-xdist
+    (``-n 2``) the workers share it too: it lies in the folder above their own temporary folders, which is
+    this run's."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "shared-costs"
+        folder.mkdir(exist_ok=True)
+        return folder / "costs.sqlite"
     return tmp_path_factory.mktemp("shared-costs") / "costs.sqlite"
 
 

@@ -224,12 +224,24 @@ _GELU_TANH_CAST_CUBE_STEPS = (
 _SILU_STEPS = (("relax.sigmoid", ("x",)), ("relax.multiply", ("x", 0)))  # x * sigmoid(x)
 
 
+def _casts_round_trip_through_float32(calls: list, value) -> bool:
+    """Whether the casts among ``calls`` take ``value`` to float32 and come back to ``value``'s dtype."""
+    casts = [call for call in calls if tvm_compat.op_name(call) == "relax.astype"]
+    there = [call for call in casts if call.args[0].same_as(value)]
+    back = [call for call in casts if not call.args[0].same_as(value)]
+    value_dtype = tvm_compat.tensor_shape_dtype(value)[1]
+    return (
+        len(there) == 1 and str(there[0].attrs.dtype) == FLOAT32 and all(str(call.attrs.dtype) == value_dtype for call in back)
+    )
+
+
 def _spelt_out_activation(*spellings):
     def taken(group: Group, rest: list, value) -> int:
         for steps in spellings:
             count = len(steps)
             if len(rest) >= count and _spelt_out(group, rest[:count], value, steps):
-                return count
+                casts_checked = all(op != "relax.astype" for op, _ in steps) or _casts_round_trip_through_float32(rest[:count], value)
+                return count if casts_checked else 0
         return 0
 
     return taken
@@ -263,7 +275,8 @@ class Epilogue:
     """Operations after the anchor a kernel fuses, in the order kernels apply them: scale, bias, residual, activation.
 
     ``out_dtype`` is what the kernel writes: float32, or the 16-bit type of a cast read straight after the
-    anchor (the residual is then of that type too; the kernel computes the rest in float32 and rounds once).
+    anchor (the residual is then of that type too; the kernel computes the rest in float32 and rounds once),
+    or float32 again where that 16-bit value is widened before a float32 residual (``"widen"``).
     """
 
     scale: float = 1.0
@@ -332,7 +345,8 @@ def read_epilogue(
         elif (
             name == "relax.astype" and "widen" in allowed and call.args[0].same_as(value) and stage < 3
             and epilogue.out_dtype in SIXTEEN_BIT and str(call.attrs.dtype) == FLOAT32
-        ):
+            and all(tvm_compat.tensor_shape_dtype(arg)[1] == epilogue.out_dtype for arg in anchor.args)
+        ):  # only a result of 16-bit operands: the rounding of float32 operands' result to 16 bits was asked for
             epilogue.out_dtype, taken = FLOAT32, 1
         elif name == "relax.reshape" and reshapes and call.args[0].same_as(value):
             taken = 1

@@ -188,16 +188,22 @@ def test_a_weight_of_odd_width_read_from_its_padded_copy_matches_pytorch(pm, bac
     np.testing.assert_allclose(got, expected.numpy(), rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL * 768**0.5)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype, out_dtype", [("bfloat16", F), (F, F), ("bfloat16", "bfloat16")])
 @pytest.mark.parametrize("padded", [False, True])
-def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matches_pytorch(cuda, dtype, padded):
-    """GPT-2's logits: float32 rows of 1001 columns are not 16 bytes apart. Written in place (cuBLASLt's alignment-1
-    kernels) or to a buffer padded to 16 bytes then copied into place, the product is the same; tuning picks one."""
+def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matches_pytorch(cuda, dtype, out_dtype, padded):
+    """GPT-2's logits: rows of 1001 columns are not 16 bytes apart (in float32 or 16 bits). Written in place
+    (cuBLASLt's alignment-1 kernels) or to a buffer padded to 16 bytes then copied into place, the product is the
+    same; tuning picks one."""
     _, device = cuda
     library.load()
     rng = np.random.default_rng(6)
     weight = rounded_to(rng.uniform(-1, 1, size=(768, 1001)).astype(F), dtype)
-    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (64, 768), dtype=dtype)
+
+    def make(bb, x):
+        product = R.matmul(x, relax.const(weight), out_dtype=F)
+        return product if out_dtype == F else R.astype(bb.emit(product), out_dtype)
+
+    mod = function_module(make, (64, 768), dtype=dtype)
     graph, candidate = whole_candidate(mod, patterns.patterns(), "cublas.dense")
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), aligned=True)
     algorithm_words = int(tvm.get_global_func("collage_cublas.algo_words")())
@@ -205,10 +211,14 @@ def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matc
     text = specs.as_text(spec.array((int(padded), *unfit_algorithm)))
     x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)
     stored_weight = tvm_compat.constant_array(spec.operands[0])
-    out = tvm_compat.to_tensor(np.full((64, 1001), np.nan, dtype=F), device)
+    out = tvm_compat.to_tensor(rounded_to(np.full((64, 1001), np.nan, dtype=F), out_dtype), device)
     tvm.get_global_func(lowering.RUN_FUNCTION)(text, tvm_compat.to_tensor(stored_weight, device), tvm_compat.to_tensor(x, device), out)
-    expected = torch.from_numpy(x.astype(np.float32)).double() @ torch.from_numpy(weight.astype(np.float32)).double()
-    np.testing.assert_allclose(tvm_compat.to_numpy(out), expected.numpy(), rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL * 768**0.5)
+    expected = (torch.from_numpy(x.astype(np.float32)).double() @ torch.from_numpy(weight.astype(np.float32)).double()).numpy()
+    got = tvm_compat.to_numpy(out).astype(np.float64)
+    if out_dtype == F:
+        np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL * 768**0.5)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -279,7 +279,53 @@ def test_a_sixteen_bit_projection_joining_a_float32_residual_is_one_candidate_wr
 
 
 def test_a_cast_back_to_float32_without_a_cast_to_sixteen_bits_before_it_is_refused():
-    """Only a 16-bit result is widened: a float32 product cast to float32 again is not a post-operation cuBLAS fuses."""
-    make = lambda bb, x, r: R.add(bb.emit(R.astype(bb.emit(R.matmul(x, const(24, 40))), F)), r)  # noqa: E731
-    with pytest.raises(Refused, match="a cast to float32 after the anchor"):
+    """Only a 16-bit result is widened: a float32 product and bias cast to float32 again is not a post-operation cuBLAS fuses."""
+    make = lambda bb, x, r: R.add(bb.emit(R.astype(bb.emit(R.add(bb.emit(R.matmul(x, const(24, 40))), const(40))), F)), r)  # noqa: E731
+    with pytest.raises(Refused, match="relax.astype after the anchor is not a post-operation"):
         specs.recognize(Group.from_function(function_module(make, (16, 24), (16, 40))["main"]))
+
+
+def test_a_float32_product_rounded_to_sixteen_bits_on_purpose_is_not_widened_back():
+    """float32 operands whose result the program rounds to bfloat16 and widens again: the kernel would skip a
+    rounding the program asked for, so the widening is refused."""
+    def make(bb, x, r):
+        rounded = bb.emit(R.add(bb.emit(R.astype(bb.emit(R.matmul(x, const(24, 40), out_dtype=F)), "bfloat16")), relax.const(
+            rounded_to(RNG.uniform(-1, 1, size=40).astype(F), "bfloat16"))))
+        return R.add(bb.emit(R.astype(rounded, F)), r)
+
+    with pytest.raises(Refused, match="relax.astype after the anchor is not a post-operation"):
+        specs.recognize(Group.from_function(function_module(make, (16, 24), (16, 40))["main"]))
+
+
+def _dense_tanh_gelu(dtype: str, cube_dtype: str):
+    """x @ W cast to ``dtype``, then tanh GELU spelt out, its cube computed in ``cube_dtype`` (``dtype``: as
+    exporters write it; float32 between two casts: as TVM's mixed-precision pass leaves it)."""
+    def scalar(value, of=dtype):
+        return relax.const(rounded_to(np.array(value, dtype=F), of), of)
+
+    weight = relax.const(rounded_to(RNG.uniform(-1, 1, size=(24, 40)).astype(F), dtype))
+
+    def make(bb, x):
+        v = bb.emit(R.astype(bb.emit(R.matmul(x, weight, out_dtype=F)), dtype))
+        if cube_dtype == dtype:
+            power = bb.emit(R.power(v, scalar(3.0)))
+        else:
+            power = bb.emit(R.astype(bb.emit(R.power(bb.emit(R.astype(v, cube_dtype)), scalar(3.0, cube_dtype))), dtype))
+        inner = bb.emit(R.multiply(bb.emit(R.add(v, bb.emit(R.multiply(power, scalar(0.044715))))), scalar((2 / np.pi) ** 0.5)))
+        one = bb.emit(R.add(bb.emit(R.tanh(inner)), scalar(1.0)))
+        return R.multiply(bb.emit(R.multiply(v, scalar(0.5))), one)
+
+    return function_module(make, (16, 24), dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype, cube_dtype", [("float16", "float16"), ("float16", F), ("bfloat16", F)])  # TVM has no bfloat16 power
+def test_tanh_gelu_at_sixteen_bits_is_cublas_gelu_whether_its_cube_is_computed_in_sixteen_bits_or_float32(dtype, cube_dtype):
+    graph, candidate = whole(_dense_tanh_gelu(dtype, cube_dtype), "dense_gelu")
+    assert candidate is not None, f"a cube in {cube_dtype} is not read as tanh GELU"
+    spec = check_candidate(graph, candidate.nodes)
+    assert spec.words[-6] == specs.GELU_TANH
+
+
+def test_a_cube_cast_through_another_sixteen_bit_type_is_not_tanh_gelu():
+    graph, candidate = whole(_dense_tanh_gelu("bfloat16", "float16"), "dense_gelu")
+    assert candidate is None

@@ -13,6 +13,8 @@
 // An output whose rows are not 16 bytes apart (GPT-2's logits: 50257 columns) keeps cuBLASLt on its
 // slow alignment-1 kernels. Such a product may instead be written to a scratch buffer whose rows are
 // padded to 16 bytes, then copied into the output (cudaMemcpy2DAsync); tuning decides which is faster.
+// That buffer, like the workspace, is one per kernel: calls of one spec are assumed to run on one stream
+// (TVM's), one after another.
 //
 // `collage_cublas.tune(spec)` times cuBLASLt's heuristic candidates for a spec on scratch
 // buffers, written in place and (where it may be) padded, and returns the fastest one's words
@@ -259,26 +261,32 @@ class Kernel {
     d_[0] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
     if (spec.MayPadD()) {
       d_[1] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
-      // made here, with the descriptors, so that no allocation happens while a CUDA graph is captured
-      Check(cudaMalloc(&padded_, spec.OutputBytes() * spec.PaddedLd() * spec.n * spec.batch), "allocating the padded output");
     }
     padded_d_ = spec.padded_d;
     if (spec.has_algo && AlgoFits(spec.algo, padded_d_)) {
       algo_ = spec.algo;
     } else {
       std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(1, padded_d_);
-      if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
+      if (candidates.empty() && padded_d_ && !spec.has_algo) {  // no padded kernel: the output in place
+        padded_d_ = false;
+        candidates = Candidates(1, false);
+      }
+      if (candidates.empty()) {
+        Release();  // a constructor that throws runs no destructor
+        Fail("cuBLASLt has no algorithm for this problem");
+      }
       algo_ = candidates[0].algo;
     }
+    if (padded_d_) {  // last, so nothing after it throws; with the descriptors, so none is made while a CUDA graph is captured
+      cudaError_t status = cudaMalloc(&padded_, spec.OutputBytes() * spec.PaddedLd() * spec.n * spec.batch);
+      if (status != cudaSuccess) {
+        padded_ = nullptr;
+        Release();
+        Check(status, "allocating the padded output");
+      }
+    }
   }
-  ~Kernel() {
-    cublasLtMatrixLayoutDestroy(a_);
-    cublasLtMatrixLayoutDestroy(b_);
-    cublasLtMatrixLayoutDestroy(d_[0]);
-    if (d_[1]) cublasLtMatrixLayoutDestroy(d_[1]);
-    if (padded_) cudaFree(padded_);
-    cublasLtMatmulDescDestroy(desc_);
-  }
+  ~Kernel() { Release(); }
 
   int64_t Arity() const { return spec_.Arity(); }
   const Spec& spec() const { return spec_; }
@@ -341,7 +349,7 @@ class Kernel {
     };
     std::vector<Candidate> candidates;
     for (bool padded : {false, true}) {
-      if (padded && !spec_.MayPadD()) continue;
+      if (padded && !padded_) continue;  // the buffer is made where D may be padded and a padded kernel exists
       for (const auto& result : Candidates(kHeuristicCandidates, padded)) candidates.push_back({padded, result.algo});
     }
     if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
@@ -386,6 +394,14 @@ class Kernel {
   }
 
  private:
+  void Release() {
+    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatrixLayoutDestroy(b_);
+    cublasLtMatrixLayoutDestroy(d_[0]);
+    if (d_[1]) cublasLtMatrixLayoutDestroy(d_[1]);
+    if (padded_) cudaFree(padded_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
   bool AlgoFits(const cublasLtMatmulAlgo_t& algo, bool padded) {
     cublasLtMatmulHeuristicResult_t result;
     return cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, d_[padded], d_[padded], &algo, &result) == CUBLAS_STATUS_SUCCESS &&
