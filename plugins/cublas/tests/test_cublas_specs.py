@@ -49,7 +49,9 @@ def check_candidate(graph: RelaxGraph, nodes, tf32: bool = False, aligned: bool 
     # a 16-bit result widened again to float32 is not rounded by the kernel: within that rounding of TVM's build
     casts = [str(call.attrs.dtype) for call in Group.from_function(func).calls if tvm_compat.op_name(call) == "relax.astype"]
     rounded_to_16 = next((dtype for dtype in casts if dtype != F), F)
-    assert_matches(got, expected, rounded_to_16 if spec.words[-1] == specs.OPERAND_TYPES[F] else specs.DTYPE_OF_TYPE[spec.words[-1]], RTOL, ATOL)
+    assert_matches(
+        got, expected, rounded_to_16 if spec.words[-1] == specs.OPERAND_TYPES[F] else specs.DTYPE_OF_TYPE[spec.words[-1]], RTOL, ATOL
+    )
     return spec
 
 
@@ -288,9 +290,14 @@ def test_a_cast_back_to_float32_without_a_cast_to_sixteen_bits_before_it_is_refu
 def test_a_float32_product_rounded_to_sixteen_bits_on_purpose_is_not_widened_back():
     """float32 operands whose result the program rounds to bfloat16 and widens again: the kernel would skip a
     rounding the program asked for, so the widening is refused."""
+
     def make(bb, x, r):
-        rounded = bb.emit(R.add(bb.emit(R.astype(bb.emit(R.matmul(x, const(24, 40), out_dtype=F)), "bfloat16")), relax.const(
-            rounded_to(RNG.uniform(-1, 1, size=40).astype(F), "bfloat16"))))
+        rounded = bb.emit(
+            R.add(
+                bb.emit(R.astype(bb.emit(R.matmul(x, const(24, 40), out_dtype=F)), "bfloat16")),
+                relax.const(rounded_to(RNG.uniform(-1, 1, size=40).astype(F), "bfloat16")),
+            )
+        )
         return R.add(bb.emit(R.astype(rounded, F)), r)
 
     with pytest.raises(Refused, match="relax.astype after the anchor is not a post-operation"):
@@ -300,6 +307,7 @@ def test_a_float32_product_rounded_to_sixteen_bits_on_purpose_is_not_widened_bac
 def _dense_tanh_gelu(dtype: str, cube_dtype: str):
     """x @ W cast to ``dtype``, then tanh GELU spelt out, its cube computed in ``cube_dtype`` (``dtype``: as
     exporters write it; float32 between two casts: as TVM's mixed-precision pass leaves it)."""
+
     def scalar(value, of=dtype):
         return relax.const(rounded_to(np.array(value, dtype=F), of), of)
 
