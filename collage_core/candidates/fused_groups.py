@@ -407,7 +407,8 @@ def either(op: str, value, other):
 
 
 def cast_pattern(value):
-    """A cast of ``value`` (TVM's mixed-precision pass casts each float32-accumulated result to 16 bits)."""
+    """A cast of ``value`` (TVM's mixed-precision pass casts each float32-accumulated result to 16 bits, and a
+    16-bit value back to float32 where it joins a float32 computation)."""
     return is_op("relax.astype")(value)
 
 
@@ -437,7 +438,7 @@ def _gelu_erf_pattern(value):
 def _gelu_tanh_pattern(value):
     """TVM's gelu_tanh, or tanh GELU as GPT-2's exporters spell it: (x * 0.5) * (tanh((x + x**3 * c) * sqrt(2/pi)) + 1);
     at 16 bits TVM's mixed-precision pass computes the cube in float32 between two casts."""
-    power = is_op("relax.power")(value, is_const()) | is_op("relax.astype")(is_op("relax.power")(is_op("relax.astype")(value), is_const()))
+    power = is_op("relax.power")(value, is_const()) | cast_pattern(is_op("relax.power")(cast_pattern(value), is_const()))
     cube = either("relax.multiply", power, is_const())
     tanh = is_op("relax.tanh")(either("relax.multiply", either("relax.add", value, cube), is_const()))
     spelt_out = either("relax.multiply", either("relax.multiply", value, is_const()), either("relax.add", tanh, is_const()))
@@ -466,11 +467,6 @@ def activation_pattern(value, names: Sequence[str]):
     return pattern
 
 
-def widened_pattern(value):
-    """``value`` cast (back) to float32, as TVM's mixed-precision pass writes a 16-bit result that joins a float32 sum."""
-    return is_op("relax.astype")(value)
-
-
 def product_epilogues(activations: Sequence[str], widened_residual: bool = False) -> dict:
     """The epilogue patterns a product kernel fuses, by name suffix: bias, then residual, then one of
     ``activations`` (each optional); a reshape may stand before the activation. With ``widened_residual``
@@ -485,7 +481,7 @@ def product_epilogues(activations: Sequence[str], widened_residual: bool = False
                 if not bias_name and not reshape_name:
                     continue  # a cast straight after the product is the 16-bit one: that is `_add`
                 epilogues[f"{bias_name}{reshape_name}_f32_add"] = (
-                    lambda v, bias=bias, reshape=reshape: residual_pattern(widened_pattern(reshape(bias(v))))
+                    lambda v, bias=bias, reshape=reshape: residual_pattern(cast_pattern(reshape(bias(v))))
                 )
         for residual_name, residual in (("", identity), ("_add", residual_pattern)):
             epilogues[f"{bias_name}{residual_name}"] = lambda v, bias=bias, residual=residual: residual(bias(v))

@@ -244,14 +244,15 @@ def _attention(group: Group) -> KernelSpec:
         else:
             constant = next((arg for arg in step.args if tvm_compat.is_constant(arg)), None)
             added, dims = (None if constant is None else tvm_compat.constant_array(constant)), shape_of(step)
-            if constant is not None and tuple(shape_of(next(a for a in step.args if not a.same_as(constant)))) != tuple(dims):
+            masked = None if constant is None else next(arg for arg in step.args if not arg.same_as(constant))
+            if masked is not None and tuple(shape_of(masked)) != tuple(dims):
                 raise Refused("an additive mask that broadcasts the scores to more batches or heads")
             if added is not None and not added.any():  # a padding mask that hides nothing, folded to zeros
-                scores = next(arg for arg in step.args if not arg.same_as(constant))
+                scores = masked
                 continue
             if mask is not None or added is None or not _causal(added, dims[-2], dims[-1]):
                 raise Refused("an additive mask that is not one causal mask (cuDNN takes a causal mask, not a bias)")
-            scores, mask = next(arg for arg in step.args if not arg.same_as(constant)), "causal"
+            scores, mask = masked, "causal"
     first = walk.call(scores, "relax.matmul")
     if first is None:
         raise Refused("attention whose scores are not a product of q and k")
