@@ -1,7 +1,8 @@
 """A cuBLAS partition function becomes one ``collage_cublas.run`` call on its spec and operands.
 
 The build times cuBLASLt's candidate algorithms for each problem on the GPU (for an output whose rows are
-not 16 bytes apart, both written in place and through a padded buffer) and keeps the fastest in the spec; the choice is stored by spec, GPU and cuBLAS version
+not 16 bytes apart, written in place and through a padded buffer copied into place two ways) and keeps the fastest
+in the spec; the choice is stored by spec, GPU and cuBLAS version
 (``$COLLAGE_CACHE_DIR/cublas/algorithms.json``), so later builds on this machine make the same
 kernel without timing again. Built where there is no GPU, the runtime takes cuBLASLt's first
 heuristic choice instead.

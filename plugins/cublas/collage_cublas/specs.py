@@ -34,7 +34,7 @@ from collage_core.kit import (
 )
 from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 4
+SPEC_VERSION = 5
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), and what the output and residual are (float32,
 # or the 16-bit type of a cast the group applies to the product). The bias is of the output's type (a
@@ -62,8 +62,9 @@ class KernelSpec:
     operands: tuple = attrs.field(eq=False)
 
     def array(self, algorithm: tuple[int, ...] = ()) -> np.ndarray:
-        """The spec as the runtime reads it, with the chosen algorithm's words if there is one (whether the output is
-        written through a padded buffer, then cuBLASLt's algorithm: what ``collage_cublas.tune`` returns)."""
+        """The spec as the runtime reads it, with the chosen algorithm's words if there is one (how the output is
+        written: 0 in place, 1 through a padded buffer and cudaMemcpy2DAsync, 2 through a padded buffer and
+        cublasLtMatrixTransform; then cuBLASLt's algorithm: what ``collage_cublas.tune`` returns)."""
         tail = (1, *algorithm) if algorithm else (0,)
         return np.array((*self.words, *tail), dtype=np.int64)
 

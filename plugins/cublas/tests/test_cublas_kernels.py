@@ -189,11 +189,11 @@ def test_a_weight_of_odd_width_read_from_its_padded_copy_matches_pytorch(pm, bac
 
 
 @pytest.mark.parametrize("dtype, out_dtype", [("bfloat16", F), (F, F), ("bfloat16", "bfloat16")])
-@pytest.mark.parametrize("padded", [False, True])
-def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matches_pytorch(cuda, dtype, out_dtype, padded):
+@pytest.mark.parametrize("route", [0, 1, 2], ids=["in-place", "padded-memcpy", "padded-transform"])
+def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matches_pytorch(cuda, dtype, out_dtype, route):
     """GPT-2's logits: rows of 1001 columns are not 16 bytes apart (in float32 or 16 bits). Written in place
-    (cuBLASLt's alignment-1 kernels) or to a buffer padded to 16 bytes then copied into place, the product is the
-    same; tuning picks one."""
+    (cuBLASLt's alignment-1 kernels) or to a buffer padded to 16 bytes then copied into place (by
+    cudaMemcpy2DAsync or by cublasLtMatrixTransform), the product is the same; tuning picks one."""
     _, device = cuda
     library.load()
     rng = np.random.default_rng(6)
@@ -208,7 +208,7 @@ def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matc
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), aligned=True)
     algorithm_words = int(tvm.get_global_func("collage_cublas.algo_words")())
     unfit_algorithm = (0,) * (algorithm_words - 1)  # not one cuBLASLt accepts: the runtime takes its heuristic choice
-    text = specs.as_text(spec.array((int(padded), *unfit_algorithm)))
+    text = specs.as_text(spec.array((route, *unfit_algorithm)))
     x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)
     stored_weight = tvm_compat.constant_array(spec.operands[0])
     out = tvm_compat.to_tensor(rounded_to(np.full((64, 1001), np.nan, dtype=F), out_dtype), device)

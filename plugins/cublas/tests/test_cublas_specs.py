@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from collage_cublas import patterns, specs
+from collage_cublas import library, patterns, specs
 from cublas_cases import reference
 from tvm import relax
 
@@ -331,3 +331,9 @@ def test_tanh_gelu_at_sixteen_bits_is_cublas_gelu_whether_its_cube_is_computed_i
 def test_a_cube_cast_through_another_sixteen_bit_type_is_not_tanh_gelu():
     graph, candidate = whole(_dense_tanh_gelu("bfloat16", "float16"), "dense_gelu")
     assert candidate is None
+
+
+def test_the_runtime_reads_the_spec_version_that_the_specs_write():
+    """A spec of another version is refused by the runtime; the two sides must change together."""
+    source = library.SOURCE.read_text()
+    assert f"constexpr int64_t kSpecVersion = {specs.SPEC_VERSION};" in source

@@ -12,13 +12,14 @@
 //
 // An output whose rows are not 16 bytes apart (GPT-2's logits: 50257 columns) keeps cuBLASLt on its
 // slow alignment-1 kernels. Such a product may instead be written to a scratch buffer whose rows are
-// padded to 16 bytes, then copied into the output (cudaMemcpy2DAsync); tuning decides which is faster.
+// padded to 16 bytes, then copied into the output, by cudaMemcpy2DAsync or by cuBLASLt's own layout
+// transform (cublasLtMatrixTransform); tuning decides which of the three routes is fastest.
 // That buffer, like the workspace, is one per kernel: calls of one spec are assumed to run on one stream
 // (TVM's), one after another.
 //
 // `collage_cublas.tune(spec)` times cuBLASLt's heuristic candidates for a spec on scratch
-// buffers, written in place and (where it may be) padded, and returns the fastest one's words
-// (whether D is padded, then the algorithm), which the build stores in the spec.
+// buffers, written in place and (where it may be) padded and copied either way, and returns the fastest
+// one's words (its OutputRoute, then the algorithm), which the build stores in the spec.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <dlpack/dlpack.h>
@@ -43,12 +44,15 @@
 namespace collage_cublas {
 namespace {
 
-constexpr int64_t kSpecVersion = 4;
+constexpr int64_t kSpecVersion = 5;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 8;
 constexpr int64_t kAlignmentBytes = 16;  // what cuBLASLt's fast kernels need of every leading dimension
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
+// How D reaches the output: written in place, or written padded and copied into place by
+// cudaMemcpy2DAsync or by cublasLtMatrixTransform.
+enum OutputRoute : int64_t { kInPlace = 0, kPaddedMemcpy = 1, kPaddedTransform = 2 };
 // What the two matrix operands are, and what the output, bias and residual are; the product accumulates
 // in float32 either way. kTf32Operands: float32 operands that the tensor cores round to TF32
 // (CUBLAS_COMPUTE_32F_FAST_TF32); never an output type.
@@ -88,7 +92,7 @@ struct Spec {
   int64_t epilogue, has_bias, has_residual;
   double alpha;
   int64_t operand_type, output_type;
-  int64_t has_algo, padded_d;
+  int64_t has_algo, route;
   cublasLtMatmulAlgo_t algo;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
   cudaDataType_t OperandDataType() const { return DataTypeOf(operand_type); }
@@ -178,11 +182,13 @@ Spec ParseSpec(const std::string& hex) {
   spec.OutputDataType();
   if (spec.output_type == kTf32Operands) Fail("TF32 is an operand type, not an output type");
   spec.has_algo = reader.Next();
-  spec.padded_d = spec.MayPadD();  // without a timed choice, padding is cuBLASLt's fast kernels' condition
+  // without a timed choice, padding is cuBLASLt's fast kernels' condition
+  spec.route = spec.MayPadD() ? kPaddedMemcpy : kInPlace;
   std::memset(&spec.algo, 0, sizeof(spec.algo));
   if (spec.has_algo) {
-    spec.padded_d = reader.Next();
-    if (spec.padded_d && !spec.MayPadD()) Fail("the spec pads an output that cannot be padded");
+    spec.route = reader.Next();
+    if (spec.route < kInPlace || spec.route > kPaddedTransform) Fail("unknown output route " + std::to_string(spec.route));
+    if (spec.route != kInPlace && !spec.MayPadD()) Fail("the spec pads an output that cannot be padded");
     int64_t words_of_algo[kAlgoWords];
     for (int64_t i = 0; i < kAlgoWords; ++i) words_of_algo[i] = reader.Next();
     std::memcpy(&spec.algo, words_of_algo, sizeof(spec.algo));
@@ -261,14 +267,20 @@ class Kernel {
     d_[0] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
     if (spec.MayPadD()) {
       d_[1] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
+      cublasStatus_t made = cublasLtMatrixTransformDescCreate(&transform_, CUDA_R_32F);
+      if (made != CUBLAS_STATUS_SUCCESS) {
+        transform_ = nullptr;
+        Release();
+        Check(made, "cublasLtMatrixTransformDescCreate");
+      }
     }
-    padded_d_ = spec.padded_d;
-    if (spec.has_algo && AlgoFits(spec.algo, padded_d_)) {
+    route_ = spec.route;
+    if (spec.has_algo && AlgoFits(spec.algo, route_ != kInPlace)) {
       algo_ = spec.algo;
     } else {
-      std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(1, padded_d_);
-      if (candidates.empty() && padded_d_ && !spec.has_algo) {  // no padded kernel: the output in place
-        padded_d_ = false;
+      std::vector<cublasLtMatmulHeuristicResult_t> candidates = Candidates(1, route_ != kInPlace);
+      if (candidates.empty() && route_ != kInPlace && !spec.has_algo) {  // no padded kernel: the output in place
+        route_ = kInPlace;
         candidates = Candidates(1, false);
       }
       if (candidates.empty()) {
@@ -277,7 +289,7 @@ class Kernel {
       }
       algo_ = candidates[0].algo;
     }
-    if (padded_d_) {  // last, so nothing after it throws; with the descriptors, so none is made while a CUDA graph is captured
+    if (route_ != kInPlace) {  // last, so nothing after it throws; with the descriptors, so none is made while a CUDA graph is captured
       cudaError_t status = cudaMalloc(&padded_, spec.OutputBytes() * spec.PaddedLd() * spec.n * spec.batch);
       if (status != cudaSuccess) {
         padded_ = nullptr;
@@ -307,10 +319,11 @@ class Kernel {
     return results;
   }
 
-  // pointers: first, second, bias (or null), residual (or null), out; `padded`: D is written to the padded
-  // scratch buffer, then copied into `out`
+  // pointers: first, second, bias (or null), residual (or null), out; `route`: D is written in place, or to the
+  // padded scratch buffer and then copied into `out` one of two ways
   void Launch(const void* first, const void* second, const void* bias, const void* residual, void* out,
-              const cublasLtMatmulAlgo_t& algo, bool padded, cudaStream_t stream) {
+              const cublasLtMatmulAlgo_t& algo, int64_t route, cudaStream_t stream) {
+    const bool padded = route != kInPlace;
     float alpha = static_cast<float>(spec_.alpha), beta = residual ? 1.0f : 0.0f;
     const char* a = static_cast<const char*>(first);
     const char* b = static_cast<const char*>(second);
@@ -328,31 +341,29 @@ class Kernel {
                            kWorkspaceBytes, stream),
             "cublasLtMatmul");
     }
-    if (padded) {
+    if (route == kPaddedMemcpy) {
       Check(cudaMemcpy2DAsync(out, output_bytes * spec_.ld_d, padded_, output_bytes * spec_.PaddedLd(), output_bytes * spec_.m,
                               spec_.n * spec_.batch, cudaMemcpyDeviceToDevice, stream),
             "copying the padded output into place");
+    } else if (route == kPaddedTransform) {
+      Check(CopyByTransform(out, stream), "cublasLtMatrixTransform of the padded output into place");
     }
+  }
+
+  // The padded D copied into `out` by cuBLASLt's layout transform (out = 1 * padded, no second matrix).
+  cublasStatus_t CopyByTransform(void* out, cudaStream_t stream) {
+    const float one = 1.0f, zero = 0.0f;
+    return cublasLtMatrixTransform(handle_, transform_, &one, padded_, d_[1], &zero, nullptr, nullptr, out, d_[0], stream);
   }
 
   void Run(const void* first, const void* second, const void* bias, const void* residual, void* out, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);  // the bias pointer lives in the shared descriptor
-    Launch(first, second, bias, residual, out, algo_, padded_d_, stream);
+    Launch(first, second, bias, residual, out, algo_, route_, stream);
   }
 
   // The fastest of cuBLASLt's heuristic candidates on scratch buffers, D written in place and (where it may be)
-  // padded then copied, as spec words: whether D is padded, then the algorithm.
+  // padded then copied either way, as spec words: the OutputRoute, then the algorithm.
   std::vector<int64_t> Tune() {
-    struct Candidate {
-      bool padded;
-      cublasLtMatmulAlgo_t algo;
-    };
-    std::vector<Candidate> candidates;
-    for (bool padded : {false, true}) {
-      if (padded && !padded_) continue;  // the buffer is made where D may be padded and a padded kernel exists
-      for (const auto& result : Candidates(kHeuristicCandidates, padded)) candidates.push_back({padded, result.algo});
-    }
-    if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
     void* buffers[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
     size_t sizes[5] = {Extent(spec_.a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
     for (int i = 0; i < 5; ++i) {
@@ -360,8 +371,27 @@ class Kernel {
       Check(cudaMemset(buffers[i], 0, 4 * sizes[i]), "clearing tuning buffers");
     }
     cudaStream_t stream;
-    cudaEvent_t start, stop;
     Check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    struct Candidate {
+      int64_t route;
+      cublasLtMatmulAlgo_t algo;
+    };
+    std::vector<Candidate> candidates;
+    for (const auto& result : Candidates(kHeuristicCandidates, false)) candidates.push_back({kInPlace, result.algo});
+    if (padded_) {  // the buffer is made where D may be padded and a padded kernel exists
+      // the transform is a route only where cuBLASLt takes the output's type and layout for it
+      bool transforms = CopyByTransform(buffers[4], stream) == CUBLAS_STATUS_SUCCESS && cudaStreamSynchronize(stream) == cudaSuccess;
+      for (const auto& result : Candidates(kHeuristicCandidates, true)) {
+        candidates.push_back({kPaddedMemcpy, result.algo});
+        if (transforms) candidates.push_back({kPaddedTransform, result.algo});
+      }
+    }
+    if (candidates.empty()) {
+      cudaStreamDestroy(stream);
+      for (void* buffer : buffers) cudaFree(buffer);
+      Fail("cuBLASLt has no algorithm for this problem");
+    }
+    cudaEvent_t start, stop;
     Check(cudaEventCreate(&start), "cudaEventCreate");
     Check(cudaEventCreate(&stop), "cudaEventCreate");
     float best = std::numeric_limits<float>::infinity();
@@ -369,7 +399,7 @@ class Kernel {
     for (const auto& candidate : candidates) {
       auto run = [&] {
         Launch(buffers[0], buffers[1], spec_.has_bias ? buffers[2] : nullptr, spec_.has_residual ? buffers[3] : nullptr,
-               buffers[4], candidate.algo, candidate.padded, stream);
+               buffers[4], candidate.algo, candidate.route, stream);
       };
       run();
       Check(cudaEventRecord(start, stream), "cudaEventRecord");
@@ -388,7 +418,7 @@ class Kernel {
     cudaStreamDestroy(stream);
     for (void* buffer : buffers) cudaFree(buffer);
     std::vector<int64_t> words(1 + kAlgoWords);
-    words[0] = fastest->padded;
+    words[0] = fastest->route;
     std::memcpy(words.data() + 1, &fastest->algo, sizeof(fastest->algo));
     return words;
   }
@@ -400,6 +430,7 @@ class Kernel {
     cublasLtMatrixLayoutDestroy(d_[0]);
     if (d_[1]) cublasLtMatrixLayoutDestroy(d_[1]);
     if (padded_) cudaFree(padded_);
+    if (transform_) cublasLtMatrixTransformDescDestroy(transform_);
     cublasLtMatmulDescDestroy(desc_);
   }
   bool AlgoFits(const cublasLtMatmulAlgo_t& algo, bool padded) {
@@ -423,7 +454,8 @@ class Kernel {
   cublasLtMatrixLayout_t a_, b_;
   cublasLtMatrixLayout_t d_[2] = {nullptr, nullptr};  // D in place, and padded (when it may be)
   void* padded_ = nullptr;                           // the padded D's scratch buffer
-  bool padded_d_ = false;                             // whether runs write the padded D
+  cublasLtMatrixTransformDesc_t transform_ = nullptr;  // copies the padded D into place (kPaddedTransform)
+  int64_t route_ = kInPlace;                          // how runs write D
   cublasLtMatmulAlgo_t algo_;
   std::mutex mutex_;
 };
@@ -485,6 +517,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def_packed("collage_cublas.run", collage_cublas::RunPacked)
       .def("collage_cublas.tune", collage_cublas::Tune)
       .def("collage_cublas.kernel_count", []() { return static_cast<int64_t>(collage_cublas::Kernels().Size()); })
-      .def("collage_cublas.algo_words", []() { return 1 + collage_cublas::kAlgoWords; })  // the padding flag, then the algorithm
+      .def("collage_cublas.algo_words", []() { return 1 + collage_cublas::kAlgoWords; })  // the output route, then the algorithm
       .def("collage_cublas.cublaslt_version", []() { return static_cast<int64_t>(cublasLtGetVersion()); });
 }
