@@ -482,6 +482,55 @@ def _fastest(record: dict, precision: str, modes: list[str]) -> tuple[str, float
     return mode, measured[mode]
 
 
+def draw_peers_chart(records: list[dict], path: Path) -> bool:
+    """The torch.compile table as a picture: for each model, batch and precision with Collage's run and its fastest
+    peer measured, every peer's latency and Collage's over the fastest peer's (log scale; lower is faster), Collage's
+    ratio written on its bar. False (nothing written) without matplotlib or without such a row."""
+    modes = _shown_modes(records)
+    rows = []
+    for record in records:
+        for precision in GPU_PRECISIONS:
+            collage_s = _placed(record["collage"].get(precision, {})).get("cost", {}).get("median_s")
+            fastest = _fastest(record, precision, modes)
+            if collage_s and fastest:
+                peers = {mode: (_peer(record, mode, precision) or {}).get("median_s") for mode in modes}
+                rows.append((f"{record['model']}\nb{record['batch']} {precision}", peers, collage_s, fastest[1]))
+    if not rows:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    bars = [*modes, "Collage"]
+    width = 0.8 / len(bars)
+    figure, axis = plt.subplots(figsize=(max(7, 1.6 * len(rows) + 2.5), 4.2))
+    lowest = math.inf
+    for index, bar in enumerate(bars):
+        values = [(collage_s if bar == "Collage" else peers[bar] or math.nan) / fastest_s for _, peers, collage_s, fastest_s in rows]
+        lowest = min([lowest, *[value for value in values if not math.isnan(value)]])
+        where = [row + index * width for row in range(len(rows))]
+        axis.bar(where, values, width, label=_short(bar), color="black" if bar == "Collage" else None)
+        if bar == "Collage":
+            for x, value in zip(where, values):
+                axis.annotate(f"{value:.2f}", (x, value), ha="center", va="bottom", xytext=(0, 2), textcoords="offset points", fontsize=8)
+    axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axis.set_yscale("log")
+    axis.set_ylim(bottom=lowest / 1.5)
+    axis.set_xticks([row + 0.4 - width / 2 for row in range(len(rows))], [label for label, *_ in rows], fontsize=8)
+    axis.set_ylabel("latency / fastest peer's (log), lower is faster")
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial.png")
+    figure.savefig(partial, dpi=120)
+    plt.close(figure)
+    os.replace(partial, path)
+    return True
+
+
 def _peer_cell(entry: dict | None, mode: str, notes: list[str], where: str) -> str:
     """``1.234 (41 s)``: the latency in ms and, for torch.compile, the first call's seconds (compiling and
     autotuning); a time-out as such; a failure as a numbered note under the table."""
@@ -572,9 +621,11 @@ def gpu_report(
     command: str = "python benchmarks/precision.py --device cuda",
     raw: str = "benchmarks/raw-precision-cuda/",
     about: str = "",
+    chart: str = "",
 ) -> str:
     """The GPU report of ``records``; ``about`` (the raw directory's about.md: the machine, the leases, what
-    ran where) goes under the title, and its first line is the title where it starts with "# "."""
+    ran where) goes under the title, and its first line is the title where it starts with "# "; ``chart`` (a
+    picture's file name beside the report, :func:`draw_peers_chart`) is shown under the table of every peer."""
     added = sorted({b for record in records for spec in record["collage"] for b in spec.split("+")[1:]})
     title = (
         "Collage on the GPU at fp32, bf16 and fp16 beside PyTorch at the same precisions"
@@ -620,6 +671,7 @@ def gpu_report(
         "",
         *peers_table(records),
         "",
+        *([f"![every peer's latency and Collage's over the fastest peer's, per model, batch and precision]({chart})", ""] if chart else []),
     ]
     for record in records:
         lines += [
@@ -823,13 +875,16 @@ def main() -> None:
             )
         shown = [a for a in sys.argv[1:] if a not in ("--only-report", "--retry-failed")]
         about = raw / ABOUT_FILE
+        report = args.report or HERE / "PRECISION-cuda.md"
+        chart = report.with_suffix(".png")
         text = gpu_report(
             records,
             shlex.join(["python", "benchmarks/precision.py", *shown]),
             f"{raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw}/",
             about.read_text() if about.is_file() else "",
+            chart.name if draw_peers_chart(records, chart) else "",
         )
-        (args.report or HERE / "PRECISION-cuda.md").write_text(text + "\n")
+        report.write_text(text + "\n")
         print(text)
         return
     args.raw = args.raw or HERE / "raw-precision"

@@ -553,3 +553,28 @@ def test_a_library_is_timed_in_a_process_started_as_its_runtime_file_tells_a_dep
     assert environment["PATH"] == os.environ["PATH"]
     assert interleaved.started_as_told(alone) is None  # one pool: nothing to tell
     assert interleaved.started_as_told(tmp_path / "missing.so") is None
+
+
+def test_the_torch_compile_chart_shows_the_rows_with_collage_and_every_peer_and_the_report_links_it(tmp_path):
+    import precision
+
+    records = _torch_compile_records()
+    chart = tmp_path / "TORCH-COMPILE-cuda.png"
+    text = precision.gpu_report(records, chart=chart.name)
+    table_end = text.index("Geomean of Collage / fastest peer")
+    assert f"]({chart.name})" in text[table_end:].split("## ", 1)[0]  # under the table of every peer
+    assert "](" not in precision.gpu_report(records)  # no picture named where none was drawn
+    pytest.importorskip("matplotlib")
+    assert precision.draw_peers_chart(records, chart)
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [path.name for path in tmp_path.iterdir()] == [chart.name]  # written whole, nothing left beside it
+
+
+def test_no_torch_compile_chart_is_drawn_before_a_row_has_collage_and_its_fastest_peer(tmp_path):
+    import precision
+
+    records = _torch_compile_records()
+    for record in records:
+        record["collage"] = {}
+    assert not precision.draw_peers_chart(records, tmp_path / "chart.png")
+    assert not list(tmp_path.iterdir())
