@@ -86,7 +86,8 @@ class PatternMatch:
     """What a pattern's check sees: the matched Relax calls (root last) and the dpl's bindings.
 
     ``bound_vars[i]`` is the variable ``calls[i]`` is bound to, so a check can tell which call
-    produced an argument; ``outputs`` are the variables of the group read after it.
+    produced an argument; ``outputs`` are the variables of the group read after it; ``items`` maps each of
+    the group's variables bound to an item of a call's tuple (a ``split``'s part) to that item.
     """
 
     pattern: Pattern
@@ -94,6 +95,7 @@ class PatternMatch:
     matched: dict = attrs.field(eq=False, factory=dict)
     bound_vars: tuple = attrs.field(eq=False, factory=tuple)
     outputs: tuple = attrs.field(eq=False, factory=tuple)
+    items: dict = attrs.field(eq=False, factory=dict)
 
     @property
     def root(self):

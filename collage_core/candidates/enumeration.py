@@ -57,7 +57,12 @@ def enumerate_candidates(graph: RelaxGraph, patterns: Sequence[Pattern], refusal
                 continue
             if pattern.check is not None:
                 bound_vars = tuple(graph.bindings[graph.op_bindings[node]].var for node in sorted(nodes))
-                refused = _check(pattern, PatternMatch(pattern, calls, matched, bound_vars, region.outputs), nodes)
+                items = {
+                    graph.bindings[index].var: graph.bindings[index].value
+                    for index in region.bindings
+                    if isinstance(graph.bindings[index].value, relax.TupleGetItem)
+                }
+                refused = _check(pattern, PatternMatch(pattern, calls, matched, bound_vars, region.outputs, items), nodes)
                 if refused is not None:
                     kept.append(refused)
                     continue

@@ -32,17 +32,19 @@ class Refused(PatternRefused):
 
 
 class Group:
-    """Calls in order (anchor's operands first, root last), the variables they are bound to, and the outputs."""
+    """Calls in order (anchor's operands first, root last), the variables they are bound to, and the outputs;
+    ``items``: the group's variables bound to an item of a call's tuple (``split``'s parts), each to that item."""
 
-    def __init__(self, calls: Sequence, bound_vars: Sequence, outputs: Sequence):
+    def __init__(self, calls: Sequence, bound_vars: Sequence, outputs: Sequence, items: Optional[dict] = None):
         self.calls = list(calls)
         self.bound_vars = list(bound_vars)
         self.outputs = list(outputs)
+        self.items = dict(items or {})
         self._producer = {var: call for var, call in zip(bound_vars, calls)}
 
     @classmethod
     def from_match(cls, match) -> "Group":
-        return cls(match.calls, match.bound_vars, match.outputs)
+        return cls(match.calls, match.bound_vars, match.outputs, match.items)
 
     @classmethod
     def from_function(cls, func: relax.Function) -> "Group":
@@ -51,18 +53,23 @@ class Group:
         calls = [b.value for b in bindings if tvm_compat.is_op_call(b.value)]
         bound = [b.var for b in bindings if tvm_compat.is_op_call(b.value)]
         aliases = {b.var: b.value for b in bindings if isinstance(b.value, relax.Var)}
-        if len(calls) + len(aliases) != len(bindings):
-            raise Refused("the partition binds values other than operator calls")
+        items = {b.var: b.value for b in bindings if isinstance(b.value, relax.TupleGetItem)}
+        if len(calls) + len(aliases) + len(items) != len(bindings):
+            raise Refused("the partition binds values other than operator calls and their items")
         body = func.body.body
         outputs = list(body.fields) if isinstance(body, relax.Tuple) else [body]
         while len(outputs) == 1 and outputs[0] in aliases:
             outputs = [aliases[outputs[0]]]
         if any(alias in aliases for call in calls for alias in call.args):
             raise Refused("the partition reads a renamed intermediate result")
-        return cls(calls, bound, outputs)
+        return cls(calls, bound, outputs, items)
 
     def producer(self, expr):
-        return self._producer.get(expr) if isinstance(expr, relax.Var) else None
+        """The group's call whose result ``expr`` is (or whose tuple ``expr`` is an item of), else None."""
+        if not isinstance(expr, relax.Var):
+            return None
+        item = self.items.get(expr)
+        return self._producer.get(item.tuple_value) if item is not None else self._producer.get(expr)
 
     def var_of(self, call):
         return self.bound_vars[self.calls.index(call)]
@@ -375,11 +382,13 @@ def read_epilogue(
 
 @attrs.frozen
 class StridedOperand:
-    """A tensor a kernel reads, and the dims and strides (in elements) it sees it through, transposes absorbed."""
+    """A tensor a kernel reads, and the dims and strides (in elements) it sees it through, transposes absorbed;
+    ``offset``: the elements before the first one read (a part of a ``split``)."""
 
     source: object = attrs.field(eq=False)
     dims: tuple
     strides: tuple
+    offset: int = 0
 
 
 def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> StridedOperand:
@@ -395,6 +404,108 @@ def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> S
     external(group, expr, dtypes)
     dims = shape_of(expr)
     return StridedOperand(expr, tuple(dims), tuple(plain_strides(dims)))
+
+
+VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.split")
+
+
+def viewed_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> tuple[StridedOperand, list]:
+    """``expr`` read in place through the group's views of a tensor from outside it: ``permute_dims``, a ``reshape``
+    that strides can express, and a part of a ``split``, in any order. Returns the operand (its offset and strides in
+    the outside tensor's elements) and the view calls it looked through; refuses a view strides cannot express."""
+    chain, value = [], expr
+    while (call := group.producer(value)) is not None:
+        if tvm_compat.op_name(call) not in VIEW_OPS:
+            raise Refused(f"an operand is computed inside the group by {tvm_compat.op_name(call)}, which is not a view")
+        chain.append((call, group.items.get(value)))
+        value = call.args[0]
+    external(group, value, dtypes)
+    dims = list(shape_of(value))
+    strides, offset = list(plain_strides(dims)), 0
+    for call, item in reversed(chain):
+        name = tvm_compat.op_name(call)
+        if name == "relax.permute_dims":
+            axes = ints(call.attrs.axes) if call.attrs.axes is not None else tuple(reversed(range(len(dims))))
+            dims, strides = [dims[a] for a in axes], [strides[a] for a in axes]
+        elif name == "relax.reshape":
+            dims, strides = list(shape_of(call)), _reshaped_strides(dims, strides, shape_of(call))
+        else:
+            if item is None:
+                raise Refused("a split whose parts are not read one by one")
+            axis = int(call.attrs.axis) % len(dims)
+            offset += _split_start(call, int(item.index), dims[axis]) * strides[axis]
+            dims = list(shape_of(item))
+    return StridedOperand(value, tuple(dims), tuple(strides), offset), [call for call, _ in chain]
+
+
+def written_view(group: Group, expr) -> tuple[object, tuple[int, ...], list]:
+    """What the group's output ``expr`` is a view of, through the group's ``reshape`` and ``permute_dims`` calls, and
+    the strides (in elements) a kernel writes that value with so that ``expr`` comes out packed; with the view calls
+    looked through. Refuses a view that strides cannot express."""
+    chain, value = [], expr
+    while (call := group.producer(value)) is not None and tvm_compat.op_name(call) in ("relax.reshape", "relax.permute_dims"):
+        chain.append(call)
+        value = call.args[0]
+    strides = plain_strides(shape_of(expr))
+    for call in chain:  # from the output back to the value
+        source_shape = shape_of(call.args[0])
+        if tvm_compat.op_name(call) == "relax.reshape":
+            strides = _reshaped_strides(shape_of(call), strides, source_shape)
+        else:
+            axes = ints(call.attrs.axes) if call.attrs.axes is not None else tuple(reversed(range(len(source_shape))))
+            inverse = [0] * len(axes)
+            for position, axis in enumerate(axes):
+                inverse[axis] = strides[position]
+            strides = inverse
+    return value, tuple(strides), chain
+
+
+def _split_start(split, index: int, size: int) -> int:
+    """Where part ``index`` of ``split`` begins along its axis of ``size`` elements."""
+    sections = split.attrs.indices_or_sections
+    if not hasattr(sections, "__len__"):  # a number of equal sections
+        return index * (size // int(sections))
+    return [0, *ints(sections)][index]
+
+
+def _reshaped_strides(dims: Sequence[int], strides: Sequence[int], shape: Sequence[int]) -> list[int]:
+    """The strides of a view of ``dims`` (read through ``strides``) as ``shape``, row-major as ``reshape`` means;
+    :class:`Refused` where the elements of ``shape`` cannot be reached by strides (numpy's no-copy reshape)."""
+    old = [(d, s) for d, s in zip(dims, strides) if d != 1]
+    new_strides = [0] * len(shape)
+    at_old, at_new = 0, 0
+    while at_new < len(shape):
+        if shape[at_new] == 1:
+            new_strides[at_new] = 0
+            at_new += 1
+            continue
+        if at_old >= len(old):
+            raise Refused("a reshape that changes the number of elements")
+        # the smallest runs of old and new dims of one size
+        old_end, new_end = at_old + 1, at_new + 1
+        old_size, new_size = old[at_old][0], shape[at_new]
+        while old_size != new_size:
+            if old_size < new_size:
+                if old_end >= len(old):
+                    raise Refused("a reshape that changes the number of elements")
+                old_size *= old[old_end][0]
+                old_end += 1
+            else:
+                if new_end >= len(shape):
+                    raise Refused("a reshape that changes the number of elements")
+                new_size *= shape[new_end]
+                new_end += 1
+        for index in range(at_old, old_end - 1):
+            if old[index][1] != old[index + 1][1] * old[index + 1][0]:
+                raise Refused("a reshape that merges dimensions strides cannot join (it would copy)")
+        stride = old[old_end - 1][1]
+        for index in reversed(range(at_new, new_end)):
+            new_strides[index] = stride if shape[index] != 1 else 0
+            stride *= shape[index]
+        at_old, at_new = old_end, new_end
+    if at_old != len(old):
+        raise Refused("a reshape that changes the number of elements")
+    return new_strides
 
 
 # Dataflow patterns for the same epilogues, so that every backend matches them alike. Each takes

@@ -57,6 +57,8 @@ _EXPORTS = {
     "read_epilogue": "collage_core.candidates.fused_groups:read_epilogue",
     "StridedOperand": "collage_core.candidates.fused_groups:StridedOperand",
     "strided_operand": "collage_core.candidates.fused_groups:strided_operand",
+    "viewed_operand": "collage_core.candidates.fused_groups:viewed_operand",
+    "written_view": "collage_core.candidates.fused_groups:written_view",
     "ACTIVATIONS": "collage_core.candidates.fused_groups:ACTIVATIONS",
     "FLOAT32": "collage_core.candidates.fused_groups:FLOAT32",
     "activation_pattern": "collage_core.candidates.fused_groups:activation_pattern",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from tvm.relax.dpl import is_const, is_op, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
 
 from collage_core.kit import (
     TF32_PATTERN_SUFFIX,
@@ -49,23 +49,41 @@ def _maybe(value, wrap):
     return wrap(value) | value
 
 
-def attention_pattern():
+def attention_pattern(qkv: bool = False, bshd: bool = False):
     """``softmax(scores) @ v`` cast to 16 bits, the scores ``q @ k^T`` through the casts, scale (on the scores or
-    on q and k) and additive mask the exporters write, a NaN guard after the softmax; the recognizer reads the rest."""
+    on q and k) and additive mask the exporters write, a NaN guard after the softmax; the recognizer reads the rest.
+    With ``qkv``, q, k and v are the three parts of one ``split`` (GPT-2's stacked projection), each split into heads
+    and transposed; with ``bshd``, the result is transposed back to (batch, sequence, heads, size) and reshaped, as
+    the next product reads it: the kernel reads and writes those layouts in place."""
+    split = is_op("relax.split")(wildcard())
 
-    def operand():
-        plain = is_op("relax.permute_dims")(wildcard()) | wildcard()
+    def operand(index):
+        if qkv:
+            plain = is_op("relax.permute_dims")(is_op("relax.reshape")(is_tuple_get_item(split, index), wildcard()))
+        else:
+            plain = is_op("relax.permute_dims")(wildcard()) | wildcard()
         return scale_pattern(plain) | plain
 
-    scores = is_op("relax.matmul")(operand(), operand())
+    scores = is_op("relax.matmul")(operand(0), operand(1))
     scores = _maybe(_maybe(scores, cast_pattern), cast_pattern)
     scores = _maybe(scores, lambda v: scale_pattern(v) | is_op("relax.divide")(v, is_const()))
     scores = _maybe(_maybe(_maybe(scores, cast_pattern), bias_pattern), cast_pattern)
     probabilities = is_op("relax.nn.softmax")(scores)
     probabilities = _maybe(probabilities, lambda p: is_op("relax.where")(is_op("relax.isnan")(p), is_const(), p))
     probabilities = _maybe(_maybe(_maybe(probabilities, cast_pattern), cast_pattern), cast_pattern)
-    values = is_op("relax.permute_dims")(wildcard()) | wildcard()
-    return cast_pattern(is_op("relax.matmul")(probabilities, values))
+    if qkv:
+        values = is_op("relax.permute_dims")(is_op("relax.reshape")(is_tuple_get_item(split, 2), wildcard()))
+    else:
+        values = is_op("relax.permute_dims")(wildcard()) | wildcard()
+    result = cast_pattern(is_op("relax.matmul")(probabilities, values))
+    if not bshd:
+        return result
+    written = is_op("relax.permute_dims")(_maybe(result, _reshaped))
+    return _maybe(_maybe(written, _reshaped), _reshaped)
+
+
+def _reshaped(value):
+    return is_op("relax.reshape")(value, wildcard())
 
 
 _check = recognizer_check(specs.recognize)
@@ -95,5 +113,7 @@ def patterns(tf32: bool = False) -> list[Pattern]:
             forms = "" if lhs_form + rhs_form == "nn" else f"_{lhs_form}{rhs_form}"
             product = is_op("relax.matmul")(lhs(), rhs())
             add(f"batch_matmul{forms}", product | cast_pattern(product))  # the cast only with 16-bit operands
-    add("attention", attention_pattern(), sixteen_bit_only=True)
+    for qkv in (False, True):
+        for bshd in (False, True):
+            add("attention" + "_qkv" * qkv + "_bshd" * bshd, attention_pattern(qkv, bshd), sixteen_bit_only=True)
     return found

@@ -26,11 +26,11 @@ from tvm import relax
 
 from collage_core.kit import (
     FLOAT32, Group, Refused, StridedOperand, expect_plain_out_dtype, external, float_word, fused_groups, ints, padding4,
-    plain_strides, read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
+    plain_strides, read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype, viewed_operand, written_view,
 )
 from collage_core.kit import spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 5
+SPEC_VERSION = 6
 # The words after the activation: what x and w are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), then what y and the residual are: float32, or
 # the 16-bit type of a cast the group applies to the anchor's result (the pointwise nodes still compute
@@ -173,9 +173,17 @@ class _Walk:
         return call
 
     def operand(self, expr) -> StridedOperand:
-        if self.group.producer(expr) is not None:
-            self.call(expr, "relax.permute_dims")
-        return strided_operand(self.group, expr, SIXTEEN_BIT_DTYPES)
+        """``expr`` read in place through the group's views (transposes, head splits, a part of a stacked q, k, v)."""
+        operand, views = viewed_operand(self.group, expr, SIXTEEN_BIT_DTYPES)
+        self.taken += views
+        return operand
+
+    def written_view(self, expr) -> tuple[object, tuple[int, ...]]:
+        """What ``expr`` (the group's output) is a view of, through reshapes and transposes (taken), and the strides
+        the kernel writes it with so that ``expr`` comes out packed."""
+        value, strides, views = written_view(self.group, expr)
+        self.taken += views
+        return value, strides
 
     def scaled(self, expr) -> tuple[object, float]:
         """``expr`` less a multiplication by a scalar constant (taken), and that scalar (1 without one)."""
@@ -210,7 +218,7 @@ def _attention(group: Group) -> KernelSpec:
     if len(group.outputs) != 1:
         raise Refused("an intermediate result of the group is used outside it")
     walk = _Walk(group)
-    output = group.outputs[0]
+    output, o_strides = walk.written_view(group.outputs[0])
     cast = walk.call(output, "relax.astype")
     second = walk.call(cast.args[0] if cast is not None else output, "relax.matmul")
     if second is None:
@@ -279,9 +287,12 @@ def _attention(group: Group) -> KernelSpec:
     if mask == "causal" and rows != k_dims[2]:
         raise Refused("a causal mask over sequences of different lengths")
     type_code = OPERAND_TYPES[operand_dtype]
+    o_dims = tuple(shape_of(second))
+    if o_strides[3] != 1:
+        raise Refused("attention whose result's head dimension is not contiguous")
     words = (
-        SPEC_VERSION, ATTENTION, 4, *q.dims, *q.strides, *k_dims, *k_strides, *v.dims, *v.strides, *shape_of(second),
-        float_word(scale), MASK_CODES[mask], type_code, type_code,
+        SPEC_VERSION, ATTENTION, 4, *q.dims, *q.strides, *k_dims, *k_strides, *v.dims, *v.strides, *o_dims, *o_strides,
+        q.offset, kt.offset, v.offset, float_word(scale), MASK_CODES[mask], type_code, type_code,
     )
     return KernelSpec(words, (q.source, kt.source, v.source))
 

@@ -19,7 +19,7 @@ import torch
 from collage_cudnn import specs
 from tvm import relax
 
-from collage_core.kit import ACTIVATIONS
+from collage_core.kit import ACTIVATIONS, tvm_compat
 from collage_core.kit.testing import rounded_to
 
 R = relax.op
@@ -82,11 +82,16 @@ def reference(words, operands: list[np.ndarray], device: str = "cpu", dtype=torc
 
 def _attention(w: _Words, operands: list) -> np.ndarray:
     """What cuDNN's fused attention computes: scores and softmax unrounded, the probabilities rounded to the
-    operands' 16-bit type before the product with v (as its flash-attention engine does), the result rounded once."""
-    q_dims, q_strides, k_dims, k_strides, v_dims, v_strides, o_dims = (w.take(4) for _ in range(7))
+    operands' 16-bit type before the product with v (as its flash-attention engine does), the result rounded once
+    and written through o's strides. q, k and v are read through their dims, strides and offsets."""
+    q_dims, q_strides, k_dims, k_strides, v_dims, v_strides, o_dims, o_strides = (w.take(4) for _ in range(8))
+    offsets = w.take(3)
     (scale,), mask, operand_type, output_type = np.frombuffer(np.int64(w.take()).tobytes(), np.float64), w.take(), w.take(), w.take()
     assert w.at == len(w.words) and mask in specs.MASK_CODES.values()
-    q, k, v = (torch.as_strided(t, d, s) for t, d, s in zip(operands, (q_dims, k_dims, v_dims), (q_strides, k_strides, v_strides)))
+    q, k, v = (
+        torch.as_strided(t, d, s, offset)
+        for t, d, s, offset in zip(operands, (q_dims, k_dims, v_dims), (q_strides, k_strides, v_strides), offsets)
+    )
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask == specs.MASK_CODES["causal"]:
         hidden = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
@@ -95,7 +100,9 @@ def _attention(w: _Words, operands: list) -> np.ndarray:
     probabilities = torch.from_numpy(rounded_to(torch.softmax(scores, dim=-1).cpu().numpy(), dtype).astype(np.float64))
     out = torch.matmul(probabilities.to(v.device, v.dtype), v)
     assert list(out.shape) == list(o_dims)
-    return rounded_to(out.cpu().numpy(), specs.DTYPE_OF_TYPE[output_type]).astype(np.float64)
+    written = torch.zeros(math.prod(o_dims), dtype=out.dtype, device=out.device)  # o's memory, written through its strides
+    torch.as_strided(written, o_dims, o_strides).copy_(out)
+    return rounded_to(written.cpu().numpy(), specs.DTYPE_OF_TYPE[output_type]).astype(np.float64)
 
 
 def cast_dtype(pattern_name: str, dtype: str = "bfloat16") -> str:
@@ -155,9 +162,10 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
             return epilogue(bb, v, 16, (1, 1, 1, 16) if last else (1, 16, 1, 1), residual)
 
         return make, shapes
-    if parts[0] == "attention":  # a causal self-attention: q, k, v (batch, seq, heads, size)
+    if parts[0] == "attention":  # a causal self-attention: q, k, v (batch, seq, heads, size), or stacked (batch, seq, 3 * heads * size)
         batch, sequence, heads, size = 2, 16, 3, 32
-        return attention(operand_dtype, 1 / math.sqrt(size), causal_mask(sequence)), [(batch, sequence, heads, size)] * 3
+        make = attention(operand_dtype, 1 / math.sqrt(size), causal_mask(sequence), stacked="qkv" in parts, bshd="bshd" in parts)
+        return make, [(batch, sequence, 3 * heads * size)] if "qkv" in parts else [(batch, sequence, heads, size)] * 3
     if parts[0] == "dense":
         transposed = "t" in parts
         k, n = 24, 40
@@ -193,12 +201,24 @@ def causal_mask(sequence: int) -> np.ndarray:
     return np.triu(np.full((sequence, sequence), -np.inf, dtype=np.float32), k=1).reshape(1, 1, sequence, sequence)
 
 
-def attention(dtype: str, scale=None, mask=None):
+def attention(dtype: str, scale=None, mask=None, stacked: bool = False, bshd: bool = False, heads: int = 3):
     """``make(bb, q, k, v)`` for a self-attention over q, k, v of (batch, sequence, heads, size) as `--precision
     bf16|fp16` converts it: the scores cast to ``dtype``, multiplied by ``scale`` (unless None), cast to float32,
-    ``mask`` added (unless None), the softmax's probabilities cast to ``dtype``, and the result cast to ``dtype``."""
+    ``mask`` added (unless None), the softmax's probabilities cast to ``dtype``, and the result cast to ``dtype``.
+    With ``stacked``, ``make(bb, qkv)`` instead: q, k and v are the three parts of a split of one (batch, sequence,
+    3 * heads * size) tensor, each reshaped to ``heads`` heads (GPT-2's stacked projection); with ``bshd`` the result
+    is transposed back to (batch, sequence, heads, size) and reshaped to (batch * sequence, heads * size), as the
+    output projection reads it."""
 
-    def make(bb, q, k, v):
+    def make(bb, *qkv):
+        if stacked:
+            (stacked_qkv,) = qkv
+            batch, sequence, width = tvm_compat.tensor_shape_dtype(stacked_qkv)[0]
+            parts = bb.emit(R.split(stacked_qkv, indices_or_sections=[width // 3, 2 * width // 3], axis=2))
+            qkv = [
+                bb.emit(R.reshape(bb.emit(relax.TupleGetItem(parts, i)), (batch, sequence, heads, width // 3 // heads))) for i in range(3)
+            ]
+        q, k, v = qkv
         q, k = bb.emit(R.permute_dims(q, [0, 2, 1, 3])), bb.emit(R.permute_dims(k, [0, 2, 3, 1]))
         scores = bb.emit(R.astype(bb.emit(R.matmul(q, k, out_dtype=F)), dtype))
         if scale is not None:
@@ -207,7 +227,12 @@ def attention(dtype: str, scale=None, mask=None):
         if mask is not None:
             scores = bb.emit(R.add(scores, relax.const(mask)))
         probabilities = bb.emit(R.astype(bb.emit(R.nn.softmax(scores, axis=-1)), dtype))
-        return R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
+        result = R.astype(bb.emit(R.matmul(probabilities, bb.emit(R.permute_dims(v, [0, 2, 1, 3])), out_dtype=F)), dtype)
+        if not bshd:
+            return result
+        written = bb.emit(R.permute_dims(bb.emit(result), [0, 2, 1, 3]))
+        batch, sequence, heads_, size = tvm_compat.tensor_shape_dtype(written)[0]
+        return R.reshape(written, (batch * sequence, heads_ * size))
 
     return make
 

@@ -169,3 +169,38 @@ def test_attention_of_bert_base_size_matches_pytorch_attention(pm, backends, cud
     last_place = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
     atol = last_place * float(np.max(np.abs(v))) + sixteen_bit_atol(expected, dtype)
     np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("form", ["attention_qkv_bshd", "attention_bshd", "attention_qkv"])
+def test_attention_reading_a_stacked_qkv_and_writing_in_place_matches_pytorch_attention(pm, backends, cuda, dtype, form):
+    """GPT-2's causal attention at batch 2 (12 heads, sequence 128, head size 64): q, k and v read as the three parts
+    of one stacked (batch, sequence, 3 * 768) projection (offsets into one tensor) and/or the result written
+    transposed back to (batch * sequence, 768) as the output projection reads it. Against PyTorch's attention in
+    float32 on the same 16-bit values, with the tolerance of the test above."""
+    target, device = cuda
+    batch, sequence, heads, size = 2, 128, 12, 64
+    scale = 1 / np.sqrt(size)
+    stacked = "qkv" in form
+    shapes = [(batch, sequence, 3 * heads * size)] if stacked else [(batch, sequence, heads, size)] * 3
+    make = attention(dtype, scale, causal_mask(sequence), stacked=stacked, bshd="bshd" in form, heads=heads)
+    mod = function_module(make, *shapes, dtype=dtype)
+    graph, candidate = whole_candidate(mod, patterns.patterns(), f"cudnn.{form}")
+    assert candidate is not None
+    placed = partition_module(graph, [candidate])
+    assert lowering.RUN_FUNCTION in str(lower_partitions(pm, placed, backends, target))
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    rng = np.random.default_rng(8)
+    inputs = [rounded_to(rng.uniform(-2, 2, size=shape).astype(F), dtype) for shape in shapes]
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs])).astype(np.float64)
+    q, k, v = np.split(inputs[0].reshape(batch, sequence, 3, heads, size), 3, axis=2) if stacked else inputs
+    heads_first = [torch.from_numpy(x.reshape(batch, sequence, heads, size).astype(F)).cuda().transpose(1, 2) for x in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *heads_first, is_causal=True, scale=float(rounded_to(np.float32(scale), dtype))
+    )
+    if "bshd" in form:
+        expected = expected.transpose(1, 2).reshape(batch * sequence, heads * size)
+    expected = expected.double().cpu().numpy()
+    last_place = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+    atol = last_place * float(np.max(np.abs(v))) + sixteen_bit_atol(expected, dtype)
+    np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=0, atol=atol)

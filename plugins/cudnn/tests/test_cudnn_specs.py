@@ -154,7 +154,7 @@ def test_at_tf32_each_float32_pattern_is_also_a_tf32_candidate_naming_tf32_opera
     exact one only in its operand word, which the runtime reads as "do not deselect tensor cores"."""
     exact = {p.name for p in patterns.patterns()}
     tf32 = {p.name for p in patterns.patterns(tf32=True)} - exact
-    assert tf32 == {name + "_tf32" for name in exact if "_cast" not in name and not name.endswith(".attention")}  # 16-bit only
+    assert tf32 == {name + "_tf32" for name in exact if "_cast" not in name and ".attention" not in name}  # 16-bit only
     graph = RelaxGraph.from_function(load_model(str(MODELS / "tiny_resnet.onnx")).mod["main"])
     candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
     by_nodes = {}
@@ -190,6 +190,25 @@ def test_at_sixteen_bits_each_attention_of_a_shipped_model_is_one_fused_attentio
         spec = check_candidate(graph, candidate.nodes)
         assert spec.words[1] == specs.ATTENTION and spec.words[-3] == specs.MASK_CODES[mask]
         assert spec.words[-1] == spec.words[-2] == specs.OPERAND_TYPES[DTYPES[precision]]
+
+
+@pytest.mark.parametrize("model, form", [("tiny_bert", "attention_bshd"), ("tiny_gpt2", "attention_qkv_bshd")])
+def test_at_sixteen_bits_attention_reads_a_stacked_qkv_and_writes_the_layout_the_next_product_reads_in_place(model, form):
+    """GPT-2's q, k and v are the parts of one split of its stacked projection, and both models transpose the
+    result back to (batch, sequence, heads, size) before the output projection: the fused attention takes those
+    views as offsets and strides, so that no kernel copies them, and computes what TVM's build of them does."""
+    graph = RelaxGraph.from_function(at_precision(load_model(str(MODELS / f"{model}.onnx")), "bf16").mod["main"])
+    fused = [c for c in enumerate_candidates(graph, patterns.patterns()) if c.pattern == f"cudnn.{form}"]
+    assert fused
+    for candidate in fused:
+        names = [tvm_compat.op_name(graph.call(n)) for n in candidate.nodes]
+        assert names.count("relax.permute_dims") == 4 and ("relax.split" in names) == ("qkv" in form)
+        spec = check_candidate(graph, candidate.nodes)
+        o_strides = spec.words[3 + 4 * 7 : 3 + 4 * 8]
+        assert o_strides[1] < o_strides[2]  # heads inside sequence positions: (batch, sequence, heads, size) in memory
+        if "qkv" in form:
+            q_offset, k_offset, v_offset = spec.words[3 + 4 * 8 : 3 + 4 * 8 + 3]
+            assert 0 == q_offset < k_offset < v_offset and all(operand.same_as(spec.operands[0]) for operand in spec.operands)
 
 
 def _attention(dtype="bfloat16", mask=None, size=8):

@@ -12,9 +12,11 @@
 // would round inputs to TF32, which is not what the Relax program computes. No Python runs on
 // this path.
 //
-// An attention partition is one call on [spec, q, k, v] (16-bit, each read through its dims and strides)
-// running cuDNN's fused attention (SDPA: softmax(scale * q @ k^T, causal mask optional) @ v, scores in
-// float32) into a 16-bit output.
+// An attention partition is one call on [spec, q, k, v] (16-bit, each read through its dims, strides and
+// offset, so that q, k and v may be the three parts of one stacked projection) running cuDNN's fused
+// attention (SDPA: softmax(scale * q @ k^T, causal mask optional) @ v, scores in float32) into a 16-bit
+// output written through its strides (transposed back to (batch, sequence, heads, size) where the
+// program reads it so).
 //
 // `collage_cudnn.tune(spec)` builds the first plans cuDNN's heuristics offer for a spec, times
 // them on scratch buffers and returns the fastest plan's engine and knobs as spec words.
@@ -87,8 +89,9 @@ void Check(cudnnStatus_t status, const char* what) {
 
 struct Tensor {
   std::vector<int64_t> dims, strides;
+  int64_t offset = 0;  // elements before the first one read (attention's parts of a stacked q, k, v)
   size_t Extent() const {
-    size_t extent = 1;
+    size_t extent = 1 + offset;
     for (size_t i = 0; i < dims.size(); ++i) extent += (dims[i] - 1) * strides[i];
     return extent;
   }
@@ -162,15 +165,19 @@ void ReadChoice(Reader& reader, Spec& spec) {
   if (!reader.Done()) Fail("the spec has trailing words");
 }
 
-// Attention's layout after the rank (4): q, k, v dims and strides each, o dims, the scale (a float64's
-// bits), the mask, operand type, output type (both 16-bit), has_choice, [engine, knobs...].
+// Attention's layout after the rank (4): q, k, v dims and strides each, o dims and strides, the offsets of
+// q, k and v, the scale (a float64's bits), the mask, operand type, output type (both 16-bit), has_choice,
+// [engine, knobs...].
 Spec ParseAttention(Reader& reader, Spec spec, int64_t rank) {
   if (rank != 4) Fail("attention takes tensors of rank 4");
   spec.x = {reader.Next(rank), reader.Next(rank)};
   spec.w = {reader.Next(rank), reader.Next(rank)};
   spec.v = {reader.Next(rank), reader.Next(rank)};
-  spec.y.dims = reader.Next(rank);
-  spec.y.strides = PlainStrides(spec.y.dims);
+  spec.y = {reader.Next(rank), reader.Next(rank)};
+  spec.x.offset = reader.Next();
+  spec.w.offset = reader.Next();
+  spec.v.offset = reader.Next();
+  if (spec.x.offset < 0 || spec.w.offset < 0 || spec.v.offset < 0) Fail("a negative offset of q, k or v");
   int64_t scale_bits = reader.Next();
   std::memcpy(&spec.scale, &scale_bits, sizeof(spec.scale));
   spec.mask = reader.Next();
@@ -423,6 +430,15 @@ void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operands) {
   return static_cast<char*>(tensor->data) + tensor->byte_offset;
 }
 
+// Attention's q, k and v pointers moved to their first elements (their offsets in the tensors passed).
+void Shift(std::unordered_map<int64_t, void*>& pointers, const Spec& spec) {
+  if (spec.kind != kAttention) return;
+  const int64_t bytes = spec.operand_type == kF32Operands ? 4 : 2;
+  for (auto [uid, tensor] : {std::pair<int64_t, const Tensor*>{kX, &spec.x}, {kW, &spec.w}, {kV, &spec.v}}) {
+    pointers[uid] = static_cast<char*>(pointers[uid]) + tensor->offset * bytes;
+  }
+}
+
 void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   if (args.size() < 2) Fail("collage_cudnn.run needs a spec and tensors");
   std::vector<DLTensor*> tensors;
@@ -440,6 +456,7 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
                                               {kW, DataOf(tensors[1], device, spec.operand_type)},
                                               {kY, DataOf(out, device, spec.output_type)}};
   if (spec.kind == kAttention) pointers[kV] = DataOf(tensors[2], device, spec.operand_type);
+  Shift(pointers, spec);
   size_t at = 2;
   if (spec.has_bias) pointers[kBias] = DataOf(tensors[at++], device);
   if (spec.has_residual) pointers[kResidual] = DataOf(tensors[at++], device, spec.output_type);
@@ -458,12 +475,15 @@ tvm::ffi::Bytes Tune(tvm::ffi::String spec_text) {
   if (spec.has_residual) buffers.push_back({kResidual, spec.y.Extent()});
   if (spec.kind == kAttention) buffers.push_back({kV, spec.v.Extent()});
   std::unordered_map<int64_t, void*> pointers;
+  std::vector<void*> allocated;
   for (auto [uid, extent] : buffers) {
     void* buffer = nullptr;
     Check(cudaMalloc(&buffer, extent * sizeof(float)), "allocating tuning buffers");
+    allocated.push_back(buffer);
     Check(cudaMemset(buffer, 0, extent * sizeof(float)), "clearing tuning buffers");
     pointers[uid] = buffer;
   }
+  Shift(pointers, spec);
   int64_t workspace_bytes = graph->get_autotune_workspace_size();
   void* workspace = nullptr;
   if (workspace_bytes > 0) Check(cudaMalloc(&workspace, workspace_bytes), "allocating the tuning workspace");
@@ -477,7 +497,7 @@ tvm::ffi::Bytes Tune(tvm::ffi::String spec_text) {
   cudnnSetStream(handle, nullptr);
   cudaStreamDestroy(stream);
   if (workspace != nullptr) cudaFree(workspace);
-  for (auto& [uid, buffer] : pointers) cudaFree(buffer);
+  for (void* buffer : allocated) cudaFree(buffer);
   Check(chosen, "timing cuDNN's execution plans failed");
   std::vector<int64_t> words{engine, static_cast<int64_t>(knobs.size())};
   for (auto [type, value] : knobs) {
