@@ -505,7 +505,17 @@ def _reshaped_strides(dims: Sequence[int], strides: Sequence[int], shape: Sequen
         at_old, at_new = old_end, new_end
     if at_old != len(old):
         raise Refused("a reshape that changes the number of elements")
-    return new_strides
+    return _packed_ones(shape, new_strides)
+
+
+def _packed_ones(dims: Sequence[int], strides: Sequence[int]) -> list[int]:
+    """``strides`` with each size-1 dimension's stride set as a packed tensor's would be (the next inner dimension's
+    stride times its size), never 0: kernel libraries read a zero stride as a broadcast (cuDNN's attention does)."""
+    strides = list(strides)
+    for axis in reversed(range(len(dims))):
+        if dims[axis] == 1:
+            strides[axis] = strides[axis + 1] * dims[axis + 1] if axis + 1 < len(dims) else 1
+    return strides
 
 
 # Dataflow patterns for the same epilogues, so that every backend matches them alike. Each takes

@@ -208,6 +208,8 @@ def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matc
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), aligned=True)
     algorithm_words = int(tvm.get_global_func("collage_cublas.algo_words")())
     unfit_algorithm = (0,) * (algorithm_words - 1)  # not one cuBLASLt accepts: the runtime takes its heuristic choice
+    tuned = np.frombuffer(bytes(tvm.get_global_func(lowering.TUNE_FUNCTION)(specs.as_text(spec.array()))), dtype="<i8")
+    assert len(tuned) == algorithm_words and tuned[0] in (0, 1, 2)  # the route tuning chose, then its algorithm
     text = specs.as_text(spec.array((route, *unfit_algorithm)))
     x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)
     stored_weight = tvm_compat.constant_array(spec.operands[0])

@@ -44,6 +44,7 @@ SIXTEEN_BIT_DTYPES = ("bfloat16", "float16")  # cuDNN's fused attention reads an
 MASK_CODES = {None: 0, "causal": 1}
 MASKED_AT_MOST = -1e4  # an additive mask entry at or below this hides its score: exp underflows to 0 in float32
 MAX_HEAD_SIZE = 128  # q's and v's last dimension: a multiple of 8, at most this (cuDNN 9's flash-attention engine)
+ALIGNED_ELEMENTS = 8  # 16 bytes of a 16-bit tensor: each of attention's offsets and outer strides a multiple of it
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 FUSED = ("cast", "bias", "residual", "relu", "gelu_erf", "gelu_tanh", "silu")
 ANCHORS = ("relax.nn.conv2d", "relax.matmul")
@@ -290,6 +291,9 @@ def _attention(group: Group) -> KernelSpec:
     o_dims = tuple(shape_of(second))
     if o_strides[3] != 1:
         raise Refused("attention whose result's head dimension is not contiguous")
+    strides = (*q.strides[:3], *k_strides[:3], *v.strides[:3], *o_strides[:3])
+    if any(value % ALIGNED_ELEMENTS for value in (q.offset, kt.offset, v.offset, *strides)):
+        raise Refused(f"q, k, v or the result at an offset or stride that is not a multiple of {ALIGNED_ELEMENTS} elements")
     words = (
         SPEC_VERSION, ATTENTION, 4, *q.dims, *q.strides, *k_dims, *k_strides, *v.dims, *v.strides, *o_dims, *o_strides,
         q.offset, kt.offset, v.offset, float_word(scale), MASK_CODES[mask], type_code, type_code,

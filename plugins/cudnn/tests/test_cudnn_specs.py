@@ -263,3 +263,19 @@ def test_a_padding_mask_that_hides_nothing_is_no_mask():
     assert len(candidate.nodes) == len(graph.graph)
     spec = check_candidate(graph, candidate.nodes)
     assert spec.words[-3] == specs.MASK_CODES[None]
+
+
+def test_a_stacked_qkv_whose_rows_are_not_16_bytes_apart_is_refused():
+    """Four parts split from rows of 76 numbers (q, k, v of 3 heads of 8, and 4 more): cuDNN reads 16-bit tensors
+    whose outer strides are multiples of 8 elements, which these rows are not."""
+
+    def make(bb, x):
+        parts = bb.emit(R.split(x, indices_or_sections=[24, 48, 72], axis=2))
+        q, k, v = (bb.emit(R.reshape(bb.emit(relax.TupleGetItem(parts, i)), (1, 16, 3, 8))) for i in range(3))
+        return attention("bfloat16")(bb, q, k, v)
+
+    mod = function_module(make, (1, 16, 76), dtype="bfloat16")
+    graph = RelaxGraph.from_function(mod["main"])
+    refusals = []
+    assert not [c for c in enumerate_candidates(graph, patterns.patterns(), refusals) if c.pattern == "cudnn.attention_qkv"]
+    assert any(r.pattern == "cudnn.attention_qkv" and "multiple of 8 elements" in r.reason for r in refusals)

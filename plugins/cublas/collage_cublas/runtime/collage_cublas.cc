@@ -110,6 +110,35 @@ struct Spec {
   }
 };
 
+// The bits of a small whole number (below 256, so exact) as bfloat16 and as IEEE half.
+uint16_t BfloatBits(uint32_t whole) {
+  const float value = static_cast<float>(whole);
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+uint16_t HalfBits(uint32_t whole) {
+  if (whole == 0) return 0;
+  int exponent = 31 - __builtin_clz(whole);
+  return static_cast<uint16_t>(((exponent + 15) << 10) | ((whole << (10 - exponent)) & 0x3FF));
+}
+
+// A tuning's scratch buffers, stream and timing events, released however the tuning ends.
+struct TuningScratch {
+  void* buffers[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~TuningScratch() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (stream) cudaStreamDestroy(stream);
+    for (void* buffer : buffers) {
+      if (buffer) cudaFree(buffer);
+    }
+  }
+};
+
 class Reader {
  public:
   Reader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
@@ -350,6 +379,36 @@ class Kernel {
     }
   }
 
+  // Whether cuBLASLt's transform takes this output's type and layout and copies the padded D into place exactly
+  // as cudaMemcpy2DAsync does: both copy a padded D of small integers (exact in every output type) into the
+  // scratch outputs `by_memcpy` and `by_transform` (each DExtent() floats), which must then hold the same bytes.
+  bool TransformCopiesAsMemcpy(void* by_memcpy, void* by_transform, cudaStream_t stream) {
+    const int64_t bytes = spec_.OutputBytes(), count = spec_.PaddedLd() * spec_.n * spec_.batch;
+    std::vector<char> pattern(static_cast<size_t>(count * bytes));
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t small = static_cast<uint32_t>(i % 251);
+      if (bytes == 4) {
+        const float value = static_cast<float>(small);
+        std::memcpy(&pattern[i * 4], &value, 4);
+      } else {
+        const uint16_t bits = spec_.output_type == kBf16Operands ? BfloatBits(small) : HalfBits(small);
+        std::memcpy(&pattern[i * 2], &bits, 2);
+      }
+    }
+    const size_t compared = DExtent() * bytes;
+    std::vector<char> copied(compared), transformed(compared);
+    bool same = cudaMemcpy(padded_, pattern.data(), pattern.size(), cudaMemcpyHostToDevice) == cudaSuccess &&
+                cudaMemset(by_memcpy, 0, compared) == cudaSuccess && cudaMemset(by_transform, 0, compared) == cudaSuccess &&
+                cudaMemcpy2DAsync(by_memcpy, bytes * spec_.ld_d, padded_, bytes * spec_.PaddedLd(), bytes * spec_.m,
+                                  spec_.n * spec_.batch, cudaMemcpyDeviceToDevice, stream) == cudaSuccess &&
+                CopyByTransform(by_transform, stream) == CUBLAS_STATUS_SUCCESS && cudaStreamSynchronize(stream) == cudaSuccess &&
+                cudaMemcpy(copied.data(), by_memcpy, compared, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                cudaMemcpy(transformed.data(), by_transform, compared, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                copied == transformed;
+    cudaGetLastError();  // a refused transform leaves no error behind for the timing that follows
+    return same;
+  }
+
   // The padded D copied into `out` by cuBLASLt's layout transform (out = 1 * padded, no second matrix).
   cublasStatus_t CopyByTransform(void* out, cudaStream_t stream) {
     const float one = 1.0f, zero = 0.0f;
@@ -364,14 +423,17 @@ class Kernel {
   // The fastest of cuBLASLt's heuristic candidates on scratch buffers, D written in place and (where it may be)
   // padded then copied either way, as spec words: the OutputRoute, then the algorithm.
   std::vector<int64_t> Tune() {
-    void* buffers[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    TuningScratch scratch;
     size_t sizes[5] = {Extent(spec_.a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
     for (int i = 0; i < 5; ++i) {
-      Check(cudaMalloc(&buffers[i], 4 * sizes[i]), "allocating tuning buffers");
-      Check(cudaMemset(buffers[i], 0, 4 * sizes[i]), "clearing tuning buffers");
+      Check(cudaMalloc(&scratch.buffers[i], 4 * sizes[i]), "allocating tuning buffers");
+      Check(cudaMemset(scratch.buffers[i], 0, 4 * sizes[i]), "clearing tuning buffers");
     }
-    cudaStream_t stream;
-    Check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    Check(cudaStreamCreate(&scratch.stream), "cudaStreamCreate");
+    Check(cudaEventCreate(&scratch.start), "cudaEventCreate");
+    Check(cudaEventCreate(&scratch.stop), "cudaEventCreate");
+    void** buffers = scratch.buffers;
+    cudaStream_t stream = scratch.stream;
     struct Candidate {
       int64_t route;
       cublasLtMatmulAlgo_t algo;
@@ -379,21 +441,13 @@ class Kernel {
     std::vector<Candidate> candidates;
     for (const auto& result : Candidates(kHeuristicCandidates, false)) candidates.push_back({kInPlace, result.algo});
     if (padded_) {  // the buffer is made where D may be padded and a padded kernel exists
-      // the transform is a route only where cuBLASLt takes the output's type and layout for it
-      bool transforms = CopyByTransform(buffers[4], stream) == CUBLAS_STATUS_SUCCESS && cudaStreamSynchronize(stream) == cudaSuccess;
+      bool transforms = TransformCopiesAsMemcpy(buffers[3], buffers[4], stream);
       for (const auto& result : Candidates(kHeuristicCandidates, true)) {
         candidates.push_back({kPaddedMemcpy, result.algo});
         if (transforms) candidates.push_back({kPaddedTransform, result.algo});
       }
     }
-    if (candidates.empty()) {
-      cudaStreamDestroy(stream);
-      for (void* buffer : buffers) cudaFree(buffer);
-      Fail("cuBLASLt has no algorithm for this problem");
-    }
-    cudaEvent_t start, stop;
-    Check(cudaEventCreate(&start), "cudaEventCreate");
-    Check(cudaEventCreate(&stop), "cudaEventCreate");
+    if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
     float best = std::numeric_limits<float>::infinity();
     const Candidate* fastest = &candidates[0];
     for (const auto& candidate : candidates) {
@@ -402,21 +456,17 @@ class Kernel {
                buffers[4], candidate.algo, candidate.route, stream);
       };
       run();
-      Check(cudaEventRecord(start, stream), "cudaEventRecord");
+      Check(cudaEventRecord(scratch.start, stream), "cudaEventRecord");
       for (int i = 0; i < 10; ++i) run();
-      Check(cudaEventRecord(stop, stream), "cudaEventRecord");
-      Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      Check(cudaEventRecord(scratch.stop, stream), "cudaEventRecord");
+      Check(cudaEventSynchronize(scratch.stop), "cudaEventSynchronize");
       float ms = 0;
-      Check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      Check(cudaEventElapsedTime(&ms, scratch.start, scratch.stop), "cudaEventElapsedTime");
       if (ms < best) {
         best = ms;
         fastest = &candidate;
       }
     }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaStreamDestroy(stream);
-    for (void* buffer : buffers) cudaFree(buffer);
     std::vector<int64_t> words(1 + kAlgoWords);
     words[0] = fastest->route;
     std::memcpy(words.data() + 1, &fastest->algo, sizeof(fastest->algo));
