@@ -368,6 +368,7 @@ def _inspect(args) -> int:
 def _export(args) -> int:
     if Path(args.output).is_dir():
         raise CollageError(f"{args.output}: is a folder; -o names the tar to write (-o model.tar); nothing was built")
+    output_folder.refuse_special_file(args.output)
     problem = unwritable_because(Path(args.output).parent)
     if problem:
         raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")
@@ -400,6 +401,8 @@ def _export(args) -> int:
 
 
 def _show(args) -> int:
+    if args.output:
+        output_folder.refuse_special_file(args.output)
     if holds_several_shapes(args.placement):
         return _show_shapes(args)
     placement = load_placement(args.placement)

@@ -44,6 +44,7 @@ from collage_core.outputs.mlf import (
     _parameters_member,
     check_in_new_process,
 )
+from collage_core.outputs.output_folder import refuse_special_file
 from collage_core.outputs.profiled_result import ProfiledModel
 from collage_core.plugins import get_plugin_manager
 
@@ -262,6 +263,7 @@ def export_mlf(
     left at ``path`` (an earlier export there is removed), and :class:`MLFError` says why in one line.
     """
     path = Path(path)
+    refuse_special_file(path)  # before anything is built, and before an earlier export there would be removed
     pm = pm or get_plugin_manager()
     placed = _placed(optimized)
     placement = placed.placements[0]

@@ -162,12 +162,33 @@ def library_file(directory: os.PathLike, model_name: str) -> Path:
     return Path(directory) / f"{safe_file_name(model_name)}.so"
 
 
+def refuse_special_file(path: os.PathLike) -> None:
+    """:class:`CollageError` when ``path`` exists and is neither a regular file nor a folder (a device such as
+    ``/dev/null``, a pipe, a socket): Collage writes a file by renaming a new one onto its name, which would put a
+    regular file in that one's place rather than write into it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = (
+            "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a pipe"
+            if stat.S_ISFIFO(mode)
+            else "a socket or other special file"
+        )
+        raise CollageError(f"{path}: is {kind}, not a file Collage can replace; name a regular file to write")
+
+
 @contextlib.contextmanager
 def replacing(path: os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` (with its suffix, so that a library's exporter links the same
     kind of file) to write; renamed onto ``path`` when the block ends, removed if it raises. An error
-    naming the temporary path names ``path`` instead: that is the file the user knows."""
+    naming the temporary path names ``path`` instead: that is the file the user knows. A ``path`` that is a
+    device, a pipe or a socket is refused (:func:`refuse_special_file`)."""
     path = Path(path)
+    refuse_special_file(path)
     temporary = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL}{path.suffix}")
     try:
         yield temporary

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from collage_core.errors import CollageError
 from collage_core.outputs.explain import explain
-from collage_core.outputs.output_folder import replacing
+from collage_core.outputs.output_folder import refuse_special_file, replacing
 from collage_core.outputs.picture import backend_colours, placement_dot
 from collage_core.outputs.placement_file import Placement
 
@@ -46,6 +46,7 @@ def write_picture(placement: Placement, path: os.PathLike, origin: str = "placem
     if suffix not in SUFFIXES:
         told = repr(suffix) if suffix else "a name without a suffix"
         raise CollageError(f"{path}: cannot tell the picture format from {told} (use {', '.join(SUFFIXES)})")
+    refuse_special_file(path)
     dot_text = placement_dot(placement, origin)
     if suffix == ".dot":
         content = dot_text.encode()

@@ -579,3 +579,20 @@ def test_a_tar_that_cannot_be_written_whole_leaves_nothing_and_names_its_file(tm
         mlf_export._write_tar(target, {"metadata.json": b"{}"})
     assert str(refused.value) == f"{target}: writing it failed (No space left on device); nothing of it was left"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["export", "show"])
+def test_a_pipe_named_as_the_file_to_write_is_refused_and_left_a_pipe(command, tmp_path, capsys):
+    """``-o /dev/null`` must not put a regular file in the device's place: every file is written by renaming a new
+    one onto its name, so a name that is a device, a pipe or a socket is refused before anything is built (a pipe
+    here: making a device needs root)."""
+    from collage_core.cli import main
+
+    pipe = tmp_path / ("model.tar" if command == "export" else "picture.svg")
+    os.mkfifo(pipe)
+    placement = tmp_path / "placement.json"  # never read: the name to write is checked first
+    arguments = ["export", str(TESTS.parent / "models" / "tiny_resnet.onnx"), "--placement", str(placement)]
+    assert main([*arguments, "-o", str(pipe)] if command == "export" else ["show", str(placement), "-o", str(pipe)]) != 0
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"collage: error: {pipe}: is a pipe, not a file Collage can replace; name a regular file to write"]
+    assert pipe.is_fifo() and sorted(path.name for path in tmp_path.iterdir()) == [pipe.name]
