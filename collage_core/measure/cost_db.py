@@ -398,6 +398,7 @@ class CostDatabase:
 
     def _check_or_create_schema(self) -> None:
         if self._has_schema():
+            self._check_integrity()
             self._add_effort_column()
             self._add_claims_table()
             return
@@ -414,6 +415,17 @@ class CostDatabase:
         finally:
             if self._connection.in_transaction:
                 self._connection.execute("ROLLBACK")
+
+    def _check_integrity(self) -> None:
+        """SQLite's quick check of every page: damage its header and schema do not show (a garbled last page) would
+        otherwise be read, and written into, without a word."""
+        rows = [row[0] for row in self._connection.execute("PRAGMA quick_check(3)").fetchall()]
+        if rows != ["ok"]:
+            lines = [line for row in rows for line in str(row).splitlines() if line.strip() and not line.startswith("***")]
+            raise CostDatabaseError(
+                f"{self.path} is not a usable SQLite database (its pages fail SQLite's quick check: {(lines or rows)[0]}); "
+                f"move it away or {_USE_ANOTHER_FILE}"
+            )
 
     def _add_effort_column(self) -> None:
         columns = {row[1] for row in self._connection.execute("PRAGMA table_info(end_to_end_costs)")}

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import time
 
+import numpy as np
 import pytest
 
 from collage_core.measure.cost_db import SCHEMA_VERSION, CostDatabase, CostDatabaseError, CostKey, default_cost_db_path
@@ -172,6 +173,24 @@ def test_file_that_is_not_sqlite_is_refused_and_left_unchanged(tmp_path):
     message = str(raised.value)
     assert str(path) in message and "--cost-db" in message and "\n" not in message
     assert path.read_bytes() == garbage
+
+
+def test_a_database_whose_last_page_is_garbled_is_refused_and_left_unchanged(db_path):
+    """Damage the header and schema do not show (a garbled last page, as a disk or a copy can leave it) must not
+    be read as costs, nor written into: SQLite's quick check on opening finds it."""
+    with CostDatabase.open(db_path) as db:
+        for candidate in range(400):
+            db.put(key(candidate), Cost.measured(candidate * 1e-6, 1e-7, 10))
+    data = bytearray(db_path.read_bytes())
+    page = 4096
+    assert len(data) > 4 * page
+    data[-page + 8 : -50] = np.random.default_rng(0).integers(0, 256, size=page - 58, dtype=np.uint8).tobytes()
+    db_path.write_bytes(bytes(data))
+    with pytest.raises(CostDatabaseError) as raised:
+        CostDatabase.open(db_path)
+    message = str(raised.value)
+    assert str(db_path) in message and "quick check" in message and "--cost-db" in message and "\n" not in message
+    assert db_path.read_bytes() == bytes(data)
 
 
 def test_sqlite_file_of_another_application_is_refused_and_left_unchanged(tmp_path):
