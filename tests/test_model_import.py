@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from pathlib import Path
 from typing import Optional
 
@@ -620,12 +621,16 @@ def test_a_model_too_large_to_run_unscheduled_is_checked_in_shapes_only_before_m
     )
 
 
-def test_a_module_in_training_mode_is_imported_in_eval_mode_and_given_back_in_training_mode():
+def test_a_module_in_training_mode_is_imported_in_eval_mode_and_given_back_in_training_mode(caplog):
     """Collage optimizes inference: dropout off and batch norm on its running statistics, in the import and the
-    reference alike, and the user's module keeps training afterwards as it was."""
+    reference alike, and the user's module keeps training afterwards as it was. A warning says so, since the
+    result then computes what ``module.eval()`` does, not what the module as passed does."""
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5), torch.nn.ReLU()).train()
-    imported = load_model(module, (torch.randn(4, 8),))
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        imported = load_model(module, (torch.randn(4, 8),), name="trained")
+    (warning,) = [record.getMessage() for record in caplog.records if "training mode" in record.getMessage()]
+    assert warning.startswith("model trained: the module is in training mode") and "module.eval()" in warning
     assert module.training and all(child.training for child in module)
     inputs = imported.random_inputs()
     first, second = imported.reference(inputs)[0], imported.reference(inputs)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import math
 import os
 import tempfile
@@ -24,6 +25,8 @@ from collage_core.model.precision import FP32, tolerance
 from collage_core.model.torch_onnx import onnx_original
 from collage_core.model.torch_outputs import Flattened, NotATensor, flatten, forward_input_names
 from collage_core.model.verify import compare_outputs
+
+log = logging.getLogger("collage")
 
 Reference = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
@@ -294,6 +297,12 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     import torch
 
     # Collage optimizes inference: the module is exported and checked in eval mode, and given back in the mode it came in.
+    if module.training:
+        log.warning(
+            "model %s: the module is in training mode; Collage optimizes it as in eval mode (dropout off, batch norm on "
+            "its running statistics), so the result computes what module.eval() does; call module.eval() first to say so",
+            name,
+        )
     with _in_eval_mode(module):
         return _from_torch_in_eval(module, example_inputs, name, torch)
 
