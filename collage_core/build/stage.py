@@ -47,12 +47,9 @@ from collage_core.search.baselines import (
     single_backend_parts,
 )
 from collage_core.search.calibration import signature
-from collage_core.search.regions import decode
+from collage_core.search.regions import WHOLE_MODEL_PATTERN, decode
 from collage_core.search.stage import Placed
 from collage_core.search.two_level import seed_genomes
-
-# The pattern name of TVM's unpartitioned build placed as one partition (see whole_model_on_tvm).
-WHOLE_MODEL_PATTERN = "tvm.whole_model"
 
 
 @attrs.frozen

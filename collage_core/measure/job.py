@@ -17,8 +17,10 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
+from collage_core.backends import contribute_patterns
 from collage_core.build.deploy import runtime_file
 from collage_core.build.partition import partition_module
+from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.errors import CollageError
 from collage_core.measure import zygote
 from collage_core.measure.cost_db import Claim, CostDatabaseError
@@ -36,7 +38,7 @@ from collage_core.outputs.placement_file import Placement, load_placement
 from collage_core.plugins import disabled_plugin_names
 from collage_core.records import OP_LEVEL, Candidate, Cost, Partition
 from collage_core.search.calibration import signature
-from collage_core.search.regions import genome_key
+from collage_core.search.regions import WHOLE_MODEL_PATTERN, genome_key, region_pattern
 
 log = logging.getLogger("collage")
 # How an end-to-end cost was measured; part of its database key, so a change of method re-measures.
@@ -111,6 +113,7 @@ class Job:
                 f"{path}: placed on backend(s) not among this run's ({', '.join(sorted(self.backends))}): {', '.join(missing)}; "
                 "add them to --backends (`collage backends` says whether they run here)"
             )
+        self._check_matches(placement, path)
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
         if placement.model_fingerprint != self.imported.fingerprint:
             log.warning(
@@ -128,6 +131,37 @@ class Job:
         return attrs.evolve(
             placement, inputs_of=[sorted(preds) for preds in self.graph.graph.preds], ran_on=here if placement.device != here else ""
         )
+
+    def _check_matches(self, placement: Placement, path) -> None:
+        """Each partition placed by one of its backend's patterns must be a match of that pattern over these operators
+        (a file edited by hand, or made for another model of the same shapes, may say otherwise); partitions the
+        search makes of several matches (regions, whole models) are left to the build."""
+        by_backend = {info.name: info for info in self.chosen}
+        patterns = {
+            (backend, pattern.name): pattern
+            for backend in sorted({part.backend for part in placement.partitions})
+            for pattern in contribute_patterns(self.pm, by_backend[backend].backend, self.target, self.imported.precision)
+        }
+        for index, part in enumerate(placement.partitions):
+            pattern = patterns.get((part.backend, part.pattern))
+            composite = (WHOLE_MODEL_PATTERN, region_pattern(part.backend), original_model.pattern(part.backend))
+            if pattern is None and by_backend[part.backend].backend.kind == OP_LEVEL and part.pattern not in composite:
+                raise CollageError(
+                    f"{path}: partition {index} names pattern {part.pattern}, which is not one of backend {part.backend}'s "
+                    "patterns here; the file was edited, or made with another version of the backend"
+                )
+            if pattern is None:
+                continue
+            refusals: list = []
+            matches = {candidate.nodes for candidate in enumerate_candidates(self.graph, [pattern], refusals)}
+            if frozenset(part.nodes) in matches:
+                continue
+            why = next((f": {r.reason}" for r in refusals if r.nodes == frozenset(part.nodes)), "")
+            shown = ", ".join(str(node) for node in part.nodes[:6]) + (", ..." if len(part.nodes) > 6 else "")
+            raise CollageError(
+                f"{path}: partition {index} ({part.backend}, pattern {part.pattern}, operators {shown}) is not a match of "
+                f"that pattern in this model{why}; the file was edited, or made for another model"
+            )
 
     def op_level_candidates(self, candidates) -> list[Candidate]:
         """Candidates whose costs add up; graph-level ones are judged end to end by the two-level search."""

@@ -31,6 +31,10 @@ def region_pattern(backend: str) -> str:
     return f"{backend}.region"
 
 
+# TVM's unpartitioned build as a placement: one partition of every operator (see build.stage.whole_model_on_tvm).
+WHOLE_MODEL_PATTERN = "tvm.whole_model"
+
+
 def decode(graph: OpGraph, groups: Sequence[OpGroup], genome: Sequence[int]) -> list[Partition]:
     """Partitions for ``genome``: groups kept as they are, and merged regions per graph-level backend.
 

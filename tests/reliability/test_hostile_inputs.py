@@ -274,3 +274,28 @@ def test_a_folder_or_a_device_as_a_placement_is_refused_without_reading_it(tmp_p
     for path, what in ((tmp_path, "a folder"), (Path("/dev/zero"), "not a regular file")):
         code, errors = _show_here(path, capfd)
         assert code == 1 and errors == [f"collage: error: {path}: {what}, not a placement file"]
+
+
+def test_a_placement_whose_partition_is_not_its_patterns_match_is_refused_in_one_line_before_the_build(tmp_path, monkeypatch, capfd):
+    """A file edited by hand (or made for another model of the same operators) may place operators by a pattern
+    that does not match them, or name a pattern its backend does not have: the replay says which partition of
+    which file, rather than failing in a plugin's lowering without naming the file."""
+    monkeypatch.chdir(tmp_path)
+    document = _placement_for_tiny_resnet()
+    merged = _with(document, partitions__0__operators=[0, 1, 2, 3])  # a convolution, its bias, a ReLU and the next convolution
+    merged["partitions"] = [merged["partitions"][0], *merged["partitions"][4:]]
+    cases = {
+        "not_a_match.json": (merged, "partition 0 (tvm, pattern tvm.op, operators 0, 1, 2, 3) is not a match of that pattern"),
+        "unknown_pattern.json": (
+            _with(document, partitions__0__pattern="tvm.nonexistent"),
+            "partition 0 names pattern tvm.nonexistent, which is not one of backend tvm's patterns here",
+        ),
+    }
+    for name, (placement, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(json.dumps(placement))
+        code, stderr = _replay_here(path, capfd)
+        errors = [line for line in stderr.splitlines() if line.startswith("collage: error:")]
+        assert code == 1 and len(errors) == 1, stderr[-1000:]
+        assert errors[0].startswith(f"collage: error: {path}: {message}")
+        assert "building" not in stderr
