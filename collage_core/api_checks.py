@@ -138,6 +138,8 @@ BACKEND_NAMES = Rule(_names_problem, parse=lambda text: text.split(","))
 def refuse_unwritable_output(folder: Optional[os.PathLike]) -> None:
     """Raise :class:`ArgumentError` when files cannot be written in the output folder ``folder`` (None: a
     temporary one), before anything is measured."""
+    if folder is not None and str(folder) == "":
+        raise ArgumentError("optimize: output_dir is an empty string: name a folder, or leave it out for a temporary one")
     problem = unwritable_because(folder) if folder else ""
     if problem:
         raise ArgumentError(f"{folder}: the output folder cannot be written ({problem}); nothing was measured")
@@ -173,6 +175,8 @@ def _read(kind: type, wanted: str) -> Callable[[str], Any]:
 
 
 def _shown(value: Any) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # a tensor or an array: its shape, not its numbers
+        return f"{type(value).__name__} of shape {tuple(value.shape)} ({value.dtype})"
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return f"{type(value).__name__} {shown}" if not isinstance(value, (int, float, str)) else shown

@@ -326,6 +326,8 @@ def _optimize(args) -> int:
         raise CollageError(
             "--compare is for --placement or --rpc-tracker: a search here compares its placement with the baselines unless --no-compare"
         )
+    if options.output_dir is not None and str(options.output_dir) == "":
+        raise CollageError("-o names an empty folder name: name a folder, or leave -o out for collage-out/MODEL")
     output = Path(options.output_dir) if options.output_dir else default_output(args.model)
     if options.placement and not options.output_dir:
         output = output / "replay"  # a replay leaves the searched run's files as they are

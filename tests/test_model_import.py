@@ -205,11 +205,15 @@ def test_nested_or_other_example_inputs_are_refused_in_one_line_naming_the_item(
         ((x, (x, x)), "item 1 is tuple"),
         ((x, {"y": x}), "item 1 is dict"),
         ((3,), "item 0 is 3"),
-        ((x.numpy(),), "item 0 is ndarray"),
+        ((x.numpy(),), "item 0 is ndarray of shape \\(1, 3, 8, 8\\) \\(float32\\)"),
     ]
     for inputs, shown in cases:
         with pytest.raises(ArgumentError, match=f"example_inputs must be a tuple of tensors, one per argument of forward: {shown}"):
             collage_core.optimize(ConvReluLinear(), example_inputs=inputs, backends=["tvm"])
+    with pytest.raises(
+        ArgumentError, match=r"example_inputs must be a tuple of tensors, not Tensor of shape \(1, 3, 8, 8\) \(torch.float32\)$"
+    ):
+        collage_core.optimize(ConvReluLinear(), example_inputs=x, backends=["tvm"])  # a tensor's numbers are not shown
 
 
 def test_relax_module_imports_into_one_dataflow_block():

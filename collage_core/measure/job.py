@@ -605,7 +605,7 @@ def describe_cost(cost: Cost) -> str:
     if not cost.is_measured:
         return f"invalid ({cost.reason})"
     cut = " (cut off after one run)" if cost.repeats == 1 else ""
-    held_up = f" (held up: waited for a processor {cost.held_up_share:.0%} of the time)" if cost.held_up else ""
+    held_up = f" (held up: its threads waited for a processor {cost.held_up_share:.0%} of its time, summed)" if cost.held_up else ""
     return f"{cost.median_s * 1e3:.3f} ms{cut}{held_up}"
 
 

@@ -274,7 +274,7 @@ def measure_candidates(
             if cost.is_measured and cost.repeats == 1:
                 shown += f" (one run, over {CANDIDATE_CUTOFF_FACTOR:g}x the cheapest known)"
             if cost.held_up:
-                shown += f" (held up: its threads waited for a processor {cost.held_up_share:.0%} of the time)"
+                shown += f" (held up: its threads waited for a processor {cost.held_up_share:.0%} of its time, summed)"
             bar.advance(f"{candidate.pattern} ({len(candidate.nodes)} ops): {shown}")
     return MeasurementReport(
         costs=costs,

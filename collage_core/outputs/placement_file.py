@@ -285,8 +285,10 @@ def placement_from_json(data: Any, origin: str) -> Placement:
         )
     except PlacementFileError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:
-        fail(f"malformed placement ({type(error).__name__}: {error})")
+    except KeyError as error:
+        fail(f"malformed placement (it has no {error.args[0]!r} field)")
+    except (TypeError, ValueError, AttributeError, OverflowError) as error:
+        fail(f"malformed placement (a field of the wrong kind: {error})")
     covered = sorted(n for p in placement.partitions for n in p.nodes)
     if covered != list(range(len(placement.operators))):
         fail("partitions do not cover every operator exactly once")

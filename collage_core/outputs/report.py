@@ -33,7 +33,8 @@ def is_noisy(cost) -> bool:
 
 
 def _ms(cost) -> str:
-    held_up = f" held up (waited for a processor {cost.held_up_share:.0%} of the time)" if cost.held_up else ""
+    # The threads' waits are summed: with several threads they may add up to more than the wall time.
+    held_up = f" held up (its threads waited for a processor {cost.held_up_share:.0%} of its time, summed)" if cost.held_up else ""
     if is_noisy(cost):
         return f"{cost.median_s * 1e3:10.3f} ms noisy (quartiles {cost.spread_s * 1e3:.3f} ms apart){held_up}"
     if cost.is_measured:
@@ -210,7 +211,8 @@ def render_report(optimized) -> str:
     if optimized.measurement is not None:
         m = optimized.measurement
         sections.append(
-            f"\ncandidates: {optimized.candidates} ({m.distinct} distinct); measured {m.measured} in {m.seconds:.1f} s, "
+            f"\ncandidates: {optimized.candidates}; {m.distinct} distinct ones of op-level backends, costed one by one: "
+            f"measured {m.measured} in {m.seconds:.1f} s, "
             f"{m.from_database} from the cost database, {m.invalid} invalid"
             + (f", {len(m.noisy)} noisy after two measurements" if m.noisy else "")
             + (f", {len(m.held_up)} held up (timed while other processes kept the processors busy; may be too high)" if m.held_up else "")

@@ -82,6 +82,7 @@ def test_a_target_given_as_json_or_a_known_name_is_taken(tmp_path):
         ({"target": 42}, "a target is a name (llvm, cuda), a JSON object or a tvm.target.Target, not 42"),
         ({"target": "{oops"}, "target '{oops' is not JSON"),
         ({"output_dir": 7}, "optimize: output_dir must be a path (str or os.PathLike), not 7"),
+        ({"output_dir": ""}, "optimize: output_dir is an empty string: name a folder, or leave it out for a temporary one"),
         ({"cost_db": ["costs.sqlite"]}, "optimize: cost_db must be a path (str or os.PathLike), not list ['costs.sqlite']"),
         ({"settings": {"build_workers": 2}}, "optimize: settings must be a collage_core.measure.timing.MeasureSettings, not dict"),
         ({"two_level": TwoLevelSettings(population=1)}, "optimize: two_level.population must be at least 2, not 1"),
@@ -215,3 +216,11 @@ def test_collage_show_into_a_place_that_cannot_be_written_fails_in_one_line(tmp_
     code, stderr = run_main(["show", str(placement), "-o", str(tmp_path / "file" / "pic.dot")], capfd)
     errors = [line for line in stderr if line.startswith("collage")]
     assert code == 1 and errors == [f"collage: error: {tmp_path / 'file' / 'pic.dot'}: cannot write it (File exists: {tmp_path / 'file'})"]
+
+
+def test_an_empty_output_folder_name_is_refused_rather_than_read_as_the_default(tmp_path, monkeypatch, capfd):
+    """``-o ''`` (a variable that was never set) must not quietly write collage-out/MODEL instead."""
+    monkeypatch.chdir(tmp_path)
+    code, stderr = run_main(["optimize", str(MODEL), "-o", ""], capfd)
+    assert code == 1 and stderr == ["collage: error: -o names an empty folder name: name a folder, or leave -o out for collage-out/MODEL"]
+    assert not (tmp_path / "collage-out").exists()

@@ -248,7 +248,7 @@ def test_placements_nested_too_deeply_or_with_numbers_past_floats_are_refused_in
         ),
         "huge-repeats.json": (
             json.dumps(VALID).replace('"repeats": 3', '"repeats": 1e999', 1),
-            "malformed placement (OverflowError: cannot convert float infinity to integer)",
+            "malformed placement (a field of the wrong kind: cannot convert float infinity to integer)",
         ),
         "infinite-cost.json": (
             json.dumps(VALID).replace('"median_s": 0.001', '"median_s": 1e999', 1),
