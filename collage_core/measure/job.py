@@ -123,6 +123,14 @@ class Job:
                 placement.model_fingerprint,
                 self.imported.fingerprint,
             )
+        made_for, running = str(placement.target.get("kind", "")), str(self.target.kind.name)
+        if made_for != running:
+            log.warning(
+                "%s was made for a %s target and is replayed on a %s target: its costs and choices are not this target's",
+                path,
+                made_for or "unnamed",
+                running,
+            )
         here = tvm_compat.device_name(self.target)
         if placement.device != here:
             log.warning(

@@ -299,3 +299,13 @@ def test_a_placement_whose_partition_is_not_its_patterns_match_is_refused_in_one
         assert code == 1 and len(errors) == 1, stderr[-1000:]
         assert errors[0].startswith(f"collage: error: {path}: {message}")
         assert "building" not in stderr
+
+
+def test_a_placement_made_for_another_kind_of_target_is_replayed_with_a_warning(tmp_path, monkeypatch, capfd):
+    """Its costs and choices are another target's: the replay says so (``--strict`` then fails the run)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "cuda_placement.json"
+    path.write_text(json.dumps(_with(_placement_for_tiny_resnet(), target={"kind": "cuda"})))
+    code, stderr = _replay_here(path, capfd)
+    assert code == 0, stderr[-1000:]
+    assert f"warning: {path} was made for a cuda target and is replayed on a llvm target" in stderr
