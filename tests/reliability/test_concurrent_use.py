@@ -24,7 +24,9 @@ from collage_core.model.relax_graph import RelaxGraph
 from collage_core.records import Cost
 
 ROOT = Path(__file__).resolve().parents[2]
-SUMMARY = re.compile(r"candidates: \d+ \((\d+) distinct\); measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid")
+SUMMARY = re.compile(
+    r"candidates: \d+; (\d+) distinct ones of op-level backends, costed one by one: measured (\d+) in [\d.]+ s, (\d+) from the cost database, (\d+) invalid"
+)
 
 
 def small_model(path: Path) -> Path:
