@@ -9,6 +9,7 @@ import os
 import socket
 import struct
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -487,7 +488,9 @@ def from_onnx(proto):
         onnx_frontend.ONNXGraphImporter._convert_operator = convert_naming_the_node
         onnx.checker.check_model = lambda *args, **kwargs: None
         try:
-            with contextlib.redirect_stdout(io.StringIO()):  # the importer prints every input of a failing node
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # it prints a failing node's inputs
+                # and warns of each name it changes to a valid Relax name (a model's own names are not Collage's to report)
+                warnings.filterwarnings("ignore", message="Renaming name ", category=UserWarning)
                 return tvm_from_onnx(proto, keep_params_in_input=False)
         finally:
             onnx_frontend._get_convert_map = original_map

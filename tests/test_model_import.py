@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -654,3 +655,22 @@ def test_a_name_with_control_characters_is_shown_with_them_escaped(tmp_path):
     proto.graph.name = "evil\n\x1b[31mRED\x1b[0m$(id)"
     imported = load_model(proto)
     assert imported.name == "evil\\n\\x1b[31mRED\\x1b[0m$(id)" and imported.name.isprintable()
+
+
+def test_names_tvm_renames_on_import_raise_no_warning_of_its_own(tmp_path):
+    """TVM's importer warns of each ONNX name it changes into a valid Relax name (``input.1``, ``1x``): those are the
+    model's names, not something the user can act on, so the import keeps them quiet."""
+    node = helper.make_node("Relu", ["input.1"], ["1out"], name="relu.0")
+    graph = helper.make_graph(
+        [node],
+        "renamed",
+        [helper.make_tensor_value_info("input.1", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("1out", TensorProto.FLOAT, [2, 3])],
+    )
+    path = tmp_path / "renamed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        imported = load_model(str(path))
+    assert not [w for w in caught if "Renaming name" in str(w.message)]
+    assert imported.inputs[0].shape == (2, 3)
