@@ -109,6 +109,18 @@ def test_a_model_of_one_group_is_searched_without_crossover():
     assert result.latency.seconds == min(deterministic_end_to_end_cost(decode(graph, groups, g)).seconds for g in seed_genomes(groups))
 
 
+@pytest.mark.parametrize("operators", [1, 8])
+def test_a_model_no_group_of_which_can_go_to_a_graph_level_backend_returns_its_op_level_placement(operators):
+    """Every genome is then the op-level placement: nothing to evolve (DEAP's variation needs two distinct parents,
+    and stopped the run with a traceback), so the search ends after scoring the seeds."""
+    graph = chain_with_branches() if operators == 8 else OpGraph(ops=["cumsum"], preds=[[]])
+    groups = groups_for(graph, {})
+    result = search_two_level(graph, groups, deterministic_end_to_end_cost, TwoLevelSettings(population=4, generations=5, seed=0))
+    assert_valid_placement(graph, result.parts)
+    assert all(part.backend == "tvm" for part in result.parts)
+    assert result.latency.seconds == deterministic_end_to_end_cost(decode(graph, groups, seed_genomes(groups)[0])).seconds
+
+
 def test_best_placement_is_reported_as_it_improves():
     graph = chain_with_branches()
     groups = groups_for(graph, {"graphy": set(range(8))})

@@ -240,7 +240,9 @@ def _evolve(graph, groups, evaluate, settings, on_generation, on_best, spent, pr
     generation = improved_at = 0
     standing = best["cost"]  # the best at the last generation that counted as faster
     for generation in range(1, settings.generations + 1):
-        if spent() > settings.budget_s:
+        # Nothing left to evolve where every genome is one placement (no operator group can go to a graph-level
+        # backend): DEAP's variation needs two distinct parents.
+        if spent() > settings.budget_s or len(population) < 2:
             generation -= 1
             break
         offspring = algorithms.varOr(
