@@ -371,6 +371,9 @@ def _export(args) -> int:
     if Path(args.output).is_dir():
         raise CollageError(f"{args.output}: is a folder; -o names the tar to write (-o model.tar); nothing was built")
     output_folder.refuse_special_file(args.output)
+    for given, what in ((args.model, "the model"), (args.placement, "the placement")):
+        if Path(given).exists() and Path(args.output).exists() and Path(given).samefile(args.output):
+            raise CollageError(f"{args.output}: is {what} to export; name another file for the tar; nothing was built")
     problem = unwritable_because(Path(args.output).parent)
     if problem:
         raise CollageError(f"{args.output}: cannot be written ({problem}); nothing was built")

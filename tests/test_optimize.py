@@ -17,6 +17,7 @@ import pytest
 
 import collage_core
 from collage_core import tvm_compat
+from collage_core.errors import CollageError
 from collage_core.measure.timing import MeasureSettings
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, EndToEnd
 from collage_core.outputs.placement_file import PlacementFileError
@@ -837,6 +838,8 @@ def test_a_baseline_that_won_the_contest_is_returned_with_its_latency_in_turns_a
     headline = baseline_won.end_to_end[0]
     assert headline == EndToEnd(PLACEMENT, Cost.measured(1e-3, 1e-5, 20), {"tvm": 45}, True, Cost.measured(1e-3, 1e-5, 20), 1.0)
     assert baseline_won.latency() == headline.cost
+    with pytest.raises(CollageError, match=r"^latency: no row called 'fastest' in this result's table \(its rows: 'placement'"):
+        baseline_won.latency("fastest")
     assert [(e.name, e.timed_in_turns) for e in baseline_won.end_to_end[:4]] == [
         (PLACEMENT, True),
         (f"{SEARCHED}, {IN_TURNS}", True),

@@ -15,6 +15,7 @@ from tvm import relax
 
 from collage_core import tvm_compat
 from collage_core.build.deploy import copy_library, load_library, replacing_outputs
+from collage_core.errors import CollageError
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
@@ -89,7 +90,13 @@ class OptimizedModel:
         return [tvm_compat.to_numpy(o) for o in (result if not hasattr(result, "numpy") else [result])]
 
     def latency(self, name: str = PLACEMENT) -> Cost:
-        return next(e.cost for e in self.end_to_end if e.name == name)
+        """The cost of the report's row called ``name`` (the placement's by default); :class:`CollageError` naming
+        the rows there are when there is none of that name."""
+        found = next((e.cost for e in self.end_to_end if e.name == name), None)
+        if found is None:
+            rows = ", ".join(repr(e.name) for e in self.end_to_end)
+            raise CollageError(f"latency: no row called {name!r} in this result's table (its rows: {rows})")
+        return found
 
     def save(self, directory: os.PathLike) -> Path:
         """Write ``placement.json``, the compiled library, the report table, ``results.json`` and, after

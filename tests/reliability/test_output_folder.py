@@ -596,3 +596,20 @@ def test_a_pipe_named_as_the_file_to_write_is_refused_and_left_a_pipe(command, t
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [f"collage: error: {pipe}: is a pipe, not a file Collage can replace; name a regular file to write"]
     assert pipe.is_fifo() and sorted(path.name for path in tmp_path.iterdir()) == [pipe.name]
+
+
+@pytest.mark.parametrize("overwritten", ["model", "placement"])
+def test_an_export_named_after_its_own_model_or_placement_is_refused_and_leaves_it(overwritten, tmp_path, capsys):
+    """``collage export m.onnx --placement p.json -o m.onnx`` would replace the model with the tar."""
+    from collage_core.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes((TESTS.parent / "models" / "tiny_resnet.onnx").read_bytes())
+    placement = tmp_path / "p.json"
+    placement.write_text("{}")
+    target = model if overwritten == "model" else placement
+    before = target.read_bytes()
+    assert main(["export", str(model), "--placement", str(placement), "-o", str(target)]) != 0
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [f"collage: error: {target}: is the {overwritten} to export; name another file for the tar; nothing was built"]
+    assert target.read_bytes() == before
