@@ -85,6 +85,7 @@ def test_a_shape_listed_twice_is_optimized_once():
         ("input_ids=1x16,2x16 attention_mask=1x16", "as many shapes"),
         ("batch", "is not NAME=SIZES"),
         ("batch=1 batch=2 sequence=3", "listed twice"),
+        ("batch=99999999999 sequence=99999999", "input 'input_ids' alone would take"),  # before any array of it is made
     ],
 )
 def test_shapes_that_do_not_fit_the_model_are_refused_in_one_line(text, says):

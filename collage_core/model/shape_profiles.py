@@ -14,10 +14,13 @@ places as it places any model.
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import re
 from typing import Sequence
 
 import attrs
+import numpy as np
 
 from collage_core.errors import CollageError
 
@@ -150,7 +153,27 @@ def parse_shapes(text: str, inputs: Sequence[SymbolicInput]) -> list[ShapeProfil
     else:
         profiles = _by_input(parsed, by_input, dims)
     unique = list(dict.fromkeys(tuple(sorted(p.items())) for p in profiles))
-    return [_profile(dict(sizes), inputs, dims) for sizes in unique]
+    made = [_profile(dict(sizes), inputs, dims) for sizes in unique]
+    for profile in made:
+        _refuse_beyond_memory(profile, inputs)
+    return made
+
+
+def _refuse_beyond_memory(profile: ShapeProfile, inputs: Sequence[SymbolicInput]) -> None:
+    """A one-line error when one input of ``profile`` alone would need more memory than this machine has (a size
+    mistyped by a few digits), before any array of it is made."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    by_name = {spec.name: spec for spec in inputs}
+    for name, shape in profile.shapes:
+        needed = math.prod(shape) * np.dtype(by_name[name].dtype).itemsize
+        if needed > memory:
+            raise ShapeProfileError(
+                f"--shapes: at {profile.label}, input {name!r} alone would take {needed / 2**30:.3g} GiB, more than this machine's "
+                f"{memory / 2**30:.3g} GiB of memory"
+            )
 
 
 def _example(dims: Sequence[str]) -> str:
