@@ -470,6 +470,20 @@ def test_cli_export_of_a_tar_that_does_not_load_fails_in_one_line_and_leaves_it_
     assert [entry.name for entry in (tmp_path / "tmp").iterdir() if entry.is_dir()] == []
 
 
+def test_an_export_interrupted_while_its_tar_is_checked_leaves_the_earlier_export_and_no_partial(optimized, tmp_path, monkeypatch):
+    """Ctrl-C while the new process loads the tar: the earlier export stays as it was and nothing half-done is left."""
+    (tmp_path / "out.tar").write_bytes(b"an earlier export")
+
+    def interrupted(path, inputs, timeout_s=0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mlf_export, "check_in_new_process", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_mlf(optimized, tmp_path / "out.tar", check_inputs=optimized.model.random_inputs())
+    assert (tmp_path / "out.tar").read_bytes() == b"an earlier export"
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["out.tar"]
+
+
 @pytest.mark.slow
 def test_cli_export_of_a_placement_measured_with_other_versions_warns_and_with_strict_exits_4(optimized, tmp_path):
     data = optimized.placement.to_json()

@@ -344,5 +344,8 @@ def export_mlf(
         path.unlink(missing_ok=True)  # an earlier export must not pass for this one
         problem = str(error).removeprefix(f"{partial}: ")
         raise MLFError(f"{path}: the exported tar does not load and run in a new process: {problem} (left as {partial.name})") from None
+    except BaseException:  # interrupted while the tar is checked: nothing half-done is left beside the earlier export
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(path)
     return path
