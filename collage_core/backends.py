@@ -105,7 +105,7 @@ def select_backends(
             raise BackendError("no backend is available; run `collage backends` to see why")
         return chosen
     chosen = []
-    for name in names:
+    for name in dict.fromkeys(names):  # a backend named twice is chosen once
         if name not in infos:
             known = ", ".join(infos) or "none"
             raise BackendError(f"unknown backend {name!r} (installed: {known})")
@@ -113,6 +113,15 @@ def select_backends(
             raise BackendError(f"backend {name} is not available: {infos[name].availability.reason}")
         chosen.append(infos[name])
     return chosen
+
+
+def refuse_unknown_backends(pm: CollagePluginManager, names: Optional[Sequence[str]]) -> None:
+    """:class:`BackendError` naming the first of ``names`` no installed plugin registers, and the installed ones;
+    asks no backend whether it runs here (that is :func:`select_backends`' question, after the import)."""
+    known = registered_backends(pm)
+    for name in names or ():
+        if name not in known:
+            raise BackendError(f"unknown backend {name!r} (installed: {', '.join(known) or 'none'})")
 
 
 def backends_for(pm: CollagePluginManager, names, target) -> list[BackendInfo]:

@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence
 import attrs
 
 from collage_core.api_checks import EXAMPLE_INPUTS, refuse_unless_met, refuse_unwritable_output
-from collage_core.backends import backends_for
+from collage_core.backends import backends_for, refuse_unknown_backends
 from collage_core.build import stage as build_stage
 from collage_core.measure import remote as remote_servers
 from collage_core.measure.job import Job
@@ -81,6 +81,7 @@ def optimize(
     options = OptimizeOptions.given(options, chosen)
     refuse_unless_met("example_inputs", EXAMPLE_INPUTS, example_inputs)
     refuse_unwritable_output(options.output_dir)
+    refuse_unknown_backends(get_plugin_manager(), options.backends)  # before the model is read (seconds for a large one)
     say, clock = Narrator(options.show_progress), PhaseClock()
     if options.shapes is not None or holds_several_shapes(options.placement):
         if is_torch_module(model):

@@ -224,3 +224,13 @@ def test_an_empty_output_folder_name_is_refused_rather_than_read_as_the_default(
     code, stderr = run_main(["optimize", str(MODEL), "-o", ""], capfd)
     assert code == 1 and stderr == ["collage: error: -o names an empty folder name: name a folder, or leave -o out for collage-out/MODEL"]
     assert not (tmp_path / "collage-out").exists()
+
+
+def test_an_unknown_backend_is_refused_before_the_model_is_read_and_one_named_twice_is_chosen_once(tmp_path):
+    from collage_core.backends import BackendError, discover_backends, select_backends
+    from collage_core.plugins import get_plugin_manager
+
+    with pytest.raises(BackendError, match=r"^unknown backend 'bogus' \(installed: .*tvm"):
+        collage_core.optimize(str(tmp_path / "no-such-model.onnx"), backends=["tvm", "bogus"])  # the model is never read
+    infos = discover_backends(get_plugin_manager())
+    assert [info.name for info in select_backends(infos, ["tvm", "tvm"])] == ["tvm"]
