@@ -326,6 +326,12 @@ def test_the_command_times_each_shape_in_the_library_beside_its_own_library(tmp_
     assert all(check["numerics"]["passed"] for check in results["checks"])
 
 
+def test_a_result_of_several_shapes_saves_into_a_folder_it_makes(optimized, tmp_path):
+    result, _ = optimized
+    folder = result.save(tmp_path / "new" / "folder")
+    assert {PLACEMENTS_FILE, "report.txt", "results.json", f"{result.name}.so"} <= {path.name for path in folder.iterdir()}
+
+
 @pytest.fixture(scope="module")
 def replayed(optimized, tmp_path_factory):
     _, folder = optimized

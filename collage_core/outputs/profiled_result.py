@@ -90,8 +90,10 @@ class ProfiledModel:
 
     def save(self, directory: os.PathLike) -> Path:
         """Write the library (with its runtime file), ``placements.json``, ``report.txt`` and ``results.json``
-        into ``directory``, each whole; each shape's own run is in ``shape-K/`` there already."""
+        into ``directory`` (made if it does not exist), each whole; each shape's own run stays in ``shape-K/`` of the
+        run's output folder."""
         directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
         library = output_folder.library_file(directory, self.name)
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)
