@@ -674,3 +674,18 @@ def test_names_tvm_renames_on_import_raise_no_warning_of_its_own(tmp_path):
         imported = load_model(str(path))
     assert not [w for w in caught if "Renaming name" in str(w.message)]
     assert imported.inputs[0].shape == (2, 3)
+
+
+def test_a_model_that_computes_nothing_once_imported_is_refused_in_plain_words(tmp_path):
+    """An Identity (or a constant output) folds away on import: there is no operator to place, and the error says so
+    rather than speaking of Relax's dataflow blocks."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="same")],
+        "identity",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    path = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(ModelImportError, match=r": the model computes nothing once imported .*: nothing to place$"):
+        load_model(str(path))

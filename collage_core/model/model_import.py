@@ -418,6 +418,10 @@ def canonicalize(mod, origin: str):
     mod = passes(mod)
     body = mod["main"].body
     blocks = [block for block in body.blocks if block.bindings]
+    if not blocks:  # an Identity, a constant output, a Shape of a static input: all folded away on import
+        raise ModelImportError(
+            f"{origin}: the model computes nothing once imported (its outputs are its inputs or constants): nothing to place"
+        )
     if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
         raise ModelImportError(f"{origin}: main must be a single dataflow block after import (found {len(blocks)} blocks)")
     for param in mod["main"].params:
