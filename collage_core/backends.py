@@ -107,8 +107,7 @@ def select_backends(
     chosen = []
     for name in dict.fromkeys(names):  # a backend named twice is chosen once
         if name not in infos:
-            known = ", ".join(infos) or "none"
-            raise BackendError(f"unknown backend {name!r} (installed: {known})")
+            raise _unknown(name, infos)
         if not infos[name].availability.available:
             raise BackendError(f"backend {name} is not available: {infos[name].availability.reason}")
         chosen.append(infos[name])
@@ -121,7 +120,11 @@ def refuse_unknown_backends(pm: CollagePluginManager, names: Optional[Sequence[s
     known = registered_backends(pm)
     for name in names or ():
         if name not in known:
-            raise BackendError(f"unknown backend {name!r} (installed: {', '.join(known) or 'none'})")
+            raise _unknown(name, known)
+
+
+def _unknown(name: str, known) -> BackendError:
+    return BackendError(f"unknown backend {name!r} (installed: {', '.join(known) or 'none'})")
 
 
 def backends_for(pm: CollagePluginManager, names, target) -> list[BackendInfo]:

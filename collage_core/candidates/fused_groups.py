@@ -398,7 +398,7 @@ def strided_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> S
         source = producer.args[0]
         external(group, source, dtypes)
         source_shape = shape_of(source)
-        axes = ints(producer.attrs.axes) if producer.attrs.axes is not None else tuple(reversed(range(len(source_shape))))
+        axes = _permuted_axes(producer, len(source_shape))
         plain = plain_strides(source_shape)
         return StridedOperand(source, tuple(source_shape[a] for a in axes), tuple(plain[a] for a in axes))
     external(group, expr, dtypes)
@@ -425,7 +425,7 @@ def viewed_operand(group: Group, expr, dtypes: Sequence[str] = (FLOAT32,)) -> tu
     for call, item in reversed(chain):
         name = tvm_compat.op_name(call)
         if name == "relax.permute_dims":
-            axes = ints(call.attrs.axes) if call.attrs.axes is not None else tuple(reversed(range(len(dims))))
+            axes = _permuted_axes(call, len(dims))
             dims, strides = [dims[a] for a in axes], [strides[a] for a in axes]
         elif name == "relax.reshape":
             dims, strides = list(shape_of(call)), _reshaped_strides(dims, strides, shape_of(call))
@@ -452,12 +452,17 @@ def written_view(group: Group, expr) -> tuple[object, tuple[int, ...], list]:
         if tvm_compat.op_name(call) == "relax.reshape":
             strides = _reshaped_strides(shape_of(call), strides, source_shape)
         else:
-            axes = ints(call.attrs.axes) if call.attrs.axes is not None else tuple(reversed(range(len(source_shape))))
+            axes = _permuted_axes(call, len(source_shape))
             inverse = [0] * len(axes)
             for position, axis in enumerate(axes):
                 inverse[axis] = strides[position]
             strides = inverse
     return value, tuple(strides), chain
+
+
+def _permuted_axes(permute, rank: int) -> tuple[int, ...]:
+    """The axes a ``permute_dims`` call takes, in order: its own, or all of ``rank`` reversed where it names none."""
+    return ints(permute.attrs.axes) if permute.attrs.axes is not None else tuple(reversed(range(rank)))
 
 
 def _split_start(split, index: int, size: int) -> int:

@@ -150,6 +150,8 @@ class Job:
             for backend in sorted({part.backend for part in placement.partitions})
             for pattern in contribute_patterns(self.pm, by_backend[backend].backend, self.target, self.imported.precision)
         }
+        refusals: list = []
+        matches: dict = {}  # by pattern: its matches over this model, found once however many partitions it placed
         for index, part in enumerate(placement.partitions):
             pattern = patterns.get((part.backend, part.pattern))
             composite = (WHOLE_MODEL_PATTERN, region_pattern(part.backend), original_model.pattern(part.backend))
@@ -160,11 +162,12 @@ class Job:
                 )
             if pattern is None:
                 continue
-            refusals: list = []
-            matches = {candidate.nodes for candidate in enumerate_candidates(self.graph, [pattern], refusals)}
-            if frozenset(part.nodes) in matches:
+            if (part.backend, part.pattern) not in matches:
+                found = enumerate_candidates(self.graph, [pattern], refusals)
+                matches[(part.backend, part.pattern)] = {candidate.nodes for candidate in found}
+            if frozenset(part.nodes) in matches[(part.backend, part.pattern)]:
                 continue
-            why = next((f": {r.reason}" for r in refusals if r.nodes == frozenset(part.nodes)), "")
+            why = next((f": {r.reason}" for r in refusals if r.pattern == part.pattern and r.nodes == frozenset(part.nodes)), "")
             shown = ", ".join(str(node) for node in part.nodes[:6]) + (", ..." if len(part.nodes) > 6 else "")
             raise CollageError(
                 f"{path}: partition {index} ({part.backend}, pattern {part.pattern}, operators {shown}) is not a match of "

@@ -16,6 +16,7 @@ from collage_core.kit import (
     activation_pattern,
     bias_pattern,
     cast_pattern,
+    fused_groups,
     recognizer_check,
     residual_pattern,
     scale_pattern,
@@ -57,11 +58,14 @@ def attention_pattern(qkv: bool = False, bshd: bool = False):
     the next product reads it: the kernel reads and writes those layouts in place."""
     split = is_op("relax.split")(wildcard())
 
-    def operand(index):
+    def viewed(index):
+        """q, k or v (``index``) as the product reads it."""
         if qkv:
-            plain = is_op("relax.permute_dims")(is_op("relax.reshape")(is_tuple_get_item(split, index), wildcard()))
-        else:
-            plain = is_op("relax.permute_dims")(wildcard()) | wildcard()
+            return is_op("relax.permute_dims")(fused_groups.reshape_pattern(is_tuple_get_item(split, index)))
+        return is_op("relax.permute_dims")(wildcard()) | wildcard()
+
+    def operand(index):
+        plain = viewed(index)
         return scale_pattern(plain) | plain
 
     scores = is_op("relax.matmul")(operand(0), operand(1))
@@ -71,19 +75,12 @@ def attention_pattern(qkv: bool = False, bshd: bool = False):
     probabilities = is_op("relax.nn.softmax")(scores)
     probabilities = _maybe(probabilities, lambda p: is_op("relax.where")(is_op("relax.isnan")(p), is_const(), p))
     probabilities = _maybe(_maybe(_maybe(probabilities, cast_pattern), cast_pattern), cast_pattern)
-    if qkv:
-        values = is_op("relax.permute_dims")(is_op("relax.reshape")(is_tuple_get_item(split, 2), wildcard()))
-    else:
-        values = is_op("relax.permute_dims")(wildcard()) | wildcard()
-    result = cast_pattern(is_op("relax.matmul")(probabilities, values))
+    result = cast_pattern(is_op("relax.matmul")(probabilities, viewed(2)))
     if not bshd:
         return result
-    written = is_op("relax.permute_dims")(_maybe(result, _reshaped))
-    return _maybe(_maybe(written, _reshaped), _reshaped)
-
-
-def _reshaped(value):
-    return is_op("relax.reshape")(value, wildcard())
+    reshaped = fused_groups.reshape_pattern
+    written = is_op("relax.permute_dims")(_maybe(result, reshaped))
+    return _maybe(_maybe(written, reshaped), reshaped)
 
 
 _check = recognizer_check(specs.recognize)
