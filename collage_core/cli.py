@@ -20,7 +20,7 @@ from collage_core import optimizer
 from collage_core.api_checks import BOOLEAN, Rule, unwritable_because
 from collage_core.backends import discover_backends
 from collage_core.build.deploy import carried_dir
-from collage_core.errors import CollageError, interrupt_within
+from collage_core.errors import CollageError, interrupt_within, note_interrupt, signals_noted
 from collage_core.inspection import inspect_model, render_inspection
 from collage_core.measure import remote
 from collage_core.measure.progress import Narrator
@@ -46,6 +46,7 @@ EXIT_WARNINGS = 4
 STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
+@signals_noted()
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -71,6 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return EXIT_WARNINGS
         return status
     except CollageError as error:
+        if interrupt_within(error) is not None:  # an error a signal caused, in a step that words its errors for users
+            return _interrupted(error)
         print(f"collage: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except Terminated:
@@ -95,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         logging.getLogger("collage").removeHandler(warnings)
 
 
-def _interrupted(error: Exception) -> int:
+def _interrupted(error: BaseException) -> int:
     """The exit of a run that an interrupt stopped where it surfaced as another error (SIGTERM while a
     C extension imports gives a ``SystemError`` over ``Terminated``); any other error is raised again."""
     interrupt = interrupt_within(error)
@@ -127,7 +130,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminated(signum, frame):
-    raise Terminated()
+    raise note_interrupt(Terminated())
 
 
 def _option(parser, path: str, *flags: str, default_said: str = "", **how) -> None:

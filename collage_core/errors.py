@@ -1,23 +1,64 @@
 """Errors Collage reports to users."""
 
-from typing import Optional
+import contextlib
+import signal
+import threading
+from typing import Iterator, Optional
 
 
 class CollageError(Exception):
     """An error with a one-line message meant for the user."""
 
 
+# The interrupt a signal raised while :func:`signals_noted` was in force, once one has.
+_noted: list[KeyboardInterrupt] = []
+
+
+def note_interrupt(interrupt: KeyboardInterrupt) -> KeyboardInterrupt:
+    """Keep ``interrupt`` as the one a signal raised (a signal handler calls this before raising it), so that
+    :func:`interrupt_within` finds it in any error that follows, however that error lost track of it."""
+    _noted.append(interrupt)
+    return interrupt
+
+
+def _interrupted_by_sigint(signum, frame):
+    raise note_interrupt(KeyboardInterrupt())
+
+
+@contextlib.contextmanager
+def signals_noted() -> Iterator[None]:
+    """While inside (also as a decorator), a SIGINT that Python's own handler would answer raises a ``KeyboardInterrupt`` that is
+    also noted (see :func:`note_interrupt`); on leaving, that handler is back and nothing is noted.
+
+    The note is needed because an interrupt raised while TVM calls back into Python comes out of TVM as a
+    plain ``RuntimeError`` with an empty message, neither caused by nor raised over the interrupt: without
+    it, a run caught that error as one candidate's failure and went on as if Ctrl-C had not been pressed."""
+    in_main = threading.current_thread() is threading.main_thread()
+    takes_over = in_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if not takes_over:  # nested, or another handler is the program's: nothing to take over, nor to clear
+        yield
+        return
+    signal.signal(signal.SIGINT, _interrupted_by_sigint)
+    _noted.clear()
+    try:
+        yield
+    finally:
+        _noted.clear()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def interrupt_within(error: BaseException) -> Optional[KeyboardInterrupt]:
     """The interrupt (SIGINT, or SIGTERM as ``cli.Terminated``) that ``error`` was raised while handling
     or from, if any: a signal that arrives while a C extension imports or initialises surfaces as a
-    ``SystemError`` or ``ImportError`` over it, and must stop the run as the interrupt would."""
+    ``SystemError`` or ``ImportError`` over it, and must stop the run as the interrupt would. Inside
+    :func:`signals_noted`, any error that follows a signal is taken as that signal's interrupt."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, KeyboardInterrupt):
             return error
         error = error.__cause__ or error.__context__
-    return None
+    return _noted[0] if _noted else None
 
 
 def reraise_interrupt(error: BaseException) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from collage_core import tvm_compat
 from collage_core.build import deploy
 from collage_core.build.profiles import entry_function, merged_module, write_profiles_runtime_file
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure import remote as remote_servers
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.progress import PhaseClock
@@ -236,6 +236,7 @@ def _in_turns(worker, library: Path, result, index: int, arrays, target, say, sc
             remote=remote,
         )
     except (CollageError, WorkerFailure) as error:
+        reraise_interrupt(error)
         say(f"  timing shape {index + 1} in turns failed: {error}")
         return None, None
     return turns["library"].warm.median_s, turns["alone"].warm.median_s

@@ -12,6 +12,7 @@ import attrs
 from collage_core.api_checks import EXAMPLE_INPUTS, refuse_unless_met, refuse_unwritable_output
 from collage_core.backends import backends_for, refuse_unknown_backends
 from collage_core.build import stage as build_stage
+from collage_core.errors import signals_noted
 from collage_core.measure import remote as remote_servers
 from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
@@ -31,6 +32,7 @@ from collage_core.search import accuracy_stage, tuning_stage
 from collage_core.search import stage as search_stage
 
 
+@signals_noted()
 def optimize(
     model: Any, *, example_inputs: Optional[Sequence[Any]] = None, options: Optional[OptimizeOptions] = None, **chosen: Any
 ) -> OptimizedModel | ProfiledModel:

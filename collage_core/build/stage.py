@@ -18,7 +18,7 @@ import numpy as np
 
 from collage_core import tvm_compat
 from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, interrupt_within, reraise_interrupt
 from collage_core.measure.cost_db import CostDatabaseError, open_costs
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, claimed_end_to_end, describe_cost, placement_claim_lifetime_s
@@ -170,6 +170,7 @@ def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd,
         try:
             mod = job.own_session_module(name)
         except CollageError as error:
+            reraise_interrupt(error)
             rows.append((EndToEnd(entry, Cost.invalid(str(error)), {name: operators}), None))
             continue
         if mod is None:
@@ -458,6 +459,7 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
         copy_library(won, library, move=True)
         return Contest(turns, fastest, builds[fastest])
     except (CollageError, WorkerFailure) as error:
+        reraise_interrupt(error)
         job.say(f"  could not time them in turns: {error}")
         return None
     finally:
@@ -504,7 +506,7 @@ def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda
         if claim is not None and claim.granted:  # it lapses with this process anyway
             with contextlib.suppress(CostDatabaseError):
                 db.release_end_to_end(key)
-        if isinstance(error, CollageError):
+        if isinstance(error, CollageError) and interrupt_within(error) is None:
             return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
         raise
     if db is not None:

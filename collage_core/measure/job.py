@@ -21,7 +21,7 @@ from collage_core.backends import contribute_patterns
 from collage_core.build.deploy import runtime_file
 from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
-from collage_core.errors import CollageError
+from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure import zygote
 from collage_core.measure.cost_db import Claim, CostDatabaseError
 from collage_core.measure.measurement import CLAIM_POLL_S, threads_key_part
@@ -537,6 +537,7 @@ class EndToEndEvaluator:
         try:
             return self.job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit, prebuilt=prebuilt)[1]
         except CollageError as error:
+            reraise_interrupt(error)
             log.debug("the prebuilt library of a placement failed (%s): built again", error)
             return self.job.run_built(parts, None, cutoff_s=cutoff, run_limit_s=limit)[1]
         finally:
@@ -602,6 +603,7 @@ class EndToEndEvaluator:
             cost = stopped(limit)
             job.say(f"  placement of {len(parts)} partitions: stopped, a run took longer than {limit:g} s, best {self.best_s * 1e3:.3f} ms")
         except CollageError as error:
+            reraise_interrupt(error)
             cost = Cost.invalid(str(error))
         return cost, time.perf_counter() - started
 

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import attrs
 
 from collage_core import tvm_compat
+from collage_core.errors import reraise_interrupt
 from collage_core.measure import threads
 from collage_core.measure.cost_db import CostDatabase, CostDatabaseError, CostKey
 from collage_core.measure.progress import ProgressBar
@@ -365,6 +366,7 @@ def _cut_out(graph, candidate, module_path: Path) -> Optional[Cost]:
     try:
         module_path.write_text(tvm_compat.save_ir_json(graph.standalone_module(candidate.nodes)))
     except Exception as error:
+        reraise_interrupt(error)
         return Cost.invalid(f"cannot cut out the candidate: {type(error).__name__}: {error}")
     return None
 

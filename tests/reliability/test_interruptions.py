@@ -242,3 +242,58 @@ def _parser_running(command):
     parser = argparse.ArgumentParser()
     parser.add_subparsers().add_parser("run").set_defaults(command=command)
     return parser
+
+
+def _signalled_inside_a_tvm_callback(signum=signal.SIGINT):
+    """Calls, through TVM's FFI, a Python function that receives ``signum`` and waits for its handler: the
+    interrupt the handler raises there comes out of TVM as a plain ``RuntimeError`` with an empty message."""
+    import os
+
+    import tvm_ffi
+
+    def callback():
+        os.kill(os.getpid(), signum)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the handler runs between two of these bytecodes
+            time.sleep(0.001)
+
+    tvm_ffi.convert(callback)()
+
+
+def test_an_interrupt_raised_while_tvm_calls_back_into_python_stops_the_run_not_one_candidate(tmp_path):
+    """A SIGINT that lands while TVM calls back into Python (cutting a candidate out of the model calls
+    TVM) reached the run as a ``RuntimeError('')``: it was recorded as that candidate's failure, "cannot
+    cut out the candidate", and the run went on as if Ctrl-C had not been pressed. While a run notes
+    its signals, it is the interrupt."""
+    from collage_core.errors import interrupt_within, signals_noted
+    from collage_core.measure import measurement
+
+    class Graph:
+        def standalone_module(self, nodes):
+            _signalled_inside_a_tvm_callback()
+
+    candidate = type("Candidate", (), {"nodes": (0,)})()
+    with pytest.raises(KeyboardInterrupt), signals_noted():
+        measurement._cut_out(Graph(), candidate, tmp_path / "candidate.json")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+    # Outside, TVM's error shows nothing of the interrupt: what the note is for.
+    with pytest.raises(RuntimeError) as surfaced:
+        _signalled_inside_a_tvm_callback()
+    assert interrupt_within(surfaced.value) is None
+
+
+def test_the_command_exits_as_interrupted_when_the_interrupt_came_out_of_tvm_as_another_error(monkeypatch, capsys):
+    from collage_core import cli
+    from collage_core.errors import CollageError
+
+    def command(args):
+        try:
+            _signalled_inside_a_tvm_callback()
+        except RuntimeError as error:  # a step that words its errors for users, as the model import does
+            raise CollageError(f"cannot import the model: {error}") from None
+
+    monkeypatch.setattr(cli, "_parser", lambda: _parser_running(command))
+    assert cli.main(["run"]) == 128 + signal.SIGINT
+    assert capsys.readouterr().err.strip() == "collage: interrupted; costs measured so far are kept in the cost database"
+    monkeypatch.setattr(cli, "_parser", lambda: _parser_running(lambda args: _signalled_inside_a_tvm_callback(signal.SIGTERM)))
+    assert cli.main(["run"]) == 128 + signal.SIGTERM
