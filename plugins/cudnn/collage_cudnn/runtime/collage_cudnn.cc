@@ -46,7 +46,7 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-constexpr int64_t kSpecVersion = 5;
+constexpr int64_t kSpecVersion = 6;
 constexpr int64_t kTunedPlans = 6;  // plans built and timed per graph at build time
 constexpr size_t kMessageChars = 240;
 enum Kind : int64_t { kConv2d = 1, kMatmul = 2, kAttention = 3 };
