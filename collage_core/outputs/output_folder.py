@@ -54,6 +54,11 @@ MODEL_FILE_RECORD = ".collage-model"
 DEFAULT_ROOT = Path("collage-out")
 
 
+# The folders this process holds (see _locked), by real path: a run saving its own result into its folder
+# holds it already, where a result saved by hand into a folder takes it as a run would.
+_HELD_HERE: set[str] = set()
+
+
 class OutputFolderInUse(CollageError):
     """Another run holds the output folder."""
 
@@ -266,6 +271,22 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
 
 
 @contextlib.contextmanager
+def saving_into(directory: os.PathLike, what: str = "save") -> Iterator[Path]:
+    """``directory`` (made if it does not exist) held while a result is saved into it, as a run holds its
+    folder (held by another run, :class:`OutputFolderInUse`); a folder this process holds already (a run
+    saving its own result) is not locked again. An empty name is refused: it would be the current folder."""
+    if str(directory) == "":
+        raise CollageError(f"{what}: the folder is an empty string; name one ('.' for the current folder)")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if os.path.realpath(directory) in _HELD_HERE:
+        yield directory
+        return
+    with _locked(directory):
+        yield directory
+
+
+@contextlib.contextmanager
 def temporary_files_in(folder: os.PathLike) -> Iterator[Path]:
     """Within the block, this process's temporary files and those of the processes it starts go to
     ``folder`` (made here): ``TMPDIR`` and ``tempfile.tempdir`` name it, and are restored after.
@@ -312,7 +333,12 @@ def _locked(directory: Path) -> Iterator[None]:
             raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; run again")
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
-        yield
+        real = os.path.realpath(directory)
+        _HELD_HERE.add(real)
+        try:
+            yield
+        finally:
+            _HELD_HERE.discard(real)
     finally:
         os.close(descriptor)  # releases the lock; the file stays, so that no two runs lock different files
 

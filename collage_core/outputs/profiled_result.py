@@ -91,9 +91,12 @@ class ProfiledModel:
     def save(self, directory: os.PathLike) -> Path:
         """Write the library (with its runtime file), ``placements.json``, ``report.txt`` and ``results.json``
         into ``directory`` (made if it does not exist), each whole; each shape's own run stays in ``shape-K/`` of the
-        run's output folder."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        run's output folder. The folder is held meanwhile, as a run holds it: one that a run is writing into is
+        refused in one line."""
+        with output_folder.saving_into(directory, "ProfiledModel.save") as folder:
+            return self._save(folder)
+
+    def _save(self, directory: Path) -> Path:
         library = output_folder.library_file(directory, self.name)
         if self.library_path.resolve() != library.resolve():
             copy_library(self.library_path, library)

@@ -103,9 +103,12 @@ class OptimizedModel:
         a two-level search, its picture (``two-level-search.svg``) into ``directory``; after a search
         whose placement lost the contest in turns, that placement as ``searched-placement.json`` (a
         search's directory holds one only then). Each file is written whole under a temporary name and renamed
-        into place, the library first; the search's best so far (``search-best-placement.json``) is then removed."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        into place, the library first; the search's best so far (``search-best-placement.json``) is then removed.
+        The folder is held meanwhile, as a run holds it: one that a run is writing into is refused in one line."""
+        with output_folder.saving_into(directory, "OptimizedModel.save") as folder:
+            return self._save(folder)
+
+    def _save(self, directory: Path) -> Path:
         # The library first (the slow copy; the one before stays in place until this one is renamed over it), then the
         # small files that describe it, within milliseconds: a run killed during the copy leaves the run before whole.
         library = output_folder.library_file(directory, self.model.name)

@@ -613,3 +613,28 @@ def test_an_export_named_after_its_own_model_or_placement_is_refused_and_leaves_
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [f"collage: error: {target}: is the {overwritten} to export; name another file for the tar; nothing was built"]
     assert target.read_bytes() == before
+
+
+def test_a_result_saved_by_hand_holds_the_folder_as_a_run_does(model, cost_db, tmp_path):
+    """``OptimizedModel.save`` into a folder another run is writing into is refused in one line and
+    writes nothing there; into a free folder it takes the lock and leaves none held; an empty name,
+    which would be the current folder, is refused."""
+    result = optimize_into(None, model, cost_db)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    code = "import sys, time\nfrom collage_core.outputs.output_folder import held\nwith held(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(300)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(busy)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CollageError, match=f"{busy} is in use by another Collage run \\(pid {holder.pid}\\)"):
+            result.save(busy)
+        assert not (busy / "placement.json").exists() and not list(busy.glob("*.so"))
+    finally:
+        holder.kill()
+        holder.wait()
+    saved = result.save(tmp_path / "free" / "out")
+    assert {"placement.json", "report.txt", "results.json", LOCK_FILE} <= names_in(saved)
+    with held(saved):  # released once saved
+        pass
+    with pytest.raises(CollageError, match="OptimizedModel.save: the folder is an empty string"):
+        result.save("")
