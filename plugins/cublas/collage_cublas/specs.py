@@ -7,7 +7,8 @@ lies in memory. Each operand is read in place through strides: a ``permute_dims`
 (attention's Kᵀ, the head split of Q, K and V) becomes a transpose flag, a leading dimension and
 batch strides. Batch dimensions that cannot be merged into one strided batch are looped over
 (at most one such outer loop). A constant operand (a weight) whose rows are not 16 bytes apart is read
-from a copy padded with zeros to that width, which cuBLASLt's fast kernels need; an output whose rows are not
+from its transpose where that one's rows are, or else from a copy padded with zeros to that width: cuBLASLt's
+fast kernels need them aligned; an output whose rows are not
 (GPT-2's logits) may be written to a padded buffer and copied into place, which the runtime's tuning decides. The epilogue (scale as alpha, bias, residual as C with beta 1,
 ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
 operands are float32, or bfloat16 or float16 accumulating into a float32 result; with 16-bit operands
@@ -79,12 +80,18 @@ def _column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> tup
 
 
 def aligned_constant(operand: StridedOperand) -> StridedOperand:
-    """``operand`` read from a copy whose rows are padded with zeros to a multiple of ALIGNMENT_BYTES, when it is a
-    two-dimensional constant whose rows are not; anything else as it is. The padding is never read."""
+    """``operand`` read from a copy whose rows are 16 bytes apart (ALIGNMENT_BYTES), when it is a two-dimensional
+    constant whose rows are not: its transpose where that one's rows are (a weight of K x N is then stored N x K,
+    K-major, the layout PyTorch's ``nn.Linear`` hands cuBLAS, and nothing is padded), or else a copy padded with
+    zeros to that width (the padding is never read); anything else as it is."""
     stored = tvm_compat.constant_array(operand.source)
     if stored is None or stored.ndim != 2 or stored.shape[1] <= 1 or stored.shape[1] * stored.itemsize % ALIGNMENT_BYTES == 0:
         return operand
     rows, cols = stored.shape
+    if rows > 1 and rows * stored.itemsize % ALIGNMENT_BYTES == 0:
+        # Element (i, j) moves from i*cols + j to j*rows + i: the row stride becomes 1, the column stride `rows`.
+        strides = tuple({cols: 1, 1: rows}[stride] for stride in operand.strides)
+        return StridedOperand(relax.const(np.ascontiguousarray(stored.T), str(stored.dtype)), operand.dims, strides)
     padded_cols = -(-cols * stored.itemsize // ALIGNMENT_BYTES) * ALIGNMENT_BYTES // stored.itemsize
     padded = np.zeros((rows, padded_cols), dtype=stored.dtype)
     padded[:, :cols] = stored

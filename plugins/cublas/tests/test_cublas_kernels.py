@@ -172,15 +172,16 @@ def test_a_product_cast_to_sixteen_bits_writes_sixteen_bits_like_pytorch(pm, bac
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_weight_of_odd_width_read_from_its_padded_copy_matches_pytorch(pm, backends, cuda, dtype):
-    """A language-model head's shape (a vocabulary of odd size): the weight's rows are padded to 16 bytes for cuBLASLt."""
+def test_a_weight_of_odd_width_read_from_an_aligned_copy_matches_pytorch(pm, backends, cuda, dtype):
+    """A language-model head's shape (a vocabulary of odd size): cuBLASLt reads the weight stored transposed, its
+    rows 16 bytes apart."""
     target, device = cuda
     rng = np.random.default_rng(5)
     weight = rounded_to(rng.uniform(-1, 1, size=(768, 1001)).astype(F), dtype)
     mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (64, 768), dtype=dtype)
     graph, candidate = whole_candidate(mod, patterns.patterns(), "cublas.dense")
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), aligned=True)
-    assert spec.words[7] * weight.itemsize % specs.ALIGNMENT_BYTES == 0  # the padded leading dimension
+    assert spec.words[4] == 1 and spec.words[7] * weight.itemsize % specs.ALIGNMENT_BYTES == 0  # transposed, aligned
     vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
     x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)
     got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))

@@ -238,13 +238,13 @@ def test_a_tf32_kernel_takes_only_float32_operands():
 @pytest.mark.parametrize(
     "dtype, shape, padded_cols",
     [
-        ("float32", (24, 13), 16),  # a weight of 13 columns: 52-byte rows padded to 64 bytes
-        ("bfloat16", (24, 13), 16),  # 26-byte rows padded to 32 bytes
+        ("float32", (25, 13), 16),  # 52-byte rows, and 100-byte ones transposed: padded to 64 bytes
+        ("bfloat16", (25, 13), 16),  # 26-byte rows, and 50-byte ones transposed: padded to 32 bytes
         ("bfloat16", (24, 40), 40),  # 80-byte rows: already aligned, read in place
     ],
 )
 def test_a_constant_operand_whose_rows_are_not_16_bytes_apart_is_read_from_a_padded_copy(dtype, shape, padded_cols):
-    """GPT-2's language-model head (a weight of 50257 columns) ran as cuBLASLt's sm75 kernel at alignment 1."""
+    """A weight whose rows are misaligned either way: cuBLASLt's fast kernels read it padded."""
     weight = rounded_to(RNG.uniform(-1, 1, size=shape).astype(F), dtype)
     mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (3, 5, shape[0]), dtype=dtype)
     graph, candidate = whole(mod, "dense")
@@ -254,6 +254,21 @@ def test_a_constant_operand_whose_rows_are_not_16_bytes_apart_is_read_from_a_pad
     np.testing.assert_array_equal(stored[:, : shape[1]], weight)
     assert not np.any(stored[:, shape[1] :].astype(np.float32))
     assert spec.words[4:8] == (0, shape[1], shape[0], padded_cols)  # op(a) is N x K, read through the padded rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_constant_operand_whose_rows_are_misaligned_and_columns_aligned_is_read_from_its_transpose(dtype):
+    """GPT-2's language-model head (a 768 x 50257 weight: the vocabulary is odd) ran as cuBLASLt's sm75 kernel at
+    alignment 1. Stored transposed (50257 x 768, K-major, as PyTorch's ``nn.Linear`` keeps it), every row is 1536
+    bytes: nothing is padded, and cuBLASLt reads it transposed."""
+    weight = rounded_to(RNG.uniform(-1, 1, size=(24, 13)).astype(F), dtype)
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (3, 5, 24), dtype=dtype)
+    graph, candidate = whole(mod, "dense")
+    spec = check_candidate(graph, candidate.nodes, aligned=True)  # computes what TVM computes
+    stored = tvm_compat.constant_array(spec.operands[0])
+    assert stored.shape == (13, 24) and str(stored.dtype) == dtype
+    np.testing.assert_array_equal(stored, weight.T)
+    assert spec.words[4:8] == (1, 24, 13, 24)  # op(a) transposed: stored K x N column-major, ld K
 
 
 WIDENED = ["dense_bias_f32_add", "dense_reshape_f32_add", "dense_bias_reshape_f32_add"]
