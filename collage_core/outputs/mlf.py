@@ -38,6 +38,7 @@ placement's device. Its errors name the tar, never the files it is unpacked to.
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import hashlib
 import json
@@ -380,11 +381,13 @@ def _unpack(path: Path, workdir: Path) -> dict:
             found = _headers(path, archive)
             stream.header_bytes_left = None  # what follows is member data, read a chunk at a time
             if "metadata.json" not in found:
+                _refuse_if_cut_short(path, stream, archive)
                 raise MLFError(f"{path}: no metadata.json (not a Model Library Format tar)")
             metadata = _checked_metadata(path, _json(path, "metadata.json", _read_whole(path, archive, found["metadata.json"])))
             listed, sizes = metadata["files"], metadata.get("sizes", {})
             for member in sorted(listed):
                 if member not in found:
+                    _refuse_if_cut_short(path, stream, archive)
                     raise MLFError(f"{path}: {member} is listed in metadata.json but missing from the tar")
                 if member in sizes and found[member].size != sizes[member]:
                     raise MLFError(f"{path}: {member} is {found[member].size} bytes in the tar, and metadata.json declares {sizes[member]}")
@@ -393,16 +396,38 @@ def _unpack(path: Path, workdir: Path) -> dict:
     except _TooLarge as error:
         raise MLFError(f"{path}: {error}; Collage refuses such a tar (collage_core.outputs.mlf bounds it)") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+        if isinstance(error, EOFError) or (isinstance(error, tarfile.ReadError) and str(error) == "unexpected end of data"):
+            raise MLFError(f"{path}: {CUT_SHORT}: it ends inside a member") from None
         raise MLFError(f"{path}: not a readable tar ({type(error).__name__}: {error})") from None
     return metadata
+
+
+CUT_SHORT = "the tar is cut short (not written or copied whole)"
+
+
+def _refuse_if_cut_short(path: Path, stream: _TarStream, archive: tarfile.TarFile) -> None:
+    """Raise :class:`MLFError` saying so when the tar's headers stopped at the end of its data rather than at its
+    end-of-archive block: a tar cut short (a copy or download that stopped) lacks members it has, and tarfile
+    stops reading at the cut without a word."""
+    stream.header_bytes_left = None
+    stream.seek(archive.offset)
+    block = stream.read(tarfile.BLOCKSIZE)
+    if len(block) < tarfile.BLOCKSIZE:
+        raise MLFError(f"{path}: {CUT_SHORT}: it ends {archive.offset + len(block)} bytes in, inside a member or its header")
 
 
 def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destination: Path, digest: str) -> None:
     """Copy one member to ``destination``, a chunk at a time, as a new file (never one a process has loaded)."""
     hashed = hashlib.sha256()
-    destination.parent.mkdir(parents=True, exist_ok=True)
     partial = destination.with_name(destination.name + ".partial")
-    with archive.extractfile(info) as source, open(partial, "wb") as written:
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        opened = open(partial, "wb")
+    except OSError as error:
+        if error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):  # a file where this member needs a folder
+            raise MLFError(f"{path}: {info.name} cannot be unpacked: another member of the tar is in its way ({error.strerror})") from None
+        raise MLFError(f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})") from None
+    with archive.extractfile(info) as source, opened as written:
         while chunk := source.read(READ_CHUNK):
             hashed.update(chunk)
             try:

@@ -270,3 +270,30 @@ def test_a_failed_load_leaves_no_folder_behind(tmp_path, monkeypatch):
     with pytest.raises(MLFError, match="linking the host code failed"):
         load_mlf(tar)
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_tar_cut_short_is_refused_as_cut_short_wherever_the_cut_falls(tmp_path):
+    """A copy that stopped midway: inside the metadata, inside a later member's header (tarfile then stops reading
+    without a word, and the members after it looked missing), inside a member's data, inside a gzip stream."""
+    whole = export_like(tmp_path / "whole.tar").read_bytes()
+    with tarfile.open(tmp_path / "whole.tar") as archive:
+        members = archive.getmembers()
+    cut_tars = {
+        "in the metadata": whole[: members[0].offset_data + 10],
+        "in a later header": whole[: members[2].offset + 100],
+        "in a member's data": whole[: members[3].offset_data + 4],
+    }
+    compressed = gzip.compress(whole)
+    cut_tars["in a gzip stream"] = compressed[: len(compressed) // 2]
+    for index, (where, data) in enumerate(cut_tars.items()):
+        tar = tmp_path / f"cut-{index}.tar"
+        tar.write_bytes(data)
+        assert refused_in_one_line(tar).startswith(mlf.CUT_SHORT), where
+
+
+def test_a_member_whose_folder_is_another_member_is_refused_naming_it_not_the_work_folder(tmp_path):
+    files = {**MEMBERS, "src/relax.txt/inner": b"x"}  # src/relax.txt is a file: nothing can go under it
+    tar = write_tar(tmp_path / "m.tar", {"metadata.json": metadata_for(files), **files})
+    message = refused_in_one_line(tar)
+    assert message.startswith("src/relax.txt/inner cannot be unpacked: another member of the tar is in its way")
+    assert str(tmp_path / "unpacked") not in message
