@@ -19,6 +19,7 @@ from tvm import relax
 
 import collage_core
 from collage_core.build.profiles import entry_function, merged_module
+from collage_core.errors import CollageError
 from collage_core.model.padding import PaddingRule, padding_rule
 from collage_core.model.shape_profiles import ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.options import OptimizeOptions
@@ -274,6 +275,21 @@ def test_one_library_answers_each_shape_and_a_padded_one_as_onnxruntime_does(opt
         np.testing.assert_allclose(out, reference([ids, mask])[0], rtol=1e-3, atol=1e-4)
     with pytest.raises(ShapeNotServed, match="this library holds the shapes batch=1 sequence=8; batch=2 sequence=8"):
         result.run(np.ones((3, 8), np.int64), np.ones((3, 8), np.int64))
+
+
+def test_each_shapes_latency_is_read_by_its_label_or_index(optimized):
+    result, _ = optimized
+    for index, label in enumerate(["batch=1 sequence=8", "batch=2 sequence=8"]):
+        assert result.latency(label) == result.latency(index) == result.shapes[index].latency()
+        assert result.latency(label).is_measured
+    with pytest.raises(
+        CollageError, match="no shape 'batch=3' in this result \\(its shapes: 'batch=1 sequence=8', 'batch=2 sequence=8', or 0 to 1\\)"
+    ):
+        result.latency("batch=3")
+    with pytest.raises(CollageError, match="no shape 2 in this result"):
+        result.latency(2)
+    with pytest.raises(CollageError, match="no row called 'nothing'"):
+        result.latency(0, "nothing")
 
 
 def test_the_folder_holds_one_library_every_shapes_placement_and_a_report_side_by_side(optimized):

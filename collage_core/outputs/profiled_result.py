@@ -15,9 +15,11 @@ import numpy as np
 
 from collage_core import tvm_compat
 from collage_core.build.deploy import copy_library, load_library, replacing_outputs
+from collage_core.errors import CollageError
 from collage_core.model.verify import Verification
 from collage_core.outputs import output_folder
 from collage_core.outputs.dispatch import ShapeDispatch, run_dispatched
+from collage_core.outputs.end_to_end import PLACEMENT
 from collage_core.outputs.index_ranges import check_index_ranges
 from collage_core.outputs.placement_file import SHAPES_FORMAT, SHAPES_VERSION
 from collage_core.outputs.report import format_table, is_noisy
@@ -74,6 +76,19 @@ class ProfiledModel:
         """The range of each integer input that indexes a table (token ids), the same at every shape; :meth:`run`
         checks it."""
         return self.shapes[0].index_ranges
+
+    def latency(self, shape: int | str, name: str = PLACEMENT):
+        """The cost of the report's row called ``name`` (the placement's by default) in the run of one ``shape``: its
+        index in :attr:`shapes` or its label (``"batch=8 sequence=128"``); :class:`CollageError` naming the shapes
+        there are when there is none such (and the rows, as :meth:`OptimizedModel.latency
+        <collage_core.outputs.result.OptimizedModel.latency>` names them, when there is no such row)."""
+        labels = [profile.label for profile in self.dispatch.profiles]
+        index = labels.index(shape) if shape in labels else shape
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.shapes):
+            raise CollageError(
+                f"latency: no shape {shape!r} in this result (its shapes: {', '.join(map(repr, labels))}, or 0 to {len(labels) - 1})"
+            )
+        return self.shapes[index].latency(name)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Run the library on ``inputs``: the profile of their shapes, or the smallest that covers them, padded
