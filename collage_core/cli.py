@@ -207,6 +207,11 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--layout", choices=ASKABLE, default=AUTO, help="inspect the model with its convolutions in this layout (auto: as optimize chooses)"
     )
+    inspect.add_argument(
+        "--shapes",
+        metavar="SIZES",
+        help="inspect a model with symbolic dimensions at this one shape, written as optimize's --shapes (batch=1 sequence=128)",
+    )
     inspect.set_defaults(command=_inspect)
 
     optimize = commands.add_parser("optimize", parents=[strict], help="measure, search, build and verify a placement for a model")
@@ -365,7 +370,9 @@ def _shapes_saved(result: ProfiledModel, output: Path) -> int:
 
 
 def _inspect(args) -> int:
-    inspection = inspect_model(args.model, target=args.target, backends=args.backends, precision=args.precision, layout=args.layout)
+    inspection = inspect_model(
+        args.model, target=args.target, backends=args.backends, precision=args.precision, layout=args.layout, shapes=args.shapes
+    )
     print(render_inspection(inspection, show_relax=not args.no_relax, show_candidates=args.candidates))
     return 0
 

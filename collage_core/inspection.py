@@ -19,6 +19,7 @@ from collage_core.model.layout import AUTO, MODEL, resolve, with_layout
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import FP32, at_precision
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.model.shape_profiles import ShapeProfileError, onnx_model_with_shapes, parse_shapes, static_onnx, symbolic_inputs
 from collage_core.outputs.report import format_table
 from collage_core.plugins import get_plugin_manager
 
@@ -54,14 +55,21 @@ class Inspection:
 
 
 def inspect_model(
-    model, target: Any = None, backends: Optional[Sequence[str]] = None, example_inputs=None, precision: str = FP32, layout: str = AUTO
+    model,
+    target: Any = None,
+    backends: Optional[Sequence[str]] = None,
+    example_inputs=None,
+    precision: str = FP32,
+    layout: str = AUTO,
+    shapes: Optional[str] = None,
 ) -> Inspection:
     """Import ``model`` (its convolutions in ``layout``, chosen as ``optimize`` chooses it by default; converted
     to ``precision``) and match the patterns of ``backends`` (default: every available one) against it; nothing
     is built or run, so a named backend is inspected even where it is not available, and a precision even on a
-    machine that would not run it fast."""
+    machine that would not run it fast. An ONNX model with symbolic dimensions is inspected at the one shape
+    ``shapes`` gives, written as ``optimize``'s ``shapes`` are (``"batch=1 sequence=128"``)."""
     target = tvm_compat.make_target(target)
-    loaded = load_model(model, example_inputs)
+    loaded = load_model(model if shapes is None else _at_one_shape(model, shapes), example_inputs)
     imported = at_precision(with_layout(loaded, resolve(layout, target, precision, loaded.mod)), precision)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
@@ -93,6 +101,18 @@ def inspect_model(
         unavailable,
         imported.layout,
     )
+
+
+def _at_one_shape(model, shapes: str):
+    """``model`` (an ONNX file or ModelProto with symbolic dimensions) at the one shape ``shapes`` lists, under its name."""
+    proto, _, name = onnx_model_with_shapes(model)
+    profiles = parse_shapes(shapes, symbolic_inputs(proto))
+    if len(profiles) != 1:
+        listed = "; ".join(profile.label for profile in profiles)
+        raise ShapeProfileError(f"--shapes: inspect looks at one shape, and {len(profiles)} are listed ({listed}); give one size each")
+    static = static_onnx(proto, profiles[0])
+    static.graph.name = name
+    return static
 
 
 def render_inspection(inspection: Inspection, show_relax: bool = True, show_candidates: bool = False) -> str:

@@ -28,7 +28,14 @@ from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
 from collage_core.model.model_import import load_model, onnx_reference
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.padding import padding_rule, probe_inputs
-from collage_core.model.shape_profiles import ShapeProfile, ShapeProfileError, parse_shapes, static_onnx, symbolic_inputs
+from collage_core.model.shape_profiles import (
+    ShapeProfile,
+    ShapeProfileError,
+    onnx_model_with_shapes,
+    parse_shapes,
+    static_onnx,
+    symbolic_inputs,
+)
 from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs import output_folder
@@ -44,7 +51,7 @@ WORKER_LIMIT_S = 3600.0
 def optimize_for_shapes(model: Any, options: OptimizeOptions, optimize_one: Callable, say: Callable[[str], None]) -> ProfiledModel:
     """``model`` (an ONNX file or ``onnx.ModelProto`` with symbolic dimensions) optimized for each shape
     ``options.shapes`` lists, by ``optimize_one`` (``collage_core.optimize``), into one library."""
-    proto, data, name = _onnx_model(model)
+    proto, data, name = onnx_model_with_shapes(model)
     inputs = symbolic_inputs(proto)
     placements = None
     if options.placement is not None:  # a replay: the shapes and their placements as the file has them
@@ -109,25 +116,6 @@ def recorded_shapes(placements_file) -> str:
     profiles = ShapeDispatch.from_json(shapes, str(placements_file)).profiles
     names = [name for name, _ in profiles[0].shapes]
     return " ".join(f"{name}=" + ",".join("x".join(map(str, p.shape_of(name))) for p in profiles) for name in names)
-
-
-def _onnx_model(model: Any):
-    """The model as a ModelProto, its bytes (read once) and its name."""
-    # Deferred: ONNX is optional: loaded only for an ONNX model.
-    import onnx
-
-    if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
-        try:
-            data = path.read_bytes()
-            return onnx.load_from_string(data), data, path.stem
-        except Exception as error:
-            raise ShapeProfileError(f"{path}: not a readable ONNX model ({type(error).__name__}: {error})") from None
-    if type(model).__module__.startswith("onnx"):
-        return model, model.SerializeToString(), model.graph.name or "onnx_model"
-    raise ShapeProfileError(
-        f"shape profiles take an ONNX model with symbolic dimensions (a file or onnx.ModelProto), not a {type(model).__name__}"
-    )
 
 
 def _replayed(path, inputs) -> tuple[list[ShapeProfile], list]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collage_core import cli, inspection
+from collage_core.candidates.fused_groups import shape_of
 from collage_core.plugins import get_plugin_manager
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -114,3 +115,19 @@ def test_inspect_shows_what_cudnn_takes_with_the_convolutions_in_nhwc():
     assert default.layout == "nhwc" and "convolutions in NHWC" in inspection.render_inspection(default, show_relax=False)
     at_fp32 = inspection.inspect_model(model, target=cuda, backends=["cudnn"])
     assert at_fp32.layout == "model" and "convolutions in" not in inspection.render_inspection(at_fp32, show_relax=False)
+
+
+def test_a_model_with_symbolic_dimensions_is_inspected_at_the_one_shape_given(capsys):
+    """Without a shape the import says to list one; with one the graph is imported at it (the embedding's gather
+    and the layers come out of batch 2, sequence 8); a list of several is refused in one line."""
+    model = str(MODELS / "tiny_bert_dynamic.onnx")
+    with pytest.raises(Exception, match="has a dynamic shape"):
+        inspection.inspect_model(model, backends=["tvm"])
+    result = inspection.inspect_model(model, backends=["tvm"], shapes="batch=2 sequence=8")
+    assert result.model_name == "tiny_bert_dynamic"
+    shapes = {tuple(int(d) for d in shape_of(param)) for param in result.graph.func.params}
+    assert shapes == {(2, 8)}
+    assert cli.main(["inspect", model, "--backends", "tvm", "--no-relax", "--shapes", "batch=1,2 sequence=8"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "collage: error: --shapes: inspect looks at one shape, and 2 are listed (batch=1 sequence=8; batch=2 sequence=8); give one size each"
+    )

@@ -17,6 +17,7 @@ import itertools
 import math
 import os
 import re
+from pathlib import Path
 from typing import Sequence
 
 import attrs
@@ -266,3 +267,22 @@ def static_onnx(proto, profile: ShapeProfile):
                 dim.dim_value = sizes[dim.dim_param]
     del copy.graph.value_info[:]
     return copy
+
+
+def onnx_model_with_shapes(model):
+    """``model`` (an ONNX file or ``onnx.ModelProto``, to be given shapes) as a ModelProto, its bytes (read once) and its name."""
+    # Deferred: ONNX is optional: loaded only for an ONNX model.
+    import onnx
+
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        try:
+            data = path.read_bytes()
+            return onnx.load_from_string(data), data, path.stem
+        except Exception as error:
+            raise ShapeProfileError(f"{path}: not a readable ONNX model ({type(error).__name__}: {error})") from None
+    if type(model).__module__.startswith("onnx"):
+        return model, model.SerializeToString(), model.graph.name or "onnx_model"
+    raise ShapeProfileError(
+        f"shape profiles take an ONNX model with symbolic dimensions (a file or onnx.ModelProto), not a {type(model).__name__}"
+    )
