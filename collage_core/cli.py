@@ -280,6 +280,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the tar to write, e.g. model.tar (one that does not load and run is left as model.tar.partial)",
     )
     _option(export, "target", "--target")
+    export.add_argument(
+        "--shapes",
+        metavar="SIZES",
+        help="with a placement of one shape of a model with symbolic dimensions (a --shapes run's shape-K/placement.json): that shape",
+    )
     export.set_defaults(command=_export)
 
     show = commands.add_parser("show", help="draw a placement, or explain why each partition was chosen")
@@ -397,7 +402,13 @@ def _export(args) -> int:
     say = Narrator(True)
     with tempfile.TemporaryDirectory(prefix="collage-export-") as replay:
         options = OptimizeOptions(
-            target=args.target, backends=backends, placement=args.placement, compare_backends=False, show_progress=True, output_dir=replay
+            target=args.target,
+            backends=backends,
+            placement=args.placement,
+            compare_backends=False,
+            show_progress=True,
+            output_dir=replay,
+            shapes=args.shapes,
         )
         result = optimizer.optimize(args.model, options=options)
         say(f"writing {args.output} (Model Library Format), then loading and running it once in a new process")

@@ -19,7 +19,7 @@ from collage_core.model.layout import AUTO, MODEL, resolve, with_layout
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import FP32, at_precision
 from collage_core.model.relax_graph import RelaxGraph
-from collage_core.model.shape_profiles import ShapeProfileError, onnx_model_with_shapes, parse_shapes, static_onnx, symbolic_inputs
+from collage_core.model.shape_profiles import at_one_shape
 from collage_core.outputs.report import format_table
 from collage_core.plugins import get_plugin_manager
 
@@ -69,7 +69,10 @@ def inspect_model(
     machine that would not run it fast. An ONNX model with symbolic dimensions is inspected at the one shape
     ``shapes`` gives, written as ``optimize``'s ``shapes`` are (``"batch=1 sequence=128"``)."""
     target = tvm_compat.make_target(target)
-    loaded = load_model(model if shapes is None else _at_one_shape(model, shapes), example_inputs)
+    if shapes is not None:
+        static, name = at_one_shape(model, shapes, "inspect")
+        model, example_inputs = load_model(static, name=name), None
+    loaded = load_model(model, example_inputs)
     imported = at_precision(with_layout(loaded, resolve(layout, target, precision, loaded.mod)), precision)
     pm = get_plugin_manager()
     infos = discover_backends(pm)
@@ -101,18 +104,6 @@ def inspect_model(
         unavailable,
         imported.layout,
     )
-
-
-def _at_one_shape(model, shapes: str):
-    """``model`` (an ONNX file or ModelProto with symbolic dimensions) at the one shape ``shapes`` lists, under its name."""
-    proto, _, name = onnx_model_with_shapes(model)
-    profiles = parse_shapes(shapes, symbolic_inputs(proto))
-    if len(profiles) != 1:
-        listed = "; ".join(profile.label for profile in profiles)
-        raise ShapeProfileError(f"--shapes: inspect looks at one shape, and {len(profiles)} are listed ({listed}); give one size each")
-    static = static_onnx(proto, profiles[0])
-    static.graph.name = name
-    return static
 
 
 def render_inspection(inspection: Inspection, show_relax: bool = True, show_candidates: bool = False) -> str:

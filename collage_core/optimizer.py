@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 import attrs
 
-from collage_core.api_checks import EXAMPLE_INPUTS, refuse_unless_met, refuse_unwritable_output
+from collage_core.api_checks import EXAMPLE_INPUTS, ArgumentError, refuse_unless_met, refuse_unwritable_output
 from collage_core.backends import backends_for, refuse_unknown_backends
 from collage_core.build import stage as build_stage
 from collage_core.errors import signals_noted
@@ -17,8 +17,9 @@ from collage_core.measure import remote as remote_servers
 from collage_core.measure.job import Job
 from collage_core.measure.progress import Narrator, PhaseClock
 from collage_core.model import torch_onnx
-from collage_core.model.model_import import is_torch_module
+from collage_core.model.model_import import is_torch_module, load_model
 from collage_core.model.relax_graph import RelaxGraph
+from collage_core.model.shape_profiles import at_one_shape
 from collage_core.model.stage import import_model
 from collage_core.model.torch_shapes import exported_for_shapes
 from collage_core.optimize_shapes import optimize_for_shapes, recorded_shapes
@@ -85,6 +86,12 @@ def optimize(
     refuse_unwritable_output(options.output_dir)
     refuse_unknown_backends(get_plugin_manager(), options.backends)  # before the model is read (seconds for a large one)
     say, clock = Narrator(options.show_progress), PhaseClock()
+    if options.shapes is not None and options.placement is not None:
+        if holds_several_shapes(options.placement):
+            raise ArgumentError("--shapes searches; a placements file of several shapes replays the shapes it names: leave --shapes out")
+        # A placement of one shape (a --shapes run's shape-K/placement.json): replayed on the model at that shape.
+        static, name = at_one_shape(model, options.shapes, "a replay of a placement of one shape")
+        model, options = load_model(static, name=name), attrs.evolve(options, shapes=None)
     if options.shapes is not None or holds_several_shapes(options.placement):
         if is_torch_module(model):
             model = exported_for_shapes(model, example_inputs, options.shapes or recorded_shapes(options.placement))

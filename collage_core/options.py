@@ -172,7 +172,8 @@ class OptimizeOptions:
         SHAPES.or_none(),
         "optimize an ONNX model with symbolic dimensions for each shape listed, by dimension (\"batch=1,8 sequence=128,512\": "
         "every combination) or by input (\"input_ids=1x128,8x512\"), into one library that runs a call on its shape's "
-        "placement, or on the smallest listed shape that covers it, padded where the model allows it",
+        "placement, or on the smallest listed shape that covers it, padded where the model allows it; with a placement of one "
+        "shape (a --shapes run's shape-K/placement.json), the one shape to replay it at",
     )
 
     def __attrs_post_init__(self):
@@ -201,8 +202,6 @@ class OptimizeOptions:
                         refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise ArgumentError("--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers")
-        if self.shapes is not None and self.placement is not None:
-            raise ArgumentError("--shapes searches; a placements file of several shapes replays the shapes it names: leave --shapes out")
         if self.accuracy_budget is not None:
             if self.placement is not None:
                 raise AccuracyBudgetError(

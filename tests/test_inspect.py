@@ -129,5 +129,5 @@ def test_a_model_with_symbolic_dimensions_is_inspected_at_the_one_shape_given(ca
     assert shapes == {(2, 8)}
     assert cli.main(["inspect", model, "--backends", "tvm", "--no-relax", "--shapes", "batch=1,2 sequence=8"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "collage: error: --shapes: inspect looks at one shape, and 2 are listed (batch=1 sequence=8; batch=2 sequence=8); give one size each"
+        "collage: error: --shapes: inspect takes one shape, and 2 are listed (batch=1 sequence=8; batch=2 sequence=8); give one size each"
     )

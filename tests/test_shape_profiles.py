@@ -292,6 +292,33 @@ def test_each_shapes_latency_is_read_by_its_label_or_index(optimized):
         result.latency(0, "nothing")
 
 
+def test_one_shapes_placement_replays_and_exports_at_that_shape_without_a_word_of_another_model(optimized, tmp_path, caplog, capsys):
+    """A --shapes run's shape-K/placement.json: the model has symbolic dimensions, so the replay needs the shape,
+    and --shapes gives it (it was refused beside --placement, while the import asked for it); the model at that
+    shape is the one the placement was made for (no fingerprint warning), and its outputs are ONNX Runtime's."""
+    _, folder = optimized
+    one = folder / "shape-2" / "placement.json"
+    result = collage_core.optimize(
+        str(DYNAMIC_BERT), placement=one, shapes="batch=2 sequence=8", output_dir=tmp_path / "replay", show_progress=False
+    )
+    assert result.verification.passed and result.model.name == "tiny_bert_dynamic"
+    assert not [record for record in caplog.records if "another version of this model" in record.getMessage()]
+    ids, mask = np.random.default_rng(3).integers(0, 1000, (2, 8)), np.ones((2, 8), np.int64)
+    (out,) = result.run(ids, mask)
+    np.testing.assert_allclose(out, session_reference(onnx.load(str(DYNAMIC_BERT)))([ids, mask])[0], rtol=1e-3, atol=1e-4)
+    with pytest.raises(ShapeProfileError, match="a replay of a placement of one shape takes one shape, and 2 are listed"):
+        collage_core.optimize(str(DYNAMIC_BERT), placement=one, shapes="batch=1,2 sequence=8", show_progress=False)
+    with pytest.raises(CollageError, match="a placements file of several shapes replays the shapes it names: leave --shapes out"):
+        collage_core.optimize(str(DYNAMIC_BERT), placement=folder / PLACEMENTS_FILE, shapes="batch=2 sequence=8", show_progress=False)
+    from collage_core.cli import main
+    from collage_core.outputs.mlf import load_mlf
+
+    tar = tmp_path / "shape2.tar"
+    assert main(["export", str(DYNAMIC_BERT), "--placement", str(one), "--shapes", "batch=2 sequence=8", "-o", str(tar)]) == 0
+    capsys.readouterr()
+    assert [spec["shape"] for spec in load_mlf(tar).input_specs] == [[2, 8], [2, 8]]
+
+
 def test_the_folder_holds_one_library_every_shapes_placement_and_a_report_side_by_side(optimized):
     result, folder = optimized
     assert (folder / "tiny_bert_dynamic.so").is_file() and (folder / "tiny_bert_dynamic.so.runtime.json").is_file()

@@ -286,3 +286,15 @@ def onnx_model_with_shapes(model):
     raise ShapeProfileError(
         f"shape profiles take an ONNX model with symbolic dimensions (a file or onnx.ModelProto), not a {type(model).__name__}"
     )
+
+
+def at_one_shape(model, shapes: str, what: str):
+    """``model`` (an ONNX file or ModelProto with symbolic dimensions) at the one shape ``shapes`` lists (written
+    as ``--shapes`` is), and its name: the ModelProto a ``--shapes`` run optimizes at that shape, byte for byte (its
+    placement's fingerprint is this one's). Several shapes are refused in one line, saying ``what`` takes one."""
+    proto, _, name = onnx_model_with_shapes(model)
+    profiles = parse_shapes(shapes, symbolic_inputs(proto))
+    if len(profiles) != 1:
+        listed = "; ".join(profile.label for profile in profiles)
+        raise ShapeProfileError(f"--shapes: {what} takes one shape, and {len(profiles)} are listed ({listed}); give one size each")
+    return static_onnx(proto, profiles[0]), name
