@@ -53,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    signal.signal(signal.SIGTERM, _terminated)
+    terminated_before = signal.signal(signal.SIGTERM, _terminated)
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>` prints where every thread is, to stderr
         with contextlib.suppress(AttributeError, OSError, ValueError):  # a stderr without a descriptor
             faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
@@ -96,6 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _interrupted(error)
     finally:
         logging.getLogger("collage").removeHandler(warnings)
+        signal.signal(signal.SIGTERM, terminated_before)
 
 
 def _interrupted(error: BaseException) -> int:

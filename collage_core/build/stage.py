@@ -18,7 +18,7 @@ import numpy as np
 
 from collage_core import tvm_compat
 from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
-from collage_core.errors import CollageError, interrupt_within, reraise_interrupt
+from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure.cost_db import CostDatabaseError, open_costs
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, claimed_end_to_end, describe_cost, placement_claim_lifetime_s
@@ -506,7 +506,8 @@ def baseline_cost(job: Job, name: str, parts, limit_s: Optional[float], db, cuda
         if claim is not None and claim.granted:  # it lapses with this process anyway
             with contextlib.suppress(CostDatabaseError):
                 db.release_end_to_end(key)
-        if isinstance(error, CollageError) and interrupt_within(error) is None:
+        reraise_interrupt(error)
+        if isinstance(error, CollageError):
             return Cost.invalid(str(error))  # not kept: a crash may be the machine's, not the build's
         raise
     if db is not None:

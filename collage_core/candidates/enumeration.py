@@ -11,6 +11,7 @@ from tvm.relax import dpl
 
 from collage_core import tvm_compat
 from collage_core.backends import BackendInfo, contribute_patterns
+from collage_core.errors import reraise_interrupt
 from collage_core.model.relax_graph import RegionError, RelaxGraph
 from collage_core.records import Candidate, Pattern, PatternMatch, PatternRefused
 
@@ -100,7 +101,8 @@ def _check(pattern: Pattern, match: PatternMatch, nodes) -> Optional[Refusal]:
         return Refusal(pattern.name, nodes, "refused by its check (no reason given)")
     except PatternRefused as refused:
         return Refusal(pattern.name, nodes, str(refused))
-    except Exception as error:  # a check that breaks refuses the match; it must not end the run
+    except Exception as error:  # a check that breaks refuses the match; it must not end the run (an interrupt does)
+        reraise_interrupt(error)
         return Refusal(pattern.name, nodes, f"the check raised {type(error).__name__}: {error}", broken=True)
 
 

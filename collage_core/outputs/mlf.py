@@ -375,9 +375,11 @@ def _unpack(path: Path, workdir: Path) -> dict:
         raise MLFError(f"{path}: no such file") from None
     except OSError as error:
         raise MLFError(f"{path}: not a readable tar ({error.strerror})") from None
+    stream, opened = None, False
     try:
         stream = _TarStream(_uncompressed(raw))
-        with raw, tarfile.open(fileobj=stream, mode="r:") as archive:
+        with tarfile.open(fileobj=stream, mode="r:") as archive:
+            opened = True
             found = _headers(path, archive)
             stream.header_bytes_left = None  # what follows is member data, read a chunk at a time
             if "metadata.json" not in found:
@@ -396,13 +398,29 @@ def _unpack(path: Path, workdir: Path) -> dict:
     except _TooLarge as error:
         raise MLFError(f"{path}: {error}; Collage refuses such a tar (collage_core.outputs.mlf bounds it)") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
-        if isinstance(error, EOFError) or (isinstance(error, tarfile.ReadError) and str(error) == "unexpected end of data"):
-            raise MLFError(f"{path}: {CUT_SHORT}: it ends inside a member") from None
+        if isinstance(error, EOFError) or (opened and str(error) in TARFILE_SAYS_IT_ENDED and _at_its_end(stream)):
+            raise MLFError(f"{path}: {CUT_SHORT}: it ends inside a member or its header") from None
         raise MLFError(f"{path}: not a readable tar ({type(error).__name__}: {error})") from None
+    finally:
+        raw.close()
     return metadata
 
 
 CUT_SHORT = "the tar is cut short (not written or copied whole)"
+
+
+# tarfile's words for data that ended where a header or a member's bytes were due (a PAX header's extension
+# read whole, then the header it extends: a cut between the two is "empty header").
+TARFILE_SAYS_IT_ENDED = ("unexpected end of data", "empty header", "truncated header")
+
+
+def _at_its_end(stream: _TarStream) -> bool:
+    """Whether nothing is left to read in the tar's (uncompressed) bytes."""
+    stream.header_bytes_left = None
+    try:
+        return stream.read(1) == b""
+    except (OSError, EOFError, zlib.error, lzma.LZMAError):
+        return True
 
 
 def _refuse_if_cut_short(path: Path, stream: _TarStream, archive: tarfile.TarFile) -> None:
@@ -424,9 +442,7 @@ def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destina
         destination.parent.mkdir(parents=True, exist_ok=True)
         opened = open(partial, "wb")
     except OSError as error:
-        if error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):  # a file where this member needs a folder
-            raise MLFError(f"{path}: {info.name} cannot be unpacked: another member of the tar is in its way ({error.strerror})") from None
-        raise MLFError(f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})") from None
+        _refuse_unpacking(path, info, destination, error)
     with archive.extractfile(info) as source, opened as written:
         while chunk := source.read(READ_CHUNK):
             hashed.update(chunk)
@@ -437,7 +453,19 @@ def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destina
     if hashed.hexdigest() != digest:
         partial.unlink()
         raise MLFError(f"{path}: {info.name} does not match its SHA-256 in metadata.json")
-    os.replace(partial, destination)
+    try:
+        os.replace(partial, destination)
+    except OSError as error:  # a folder another member made where this one goes
+        partial.unlink(missing_ok=True)
+        _refuse_unpacking(path, info, destination, error)
+
+
+def _refuse_unpacking(path: Path, info: tarfile.TarInfo, destination: Path, error: OSError) -> None:
+    """Raise :class:`MLFError` for a member that could not be written: in one line naming the member, and the
+    folder only where the file system is at fault (full, read-only), not another member's name."""
+    if error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):  # a file where this member needs a folder, or the reverse
+        raise MLFError(f"{path}: {info.name} cannot be unpacked: another member of the tar is in its way ({error.strerror})") from None
+    raise MLFError(f"{path}: unpacking {info.name} into {destination.parent} failed ({error.strerror})") from None
 
 
 def load_mlf(path: os.PathLike, workdir: Optional[os.PathLike] = None, pm=None, strict: bool = False) -> LoadedMLF:

@@ -54,9 +54,15 @@ MODEL_FILE_RECORD = ".collage-model"
 DEFAULT_ROOT = Path("collage-out")
 
 
-# The folders this process holds (see _locked), by real path: a run saving its own result into its folder
-# holds it already, where a result saved by hand into a folder takes it as a run would.
-_HELD_HERE: set[str] = set()
+# The folders this process holds (see _locked), by device and inode (one folder however it is reached: a link, a
+# bind mount): a run saving its own result into its folder holds it already, where a result saved by hand into a
+# folder takes it as a run would.
+_HELD_HERE: set[tuple[int, int]] = set()
+
+
+def _identity(directory: Path) -> tuple[int, int]:
+    found = os.stat(directory)
+    return found.st_dev, found.st_ino
 
 
 class OutputFolderInUse(CollageError):
@@ -279,7 +285,7 @@ def saving_into(directory: os.PathLike, what: str = "save") -> Iterator[Path]:
         raise CollageError(f"{what}: the folder is an empty string; name one ('.' for the current folder)")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    if os.path.realpath(directory) in _HELD_HERE:
+    if _identity(directory) in _HELD_HERE:
         yield directory
         return
     with _locked(directory):
@@ -333,12 +339,12 @@ def _locked(directory: Path) -> Iterator[None]:
             raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; run again")
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
-        real = os.path.realpath(directory)
-        _HELD_HERE.add(real)
+        identity = _identity(directory)
+        _HELD_HERE.add(identity)
         try:
             yield
         finally:
-            _HELD_HERE.discard(real)
+            _HELD_HERE.discard(identity)
     finally:
         os.close(descriptor)  # releases the lock; the file stays, so that no two runs lock different files
 

@@ -4,6 +4,7 @@ library that holds them all, and the checks of that library shape by shape."""
 from __future__ import annotations
 
 import json
+import operator
 import os
 import shutil
 import weakref
@@ -83,8 +84,8 @@ class ProfiledModel:
         there are when there is none such (and the rows, as :meth:`OptimizedModel.latency
         <collage_core.outputs.result.OptimizedModel.latency>` names them, when there is no such row)."""
         labels = [profile.label for profile in self.dispatch.profiles]
-        index = labels.index(shape) if shape in labels else shape
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.shapes):
+        index = labels.index(shape) if isinstance(shape, str) and shape in labels else _as_index(shape)
+        if index is None or not 0 <= index < len(self.shapes):
             raise CollageError(
                 f"latency: no shape {shape!r} in this result (its shapes: {', '.join(map(repr, labels))}, or 0 to {len(labels) - 1})"
             )
@@ -184,6 +185,16 @@ def render_profiles_report(profiled: ProfiledModel) -> str:
     for profile, shape in zip(profiled.dispatch.profiles, profiled.shapes):
         lines.append(f"{profile.label}: {shape.placement.why_chosen}")
     return "\n".join(lines)
+
+
+def _as_index(value) -> Optional[int]:
+    """``value`` as an index (an int, or numpy's), or None (a bool, a string, anything else)."""
+    if isinstance(value, (bool, str)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path, model_file: Optional[os.PathLike] = None) -> ProfiledModel:

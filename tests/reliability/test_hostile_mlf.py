@@ -291,9 +291,31 @@ def test_a_tar_cut_short_is_refused_as_cut_short_wherever_the_cut_falls(tmp_path
         assert refused_in_one_line(tar).startswith(mlf.CUT_SHORT), where
 
 
-def test_a_member_whose_folder_is_another_member_is_refused_naming_it_not_the_work_folder(tmp_path):
-    files = {**MEMBERS, "src/relax.txt/inner": b"x"}  # src/relax.txt is a file: nothing can go under it
-    tar = write_tar(tmp_path / "m.tar", {"metadata.json": metadata_for(files), **files})
+@pytest.mark.parametrize("file_first", [True, False], ids=["file-then-member-under-it", "member-under-it-then-file"])
+def test_a_member_whose_folder_is_another_member_is_refused_naming_it_not_the_work_folder(tmp_path, file_first):
+    """src/relax.txt is a file, and src/relax.txt/inner needs it to be a folder: whichever the tar holds first,
+    the other cannot be written."""
+    files = {**MEMBERS, "src/relax.txt/inner": b"x"}
+    ordered = dict(sorted(files.items(), key=lambda item: item[0] != ("src/relax.txt" if file_first else "src/relax.txt/inner")))
+    tar = write_tar(tmp_path / "m.tar", {"metadata.json": metadata_for(files), **ordered})
     message = refused_in_one_line(tar)
-    assert message.startswith("src/relax.txt/inner cannot be unpacked: another member of the tar is in its way")
+    blocked = "src/relax.txt/inner" if file_first else "src/relax.txt"
+    assert message.startswith(f"{blocked} cannot be unpacked: another member of the tar is in its way")
     assert str(tmp_path / "unpacked") not in message
+
+
+def test_a_tar_cut_inside_a_pax_header_is_refused_as_cut_short(tmp_path):
+    """The export writes PAX headers, and a member's long or non-ASCII name (the parameters carry the model's) takes
+    an extension before its header: cut between the two, tarfile says "empty header"."""
+    files = {**MEMBERS, "parameters/" + "m" * 120 + ".params": b"p" * 100}
+    whole = tmp_path / "whole.tar"
+    with tarfile.open(whole, "w", format=tarfile.PAX_FORMAT) as archive:
+        for name, data in [("metadata.json", metadata_for(files)), *sorted(files.items())]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    with tarfile.open(whole) as archive:
+        long_named = next(info for info in archive.getmembers() if info.name.startswith("parameters/"))
+    tar = tmp_path / "cut.tar"
+    tar.write_bytes(whole.read_bytes()[: long_named.offset_data - 512 + 100])  # past the extension, inside the header
+    assert refused_in_one_line(tar).startswith(mlf.CUT_SHORT)

@@ -297,3 +297,22 @@ def test_the_command_exits_as_interrupted_when_the_interrupt_came_out_of_tvm_as_
     assert capsys.readouterr().err.strip() == "collage: interrupted; costs measured so far are kept in the cost database"
     monkeypatch.setattr(cli, "_parser", lambda: _parser_running(lambda args: _signalled_inside_a_tvm_callback(signal.SIGTERM)))
     assert cli.main(["run"]) == 128 + signal.SIGTERM
+
+
+def test_a_note_counts_only_inside_the_outermost_block_and_leaving_it_restores_the_handler():
+    """Nested blocks (the command calls optimize, which calls itself for each shape) keep the outer note; leaving
+    the outermost clears it and puts Python's handler back; a signal noted after that (SIGTERM once the command
+    has returned, in a process that goes on) turns no later error into an interrupt."""
+    from collage_core.errors import interrupt_within, note_interrupt, signals_noted
+
+    with signals_noted():
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        with signals_noted():
+            noted = note_interrupt(KeyboardInterrupt())
+        assert interrupt_within(RuntimeError("")) is noted  # the inner block's end kept it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert interrupt_within(RuntimeError("")) is None
+    note_interrupt(KeyboardInterrupt())  # outside any block: counts for nothing, and the next block starts clean
+    assert interrupt_within(RuntimeError("")) is None
+    with signals_noted():
+        assert interrupt_within(RuntimeError("")) is None
