@@ -10,11 +10,8 @@ class CollageError(Exception):
     """An error with a one-line message meant for the user."""
 
 
-# The interrupt a signal raised while :func:`signals_noted` was in force, once one has; and how many
-# signals_noted blocks the main thread is in (the note counts only inside one).
+# The interrupt a signal raised while :func:`signals_noted` was in force, once one has.
 _noted: list[KeyboardInterrupt] = []
-_depth = 0
-_HELD_WHILE_ENTERING = (signal.SIGINT, signal.SIGTERM)
 
 
 def note_interrupt(interrupt: KeyboardInterrupt) -> KeyboardInterrupt:
@@ -28,50 +25,34 @@ def _interrupted_by_sigint(signum, frame):
     raise note_interrupt(KeyboardInterrupt())
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (delivered once the block ends) where the platform can hold them: entering and
-    leaving :func:`signals_noted` is then never cut in two by one."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_WHILE_ENTERING)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+def _noting() -> bool:
+    """Whether a :func:`signals_noted` block is in force: its handler is SIGINT's. Read from the handler, whose
+    setting is one call, so that no signal landing between two steps of entering or leaving a block leaves
+    the process believing it is in one."""
+    return signal.getsignal(signal.SIGINT) is _interrupted_by_sigint
 
 
 @contextlib.contextmanager
 def signals_noted() -> Iterator[None]:
     """While inside (also as a decorator), a SIGINT that Python's own handler would answer raises a
     ``KeyboardInterrupt`` that is also noted (see :func:`note_interrupt`); on leaving the outermost such block,
-    the handler before is back and nothing is noted. Only the main thread, where Python runs signal handlers,
-    takes part; blocks in other threads change nothing.
+    Python's handler is back and the note counts for nothing. Only the main thread, where Python runs signal
+    handlers, takes part, and only where the program left SIGINT to Python's handler.
 
     The note is needed because an interrupt raised while TVM calls back into Python comes out of TVM as a
     plain ``RuntimeError`` with an empty message, neither caused by nor raised over the interrupt: without
     it, a run caught that error as one candidate's failure and went on as if Ctrl-C had not been pressed."""
-    global _depth
-    if threading.current_thread() is not threading.main_thread():
+    in_main = threading.current_thread() is threading.main_thread()
+    if not in_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # nested, or not Python's
         yield
         return
-    with _signals_held():
-        outermost, _depth = _depth == 0, _depth + 1
-        replaced = None
-        if outermost:
-            _noted.clear()
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                replaced = signal.signal(signal.SIGINT, _interrupted_by_sigint)
+    _noted.clear()
     try:
+        signal.signal(signal.SIGINT, _interrupted_by_sigint)
         yield
     finally:
-        with _signals_held():
-            _depth -= 1
-            if outermost:
-                if replaced is not None:
-                    signal.signal(signal.SIGINT, replaced)
-                _noted.clear()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # first: a signal after it finds no block in force
+        _noted.clear()
 
 
 def interrupt_within(error: BaseException) -> Optional[KeyboardInterrupt]:
@@ -85,7 +66,7 @@ def interrupt_within(error: BaseException) -> Optional[KeyboardInterrupt]:
         if isinstance(error, KeyboardInterrupt):
             return error
         error = error.__cause__ or error.__context__
-    return _noted[0] if _noted and _depth else None
+    return _noted[0] if _noted and _noting() else None
 
 
 def reraise_interrupt(error: BaseException) -> None:
