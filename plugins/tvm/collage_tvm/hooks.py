@@ -29,9 +29,14 @@ ELEMENTWISE_UNARY_OPS = (
     "relax.rsqrt",
     "relax.exp",
     "relax.erf",
+    "relax.astype",  # a 16-bit model's casts: after a layer norm or a softmax (GPT-2 at bf16: 24 casts, 68 us on an H100)
 )
 ELEMENTWISE_BINARY_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 MAX_FUSED_ELEMENTWISE = 6
+# Reductions FuseOps ends in an elementwise epilogue (the cast or the scale after a norm), with their operand counts,
+# and how long a chain after them (elementwise operators or reshapes) is offered.
+NORM_OPS = (("relax.nn.layer_norm", 3), ("relax.nn.rms_norm", 2), ("relax.nn.softmax", 1))
+MAX_AFTER_NORM = 2
 
 
 def _elementwise_after(producer):
@@ -65,6 +70,12 @@ def _fused_patterns() -> list[Pattern]:
         for length in range(1, MAX_FUSED_ELEMENTWISE + 1):
             chain = _elementwise_after(chain)
             patterns.append(Pattern(f"{BACKEND}.{short}_elementwise{length}", chain))
+    for norm_name, arity in NORM_OPS:
+        chain = is_op(norm_name)(*[wildcard() for _ in range(arity)])
+        short = norm_name.rsplit(".", 1)[1]
+        for length in range(1, MAX_AFTER_NORM + 1):  # a reshape may come between (GPT-2: norm, reshape, cast)
+            chain = _elementwise_after(chain) | is_op("relax.reshape")(chain, wildcard())
+            patterns.append(Pattern(f"{BACKEND}.{short}_elementwise{length}", chain))
     return patterns
 
 
@@ -81,8 +92,8 @@ def _describe() -> Backend:
 
 
 def patterns(target, precision) -> list[Pattern]:
-    """TVM's patterns (one operator; an anchor or elementwise operator and the elementwise chain after it), which the
-    tvm-tuned backend shares."""
+    """TVM's patterns (one operator; an anchor, a norm or an elementwise operator and the elementwise chain after it),
+    which the tvm-tuned backend shares."""
     single_operator = Pattern(f"{BACKEND}.op", wildcard())
     return [single_operator, *_fused_patterns()]
 
