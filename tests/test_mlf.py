@@ -519,3 +519,12 @@ def test_a_cuda_placement_exports_and_loads_in_a_new_process(tmp_path):
     with tarfile.open(tar) as archive:
         lowered = json.loads(archive.extractfile("metadata.json").read())["lowered"]
     assert {"collage_cudnn.run"} == {name for entry in lowered if entry["backend"] == "cudnn" for name in entry["packed_functions"]}
+
+
+def test_an_export_named_after_a_folder_is_refused_before_anything_is_built(tiny_bert_on_tvm, tmp_path, monkeypatch):
+    from collage_core.outputs import mlf_export
+
+    monkeypatch.setattr(mlf_export, "build", lambda *args, **kwargs: pytest.fail("built before the name was checked"))
+    with pytest.raises(MLFError, match=f"^{tmp_path}: is a folder; name the tar to write \\(model.tar\\); nothing was built$"):
+        export_mlf(tiny_bert_on_tvm, tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -33,6 +33,16 @@ def test_the_first_input_that_is_not_what_the_model_takes_is_named_and_nothing_i
         assert isinstance(refused.value, CollageError)
 
 
+def test_a_tensor_that_requires_grad_is_read_for_its_values():
+    """A PyTorch tensor taking part in autograd: numpy refuses to read it ("Can't call numpy() on Tensor that requires
+    grad"); inference reads its values only, and the caller's tensor keeps its graph."""
+    torch = pytest.importorskip("torch")
+    weights = torch.ones(1, 4, requires_grad=True)
+    (array,) = checked_inputs([Expected("x", "float32", (1, 4))], [weights * 2])
+    np.testing.assert_array_equal(array, np.full((1, 4), 2, np.float32))
+    assert weights.requires_grad
+
+
 def test_the_library_and_its_tar_refuse_inputs_of_another_number_type_or_shape_and_run_the_right_ones(tiny_bert_on_tvm):
     result, folder = tiny_bert_on_tvm
     loaded = load_mlf(export_mlf(result, folder / "bert.tar"), folder / "unpacked")

@@ -3,6 +3,8 @@ answered by one library (the module is the reference: float32 within rtol 1e-4, 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -83,10 +85,14 @@ class FixedRows(torch.nn.Module):
         return x.reshape(4, 6)  # only a batch of 4 fits
 
 
-def test_an_input_forward_ignores_a_module_in_training_mode_and_a_shape_it_cannot_take_are_each_said_in_one_line():
+def test_an_input_forward_ignores_a_module_in_training_mode_and_a_shape_it_cannot_take_are_each_said_in_one_line(caplog):
     with pytest.raises(ShapeProfileError, match="forward does not use its input\\(s\\) ignored, which the export drops"):
         exported_for_shapes(Unused(), (torch.randn(2, 3), torch.randn(2, 3)), "x=1x3,4x3 ignored=1x3,4x3")
-    assert exported_for_shapes(Dropped().train(), (torch.randn(2, 3),), "x=1x3,4x3") is not None  # checked as exported: eval
+    trained = Dropped().train()
+    with caplog.at_level(logging.WARNING, logger="collage"):
+        assert exported_for_shapes(trained, (torch.randn(2, 3),), "x=1x3,4x3") is not None  # checked as exported: eval
+    assert trained.training and all(child.training for child in trained.modules())  # given back as it came, and said so
+    assert any(r.getMessage().startswith("model Dropped: the module is in training mode") for r in caplog.records)
     with pytest.raises(ShapeProfileError) as refused:
         exported_for_shapes(FixedRows(), (torch.randn(4, 6),), "x=4x6,2x6")
     assert str(refused.value).startswith("PyTorch module FixedRows") and "x=2x6" in str(refused.value)

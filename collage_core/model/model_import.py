@@ -296,21 +296,22 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
     # Deferred: PyTorch is optional and slow to import: loaded only for a PyTorch model.
     import torch
 
-    # Collage optimizes inference: the module is exported and checked in eval mode, and given back in the mode it came in.
-    if module.training:
+    with in_eval_mode(module, name):
+        return _from_torch_in_eval(module, example_inputs, name, torch)
+
+
+@contextlib.contextmanager
+def in_eval_mode(module, name: Optional[str] = None) -> Iterator[None]:
+    """``module`` in eval mode (dropout off, batch norm on its running statistics) for the block, then in its own
+    mode: Collage optimizes inference, so a module in training mode is exported and checked as ``module.eval()``
+    computes, and given back in training mode; with ``name``, a module in training mode is warned about."""
+    was_training = module.training
+    if was_training and name is not None:
         log.warning(
             "model %s: the module is in training mode; Collage optimizes it as in eval mode (dropout off, batch norm on "
             "its running statistics), so the result computes what module.eval() does; call module.eval() first to say so",
             name,
         )
-    with _in_eval_mode(module):
-        return _from_torch_in_eval(module, example_inputs, name, torch)
-
-
-@contextlib.contextmanager
-def _in_eval_mode(module) -> Iterator[None]:
-    """``module`` in eval mode (dropout off, batch norm on its running statistics) for the block, then in its own mode."""
-    was_training = module.training
     module.eval()
     try:
         yield
@@ -339,7 +340,7 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
         raise ModelImportError(f"PyTorch module {name}: export or import failed: {one_line(error)}; {verdict}") from None
 
     def reference(arrays):
-        with _in_eval_mode(module), torch.no_grad():
+        with in_eval_mode(module), torch.no_grad():
             returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
         return [tensor.detach().numpy() for _, tensor in flatten(returned)]
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from collage_core.errors import one_line
+from collage_core.model.model_import import in_eval_mode
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
 from collage_core.model.torch_onnx import export_flattened
 from collage_core.model.torch_outputs import Flattened, forward_input_names
@@ -53,16 +54,17 @@ def exported_for_shapes(module: Any, example_inputs: Sequence[Any], text: str):
             axes[n][axis] = dims.setdefault(sizes, f"{n}.{axis}")
     if not dims:
         raise ShapeProfileError(f"PyTorch module {name}: every shape listed is the example's: optimize it without shapes")
-    flat = Flattened(module).eval()  # its tensors in the order a single shape's import takes them
-    try:
-        data = export_flattened(flat, example_inputs, names, {n: a for n, a in axes.items() if a})
-        proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(data))
-    except Exception as error:  # noqa: BLE001 - one line naming the module
-        raise ShapeProfileError(
-            f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {one_line(error)}"
-        ) from None
-    proto.graph.name = name
-    _check_export(flat, proto, names, profiles, example_inputs, name)
+    with in_eval_mode(module, name):
+        flat = Flattened(module).eval()  # its tensors in the order a single shape's import takes them
+        try:
+            data = export_flattened(flat, example_inputs, names, {n: a for n, a in axes.items() if a})
+            proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(data))
+        except Exception as error:  # noqa: BLE001 - one line naming the module
+            raise ShapeProfileError(
+                f"PyTorch module {name}: the ONNX export with dynamic {', '.join(dims.values())} failed: {one_line(error)}"
+            ) from None
+        proto.graph.name = name
+        _check_export(flat, proto, names, profiles, example_inputs, name)
     return proto
 
 

@@ -264,6 +264,8 @@ def export_mlf(
     """
     path = Path(path)
     refuse_special_file(path)  # before anything is built, and before an earlier export there would be removed
+    if path.is_dir():
+        raise MLFError(f"{path}: is a folder; name the tar to write (model.tar); nothing was built")
     pm = pm or get_plugin_manager()
     placed = _placed(optimized)
     placement = placed.placements[0]

@@ -38,7 +38,7 @@ def checked_inputs(expected: Sequence[Expected], inputs: Sequence) -> list[np.nd
     if len(inputs) != len(expected):
         given = f"{len(inputs)} input{'s' if len(inputs) != 1 else ''}"
         raise InputMismatch(f"{given} given; the model takes {len(expected)}: {names}; nothing was run")
-    arrays = [np.asarray(array) for array in inputs]
+    arrays = [np.asarray(_detached(array)) for array in inputs]
     for spec, array in zip(expected, arrays):
         if str(array.dtype) != spec.dtype:
             raise InputMismatch(
@@ -52,3 +52,10 @@ def checked_inputs(expected: Sequence[Expected], inputs: Sequence) -> list[np.nd
 
 def _shown(spec: Expected) -> str:
     return spec.dtype if spec.shape is None else f"{spec.dtype} {'x'.join(map(str, spec.shape)) or 'scalar'}"
+
+
+def _detached(value):
+    """A PyTorch tensor that takes part in autograd (``requires_grad``) without its graph, as numpy reads it; anything
+    else as it is. Inference reads the values only."""
+    detach = getattr(value, "detach", None)
+    return detach() if callable(detach) and getattr(value, "requires_grad", False) else value
