@@ -82,6 +82,16 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+# How a message ends that says what went wrong in its first line instead (torch.export's errors, after their user
+# stack and hints: "The error above occurred when calling torch.export.export. ...").
+POINTS_ABOVE = "The error above occurred"
+
+
 def one_line(error: BaseException) -> str:
-    """An error in one line: its type and the last line of its message (where tracebacks put what went wrong)."""
-    return f"{type(error).__name__}: {last_line(str(error))}".strip()
+    """An error in one line: its type and the last line of its message (where tracebacks put what went wrong), or its
+    first where the last only points above it."""
+    text = str(error)
+    line = last_line(text)
+    if line.startswith(POINTS_ABOVE):
+        line = text.strip().splitlines()[0]
+    return f"{type(error).__name__}: {line}".strip()

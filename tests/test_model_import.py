@@ -689,3 +689,22 @@ def test_a_model_that_computes_nothing_once_imported_is_refused_in_plain_words(t
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(ModelImportError, match=r": the model computes nothing once imported .*: nothing to place$"):
         load_model(str(path))
+
+
+class _BranchesOnValues(torch.nn.Module):
+    def forward(self, x):
+        doubled = x * 2
+        if doubled.sum() > 0:
+            return doubled * 2
+        return doubled
+
+
+def test_a_module_that_branches_on_its_values_is_refused_with_what_torch_export_found():
+    """torch.export ends such an error with "The error above occurred when calling torch.export.export", after the
+    user's stack: the one line keeps what it found, not that pointer."""
+    with pytest.raises(ModelImportError) as refused, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_model(_BranchesOnValues().eval(), (torch.randn(2, 3),))
+    message = str(refused.value)
+    assert "Could not guard on data-dependent expression" in message and "The error above" not in message
+    assert "\n" not in message
