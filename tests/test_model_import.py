@@ -708,3 +708,17 @@ def test_a_module_that_branches_on_its_values_is_refused_with_what_torch_export_
     message = str(refused.value)
     assert "Could not guard on data-dependent expression" in message and "The error above" not in message
     assert "\n" not in message
+
+
+class _ValuesAbove0(torch.nn.Module):
+    def forward(self, x):
+        return x[x > 0]
+
+
+def test_the_onnx_route_is_advised_only_where_optimize_would_take_its_export():
+    """Its export imports, but the output's shape depends on the values: optimize refuses the file, so the advice
+    to take that route would lead nowhere."""
+    with pytest.raises(ModelImportError) as refused, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load_model(_ValuesAbove0().eval(), (torch.randn(2, 3),))
+    assert "the ONNX route fails too" in str(refused.value) and "not a tensor of known shape" in str(refused.value)

@@ -369,7 +369,9 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
 
 
 def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
-    """Whether the other frontend takes ``module``: exported by the TorchScript ONNX exporter and imported."""
+    """Whether the other frontend takes ``module``: exported by the TorchScript ONNX exporter, imported, and its outputs
+    checked as ``optimize`` checks a model's before measuring (a dynamic output shape, ``x[x > 0]``, imports but
+    cannot be checked)."""
     # Deferred: ONNX is optional: loaded only for an ONNX model.
     import onnx
     import torch
@@ -378,7 +380,10 @@ def _onnx_route_verdict(module, example_inputs: tuple, name: str) -> str:
     try:
         with torch.no_grad():
             torch.onnx.export(module, example_inputs, buffer, opset_version=17, dynamo=False)
-        _from_onnx_proto(onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(), origin="its ONNX export", advise=False)
+        exported = _from_onnx_proto(
+            onnx.load_from_string(buffer.getvalue()), name, buffer.getvalue(), origin="its ONNX export", advise=False
+        )
+        check_against_reference(exported)
     except Exception as error:
         return f"the ONNX route fails too ({one_line(error)})"
     return (
