@@ -48,6 +48,7 @@ def test_axes_that_vary_become_dimensions_shared_by_the_inputs_whose_sizes_agree
         ("batch=1,4", "PyTorch module MaskedPool: --shapes: 'batch' is neither"),
         ("features=1x4x8,4x16x8", "no input listed binds"),
         ("features=2x6x8 mask=2x6", "every shape listed is the example's"),
+        ("features=1x4,4x16 mask=1x4,4x16", "features is [features.0, features.1, features.2], rank 3; 1x4 is not"),
     ],
 )
 def test_shapes_a_module_cannot_take_are_refused_in_one_line(text, says):

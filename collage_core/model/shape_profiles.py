@@ -42,6 +42,10 @@ class SymbolicInput:
         return tuple(dim if isinstance(dim, int) else sizes[dim] for dim in self.dims)
 
     def shown(self) -> str:
+        """``batchx128``; ``[x.0, x.1]`` where a dimension's name would blur with the ``x`` between them (a PyTorch
+        module's axes are named ``input.axis``, and ``x.0xx.1`` reads as nothing)."""
+        if any(isinstance(dim, str) and ("x" in dim or "." in dim) for dim in self.dims):
+            return "[" + ", ".join(str(dim) for dim in self.dims) + "]"
         return "x".join(str(dim) for dim in self.dims)
 
 
