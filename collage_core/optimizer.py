@@ -83,6 +83,11 @@ def optimize(
     """
     options = OptimizeOptions.given(options, chosen)
     refuse_unless_met("example_inputs", EXAMPLE_INPUTS, example_inputs)
+    if example_inputs is not None and not is_torch_module(model):
+        raise ArgumentError(
+            "optimize: example_inputs are a PyTorch module's; this model's inputs are its own (a model with symbolic "
+            "dimensions takes the shapes to optimize for as shapes=)"
+        )
     refuse_unwritable_output(options.output_dir)
     refuse_unknown_backends(get_plugin_manager(), options.backends)  # before the model is read (seconds for a large one)
     say, clock = Narrator(options.show_progress), PhaseClock()

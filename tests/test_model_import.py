@@ -722,3 +722,9 @@ def test_the_onnx_route_is_advised_only_where_optimize_would_take_its_export():
         warnings.simplefilter("ignore")
         load_model(_ValuesAbove0().eval(), (torch.randn(2, 3),))
     assert "the ONNX route fails too" in str(refused.value) and "not a tensor of known shape" in str(refused.value)
+
+
+def test_example_inputs_given_with_a_model_that_has_its_own_inputs_are_refused_not_ignored(tmp_path):
+    """They shaped nothing: an ONNX model's inputs are its own (a dynamic one takes shapes=)."""
+    with pytest.raises(collage_core.CollageError, match="example_inputs are a PyTorch module's; this model's inputs are its own"):
+        collage_core.optimize(str(tmp_path / "read-after-the-checks.onnx"), example_inputs=(torch.randn(1, 8),))
