@@ -69,10 +69,11 @@ def inspect_model(
     machine that would not run it fast. An ONNX model with symbolic dimensions is inspected at the one shape
     ``shapes`` gives, written as ``optimize``'s ``shapes`` are (``"batch=1 sequence=128"``)."""
     target = tvm_compat.make_target(target)
-    if shapes is not None:
+    if shapes is None:
+        loaded = load_model(model, example_inputs)
+    else:
         static, name = at_one_shape(model, shapes, "inspect")
-        model, example_inputs = load_model(static, name=name), None
-    loaded = load_model(model, example_inputs)
+        loaded = load_model(static, name=name)
     imported = at_precision(with_layout(loaded, resolve(layout, target, precision, loaded.mod)), precision)
     pm = get_plugin_manager()
     infos = discover_backends(pm)

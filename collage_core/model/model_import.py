@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import logging
@@ -10,7 +9,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 import numpy as np
@@ -22,7 +21,7 @@ from collage_core.errors import CollageError, one_line
 from collage_core.model import import_cache, rewrites
 from collage_core.model.original_model import ONNX, OriginalModel
 from collage_core.model.precision import FP32, tolerance
-from collage_core.model.torch_onnx import onnx_original
+from collage_core.model.torch_onnx import in_eval_mode, onnx_original
 from collage_core.model.torch_outputs import Flattened, NotATensor, flatten, forward_input_names
 from collage_core.model.verify import compare_outputs
 
@@ -298,25 +297,6 @@ def _from_torch(module, example_inputs: tuple, name: str) -> ImportedModel:
 
     with in_eval_mode(module, name):
         return _from_torch_in_eval(module, example_inputs, name, torch)
-
-
-@contextlib.contextmanager
-def in_eval_mode(module, name: Optional[str] = None) -> Iterator[None]:
-    """``module`` in eval mode (dropout off, batch norm on its running statistics) for the block, then in its own
-    mode: Collage optimizes inference, so a module in training mode is exported and checked as ``module.eval()``
-    computes, and given back in training mode; with ``name``, a module in training mode is warned about."""
-    was_training = module.training
-    if was_training and name is not None:
-        log.warning(
-            "model %s: the module is in training mode; Collage optimizes it as in eval mode (dropout off, batch norm on "
-            "its running statistics), so the result computes what module.eval() does; call module.eval() first to say so",
-            name,
-        )
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> ImportedModel:

@@ -34,6 +34,26 @@ from collage_core.model.torch_outputs import Flattened, flatten
 # programs starts at 18.
 OPSET = 17
 DYNAMO_OPSET = 18
+log = logging.getLogger("collage")
+
+
+@contextlib.contextmanager
+def in_eval_mode(module, name: Optional[str] = None) -> Iterator[None]:
+    """``module`` in eval mode (dropout off, batch norm on its running statistics) for the block, then in its own
+    mode: Collage optimizes inference, so a module in training mode is exported and checked as ``module.eval()``
+    computes, and given back in training mode; with ``name``, a module in training mode is warned about."""
+    was_training = module.training
+    if was_training and name is not None:
+        log.warning(
+            "model %s: the module is in training mode; Collage optimizes it as in eval mode (dropout off, batch norm on "
+            "its running statistics), so the result computes what module.eval() does; call module.eval() first to say so",
+            name,
+        )
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
 
 
 class TorchExportError(CollageError):
@@ -145,18 +165,15 @@ def onnx_original(module: Any, example_inputs: Sequence[Any], input_names: Seque
     import torch
 
     name = type(module).__name__
-    was_training = module.training
-    module.eval()
     # A traced or scripted module returns its tensors flat already, and cannot be traced again inside another module.
     flat = module if isinstance(module, torch.jit.ScriptModule) else Flattened(module)
-    try:
-        data = export_flattened(flat, example_inputs, input_names)
-    except Exception as error:  # noqa: BLE001 - one line naming the module
-        data = None if isinstance(flat, torch.jit.ScriptModule) else _exported_from_program(module, example_inputs, input_names)
-        if data is None:
-            raise TorchExportError(f"PyTorch module {name}: its ONNX export failed: {one_line(error)}") from None
-    finally:
-        module.train(was_training)
+    with in_eval_mode(module):
+        try:
+            data = export_flattened(flat, example_inputs, input_names)
+        except Exception as error:  # noqa: BLE001 - one line naming the module
+            data = None if isinstance(flat, torch.jit.ScriptModule) else _exported_from_program(module, example_inputs, input_names)
+            if data is None:
+                raise TorchExportError(f"PyTorch module {name}: its ONNX export failed: {one_line(error)}") from None
     graph = onnx.load_from_string(data).graph
     initializers = {init.name for init in graph.initializer}
     taken = [value.name for value in graph.input if value.name not in initializers]

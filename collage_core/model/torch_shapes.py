@@ -17,9 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from collage_core.errors import one_line
-from collage_core.model.model_import import in_eval_mode
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
-from collage_core.model.torch_onnx import export_flattened
+from collage_core.model.torch_onnx import export_flattened, in_eval_mode
 from collage_core.model.torch_outputs import Flattened, forward_input_names
 from collage_core.model.verify import DEFAULT_ATOL, DEFAULT_RTOL
 

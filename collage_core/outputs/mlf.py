@@ -443,7 +443,7 @@ def _stream(path: Path, archive: tarfile.TarFile, info: tarfile.TarInfo, destina
         opened = open(partial, "wb")
     except OSError as error:
         _refuse_unpacking(path, info, destination, error)
-    with archive.extractfile(info) as source, opened as written:
+    with opened as written, archive.extractfile(info) as source:
         while chunk := source.read(READ_CHUNK):
             hashed.update(chunk)
             try:

@@ -54,17 +54,6 @@ MODEL_FILE_RECORD = ".collage-model"
 DEFAULT_ROOT = Path("collage-out")
 
 
-# The folders this process holds (see _locked), by device and inode (one folder however it is reached: a link, a
-# bind mount): a run saving its own result into its folder holds it already, where a result saved by hand into a
-# folder takes it as a run would.
-_HELD_HERE: set[tuple[int, int]] = set()
-
-
-def _identity(directory: Path) -> tuple[int, int]:
-    found = os.stat(directory)
-    return found.st_dev, found.st_ino
-
-
 class OutputFolderInUse(CollageError):
     """Another run holds the output folder."""
 
@@ -277,17 +266,14 @@ def held(directory: os.PathLike, made: Optional[os.PathLike] = None) -> Iterator
 
 
 @contextlib.contextmanager
-def saving_into(directory: os.PathLike, what: str = "save") -> Iterator[Path]:
-    """``directory`` (made if it does not exist) held while a result is saved into it, as a run holds its
-    folder (held by another run, :class:`OutputFolderInUse`); a folder this process holds already (a run
-    saving its own result) is not locked again. An empty name is refused: it would be the current folder."""
+def saving_into(directory: os.PathLike, what: str) -> Iterator[Path]:
+    """``directory`` (made if it does not exist) held while a result is saved into it by hand, as a run holds its
+    folder (held by a run, :class:`OutputFolderInUse`); a run saves its own result into the folder it holds
+    without this. An empty name is refused: it would be the current folder."""
     if str(directory) == "":
         raise CollageError(f"{what}: the folder is an empty string; name one ('.' for the current folder)")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    if _identity(directory) in _HELD_HERE:
-        yield directory
-        return
     with _locked(directory):
         yield directory
 
@@ -339,12 +325,7 @@ def _locked(directory: Path) -> Iterator[None]:
             raise OutputFolderInUse(f"{directory} was removed by another Collage run as this one started; run again")
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
-        identity = _identity(directory)
-        _HELD_HERE.add(identity)
-        try:
-            yield
-        finally:
-            _HELD_HERE.discard(identity)
+        yield
     finally:
         os.close(descriptor)  # releases the lock; the file stays, so that no two runs lock different files
 

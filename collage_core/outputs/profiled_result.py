@@ -202,7 +202,7 @@ def kept_profiles(profiled: ProfiledModel, kept: bool, folder: Path, model_file:
     :func:`~collage_core.outputs.result.kept` keeps it), or its temporary folder removed with it."""
     if kept:
         with replacing_outputs(folder, output_folder.library_file(folder, profiled.name), model_file):
-            profiled.save(folder)
+            profiled._save(folder)  # the run holds the folder
     else:
         weakref.finalize(profiled, shutil.rmtree, str(folder), True)
     return profiled

@@ -198,7 +198,7 @@ def kept(
             if optimized.library_path.resolve() != library.resolve():
                 copy_library(optimized.library_path, library, move=True)
                 optimized.library_path = library
-            optimized.save(folder.path)
+            optimized._save(folder.path)  # the run holds the folder
         if finish is not None:
             save_finished(
                 folder.path,

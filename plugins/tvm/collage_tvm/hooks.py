@@ -7,7 +7,7 @@ from pathlib import Path
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, sources_digest
+from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, fused_groups, sources_digest
 from collage_tvm import integer_powers
 
 BACKEND = "tvm"
@@ -74,7 +74,7 @@ def _fused_patterns() -> list[Pattern]:
         chain = is_op(norm_name)(*[wildcard() for _ in range(arity)])
         short = norm_name.rsplit(".", 1)[1]
         for length in range(1, MAX_AFTER_NORM + 1):  # a reshape may come between (GPT-2: norm, reshape, cast)
-            chain = _elementwise_after(chain) | is_op("relax.reshape")(chain, wildcard())
+            chain = _elementwise_after(chain) | fused_groups.reshape_pattern(chain)
             patterns.append(Pattern(f"{BACKEND}.{short}_elementwise{length}", chain))
     return patterns
 
