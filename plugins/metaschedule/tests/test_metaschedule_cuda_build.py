@@ -10,12 +10,18 @@ before one is there. The tuning itself on a GPU is not tested here.
 from __future__ import annotations
 
 import pytest
-import tvm
 from tvm import relax
 
 from collage_core.kit import tvm_compat
-from collage_core.kit.testing import build, contribute_patterns, discover_backends, function_module, get_plugin_manager, partition_module
-from collage_core.kit.testing import whole_candidate
+from collage_core.kit.testing import (
+    build,
+    contribute_patterns,
+    discover_backends,
+    function_module,
+    get_plugin_manager,
+    partition_module,
+    whole_candidate,
+)
 
 PLUGIN = "collage_metaschedule.hooks"
 SHAPE = (4, 12, 32, 128)
