@@ -28,8 +28,9 @@ from collage_metaschedule import database, lowering
 # Trials per round of one kernel, and the most trials a kernel gets in one tuning run.
 TRIALS_PER_ROUND = 16
 MAX_TRIALS_PER_KERNEL = 256
-# The kernels of at most this many partitions are tuned in one run: the costliest.
-MAX_PARTITIONS = 8
+# At most this many distinct kernels are tuned in one run: the first the partitions give, the costliest partition first.
+# A model of repeated layers repeats its partitions: kernels already met are passed over, not counted.
+MAX_KERNELS = 8
 # The least seconds a round is expected to take.
 LEAST_ROUND_S = 2.0
 
@@ -53,17 +54,25 @@ def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
 
 
 def kernels_to_tune(mod: tvm.IRModule, function_names, target: tvm.target.Target) -> list[tuple[str, object]]:
-    """The kernels of the named partitions (in the order given, at most MAX_PARTITIONS) that have no tuned record
-    yet, each once: (a name saying whose kernel it is, the PrimFunc)."""
+    """The distinct kernels of the named partitions that have no tuned record yet, in the order the partitions are
+    given, at most MAX_KERNELS: (a name saying whose kernel it is, the PrimFunc). Partitions that repeat one already
+    read (a model's repeated layers) are passed over."""
     db = database.open_database(target)
-    found, seen = [], set()
-    for name in list(function_names)[:MAX_PARTITIONS]:
+    found, seen, read = [], set(), set()
+    for name in function_names:
+        partition_key = tvm_compat.structural_key(mod[name])
+        if partition_key in read:
+            continue
+        read.add(partition_key)
         for gvar, kernel in lowering.kernels(lowering.legalized(mod[name], target)):
             key = tvm_compat.structural_key(database.workload(kernel))
-            if key in seen or database.tuned(db, kernel, target) is not None:
+            if key in seen:
                 continue
             seen.add(key)
-            found.append((f"{name}/{gvar.name_hint}", kernel))
+            if database.tuned(db, kernel, target) is None:
+                found.append((f"{name}/{gvar.name_hint}", kernel))
+                if len(found) == MAX_KERNELS:
+                    return found
     return found
 
 

@@ -203,3 +203,28 @@ def test_the_tuning_target_of_a_gpu_carries_what_metaschedules_cuda_rules_read()
     if not tvm.cuda(0).exist:
         assert (spec["max_threads_per_block"], spec["max_shared_memory_per_block"]) == (1024, 48 * 1024)
     assert design_spaces(tuning.tuning_target(target))
+
+
+def test_repeated_partitions_take_one_place_among_the_kernels_to_tune(tmp_path, monkeypatch):
+    """Twelve layers repeat their partitions: the kernels tuned are the first distinct ones, not the first
+    partitions' (which here are one kernel three times)."""
+    from collage_metaschedule import tuning
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "MAX_KERNELS", 2)
+    target = tvm_compat.host_cpu_target()
+
+    def relu(bb, x):
+        return bb.emit(relax.op.nn.relu(x))
+
+    def sigmoid(bb, x):
+        return bb.emit(relax.op.sigmoid(x))
+
+    def exp(bb, x):
+        return bb.emit(relax.op.exp(x))
+
+    functions = {f"layer{i}": function_module(relu, (64, 64))["main"] for i in range(3)}
+    functions.update(head=function_module(sigmoid, (64, 64))["main"], tail=function_module(exp, (64, 64))["main"])
+    mod = tvm.IRModule(functions)
+    wanted = tuning.kernels_to_tune(mod, ["layer0", "layer1", "layer2", "head", "tail"], target)
+    assert [name.split("/")[0] for name, _ in wanted] == ["layer0", "head"]
