@@ -1,11 +1,14 @@
-"""The TVM backend's own rewrite: small integer powers as multiplications (TVM's fast-math CUDA pow is NaN for x < 0)."""
+"""The TVM backend's own rewrites: small integer powers as multiplications (TVM's fast-math CUDA pow is NaN for x < 0),
+and a split's parts as slices (each fuses with the views that read it)."""
 
+import collections
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
+from collage_tvm import split_parts
 from collage_tvm.integer_powers import as_multiplications
 from tvm import relax
 
@@ -14,6 +17,7 @@ from collage_core.backends import discover_backends
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module
 from collage_core.build.stage import WHOLE_MODEL_PATTERN
+from collage_core.kit.testing import lower_partitions
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import at_precision
 from collage_core.model.relax_graph import RelaxGraph
@@ -89,3 +93,91 @@ def test_a_constant_that_broadcasts_the_base_is_left_to_tvm():
             output = bb.emit_output(relax.op.power(x, relax.const(np.full((1, 1), 3.0, "float32"))))
         bb.emit_func_output(output)
     assert ops_in(as_multiplications(bb.get()["main"])) == ["relax.power"]
+
+
+def split_views_module(shape, axis, sections, views: bool = True) -> tvm.IRModule:
+    """``x`` split along ``axis``; each part reshaped to two more axes and transposed (GPT-2's q, k and v), or
+    returned as it is."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit(relax.op.split(x, sections, axis=axis))
+            outputs = []
+            for index in range(len(tvm_compat.value_type(parts).fields)):
+                part = bb.emit(relax.TupleGetItem(parts, index))
+                if views:
+                    part_shape = tvm_compat.tensor_shape_dtype(part)[0]
+                    heads = bb.emit(relax.op.reshape(part, (*part_shape[:-1], 2, part_shape[-1] // 2)))
+                    part = bb.emit(relax.op.permute_dims(heads, [0, 2, 1, 3]))
+                outputs.append(part)
+            output = bb.emit_output(relax.Tuple(outputs))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+def run_on_cpu(func, *arrays):
+    executable = tvm.compile(relax.transform.LegalizeOps()(tvm.IRModule({"main": func})), target=tvm_compat.host_cpu_target())
+    results = relax.VirtualMachine(executable, tvm.cpu(0))["main"](*[tvm_compat.to_tensor(a, tvm.cpu(0)) for a in arrays])
+    return [tvm_compat.to_numpy(result) for result in results]
+
+
+@pytest.mark.parametrize("sections, bounds", [(3, [(0, 4), (4, 8), (8, 12)]), ([2, 6], [(0, 2), (2, 6), (6, 12)])])
+def test_the_parts_of_a_split_become_slices_that_compute_the_same(sections, bounds):
+    func = split_views_module((2, 3, 12), -1, sections)["main"]
+    rewritten = split_parts.as_slices(func)
+    assert "relax.split" not in ops_in(rewritten) and ops_in(rewritten).count("relax.strided_slice") == 3
+    x = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12)
+    expected = [x[..., a:b].reshape(2, 3, 2, (b - a) // 2).transpose(0, 2, 1, 3) for a, b in bounds]
+    for got, want in zip(run_on_cpu(rewritten, x), expected):
+        np.testing.assert_array_equal(got, want)  # copies: exactly the same values
+
+
+def test_a_split_whose_parts_have_no_known_extent_is_left_as_it_is():
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((2, n), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit(relax.op.split(x, 2, axis=1))
+            output = bb.emit_output(relax.TupleGetItem(parts, 0))
+        bb.emit_func_output(output)
+    assert ops_in(split_parts.as_slices(bb.get()["main"])) == ["relax.split"]
+
+
+def kernel_launches(pm, placed, backends, target) -> dict[str, int]:
+    """The CUDA kernels one run of ``placed`` launches, by the TIR function whose kernels they are: a function
+    called once launches each of its kernels (``<function>_kernel``, ``<function>_kernel_1``, ...) once."""
+    lowered = tvm_compat.lowered_for_build(lower_partitions(pm, placed, backends, target), target)
+    executable = build(pm, placed, backends, target)
+    defined = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(\s*[^;]*?\)\s*\{", "\n".join(_cuda_sources(executable.mod)))
+    functions = {gvar.name_hint for gvar, func in lowered.functions_items() if tvm_compat.is_tir_function(func)}
+    called = collections.Counter()
+    for _, func in lowered.functions_items():
+        if not tvm_compat.is_tir_function(func):
+            relax.analysis.post_order_visit(
+                func,
+                lambda node: (
+                    called.update([node.name_hint]) if isinstance(node, tvm.ir.GlobalVar) and node.name_hint in functions else None
+                ),
+            )
+    return {name: times * sum(bool(re.fullmatch(rf"{name}_kernel(_\d+)?", kernel)) for kernel in defined) for name, times in called.items()}
+
+
+def test_gpt2s_q_k_v_on_cuda_take_one_kernel_each_where_the_split_took_one_more_each(monkeypatch):
+    """TVM's build of tiny GPT-2 for CUDA, made here without a GPU: each layer's split of q, k and v fuses with the
+    reshape and the transpose of each part, so the split's own three kernels are launched no more."""
+    pm = get_plugin_manager()
+    backends = {"tvm": {name: info.backend for name, info in discover_backends(pm).items()}["tvm"]}
+    model = load_model(str(MODELS / "tiny_gpt2.onnx"))
+    graph = RelaxGraph.from_function(model.mod["main"], model.mod)
+    splits = graph.graph.ops.count("relax.split")
+    assert splits >= 1  # one per layer
+    whole = [Partition("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(graph.graph))), WHOLE_MODEL_PATTERN, Cost.unknown())]
+    target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
+    with_slices = kernel_launches(pm, partition_module(graph, whole), backends, target)
+    monkeypatch.setattr(split_parts, "as_slices", lambda func: func)
+    without = kernel_launches(pm, partition_module(graph, whole), backends, target)
+    assert not any("split" in name for name in with_slices)
+    assert sum(launches for name, launches in without.items() if "split" in name) == 3 * splits
+    assert sum(without.values()) - sum(with_slices.values()) == 3 * splits

@@ -10,7 +10,7 @@ operator pattern (FuseOps fuses it with nothing) and ``tirx.is_scheduled`` (dlig
 from __future__ import annotations
 
 import tvm
-from collage_tvm import integer_powers
+from collage_tvm import prepare
 from tvm import relax
 
 from collage_core.kit import PatternRefused
@@ -27,7 +27,7 @@ class NotTuned(PatternRefused):
 
 def legalized(func: relax.Function, target: tvm.target.Target) -> tvm.IRModule:
     """The partition ``func`` as ``main`` of a module of its own, lowered to fused TIR kernels as TVM's pipeline does
-    (small integer powers first become multiplications, as the TVM plugin lowers them)."""
+    (rewritten first as the TVM plugin rewrites its partitions: ``collage_tvm.prepare``)."""
     passes = tvm.transform.Sequential(
         [
             relax.transform.LegalizeOps(),
@@ -40,7 +40,7 @@ def legalized(func: relax.Function, target: tvm.target.Target) -> tvm.IRModule:
     )
     # A partition is private (no global symbol): the passes would drop it as unreachable.
     with target:
-        return passes(tvm.IRModule({"main": integer_powers.as_multiplications(func).with_attr("global_symbol", "main")}))
+        return passes(tvm.IRModule({"main": prepare.prepared(func).with_attr("global_symbol", "main")}))
 
 
 def kernels(mod: tvm.IRModule) -> list[tuple[tvm.ir.GlobalVar, tvm.tirx.PrimFunc]]:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, fused_groups, sources_digest
-from collage_tvm import integer_powers
+from collage_tvm import prepare
 
 BACKEND = "tvm"
 # What decides a measured cost besides TVM itself: how partitions are rewritten before TVM builds them.
-LOWERING_DIGEST = sources_digest((Path(integer_powers.__file__),))
+LOWERING_DIGEST = sources_digest(prepare.SOURCES)
 
 # Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
 # operators it folds into the anchor's output loop.
@@ -100,9 +98,10 @@ def patterns(target, precision) -> list[Pattern]:
 
 def _lower_function(func, name):
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
-    # function, so fusion never crosses a partition boundary. Small integer powers become
-    # multiplications first: TVM's fast-math CUDA pow is NaN for negative bases.
-    return integer_powers.as_multiplications(func)
+    # function, so fusion never crosses a partition boundary. First a split's parts become slices
+    # (they fuse with their readers) and small integer powers multiplications (TVM's fast-math
+    # CUDA pow is NaN for negative bases).
+    return prepare.prepared(func)
 
 
 HOOKS = backend_hooks(

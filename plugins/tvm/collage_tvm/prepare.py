@@ -1,0 +1,18 @@
+"""How a TVM partition is rewritten before TVM's pipeline builds it (the TVM backend and tvm-tuned alike)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tvm import relax
+
+from collage_tvm import integer_powers, split_parts
+
+# The modules whose rewrites decide what TVM builds of a partition, for the backends' versions.
+SOURCES = (Path(__file__), Path(integer_powers.__file__), Path(split_parts.__file__))
+
+
+def prepared(func: relax.Function) -> relax.Function:
+    """``func`` as TVM builds it: each part of a split a slice that fuses with its readers (:mod:`split_parts`), and
+    small integer powers multiplications (:mod:`integer_powers`)."""
+    return integer_powers.as_multiplications(split_parts.as_slices(func))
