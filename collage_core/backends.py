@@ -10,7 +10,7 @@ import attrs
 from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.model.dtypes import FP32, TF32, computes_tf32
 from collage_core.plugins import CollagePluginManager, PluginFailure, call_each, first_result
-from collage_core.records import Availability, Backend, Pattern
+from collage_core.records import OP_LEVEL, Availability, Backend, Pattern
 
 if TYPE_CHECKING:
     import tvm
@@ -137,6 +137,12 @@ def backends_for(pm: CollagePluginManager, names, target) -> list[BackendInfo]:
     if not chosen:
         raise CollageError(f"none of the selected backends runs on target {target.kind.name}")
     return chosen
+
+
+def whole_model_builder(chosen: Sequence[BackendInfo]) -> Optional[str]:
+    """The first of ``chosen`` that is an op-level backend building whole models (``Backend.builds_whole_models``:
+    TVM), whose build of the whole model as one partition is the unpartitioned baseline; None when none is."""
+    return next((info.name for info in chosen if info.backend.kind == OP_LEVEL and info.backend.builds_whole_models), None)
 
 
 def device_kind(target) -> str:

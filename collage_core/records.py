@@ -38,6 +38,11 @@ class Backend:
     # fewer kernels). Calibration then also measures its placement with them merged into regions, and
     # keeps whichever runs faster end to end.
     compiles_regions: bool = False
+    # Whether this op-level backend's build of a whole model as one partition is that backend's own build of the
+    # unpartitioned model (TVM's relax.build, which fuses and schedules across the whole function). A run that
+    # compares baselines then measures it as "unpartitioned relax.build", and calibration does not merge a whole
+    # placement into one region of it, which that baseline measures. The first chosen backend that says so is used.
+    builds_whole_models: bool = False
 
 
 @attrs.frozen

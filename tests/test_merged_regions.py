@@ -162,18 +162,21 @@ def test_tvm_compiles_its_merged_regions_of_a_real_placement_and_they_compute_th
 
 
 def test_a_region_of_the_whole_model_is_left_to_the_baselines_when_they_are_compared():
-    """One TVM region of every operator is TVM's unpartitioned build, which the baselines measure anyway."""
+    """One region of every operator on the backend that builds whole models (TVM) is its unpartitioned build, which the
+    baselines measure anyway; a region-compiling backend that does not build whole models keeps its whole region."""
     from types import SimpleNamespace
 
     from collage_core.records import OP_LEVEL, Backend
     from collage_core.search.stage import merge
 
-    tvm_backend = Backend("tvm", OP_LEVEL, ("cpu",), "v", compiles_regions=True)
+    tvm_backend = Backend("tvm", OP_LEVEL, ("cpu",), "v", compiles_regions=True, builds_whole_models=True)
     job = SimpleNamespace(chosen=[SimpleNamespace(name="tvm", backend=tvm_backend)], graph=SimpleNamespace(graph=GRAPH))
     everything_on_tvm = [Partition("tvm", "tvm.op", {n}, f"t{n}", Cost.measured(1e-3, 0.0, 3)) for n in range(len(GRAPH))]
     assert [p.pattern for p in merge(job, whole_measured_later=False)(everything_on_tvm)] == ["tvm.region"]
     assert merge(job, whole_measured_later=True)(everything_on_tvm) == everything_on_tvm
     assert signature(merge(job, whole_measured_later=True)(PARTS)) == signature(merged_regions(GRAPH, PARTS, {"tvm"}))
+    job.chosen[0].backend = Backend("tvm", OP_LEVEL, ("cpu",), "v", compiles_regions=True)  # no unpartitioned baseline
+    assert [p.pattern for p in merge(job, whole_measured_later=True)(everything_on_tvm)] == ["tvm.region"]
     job.chosen[0].backend = Backend("tvm", OP_LEVEL, ("cpu",), "v")  # a backend that does not compile regions
     assert merge(job, whole_measured_later=False) is None
 

@@ -177,14 +177,16 @@ def test_a_placement_measured_on_another_device_says_so_and_the_report_names_whe
 
 
 def test_tvms_unpartitioned_build_is_a_placement_that_can_be_returned_and_replayed(optimized, workspace):
-    from collage_core.build.stage import WHOLE_MODEL_PATTERN
     from collage_core.outputs.placement_file import load_placement
+    from collage_core.search.regions import whole_model_pattern
 
     entry = next(e for e in optimized.end_to_end if e.name == "unpartitioned relax.build")
     assert entry.cost.is_measured
     saved = baseline_file(workspace / "out", "unpartitioned relax.build")
     whole = load_placement(saved)
-    assert [(p.backend, p.pattern, p.nodes) for p in whole.partitions] == [("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(whole.operators))))]
+    assert [(p.backend, p.pattern, p.nodes) for p in whole.partitions] == [
+        ("tvm", whole_model_pattern("tvm"), tuple(range(len(whole.operators))))
+    ]
     replayed = collage_core.optimize(str(TINY_RESNET), placement=saved, backends=["tvm"], compare_backends=False, show_progress=False)
     assert replayed.verification.passed, replayed.verification.describe()
 

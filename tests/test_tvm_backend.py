@@ -16,13 +16,13 @@ from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module
-from collage_core.build.stage import WHOLE_MODEL_PATTERN
 from collage_core.kit.testing import lower_partitions
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import at_precision
 from collage_core.model.relax_graph import RelaxGraph
 from collage_core.plugins import get_plugin_manager
 from collage_core.records import Cost, Partition
+from collage_core.search.regions import whole_model_pattern
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 X = np.linspace(-3.0, 3.0, 24, dtype=np.float32).reshape(4, 6)
@@ -77,7 +77,7 @@ def test_gpt2_on_cuda_compiles_to_kernels_without_powf(precision):
     model = at_precision(load_model(str(MODELS / "tiny_gpt2.onnx")), precision)
     graph = RelaxGraph.from_function(model.mod["main"], model.mod)
     assert "relax.power" in graph.graph.ops
-    whole = [Partition("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(graph.graph))), WHOLE_MODEL_PATTERN, Cost.unknown())]
+    whole = [Partition("tvm", whole_model_pattern("tvm"), tuple(range(len(graph.graph))), whole_model_pattern("tvm"), Cost.unknown())]
     executable = build(pm, partition_module(graph, whole), {"tvm": infos["tvm"]}, tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"}))
     sources = _cuda_sources(executable.mod)
     assert sources and sum(source.count("__global__") for source in sources) > 10
@@ -173,7 +173,7 @@ def test_gpt2s_q_k_v_on_cuda_take_one_kernel_each_where_the_split_took_one_more_
     graph = RelaxGraph.from_function(model.mod["main"], model.mod)
     splits = graph.graph.ops.count("relax.split")
     assert splits >= 1  # one per layer
-    whole = [Partition("tvm", WHOLE_MODEL_PATTERN, tuple(range(len(graph.graph))), WHOLE_MODEL_PATTERN, Cost.unknown())]
+    whole = [Partition("tvm", whole_model_pattern("tvm"), tuple(range(len(graph.graph))), whole_model_pattern("tvm"), Cost.unknown())]
     target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
     with_slices = kernel_launches(pm, partition_module(graph, whole), backends, target)
     monkeypatch.setattr(split_parts, "as_slices", lambda func: func)

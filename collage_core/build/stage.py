@@ -47,7 +47,7 @@ from collage_core.search.baselines import (
     single_backend_parts,
 )
 from collage_core.search.calibration import signature
-from collage_core.search.regions import WHOLE_MODEL_PATTERN, decode
+from collage_core.search.regions import decode, whole_model_pattern
 from collage_core.search.stage import Placed
 from collage_core.search.two_level import seed_genomes
 
@@ -87,9 +87,10 @@ class Outcome:
 def baselines(
     job: Job, parts, placement_cost, candidates, measurement, op_level_parts, two_level_result, limit_s: Optional[float] = None, db=None
 ) -> list[tuple[EndToEnd, Optional[list[Partition]]]]:
-    """TVM's unpartitioned build, the op-level placement, each backend alone (or with a fallback) and each
+    """The unpartitioned build, the op-level placement, each backend alone (or with a fallback) and each
     engine's own session over the original model file (:func:`own_sessions`), each with its partitions
-    (TVM's unpartitioned build as one TVM partition of the whole model; None where TVM is not selected),
+    (the unpartitioned build as one partition of the whole model on the backend that builds whole models, TVM;
+    None where no chosen backend does),
     so that whichever measures fastest can be returned.
 
     A baseline whose one run takes longer than ``limit_s`` is stopped; its cost is invalid
@@ -113,12 +114,13 @@ def baselines(
                 built.append(baseline)
     # TVM's unpartitioned build runs the kernels of TVM alone without partition boundaries: it
     # cannot win where TVM alone cannot.
-    tvm_alone = next((p for name, p in built if name == "tvm alone"), None)
+    builder = job.whole_model_builder
+    alone = next((p for name, p in built if builder is not None and name == f"{builder} alone"), None)
     reference = op_level_parts or parts
-    unpartitioned = predicted_cost(tvm_alone, reference, "TVM alone's") if tvm_alone is not None else None
+    unpartitioned = predicted_cost(alone, reference, f"{builder} alone's") if alone is not None else None
     if unpartitioned is not None:
         job.say(f"{UNPARTITIONED}: {unpartitioned.reason}")
-    whole = whole_model_on_tvm(job)
+    whole = whole_model_build(job)
     whole_cost = unpartitioned or baseline_cost(job, UNPARTITIONED, whole, limit_s, db)
     if whole is not None and whole_cost.is_measured:  # its one partition costs what the whole measured
         whole = [attrs.evolve(whole[0], cost=whole_cost)]
@@ -183,14 +185,16 @@ def own_sessions(job: Job, limit_s: Optional[float], db) -> list[tuple[EndToEnd,
     return rows
 
 
-def whole_model_on_tvm(job: Job) -> Optional[list[Partition]]:
-    """TVM's unpartitioned build as a placement: one TVM partition holding every operator, which TVM
-    fuses and schedules as it does the unpartitioned model (its fusion works within a function);
-    None when TVM is not among the selected backends."""
-    if "tvm" not in job.backends:
+def whole_model_build(job: Job) -> Optional[list[Partition]]:
+    """The unpartitioned build as a placement: one partition holding every operator, on the backend that builds
+    whole models (TVM, which fuses and schedules it as it does the unpartitioned model: its fusion works within a
+    function); None when no chosen backend does."""
+    builder = job.whole_model_builder
+    if builder is None:
         return None
     nodes = tuple(range(len(job.graph.graph)))
-    return [Partition("tvm", WHOLE_MODEL_PATTERN, nodes, WHOLE_MODEL_PATTERN, Cost.unknown())]
+    pattern = whole_model_pattern(builder)
+    return [Partition(builder, pattern, nodes, pattern, Cost.unknown())]
 
 
 def build_placement(job: Job, parts, library: Path) -> Built:

@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns
+from collage_core.backends import contribute_patterns, whole_model_builder
 from collage_core.build.deploy import runtime_file
 from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
@@ -38,7 +38,7 @@ from collage_core.outputs.placement_file import Placement, load_placement
 from collage_core.plugins import disabled_plugin_names
 from collage_core.records import OP_LEVEL, Candidate, Cost, Partition
 from collage_core.search.calibration import signature
-from collage_core.search.regions import WHOLE_MODEL_PATTERN, genome_key, region_pattern
+from collage_core.search.regions import genome_key, region_pattern, whole_model_pattern
 
 log = logging.getLogger("collage")
 # How an end-to-end cost was measured; part of its database key, so a change of method re-measures.
@@ -103,6 +103,11 @@ class Job:
     def backends(self) -> dict:
         return {info.name: info.backend for info in self.chosen}
 
+    @property
+    def whole_model_builder(self) -> Optional[str]:
+        """The chosen backend whose build of the whole model is the unpartitioned baseline (TVM), or None."""
+        return whole_model_builder(self.chosen)
+
     def replayed(self, path) -> Placement:
         placement = load_placement(path)
         placement_file.check_same_file(placement, self.imported, str(path))
@@ -154,7 +159,7 @@ class Job:
         matches: dict = {}  # by pattern: its matches over this model, found once however many partitions it placed
         for index, part in enumerate(placement.partitions):
             pattern = patterns.get((part.backend, part.pattern))
-            composite = (WHOLE_MODEL_PATTERN, region_pattern(part.backend), original_model.pattern(part.backend))
+            composite = (whole_model_pattern(part.backend), region_pattern(part.backend), original_model.pattern(part.backend))
             if pattern is None and by_backend[part.backend].backend.kind == OP_LEVEL and part.pattern not in composite:
                 raise CollageError(
                     f"{path}: partition {index} names pattern {part.pattern}, which is not one of backend {part.backend}'s "

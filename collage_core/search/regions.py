@@ -31,8 +31,10 @@ def region_pattern(backend: str) -> str:
     return f"{backend}.region"
 
 
-# TVM's unpartitioned build as a placement: one partition of every operator (see build.stage.whole_model_on_tvm).
-WHOLE_MODEL_PATTERN = "tvm.whole_model"
+def whole_model_pattern(backend: str) -> str:
+    """The pattern of the one partition of every operator that is ``backend``'s unpartitioned build (TVM's:
+    ``tvm.whole_model``; see ``build.stage.whole_model_build``)."""
+    return f"{backend}.whole_model"
 
 
 def decode(graph: OpGraph, groups: Sequence[OpGroup], genome: Sequence[int]) -> list[Partition]:

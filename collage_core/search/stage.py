@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import attrs
 
-from collage_core.backends import BackendInfo
+from collage_core.backends import BackendInfo, whole_model_builder
 from collage_core.candidates.enumeration import candidates_for
 from collage_core.errors import CollageError
 from collage_core.measure.cost_db import open_costs
@@ -171,15 +171,17 @@ def region_compilers(job: Job) -> list[str]:
 
 def merge(job: Job, whole_measured_later: bool):
     """What calibration calls to merge a placement's adjacent partitions into regions; None when no backend compiles
-    them. With ``whole_measured_later`` (the baselines are compared), one region of the whole model is left out: it is
-    TVM's unpartitioned build, which the baselines measure and the contest returns when it is faster."""
+    them. With ``whole_measured_later`` (the baselines are compared), one region of the whole model on the backend that
+    builds whole models is left out: it is the unpartitioned build, which the baselines measure and the contest returns
+    when it is faster."""
     backends = region_compilers(job)
     if not backends:
         return None
+    builder = whole_model_builder(job.chosen)
 
     def merged(parts):
         regions = merged_regions(job.graph.graph, parts, backends)
-        return parts if whole_measured_later and len(regions) == 1 and regions[0].backend == "tvm" else regions
+        return parts if whole_measured_later and len(regions) == 1 and regions[0].backend == builder else regions
 
     return merged
 

@@ -86,6 +86,7 @@ def _describe() -> Backend:
         description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
         lowering_uses_device=False,  # compiles only: candidates are built several at once
         compiles_regions=True,  # FuseOps fuses across what were partition boundaries
+        builds_whole_models=True,  # relax.build of the unpartitioned model: the baseline the others are measured against
     )
 
 
