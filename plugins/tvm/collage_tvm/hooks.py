@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, fused_groups, sources_digest
-from collage_tvm import prepare
+from collage_tvm import integer_powers, prepare, split_parts
 
 BACKEND = "tvm"
 # What decides a measured cost besides TVM itself: how partitions are rewritten before TVM builds them.
-LOWERING_DIGEST = sources_digest(prepare.SOURCES)
+LOWERING_DIGEST = sources_digest(tuple(Path(module.__file__) for module in (prepare, integer_powers, split_parts)))
 
 # Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
 # operators it folds into the anchor's output loop.

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tvm import relax
 
 from collage_tvm import integer_powers, split_parts
-
-# The modules whose rewrites decide what TVM builds of a partition, for the backends' versions.
-SOURCES = (Path(__file__), Path(integer_powers.__file__), Path(split_parts.__file__))
 
 
 def prepared(func: relax.Function) -> relax.Function:
