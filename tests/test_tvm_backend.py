@@ -1,5 +1,6 @@
 """The TVM backend's own rewrites: small integer powers as multiplications (TVM's fast-math CUDA pow is NaN for x < 0),
-and a split's parts as slices (each fuses with the views that read it)."""
+a split's parts as slices (each fuses with the views that read it), and a reshape after a norm over the last axis done
+before it (what follows the norm fuses with it)."""
 
 import collections
 import re
@@ -8,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from collage_tvm import split_parts
+from collage_tvm import prepare, split_parts
 from collage_tvm.integer_powers import as_multiplications
+from collage_tvm.reshapes_first import reshapes_before_norms
 from tvm import relax
 
 from collage_core import tvm_compat
@@ -181,3 +183,70 @@ def test_gpt2s_q_k_v_on_cuda_take_one_kernel_each_where_the_split_took_one_more_
     assert not any("split" in name for name in with_slices)
     assert sum(launches for name, launches in without.items() if "split" in name) == 3 * splits
     assert sum(without.values()) - sum(with_slices.values()) == 3 * splits
+
+
+def norm_reshape_cast_module(norm: str = "layer_norm") -> tvm.IRModule:
+    """GPT-2's layer norm at bf16: normalized, reshaped into rows, cast to 16 bits for the next product."""
+    x = relax.Var("x", relax.TensorType((2, 4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gamma, beta = relax.const(np.linspace(0.5, 1.5, 8, dtype="float32")), relax.const(np.full(8, 0.25, "float32"))
+            if norm == "layer_norm":
+                normed = bb.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[2], epsilon=1e-3))
+            elif norm == "rms_norm":
+                normed = bb.emit(relax.op.nn.rms_norm(x, gamma, axes=[-1], epsilon=1e-3))
+            else:
+                normed = bb.emit(relax.op.nn.softmax(x, axis=2))
+            rows = bb.emit(relax.op.reshape(normed, (8, 8)))
+            output = bb.emit_output(relax.op.astype(rows, "float16"))
+        bb.emit_func_output(output)
+    return bb.get()
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "softmax"])
+def test_a_reshape_after_a_norm_over_the_last_axis_comes_first_and_computes_the_same(norm):
+    func = norm_reshape_cast_module(norm)["main"]
+    rewritten = reshapes_before_norms(func)
+    assert ops_in(rewritten) == ["relax.reshape", f"relax.nn.{norm}", "relax.astype"]
+    x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(2, 4, 8)
+    run = [
+        tvm_compat.to_numpy(
+            relax.VirtualMachine(
+                tvm.compile(relax.transform.LegalizeOps()(tvm.IRModule({"main": f})), target=tvm_compat.host_cpu_target()), tvm.cpu(0)
+            )["main"](tvm_compat.to_tensor(x, tvm.cpu(0)))
+        )
+        for f in (func, rewritten)
+    ]
+    assert run[1].dtype == np.float16 and run[1].shape == (8, 8)
+    np.testing.assert_array_equal(run[1], run[0])  # the same float32 sums in the same order, cast the same way
+
+
+def test_a_reshape_that_moves_the_normalized_axis_stays_after_the_norm():
+    x = relax.Var("x", relax.TensorType((2, 4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            output = bb.emit_output(relax.op.reshape(relax.op.nn.softmax(x, axis=-1), (2, 32)))
+        bb.emit_func_output(output)
+    assert ops_in(reshapes_before_norms(bb.get()["main"])) == ["relax.nn.softmax", "relax.reshape"]
+
+
+def test_gpt2s_norm_and_cast_at_sixteen_bits_are_one_cuda_kernel():
+    """On CUDA (built here without a GPU) TVM fuses the cast into the layer norm once the reshape comes first, a view
+    of the input."""
+    target = tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"})
+
+    def called(func) -> list[str]:
+        lowered = tvm_compat.lowered_for_build(tvm.IRModule({"main": func}), target)
+        names = {gvar.name_hint for gvar, f in lowered.functions_items() if tvm_compat.is_tir_function(f)}
+        found = []
+        relax.analysis.post_order_visit(
+            lowered["main"],
+            lambda node: found.append(node.name_hint) if isinstance(node, tvm.ir.GlobalVar) and node.name_hint in names else None,
+        )
+        return found
+
+    func = norm_reshape_cast_module()["main"]
+    assert len(called(func)) == 2  # the norm, then the reshape and the cast
+    assert called(prepare.prepared(func)) == ["fused_layer_norm_cast"]

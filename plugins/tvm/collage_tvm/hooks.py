@@ -8,11 +8,11 @@ import tvm
 from tvm.relax.dpl import is_op, wildcard
 
 from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, fused_groups, sources_digest
-from collage_tvm import integer_powers, prepare, split_parts
+from collage_tvm import integer_powers, prepare, reshapes_first, split_parts
 
 BACKEND = "tvm"
 # What decides a measured cost besides TVM itself: how partitions are rewritten before TVM builds them.
-LOWERING_DIGEST = sources_digest(tuple(Path(module.__file__) for module in (prepare, integer_powers, split_parts)))
+LOWERING_DIGEST = sources_digest(tuple(Path(module.__file__) for module in (prepare, integer_powers, split_parts, reshapes_first)))
 
 # Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
 # operators it folds into the anchor's output loop.
@@ -102,8 +102,9 @@ def patterns(target, precision) -> list[Pattern]:
 def _lower_function(func, name):
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
     # function, so fusion never crosses a partition boundary. First a split's parts become slices
-    # (they fuse with their readers) and small integer powers multiplications (TVM's fast-math
-    # CUDA pow is NaN for negative bases).
+    # (they fuse with their readers), a reshape after a norm over the last axis comes before it (what follows the norm
+    # fuses with it),
+    # and small integer powers multiplications (TVM's fast-math CUDA pow is NaN for negative bases).
     return prepare.prepared(func)
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from tvm import relax
 
-from collage_tvm import integer_powers, split_parts
+from collage_tvm import integer_powers, reshapes_first, split_parts
 
 
 def prepared(func: relax.Function) -> relax.Function:
-    """``func`` as TVM builds it: each part of a split a slice that fuses with its readers (:mod:`split_parts`), and
-    small integer powers multiplications (:mod:`integer_powers`)."""
-    return integer_powers.as_multiplications(split_parts.as_slices(func))
+    """``func`` as TVM builds it: each part of a split a slice that fuses with its readers (:mod:`split_parts`), a reshape
+    after a norm over the last axis done before it, so that what follows the norm fuses with it (:mod:`reshapes_first`), and small integer powers
+    multiplications (:mod:`integer_powers`)."""
+    return integer_powers.as_multiplications(reshapes_first.reshapes_before_norms(split_parts.as_slices(func)))
