@@ -334,7 +334,8 @@ def widened_residual_case(pattern_name: str, dtype: str, seed: int = 0) -> tvm.I
 def product_case(pattern_name: str, seed: int = 0, cast_to: str = F) -> tuple[Callable[..., relax.Expr], list[tuple[int, ...]]]:
     """``(make(bb, *params), param shapes)`` for a function a product pattern ``<backend>.<pattern_name>`` covers
     whole, its name read as :func:`~collage_core.candidates.fused_groups.product_epilogues` and the GPU backends write
-    it: ``dense[_t][_bias][_add][_reshape][_relu|_gelu|_gelu_erf|_silu]`` (``_gelu`` is tanh GELU) or
+    it: ``dense[_t][_bias][_add][_reshape][_relu|_gelu|_gelu_erf|_silu]`` (``_gelu`` is tanh GELU), with
+    ``_reshape_add`` the reshape before the residual add, or
     ``batch_matmul[_nn|_nt|_tn|_tt][_scale]``. Every stride is a multiple of 8 elements (what Hopper's TMA loads).
 
     With ``cast_to`` a 16-bit type, it is written the way `--precision bf16|fp16` converts a model: parameters
@@ -353,8 +354,10 @@ def product_case(pattern_name: str, seed: int = 0, cast_to: str = F) -> tuple[Ca
         m_shape, k, n = (2, 8), 24, 40
         shapes = [(k, 16)] if transposed else [(*m_shape, k)]
         out_shape = (16, n) if transposed else (*m_shape, n)
+        reshaped_residual = "reshape_add" in pattern_name  # reshaped first, then added (GPT-2's projections at float32)
+        reshaped_shape = (1, math.prod(out_shape[:-1]), n)
         if "add" in parts:
-            shapes.append(out_shape)
+            shapes.append(reshaped_shape if reshaped_residual else out_shape)
 
         def make(bb, x, *rest):
             if transposed:
@@ -362,10 +365,12 @@ def product_case(pattern_name: str, seed: int = 0, cast_to: str = F) -> tuple[Ca
             v = product(bb, x, _const(rng, k, n, dtype=cast_to))
             if "bias" in parts:
                 v = bb.emit(R.add(_const(rng, n, dtype=cast_to), v))
-            if "add" in parts:
+            if "add" in parts and not reshaped_residual:
                 v = bb.emit(R.add(v, rest[0]))
             if "reshape" in parts:
-                v = bb.emit(R.reshape(v, (1, math.prod(out_shape[:-1]), n)))
+                v = bb.emit(R.reshape(v, reshaped_shape))
+            if reshaped_residual:
+                v = bb.emit(R.add(v, rest[0]))
             if "relu" in parts:
                 v = bb.emit(R.nn.relu(v))
             if "gelu" in parts:

@@ -593,12 +593,15 @@ def activation_pattern(value, names: Sequence[str]):
     return pattern
 
 
-def product_epilogues(activations: Sequence[str], widened_residual: bool = False) -> dict:
+def product_epilogues(activations: Sequence[str], widened_residual: bool = False, reshaped_residual: bool = False) -> dict:
     """The epilogue patterns a product kernel fuses, by name suffix: bias, then residual, then one of
     ``activations`` (each optional); a reshape may stand before the activation. With ``widened_residual``
     also ``_bias_f32_add``, ``_reshape_f32_add`` and ``_bias_reshape_f32_add``: the (16-bit) result cast back to float32 and added to a float32
     residual, as GPT-2's projections join its float32 residual stream at 16 bits (the ``"widen"`` of
-    :func:`read_epilogue`). Each value takes the pattern of the product and returns the pattern of the group's result."""
+    :func:`read_epilogue`). With ``reshaped_residual`` also ``_reshape_add`` and ``_bias_reshape_add``: the result
+    reshaped (rows back into batch and sequence) and then added to a residual of its type, as GPT-2's projections
+    join its residual stream at float32. Each value takes the pattern of the product and returns the pattern of the
+    group's result."""
     identity = lambda value: value  # noqa: E731
     epilogues = {}
     for bias_name, bias in (("", identity), ("_bias", bias_pattern)):
@@ -609,6 +612,8 @@ def product_epilogues(activations: Sequence[str], widened_residual: bool = False
                 epilogues[f"{bias_name}{reshape_name}_f32_add"] = (
                     lambda v, bias=bias, reshape=reshape: residual_pattern(cast_pattern(reshape(bias(v))))
                 )
+        if reshaped_residual:
+            epilogues[f"{bias_name}_reshape_add"] = lambda v, bias=bias: residual_pattern(reshape_pattern(bias(v)))
         for residual_name, residual in (("", identity), ("_add", residual_pattern)):
             epilogues[f"{bias_name}{residual_name}"] = lambda v, bias=bias, residual=residual: residual(bias(v))
             for name in activations:

@@ -25,7 +25,7 @@ def _plain(_):
 
 
 OPERAND_FORMS = {"n": _plain, "t": _transposed}  # operand read as it is, or through a permute_dims
-DENSE_EPILOGUES = product_epilogues(["relu", "gelu_tanh"], widened_residual=True)
+DENSE_EPILOGUES = product_epilogues(["relu", "gelu_tanh"], widened_residual=True, reshaped_residual=True)
 BATCH_MATMUL_EPILOGUES = {"": lambda v: v, "_scale": scale_pattern}
 
 
