@@ -205,9 +205,10 @@ def type_shape_dtype(ty) -> tuple[tuple[int, ...], str]:
     return tuple(shape), str(ty.dtype)
 
 
-def structural_key(func) -> str:
-    """Hex structural hash that ignores weight values but not their shapes (twelve BERT layers, one key)."""
-    return format(tvm_ffi.structural_hash(func, map_free_vars=True, skip_tensor_content=True) & (2**64 - 1), "016x")
+def structural_key(func, with_values: bool = False) -> str:
+    """Hex structural hash that ignores weight values but not their shapes (twelve BERT layers, one key); with
+    ``with_values`` the constants' values count too (a scale of 0.125 and one of 3.0 legalize to different kernels)."""
+    return format(tvm_ffi.structural_hash(func, map_free_vars=True, skip_tensor_content=not with_values) & (2**64 - 1), "016x")
 
 
 def string_expr(text: str):

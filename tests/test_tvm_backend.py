@@ -135,6 +135,24 @@ def test_the_parts_of_a_split_become_slices_that_compute_the_same(sections, boun
         np.testing.assert_array_equal(got, want)  # copies: exactly the same values
 
 
+def test_a_part_read_after_its_splits_block_stays_a_part_and_the_function_still_builds():
+    """A slice there would read the split's input, a dataflow variable, outside its block."""
+    x = relax.Var("x", relax.TensorType((2, 12), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            doubled = bb.emit(relax.op.add(x, x))
+            first = bb.emit_output(relax.TupleGetItem(bb.emit(relax.op.split(doubled, 3, axis=1)), 0))
+            parts = bb.emit_output(relax.op.split(doubled, 2, axis=1))
+        output = bb.emit(relax.Tuple([first, relax.TupleGetItem(parts, 1)]))
+        bb.emit_func_output(output)
+    rewritten = split_parts.as_slices(bb.get()["main"])
+    assert ops_in(rewritten).count("relax.strided_slice") == 1 and "relax.split" in ops_in(rewritten)
+    got = run_on_cpu(rewritten, X.reshape(2, 12))
+    np.testing.assert_array_equal(got[0], 2 * X.reshape(2, 12)[:, :4])
+    np.testing.assert_array_equal(got[1], 2 * X.reshape(2, 12)[:, 6:])
+
+
 def test_a_split_whose_parts_have_no_known_extent_is_left_as_it_is():
     n = tvm.tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((2, n), "float32"))
@@ -230,6 +248,19 @@ def test_a_reshape_that_moves_the_normalized_axis_stays_after_the_norm():
             output = bb.emit_output(relax.op.reshape(relax.op.nn.softmax(x, axis=-1), (2, 32)))
         bb.emit_func_output(output)
     assert ops_in(reshapes_before_norms(bb.get()["main"])) == ["relax.nn.softmax", "relax.reshape"]
+
+
+def test_a_norm_something_else_reads_too_stays_before_its_reshape():
+    """Moving it would compute the norm twice: once for the reshape, once for the other reader."""
+    x = relax.Var("x", relax.TensorType((2, 4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            normed = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            rows = bb.emit(relax.op.reshape(normed, (8, 8)))
+            output = bb.emit_output(relax.Tuple([rows, bb.emit(relax.op.add(normed, normed))]))
+        bb.emit_func_output(output)
+    assert ops_in(reshapes_before_norms(bb.get()["main"])) == ["relax.nn.softmax", "relax.reshape", "relax.add"]
 
 
 def test_gpt2s_norm_and_cast_at_sixteen_bits_are_one_cuda_kernel():

@@ -56,11 +56,11 @@ def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
 def kernels_to_tune(mod: tvm.IRModule, function_names, target: tvm.target.Target) -> list[tuple[str, object]]:
     """The distinct kernels of the named partitions that have no tuned record yet, in the order the partitions are
     given, at most MAX_KERNELS: (a name saying whose kernel it is, the PrimFunc). Partitions that repeat one already
-    read (a model's repeated layers) are passed over."""
+    read, constants and all (a model's repeated layers), are passed over without being lowered again."""
     db = database.open_database(target)
     found, seen, read = [], set(), set()
     for name in function_names:
-        partition_key = tvm_compat.structural_key(mod[name])
+        partition_key = tvm_compat.structural_key(mod[name], with_values=True)  # LegalizeOps writes scalars into the TIR
         if partition_key in read:
             continue
         read.add(partition_key)

@@ -228,3 +228,17 @@ def test_repeated_partitions_take_one_place_among_the_kernels_to_tune(tmp_path, 
     mod = tvm.IRModule(functions)
     wanted = tuning.kernels_to_tune(mod, ["layer0", "layer1", "layer2", "head", "tail"], target)
     assert [name.split("/")[0] for name, _ in wanted] == ["layer0", "head"]
+
+
+def test_partitions_that_differ_only_in_a_constants_value_each_give_their_kernel(tmp_path, monkeypatch):
+    """LegalizeOps writes a scalar constant into the kernel: a scale of 0.125 and one of 3.0 are two kernels to tune."""
+    from collage_metaschedule import tuning
+
+    monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
+
+    def scaled(value):
+        return lambda bb, x: bb.emit(relax.op.multiply(relax.op.exp(x), relax.const(value, "float32")))
+
+    mod = tvm.IRModule({"p0": function_module(scaled(0.125), (64, 64))["main"], "p1": function_module(scaled(3.0), (64, 64))["main"]})
+    wanted = tuning.kernels_to_tune(mod, ["p0", "p1"], tvm_compat.host_cpu_target())
+    assert [name.split("/")[0] for name, _ in wanted] == ["p0", "p1"]

@@ -36,7 +36,16 @@ class _SplitsAsSlices(relax.PyExprMutator):
 
     def __init__(self):
         super().__init__()
-        self.splits = {}  # the split's variable: (its input, its axis, its parts' bounds)
+        self.splits = {}  # the split's variable: (its input, its axis, its parts' bounds), in the block being visited
+
+    # A part read in another block than its split's stays a part: its slice would read a dataflow variable there.
+    def visit_dataflow_block_(self, block):
+        self.splits = {}
+        return super().visit_dataflow_block_(block)
+
+    def visit_binding_block_(self, block):
+        self.splits = {}
+        return super().visit_binding_block_(block)
 
     def visit_var_binding_(self, binding):
         value = binding.value
