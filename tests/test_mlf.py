@@ -450,6 +450,8 @@ def test_a_tar_that_does_not_load_in_a_new_process_is_named_with_the_problem_in_
 def test_the_loaded_tar_describes_its_inputs_and_makes_the_models_random_inputs(exported, optimized):
     loaded = load_mlf(exported)
     assert loaded.input_specs == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    # the outputs under the ONNX graph's own names, not the Relax function's variables (gv)
+    assert loaded.executor_config["outputs"] == [{"name": "output", "shape": [1, 10], "dtype": "float32"}]
     for made, expected in zip(loaded.random_inputs(seed=4), optimized.model.random_inputs(seed=4)):
         np.testing.assert_array_equal(made, expected)
 

@@ -52,6 +52,11 @@ def test_a_module_returning_a_model_output_is_placed_and_verified(shared_cost_db
     )
     assert result.model.output_names == ("output['scores']", "output['features']")
     assert result.verification.passed, result.verification.describe()
+    from collage_core.outputs.mlf import load_mlf
+    from collage_core.outputs.mlf_export import export_mlf
+
+    loaded = load_mlf(export_mlf(result, tmp_path / "scorer.tar"), tmp_path / "unpacked")
+    assert [output["name"] for output in loaded.executor_config["outputs"]] == ["output['scores']", "output['features']"]
 
 
 def resnet():

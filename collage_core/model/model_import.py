@@ -228,6 +228,7 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
                 "it holds no data to place a model on; export it with every dimension at least 1"
             )
         inputs.append(_checked_size(TensorSpec(value.name, [dim.dim_value for dim in dims], dtype), origin))
+    outputs = tuple(value.name for value in proto.graph.output)  # the graph's own names, which the export keeps
     fingerprint = hashlib.sha256(data).hexdigest()
     original = OriginalModel(ONNX, data, fingerprint)
     reference = onnx_reference(data, inputs)
@@ -235,7 +236,9 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
     cache_name = import_cache.key(fingerprint)
     cached = import_cache.load(cache_name)
     if cached is not None:
-        return ImportedModel(name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name, original=original)
+        return ImportedModel(
+            name, "onnx", cached.mod, tuple(inputs), cached.fingerprint, reference, reference_name, output_names=outputs, original=original
+        )
     fold_failure = ""
     if any(node.op_type in SHAPE_ARITHMETIC for node in proto.graph.node):
         try:  # what TVM imports; the original stays the numerics reference
@@ -259,7 +262,9 @@ def _from_onnx_proto(proto, name: str, data: bytes, origin: str = "ONNX model", 
         raise ModelImportError(f"{origin}: TVM's ONNX importer failed: {one_line(error)}{fold_failure}{advice}") from None
     canonical = canonicalize(mod, origin)
     import_cache.store(cache_name, canonical, fingerprint, len(data))
-    return ImportedModel(name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, original=original)
+    return ImportedModel(
+        name, "onnx", canonical, tuple(inputs), fingerprint, reference, reference_name, output_names=outputs, original=original
+    )
 
 
 def _shapes_example(dims) -> str:

@@ -117,6 +117,13 @@ def _io(vars_) -> list[dict]:
     return described
 
 
+def _named(outputs: list[dict], names) -> list[dict]:
+    """``outputs`` under the model's own names where it names each of them; else as the Relax function names them."""
+    if len(names) != len(outputs):
+        return outputs
+    return [{**output, "name": str(name)} for output, name in zip(outputs, names)]
+
+
 def _parameters(partitioned) -> dict:
     """Every distinct constant of the partitioned module, named ``p<i>`` in order of first appearance, as numpy.
 
@@ -232,6 +239,8 @@ class _Placed:
     entries: list
     placement_json: dict
     dispatch: Any = None
+    # The model's own names of its outputs, in order (an ONNX graph's, a PyTorch module's ``output['logits']``).
+    output_names: tuple = ()
 
 
 def _placed(optimized) -> _Placed:
@@ -245,9 +254,17 @@ def _placed(optimized) -> _Placed:
             [dispatch.functions[i] for i in order],
             optimized.placements_json(),
             dispatch,
+            optimized.shapes[0].model.output_names,
         )
     placement = optimized.placement
-    return _Placed(placement.model_name, [placement], optimized.partitioned_mod, ["main"], placement.to_json())
+    return _Placed(
+        placement.model_name,
+        [placement],
+        optimized.partitioned_mod,
+        ["main"],
+        placement.to_json(),
+        output_names=optimized.model.output_names,
+    )
 
 
 def export_mlf(
@@ -282,7 +299,11 @@ def export_mlf(
     lowered_files, lowered = _lowered(pm, partitioned, backends, optimized.target, cuda_graphs and tvm_compat.is_cuda(optimized.target))
     name = placed.name
     entries = [
-        {"function": entry, "inputs": _io(partitioned[entry].params), "outputs": _io(_output_vars(partitioned[entry]))}
+        {
+            "function": entry,
+            "inputs": _io(partitioned[entry].params),
+            "outputs": _named(_io(_output_vars(partitioned[entry])), placed.output_names),
+        }
         for entry in placed.entries
     ]
     files: dict[str, bytes] = {OBJECTS_DIR + object_name: data for object_name, data in objects.items()}
