@@ -251,6 +251,11 @@ def build_and_compare(
     verification = verified(job, built, options.verify, fitted)
     clock.lap("building and verifying")
     origin = found_by(search, options.placement, replayed.why_chosen if replayed is not None else "")
+    if replayed is not None and replayed.model_fingerprint != job.imported.fingerprint:  # warned of too, as it was read
+        origin += (
+            f"; made for another version of this model (fingerprint {replayed.model_fingerprint[:16]}, this model's "
+            f"{job.imported.fingerprint[:16]}: other shapes or attributes, or another file), so its partitions' costs are that model's"
+        )
     searched_placement = None
     if not options.compares_backends():
         outcome = Outcome(
