@@ -154,7 +154,7 @@ def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_th
         replayed = collage_core.optimize(str(TINY_RESNET), placement=other, backends=["tvm"], compare_backends=False, show_progress=False)
     # the report and results.json say so too, not only the warning on stderr
     assert replayed.placement.why_chosen.startswith(f"replayed from {other}")
-    assert "made for another version of this model (fingerprint 0123456789abcdef" in replayed.placement.why_chosen
+    assert "made for another version of this model (its fingerprint is 0123456789abcdef" in replayed.placement.why_chosen
     warned = [r.getMessage() for r in caplog.records if "another version" in r.getMessage()]
     assert warned == [
         f"{other} was made for another version of this model (its fingerprint is 0123456789abcdef, this model's "

@@ -17,11 +17,20 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
+from collage_core.backends import whole_model_builder
 from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure.cost_db import CostDatabaseError, open_costs
 from collage_core.measure.in_turns import time_in_turns
-from collage_core.measure.job import BASELINE_PROTOCOL, UNPARTITIONED, Job, claimed_end_to_end, describe_cost, placement_claim_lifetime_s
+from collage_core.measure.job import (
+    BASELINE_PROTOCOL,
+    UNPARTITIONED,
+    Job,
+    claimed_end_to_end,
+    describe_cost,
+    made_for_another_version,
+    placement_claim_lifetime_s,
+)
 from collage_core.measure.progress import PhaseClock
 from collage_core.measure.timing import stopped, stopped_limit
 from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
@@ -114,7 +123,7 @@ def baselines(
                 built.append(baseline)
     # TVM's unpartitioned build runs the kernels of TVM alone without partition boundaries: it
     # cannot win where TVM alone cannot.
-    builder = job.whole_model_builder
+    builder = whole_model_builder(job.chosen)
     alone = next((p for name, p in built if builder is not None and name == f"{builder} alone"), None)
     reference = op_level_parts or parts
     unpartitioned = predicted_cost(alone, reference, f"{builder} alone's") if alone is not None else None
@@ -189,7 +198,7 @@ def whole_model_build(job: Job) -> Optional[list[Partition]]:
     """The unpartitioned build as a placement: one partition holding every operator, on the backend that builds
     whole models (TVM, which fuses and schedules it as it does the unpartitioned model: its fusion works within a
     function); None when no chosen backend does."""
-    builder = job.whole_model_builder
+    builder = whole_model_builder(job.chosen)
     if builder is None:
         return None
     nodes = tuple(range(len(job.graph.graph)))
@@ -251,11 +260,9 @@ def build_and_compare(
     verification = verified(job, built, options.verify, fitted)
     clock.lap("building and verifying")
     origin = found_by(search, options.placement, replayed.why_chosen if replayed is not None else "")
-    if replayed is not None and replayed.model_fingerprint != job.imported.fingerprint:  # warned of too, as it was read
-        origin += (
-            f"; made for another version of this model (fingerprint {replayed.model_fingerprint[:16]}, this model's "
-            f"{job.imported.fingerprint[:16]}: other shapes or attributes, or another file), so its partitions' costs are that model's"
-        )
+    other_version = made_for_another_version(replayed, job.imported) if replayed is not None else ""
+    if other_version:  # warned of too, as the file was read
+        origin += f"; {other_version}"
     searched_placement = None
     if not options.compares_backends():
         outcome = Outcome(

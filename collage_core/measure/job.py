@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from collage_core import tvm_compat
-from collage_core.backends import contribute_patterns, whole_model_builder
+from collage_core.backends import contribute_patterns
 from collage_core.build.deploy import runtime_file
 from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
@@ -66,6 +66,18 @@ BASELINE_PROTOCOL = "baseline-2"
 FINISHED_PROTOCOL = "finished-1"
 
 
+def made_for_another_version(placement: Placement, imported: ImportedModel) -> str:
+    """What a replay says of a placement made for another version of the model it builds (another fingerprint: other
+    shapes or attributes, or another file), on stderr and in why it was chosen; empty when it was made for this one."""
+    if placement.model_fingerprint == imported.fingerprint:
+        return ""
+    return (
+        f"made for another version of this model (its fingerprint is {placement.model_fingerprint}, this model's "
+        f"{imported.fingerprint}: other shapes or attributes, or another file): its partitions' costs are that model's, "
+        "not measured here"
+    )
+
+
 @attrs.define
 class Job:
     """What one optimization carries from step to step."""
@@ -103,11 +115,6 @@ class Job:
     def backends(self) -> dict:
         return {info.name: info.backend for info in self.chosen}
 
-    @property
-    def whole_model_builder(self) -> Optional[str]:
-        """The chosen backend whose build of the whole model is the unpartitioned baseline (TVM), or None."""
-        return whole_model_builder(self.chosen)
-
     def replayed(self, path) -> Placement:
         placement = load_placement(path)
         placement_file.check_same_file(placement, self.imported, str(path))
@@ -120,14 +127,9 @@ class Job:
             )
         self._check_matches(placement, path)
         self.say(f"replaying {path}: {len(placement.partitions)} partitions, nothing measured")
-        if placement.model_fingerprint != self.imported.fingerprint:
-            log.warning(
-                "%s was made for another version of this model (its fingerprint is %s, this model's %s: other shapes or "
-                "attributes, or another file): its partitions' costs are that model's, not measured here",
-                path,
-                placement.model_fingerprint,
-                self.imported.fingerprint,
-            )
+        other_version = made_for_another_version(placement, self.imported)
+        if other_version:
+            log.warning("%s was %s", path, other_version)
         made_for, running = str(placement.target.get("kind", "")), str(self.target.kind.name)
         if made_for != running:
             log.warning(

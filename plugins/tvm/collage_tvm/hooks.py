@@ -101,10 +101,7 @@ def patterns(target, precision) -> list[Pattern]:
 
 def _lower_function(func, name):
     # TVM's own pipeline lowers plain Relax functions; FuseOps works inside each partition
-    # function, so fusion never crosses a partition boundary. First a split's parts become slices
-    # (they fuse with their readers), a reshape after a norm over the last axis comes before it (what follows the norm
-    # fuses with it),
-    # and small integer powers multiplications (TVM's fast-math CUDA pow is NaN for negative bases).
+    # function, so fusion never crosses a partition boundary. It is rewritten first (collage_tvm.prepare).
     return prepare.prepared(func)
 
 

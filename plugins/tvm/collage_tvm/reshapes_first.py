@@ -45,7 +45,7 @@ def reshapes_before_norms(func: relax.Function) -> relax.Function:
 
     def reshape_first(call, matches):
         norm = matches[normed]
-        if not any(norm.same_as(call) for call in read_once):
+        if not any(norm.same_as(once) for once in read_once):
             return call
         try:
             before, _ = tvm_compat.tensor_shape_dtype(norm.args[0])
