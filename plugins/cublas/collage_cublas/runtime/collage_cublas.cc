@@ -47,7 +47,10 @@ namespace {
 constexpr int64_t kSpecVersion = 5;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
-constexpr int kHeuristicCandidates = 8;
+constexpr int kHeuristicCandidates = 32;
+// Of these, the first few are timed again with K split 2, 3 and 4 ways where the kernel can split it.
+constexpr size_t kSplitKCandidates = 8;
+constexpr int32_t kSplitKWays[] = {2, 3, 4};
 constexpr int64_t kAlignmentBytes = 16;  // what cuBLASLt's fast kernels need of every leading dimension
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
 // How D reaches the output: written in place, or written padded and copied into place by
@@ -439,12 +442,12 @@ class Kernel {
       cublasLtMatmulAlgo_t algo;
     };
     std::vector<Candidate> candidates;
-    for (const auto& result : Candidates(kHeuristicCandidates, false)) candidates.push_back({kInPlace, result.algo});
+    for (const auto& algo : WithSplitK(Candidates(kHeuristicCandidates, false), false)) candidates.push_back({kInPlace, algo});
     if (padded_) {  // the buffer is made where D may be padded and a padded kernel exists
       bool transforms = TransformCopiesAsMemcpy(buffers[3], buffers[4], stream);
-      for (const auto& result : Candidates(kHeuristicCandidates, true)) {
-        candidates.push_back({kPaddedMemcpy, result.algo});
-        if (transforms) candidates.push_back({kPaddedTransform, result.algo});
+      for (const auto& algo : WithSplitK(Candidates(kHeuristicCandidates, true), true)) {
+        candidates.push_back({kPaddedMemcpy, algo});
+        if (transforms) candidates.push_back({kPaddedTransform, algo});
       }
     }
     if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
@@ -482,6 +485,43 @@ class Kernel {
     if (padded_) cudaFree(padded_);
     if (transform_) cublasLtMatrixTransformDescDestroy(transform_);
     cublasLtMatmulDescDestroy(desc_);
+  }
+  // `found`'s algorithms, then the first kSplitKCandidates of them that compute K whole, again with K split
+  // kSplitKWays ways and the parts summed in float32 in the workspace. cuBLASLt's heuristic seldom offers a
+  // split, which evens out the last wave of a problem with few output tiles (a projection back to the model
+  // width: 1024 x 768 makes 192 tiles of 64 x 64 for an H100's 132 multiprocessors). Timing decides.
+  std::vector<cublasLtMatmulAlgo_t> WithSplitK(const std::vector<cublasLtMatmulHeuristicResult_t>& found, bool padded) {
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    for (const auto& result : found) algos.push_back(result.algo);
+    for (size_t i = 0; i < found.size() && i < kSplitKCandidates; ++i) {
+      const cublasLtMatmulAlgo_t& algo = found[i].algo;
+      int32_t splittable = 0, ways = 0;
+      uint32_t schemes = 0;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splittable, sizeof(splittable), &written) !=
+              CUBLAS_STATUS_SUCCESS ||
+          !splittable)
+        continue;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &ways, sizeof(ways), &written) !=
+              CUBLAS_STATUS_SUCCESS ||
+          ways > 1)
+        continue;
+      if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes), &written) !=
+              CUBLAS_STATUS_SUCCESS ||
+          !(schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))
+        continue;
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      for (int32_t split : kSplitKWays) {
+        cublasLtMatmulAlgo_t variant = algo;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&variant, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)) ==
+                CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoConfigSetAttribute(&variant, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) ==
+                CUBLAS_STATUS_SUCCESS &&
+            AlgoFits(variant, padded))
+          algos.push_back(variant);
+      }
+    }
+    return algos;
   }
   bool AlgoFits(const cublasLtMatmulAlgo_t& algo, bool padded) {
     cublasLtMatmulHeuristicResult_t result;
