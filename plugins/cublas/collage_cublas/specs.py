@@ -9,7 +9,9 @@ batch strides. Batch dimensions that cannot be merged into one strided batch are
 (at most one such outer loop). A constant operand (a weight) whose rows are not 16 bytes apart is read
 from its transpose where that one's rows are, or else from a copy padded with zeros to that width: cuBLASLt's
 fast kernels need them aligned; an output whose rows are not
-(GPT-2's logits) may be written to a padded buffer and copied into place, which the runtime's tuning decides. The epilogue (scale as alpha, bias, residual as C with beta 1,
+(GPT-2's logits) may be written to a padded buffer and copied into place, which the runtime's tuning decides; a
+K-major weight is then stored with zero rows to the padded width, so that the padded product is all aligned. The
+epilogue (scale as alpha, bias, residual as C with beta 1,
 ReLU or tanh GELU) is cuBLASLt's; erf GELU is refused (cuBLASLt's GELU is the tanh form). The
 operands are float32, or bfloat16 or float16 accumulating into a float32 result; with 16-bit operands
 the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D, the bias and
@@ -35,7 +37,7 @@ from collage_core.kit import (
 )
 from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 5
+SPEC_VERSION = 6
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), and what the output and residual are (float32,
 # or the 16-bit type of a cast the group applies to the product). The bias is of the output's type (a
@@ -53,6 +55,7 @@ MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided
 # multiple of 16 bytes. GPT-2's language-model head (a 768 x 50257 weight: the vocabulary is odd) ran as an sm75
 # kernel at alignment 1, 623 us of a 2.9 ms call on an H100 at bf16.
 ALIGNMENT_BYTES = 16
+OUTPUT_BYTES = {FLOAT32: 4, "bfloat16": 2, "float16": 2}
 
 
 @attrs.frozen
@@ -99,6 +102,25 @@ def aligned_constant(operand: StridedOperand) -> StridedOperand:
     return StridedOperand(relax.const(padded, str(stored.dtype)), operand.dims, strides)
 
 
+def padded_for_output(lhs: StridedOperand, rhs: StridedOperand, out_shape, epilogue) -> tuple[StridedOperand, int]:
+    """``rhs`` stored with zero rows up to the width the runtime pads the output's rows to, and 1, where it may write
+    the output padded (its rows are not ALIGNMENT_BYTES apart, nothing is added to it, one launch) and ``rhs`` is a
+    weight stored K-major (N x K, as :func:`aligned_constant` leaves GPT-2's language-model head): the padded routes
+    then compute the zero rows too, and cuBLASLt's fast kernels take the product (see the runtime). Else ``rhs``, 0."""
+    n, k = out_shape[-1], rhs.dims[-2]
+    itemsize = OUTPUT_BYTES[epilogue.out_dtype]
+    if epilogue.bias is not None or epilogue.residual is not None or n * itemsize % ALIGNMENT_BYTES == 0:
+        return rhs, 0
+    inner, outer, _ = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)
+    stored = tvm_compat.constant_array(rhs.source)
+    if inner.size != 1 or outer.size != 1 or stored is None or stored.shape != (n, k) or tuple(rhs.strides) != (1, k):
+        return rhs, 0
+    per_alignment = ALIGNMENT_BYTES // itemsize
+    padded = np.zeros((-(-n // per_alignment) * per_alignment, k), dtype=stored.dtype)
+    padded[:n] = stored
+    return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), 1
+
+
 def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[int, ...]:
     inner, outer, rows = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)
     m, k = rows.size, lhs.dims[-1]
@@ -135,13 +157,16 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> Kernel
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
         raise Refused("the group's output is not the product's elements")
+    a_padded_m = 0
+    if aligned:
+        rhs, a_padded_m = padded_for_output(lhs, rhs, out_shape, epilogue)
     operands = [rhs.source, lhs.source]
     if epilogue.bias is not None:  # in D's type: cuBLASLt takes no float32 bias for a 16-bit D
         operands.append(relax.const(as_dtype(epilogue.bias, epilogue.out_dtype), epilogue.out_dtype))
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     words = (
-        SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), ACTIVATION_CODES[epilogue.activation],
+        SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), a_padded_m, ACTIVATION_CODES[epilogue.activation],
         int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale), operand_type,
         OPERAND_TYPES[epilogue.out_dtype],
     )

@@ -13,7 +13,11 @@
 // An output whose rows are not 16 bytes apart (GPT-2's logits: 50257 columns) keeps cuBLASLt on its
 // slow alignment-1 kernels. Such a product may instead be written to a scratch buffer whose rows are
 // padded to 16 bytes, then copied into the output, by cudaMemcpy2DAsync or by cuBLASLt's own layout
-// transform (cublasLtMatrixTransform); tuning decides which of the three routes is fastest.
+// transform (cublasLtMatrixTransform); tuning decides which of the three routes is fastest. Where the
+// first operand is a weight the lowering stored with zero rows up to the padded width (`a_padded_m`), the
+// padded routes compute those rows too: cuBLASLt's fast kernels want the output's rows of that width, not
+// only 16 bytes apart (PyTorch's own product at 1024 x 768 x 50257, bf16 operands and float32 logits,
+// took 837 us on an H100 unpadded and 148 us with N padded to 50264).
 // That buffer, like the workspace, is one per kernel: calls of one spec are assumed to run on one stream
 // (TVM's), one after another.
 //
@@ -44,7 +48,7 @@
 namespace collage_cublas {
 namespace {
 
-constexpr int64_t kSpecVersion = 5;
+constexpr int64_t kSpecVersion = 6;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 32;
@@ -95,6 +99,7 @@ struct Spec {
   int64_t epilogue, has_bias, has_residual;
   double alpha;
   int64_t operand_type, output_type;
+  int64_t a_padded_m;  // the first operand's buffer holds PaddedLd() columns of op(a), zeros past m
   int64_t has_algo, route;
   cublasLtMatmulAlgo_t algo;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
@@ -111,6 +116,8 @@ struct Spec {
     const int64_t per_alignment = kAlignmentBytes / OutputBytes();
     return (ld_d + per_alignment - 1) / per_alignment * per_alignment;
   }
+  // The rows of D that the padded routes compute: m, or with a padded first operand, as many as D is padded to.
+  int64_t PaddedM() const { return a_padded_m ? PaddedLd() : m; }
 };
 
 // The bits of a small whole number (below 256, so exact) as bfloat16 and as IEEE half.
@@ -204,6 +211,7 @@ Spec ParseSpec(const std::string& hex) {
   spec.outer = reader.Next();
   spec.d_batch_stride = reader.Next();
   spec.d_outer_stride = reader.Next();
+  spec.a_padded_m = reader.Next();
   spec.epilogue = reader.Next();
   spec.has_bias = reader.Next();
   spec.has_residual = reader.Next();
@@ -213,6 +221,9 @@ Spec ParseSpec(const std::string& hex) {
   spec.OperandDataType();  // refuse an unknown type here, before anything is created
   spec.OutputDataType();
   if (spec.output_type == kTf32Operands) Fail("TF32 is an operand type, not an output type");
+  if (spec.a_padded_m && !(spec.MayPadD() && !spec.has_bias && spec.batch == 1 && spec.outer == 1 && spec.a.op == 1)) {
+    Fail("the spec pads a first operand whose product's output cannot be padded");
+  }
   spec.has_algo = reader.Next();
   // without a timed choice, padding is cuBLASLt's fast kernels' condition
   spec.route = spec.MayPadD() ? kPaddedMemcpy : kInPlace;
@@ -294,11 +305,15 @@ class Kernel {
       Check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
             "bias type");
     }
-    a_ = Layout(spec.OperandDataType(), spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
+    a_[0] = Layout(spec.OperandDataType(), spec.a.rows, spec.a.cols, spec.a.ld, spec.batch, spec.a.batch_stride);
     b_ = Layout(spec.OperandDataType(), spec.b.rows, spec.b.cols, spec.b.ld, spec.batch, spec.b.batch_stride);
     d_[0] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
     if (spec.MayPadD()) {
-      d_[1] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
+      d_[1] = Layout(spec.OutputDataType(), spec.PaddedM(), spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
+      if (spec.a_padded_m) {  // op(a) is a's transpose: its columns are the rows of D
+        a_[1] = Layout(spec.OperandDataType(), spec.a.rows, spec.PaddedM(), spec.a.ld, spec.batch, spec.a.batch_stride);
+        copied_ = Layout(spec.OutputDataType(), spec.m, spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
+      }
       cublasStatus_t made = cublasLtMatrixTransformDescCreate(&transform_, CUDA_R_32F);
       if (made != CUBLAS_STATUS_SUCCESS) {
         transform_ = nullptr;
@@ -344,7 +359,7 @@ class Kernel {
     std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
     int returned = 0;
     cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, d_[padded], d_[padded], preference, wanted, results.data(), &returned);
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, A(padded), b_, d_[padded], d_[padded], preference, wanted, results.data(), &returned);
     cublasLtMatmulPreferenceDestroy(preference);
     if (status != CUBLAS_STATUS_SUCCESS) returned = 0;
     results.resize(returned);
@@ -367,7 +382,7 @@ class Kernel {
     }
     const int64_t operand_bytes = spec_.OperandBytes(), output_bytes = spec_.OutputBytes();
     for (int64_t outer = 0; outer < spec_.outer; ++outer) {
-      Check(cublasLtMatmul(handle_, desc_, &alpha, a + operand_bytes * outer * spec_.a.outer_stride, a_,
+      Check(cublasLtMatmul(handle_, desc_, &alpha, a + operand_bytes * outer * spec_.a.outer_stride, A(padded),
                            b + operand_bytes * outer * spec_.b.outer_stride, b_, &beta, c + output_bytes * outer * spec_.d_outer_stride,
                            d_layout, d + output_bytes * outer * spec_.d_outer_stride, d_layout, &algo, Workspace(device_),
                            kWorkspaceBytes, stream),
@@ -415,7 +430,8 @@ class Kernel {
   // The padded D copied into `out` by cuBLASLt's layout transform (out = 1 * padded, no second matrix).
   cublasStatus_t CopyByTransform(void* out, cudaStream_t stream) {
     const float one = 1.0f, zero = 0.0f;
-    return cublasLtMatrixTransform(handle_, transform_, &one, padded_, d_[1], &zero, nullptr, nullptr, out, d_[0], stream);
+    return cublasLtMatrixTransform(handle_, transform_, &one, padded_, copied_ ? copied_ : d_[1], &zero, nullptr, nullptr, out, d_[0],
+                                   stream);
   }
 
   void Run(const void* first, const void* second, const void* bias, const void* residual, void* out, cudaStream_t stream) {
@@ -427,7 +443,9 @@ class Kernel {
   // padded then copied either way, as spec words: the OutputRoute, then the algorithm.
   std::vector<int64_t> Tune() {
     TuningScratch scratch;
-    size_t sizes[5] = {Extent(spec_.a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
+    Matrix a = spec_.a;
+    a.cols = spec_.a_padded_m ? spec_.PaddedM() : a.cols;  // what the padded routes read
+    size_t sizes[5] = {Extent(a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
     for (int i = 0; i < 5; ++i) {
       Check(cudaMalloc(&scratch.buffers[i], 4 * sizes[i]), "allocating tuning buffers");
       Check(cudaMemset(scratch.buffers[i], 0, 4 * sizes[i]), "clearing tuning buffers");
@@ -478,7 +496,9 @@ class Kernel {
 
  private:
   void Release() {
-    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatrixLayoutDestroy(a_[0]);
+    if (a_[1]) cublasLtMatrixLayoutDestroy(a_[1]);
+    if (copied_) cublasLtMatrixLayoutDestroy(copied_);
     cublasLtMatrixLayoutDestroy(b_);
     cublasLtMatrixLayoutDestroy(d_[0]);
     if (d_[1]) cublasLtMatrixLayoutDestroy(d_[1]);
@@ -525,7 +545,7 @@ class Kernel {
   }
   bool AlgoFits(const cublasLtMatmulAlgo_t& algo, bool padded) {
     cublasLtMatmulHeuristicResult_t result;
-    return cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, d_[padded], d_[padded], &algo, &result) == CUBLAS_STATUS_SUCCESS &&
+    return cublasLtMatmulAlgoCheck(handle_, desc_, A(padded), b_, d_[padded], d_[padded], &algo, &result) == CUBLAS_STATUS_SUCCESS &&
            result.workspaceSize <= kWorkspaceBytes;
   }
   size_t Extent(const Matrix& m) const {
@@ -541,8 +561,11 @@ class Kernel {
   int device_;
   cublasLtHandle_t handle_;
   cublasLtMatmulDesc_t desc_;
-  cublasLtMatrixLayout_t a_, b_;
+  // The first operand as the product in place reads it, and (with a padded first operand) as the padded routes do.
+  cublasLtMatrixLayout_t A(bool padded) const { return padded && a_[1] ? a_[1] : a_[0]; }
+  cublasLtMatrixLayout_t a_[2] = {nullptr, nullptr}, b_;
   cublasLtMatrixLayout_t d_[2] = {nullptr, nullptr};  // D in place, and padded (when it may be)
+  cublasLtMatrixLayout_t copied_ = nullptr;           // with a padded first operand: D's first m rows in the padded buffer
   void* padded_ = nullptr;                           // the padded D's scratch buffer
   cublasLtMatrixTransformDesc_t transform_ = nullptr;  // copies the padded D into place (kPaddedTransform)
   int64_t route_ = kInPlace;                          // how runs write D
