@@ -148,6 +148,7 @@ def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_th
     costs it carries were measured on the other model."""
     data = json.loads((workspace / "out" / "placement.json").read_text())
     data["model"]["fingerprint"] = "0123456789abcdef"
+    data["model"]["name"] = "resnet_before_retraining"
     other = workspace / "made-for-another-version.json"
     other.write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING, logger="collage"):
@@ -155,6 +156,8 @@ def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_th
     # the report and results.json say so too, not only the warning on stderr
     assert replayed.placement.why_chosen.startswith(f"replayed from {other}")
     assert "made for another version of this model (its fingerprint is 0123456789abcdef" in replayed.placement.why_chosen
+    # the report is of the model built here, under its own name, not the name the file carries
+    assert render_report(replayed).splitlines()[0].startswith(f"Model {optimized.model.name}: ")
     warned = [r.getMessage() for r in caplog.records if "another version" in r.getMessage()]
     assert warned == [
         f"{other} was made for another version of this model (its fingerprint is 0123456789abcdef, this model's "

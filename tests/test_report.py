@@ -23,6 +23,18 @@ def _sections(text: str) -> tuple[str, str]:
     return in_turns, one_after_another
 
 
+def _no_products() -> SimpleNamespace:
+    """A model named "m" with nothing whose FLOPs the report counts (an addition): no throughput line."""
+    from tvm import relax
+
+    from collage_core.testing import function_module
+
+    return SimpleNamespace(name="m", mod=function_module(lambda bb, a: relax.op.add(a, a), (4,)))
+
+
+NO_PRODUCTS = _no_products()
+
+
 def _placement(**fields) -> SimpleNamespace:
     return SimpleNamespace(
         **{
@@ -49,6 +61,7 @@ def _report(entries, **placement_fields) -> str:
             two_level=None,
             verification=None,
             phases_s={},
+            model=NO_PRODUCTS,
             threads=ThreadSettings.machine_defaults(),
         )
     )
@@ -192,7 +205,7 @@ def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches
 
     from collage_core.testing import function_module
 
-    model = SimpleNamespace(mod=function_module(lambda bb, a, b: relax.op.matmul(a, b), (1024, 2048), (2048, 4096)))
+    model = SimpleNamespace(name="m", mod=function_module(lambda bb, a, b: relax.op.matmul(a, b), (1024, 2048), (2048, 4096)))
     mix = {"cublas": 1}
     entries = [
         EndToEnd("placement", Cost.measured(1.0e-3, 1e-6, 99), mix, timed_in_turns=True),
@@ -241,6 +254,7 @@ def test_thread_settings_other_than_the_machine_defaults_are_named():
                 two_level=None,
                 verification=None,
                 phases_s={},
+                model=NO_PRODUCTS,
                 threads=threads,
             )
         )

@@ -184,7 +184,7 @@ def render_report(optimized) -> str:
         else:
             rows.append([name, str(ops), str(parts), f"{seconds * 1e3:.3f} ms", f"{100 * seconds / total:.1f}%" if total else "-"])
     sections = [
-        f"Model {placement.model_name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
+        f"Model {optimized.model.name}: {len(placement.operators)} operators on {placement.ran_on or placement.device}, "
         f"{described_search(placement.search)}"
         + (f", convolutions in {placement.layout.upper()}" if placement.layout != MODEL else "")
         + (f" (placement measured on {placement.device})" if placement.ran_on else ""),
