@@ -56,6 +56,7 @@ MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided
 # kernel at alignment 1, 623 us of a 2.9 ms call on an H100 at bf16.
 ALIGNMENT_BYTES = 16
 OUTPUT_BYTES = {FLOAT32: 4, "bfloat16": 2, "float16": 2}
+PADDED_MULTIPLE = 16  # the runtime's padded output rows, in elements (kPaddedMultiple)
 
 
 @attrs.frozen
@@ -115,8 +116,7 @@ def padded_for_output(lhs: StridedOperand, rhs: StridedOperand, out_shape, epilo
     stored = tvm_compat.constant_array(rhs.source)
     if inner.size != 1 or outer.size != 1 or stored is None or stored.shape != (n, k) or tuple(rhs.strides) != (1, k):
         return rhs, 0
-    per_alignment = ALIGNMENT_BYTES // itemsize
-    padded = np.zeros((-(-n // per_alignment) * per_alignment, k), dtype=stored.dtype)
+    padded = np.zeros((-(-n // PADDED_MULTIPLE) * PADDED_MULTIPLE, k), dtype=stored.dtype)
     padded[:n] = stored
     return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), 1
 

@@ -39,8 +39,7 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     flat = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype) for x in operands]
     first, second = flat[0], flat[1]
     if a_padded_m:  # op(a) = aᵀ, stored with zero columns up to the padded output rows' width, which the padded routes read
-        per_alignment = specs.ALIGNMENT_BYTES // specs.OUTPUT_BYTES[out_dtype]
-        padded_m = -(-m // per_alignment) * per_alignment
+        padded_m = -(-m // specs.PADDED_MULTIPLE) * specs.PADDED_MULTIPLE
         assert a[0] == 1 and batch == outer == 1 and not has_bias and not has_residual and padded_m > m
         assert first.numel() == a[3] * padded_m and not first[a[3] * m :].any()
     bias = flat[2] if has_bias else None
