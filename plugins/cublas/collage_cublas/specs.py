@@ -37,7 +37,7 @@ from collage_core.kit import (
 )
 from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
-SPEC_VERSION = 6
+SPEC_VERSION = 7
 # The last two words: what the two matrix operands are (16-bit ones accumulate into a float32 result, as
 # `collage optimize --precision bf16|fp16` writes them), and what the output and residual are (float32,
 # or the 16-bit type of a cast the group applies to the product). The bias is of the output's type (a
@@ -56,7 +56,10 @@ MAX_OUTER_BATCH = 64  # batches looped on the host beyond cuBLASLt's one strided
 # kernel at alignment 1, 623 us of a 2.9 ms call on an H100 at bf16.
 ALIGNMENT_BYTES = 16
 OUTPUT_BYTES = {FLOAT32: 4, "bfloat16": 2, "float16": 2}
-PADDED_MULTIPLE = 16  # the runtime's padded output rows, in elements (kPaddedMultiple)
+# A padded weight's rows, and so a padded output's row length, are a multiple of this many elements: 16 bytes apart
+# was not enough for sm_90's kernels (GPT-2's head at bf16: 50260 rows took an sm_80 kernel at alignment 2, 500 us on
+# an H200; 50272 rows sm_90's nvjet kernel, 136 us). The runtime pads an output whose weight is not padded alike.
+PADDED_MULTIPLE = 16
 
 
 @attrs.frozen
@@ -104,10 +107,11 @@ def aligned_constant(operand: StridedOperand) -> StridedOperand:
 
 
 def padded_for_output(lhs: StridedOperand, rhs: StridedOperand, out_shape, epilogue) -> tuple[StridedOperand, int]:
-    """``rhs`` stored with zero rows up to the width the runtime pads the output's rows to, and 1, where it may write
-    the output padded (its rows are not ALIGNMENT_BYTES apart, nothing is added to it, one launch) and ``rhs`` is a
-    weight stored K-major (N x K, as :func:`aligned_constant` leaves GPT-2's language-model head): the padded routes
-    then compute the zero rows too, and cuBLASLt's fast kernels take the product (see the runtime). Else ``rhs``, 0."""
+    """``rhs`` stored with zero rows up to the next multiple of PADDED_MULTIPLE, and that many rows, where the runtime
+    may write the output padded (its rows are not ALIGNMENT_BYTES apart, nothing is added to it, no batch) and ``rhs``
+    is a weight stored K-major (N x K, as :func:`aligned_constant` leaves GPT-2's language-model head): the padded
+    routes then compute the zero rows too, into rows that many elements apart, and cuBLASLt's fast kernels take the
+    product (see the runtime). Else ``rhs`` and 0."""
     n, k = out_shape[-1], rhs.dims[-2]
     itemsize = OUTPUT_BYTES[epilogue.out_dtype]
     if epilogue.bias is not None or epilogue.residual is not None or n * itemsize % ALIGNMENT_BYTES == 0:
@@ -116,9 +120,10 @@ def padded_for_output(lhs: StridedOperand, rhs: StridedOperand, out_shape, epilo
     stored = tvm_compat.constant_array(rhs.source)
     if inner.size != 1 or outer.size != 1 or stored is None or stored.shape != (n, k) or tuple(rhs.strides) != (1, k):
         return rhs, 0
-    padded = np.zeros((-(-n // PADDED_MULTIPLE) * PADDED_MULTIPLE, k), dtype=stored.dtype)
+    rows = -(-n // PADDED_MULTIPLE) * PADDED_MULTIPLE
+    padded = np.zeros((rows, k), dtype=stored.dtype)
     padded[:n] = stored
-    return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), 1
+    return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), rows
 
 
 def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[int, ...]:
@@ -157,16 +162,16 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> Kernel
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
         raise Refused("the group's output is not the product's elements")
-    a_padded_m = 0
+    padded_rows = 0
     if aligned:
-        rhs, a_padded_m = padded_for_output(lhs, rhs, out_shape, epilogue)
+        rhs, padded_rows = padded_for_output(lhs, rhs, out_shape, epilogue)
     operands = [rhs.source, lhs.source]
     if epilogue.bias is not None:  # in D's type: cuBLASLt takes no float32 bias for a 16-bit D
         operands.append(relax.const(as_dtype(epilogue.bias, epilogue.out_dtype), epilogue.out_dtype))
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     words = (
-        SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), a_padded_m, ACTIVATION_CODES[epilogue.activation],
+        SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), padded_rows, ACTIVATION_CODES[epilogue.activation],
         int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale), operand_type,
         OPERAND_TYPES[epilogue.out_dtype],
     )

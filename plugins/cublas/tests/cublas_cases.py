@@ -33,15 +33,15 @@ def reference(words, operands: list[np.ndarray], out_size: int, device: str = "c
     assert w[0] == specs.SPEC_VERSION
     m, n, k = w[1:4]
     a, b = w[4:10], w[10:16]
-    ld_d, batch, outer, d_stride, d_outer, a_padded_m = w[16:22]
+    ld_d, batch, outer, d_stride, d_outer, padded_rows = w[16:22]
     activation, has_bias, has_residual, alpha = w[22], w[23], w[24], _float(w[25])
     out_dtype = specs.DTYPE_OF_TYPE[w[27]]
     flat = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).ravel()).to(device=device, dtype=dtype) for x in operands]
     first, second = flat[0], flat[1]
-    if a_padded_m:  # op(a) = aᵀ, stored with zero columns up to the padded output rows' width, which the padded routes read
-        padded_m = -(-m // specs.PADDED_MULTIPLE) * specs.PADDED_MULTIPLE
-        assert a[0] == 1 and batch == outer == 1 and not has_bias and not has_residual and padded_m > m
-        assert first.numel() == a[3] * padded_m and not first[a[3] * m :].any()
+    if padded_rows:  # op(a) = aᵀ, stored with zero columns up to the padded output's row length, which the padded routes read
+        assert a[0] == 1 and batch == outer == 1 and not has_bias and not has_residual and padded_rows > m
+        assert padded_rows * specs.OUTPUT_BYTES[out_dtype] % specs.ALIGNMENT_BYTES == 0
+        assert first.numel() == a[3] * padded_rows and not first[a[3] * m :].any()
     bias = flat[2] if has_bias else None
     residual = flat[2 + has_bias] if has_residual else None
     out = torch.full((out_size,), float("nan"), device=device, dtype=dtype)

@@ -193,8 +193,9 @@ def test_a_weight_of_odd_width_read_from_an_aligned_copy_matches_pytorch(pm, bac
 @pytest.mark.parametrize("route", [0, 1, 2], ids=["in-place", "padded-memcpy", "padded-transform"])
 def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matches_pytorch(cuda, dtype, out_dtype, route):
     """GPT-2's logits: rows of 1001 columns are not 16 bytes apart (in float32 or 16 bits). Written in place
-    (cuBLASLt's alignment-1 kernels) or to a buffer padded to 16 bytes then copied into place (by
-    cudaMemcpy2DAsync or by cublasLtMatrixTransform), the product is the same; tuning picks one."""
+    (cuBLASLt's alignment-1 kernels) or, with the weight's zero rows, to a buffer of rows 1008 elements apart then
+    copied into place (by cudaMemcpy2DAsync or by cublasLtMatrixTransform), the product is the same; so is the
+    one tuning picks (its route and algorithm, split K among the candidates)."""
     _, device = cuda
     library.load()
     rng = np.random.default_rng(6)
@@ -207,22 +208,23 @@ def test_an_output_of_odd_width_written_in_place_or_through_a_padded_buffer_matc
     mod = function_module(make, (64, 768), dtype=dtype)
     graph, candidate = whole_candidate(mod, patterns.patterns(), "cublas.dense")
     spec = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]), aligned=True)
-    assert spec.words[21] == 1  # the padded routes compute the weight's zero rows too
+    assert spec.words[21] == 1008  # the padded routes compute the weight's zero rows too
     algorithm_words = int(tvm.get_global_func("collage_cublas.algo_words")())
     unfit_algorithm = (0,) * (algorithm_words - 1)  # not one cuBLASLt accepts: the runtime takes its heuristic choice
     tuned = np.frombuffer(bytes(tvm.get_global_func(lowering.TUNE_FUNCTION)(specs.as_text(spec.array()))), dtype="<i8")
     assert len(tuned) == algorithm_words and tuned[0] in (0, 1, 2)  # the route tuning chose, then its algorithm
-    text = specs.as_text(spec.array((route, *unfit_algorithm)))
     x = rounded_to(rng.uniform(-1, 1, size=(64, 768)).astype(F), dtype)
     stored_weight = tvm_compat.constant_array(spec.operands[0])
-    out = tvm_compat.to_tensor(rounded_to(np.full((64, 1001), np.nan, dtype=F), out_dtype), device)
-    tvm.get_global_func(lowering.RUN_FUNCTION)(text, tvm_compat.to_tensor(stored_weight, device), tvm_compat.to_tensor(x, device), out)
     expected = (torch.from_numpy(x.astype(np.float32)).double() @ torch.from_numpy(weight.astype(np.float32)).double()).numpy()
-    got = tvm_compat.to_numpy(out).astype(np.float64)
-    if out_dtype == F:
-        np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL * 768**0.5)
-    else:
-        np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
+    for words in ((route, *unfit_algorithm), tuple(int(word) for word in tuned)):
+        out = tvm_compat.to_tensor(rounded_to(np.full((64, 1001), np.nan, dtype=F), out_dtype), device)
+        run = tvm.get_global_func(lowering.RUN_FUNCTION)
+        run(specs.as_text(spec.array(words)), tvm_compat.to_tensor(stored_weight, device), tvm_compat.to_tensor(x, device), out)
+        got = tvm_compat.to_numpy(out).astype(np.float64)
+        if out_dtype == F:
+            np.testing.assert_allclose(got, expected, rtol=SIXTEEN_BIT_RTOL, atol=SIXTEEN_BIT_ATOL * 768**0.5)
+        else:
+            np.testing.assert_allclose(got, expected, rtol=0, atol=sixteen_bit_atol(expected, out_dtype))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

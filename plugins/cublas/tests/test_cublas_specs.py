@@ -256,23 +256,34 @@ def test_a_constant_operand_whose_rows_are_not_16_bytes_apart_is_read_from_a_pad
     assert spec.words[4:8] == (0, shape[1], shape[0], padded_cols)  # op(a) is N x K, read through the padded rows
 
 
-@pytest.mark.parametrize("dtype, padded_rows", [("float32", 16), ("bfloat16", 16)])
-def test_a_constant_operand_whose_rows_are_misaligned_and_columns_aligned_is_read_from_its_transpose(dtype, padded_rows):
+@pytest.mark.parametrize(
+    "dtype, out_dtype, vocab, padded_rows",
+    [
+        ("float32", F, 13, 16),
+        ("bfloat16", F, 17, 32),  # 17 float32 columns: 16 bytes would be 20 rows; sm_90's kernels wanted 32
+        ("bfloat16", "bfloat16", 12, 16),  # 24-byte bfloat16 rows: padded although 12 float32 would be aligned
+    ],
+)
+def test_a_constant_operand_whose_rows_are_misaligned_and_columns_aligned_is_read_from_its_transpose(dtype, out_dtype, vocab, padded_rows):
     """GPT-2's language-model head (a 768 x 50257 weight: the vocabulary is odd) ran as cuBLASLt's sm75 kernel at
     alignment 1. Stored transposed (50257 x 768, K-major, as PyTorch's ``nn.Linear`` keeps it), every row is 1536
-    bytes, and cuBLASLt reads it transposed. The float32 output's rows are misaligned too (13 columns), so the weight
-    gets zero rows up to the padded output's width (16 float32 columns, 64 bytes), which the runtime's padded routes
-    compute as well: the product they run is aligned throughout."""
-    weight = rounded_to(RNG.uniform(-1, 1, size=(24, 13)).astype(F), dtype)
-    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight), out_dtype=F), (3, 5, 24), dtype=dtype)
-    graph, candidate = whole(mod, "dense")
+    bytes, and cuBLASLt reads it transposed. The output's rows are misaligned too, so the weight gets zero rows up to a
+    multiple of 16 (specs.PADDED_MULTIPLE), which the runtime's padded routes compute as well, into rows that many
+    elements apart (word 21): the product they run is aligned throughout."""
+    weight = rounded_to(RNG.uniform(-1, 1, size=(24, vocab)).astype(F), dtype)
+
+    def make(bb, x):
+        product = R.matmul(x, relax.const(weight), out_dtype=F)
+        return product if out_dtype == F else R.astype(bb.emit(product), out_dtype)
+
+    graph, candidate = whole(function_module(make, (3, 5, 24), dtype=dtype), "dense")
     spec = check_candidate(graph, candidate.nodes, aligned=True)  # computes what TVM computes; the zero rows are zero
     stored = tvm_compat.constant_array(spec.operands[0])
     assert stored.shape == (padded_rows, 24) and str(stored.dtype) == dtype
-    np.testing.assert_array_equal(stored[:13], weight.T)
-    assert not np.any(stored[13:].astype(np.float32))
-    assert spec.words[4:8] == (1, 24, 13, 24)  # op(a) transposed: stored K x N column-major, ld K
-    assert spec.words[21] == 1  # the first operand padded along the output's rows
+    np.testing.assert_array_equal(stored[:vocab], weight.T)
+    assert not np.any(stored[vocab:].astype(np.float32))
+    assert spec.words[4:8] == (1, 24, vocab, 24)  # op(a) transposed: stored K x N column-major, ld K
+    assert spec.words[21] == padded_rows
 
 
 @pytest.mark.parametrize(
@@ -281,11 +292,13 @@ def test_a_constant_operand_whose_rows_are_misaligned_and_columns_aligned_is_rea
         (lambda bb, x: R.add(bb.emit(R.matmul(x, const(24, 13))), const(13)), [(5, 24)], "dense_bias", "a bias"),
         (lambda bb, x: R.matmul(x, const(24, 16)), [(5, 24)], "dense", "aligned output rows"),
         (lambda bb, x, y: R.matmul(x, y), [(5, 24), (24, 13)], "batch_matmul", "no weight"),
+        (lambda bb, x, r: R.add(bb.emit(R.matmul(x, const(24, 13))), r), [(5, 24), (5, 13)], "dense_add", "a residual"),
     ],
 )
 def test_a_weight_is_padded_along_the_output_rows_only_where_the_padded_product_needs_nothing_else(make, shapes, pattern, why):
-    """A bias would be read past its end by the padded rows, an aligned output needs no padding, and an operand that
-    is not a constant cannot be stored padded: the spec then pads nothing (word 21 is 0)."""
+    """A bias would be read past its end by the padded rows, an aligned output needs no padding, an operand that is not
+    a constant cannot be stored padded, and a residual is read through D's layout: the spec then pads nothing (word
+    21 is 0)."""
     graph, candidate = whole(function_module(make, *shapes), pattern)
     assert candidate is not None, why
     spec = check_candidate(graph, candidate.nodes, aligned=True)

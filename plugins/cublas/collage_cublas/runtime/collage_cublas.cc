@@ -14,12 +14,11 @@
 // slow alignment-1 kernels. Such a product may instead be written to a scratch buffer whose rows are
 // padded to a multiple of 16 elements, then copied into the output, by cudaMemcpy2DAsync or by cuBLASLt's own layout
 // transform (cublasLtMatrixTransform); tuning decides which of the three routes is fastest. Where the
-// first operand is a weight the lowering stored with zero rows up to the padded width (`a_padded_m`), the
+// first operand is a weight the lowering stored with zero rows up to the padded width (`padded_rows`), the
 // padded routes compute those rows too: cuBLASLt's fast kernels want the product's rows of that width, not
 // only the output's 16 bytes apart (GPT-2's head at batch 8, bf16 operands and float32 logits, on an H200:
-// 844 us in place; with only the output padded, 594 us by memcpy and 502 us by transform; with the weight
-// padded to 50260 rows as well, an sm_80 kernel at alignment 2 and 500 us; padded to 50272, sm_90's nvjet
-// kernel, 136 us, and the transform 148 us: 284 us).
+// 844 us in place; with the weight and the output padded to 50260 rows, an sm_80 kernel at alignment 2 and
+// 500 us; padded to 50272, sm_90's nvjet kernel, 136 us, and the transform 148 us: 284 us).
 // That buffer, like the workspace, is one per kernel: calls of one spec are assumed to run on one stream
 // (TVM's), one after another.
 //
@@ -50,7 +49,7 @@
 namespace collage_cublas {
 namespace {
 
-constexpr int64_t kSpecVersion = 6;
+constexpr int64_t kSpecVersion = 7;
 constexpr int64_t kAlgoWords = sizeof(cublasLtMatmulAlgo_t) / sizeof(int64_t);
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 constexpr int kHeuristicCandidates = 32;
@@ -58,7 +57,8 @@ constexpr int kHeuristicCandidates = 32;
 constexpr size_t kSplitKCandidates = 8;
 constexpr int32_t kSplitKWays[] = {2, 3, 4};
 constexpr int64_t kAlignmentBytes = 16;  // what cuBLASLt's fast kernels need of every leading dimension
-// A padded output's rows, in elements (see above: 16 bytes apart was not enough for sm_90's kernels).
+// A padded output's row length, in elements, where the spec sets none (see above: 16 bytes apart was not enough for
+// sm_90's kernels; the Python side pads weights to the same multiple, specs.PADDED_MULTIPLE).
 constexpr int64_t kPaddedMultiple = 16;
 enum Epilogue : int64_t { kNone = 0, kRelu = 1, kGeluTanh = 2 };
 // How D reaches the output: written in place, or written padded and copied into place by
@@ -103,7 +103,9 @@ struct Spec {
   int64_t epilogue, has_bias, has_residual;
   double alpha;
   int64_t operand_type, output_type;
-  int64_t a_padded_m;  // the first operand's buffer holds PaddedLd() columns of op(a), zeros past m
+  // 0, or the rows of D the padded routes compute: the first operand a (op(a) = aᵀ) holds that many columns,
+  // zeros past m, and the padded D's rows are that many elements apart
+  int64_t padded_rows;
   int64_t has_algo, route;
   cublasLtMatmulAlgo_t algo;
   int64_t Arity() const { return 3 + has_bias + has_residual; }
@@ -116,9 +118,9 @@ struct Spec {
   bool MayPadD() const {
     return (ld_d * OutputBytes()) % kAlignmentBytes != 0 && !has_residual && outer == 1 && (batch == 1 || d_batch_stride == ld_d * n);
   }
-  int64_t PaddedLd() const { return (ld_d + kPaddedMultiple - 1) / kPaddedMultiple * kPaddedMultiple; }
-  // The rows of D that the padded routes compute: m, or with a padded first operand, as many as D is padded to.
-  int64_t PaddedM() const { return a_padded_m ? PaddedLd() : m; }
+  int64_t PaddedLd() const { return padded_rows ? padded_rows : (ld_d + kPaddedMultiple - 1) / kPaddedMultiple * kPaddedMultiple; }
+  // The rows of D that the padded routes compute: m, or with a padded first operand, as many as it holds.
+  int64_t PaddedM() const { return padded_rows ? padded_rows : m; }
 };
 
 // The bits of a small whole number (below 256, so exact) as bfloat16 and as IEEE half.
@@ -212,7 +214,7 @@ Spec ParseSpec(const std::string& hex) {
   spec.outer = reader.Next();
   spec.d_batch_stride = reader.Next();
   spec.d_outer_stride = reader.Next();
-  spec.a_padded_m = reader.Next();
+  spec.padded_rows = reader.Next();
   spec.epilogue = reader.Next();
   spec.has_bias = reader.Next();
   spec.has_residual = reader.Next();
@@ -222,8 +224,9 @@ Spec ParseSpec(const std::string& hex) {
   spec.OperandDataType();  // refuse an unknown type here, before anything is created
   spec.OutputDataType();
   if (spec.output_type == kTf32Operands) Fail("TF32 is an operand type, not an output type");
-  if (spec.a_padded_m && !(spec.MayPadD() && !spec.has_bias && spec.batch == 1 && spec.outer == 1 && spec.a.op == 1)) {
-    Fail("the spec pads a first operand whose product's output cannot be padded");
+  if (spec.padded_rows && !(spec.MayPadD() && !spec.has_bias && spec.batch == 1 && spec.outer == 1 && spec.a.op == 1 &&
+                            spec.padded_rows >= spec.m && spec.padded_rows * spec.OutputBytes() % kAlignmentBytes == 0)) {
+    Fail("the spec pads a first operand whose product's output cannot be padded so");
   }
   spec.has_algo = reader.Next();
   // without a timed choice, padding is cuBLASLt's fast kernels' condition
@@ -311,7 +314,7 @@ class Kernel {
     d_[0] = Layout(spec.OutputDataType(), spec.m, spec.n, spec.ld_d, spec.batch, spec.d_batch_stride);
     if (spec.MayPadD()) {
       d_[1] = Layout(spec.OutputDataType(), spec.PaddedM(), spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
-      if (spec.a_padded_m) {  // op(a) is a's transpose: its columns are the rows of D
+      if (spec.padded_rows) {  // op(a) is a's transpose: its columns are the rows of D
         a_[1] = Layout(spec.OperandDataType(), spec.a.rows, spec.PaddedM(), spec.a.ld, spec.batch, spec.a.batch_stride);
         copied_ = Layout(spec.OutputDataType(), spec.m, spec.n, spec.PaddedLd(), spec.batch, spec.PaddedLd() * spec.n);
       }
@@ -350,6 +353,7 @@ class Kernel {
 
   int64_t Arity() const { return spec_.Arity(); }
   const Spec& spec() const { return spec_; }
+  size_t FirstOperandElements() const { return AExtent(); }
 
   std::vector<cublasLtMatmulHeuristicResult_t> Candidates(int wanted, bool padded) {
     cublasLtMatmulPreference_t preference;
@@ -357,6 +361,10 @@ class Kernel {
     size_t bytes = kWorkspaceBytes;
     Check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
           "workspace preference");
+    // A split K's parts summed in float32 only: the other schemes add them up in a 16-bit output's type.
+    uint32_t schemes = spec_.OutputBytes() == 4 ? CUBLASLT_REDUCTION_SCHEME_MASK : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    Check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)),
+          "reduction scheme preference");
     std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
     int returned = 0;
     cublasStatus_t status =
@@ -444,9 +452,7 @@ class Kernel {
   // padded then copied either way, as spec words: the OutputRoute, then the algorithm.
   std::vector<int64_t> Tune() {
     TuningScratch scratch;
-    Matrix a = spec_.a;
-    a.cols = spec_.a_padded_m ? spec_.PaddedM() : a.cols;  // what the padded routes read
-    size_t sizes[5] = {Extent(a), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
+    size_t sizes[5] = {AExtent(), Extent(spec_.b), static_cast<size_t>(spec_.m), DExtent(), DExtent()};
     for (int i = 0; i < 5; ++i) {
       Check(cudaMalloc(&scratch.buffers[i], 4 * sizes[i]), "allocating tuning buffers");
       Check(cudaMemset(scratch.buffers[i], 0, 4 * sizes[i]), "clearing tuning buffers");
@@ -507,7 +513,7 @@ class Kernel {
     if (transform_) cublasLtMatrixTransformDescDestroy(transform_);
     cublasLtMatmulDescDestroy(desc_);
   }
-  // `found`'s algorithms, then the first kSplitKCandidates of them that compute K whole, again with K split
+  // `found`'s algorithms, then those among the first kSplitKCandidates that compute K whole, again with K split
   // kSplitKWays ways and the parts summed in float32 in the workspace. cuBLASLt's heuristic seldom offers a
   // split, which evens out the last wave of a problem with few output tiles (a projection back to the model
   // width: 1024 x 768 makes 192 tiles of 64 x 64 for an H100's 132 multiprocessors). Timing decides.
@@ -553,6 +559,12 @@ class Kernel {
     return static_cast<size_t>((spec_.outer - 1) * m.outer_stride + (spec_.batch - 1) * m.batch_stride +
                                (m.cols - 1) * m.ld + m.rows);
   }
+  // The elements of the first operand that a run reads (with a padded first operand, its zero columns too).
+  size_t AExtent() const {
+    Matrix a = spec_.a;
+    a.cols = spec_.padded_rows ? spec_.padded_rows : a.cols;
+    return Extent(a);
+  }
   size_t DExtent() const {
     return static_cast<size_t>((spec_.outer - 1) * spec_.d_outer_stride + (spec_.batch - 1) * spec_.d_batch_stride +
                                (spec_.n - 1) * spec_.ld_d + spec_.m);
@@ -594,6 +606,12 @@ const void* DataOf(const DLTensor* tensor, int device, int64_t type = kF32Operan
   return static_cast<const char*>(tensor->data) + tensor->byte_offset;
 }
 
+size_t ElementsOf(const DLTensor* tensor) {
+  size_t count = 1;
+  for (int i = 0; i < tensor->ndim; ++i) count *= static_cast<size_t>(tensor->shape[i]);
+  return count;
+}
+
 void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
   if (args.size() < 2) Fail("collage_cublas.run needs a spec and tensors");
   std::vector<DLTensor*> tensors;
@@ -607,6 +625,10 @@ void RunPacked(tvm::ffi::PackedArgs args, tvm::ffi::Any* result) {
     Fail("the kernel takes " + std::to_string(kernel->Arity()) + " tensors but was passed " + std::to_string(tensors.size()));
   }
   const Spec& spec = kernel->spec();
+  if (ElementsOf(tensors[0]) < kernel->FirstOperandElements()) {  // a spec written for another padding of the weight
+    Fail("the first operand holds " + std::to_string(ElementsOf(tensors[0])) + " elements where the spec reads " +
+         std::to_string(kernel->FirstOperandElements()));
+  }
   size_t at = 2;
   const void* bias = spec.has_bias ? DataOf(tensors[at++], device, spec.output_type) : nullptr;
   const void* residual = spec.has_residual ? DataOf(tensors[at++], device, spec.output_type) : nullptr;
