@@ -166,6 +166,30 @@ def test_a_placement_made_for_another_version_of_the_model_says_its_costs_are_th
     ]
 
 
+@pytest.mark.parametrize(
+    "backend, nodes, message",
+    [
+        ("dnnl", "all", "names pattern dnnl.whole_model, but backend dnnl does not build whole models"),
+        ("tvm", "first", "holds 1 of this model's 45 operators, where a whole-model build holds every one"),
+    ],
+)
+def test_a_placement_naming_a_whole_model_build_that_cannot_be_is_refused_when_read(optimized, workspace, backend, nodes, message):
+    """Only a backend that builds whole models (TVM) has a ``<backend>.whole_model`` partition, and it holds every
+    operator: a file saying otherwise is refused by name as it is read, not by a lowering failing later."""
+    data = json.loads((workspace / "out" / "placement.json").read_text())
+    part = dict(data["partitions"][0], backend=backend, pattern=f"{backend}.whole_model", key=f"{backend}.whole_model:edited")
+    count = len(data["model"]["operators"])
+    if nodes == "all":
+        data["partitions"] = [dict(part, operators=list(range(count)))]
+    else:  # every operator covered once, in two "whole-model" partitions
+        data["partitions"] = [dict(part, operators=[0]), dict(part, operators=list(range(1, count)))]
+    data["original_model"] = None
+    edited = workspace / f"whole-model-{backend}.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(CollageError, match=re.escape(f"{edited}: partition 0 ") + ".*" + re.escape(message)):
+        collage_core.optimize(str(TINY_RESNET), placement=edited, backends=["tvm", "dnnl"], compare_backends=False, show_progress=False)
+
+
 def test_a_placement_measured_on_another_device_says_so_and_the_report_names_where_it_ran(optimized, workspace, caplog):
     data = json.loads((workspace / "out" / "placement.json").read_text())
     data["device"] = "cuda:sm_90a (NVIDIA H200, compute capability 9.0, CUDA 13.0, driver 580.159.04)"

@@ -36,7 +36,7 @@ from collage_core.model.widening import touches_sixteen_bit
 from collage_core.outputs import placement_file
 from collage_core.outputs.placement_file import Placement, load_placement
 from collage_core.plugins import disabled_plugin_names
-from collage_core.records import OP_LEVEL, Candidate, Cost, Partition
+from collage_core.records import OP_LEVEL, Backend, Candidate, Cost, Partition
 from collage_core.search.calibration import signature
 from collage_core.search.regions import genome_key, region_pattern, whole_model_pattern
 
@@ -160,6 +160,8 @@ class Job:
         refusals: list = []
         matches: dict = {}  # by pattern: its matches over this model, found once however many partitions it placed
         for index, part in enumerate(placement.partitions):
+            if part.pattern == whole_model_pattern(part.backend):
+                self._check_whole_model(part, index, by_backend[part.backend].backend, path)
             pattern = patterns.get((part.backend, part.pattern))
             composite = (whole_model_pattern(part.backend), region_pattern(part.backend), original_model.pattern(part.backend))
             if pattern is None and by_backend[part.backend].backend.kind == OP_LEVEL and part.pattern not in composite:
@@ -179,6 +181,19 @@ class Job:
             raise CollageError(
                 f"{path}: partition {index} ({part.backend}, pattern {part.pattern}, operators {shown}) is not a match of "
                 f"that pattern in this model{why}; the file was edited, or made for another model"
+            )
+
+    def _check_whole_model(self, part, index: int, backend: Backend, path) -> None:
+        """A partition named as ``backend``'s unpartitioned build: the backend must make one, of every operator."""
+        if not backend.builds_whole_models:
+            raise CollageError(
+                f"{path}: partition {index} names pattern {part.pattern}, but backend {part.backend} does not build whole "
+                "models; the file was edited, or made with another version of the backend"
+            )
+        if len(set(part.nodes)) != len(self.graph.graph.ops):
+            raise CollageError(
+                f"{path}: partition {index} ({part.pattern}) holds {len(set(part.nodes))} of this model's "
+                f"{len(self.graph.graph.ops)} operators, where a whole-model build holds every one; the file was edited"
             )
 
     def op_level_candidates(self, candidates) -> list[Candidate]:
