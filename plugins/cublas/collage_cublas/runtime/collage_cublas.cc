@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -294,6 +295,17 @@ cublasLtEpilogue_t EpilogueOf(const Spec& spec) {
 class Kernel {
  public:
   Kernel(const Spec& spec, int device) : spec_(spec), device_(device), handle_(Handle(device)) {
+    try {
+      Make(spec);
+    } catch (...) {
+      Release();  // a constructor that throws runs no destructor
+      throw;
+    }
+  }
+  ~Kernel() { Release(); }
+
+ private:
+  void Make(const Spec& spec) {
     cublasComputeType_t compute = spec.operand_type == kTf32Operands ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     Check(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t op_a = spec.a.op ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = spec.b.op ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -321,7 +333,6 @@ class Kernel {
       cublasStatus_t made = cublasLtMatrixTransformDescCreate(&transform_, CUDA_R_32F);
       if (made != CUBLAS_STATUS_SUCCESS) {
         transform_ = nullptr;
-        Release();
         Check(made, "cublasLtMatrixTransformDescCreate");
       }
     }
@@ -334,23 +345,19 @@ class Kernel {
         route_ = kInPlace;
         candidates = Candidates(1, false);
       }
-      if (candidates.empty()) {
-        Release();  // a constructor that throws runs no destructor
-        Fail("cuBLASLt has no algorithm for this problem");
-      }
+      if (candidates.empty()) Fail("cuBLASLt has no algorithm for this problem");
       algo_ = candidates[0].algo;
     }
     if (route_ != kInPlace) {  // last, so nothing after it throws; with the descriptors, so none is made while a CUDA graph is captured
       cudaError_t status = cudaMalloc(&padded_, spec.OutputBytes() * spec.PaddedLd() * spec.n * spec.batch);
       if (status != cudaSuccess) {
         padded_ = nullptr;
-        Release();
         Check(status, "allocating the padded output");
       }
     }
   }
-  ~Kernel() { Release(); }
 
+ public:
   int64_t Arity() const { return spec_.Arity(); }
   const Spec& spec() const { return spec_; }
   size_t FirstOperandElements() const { return AExtent(); }
@@ -502,16 +509,18 @@ class Kernel {
   }
 
  private:
+  // What the constructor made, however far it got; each handle destroyed once.
   void Release() {
-    cublasLtMatrixLayoutDestroy(a_[0]);
-    if (a_[1]) cublasLtMatrixLayoutDestroy(a_[1]);
-    if (copied_) cublasLtMatrixLayoutDestroy(copied_);
-    cublasLtMatrixLayoutDestroy(b_);
-    cublasLtMatrixLayoutDestroy(d_[0]);
-    if (d_[1]) cublasLtMatrixLayoutDestroy(d_[1]);
+    for (cublasLtMatrixLayout_t* layout : {&a_[0], &a_[1], &copied_, &b_, &d_[0], &d_[1]}) {
+      if (*layout) cublasLtMatrixLayoutDestroy(*layout);
+      *layout = nullptr;
+    }
     if (padded_) cudaFree(padded_);
+    padded_ = nullptr;
     if (transform_) cublasLtMatrixTransformDescDestroy(transform_);
-    cublasLtMatmulDescDestroy(desc_);
+    transform_ = nullptr;
+    if (desc_) cublasLtMatmulDescDestroy(desc_);
+    desc_ = nullptr;
   }
   // `found`'s algorithms, then those among the first kSplitKCandidates that compute K whole, again with K split
   // kSplitKWays ways and the parts summed in float32 in the workspace. cuBLASLt's heuristic seldom offers a
@@ -573,10 +582,10 @@ class Kernel {
   Spec spec_;
   int device_;
   cublasLtHandle_t handle_;
-  cublasLtMatmulDesc_t desc_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
   // The first operand as the product in place reads it, and (with a padded first operand) as the padded routes do.
   cublasLtMatrixLayout_t A(bool padded) const { return padded && a_[1] ? a_[1] : a_[0]; }
-  cublasLtMatrixLayout_t a_[2] = {nullptr, nullptr}, b_;
+  cublasLtMatrixLayout_t a_[2] = {nullptr, nullptr}, b_ = nullptr;
   cublasLtMatrixLayout_t d_[2] = {nullptr, nullptr};  // D in place, and padded (when it may be)
   cublasLtMatrixLayout_t copied_ = nullptr;           // with a padded first operand: D's first m rows in the padded buffer
   void* padded_ = nullptr;                           // the padded D's scratch buffer
