@@ -159,11 +159,10 @@ def _cuda_graphs_line(entries) -> str:
 def placement_throughput(optimized):
     """The FLOPs of one run of the model over the returned placement's latency (the headline's), against the
     device's peak at the placement's precision (collage_core.outputs.peak), or None when it has no measured latency."""
-    model = getattr(optimized, "model", None)
     placed = next((entry.cost for entry in optimized.end_to_end if entry.name == PLACEMENT), None)
-    if model is None or placed is None or not placed.is_measured or placed.median_s <= 0:
+    if placed is None or not placed.is_measured or placed.median_s <= 0:
         return None
-    flops = count_flops(model.mod).flops
+    flops = count_flops(optimized.model.mod).flops
     placement = optimized.placement
     return throughput(flops, placed.median_s, placement.ran_on or placement.device, placement.precision) if flops else None
 

@@ -106,17 +106,17 @@ def aligned_constant(operand: StridedOperand) -> StridedOperand:
     return StridedOperand(relax.const(padded, str(stored.dtype)), operand.dims, strides)
 
 
-def padded_for_output(lhs: StridedOperand, rhs: StridedOperand, out_shape, epilogue) -> tuple[StridedOperand, int]:
+def padded_for_output(rhs: StridedOperand, loops, out_shape, epilogue) -> tuple[StridedOperand, int]:
     """``rhs`` stored with zero rows up to the next multiple of PADDED_MULTIPLE, and that many rows, where the runtime
     may write the output padded (its rows are not ALIGNMENT_BYTES apart, nothing is added to it, no batch) and ``rhs``
     is a weight stored K-major (N x K, as :func:`aligned_constant` leaves GPT-2's language-model head): the padded
     routes then compute the zero rows too, into rows that many elements apart, and cuBLASLt's fast kernels take the
-    product (see the runtime). Else ``rhs`` and 0."""
+    product (see the runtime). ``loops``: the product's :func:`batch_loops`. Else ``rhs`` and 0."""
     n, k = out_shape[-1], rhs.dims[-2]
     itemsize = OUTPUT_BYTES[epilogue.out_dtype]
     if epilogue.bias is not None or epilogue.residual is not None or n * itemsize % ALIGNMENT_BYTES == 0:
         return rhs, 0
-    inner, outer, _ = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)
+    inner, outer, _ = loops
     stored = tvm_compat.constant_array(rhs.source)
     if inner.size != 1 or outer.size != 1 or stored is None or stored.shape != (n, k) or tuple(rhs.strides) != (1, k):
         return rhs, 0
@@ -126,8 +126,8 @@ def padded_for_output(lhs: StridedOperand, rhs: StridedOperand, out_shape, epilo
     return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), rows
 
 
-def _problem_words(lhs: StridedOperand, rhs: StridedOperand, out_shape) -> tuple[int, ...]:
-    inner, outer, rows = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)
+def _problem_words(lhs: StridedOperand, rhs: StridedOperand, loops) -> tuple[int, ...]:
+    inner, outer, rows = loops
     m, k = rows.size, lhs.dims[-1]
     n = rhs.dims[-1]
     # a = rhs: op(a) is N x K with (j, k) at k*rhs_k + j*rhs_n; b = lhs: op(b) is K x M with (k, i) at i*lhs_m + k*lhs_k.
@@ -162,16 +162,17 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> Kernel
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
         raise Refused("the group's output is not the product's elements")
+    loops = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)  # padding the weight's rows changes no stride
     padded_rows = 0
     if aligned:
-        rhs, padded_rows = padded_for_output(lhs, rhs, out_shape, epilogue)
+        rhs, padded_rows = padded_for_output(rhs, loops, out_shape, epilogue)
     operands = [rhs.source, lhs.source]
     if epilogue.bias is not None:  # in D's type: cuBLASLt takes no float32 bias for a 16-bit D
         operands.append(relax.const(as_dtype(epilogue.bias, epilogue.out_dtype), epilogue.out_dtype))
     if epilogue.residual is not None:
         operands.append(epilogue.residual)
     words = (
-        SPEC_VERSION, *_problem_words(lhs, rhs, out_shape), padded_rows, ACTIVATION_CODES[epilogue.activation],
+        SPEC_VERSION, *_problem_words(lhs, rhs, loops), padded_rows, ACTIVATION_CODES[epilogue.activation],
         int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale), operand_type,
         OPERAND_TYPES[epilogue.out_dtype],
     )
