@@ -7,12 +7,15 @@ from pathlib import Path
 import tvm
 from tvm.relax.dpl import is_op, wildcard
 
-from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, fused_groups, sources_digest
-from collage_tvm import integer_powers, prepare, reshapes_first, split_parts
+from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, fused_groups, replace_functions, sources_digest
+from collage_tvm import gpu_schedules, integer_powers, kernels, prepare, reshapes_first, split_parts
 
 BACKEND = "tvm"
-# What decides a measured cost besides TVM itself: how partitions are rewritten before TVM builds them.
-LOWERING_DIGEST = sources_digest(tuple(Path(module.__file__) for module in (prepare, integer_powers, split_parts, reshapes_first)))
+# What decides a measured cost besides TVM itself: how partitions are rewritten before TVM builds them, and how their
+# kernels are scheduled on GPUs.
+LOWERING_DIGEST = sources_digest(
+    tuple(Path(module.__file__) for module in (prepare, integer_powers, split_parts, reshapes_first, kernels, gpu_schedules))
+)
 
 # Operators TVM's FuseOps makes the anchor of a fused kernel, and the elementwise or broadcast
 # operators it folds into the anchor's output loop.
@@ -85,7 +88,7 @@ def _describe() -> Backend:
         kind=OP_LEVEL,
         device_kinds=("cpu", "cuda"),
         version=f"{tvm.__version__}+lowering-{LOWERING_DIGEST}",
-        description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU)",
+        description="TVM Relax code generation (untuned loops on CPU; dlight schedules on GPU, one warp per short row)",
         lowering_uses_device=False,  # compiles only: candidates are built several at once
         compiles_regions=True,  # FuseOps fuses across what were partition boundaries
         builds_whole_models=True,  # relax.build of the unpartitioned model: the baseline the others are measured against
@@ -105,12 +108,21 @@ def _lower_function(func, name):
     return prepare.prepared(func)
 
 
+def _lower_module(mod, function_names, target):
+    """On a GPU, each partition's kernels scheduled by the plugin's rules (:mod:`collage_tvm.gpu_schedules`), as TVM's
+    pipeline would fuse them (:mod:`collage_tvm.kernels`); elsewhere the rewritten partitions, for the outer build."""
+    if "gpu" in target.keys:
+        return kernels.lower_partitions(mod, function_names, target, lambda inner: gpu_schedules.scheduled(inner, target))
+    return replace_functions(mod, function_names, _lower_function)
+
+
 HOOKS = backend_hooks(
     BACKEND,
     describe=_describe,
     missing=lambda: None,  # TVM itself is all it needs
     patterns=patterns,
-    lowering=lambda mod, function_names, target: _lower_function,
+    lowering=None,
+    lower_module=_lower_module,
     prepare_runtime=lambda: None,  # TVM's kernels are compiled into the library itself
     runtime_libraries=lambda: [],  # TVM's kernels are compiled into the library itself
 )
