@@ -251,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
         help=field_at("two_level.predict_margin").metadata["help_for_none"],
     )
     _option(optimize, "two_level.seed", "--seed", metavar="N")
+    _option(optimize, "latency", "--latency")
     _option(optimize, "baseline_limit_s", "--baseline-limit", metavar="S")
     _option(optimize, "calibration_rounds", "--calibration-rounds", metavar="N")
     _option(optimize, "tune_budget_s", "--tune-budget-s", metavar="S")

@@ -24,6 +24,7 @@ from collage_core.api_checks import (
     whole,
 )
 from collage_core.errors import CollageError
+from collage_core.measure.in_turns import AFTER_PAUSE, LATENCIES, WARM
 from collage_core.measure.timing import DEFAULT_BASELINE_LIMIT_S, MeasureSettings
 from collage_core.model.accuracy_budget import DEFAULT_BLOCKS, NEEDS_REFERENCE, AccuracyBudgetError
 from collage_core.model.dtypes import DTYPES, FP32, PRECISIONS
@@ -99,6 +100,13 @@ class OptimizeOptions:
         "measure each backend alone and TVM's unpartitioned build beside the placement and "
         "time the closest in turns: the fastest by a margin is returned, the replayed placement whatever wins "
         "(default: when searching here, not when replaying nor measuring on other machines)",
+    )
+    latency: str = described(
+        WARM,
+        one_of(LATENCIES),
+        "which latency the contest in turns chooses the result by: warm (default), back to back, as a busy server "
+        "runs; or after-pause, the first run after the device sat idle a second, as requests that come now and then "
+        "run; the report gives both (it applies where baselines are compared)",
     )
     baseline_limit_s: Optional[float] = described(
         DEFAULT_BASELINE_LIMIT_S,
@@ -200,6 +208,10 @@ class OptimizeOptions:
                 for inner in attrs.fields(type(value)):
                     if "rule" in inner.metadata:
                         refuse_unless_met(f"{field.name}.{inner.name}", inner.metadata["rule"], getattr(value, inner.name))
+        if self.latency == AFTER_PAUSE and not self.compares_backends():
+            raise ArgumentError(
+                "--latency after-pause chooses in the contest with the baselines, which this run does not measure: add --compare"
+            )
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise ArgumentError("--rpc-tracker and --rpc-key go together: the tracker's address and the key of its servers")
         if self.accuracy_budget is not None:

@@ -12,11 +12,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/tvm -e 
 python3 -m pip install -q --no-deps --no-build-isolation -e plugins/inductor -e plugins/metaschedule 2>/dev/null || true
 python3 -m pip install -q --no-deps --no-build-isolation -e plugins/onnxruntime -e plugins/dnnl 2>/dev/null || true
 python3 -m collage_core backends
-# The kernel tests check numerics only, so with pytest-xdist installed they run eight at once.
+# The kernel tests (cuBLAS's, cuDNN's, TVM's short-row schedules) check numerics only, so with pytest-xdist installed they run eight at once.
 parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n 8)
 status=0
-python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugins/cublas/tests plugins/cudnn/tests "$@" || status=$?
+python3 -m pytest -q --run-gpu -m gpu -p no:cacheprovider "${parallel[@]}" plugins/cublas/tests plugins/cudnn/tests plugins/tvm/tests "$@" || status=$?
 # CUTLASS kernels compile with nvcc (a minute or two each): all the tests' kernels at once and in parallel first,
 # then the tests in one process, which find them built.
 python3 plugins/cutlass/tests/gpu_test_kernels.py || status=$?

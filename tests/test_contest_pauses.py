@@ -1,5 +1,6 @@
 """The contest times each library warm, back to back, and after a pause, keeps the two apart in every
-row timed in turns and in the report, and chooses by the warm figure (see collage_core.measure.in_turns).
+row timed in turns and in the report, and chooses by the warm figure, or with ``--latency after-pause`` by the
+figure after a pause (see collage_core.measure.in_turns).
 
 The backends here are a test plugin's (tests/plugins_for_tests/pause_sensitive.py) whose runs sleep set
 times, so which library is faster each way does not depend on this machine's load."""
@@ -16,12 +17,11 @@ import pytest
 from tvm import relax
 
 import collage_core
-from collage_core.outputs.end_to_end import PLACEMENT
+from collage_core.outputs.end_to_end import PLACEMENT, SEARCHED
 from collage_core.search.baselines import IN_TURNS
 
 
-@pytest.fixture(scope="module")
-def contest(tmp_path_factory):
+def _contest(tmp_path_factory, **options):
     """A one-relu model over both test backends: the search places it on ``pausesensitive`` (faster warm),
     and ``steady alone`` (faster after a pause) meets it in the contest, every turn after a 0.3 s pause."""
     from collage_core import optimizer
@@ -53,8 +53,19 @@ def contest(tmp_path_factory):
             output_dir=out / "out",
             calibration_rounds=0,
             show_progress=False,
+            **options,
         )
     return result, out / "out", pause_sensitive
+
+
+@pytest.fixture(scope="module")
+def contest(tmp_path_factory):
+    return _contest(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def contest_after_pause(tmp_path_factory):
+    return _contest(tmp_path_factory, latency="after-pause")
 
 
 def test_the_contest_records_both_figures_and_chooses_by_the_warm_one(contest):
@@ -65,7 +76,35 @@ def test_the_contest_records_both_figures_and_chooses_by_the_warm_one(contest):
     assert placed.cost.median_s < plugin.STEADY_S <= steady.cost.median_s
     assert placed.after_pause.median_s >= plugin.AFTER_PAUSE_S > steady.after_pause.median_s  # yet slower after a pause
     assert placed.paused_s >= 1.5 * plugin.IDLE_S and steady.paused_s >= 1.5 * plugin.IDLE_S
-    assert result.placement.why_chosen.startswith("found by the op-level search; it won the contest in turns")
+    why = result.placement.why_chosen
+    assert why.startswith("found by the op-level search; it won the contest in turns: ")
+    # ... and says what ran faster after a pause, and how to choose by that
+    assert re.search(
+        rf"; after a pause {plugin.STEADY} alone ran faster, [0-9.]+ ms against [0-9.]+ ms: "
+        r"`--latency after-pause` chooses by the latency after a pause$",
+        why,
+    ), why
+
+
+def test_with_latency_after_a_pause_the_contest_returns_what_runs_faster_after_one(contest_after_pause):
+    result, out, plugin = contest_after_pause
+    rows = {entry.name: entry for entry in result.end_to_end if entry.timed_in_turns}
+    returned = rows[PLACEMENT]
+    assert returned.operators_by_backend == {plugin.STEADY: 1}  # slower warm, faster after a pause
+    assert returned.after_pause.median_s < plugin.AFTER_PAUSE_S <= rows[f"{SEARCHED}, {IN_TURNS}"].after_pause.median_s
+    why = result.placement.why_chosen
+    assert why.startswith(f"{plugin.STEADY} alone won the contest in turns after a pause: ") and "--latency" not in why
+    assert json.loads((out / "placement.json").read_text())["why_chosen"] == why
+
+
+def test_latency_after_a_pause_needs_the_contest():
+    from collage_core.api_checks import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"^--latency after-pause chooses in the contest with the baselines, .*: add --compare$"):
+        collage_core.OptimizeOptions(latency="after-pause", compare_backends=False)
+    with pytest.raises(ArgumentError, match="add --compare"):
+        collage_core.OptimizeOptions(latency="after-pause", placement="placement.json")  # a replay does not compare
+    assert collage_core.OptimizeOptions(latency="after-pause", placement="placement.json", compare_backends=True).latency == "after-pause"
 
 
 def test_the_report_and_results_give_the_latency_after_a_pause_beside_the_warm_one(contest):

@@ -42,6 +42,7 @@ OPTION_CASES = [
     (["--predict-margin", "0.3"], {"two_level.predict_margin": 0.3}),
     (["--build-every-genome"], {"two_level.predict_margin": None}),
     (["--seed", "-7"], {"two_level.seed": -7}),
+    (["--latency", "after-pause"], {"latency": "after-pause"}),
     (["--baseline-limit", "5"], {"baseline_limit_s": 5.0}),
     (["--baseline-limit", "0"], {"baseline_limit_s": None}),
     (["--calibration-rounds", "0"], {"calibration_rounds": 0}),

@@ -21,7 +21,7 @@ from collage_core.backends import whole_model_builder
 from collage_core.build.deploy import backend_needs, copy_library, runtime_libraries, write_runtime_file
 from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure.cost_db import CostDatabaseError, open_costs
-from collage_core.measure.in_turns import time_in_turns
+from collage_core.measure.in_turns import AFTER_PAUSE, WARM, time_in_turns
 from collage_core.measure.job import (
     BASELINE_PROTOCOL,
     UNPARTITIONED,
@@ -288,7 +288,7 @@ def build_and_compare(
                 if baseline_parts is not None:
                     job.placement(baseline_parts, f"{BASELINE_PREFIX}{entry.name}").save(baseline_file(folder.path, entry.name))
         # A replay returns the placement it was given, whatever ran faster beside it.
-        outcome = finish(job, library, origin, parts, built, measured, may_replace=options.placement is None)
+        outcome = finish(job, library, origin, parts, built, measured, may_replace=options.placement is None, latency=options.latency)
         clock.lap("contest in turns")
         if outcome.replacement is not None:
             # What ran faster beside it is the result, with the cost it was chosen by.
@@ -335,16 +335,16 @@ def _costs_for_baselines(options: OptimizeOptions):
     return open_costs(options.cost_db, options.remeasure_invalid, options.remeasure_held_up)
 
 
-def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines, may_replace: bool = True) -> Outcome:
+def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines, may_replace: bool = True, latency: str = WARM) -> Outcome:
     """Time the placement (``parts``, built into ``library``) in turns with the closest of ``baselines``
-    (``(EndToEnd, parts)`` pairs); with ``may_replace``, the fastest of them by TURNS_MARGIN is
-    returned instead (its build replaces ``library``). Where none could be timed in turns, a baseline
+    (``(EndToEnd, parts)`` pairs); with ``may_replace``, the fastest of them by TURNS_MARGIN, by the ``latency``
+    in turns (warm or after a pause), is returned instead (its build replaces ``library``). Where none could be timed in turns, a baseline
     measured faster one after another by SWITCH_MARGIN is. ``origin`` says where the placement came
     from (:func:`found_by`)."""
     rivals = closest_rivals(baselines, parts, built.cost, job.settings)
-    timed = contest(job, library, rivals, may_replace) if rivals else None
+    timed = contest(job, library, rivals, may_replace, latency) if rivals else None
     if timed is not None:
-        return after_contest(origin, parts, built, baselines, rivals, timed)
+        return after_contest(origin, parts, built, baselines, rivals, timed, latency)
     mix, sequential = operators_by_backend(parts), [entry for entry, _ in baselines]
     faster = faster_baseline(baselines, built.cost) if may_replace else None
     if faster is None:
@@ -366,11 +366,12 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     return Outcome(rows, why, faster, rebuilt)
 
 
-def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Contest) -> Outcome:
+def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Contest, latency: str = WARM) -> Outcome:
     """The rows and the why of a contest in turns between the placement (``parts``, its build ``built``)
-    and ``rivals``: the returned placement's row carries its latency in turns."""
+    and ``rivals``, decided by ``latency``: the returned placement's row carries its latency in turns."""
     timed_turns, mix = timed.turns, operators_by_backend(parts)
-    turns = {name: library.warm for name, library in timed_turns.items()}
+    turns = {name: library.latency(latency) for name, library in timed_turns.items()}
+    decided_by = "the contest in turns" if latency == WARM else "the contest in turns after a pause"
     in_turns = {
         entry.name: _in_turns_row(f"{entry.name}, {IN_TURNS}", timed_turns[entry.name], entry.operators_by_backend, entry_parts)
         for entry, entry_parts in rivals
@@ -380,17 +381,18 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     placed, best = turns[PLACEMENT], turns[fastest.name]
     if timed.winner is None:
         if best.seconds >= placed.seconds:
-            why = f"{origin}; it won the contest in turns: {_ms(placed)} against {fastest.name}'s {_ms(best)}, {_times(best, placed)}"
+            why = f"{origin}; it won {decided_by}: {_ms(placed)} against {fastest.name}'s {_ms(best)}, {_times(best, placed)}"
         elif best.seconds >= placed.seconds * (1 - TURNS_MARGIN):
             why = (
-                f"{origin}; kept: in the contest in turns {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
+                f"{origin}; kept: in {decided_by} {fastest.name} ran {_ms(best)} against its {_ms(placed)}, "
                 f"within the {TURNS_MARGIN:.0%} a baseline must win by"
             )
         else:
             why = (
-                f"{origin}; a replay returns its placement, though in the contest in turns {fastest.name} ran "
+                f"{origin}; a replay returns its placement, though in {decided_by} {fastest.name} ran "
                 f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}"
             )
+        why += _faster_after_a_pause(timed_turns, PLACEMENT, latency)
         rows = [
             _in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix, parts),
             *in_turns.values(),
@@ -401,10 +403,10 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     entry, rival_parts = rivals[timed.winner]
     rival_mix = operators_by_backend(rival_parts)
     why = (
-        f"{entry.name} won the contest in turns: {_ms(turns[entry.name])} against the searched placement's "
+        f"{entry.name} won {decided_by}: {_ms(turns[entry.name])} against the searched placement's "
         f"{_ms(placed)}, {_times(placed, turns[entry.name])}; {_what_it_runs(rival_parts)}the searched placement "
         f"({origin}) is saved as {SEARCHED_PLACEMENT_FILE}"
-    )
+    ) + _faster_after_a_pause(timed_turns, entry.name, latency)
     rows = [
         _in_turns_row(PLACEMENT, timed_turns[entry.name], rival_mix, rival_parts),
         _in_turns_row(f"{SEARCHED}, {IN_TURNS}", timed_turns[PLACEMENT], mix, parts),
@@ -416,8 +418,24 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
     return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
 
 
+def _faster_after_a_pause(timed_turns: dict, returned: str, latency: str) -> str:
+    """Where the contest chose by the warm latency: a clause naming what ran faster than the ``returned`` library after
+    a pause, by more than the contest's margin, and how to choose by that; else nothing."""
+    if latency != WARM:
+        return ""
+    mine = timed_turns[returned].after_pause
+    name, best = min(((n, t.after_pause) for n, t in timed_turns.items() if n != returned), key=lambda item: item[1].seconds)
+    if best.seconds >= mine.seconds * (1 - TURNS_MARGIN):
+        return ""
+    shown = "the searched placement" if name == PLACEMENT else name
+    return (
+        f"; after a pause {shown} ran faster, {_ms(best)} against {_ms(mine)}: "
+        f"`--latency {AFTER_PAUSE}` chooses by the latency after a pause"
+    )
+
+
 def _in_turns_row(name: str, library, mix, parts) -> EndToEnd:
-    """A row timed in turns: its warm latency, by which the contest chose, and its latency after a pause."""
+    """A row timed in turns: its warm latency and its latency after a pause."""
     return EndToEnd(name, library.warm, mix, True, library.after_pause, library.paused_s, build_id(parts))
 
 
@@ -444,11 +462,11 @@ def _times(slower: Cost, faster: Cost) -> str:
     return f"{slower.median_s / faster.median_s:.2f}x"
 
 
-def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Optional[Contest]:
+def contest(job: Job, library: Path, rivals, may_replace: bool = True, latency: str = WARM) -> Optional[Contest]:
     """The placement's ``library`` and a build of each rival (``(EndToEnd, parts)`` pairs) timed in
-    turns (see :mod:`collage_core.measure.in_turns`); None if that failed. When the fastest rival, warm and back
-    to back, beat the placement by TURNS_MARGIN and ``may_replace``, its build replaces ``library`` and is
-    the contest's winner."""
+    turns (see :mod:`collage_core.measure.in_turns`); None if that failed. When the fastest rival by ``latency``
+    (warm, back to back; or after a pause) beat the placement by TURNS_MARGIN and ``may_replace``, its build
+    replaces ``library`` and is the contest's winner."""
     names = ", ".join(entry.name for entry, _ in rivals)
     job.say(f"timing the placement and {names} in turns")
     rivals_dir = job.scratch / "rivals"
@@ -468,8 +486,9 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True) -> Option
             "  in turns, after a pause: "
             + ", ".join(f"{name} {describe_cost(t.after_pause)} ({t.paused_s:.1f} s idle)" for name, t in turns.items())
         )
-        fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].warm.seconds)
-        if not may_replace or turns[rivals[fastest][0].name].warm.seconds >= turns[PLACEMENT].warm.seconds * (1 - TURNS_MARGIN):
+        fastest = min(range(len(rivals)), key=lambda i: turns[rivals[i][0].name].latency(latency).seconds)
+        placed = turns[PLACEMENT].latency(latency).seconds
+        if not may_replace or turns[rivals[fastest][0].name].latency(latency).seconds >= placed * (1 - TURNS_MARGIN):
             return Contest(turns)
         won = rivals_dir / str(fastest) / library.name
         copy_library(won, library, move=True)

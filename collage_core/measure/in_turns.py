@@ -28,8 +28,8 @@ docs/contest.md): **warm**, back to back, and **after a pause**. A worker runs i
 ``warmup_runs`` times when it loads it (as benchmarks/interleaved.py's processes do); each of its
 turns then waits until the library has sat idle at least ``pause_s`` since its last run, runs it
 once (a run after a pause), then again for about ``burst_s`` back to back (at least once: the warm
-runs). The contest chooses by the warm figure; the run after a pause is reported beside it. Pooled
-in one median, as before, the two weighed by how many runs fit in a burst, and that number came
+runs). The contest chooses by the warm figure (``--latency after-pause``: by the run after a pause) and
+reports the other beside it. Pooled in one median, as before, the two weighed by how many runs fit in a burst, and that number came
 from a single run after a single warm-up (on a 2-core Xeon shared with other work, one OpenVINO
 library's first timed run measured 19 to 68 ms in six processes of one sitting, so a process took 5
 to 21 runs a turn): whatever the first run after a pause does differently (slower, as OpenVINO's
@@ -65,15 +65,26 @@ class TurnSettings:
     pause_s: float = 1.0
 
 
+# The latencies a contest may choose by (``--latency``): warm, back to back, or the first run after a pause.
+WARM = "warm"
+AFTER_PAUSE = "after-pause"
+LATENCIES = (WARM, AFTER_PAUSE)
+
+
 @attrs.frozen
 class LibraryTurns:
     """A library's latency in turns, from its fastest worker (the lowest warm median): ``warm``, its runs
-    back to back (every run of a turn but the first), by which the contest chooses; ``after_pause``, the
-    first run of each turn, after the library sat idle ``paused_s`` (the median of its turns) or more."""
+    back to back (every run of a turn but the first), by which the contest chooses unless told otherwise;
+    ``after_pause``, the first run of each turn, after the library sat idle ``paused_s`` (the median of its
+    turns) or more."""
 
     warm: Cost
     after_pause: Cost
     paused_s: float
+
+    def latency(self, which: str) -> Cost:
+        """The latency ``which`` names (one of LATENCIES)."""
+        return self.after_pause if which == AFTER_PAUSE else self.warm
 
 
 def time_in_turns(
