@@ -71,7 +71,8 @@ def test_partitions_are_inlined_and_main_replays_its_kernels_as_one_cuda_graph(t
     lowered = tvm_compat.lowered_for_cuda_graphs(lower_partitions(pm, mod, backends, target), target)
     main = lowered["main"].script()
     assert main.count(CAPTURE) == 1
-    assert not any(name in main for name in partitions)
+    # No partition is called: TVM's kernels carry their partition's name (collage_tvm_3_fused_...), its call does not.
+    assert not [name for name in partitions if re.search(rf"\b{re.escape(name)}\(", main)]
     captured = next(func for gvar, func in lowered.functions.items() if gvar.name_hint.endswith("_cuda_graph_capture"))
     inside = [name for name in _kernels(captured) if name not in ("R",)]
     outside = [name for name in _kernels(lowered["main"]) if name not in ("R",)]
