@@ -53,7 +53,8 @@ def optimize(
     kernels among the candidates (see :mod:`collage_core.search.tuning_stage`). With ``compare_backends`` (default: when searching, not when
     replaying) each backend alone and TVM's unpartitioned build are measured too, and the closest
     of them timed in turns with the placement: the fastest by a margin is returned instead (never
-    in a replay), and the searched placement is kept as ``searched-placement.json``. A baseline
+    in a replay), and the searched placement is kept as ``searched-placement.json``; ``latency="after-pause"``
+    has the contest choose by the latency of the first run after a pause, not the warm one. A baseline
     whose single run takes longer than ``baseline_limit_s`` is stopped and reported as such (None:
     no limit). With ``output_dir`` too, each baseline's placement is saved there (see
     :func:`collage_core.search.baselines.baseline_file`). ``precision`` (fp32, bf16, fp16; see :mod:`collage_core.model.precision`;
