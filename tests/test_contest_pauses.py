@@ -95,6 +95,8 @@ def test_with_latency_after_a_pause_the_contest_returns_what_runs_faster_after_o
     why = result.placement.why_chosen
     assert why.startswith(f"{plugin.STEADY} alone won the contest in turns after a pause: ") and "--latency" not in why
     assert json.loads((out / "placement.json").read_text())["why_chosen"] == why
+    assert json.loads((out / "results.json").read_text())["chosen_by"] == "after-pause"
+    assert "(the choice was made on the latencies after a pause; " in (out / "report.txt").read_text()
 
 
 def test_latency_after_a_pause_needs_the_contest():
@@ -113,6 +115,7 @@ def test_the_report_and_results_give_the_latency_after_a_pause_beside_the_warm_o
     assert " warm, back to back, timed in turns with 1 rival build; " in report[1] and " s idle" in report[1]
     header = next(line for line in report if line.startswith("end to end") and "after a pause" in line)
     assert re.split(r"\s{2,}", header)[:3] == ["end to end", "median latency, warm", "after a pause"]
+    assert json.loads((out / "results.json").read_text())["chosen_by"] == "warm"
     rows = json.loads((out / "results.json").read_text())["end_to_end"]
     placed = next(row for row in rows if row["name"] == PLACEMENT)
     assert placed["after_pause"]["median_s"] > placed["cost"]["median_s"] and placed["paused_s"] > 0

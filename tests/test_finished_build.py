@@ -187,3 +187,23 @@ def test_the_key_follows_the_searched_placement_the_settings_and_the_code(tmp_pa
     assert with_plugin != code_digest([])
     (package / "__init__.py").write_text("X = 2\n")
     assert code_digest(["a_plugin"]) != with_plugin
+
+
+def test_a_contest_that_chooses_by_the_latency_after_a_pause_keeps_its_end_under_a_key_of_its_own():
+    from types import SimpleNamespace
+
+    import collage_core
+    from collage_core.kit import tvm_compat
+    from collage_core.outputs.reuse import key_of_run
+
+    job = SimpleNamespace(
+        imported=SimpleNamespace(fingerprint="model", reference_name="onnxruntime"),
+        target=tvm_compat.make_target({"kind": "llvm"}),
+        backends={},
+        end_to_end_key=lambda parts, protocol: "searched",
+        plugin_modules=[],
+    )
+    warm = key_of_run(job, [], collage_core.OptimizeOptions())
+    after_pause = key_of_run(job, [], collage_core.OptimizeOptions(latency="after-pause"))
+    assert after_pause != warm and after_pause.settings == {**warm.settings, "latency": "after-pause"}
+    assert "latency" not in warm.settings  # the keys of runs kept before the option existed still match

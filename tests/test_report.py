@@ -52,7 +52,7 @@ def _placement(**fields) -> SimpleNamespace:
     )
 
 
-def _report(entries, **placement_fields) -> str:
+def _report(entries, chosen_by="warm", **placement_fields) -> str:
     return render_report(
         SimpleNamespace(
             placement=_placement(**placement_fields),
@@ -63,6 +63,7 @@ def _report(entries, **placement_fields) -> str:
             phases_s={},
             model=NO_PRODUCTS,
             threads=ThreadSettings.machine_defaults(),
+            chosen_by=chosen_by,
         )
     )
 
@@ -147,6 +148,9 @@ def test_rows_timed_in_turns_give_their_latency_after_a_pause_beside_the_warm_on
     assert _row(in_turns, "searched placement")[10] == "2.949"  # against the warm latencies only
     assert "after a pause" in in_turns and "after a pause" not in one_after_another
     assert EndToEnd.from_json(contest[0].to_json()) == contest[0]
+    assert "(the choice was made on the warm latencies, back to back; " in text
+    chosen_after_a_pause = _report(contest, chosen_by="after-pause")
+    assert "(the choice was made on the latencies after a pause; " in chosen_after_a_pause and "warm latencies" not in chosen_after_a_pause
 
 
 def test_no_spread_over_half_the_median_is_printed_as_a_bare_plus_minus():
@@ -225,6 +229,7 @@ def test_the_report_gives_the_fraction_of_the_devices_peak_the_placement_reaches
                 model=model,
                 accuracy=None,
                 threads=ThreadSettings.machine_defaults(),
+                chosen_by="warm",
             )
         )
 
@@ -256,6 +261,7 @@ def test_thread_settings_other_than_the_machine_defaults_are_named():
                 phases_s={},
                 model=NO_PRODUCTS,
                 threads=threads,
+                chosen_by="warm",
             )
         )
 

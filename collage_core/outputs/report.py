@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collage_core.measure.in_turns import WARM
 from collage_core.measure.threads import ThreadSettings
 from collage_core.measure.timing import STOPPED_PREFIX
 from collage_core.model.layout import MODEL
@@ -18,10 +19,15 @@ from collage_core.search.two_level import history_text
 # spread not printed as a ± that could read as "anywhere from zero": on a busy 2-core machine one
 # baseline measured 8.8 ms with its quartiles 23 ms apart.
 NOISY_SPREAD = 0.5
-IN_TURNS_HEADING = (
-    "timed in turns, side by side in one sitting (the choice was made on the warm latencies, back to "
-    "back; compare them only with each other):"
-)
+
+
+def in_turns_heading(latency: str = WARM) -> str:
+    """The heading of the rows timed in turns, naming the latency the contest chose by."""
+    chosen_by = "the warm latencies, back to back" if latency == WARM else "the latencies after a pause"
+    return f"timed in turns, side by side in one sitting (the choice was made on {chosen_by}; compare them only with each other):"
+
+
+IN_TURNS_HEADING = in_turns_heading(WARM)
 ONE_AFTER_ANOTHER_HEADING = (
     "measured one after another, each build alone in its own worker (the machine's speed "
     "drifts between them; compare them only with each other):"
@@ -123,14 +129,14 @@ def _end_to_end_table(entries) -> str:
     return format_table(["end to end", *latency, "vs best other build", "operators"], rows)
 
 
-def _end_to_end_sections(entries) -> list[str]:
+def _end_to_end_sections(entries, latency: str = WARM) -> list[str]:
     """The rows timed in turns, then those measured one after another, each under a heading that says
-    so; with no contest in turns, the one table alone."""
+    so (and which ``latency`` the contest chose by); with no contest in turns, the one table alone."""
     in_turns = [entry for entry in entries if entry.timed_in_turns]
     one_after_another = [entry for entry in entries if not entry.timed_in_turns]
     if not in_turns:
         return [_end_to_end_table(one_after_another)]
-    sections = [IN_TURNS_HEADING, _end_to_end_table(in_turns)]
+    sections = [in_turns_heading(latency), _end_to_end_table(in_turns)]
     if one_after_another:
         sections += ["", ONE_AFTER_ANOTHER_HEADING, _end_to_end_table(one_after_another)]
     return sections
@@ -203,7 +209,7 @@ def render_report(optimized) -> str:
             f"({100 * total / placed.median_s:.0f}% of it)"
         )
     sections.append("")
-    sections += _end_to_end_sections(optimized.end_to_end)
+    sections += _end_to_end_sections(optimized.end_to_end, optimized.chosen_by)
     graphs_line = _cuda_graphs_line(optimized.end_to_end)
     if graphs_line:
         sections.append(graphs_line)

@@ -16,6 +16,7 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.build.deploy import copy_library, load_library, replacing_outputs
 from collage_core.errors import CollageError
+from collage_core.measure.in_turns import WARM
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
@@ -61,6 +62,8 @@ class OptimizedModel:
     searched_placement: Optional[Placement] = attrs.field(default=None, repr=False)
     # The placement file a replay rebuilt (None: this run searched).
     replayed_from: Optional[str] = None
+    # The latency the contest in turns chose by (collage_core.measure.in_turns.LATENCIES).
+    chosen_by: str = WARM
     # The thread settings its partitions ran and were measured with (this process's: the workers inherit them).
     threads: ThreadSettings = attrs.field(factory=ThreadSettings.from_environment, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)
@@ -151,6 +154,7 @@ class OptimizedModel:
             "search": self.placement.search,
             "why_chosen": self.placement.why_chosen,
             "replayed_from": self.replayed_from,
+            "chosen_by": self.chosen_by,
             "end_to_end": [{**row.to_json(), "noisy": is_noisy(row.cost)} for row in self.end_to_end],
             "candidates": self.candidates,
             "measurement": None

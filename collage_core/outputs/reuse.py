@@ -25,6 +25,7 @@ import attrs
 
 from collage_core import tvm_compat
 from collage_core.errors import CollageError
+from collage_core.measure.in_turns import WARM
 from collage_core.measure.job import FINISHED_PROTOCOL, Job
 from collage_core.model.verify import Verification
 from collage_core.outputs.end_to_end import EndToEnd
@@ -221,6 +222,8 @@ def key_of_run(job: Job, parts, options: "OptimizeOptions") -> FinishKey:
     }
     if options.rpc_key is not None:  # verified and timed on those servers, not here (and the reverse)
         settings["rpc_key"] = options.rpc_key
+    if options.latency != WARM:  # the contest chose by another figure (warm runs' keys stay as they were)
+        settings["latency"] = options.latency
     return FinishKey(
         model=job.imported.fingerprint,
         target=tvm_compat.target_to_json(job.target),
