@@ -106,10 +106,10 @@ def _attention(w: _Words, operands: list) -> np.ndarray:
 
 
 def cast_dtype(pattern_name: str, dtype: str = "bfloat16") -> str:
-    """The dtype a pattern's case takes: ``dtype`` (16 bits) for one that absorbs the cast or is fused attention,
-    else float32."""
+    """The dtype a pattern's case takes: ``dtype`` (16 bits) for one that absorbs the cast, is fused attention or is
+    a batched product (offered at float32 only as ``_tf32``: patterns.FLOAT32_PRODUCTS), else float32."""
     parts = pattern_name.split("_")
-    return dtype if "cast" in parts or parts[0] == "attention" else F
+    return dtype if "cast" in parts or parts[0] in ("attention", "batch") else F
 
 
 def _const(rng, *shape, dtype=F):

@@ -204,3 +204,21 @@ def test_attention_reading_a_stacked_qkv_and_writing_in_place_matches_pytorch_at
     last_place = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
     atol = last_place * float(np.max(np.abs(v))) + sixteen_bit_atol(expected, dtype)
     np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=0, atol=atol)
+
+
+def test_a_float32_convolution_of_a_models_size_is_exact_float32(pm, backends, cuda):
+    """cuDNN's engines for a shape depend on its size, so the small cases above cannot tell an exact float32 engine
+    from one that rounds the operands to TF32 at a model's sizes (as its batched products did at GPT-2's:
+    patterns.FLOAT32_PRODUCTS). A ResNet-50 3x3 convolution at batch 8: against float64, float32 errs by about 1e-5
+    here and TF32 by about 1e-2 (sums of 576 products of values in [-1, 1])."""
+    target, device = cuda
+    rng = np.random.default_rng(5)
+    weight = rng.uniform(-1, 1, size=(64, 64, 3, 3)).astype(F)
+    mod = function_module(lambda bb, x: R.nn.conv2d(x, relax.const(weight), padding=(1, 1)), (8, 64, 56, 56))
+    graph, candidate = whole_candidate(mod, patterns.patterns(), "cudnn.conv2d")
+    vm = relax.VirtualMachine(build(pm, partition_module(graph, [candidate]), backends, target), device)
+    x = rng.uniform(-1, 1, size=(8, 64, 56, 56)).astype(F)
+    got = tvm_compat.to_numpy(vm["main"](tvm_compat.to_tensor(x, device)))
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(weight).double(), padding=1).numpy()
+    error = float(np.max(np.abs(got - expected)))
+    assert error <= 5e-4, f"max error {error:.3g} against float64: an engine that rounds float32 (TF32, Winograd?)"

@@ -108,6 +108,20 @@ def test_a_16_bit_convolution_with_a_bias_is_taken_whole_in_nhwc_only():
     check_candidate(graph, candidate.nodes)
 
 
+def test_a_float32_batched_product_is_refused_in_one_line_and_a_sixteen_bit_one_taken():
+    refusals = []
+    graph = RelaxGraph.from_function(module(lambda bb, a, b: R.matmul(a, b), (2, 3, 16, 8), (2, 3, 8, 16))["main"])
+    assert not enumerate_candidates(graph, patterns.patterns(), refusals)
+    assert {(r.pattern, r.reason) for r in refusals} == {("cudnn.batch_matmul", patterns.FLOAT32_PRODUCTS)}
+    assert "\n" not in patterns.FLOAT32_PRODUCTS
+    sixteen = function_module(
+        lambda bb, a, b: R.astype(bb.emit(R.matmul(a, b, out_dtype="float32")), "bfloat16"), (2, 3, 16, 8), (2, 3, 8, 16), dtype="bfloat16"
+    )
+    graph = RelaxGraph.from_function(sixteen["main"])
+    found = {c.pattern for c in enumerate_candidates(graph, patterns.patterns())}
+    assert "cudnn.batch_matmul" in found
+
+
 def test_a_group_with_an_unfused_operator_is_refused_with_its_name():
     mod = module(lambda bb, x: R.nn.softmax(R.matmul(x, const(8, 8))), (4, 8))
     with pytest.raises(Refused, match="softmax"):
@@ -116,8 +130,9 @@ def test_a_group_with_an_unfused_operator_is_refused_with_its_name():
 
 @pytest.mark.parametrize("model", ["tiny_resnet", "tiny_bert", "tiny_gpt2"])
 def test_every_convolution_and_batched_product_of_a_shipped_model_has_a_candidate_that_computes_what_tvm_does(model):
+    """At float32 the batched products are candidates at --precision tf32 only (patterns.FLOAT32_PRODUCTS)."""
     graph = RelaxGraph.from_function(load_model(str(MODELS / f"{model}.onnx")).mod["main"])
-    candidates = enumerate_candidates(graph, patterns.patterns())
+    candidates = enumerate_candidates(graph, patterns.patterns(tf32=True))
 
     def is_anchor(call):
         name = tvm_compat.op_name(call)
@@ -125,6 +140,9 @@ def test_every_convolution_and_batched_product_of_a_shipped_model_has_a_candidat
 
     anchors = {node for node in range(len(graph.graph)) if is_anchor(graph.call(node))}
     assert anchors and anchors <= {node for candidate in candidates for node in candidate.nodes}
+    products = {node for node in anchors if tvm_compat.op_name(graph.call(node)) == "relax.matmul"}
+    exact = {node for candidate in enumerate_candidates(graph, patterns.patterns()) for node in candidate.nodes}
+    assert (products or model == "tiny_resnet") and not products & exact
     largest = {}
     for candidate in candidates:
         largest.setdefault(candidate.key, candidate)
