@@ -119,3 +119,42 @@ def test_the_report_and_results_give_the_latency_after_a_pause_beside_the_warm_o
     rows = json.loads((out / "results.json").read_text())["end_to_end"]
     placed = next(row for row in rows if row["name"] == PLACEMENT)
     assert placed["after_pause"]["median_s"] > placed["cost"]["median_s"] and placed["paused_s"] > 0
+
+
+def test_with_latency_after_a_pause_a_baseline_measured_only_warm_does_not_replace_the_placement():
+    """Where no contest in turns could run (here: the placement's one run is over ``single_run_s``), baselines are
+    known only warm, one after another: by the latency after a pause none can be said to be faster."""
+    from types import SimpleNamespace
+
+    from collage_core.build.stage import Built, finish
+    from collage_core.measure.timing import MeasureSettings
+    from collage_core.outputs.end_to_end import EndToEnd
+    from collage_core.records import Cost, Partition
+
+    parts = [Partition("tvm", "tvm.op", (0,), "tvm", Cost.unknown())]
+    faster = [Partition("onnxruntime", "onnxruntime.region", (0,), "onnxruntime", Cost.unknown())]
+    job = SimpleNamespace(settings=MeasureSettings(single_run_s=0.001))
+    built = Built(None, [], Cost.measured(0.002, 1e-5, 5))
+    baselines = [(EndToEnd("onnxruntime alone", Cost.measured(0.0005, 1e-5, 5), {"onnxruntime": 1}), faster)]
+    outcome = finish(job, None, "found by the op-level search", parts, built, baselines, latency="after-pause")
+    assert outcome.replacement is None and outcome.chosen_by is None
+    assert outcome.why == "found by the op-level search; none was timed after a pause, so none replaces it (none timed in turns)"
+
+
+@pytest.mark.parametrize("may_replace", [True, False], ids=["a search", "a replay"])
+def test_a_rival_faster_after_a_pause_is_named_where_choosing_by_that_could_return_it(may_replace):
+    from collage_core.build.stage import Built, Contest, after_contest
+    from collage_core.measure.in_turns import LibraryTurns
+    from collage_core.outputs.end_to_end import EndToEnd
+    from collage_core.records import Cost, Partition
+
+    def ms(value):
+        return Cost.measured(value / 1e3, 1e-6, 9)
+
+    rival = (EndToEnd("onnxruntime alone", ms(0.5), {"onnxruntime": 1}), [Partition("onnxruntime", "o", (0,), "o", Cost.unknown())])
+    turns = {PLACEMENT: LibraryTurns(ms(0.4), ms(9.0), 1.2), "onnxruntime alone": LibraryTurns(ms(0.5), ms(0.8), 1.2)}
+    parts = [Partition("tvm", "tvm.op", (0,), "tvm", Cost.unknown())]
+    built = Built(None, [], ms(0.4))
+    why = after_contest("found", parts, built, [rival], [rival], Contest(turns), may_replace=may_replace).why
+    hint = "; after a pause onnxruntime alone ran faster, 0.800 ms against 9.000 ms: `--latency after-pause` chooses by"
+    assert (hint in why) == may_replace, why

@@ -85,12 +85,14 @@ class Outcome:
     """What the finishing stage decided: the end-to-end rows (the returned placement's first, with the
     latency it was chosen by; then the others timed in turns; then those measured one after another),
     the baseline returned instead of the searched placement (``(EndToEnd, parts)`` and its build; None:
-    the searched placement is returned) and why the returned placement won, in a sentence."""
+    the searched placement is returned) and why the returned placement won, in a sentence; ``chosen_by``, the
+    latency a contest in turns decided by (None: none decided)."""
 
     rows: list
     why: str
     replacement: Optional[tuple] = None
     replacement_build: Optional[Built] = None
+    chosen_by: Optional[str] = None
 
 
 def baselines(
@@ -236,6 +238,7 @@ class Finished:
     verification: Optional[Verification]
     rows: list
     searched_placement: Optional[Placement] = None
+    chosen_by: Optional[str] = None  # the latency a contest in turns decided by (None: none decided)
 
 
 def build_and_compare(
@@ -312,7 +315,7 @@ def build_and_compare(
             clock.lap("without CUDA graphs")
     if fitted is not None and verification is not None:
         placement = attrs.evolve(placement, accuracy_budget=fitted.budget, measured_error=verification.max_rel_error)
-    return Finished(placement, parts, built, verification, rows, searched_placement)
+    return Finished(placement, parts, built, verification, rows, searched_placement, outcome.chosen_by)
 
 
 def verified(job: Job, built: Built, verify: bool, fitted: Optional[Fit]) -> Optional[Verification]:
@@ -344,11 +347,14 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     rivals = closest_rivals(baselines, parts, built.cost, job.settings)
     timed = contest(job, library, rivals, may_replace, latency) if rivals else None
     if timed is not None:
-        return after_contest(origin, parts, built, baselines, rivals, timed, latency)
+        return attrs.evolve(after_contest(origin, parts, built, baselines, rivals, timed, latency, may_replace), chosen_by=latency)
     mix, sequential = operators_by_backend(parts), [entry for entry, _ in baselines]
-    faster = faster_baseline(baselines, built.cost) if may_replace else None
+    # Measured one after another, a baseline's latency is warm: it cannot decide by the latency after a pause.
+    faster = faster_baseline(baselines, built.cost) if may_replace and latency == WARM else None
     if faster is None:
         measured = "no baseline measured faster one after another" if sequential else "no baseline was measured"
+        if latency != WARM and sequential:
+            measured = "none was timed after a pause, so none replaces it"
         placed = EndToEnd(PLACEMENT, built.cost, mix, build=build_id(parts))
         return Outcome([placed, *sequential], f"{origin}; {measured} (none timed in turns)")
     entry, rival_parts = faster
@@ -366,9 +372,12 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     return Outcome(rows, why, faster, rebuilt)
 
 
-def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Contest, latency: str = WARM) -> Outcome:
+def after_contest(
+    origin: str, parts, built: Built, baselines, rivals, timed: Contest, latency: str = WARM, may_replace: bool = True
+) -> Outcome:
     """The rows and the why of a contest in turns between the placement (``parts``, its build ``built``)
-    and ``rivals``, decided by ``latency``: the returned placement's row carries its latency in turns."""
+    and ``rivals``, decided by ``latency``: the returned placement's row carries its latency in turns. Without
+    ``may_replace`` (a replay) nothing could have replaced the placement, and the why says nothing of what would."""
     timed_turns, mix = timed.turns, operators_by_backend(parts)
     turns = {name: library.latency(latency) for name, library in timed_turns.items()}
     decided_by = "the contest in turns" if latency == WARM else "the contest in turns after a pause"
@@ -392,7 +401,7 @@ def after_contest(origin: str, parts, built: Built, baselines, rivals, timed: Co
                 f"{origin}; a replay returns its placement, though in {decided_by} {fastest.name} ran "
                 f"{_ms(best)} against its {_ms(placed)}, {_times(placed, best)}"
             )
-        why += _faster_after_a_pause(timed_turns, PLACEMENT, latency)
+        why += _faster_after_a_pause(timed_turns, PLACEMENT, latency) if may_replace else ""
         rows = [
             _in_turns_row(PLACEMENT, timed_turns[PLACEMENT], mix, parts),
             *in_turns.values(),
@@ -480,7 +489,8 @@ def contest(job: Job, library: Path, rivals, may_replace: bool = True, latency: 
         libraries = {PLACEMENT: library}
         libraries.update((entry.name, rivals_dir / str(i) / library.name) for i, (entry, _) in enumerate(rivals))
         remote = job.remote.request_for_every_backend() if job.remote is not None else None  # on one server
-        turns = time_in_turns(libraries, inputs, tvm_compat.target_to_json(job.target), job.plugin_modules, job.disabled, remote=remote)
+        target = tvm_compat.target_to_json(job.target)
+        turns = time_in_turns(libraries, inputs, target, job.plugin_modules, job.disabled, remote=remote, latency=latency)
         job.say("  in turns, warm back to back: " + ", ".join(f"{name} {describe_cost(t.warm)}" for name, t in turns.items()))
         job.say(
             "  in turns, after a pause: "

@@ -73,10 +73,10 @@ LATENCIES = (WARM, AFTER_PAUSE)
 
 @attrs.frozen
 class LibraryTurns:
-    """A library's latency in turns, from its fastest worker (the lowest warm median): ``warm``, its runs
-    back to back (every run of a turn but the first), by which the contest chooses unless told otherwise;
-    ``after_pause``, the first run of each turn, after the library sat idle ``paused_s`` (the median of its
-    turns) or more."""
+    """A library's latency in turns, from its fastest worker (the lowest median of the latency chosen by):
+    ``warm``, its runs back to back (every run of a turn but the first), by which the contest chooses unless told
+    otherwise; ``after_pause``, the first run of each turn, after the library sat idle ``paused_s`` (the median of
+    its turns) or more."""
 
     warm: Cost
     after_pause: Cost
@@ -96,10 +96,13 @@ def time_in_turns(
     settings: TurnSettings = TurnSettings(),
     functions: Mapping[str, str] = {},
     remote: Optional[dict] = None,
+    latency: str = WARM,
 ) -> dict[str, LibraryTurns]:
     """Each library's latency in turns, by name, from the runs of its fastest worker on ``inputs`` (an
     ``.npz``), every worker of every library taking its turns. A library runs its ``main``, or the entry
-    function ``functions`` names for it (a library of shape profiles holds one per shape).
+    function ``functions`` names for it (a library of shape profiles holds one per shape). ``latency`` (warm, or
+    after a pause) is what the contest chooses by: its runs pick each library's fastest worker and tell when the
+    leader is clear, so that the turns stop.
 
     With ``remote`` (:meth:`collage_core.measure.remote.RemoteServers.request`: libraries built for the servers),
     the libraries take their turns on one server, loaded in one session (held for the whole contest, so that it
@@ -128,6 +131,7 @@ def time_in_turns(
         warm: dict[tuple[str, int], list[float]] = {key: [] for key in workers}
         after_pause: dict[tuple[str, int], list[float]] = {key: [] for key in workers}
         paused: dict[tuple[str, int], list[float]] = {key: [] for key in workers}
+        deciding = after_pause if latency == AFTER_PAUSE else warm
         keys = list(workers)
         for round_index in range(settings.rounds):
             shift = round_index % len(keys)
@@ -140,9 +144,12 @@ def time_in_turns(
                 after_pause[key].append(first)
                 warm[key] += rest
                 paused[key].append(response["paused_s"])
-            if round_index + 1 >= settings.min_rounds and leader_is_clear(fastest_workers_runs(warm)):
+            if round_index + 1 >= settings.min_rounds and leader_is_clear(fastest_workers_runs(deciding)):
                 break
-    chosen = {name: min((key for key in warm if key[0] == name and warm[key]), key=lambda key: np.median(warm[key])) for name in libraries}
+    chosen = {
+        name: min((key for key in deciding if key[0] == name and deciding[key]), key=lambda key: np.median(deciding[key]))
+        for name in libraries
+    }
     return {name: LibraryTurns(_cost(warm[key]), _cost(after_pause[key]), float(np.median(paused[key]))) for name, key in chosen.items()}
 
 

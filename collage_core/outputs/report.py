@@ -209,7 +209,7 @@ def render_report(optimized) -> str:
             f"({100 * total / placed.median_s:.0f}% of it)"
         )
     sections.append("")
-    sections += _end_to_end_sections(optimized.end_to_end, optimized.chosen_by)
+    sections += _end_to_end_sections(optimized.end_to_end, optimized.chosen_by or WARM)
     graphs_line = _cuda_graphs_line(optimized.end_to_end)
     if graphs_line:
         sections.append(graphs_line)

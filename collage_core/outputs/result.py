@@ -16,7 +16,6 @@ from tvm import relax
 from collage_core import tvm_compat
 from collage_core.build.deploy import copy_library, load_library, replacing_outputs
 from collage_core.errors import CollageError
-from collage_core.measure.in_turns import WARM
 from collage_core.measure.measurement import MeasurementReport
 from collage_core.measure.threads import ThreadSettings
 from collage_core.model.model_import import ImportedModel
@@ -62,8 +61,8 @@ class OptimizedModel:
     searched_placement: Optional[Placement] = attrs.field(default=None, repr=False)
     # The placement file a replay rebuilt (None: this run searched).
     replayed_from: Optional[str] = None
-    # The latency the contest in turns chose by (collage_core.measure.in_turns.LATENCIES).
-    chosen_by: str = WARM
+    # The latency a contest in turns chose by (collage_core.measure.in_turns.LATENCIES; None: none decided).
+    chosen_by: Optional[str] = None
     # The thread settings its partitions ran and were measured with (this process's: the workers inherit them).
     threads: ThreadSettings = attrs.field(factory=ThreadSettings.from_environment, repr=False)
     _vm: Any = attrs.field(default=None, repr=False)

@@ -33,31 +33,39 @@ class ShortRows(dlight.gpu.GeneralReduction):
         sch = s_tir.Schedule(func)
         infos = normalize_prim_func(sch)
         infos = try_inline_contiguous_spatial(sch, infos) if infos else None
-        if not infos or len(infos) < 2 or not _rows_reduced_then_written(infos):
+        if not infos or len(infos) < 2 or not _rows_reduced_then_written(sch, infos):
             return None
-        leading = len(infos[0].dom_kind()) - 1
-        last = infos[-1].block_rv
-        loops = sch.get_loops(last)
-        block, row = sch.split(sch.fuse(*loops[:leading]), [None, ROWS_PER_BLOCK])
-        strided, lane = sch.split(loops[-1], [None, WARP])
-        sch.reorder(block, row, lane, strided)
-        sch.bind(block, "blockIdx.x")
-        sch.bind(row, "threadIdx.y")
-        sch.bind(lane, "threadIdx.x")
-        for info in reversed(infos[:-1]):
-            # Each reduction's result is the row's own, in every lane's registers: the warp's all-reduce broadcasts it.
-            for index, _ in enumerate(sch.get(info.block_rv).writes):
-                sch.set_scope(info.block_rv, buffer_index=index, storage_scope="local")
-            sch.compute_at(info.block_rv, row, preserve_unit_loops=True)
-            strided, lane = sch.split(sch.get_loops(info.block_rv)[-1], [None, WARP])
-            sch.reorder(lane, strided)
-            sch.bind(lane, "threadIdx.x")
+        try:
+            _schedule(sch, infos)
+        except s_tir.ScheduleError:  # a form the checks let through that the steps cannot take: dlight's rules try it
+            return None
         return sch
 
 
-def _rows_reduced_then_written(infos) -> bool:
+def _schedule(sch: s_tir.Schedule, infos) -> None:
+    leading = len(infos[0].dom_kind()) - 1
+    loops = sch.get_loops(infos[-1].block_rv)
+    block, row = sch.split(sch.fuse(*loops[:leading]), [None, ROWS_PER_BLOCK])
+    strided, lane = sch.split(loops[-1], [None, WARP])
+    sch.reorder(block, row, lane, strided)
+    sch.bind(block, "blockIdx.x")
+    sch.bind(row, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    for info in reversed(infos[:-1]):
+        # Each reduction's result is the row's own, in every lane's registers: the warp's all-reduce broadcasts it.
+        for index, _ in enumerate(sch.get(info.block_rv).writes):
+            sch.set_scope(info.block_rv, buffer_index=index, storage_scope="local")
+        sch.compute_at(info.block_rv, row, preserve_unit_loops=True)
+        strided, lane = sch.split(sch.get_loops(info.block_rv)[-1], [None, WARP])
+        sch.reorder(lane, strided)
+        sch.bind(lane, "threadIdx.x")
+
+
+def _rows_reduced_then_written(sch: s_tir.Schedule, infos) -> bool:
     """Whether the blocks are reductions over the last axis alone (``S..SR``) then one elementwise block over the same
-    rows (``S..SS``), the row no longer than ``MAX_ROW`` and known when compiled."""
+    rows (``S..SS``) that reads each reduction's result at its own row, the row no longer than ``MAX_ROW`` and known
+    when compiled. (A softmax over another axis of a square tensor has the same kinds and extents, but its written
+    block reads the reductions across its rows.)"""
     kind = infos[0].dom_kind()
     leading = len(kind) - 1
     if leading == 0 or kind != "S" * leading + "R" or any(info.dom_kind() != kind for info in infos[:-1]):
@@ -65,7 +73,22 @@ def _rows_reduced_then_written(infos) -> bool:
     if infos[-1].dom_kind() != "S" * len(kind):
         return False
     row = _static(infos[0].iters[-1].dom)
-    return row is not None and row <= MAX_ROW and all(_static(info.iters[-1].dom) == row for info in infos)
+    if row is None or row > MAX_ROW or any(_static(info.iters[-1].dom) != row for info in infos):
+        return False
+    written = sch.get(infos[-1].block_rv)
+    rows = [iter_var.var for iter_var in written.iter_vars[:leading]]
+    reduced = {region.source for info in infos[:-1] for region in sch.get(info.block_rv).writes}
+    return all(_read_at(region, rows) for region in written.reads if region.source in reduced)
+
+
+def _read_at(region, variables) -> bool:
+    """Whether a buffer region is the one element at ``variables``."""
+    if len(region.region) != len(variables):
+        return False
+    return all(
+        isinstance(axis.min, tirx.Var) and axis.min.same_as(var) and _static(axis.extent) == 1
+        for axis, var in zip(region.region, variables)
+    )
 
 
 def _static(extent):

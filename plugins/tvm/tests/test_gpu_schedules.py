@@ -73,6 +73,10 @@ def test_long_symbolic_and_other_kernels_are_left_to_dlights_rules():
     assert scheduled_by(gpu_schedules.ShortRows(), elementwise) is None
     total = te.create_prim_func([x, topi.sum(x, axis=-1)])  # a reduction with no elementwise block after it
     assert scheduled_by(gpu_schedules.ShortRows(), total) is None
+    # A softmax over the middle axis of a square tensor: its kinds and extents are a short row's, its rows are not.
+    square = te.placeholder((2, 64, 64), "float32")
+    assert scheduled_by(gpu_schedules.ShortRows(), te.create_prim_func([square, topi.nn.softmax(square, axis=1)])) is None
+    assert scheduled_by(gpu_schedules.ShortRows(), te.create_prim_func([square, topi.nn.softmax(square, axis=2)])) is not None
 
 
 def softmax_then_scale(bb, x):
@@ -80,7 +84,8 @@ def softmax_then_scale(bb, x):
 
 
 def norm_then_relu(bb, x):
-    gamma, beta = (relax.const(np.linspace(0.5, 1.5, x.struct_info.shape[-1].value, dtype="float32")) for _ in range(2))
+    size = tvm_compat.tensor_shape_dtype(x)[0][-1]
+    gamma, beta = (relax.const(np.linspace(0.5, 1.5, size, dtype="float32")) for _ in range(2))
     return bb.emit(R.nn.relu(R.nn.layer_norm(x, gamma, beta, axes=[-1])))
 
 
