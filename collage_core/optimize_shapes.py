@@ -22,6 +22,7 @@ from collage_core.build import deploy
 from collage_core.build.profiles import entry_function, merged_module, write_profiles_runtime_file
 from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure import remote as remote_servers
+from collage_core.measure.arrays_file import load_arrays
 from collage_core.measure.in_turns import time_in_turns
 from collage_core.measure.progress import PhaseClock
 from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
@@ -199,8 +200,7 @@ def _run_in(worker, library: Path, target, dispatch: ShapeDispatch, arrays, scra
     if remote is not None:
         request["remote"] = remote
     _asked(worker, request, f"running {choice.function}")
-    with np.load(outputs, allow_pickle=False) as saved:
-        return dispatch.outputs(choice, [saved[f"arr_{i}"] for i in range(len(saved.files))])
+    return dispatch.outputs(choice, load_arrays(outputs))
 
 
 def _asked(worker, request: dict, what: str) -> dict:

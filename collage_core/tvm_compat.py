@@ -412,17 +412,17 @@ def from_exported_program(program):
     # Deferred: TVM's compiler, which a runtime-only TVM lacks.
     from tvm.relax.frontend.torch import exported_program_translator as translator
 
+    def wrap(name, convert):
+        def convert_naming_the_node(node, *rest):
+            try:
+                return convert(node, *rest)
+            except Exception as error:
+                trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+                raise TorchNodeFailure(name, node.name, trace[-1] if trace else "", error) from error
+
+        return convert_naming_the_node
+
     def naming_the_node(importer, *args, **kwargs):
-        def wrap(name, convert):
-            def convert_naming_the_node(node, *rest):
-                try:
-                    return convert(node, *rest)
-                except Exception as error:
-                    trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
-                    raise TorchNodeFailure(name, node.name, trace[-1] if trace else "", error) from error
-
-            return convert_naming_the_node
-
         return {name: wrap(name, convert) for name, convert in original(importer, *args, **kwargs).items()}
 
     _skip_legacy_empty_cat_inputs(program)
@@ -430,9 +430,40 @@ def from_exported_program(program):
         original = translator.ExportedProgramImporter.create_convert_map
         translator.ExportedProgramImporter.create_convert_map = naming_the_node
         try:
-            return translator.from_exported_program(program, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+            return translator.from_exported_program(
+                program,
+                keep_params_as_input=False,
+                unwrap_unit_return_tuple=True,
+                custom_convert_map={name: wrap(name, convert) for name, convert in _TORCH_CONVERTERS.items()},
+            )
         finally:
             translator.ExportedProgramImporter.create_convert_map = original
+
+
+def _addmm_in_its_dtype(node, importer):
+    """``aten.addmm`` (a ``Linear`` with a bias) as PyTorch computes it, in its operands' dtype: a 16-bit product
+    accumulates in float32 and is rounded once. TVM 0.27's converter makes every product float32, so a float16,
+    bfloat16 or float64 module's bias add mixed two dtypes and failed; a float32 module's is the same as TVM's."""
+    bias, lhs, rhs = (importer.env[arg] for arg in node.args[:3])
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    dtype = str(value_type(lhs).dtype)
+    accumulated = "float32" if dtype in ("float16", "bfloat16") else dtype
+    builder = importer.block_builder
+    result = None
+    if alpha != 0:
+        result = builder.emit(relax.op.matmul(lhs, rhs, out_dtype=accumulated))
+        if accumulated != dtype:
+            result = builder.emit(relax.op.astype(result, dtype))
+        if alpha != 1:
+            result = builder.emit(relax.op.multiply(result, relax.const(alpha, dtype)))
+    if beta != 0:
+        scaled = bias if beta == 1 else builder.emit(relax.op.multiply(bias, relax.const(beta, str(value_type(bias).dtype))))
+        result = scaled if result is None else builder.emit(relax.op.add(scaled, result))
+    return result
+
+
+# Converters of ``torch.export`` nodes that replace TVM 0.27's (called with the node and the importer).
+_TORCH_CONVERTERS = {"addmm.default": _addmm_in_its_dtype}
 
 
 def _skip_legacy_empty_cat_inputs(program) -> None:

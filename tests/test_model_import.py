@@ -27,6 +27,7 @@ from collage_core.model.model_import import (
     ModelImportError,
     TensorSpec,
     UncheckableModel,
+    as_tensor,
     check_against_reference,
     load_model,
 )
@@ -728,3 +729,37 @@ def test_example_inputs_given_with_a_model_that_has_its_own_inputs_are_refused_n
     """They shaped nothing: an ONNX model's inputs are its own (a dynamic one takes shapes=)."""
     with pytest.raises(collage_core.CollageError, match="example_inputs are a PyTorch module's; this model's inputs are its own"):
         collage_core.optimize(str(tmp_path / "read-after-the-checks.onnx"), example_inputs=(torch.randn(1, 8),))
+
+
+class TwoLinear(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 6).to(dtype), torch.nn.Linear(6, 3).to(dtype)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_a_module_of_another_float_dtype_runs_in_its_dtype_and_is_held_to_its_tolerance(dtype, tmp_path):
+    """A Linear with a bias is aten.addmm, whose product TVM 0.27's converter made float32 whatever the module's dtype
+    (its bias add then mixed two dtypes and failed); a bfloat16 module's reference could not read numpy's arrays.
+    A 16-bit module is held to its precision's tolerance: its reference answers in 16 bits too."""
+    module = TwoLinear(dtype).eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
+    result = collage_core.optimize(
+        module, example_inputs=(x,), backends=["tvm"], cost_db=tmp_path / "costs.sqlite", compare_backends=False, show_progress=False
+    )
+    assert result.verification.passed
+    name = str(dtype).removeprefix("torch.")
+    assert [spec.dtype for spec in result.model.inputs] == [name]
+    (x,) = result.model.random_inputs()
+    (got,) = result.run(x)
+    assert str(got.dtype) == name
+    with torch.no_grad():
+        expected = module(as_tensor(x, torch)).double()
+    scale = float(expected.abs().max())
+    # float64: exact to rounding; 16 bits: the two roundings of each output may differ by a unit in the last place
+    tolerance = {torch.float64: 1e-12, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[dtype] * scale
+    assert np.max(np.abs(np.asarray(got, dtype=np.float64) - expected.double().numpy())) <= tolerance
+    assert result.verification.rtol == {torch.float64: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]

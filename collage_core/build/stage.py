@@ -36,7 +36,7 @@ from collage_core.measure.timing import stopped, stopped_limit
 from collage_core.measure.worker_client import StageTooSlow, WorkerFailure
 from collage_core.model import original_model
 from collage_core.model.accuracy_budget import Fit
-from collage_core.model.precision import FP32, Tolerance, tolerance
+from collage_core.model.precision import FP32, Tolerance, tolerance_for_outputs
 from collage_core.model.verify import Verification, compare_outputs
 from collage_core.options import OptimizeOptions
 from collage_core.outputs.end_to_end import ONE_AFTER_ANOTHER, PLACEMENT, SEARCHED, WITHOUT_CUDA_GRAPHS, EndToEnd
@@ -324,8 +324,9 @@ def verified(job: Job, built: Built, verify: bool, fitted: Optional[Fit]) -> Opt
     model = job.imported
     if not verify or model.reference is None:
         return None
-    held_to = tolerance(model.precision) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
-    verification = compare_outputs(built.outputs, model.reference(job.inputs), model.reference_name, rtol=held_to.rtol, atol=held_to.atol)
+    expected = model.reference(job.inputs)
+    held_to = tolerance_for_outputs(model.precision, expected) if fitted is None else Tolerance(rtol=fitted.budget, atol=0.0)
+    verification = compare_outputs(built.outputs, expected, model.reference_name, rtol=held_to.rtol, atol=held_to.atol)
     job.say(verification.describe())
     return verification
 

@@ -23,6 +23,7 @@ from collage_core.build.partition import partition_module
 from collage_core.candidates.enumeration import enumerate_candidates
 from collage_core.errors import CollageError, reraise_interrupt
 from collage_core.measure import zygote
+from collage_core.measure.arrays_file import load_arrays
 from collage_core.measure.cost_db import Claim, CostDatabaseError
 from collage_core.measure.measurement import CLAIM_POLL_S, threads_key_part
 from collage_core.measure.progress import ProgressBar
@@ -400,8 +401,7 @@ class Job:
                 if LOST not in str(error) or attempt == REMOTE_ATTEMPTS - 1:
                     raise
                 log.warning("%s; measured again on another server", str(error).split(LOST + ": ")[-1])
-        with np.load(outputs_path, allow_pickle=False) as saved:
-            outputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        outputs = load_arrays(outputs_path)
         for path in (inputs_path, outputs_path):
             path.unlink(missing_ok=True)
         return outputs, Cost.from_json(response["cost"])

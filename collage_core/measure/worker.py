@@ -29,6 +29,7 @@ from collage_core.backends import registered_backends
 from collage_core.build.deploy import backend_needs, load_vm, write_runtime_file
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module, placed_whole
+from collage_core.measure.arrays_file import load_arrays
 from collage_core.measure.cost_db import TRANSIENT_REASON
 from collage_core.measure.processor_wait import waiting
 from collage_core.measure.timing import MeasureSettings, time_callable
@@ -356,8 +357,7 @@ def _placement_built(state, request, settings: Optional[MeasureSettings]):
 def _run_and_time(state, request, vm, device, settings: Optional[MeasureSettings], here: bool = True) -> Optional[dict]:
     """Run ``vm``'s main on the request's inputs, keep its outputs, and time it (None: not timed); timed ``here``
     (not on a remote server), the cost is marked held up when other processes kept this one waiting for a processor."""
-    with np.load(request["inputs"], allow_pickle=False) as saved:
-        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    arrays = load_arrays(request["inputs"])
     args = [tvm_compat.to_tensor(a, device) for a in arrays]
     state["progress"]("built")
     # The first run pays one-time setup (ONNX Runtime creates its sessions then) and says nothing
@@ -457,8 +457,7 @@ def _library_function(state, request):
 
 def _saved_tensors(path, device) -> list:
     """The arrays of an ``.npz`` (``arr_0``, ``arr_1``, ...) as tensors on ``device``."""
-    with np.load(path, allow_pickle=False) as saved:
-        return [tvm_compat.to_tensor(saved[f"arr_{i}"], device) for i in range(len(saved.files))]
+    return [tvm_compat.to_tensor(array, device) for array in load_arrays(path)]
 
 
 def _build_library(state, request):

@@ -20,7 +20,7 @@ from collage_core import tvm_compat
 from collage_core.errors import CollageError, one_line
 from collage_core.model import import_cache, rewrites
 from collage_core.model.original_model import ONNX, OriginalModel
-from collage_core.model.precision import FP32, tolerance
+from collage_core.model.precision import FP32, tolerance_for_outputs
 from collage_core.model.torch_onnx import in_eval_mode, onnx_original
 from collage_core.model.torch_outputs import Flattened, NotATensor, flatten, forward_input_names
 from collage_core.model.verify import compare_outputs
@@ -291,6 +291,25 @@ def onnx_reference(data: bytes, inputs: Sequence) -> Reference:
     return reference
 
 
+def as_tensor(array: np.ndarray, torch):
+    """``array`` as a PyTorch tensor; a bfloat16 one (ml_dtypes', which numpy has none of) through its bits."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def as_array(tensor, torch) -> np.ndarray:
+    """A PyTorch tensor as a numpy array; a bfloat16 one as ml_dtypes' bfloat16, through its bits."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        # Deferred: ml_dtypes is optional: only for bfloat16 tensors.
+        import ml_dtypes
+
+        return tensor.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
 TENSORS_ONLY = (
     "a module's outputs must be tensors, or tuples, lists, dicts, dataclasses or transformers ModelOutputs of them (None is left out)"
 )
@@ -326,8 +345,8 @@ def _from_torch_in_eval(module, example_inputs: tuple, name: str, torch) -> Impo
 
     def reference(arrays):
         with in_eval_mode(module), torch.no_grad():
-            returned = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
-        return [tensor.detach().numpy() for _, tensor in flatten(returned)]
+            returned = module(*[as_tensor(a, torch) for a in arrays])
+        return [as_array(tensor, torch) for _, tensor in flatten(returned)]
 
     canonical = canonicalize(mod, f"PyTorch module {name}")
     params = canonical["main"].params
@@ -433,7 +452,7 @@ def check_against_reference(imported: ImportedModel) -> str:
     before anything is measured; says, in a line, what was checked.
 
     The reference's outputs are compared with ``main``'s declared outputs in count, shapes and dtypes,
-    then with the outputs of TVM's plain build of ``main`` within float32's tolerance, for a model of
+    then with the outputs of TVM's plain build of ``main`` within float32's tolerance (a 16-bit model's own precision's), for a model of
     at most :data:`CHECK_BUILD_MULTIPLY_ADDS` multiply-adds (a larger one's numbers are checked at the
     end only). Raises :class:`UncheckableModel` or :class:`ImportNumericsError`, naming the model and
     the output.
@@ -474,7 +493,7 @@ def check_against_reference(imported: ImportedModel) -> str:
         outputs = _run_plain_build(imported.mod, inputs)
     except Exception as error:
         return f"{agree}; numerics are verified at the end only (TVM's plain build failed: {one_line(error)})"
-    held_to = tolerance(FP32)
+    held_to = tolerance_for_outputs(FP32, expected)
     verification = compare_outputs(outputs, expected, imported.reference_name, held_to.rtol, held_to.atol)
     if verification.passed:
         return f"{agree}; TVM's plain build: {verification.describe()}"

@@ -70,6 +70,17 @@ def tolerance(precision: str) -> Tolerance:
     return Tolerance(rtol, atol)
 
 
+def tolerance_for_outputs(precision: str, expected) -> Tolerance:
+    """The tolerance outputs are held to against ``expected`` (the reference's arrays): ``precision``'s, or, for a
+    model that is 16-bit of its own (a float16 or bfloat16 PyTorch module, whose reference answers in 16 bits too),
+    that 16-bit precision's: one unit in the last place of a bfloat16 output is 2**-8 of it."""
+    if precision == FP32:
+        own = {str(array.dtype) for array in expected} & {"bfloat16", "float16"}
+        if own:
+            return tolerance(BF16 if "bfloat16" in own else FP16)
+    return tolerance(precision)
+
+
 def require_known(precision: str) -> None:
     """Refuse, in one line, a precision Collage does not know."""
     if precision not in PRECISIONS:

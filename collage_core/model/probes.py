@@ -26,6 +26,7 @@ from collage_core import tvm_compat
 from collage_core.build.partition import partition_module
 from collage_core.errors import CollageError
 from collage_core.measure import zygote
+from collage_core.measure.arrays_file import load_arrays
 from collage_core.measure.job import BUILD_TIMEOUT_S, Job, parts_to_json
 from collage_core.measure.worker_client import MeasurementWorker, WorkerFailure
 from collage_core.model.precision import with_float32_units
@@ -65,8 +66,7 @@ def outputs_of_variants(base: Job, original, variants: Sequence[tuple[Sequence[i
         _run_all(base, requests, workers)
         outputs = []
         for request in requests:
-            with np.load(request["outputs"], allow_pickle=False) as saved:
-                outputs.append([saved[f"arr_{i}"] for i in range(len(saved.files))])
+            outputs.append(load_arrays(request["outputs"]))
         return outputs
     finally:
         for request in requests:

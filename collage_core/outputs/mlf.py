@@ -61,6 +61,7 @@ import numpy as np
 from collage_core import tvm_compat
 from collage_core.build.deploy import load_vm, write_runtime_file
 from collage_core.errors import CollageError
+from collage_core.measure.arrays_file import load_arrays
 from collage_core.outputs.dispatch import ShapeDispatch, ShapeRecordError, run_dispatched
 from collage_core.outputs.index_ranges import IndexRange, check_index_ranges
 from collage_core.outputs.output_folder import library_file, safe_file_name
@@ -125,8 +126,7 @@ def check_in_new_process(path: os.PathLike, inputs: Sequence[np.ndarray], timeou
             )
         if result.returncode != 0:
             raise MLFError(f"{path}: {problem or f'the process loading it ended with exit status {result.returncode}'}")
-        with np.load(taken) as saved:
-            return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        return load_arrays(taken)
 
 
 def _last_line(text: str) -> str:
@@ -139,8 +139,7 @@ def _run_once(path: str, inputs: str, outputs: str, workdir: str) -> int:
     outputs' shapes and dtypes."""
     try:
         loaded = load_mlf(path, workdir)
-        with np.load(inputs) as saved:
-            results = loaded.run(*[saved[f"arr_{i}"] for i in range(len(saved.files))])
+        results = loaded.run(*load_arrays(inputs))
         declared = [(tuple(o["shape"]), o["dtype"]) for o in loaded.executor_config["outputs"]]
         given = [(tuple(o.shape), str(o.dtype)) for o in results]
         if given != declared:
