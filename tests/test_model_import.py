@@ -203,15 +203,20 @@ def test_nested_or_other_example_inputs_are_refused_in_one_line_naming_the_item(
     from collage_core.api_checks import ArgumentError
 
     x = torch.randn(1, 3, 8, 8)
+    shape = "Tensor of shape \\(1, 3, 8, 8\\) \\(torch.float32\\)"
     cases = [
-        ((x, (x, x)), "item 1 is tuple"),
+        ((x, (x, x)), f"item 1 is tuple of 2 items \\({shape}, {shape}\\) \\(a forward"),  # the items' shapes, on one line
+        ((x, [x] * 4), f"item 1 is list of 4 items \\({shape}, {shape}, {shape}, ...\\) "),
         ((x, {"y": x}), "item 1 is dict"),
         ((3,), "item 0 is 3"),
         ((x.numpy(),), "item 0 is ndarray of shape \\(1, 3, 8, 8\\) \\(float32\\)"),
     ]
     for inputs, shown in cases:
-        with pytest.raises(ArgumentError, match=f"example_inputs must be a tuple of tensors, one per argument of forward: {shown}"):
+        with pytest.raises(
+            ArgumentError, match=f"example_inputs must be a tuple of tensors, one per argument of forward: {shown}"
+        ) as raised:
             collage_core.optimize(ConvReluLinear(), example_inputs=inputs, backends=["tvm"])
+        assert "\n" not in str(raised.value)
     with pytest.raises(
         ArgumentError, match=r"example_inputs must be a tuple of tensors, not Tensor of shape \(1, 3, 8, 8\) \(torch.float32\)$"
     ):
