@@ -177,9 +177,9 @@ def _read(kind: type, wanted: str) -> Callable[[str], Any]:
 def _shown(value: Any) -> str:
     if hasattr(value, "shape") and hasattr(value, "dtype"):  # a tensor or an array: its shape, not its numbers
         return f"{type(value).__name__} of shape {tuple(value.shape)} ({value.dtype})"
-    if isinstance(value, (list, tuple)):  # its items shown the same way, the first few
+    if isinstance(value, (list, tuple)) and any(hasattr(item, "shape") for item in value):  # tensors by their shapes
         items = ", ".join(_shown(item) for item in value[:3]) + (", ..." if len(value) > 3 else "")
-        return f"{type(value).__name__} of {len(value)} items ({items})"
+        return f"{type(value).__name__} of {len(value)} item{'s' * (len(value) != 1)} ({items})"
     shown = " ".join(repr(value).split())  # on one line
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return f"{type(value).__name__} {shown}" if not isinstance(value, (int, float, str)) else shown
