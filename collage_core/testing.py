@@ -97,6 +97,18 @@ def tf32_atol(k: int, scale: float = 1.0) -> float:
 EXACT_FLOAT32_ATOL = 1e-5
 
 
+def cuda_source(module) -> str:
+    """The CUDA code TVM generated for a built library (``executable.mod``) and what it imports, joined: a CUDA
+    build is checked here by its code, without a GPU."""
+    found, stack = [], [module]
+    while stack:
+        current = stack.pop()
+        if current.kind == "cuda":
+            found.append(current.inspect_source())
+        stack.extend(current.imports)
+    return "\n".join(found)
+
+
 def run_on_cpu(mod: tvm.IRModule, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """``main``'s first output for ``inputs``, built by TVM for this CPU."""
     vm = relax.VirtualMachine(relax.build(mod, tvm_compat.host_cpu_target()), tvm.cpu(0))

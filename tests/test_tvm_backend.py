@@ -18,7 +18,7 @@ from collage_core import tvm_compat
 from collage_core.backends import discover_backends
 from collage_core.build.executable import build
 from collage_core.build.partition import partition_module
-from collage_core.kit.testing import lower_partitions
+from collage_core.kit.testing import cuda_source, lower_partitions
 from collage_core.model.model_import import load_model
 from collage_core.model.precision import at_precision
 from collage_core.model.relax_graph import RelaxGraph
@@ -59,16 +59,6 @@ def test_other_powers_are_left_to_tvm(exponent):
     assert ops_in(as_multiplications(power_module(exponent)["main"])) == ["relax.power"]
 
 
-def _cuda_sources(module) -> list[str]:
-    found, stack = [], [module]
-    while stack:
-        current = stack.pop()
-        if current.kind == "cuda":
-            found.append(current.inspect_source())
-        stack.extend(current.imports)
-    return found
-
-
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_gpt2_on_cuda_compiles_to_kernels_without_powf(precision):
     """TVM generates CUDA code here without a GPU: GPT-2's tanh GELU (x**3) must not reach fast-math powf, at 16 bits
@@ -81,10 +71,10 @@ def test_gpt2_on_cuda_compiles_to_kernels_without_powf(precision):
     assert "relax.power" in graph.graph.ops
     whole = [Partition("tvm", whole_model_pattern("tvm"), tuple(range(len(graph.graph))), whole_model_pattern("tvm"), Cost.unknown())]
     executable = build(pm, partition_module(graph, whole), {"tvm": infos["tvm"]}, tvm_compat.make_target({"kind": "cuda", "arch": "sm_90"}))
-    sources = _cuda_sources(executable.mod)
-    assert sources and sum(source.count("__global__") for source in sources) > 10
+    source = cuda_source(executable.mod)
+    assert source.count("__global__") > 10
     # A call of powf, not the name in the 16-bit headers' list of half-precision math (`(hpow, powf)`).
-    assert not any(re.search(r"\bpowf\s*\(", source) for source in sources)
+    assert not re.search(r"\bpowf\s*\(", source)
 
 
 def test_a_constant_that_broadcasts_the_base_is_left_to_tvm():
@@ -170,7 +160,7 @@ def kernel_launches(pm, placed, backends, target) -> dict[str, int]:
     called once launches each of its kernels (``<function>_kernel``, ``<function>_kernel_1``, ...) once."""
     lowered = tvm_compat.lowered_for_build(lower_partitions(pm, placed, backends, target), target)
     executable = build(pm, placed, backends, target)
-    defined = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(\s*[^;]*?\)\s*\{", "\n".join(_cuda_sources(executable.mod)))
+    defined = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(\s*[^;]*?\)\s*\{", cuda_source(executable.mod))
     functions = {gvar.name_hint for gvar, func in lowered.functions_items() if tvm_compat.is_tir_function(func)}
     called = collections.Counter()
     for _, func in lowered.functions_items():

@@ -34,6 +34,7 @@ _EXPORTS = {
     "product_case": "collage_core.testing:product_case",
     "widened_residual_case": "collage_core.testing:widened_residual_case",
     "contract_problems": "collage_core.testing:contract_problems",
+    "cuda_source": "collage_core.testing:cuda_source",
     # the pipeline by hand
     "get_plugin_manager": "collage_core.plugins:get_plugin_manager",
     "discover_backends": "collage_core.backends:discover_backends",

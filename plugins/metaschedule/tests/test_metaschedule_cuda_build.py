@@ -16,6 +16,7 @@ from collage_core.kit import tvm_compat
 from collage_core.kit.testing import (
     build,
     contribute_patterns,
+    cuda_source,
     discover_backends,
     function_module,
     get_plugin_manager,
@@ -74,17 +75,10 @@ def placed_with_a_cuda_record(tmp_path, monkeypatch):
     return pm, backends, target, partition_module(found.graph, [found.candidate])
 
 
-def cuda_sources(module) -> list[str]:
-    found = [module.inspect_source()] if module.kind == "cuda" else []
-    for imported in module.imports:
-        found += cuda_sources(imported)
-    return found
-
-
 def test_a_cuda_record_is_built_into_the_placements_cuda_code(placed_with_a_cuda_record):
     pm, backends, target, placed = placed_with_a_cuda_record
     executable = build(pm, placed, backends, target)
-    sources = "\n".join(cuda_sources(executable.mod))
+    sources = cuda_source(executable.mod)
     # The tuned kernel keeps the name the lowering gave it; dlight's own schedule of the partition would not have it.
     assert "collage_tvm_tuned_0_fused_softmax_multiply" in sources
     assert "__global__" in sources and "threadIdx" in sources

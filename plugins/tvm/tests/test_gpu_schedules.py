@@ -15,7 +15,7 @@ from collage_tvm import gpu_schedules, kernels
 from tvm import relax, te, topi
 
 from collage_core.kit import tvm_compat
-from collage_core.kit.testing import build, function_module, lower_partitions, partition_module, whole_candidate
+from collage_core.kit.testing import build, cuda_source, function_module, lower_partitions, partition_module, whole_candidate
 
 R = relax.op
 
@@ -104,7 +104,7 @@ def test_the_plugin_schedules_its_partitions_kernels_and_the_build_keeps_them(pm
     assert gvar.name_hint == "collage_tvm_0_fused_softmax_multiply"
     assert int(kernel.attrs["op_pattern"]) == kernels.OPAQUE and bool(kernel.attrs[kernels.SCHEDULED])
     assert thread_extents(kernel)["threadIdx.x"] == gpu_schedules.WARP
-    sources = "\n".join(cuda_sources(build(pm, placed, backends, cuda_target()).mod))
+    sources = cuda_source(build(pm, placed, backends, cuda_target()).mod)
     assert "collage_tvm_0_fused_softmax_multiply_kernel" in sources and "__shfl_down_sync" in sources
 
 
@@ -112,13 +112,6 @@ def test_on_the_cpu_the_partition_stays_for_tvms_own_pipeline(pm, backends):
     placed = placed_on_tvm(pm, backends, softmax_then_scale, (2, 16), "tvm.softmax_elementwise1")
     lowered = lower_partitions(pm, placed, backends, tvm_compat.make_target({"kind": "llvm"}))
     assert not any(isinstance(func, tvm.tirx.PrimFunc) for _, func in lowered.functions_items())
-
-
-def cuda_sources(module) -> list[str]:
-    found = [module.inspect_source()] if module.kind == "cuda" else []
-    for imported in module.imports:
-        found += cuda_sources(imported)
-    return found
 
 
 def softmax_reference(x):
