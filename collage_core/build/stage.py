@@ -348,7 +348,7 @@ def finish(job: Job, library: Path, origin: str, parts, built: Built, baselines,
     rivals = closest_rivals(baselines, parts, built.cost, job.settings)
     timed = contest(job, library, rivals, may_replace, latency) if rivals else None
     if timed is not None:
-        return attrs.evolve(after_contest(origin, parts, built, baselines, rivals, timed, latency, may_replace), chosen_by=latency)
+        return after_contest(origin, parts, built, baselines, rivals, timed, latency, may_replace)
     mix, sequential = operators_by_backend(parts), [entry for entry, _ in baselines]
     # Measured one after another, a baseline's latency is warm: it cannot decide by the latency after a pause.
     faster = faster_baseline(baselines, built.cost) if may_replace and latency == WARM else None
@@ -409,7 +409,7 @@ def after_contest(
             EndToEnd(f"{PLACEMENT}, {ONE_AFTER_ANOTHER}", built.cost, mix, build=build_id(parts)),
             *sequential,
         ]
-        return Outcome(rows, why)
+        return Outcome(rows, why, chosen_by=latency)
     entry, rival_parts = rivals[timed.winner]
     rival_mix = operators_by_backend(rival_parts)
     why = (
@@ -425,7 +425,7 @@ def after_contest(
         EndToEnd(f"{SEARCHED}, {ONE_AFTER_ANOTHER}", built.cost, mix, build=build_id(parts)),
         *sequential,
     ]
-    return Outcome(rows, why, (entry, rival_parts), timed.winner_build)
+    return Outcome(rows, why, (entry, rival_parts), timed.winner_build, chosen_by=latency)
 
 
 def _faster_after_a_pause(timed_turns: dict, returned: str, latency: str) -> str:

@@ -29,10 +29,10 @@ docs/contest.md): **warm**, back to back, and **after a pause**. A worker runs i
 turns then waits until the library has sat idle at least ``pause_s`` since its last run, runs it
 once (a run after a pause), then again for about ``burst_s`` back to back (at least once: the warm
 runs). The contest chooses by the warm figure (``--latency after-pause``: by the run after a pause) and
-reports the other beside it. Pooled in one median, as before, the two weighed by how many runs fit in a burst, and that number came
-from a single run after a single warm-up (on a 2-core Xeon shared with other work, one OpenVINO
-library's first timed run measured 19 to 68 ms in six processes of one sitting, so a process took 5
-to 21 runs a turn): whatever the first run after a pause does differently (slower, as OpenVINO's
+reports the other beside it. Pooled in one median, as before, the two weighed by how many runs fit in a
+burst, and that number came from a single run after a single warm-up (on a 2-core Xeon shared with
+other work, one OpenVINO library's first timed run measured 19 to 68 ms in six processes of one
+sitting, so a process took 5 to 21 runs a turn): whatever the first run after a pause does differently (slower, as OpenVINO's
 after a pause, openvinotoolkit/openvino#31145; or faster, as a process the kernel credits for having
 slept among busy ones) moved a library's figure by a share that neither the contest nor
 benchmarks/interleaved.py chose."""

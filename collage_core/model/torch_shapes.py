@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from collage_core.errors import one_line
+from collage_core.model.model_import import as_array, as_tensor
 from collage_core.model.shape_profiles import ShapeProfileError, SymbolicInput, parse_shapes
 from collage_core.model.torch_onnx import export_flattened, in_eval_mode
 from collage_core.model.torch_outputs import Flattened, forward_input_names
@@ -104,7 +105,7 @@ def _check_export(module, proto, names, profiles, example_inputs, name: str) -> 
                 arrays.append(rng.integers(low, high + 1, shape).astype(_dtype(x)) if high > low else np.full(shape, low, _dtype(x)))
         try:
             with torch.no_grad():
-                expected = [t.numpy() for t in module(*(torch.from_numpy(a) for a in arrays))]
+                expected = [as_array(t, torch) for t in module(*(as_tensor(a, torch) for a in arrays))]
         except Exception as error:  # noqa: BLE001 - one line naming the shape
             raise ShapeProfileError(f"PyTorch module {name} fails at {_shown(profile)}: {one_line(error)}") from None
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import tvm
 from collage_tvm import hooks as tvm_hooks
+from collage_tvm import kernels as tvm_kernels
 from tvm import relax
 
 from collage_core.kit import OP_LEVEL, Backend, Pattern, backend_hooks, sources_digest, substitute, tvm_compat
@@ -92,7 +93,7 @@ def _tuned_check(target):
         key = tvm_compat.structural_key(func)  # weights' values do not change the kernels
         if key not in refused:
             try:
-                lowering.scheduled_kernels(lowering.legalized(func, target), target, db)
+                lowering.scheduled_kernels(tvm_kernels.legalized(func, target), target, db)
                 refused[key] = ""
             except lowering.NotTuned as reason:
                 refused[key] = str(reason)

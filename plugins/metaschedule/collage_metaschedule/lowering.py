@@ -12,10 +12,6 @@ from collage_tvm import kernels as tvm_kernels
 from collage_core.kit import PatternRefused
 from collage_metaschedule import database
 
-legalized = tvm_kernels.legalized
-kernels = tvm_kernels.kernels
-
-
 class NotTuned(PatternRefused):
     """A partition some of whose kernels have no tuned record for this device."""
 
@@ -23,13 +19,13 @@ class NotTuned(PatternRefused):
 def scheduled_kernels(mod: tvm.IRModule, target: tvm.target.Target, db) -> dict:
     """Each kernel of ``mod`` (a legalized partition) by its global variable, scheduled by its tuned record;
     :class:`NotTuned` naming the first kernel without one."""
-    if not kernels(mod):
+    if not tvm_kernels.kernels(mod):
         raise NotTuned("TVM's pipeline makes no kernel of it: there is nothing tuned to run")
     found = {}
-    for gvar, func in kernels(mod):
+    for gvar, func in tvm_kernels.kernels(mod):
         best = database.tuned(db, func, target)
         if best is None:
-            count = len(kernels(mod))
+            count = len(tvm_kernels.kernels(mod))
             raise NotTuned(f"kernel {gvar.name_hint} (of {count}) has no tuned record for this device: `--tune-budget-s S` tunes it")
         found[gvar] = best
     return found

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 import tvm
+from collage_tvm import kernels as tvm_kernels
 
 from collage_core.kit import tvm_compat
-from collage_metaschedule import database, lowering
+from collage_metaschedule import database
 
 # Trials per round of one kernel, and the most trials a kernel gets in one tuning run.
 TRIALS_PER_ROUND = 16
@@ -64,7 +65,7 @@ def kernels_to_tune(mod: tvm.IRModule, function_names, target: tvm.target.Target
         if partition_key in read:
             continue
         read.add(partition_key)
-        for gvar, kernel in lowering.kernels(lowering.legalized(mod[name], target)):
+        for gvar, kernel in tvm_kernels.kernels(tvm_kernels.legalized(mod[name], target)):
             key = tvm_compat.structural_key(database.workload(kernel))
             if key in seen:
                 continue

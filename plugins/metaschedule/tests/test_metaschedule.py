@@ -91,7 +91,6 @@ def test_the_tuned_kernel_is_built_into_the_module_and_computes_what_numpy_does(
 
 
 def test_the_tuned_kernel_survives_tvms_own_fusion_and_is_not_the_default_one(tuned):
-    from collage_metaschedule import lowering
     from collage_tvm import kernels as tvm_kernels
 
     pm, target, _, _ = tuned
@@ -99,7 +98,7 @@ def test_the_tuned_kernel_survives_tvms_own_fusion_and_is_not_the_default_one(tu
     lowered = lower_partitions(pm, placed, backends_now(pm), target)
     kernel = lowered["collage_tvm_tuned_0_fused_matmul_relu"]
     assert int(kernel.attrs["op_pattern"]) == tvm_kernels.OPAQUE and bool(kernel.attrs[tvm_kernels.SCHEDULED])
-    untuned = lowering.kernels(lowering.legalized(placed["collage_tvm-tuned_0"], target))[0][1]
+    untuned = tvm_kernels.kernels(tvm_kernels.legalized(placed["collage_tvm-tuned_0"], target))[0][1]
     assert not tvm_compat.structural_equal(kernel.without_attr("global_symbol"), untuned)
     with target:
         fused = tvm.transform.Sequential(relax.backend.cpu_generic.legalize_passes(target))(lowered)

@@ -58,7 +58,7 @@ def write_design_space_record(kernel, target) -> None:
 
 @pytest.fixture
 def placed_with_a_cuda_record(tmp_path, monkeypatch):
-    from collage_metaschedule import lowering
+    from collage_tvm import kernels as tvm_kernels
 
     monkeypatch.setenv("COLLAGE_CACHE_DIR", str(tmp_path))
     pm = get_plugin_manager(extra_modules=[PLUGIN])
@@ -67,7 +67,7 @@ def placed_with_a_cuda_record(tmp_path, monkeypatch):
     assert contribute_patterns(pm, {n: i.backend for n, i in discover_backends(pm).items()}["tvm-tuned"], target) == []
     untuned = whole_candidate(mod, contribute_patterns(pm, discover_backends(pm)["tvm"].backend, target), "tvm.softmax_elementwise1")
     partition = partition_module(untuned.graph, [untuned.candidate])
-    ((_, kernel),) = lowering.kernels(lowering.legalized(partition["collage_tvm_0"], target))
+    ((_, kernel),) = tvm_kernels.kernels(tvm_kernels.legalized(partition["collage_tvm_0"], target))
     write_design_space_record(kernel, target)
     backends = {name: info.backend for name, info in discover_backends(pm).items()}
     found = whole_candidate(mod, contribute_patterns(pm, backends["tvm-tuned"], target), "tvm-tuned.softmax_elementwise1")
