@@ -191,7 +191,9 @@ def case(pattern_name: str, activation: str = "relu", seed: int = 0, dtype: str 
             lhs = bb.emit(R.permute_dims(lhs, [0, 2, 1, 3]))
         if forms[1] == "t":
             rhs = bb.emit(R.permute_dims(rhs, [0, 2, 3, 1]))
-        return anchored(bb, R.matmul(lhs, rhs, out_dtype=F))
+        product = R.matmul(lhs, rhs, out_dtype=F)
+        # 16-bit operands as `--precision bf16|fp16` writes them: the float32 product cast back (the pattern takes it)
+        return product if operand_dtype == F else bb.emit(R.astype(bb.emit(product), operand_dtype))
 
     return make, [lhs_shape, rhs_shape]
 
