@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -38,9 +39,35 @@ TargetSpec = Union[None, str, dict, "tvm.target.Target"]
 _IMPORTER_PATCH = threading.Lock()
 
 
+@functools.lru_cache(maxsize=None)
 def host_cpu_target() -> tvm.target.Target:
-    """This machine's CPU. ``{"kind": "llvm", "mcpu": "native"}`` would silently become a generic CPU."""
-    return tvm.target.Target.from_device(tvm.cpu())
+    """This machine's CPU. ``{"kind": "llvm", "mcpu": "native"}`` would silently become a generic CPU.
+
+    TVM names the CPU's model (``mcpu``), and LLVM takes every feature that model has; a virtual machine may hide
+    some of them (an AMD EPYC "znver4" without AVX-512), and code using them dies of an illegal instruction. So
+    the features the model implies and this CPU lacks are turned off (``mattr``), as LLVM reads them off the CPU.
+    """
+    target = tvm.target.Target.from_device(tvm.cpu())
+    lacking = _features_lacking(target)
+    if not lacking:
+        return target
+    return tvm.target.Target(
+        {
+            **{k: target.attrs[k] for k in ("mtriple", "mcpu") if k in target.attrs},
+            "kind": "llvm",
+            "mattr": [f"-{feature}" for feature in lacking],
+        }
+    )
+
+
+def _features_lacking(target: tvm.target.Target) -> list[str]:
+    """The features ``target``'s CPU model implies that this machine's CPU does not have."""
+    try:
+        implied = tvm.target.codegen.llvm_get_cpu_features(target)
+        host = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")()
+    except (AttributeError, ValueError, RuntimeError):  # a TVM without LLVM, or without these functions
+        return []
+    return sorted(str(name) for name in implied if str(name) in host and not bool(host[str(name)]))
 
 
 class TargetError(CollageError):
