@@ -35,6 +35,7 @@ _EXPORTS = {
     # reading Relax IR across TVM versions
     "tvm_compat": "collage_core.tvm_compat",
     # precision
+    "FP32": "collage_core.model.dtypes:FP32",
     "TF32": "collage_core.model.dtypes:TF32",
     "TF32_PATTERN_SUFFIX": "collage_core.model.dtypes:TF32_PATTERN_SUFFIX",
     "computes_tf32": "collage_core.model.dtypes:computes_tf32",
@@ -49,6 +50,10 @@ _EXPORTS = {
     "replace_functions": "collage_core.build.executable:replace_functions",
     "packed_call_function": "collage_core.build.executable:packed_call_function",
     "pattern_of": "collage_core.build.partition:pattern_of",
+    # float32 products as six bfloat16 ones on the tensor cores
+    "bf16_split": "collage_core.build.bf16_split",
+    "BF16X6_PATTERN_SUFFIX": "collage_core.build.bf16_split:BF16X6_PATTERN_SUFFIX",
+    "computes_bf16x6": "collage_core.build.bf16_split:computes_bf16x6",
     # fused groups: an anchor and its epilogue, one view of a match and of a partition
     "fused_groups": "collage_core.candidates.fused_groups",
     "Group": "collage_core.candidates.fused_groups:Group",

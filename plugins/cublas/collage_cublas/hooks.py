@@ -9,13 +9,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collage_core.kit import KERNEL_CACHE_HEADER, OP_LEVEL, TF32, Backend, fused_groups, native_kernel_hooks, sources_digest
+from collage_core.kit import (
+    FP32,
+    KERNEL_CACHE_HEADER,
+    OP_LEVEL,
+    TF32,
+    Backend,
+    bf16_split,
+    fused_groups,
+    native_kernel_hooks,
+    sources_digest,
+)
 from collage_cublas import library, lowering, patterns, specs
 
 BACKEND = patterns.BACKEND
 # What decides a measured cost besides cuBLAS itself: the kernels, how groups are read, how partitions are lowered.
 KERNELS_DIGEST = sources_digest(
-    (library.SOURCE, KERNEL_CACHE_HEADER, Path(specs.__file__), Path(lowering.__file__), Path(fused_groups.__file__))
+    (
+        library.SOURCE,
+        KERNEL_CACHE_HEADER,
+        Path(specs.__file__),
+        Path(lowering.__file__),
+        Path(fused_groups.__file__),
+        Path(bf16_split.__file__),
+    )
 )
 
 
@@ -36,7 +53,8 @@ HOOKS = native_kernel_hooks(
     load=library.load,
     unavailable=library.CublasUnavailable,
     target_kinds=("cuda",),
-    patterns=lambda precision: patterns.patterns(tf32=precision == TF32),
+    # float32 products as six bfloat16 ones are as exact as float32: offered wherever float32 products are
+    patterns=lambda precision: patterns.patterns(tf32=precision == TF32, bf16x6=precision in (FP32, TF32)),
     lower_function=lowering.lower_function,
     built_library=lambda: library.native_library().build(),  # exports carry the kernels (no GPU needed to build them)
 )

@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 from collage_core.kit import (
-    ChoiceStore, Group, Refused, computes_tf32, cuda_libraries, packed_call_function, pattern_of,
+    ChoiceStore, Group, Refused, computes_bf16x6, computes_tf32, cuda_libraries, packed_call_function, pattern_of,
 )
 from collage_cublas import library, specs
 
@@ -34,7 +34,9 @@ def lower_function(func: relax.Function, name: str) -> relax.Function:
     """``func`` with its body replaced by the cuBLASLt call (the fastest algorithm chosen on this GPU)."""
     library.load()
     try:
-        spec = specs.recognize(Group.from_function(func), tf32=computes_tf32(pattern_of(func)), aligned=True)
+        pattern = pattern_of(func)
+        spec = specs.recognize(Group.from_function(func), tf32=computes_tf32(pattern), aligned=True, bf16x6=computes_bf16x6(pattern))
     except Refused as refused:
         raise ValueError(f"cuBLAS partition {name}: {refused}") from None
-    return packed_call_function(func, name, RUN_FUNCTION, specs.as_text(spec.array(_algorithm(spec))), spec.operands)
+    text = specs.as_text(spec.array(_algorithm(spec)))
+    return packed_call_function(func, name, RUN_FUNCTION, text, spec.operands, before=spec.before)

@@ -17,7 +17,10 @@ operands are float32, or bfloat16 or float16 accumulating into a float32 result;
 the group may cast that result to 16 bits first (as TVM's mixed-precision pass does), and D, the bias and
 the residual are then of that type (the epilogue still computes in float32). A TF32 problem (``tf32``,
 the ``_tf32`` patterns of ``--precision tf32``) takes float32 operands only and has cuBLASLt round them
-to TF32 on the tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``).
+to TF32 on the tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``). A float32 dense product read as ``bf16x6`` (the
+``_bf16x6`` patterns, see :mod:`collage_core.kit.bf16_split`) is handed over as the bfloat16 product it equals to
+float32's accuracy: the left operand's three terms laid six deep along K by Relax operators before the call, the
+weight's stacked to match at build time, accumulating into the float32 result with the same epilogue.
 
 One recognizer serves the pattern checks and the lowering; ``runtime/collage_cublas.cc``
 reads the words; keep the two in step.
@@ -32,8 +35,8 @@ import numpy as np
 from tvm import relax
 
 from collage_core.kit import (
-    FLOAT32, Group, Refused, StridedOperand, as_dtype, batch_loops, expect_plain_out_dtype, read_epilogue, shape_of,
-    strided_operand, tvm_compat, uniform_operand_dtype,
+    FLOAT32, Group, Refused, StridedOperand, as_dtype, batch_loops, bf16_split, expect_plain_out_dtype, plain_strides,
+    read_epilogue, shape_of, strided_operand, tvm_compat, uniform_operand_dtype,
 )
 from collage_core.kit import float_word, spec_text as as_text  # noqa: F401 (the plugin's spec encoding)
 
@@ -64,10 +67,12 @@ PADDED_MULTIPLE = 16
 
 @attrs.frozen
 class KernelSpec:
-    """The spec words (version first, no algorithm yet) and the operands in kernel order."""
+    """The spec words (version first, no algorithm yet) and the operands in kernel order; ``before``: what the
+    lowering computes from an operand (by its index) before the call (``packed_call_function``'s ``before``)."""
 
     words: tuple[int, ...]
     operands: tuple = attrs.field(eq=False)
+    before: dict = attrs.field(factory=dict, eq=False)
 
     def array(self, algorithm: tuple[int, ...] = ()) -> np.ndarray:
         """The spec as the runtime reads it, with the chosen algorithm's words if there is one (how the output is
@@ -126,6 +131,22 @@ def padded_for_output(rhs: StridedOperand, loops, out_shape, epilogue) -> tuple[
     return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), rows
 
 
+def _as_bf16x6(lhs: StridedOperand, rhs: StridedOperand) -> tuple[StridedOperand, StridedOperand]:
+    """The bfloat16 product, six times as deep, equal to float32 ``lhs . rhs`` (:mod:`collage_core.kit.bf16_split`):
+    ``lhs`` as the lowering will lay its terms along K (read as it lies), ``rhs`` (a constant weight) split now."""
+    weight = tvm_compat.constant_array(rhs.source)
+    if weight is None or weight.ndim != 2 or tuple(rhs.strides) != tuple(plain_strides(rhs.dims)):
+        raise Refused("bf16x6 splits a constant weight read as it is stored")
+    if tuple(lhs.strides) != tuple(plain_strides(lhs.dims)):
+        raise Refused("bf16x6 lays the left operand's terms along K: it reads the operand as it lies, not through a transpose")
+    deep = (*lhs.dims[:-1], lhs.dims[-1] * bf16_split.DEPTH)
+    stacked = bf16_split.stacked_constant(weight, axis=0)
+    return (
+        StridedOperand(lhs.source, deep, tuple(plain_strides(deep))),
+        StridedOperand(relax.const(stacked, "bfloat16"), stacked.shape, tuple(plain_strides(stacked.shape))),
+    )
+
+
 def _problem_words(lhs: StridedOperand, rhs: StridedOperand, loops) -> tuple[int, ...]:
     inner, outer, rows = loops
     m, k = rows.size, lhs.dims[-1]
@@ -141,9 +162,9 @@ def _problem_words(lhs: StridedOperand, rhs: StridedOperand, loops) -> tuple[int
     )
 
 
-def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> KernelSpec:
-    """The cuBLASLt problem computing ``group`` (with TF32 tensor cores when ``tf32``), or :class:`Refused`
-    saying why there is none. With ``aligned`` (the lowering), constant operands are read from copies padded to
+def recognize(group: Group, tf32: bool = False, aligned: bool = False, bf16x6: bool = False) -> KernelSpec:
+    """The cuBLASLt problem computing ``group`` (with TF32 tensor cores when ``tf32``; as six bfloat16 products
+    when ``bf16x6``), or :class:`Refused` saying why there is none. With ``aligned`` (the lowering), constant operands are read from copies padded to
     ALIGNMENT_BYTES (:func:`aligned_constant`); a pattern's check need not pay for the copy."""
     matmul = group.single_anchor(("relax.matmul",), OPERAND_DTYPES)
     expect_plain_out_dtype(matmul)
@@ -152,6 +173,12 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> Kernel
         raise Refused("the group holds operators before the matmul that the kernel does not absorb")
     lhs, rhs = (strided_operand(group, arg, OPERAND_DTYPES) for arg in matmul.args)
     operand_type = OPERAND_TYPES[uniform_operand_dtype(matmul, (lhs.source, rhs.source), OPERAND_DTYPES)]
+    before = {}
+    if bf16x6:
+        if operand_type != OPERAND_TYPES[FLOAT32]:
+            raise Refused("bf16x6 splits float32 operands")
+        lhs, rhs = _as_bf16x6(lhs, rhs)
+        operand_type, before = OPERAND_TYPES["bfloat16"], {1: bf16_split.stacked_terms}  # operand 1 is the left one
     if aligned:
         lhs, rhs = aligned_constant(lhs), aligned_constant(rhs)
     if tf32:
@@ -176,4 +203,4 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False) -> Kernel
         int(epilogue.bias is not None), int(epilogue.residual is not None), float_word(epilogue.scale), operand_type,
         OPERAND_TYPES[epilogue.out_dtype],
     )
-    return KernelSpec(words, tuple(operands))
+    return KernelSpec(words, tuple(operands), before)

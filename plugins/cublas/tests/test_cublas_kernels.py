@@ -104,6 +104,44 @@ def test_a_large_tf32_product_runs_on_tensor_cores_that_round_its_operands(pm, b
     assert 100 * EXACT_FLOAT32_ATOL < error <= tf32_atol(768), f"max error {error:.3g}"
 
 
+def _run_bf16x6(pm, backends, cuda, mod, pattern_name, inputs):
+    """The output of ``mod`` with its one ``_bf16x6`` candidate placed on cuBLAS, and the exact float64 product."""
+    target, device = cuda
+    graph, candidate = whole_candidate(mod, patterns.patterns(bf16x6=True), f"cublas.{pattern_name}_bf16x6")
+    placed = partition_module(graph, [candidate])
+    lowered = str(lower_partitions(pm, placed, backends, target))
+    assert lowering.RUN_FUNCTION in lowered and '"bfloat16"' in lowered  # the split runs before the cuBLASLt call
+    vm = relax.VirtualMachine(build(pm, placed, backends, target), device)
+    got = tvm_compat.to_numpy(vm["main"](*[tvm_compat.to_tensor(x, device) for x in inputs]))
+    exact = specs.recognize(Group.from_function(graph.standalone_module(candidate.nodes)["main"]))
+    expected = reference(exact.words, operand_arrays(exact.operands, mod["main"].params, inputs), got.size).reshape(got.shape)
+    return got, expected
+
+
+@pytest.mark.parametrize("pattern_name", ["dense", "dense_bias", "dense_bias_gelu", "dense_bias_add_relu", "dense_bias_reshape_relu"])
+def test_a_bf16x6_kernel_matches_float64_to_float32s_accuracy(pm, backends, cuda, pattern_name):
+    """A float32 product run as six bfloat16 ones on the tensor cores (its left operand split by TVM's kernel, its
+    weight at build time): as close to exact float64 as a float32 kernel."""
+    make, shapes = case(pattern_name)
+    rng = np.random.default_rng(3)
+    inputs = [rng.uniform(-1, 1, size=shape).astype(F) for shape in shapes]
+    got, expected = _run_bf16x6(pm, backends, cuda, function_module(make, *shapes), pattern_name, inputs)
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=EXACT_FLOAT32_ATOL)
+
+
+def test_a_large_bf16x6_product_is_as_exact_as_float32_where_tf32_is_not(pm, backends, cuda):
+    """GPT-2's MLP at batch 8: the bf16x6 kernel's error against float64 is float32's (within 4x cuBLAS's float32
+    kernel's), a hundredth of TF32's and under."""
+    rng = np.random.default_rng(4)
+    weight = rng.uniform(-1, 1, size=(768, 3072)).astype(F)
+    mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight)), (1024, 768))
+    x = rng.uniform(-1, 1, size=(1024, 768)).astype(F)
+    got, expected = _run_bf16x6(pm, backends, cuda, mod, "dense", [x])
+    float32 = (torch.from_numpy(x).cuda() @ torch.from_numpy(weight).cuda()).cpu().numpy()
+    error, float32_error = np.max(np.abs(got - expected)), np.max(np.abs(float32 - expected))
+    assert error <= 4 * float32_error and error <= tf32_atol(768) / 100, f"bf16x6 {error:.3g}, float32 {float32_error:.3g}"
+
+
 # 16-bit operands accumulating in float32, as `collage optimize --precision bf16|fp16` writes them. Products of
 # two 16-bit values are exact in float32, so only the summation order differs from PyTorch's float64 product of
 # the same rounded values.

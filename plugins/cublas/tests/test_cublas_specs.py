@@ -17,7 +17,7 @@ from collage_cublas import library, patterns, specs
 from cublas_cases import reference
 from tvm import relax
 
-from collage_core.kit import Group, Refused, RelaxGraph, at_precision, enumerate_candidates, load_model, tvm_compat
+from collage_core.kit import Group, Refused, RelaxGraph, at_precision, bf16_split, enumerate_candidates, load_model, tvm_compat
 from collage_core.kit.testing import (
     DTYPES,
     assert_matches,
@@ -225,6 +225,49 @@ def test_at_tf32_a_float32_product_is_also_a_tf32_candidate_naming_tf32_operands
     exact_words = check_candidate(graph, exact.nodes).words
     tf32_words = check_candidate(graph, tf32.nodes, tf32=True).words
     assert tf32_words[-2:] == (specs.TF32_OPERANDS, specs.OPERAND_TYPES[F]) and tf32_words[:-2] == exact_words[:-2]
+
+
+BF16X6_NAMES = sorted(p.name.split(".", 1)[1] for p in patterns.patterns(bf16x6=True) if p.name.endswith("_bf16x6"))
+
+
+def test_every_dense_pattern_reading_its_input_as_it_lies_comes_again_as_bf16x6():
+    plain = {p.name.split(".", 1)[1] for p in patterns.patterns()}
+    assert BF16X6_NAMES == sorted(f"{name}_bf16x6" for name in plain if name.startswith("dense") and not name.startswith("dense_t"))
+
+
+@pytest.mark.parametrize("pattern_name", [name.removesuffix("_bf16x6") for name in BF16X6_NAMES if "_f32_" not in name])
+def test_a_bf16x6_spec_computes_the_float32_product_to_float32s_accuracy(pattern_name):
+    """The bf16x6 spec, read back with its left operand's terms laid along K as the lowering lays them, is the
+    bfloat16 product six times as deep that equals the float32 one: within a few float32 roundings of the exact
+    float64 product (what the plain spec computes here), far inside TF32's error."""
+    make, shapes = case(pattern_name)
+    mod = module(make, *shapes)
+    graph, candidate = whole_candidate(mod, patterns.patterns(bf16x6=True), f"cublas.{pattern_name}_bf16x6")
+    assert candidate is not None
+    func = graph.standalone_module(candidate.nodes)["main"]
+    exact_spec = specs.recognize(Group.from_function(func))
+    split_spec = specs.recognize(Group.from_function(func), bf16x6=True)
+    k = exact_spec.words[3]
+    assert split_spec.words[3] == 6 * k and split_spec.words[-2:] == (specs.OPERAND_TYPES["bfloat16"], specs.OPERAND_TYPES[F])
+    inputs, _ = inputs_and_answer(graph.standalone_module(candidate.nodes), RNG)
+    operands = operand_arrays(split_spec.operands, func.params, inputs)
+    operands[1] = bf16_split.stacked_constant(operands[1], axis=-1, left=True)  # what stacked_terms computes (tests/test_bf16_split.py)
+    size = int(np.prod(tvm_compat.tensor_shape_dtype(func.body.body)[0]))
+    got = reference(split_spec.words, operands, size)
+    exact = reference(exact_spec.words, operand_arrays(exact_spec.operands, func.params, inputs), size)
+    assert np.max(np.abs(got - exact)) <= 2.0**-22 * max(1.0, np.max(np.abs(exact)))
+    assert set(split_spec.before) == {1}
+
+
+def test_bf16x6_reads_a_constant_weight_and_an_input_as_it_lies():
+    make, shapes = case("dense_t_bias")
+    graph = RelaxGraph.from_function(module(make, *shapes)["main"])
+    with pytest.raises(Refused, match="not through a transpose"):
+        specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), bf16x6=True)
+    make, shapes = case("batch_matmul")
+    graph = RelaxGraph.from_function(module(make, *shapes)["main"])
+    with pytest.raises(Refused, match="constant weight"):
+        specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), bf16x6=True)
 
 
 def test_a_tf32_kernel_takes_only_float32_operands():
