@@ -129,17 +129,21 @@ def test_a_bf16x6_kernel_matches_float64_to_float32s_accuracy(pm, backends, cuda
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=EXACT_FLOAT32_ATOL)
 
 
-def test_a_large_bf16x6_product_is_as_exact_as_float32_where_tf32_is_not(pm, backends, cuda):
-    """GPT-2's MLP at batch 8: the bf16x6 kernel's error against float64 is float32's (within 4x cuBLAS's float32
-    kernel's), a hundredth of TF32's and under."""
+def test_a_large_bf16x6_product_is_close_to_float32_where_tf32_is_not(pm, backends, cuda):
+    """GPT-2's MLP at batch 8: the bf16x6 kernel's error against float64 is within 4x cuBLAS's float32 kernel's (the
+    tensor cores accumulate by truncation) and under a tenth of TF32's."""
     rng = np.random.default_rng(4)
     weight = rng.uniform(-1, 1, size=(768, 3072)).astype(F)
     mod = function_module(lambda bb, x: R.matmul(x, relax.const(weight)), (1024, 768))
     x = rng.uniform(-1, 1, size=(1024, 768)).astype(F)
     got, expected = _run_bf16x6(pm, backends, cuda, mod, "dense", [x])
-    float32 = (torch.from_numpy(x).cuda() @ torch.from_numpy(weight).cuda()).cpu().numpy()
-    error, float32_error = np.max(np.abs(got - expected)), np.max(np.abs(float32 - expected))
-    assert error <= 4 * float32_error and error <= tf32_atol(768) / 100, f"bf16x6 {error:.3g}, float32 {float32_error:.3g}"
+    errors = {"bf16x6": np.max(np.abs(got - expected))}
+    for name, tf32 in (("float32", False), ("tf32", True)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        errors[name] = np.max(np.abs((torch.from_numpy(x).cuda() @ torch.from_numpy(weight).cuda()).cpu().numpy() - expected))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shown = ", ".join(f"{name} {error:.3g}" for name, error in errors.items())
+    assert errors["bf16x6"] <= 4 * errors["float32"] and errors["bf16x6"] <= errors["tf32"] / 10, shown
 
 
 # 16-bit operands accumulating in float32, as `collage optimize --precision bf16|fp16` writes them. Products of
