@@ -7,6 +7,7 @@ import functools
 import io
 import json
 import os
+import re
 import socket
 import struct
 import threading
@@ -47,27 +48,26 @@ def host_cpu_target() -> tvm.target.Target:
     some of them (an AMD EPYC "znver4" without AVX-512), and code using them dies of an illegal instruction. So
     the features the model implies and this CPU lacks are turned off (``mattr``), as LLVM reads them off the CPU.
     """
-    target = tvm.target.Target.from_device(tvm.cpu())
-    lacking = _features_lacking(target)
-    if not lacking:
-        return target
-    return tvm.target.Target(
-        {
-            **{k: target.attrs[k] for k in ("mtriple", "mcpu") if k in target.attrs},
-            "kind": "llvm",
-            "mattr": [f"-{feature}" for feature in lacking],
-        }
-    )
-
-
-def _features_lacking(target: tvm.target.Target) -> list[str]:
-    """The features ``target``'s CPU model implies that this machine's CPU does not have."""
+    found = tvm.target.Target.from_device(tvm.cpu())
+    if "mcpu" not in found.attrs:
+        return found
     try:
-        implied = tvm.target.codegen.llvm_get_cpu_features(target)
-        host = tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")()
-    except (AttributeError, ValueError, RuntimeError):  # a TVM without LLVM, or without these functions
-        return []
-    return sorted(str(name) for name in implied if str(name) in host and not bool(host[str(name)]))
+        features = dict(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUFeatures")())
+    except (AttributeError, ValueError, RuntimeError):  # a TVM without these functions: the model's features
+        return found
+    return tvm.target.Target(cpu_target_spec(str(found.attrs["mcpu"]), str(found.attrs.get("mtriple", "")), features))
+
+
+def cpu_target_spec(cpu: str, triple: str, features: dict) -> dict:
+    """The LLVM target of the CPU model LLVM calls ``cpu``, with the features that model implies and ``features``
+    (name -> whether the CPU has it, as LLVM reads them off a CPU) says it lacks turned off."""
+    spec = {"kind": "llvm", "mcpu": cpu, **({"mtriple": triple} if triple else {})}
+    try:
+        implied = tvm.target.codegen.llvm_get_cpu_features(tvm.target.Target(spec))
+    except (AttributeError, ValueError, RuntimeError):
+        return spec
+    lacking = sorted(str(name) for name in implied if str(name) in features and not bool(features[str(name)]))
+    return {**spec, "mattr": [f"-{feature}" for feature in lacking]} if lacking else spec
 
 
 class TargetError(CollageError):
@@ -664,6 +664,18 @@ def rpc_system_cpu(session) -> tuple[str, str]:
     """The remote machine's CPU model and triple as LLVM names them (what ``Target.from_device`` reads
     here); KeyError-like failure when its TVM is runtime-only (no LLVM)."""
     return session.get_function("target.llvm_get_system_cpu")(), session.get_function("target.llvm_get_system_triple")()
+
+
+def rpc_cpu_target_spec(session) -> dict:
+    """The remote machine's CPU as a target (:func:`cpu_target_spec`: its model, with the features it lacks turned
+    off, read from its LLVM); KeyError-like failure when its TVM is runtime-only (no LLVM)."""
+    cpu, triple = rpc_system_cpu(session)
+    try:  # the map of features comes back printed: `{"avx512f": T.bool(False), ...}`
+        printed = str(session.get_function("ffi.ReprPrint")(session.get_function("tvm.codegen.llvm.GetHostCPUFeatures")()))
+        features = {name: value == "True" for name, value in re.findall(r'"([\w.-]+)": T\.bool\((True|False)\)', printed)}
+    except Exception:  # noqa: BLE001 - an older server: its model's features
+        features = {}
+    return cpu_target_spec(str(cpu), str(triple), features)
 
 
 def rpc_load_module(session, path: os.PathLike, name: Optional[str] = None):

@@ -159,13 +159,12 @@ def remote_cuda_target(host: str, port: int, key: str, given):
         host_spec = asked.get("host")
         if host_spec is None:
             try:
-                cpu, triple = tvm_compat.rpc_system_cpu(session)
+                host_spec = tvm_compat.rpc_cpu_target_spec(session)
             except Exception:  # noqa: BLE001 - a runtime-only TVM cannot say its CPU
                 raise RemoteError(
                     f"server {server} (key {key!r}) cannot say its CPU (its TVM is runtime-only): give the host code's target, "
                     '\'{"kind": "cuda", "host": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "..."}}\''
                 ) from None
-            host_spec = {"kind": "llvm", "mtriple": triple, "mcpu": cpu}
     finally:
         del session
     for generated in ("keys", "tag", "max_num_threads", "thread_warp_size"):
@@ -182,7 +181,7 @@ def _first_line(error: Exception) -> str:
 def remote_target(host: str, port: int, key: str, tracker: str):
     session, server = tvm_compat.rpc_request(host, port, key)
     try:
-        cpu, triple = tvm_compat.rpc_system_cpu(session)
+        spec = tvm_compat.rpc_cpu_target_spec(session)
     except Exception:
         raise RemoteError(
             f"server {server} (key {key!r}) cannot say its CPU (its TVM is runtime-only): pass --target, such as "
@@ -190,7 +189,7 @@ def remote_target(host: str, port: int, key: str, tracker: str):
         ) from None
     finally:
         del session
-    return tvm_compat.make_target({"kind": "llvm", "mtriple": triple, "mcpu": cpu})
+    return tvm_compat.make_target(spec)
 
 
 def measurable_remotely(pm, chosen, say: Callable[[str], None]) -> list:
