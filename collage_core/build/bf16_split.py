@@ -1,6 +1,6 @@
-"""Float32 matrix products on bfloat16 tensor cores, as exact as float32's: each operand split into three bfloat16
-terms, and the product the sum of the six products of terms that float32 can resolve, laid along K so that one
-16-bit product with a float32 accumulator computes them all.
+"""Float32 matrix products on bfloat16 tensor cores, to float32's accuracy within a small factor: each operand split
+into three bfloat16 terms, and the product the sum of the six products of terms that float32 can resolve, laid
+along K so that one 16-bit product with a float32 accumulator computes them all.
 
 A float32 ``x`` is ``x1 + x2 + x3 + r`` with ``x1 = bf16(x)``, ``x2 = bf16(x - x1)``, ``x3 = bf16(x - x1 - x2)``:
 each difference is exact in float32, and bfloat16 keeps 8 significant bits, so ``|x2| <= 2^-9 |x|``,

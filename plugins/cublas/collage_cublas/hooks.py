@@ -53,7 +53,7 @@ HOOKS = native_kernel_hooks(
     load=library.load,
     unavailable=library.CublasUnavailable,
     target_kinds=("cuda",),
-    # float32 products as six bfloat16 ones are as exact as float32: offered wherever float32 products are
+    # float32 products as six bfloat16 ones keep float32's accuracy within a small factor: offered wherever float32 products are
     patterns=lambda precision: patterns.patterns(tf32=precision == TF32, bf16x6=precision in (FP32, TF32)),
     lower_function=lowering.lower_function,
     built_library=lambda: library.native_library().build(),  # exports carry the kernels (no GPU needed to build them)

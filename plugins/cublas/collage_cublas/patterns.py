@@ -51,7 +51,7 @@ def _maybe_cast(product):
 def patterns(tf32: bool = False, bf16x6: bool = False) -> list[Pattern]:
     """The exact patterns; with ``tf32`` also each float32 one again as ``<name>_tf32``, run on TF32 tensor cores;
     with ``bf16x6`` each dense one reading its input as it lies again as ``<name>_bf16x6``, a float32 product run as
-    six bfloat16 ones (:mod:`collage_core.kit.bf16_split`): as exact as float32, on the tensor cores."""
+    six bfloat16 ones (:mod:`collage_core.kit.bf16_split`): float32's accuracy within a small factor, on the tensor cores."""
     found = []
 
     def add(name, dpl, split=False):
