@@ -337,6 +337,52 @@ def test_a_server_that_fails_twice_is_left_out_in_one_line_and_every_item_is_mea
     assert left_out == [f"server bad:2 (key {KEY!r}) failed {remote.FAILURES_LEFT_OUT} times: left out of this run"]
 
 
+class PoisonWorker(ScriptedWorker):
+    """Sessions on ScriptedWorker's two servers, both good here; the item "poison" takes down whichever server runs
+    it (a faulting kernel)."""
+
+    def request(self, message, timeout_s):
+        if message["op"] != "remote_connect" and message["item"] == "poison":
+            raise remote.WorkerFailure(f"the server {remote.LOST}")
+        if message["op"] == "remote_connect":
+            return super().request(message, timeout_s)
+        return {"measured_on": self.server, "item": message["item"]}
+
+
+def test_an_item_that_takes_down_two_servers_is_its_own_doing_and_the_rest_is_measured(monkeypatch):
+    monkeypatch.setattr(remote, "MeasurementWorker", PoisonWorker)
+    monkeypatch.setattr(PoisonWorker, "taken", 0)
+    servers = remote.RemoteServers("127.0.0.1", 9, KEY, target=None, servers=tuple(ScriptedWorker.servers))
+    done = {}
+    pool = remote.RemotePool(
+        servers, [], [], lambda item: {"op": "time_remote", "item": item}, lambda i, r, why: done.update({i: r}), timeout_s=5.0
+    )
+    for item in ["poison", *range(6)]:
+        pool.add(item)
+    pool.start(servers=2)
+    pool.join()
+    assert sorted(done, key=str) == sorted(["poison", *range(6)], key=str)
+    poisoned = done["poison"]["cost"]
+    assert poisoned["kind"] == "invalid" and "taken as its own doing" in poisoned["reason"]
+    assert all(done[item]["measured_on"] in ScriptedWorker.servers for item in range(6))
+
+
+def test_with_no_server_of_the_key_listed_any_more_the_queue_is_left_to_a_later_run_at_once(monkeypatch):
+    monkeypatch.setattr(remote, "MeasurementWorker", ScriptedWorker)
+    monkeypatch.setattr(remote, "tracker_summary", lambda tracker: ("127.0.0.1", 9, {"server_info": []}))
+    servers = remote.RemoteServers("127.0.0.1", 9, KEY, target=None, servers=tuple(ScriptedWorker.servers))
+    done = {}
+    pool = remote.RemotePool(
+        servers, [], [], lambda item: {"op": "time_remote", "item": item}, lambda i, r, why: done.update({i: why}), 5.0
+    )
+    pool.add("item")
+    started = time.monotonic()
+    pool.start(servers=2)
+    pool.join()
+    assert time.monotonic() - started < 10
+    assert f"no server of key {KEY!r} left to measure it" in done["item"]
+
+
 def test_servers_that_share_a_host_are_named_for_the_warning_that_they_time_each_others_load():
     servers = ["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.1:9091", "10.0.0.1:9092", "[::1]:9090", "[::1]:9091"]
     assert remote.shared_hosts(servers) == {"10.0.0.1": 3, "[::1]": 2}

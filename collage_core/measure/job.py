@@ -394,6 +394,11 @@ class Job:
             used = [self.backends[name] for name in sorted({p.backend for p in parts or ()}) if name in self.backends]
             request["remote"] = self.remote.request([path for backend in used for path in self.remote.carried.get(backend.name, ())])
         for attempt in range(REMOTE_ATTEMPTS if self.remote is not None else 1):
+            if self.remote is not None and not self.remote.listed():
+                raise CollageError(
+                    f"no server of key {self.remote.key!r} is listed at the RPC tracker {self.remote.tracker} any more, to run "
+                    "the placement on: start the servers again and rerun (every cost measured is kept)"
+                )
             try:
                 response = self._respond(parts, mod, request, module_path, run_limit_s)
                 break

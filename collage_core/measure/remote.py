@@ -16,6 +16,7 @@ import collections
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -66,6 +67,20 @@ class RemoteServers:
         """:meth:`request` with the native libraries of every backend of the run: for work that may run any of them
         (a contest's rivals, an accuracy probe's placement)."""
         return self.request(sorted({path for paths in self.carried.values() for path in paths}))
+
+    def listed(self, checks: int = 3, pause_s: float = 1.0) -> bool:
+        """Whether the tracker lists a server of the key (a few checks ``pause_s`` apart: one may be coming back);
+        True when the tracker cannot be asked (the session request then says what is wrong). TVM's server whose
+        session died (a kernel that faulted there) does not come back to the tracker."""
+        for check in range(checks):
+            try:
+                if servers_of(tracker_summary(self.tracker)[2], self.key):
+                    return True
+            except (RemoteError, OSError, ValueError):
+                return True
+            if check < checks - 1:
+                time.sleep(pause_s)
+        return False
 
     def free_servers(self) -> int:
         """How many servers of the key the tracker says are free now (at least 1: a busy one frees later)."""
@@ -258,8 +273,11 @@ def _gpu_line(host: str, port: int, key: str) -> Optional[str]:
 class RemotePool:
     """Work handed to every server of the key at once: one local worker per server, each holding a session on its
     server. A request whose server dies, hangs or drops the connection goes back to the queue and is measured on
-    another; a server that fails FAILURES_LEFT_OUT times is left out with one line. Items may be added while the pool
-    runs (:meth:`add`) until :meth:`close_input`."""
+    another; one that took down two servers is taken as its own doing (a kernel that faults or hangs) and costs
+    invalid, saying so; a server that fails FAILURES_LEFT_OUT times is left out with one line. A worker that lost its
+    server looks for another only while the tracker lists a server of the key (:meth:`RemoteServers.listed`): with
+    none left, what is still queued is left to a later run at once. Items may be
+    added while the pool runs (:meth:`add`) until :meth:`close_input`."""
 
     remote: RemoteServers
     plugin_modules: Sequence[str]
@@ -274,6 +292,7 @@ class RemotePool:
     _open: bool = attrs.field(init=False, default=True)
     _failures: collections.Counter = attrs.field(init=False, factory=collections.Counter)
     _left_out: set = attrs.field(init=False, factory=set)
+    _first_fault: dict = attrs.field(init=False, factory=dict)  # id(item) -> the server it took down first
     _lock: threading.Condition = attrs.field(init=False, factory=threading.Condition)
     _threads: list = attrs.field(init=False, factory=list)
 
@@ -346,8 +365,16 @@ class RemotePool:
                         self._done(item, {"cost": Cost.invalid(str(failure)).to_json()})
                         continue
                     worker.close()
-                    self._done(item, None, requeue=True)
-                    log.warning("server %s (key %r): %s; what it was measuring goes back to the queue", server, self.remote.key, failure)
+                    before = self._first_fault.setdefault(id(item), server)
+                    if before != server:  # a second server lost on it: the item's own doing
+                        reason = f"{failure}; it took down server {before} before: taken as its own doing"
+                        self._done(item, {"cost": Cost.invalid(reason).to_json()})
+                        log.warning("server %s (key %r): %s", server, self.remote.key, reason)
+                    else:
+                        self._done(item, None, requeue=True)
+                        log.warning(
+                            "server %s (key %r): %s; what it was measuring goes back to the queue", server, self.remote.key, failure
+                        )
                     if self._failed(server):
                         return
                     server = None
@@ -358,7 +385,11 @@ class RemotePool:
                 self._done(item, response)
 
     def _session(self, worker: MeasurementWorker) -> Optional[str]:
-        """The server ``worker`` now holds a session on, or None when it got none or one left out."""
+        """The server ``worker`` now holds a session on, or None when it got none, one left out, or the tracker
+        lists no server of the key (waiting for one would wait out the whole timeout)."""
+        if not self.remote.listed():
+            log.warning("no server of key %r is listed at the RPC tracker %s any more", self.remote.key, self.remote.tracker)
+            return None
         try:
             server = worker.request({"op": "remote_connect", **self.remote.request()}, self.timeout_s + START_TIMEOUT_S)["server"]
         except WorkerFailure as failure:
