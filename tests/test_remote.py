@@ -370,6 +370,7 @@ def test_an_item_that_takes_down_two_servers_is_its_own_doing_and_the_rest_is_me
 def test_with_no_server_of_the_key_listed_any_more_the_queue_is_left_to_a_later_run_at_once(monkeypatch):
     monkeypatch.setattr(remote, "MeasurementWorker", ScriptedWorker)
     monkeypatch.setattr(remote, "tracker_summary", lambda tracker: ("127.0.0.1", 9, {"server_info": []}))
+    monkeypatch.setattr(remote, "LISTED_WAIT_S", 0.5)
     servers = remote.RemoteServers("127.0.0.1", 9, KEY, target=None, servers=tuple(ScriptedWorker.servers))
     done = {}
     pool = remote.RemotePool(

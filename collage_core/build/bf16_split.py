@@ -2,19 +2,21 @@
 into three bfloat16 terms, and the product the sum of the six products of terms that float32 can resolve, laid
 along K so that one 16-bit product with a float32 accumulator computes them all.
 
-A float32 ``x`` is ``x1 + x2 + x3 + r`` with ``x1 = bf16(x)``, ``x2 = bf16(x - x1)``, ``x3 = bf16(x - x1 - x2)``:
-each difference is exact in float32, and bfloat16 keeps 8 significant bits, so ``|x2| <= 2^-9 |x|``,
-``|x3| <= 2^-18 |x|`` and ``|r| <= 2^-27 |x|`` (for ``|x|`` down to ``2^-100``; below, ``x3`` falls under float32's
-smallest normal number and ``|r|`` stays under ``2^-130``). Of the nine products ``ai * bj`` the six with
-``i + j <= 4`` (:data:`TERMS`) are kept; the three left out and the remainders are each at most ``2^-27 |a| |b|``,
-under float32's own rounding (``2^-24``). A product of two bfloat16 terms is exact in float32, so what remains is the
-float32 accumulation. The tensor cores accumulate by truncation, a few times float32's rounding per update, so the
-products are laid smallest first (:data:`TERMS`): the accumulator holds small sums while the small products come
-in, and the largest come last, as many as in the float32 product (the cuBLAS GPU tests hold the error of a
-GPT-2-sized product to a few times cuBLAS's float32 kernel's and a tenth of TF32's).
+A float32 ``x`` is ``x1 + x2 + x3`` with ``x1 = bf16(x)``, ``x2 = bf16(x - x1)``, ``x3 = bf16(x - x1 - x2)``: each
+difference is exact in float32, bfloat16 keeps 8 significant bits and rounds to nearest, so ``|x2| <= 2^-8 |x|``,
+``|x3| <= 2^-16 |x|``, and the three hold all of x's 24 bits (for ``|x|`` down to ``2^-100``; below, ``x3`` falls
+under float32's smallest normal number and what is lost stays under ``2^-130``). Of the nine products ``ai * bj``
+the six with ``i + j <= 4`` (:data:`TERMS`) are kept; the three left out add up to at most about ``2^-23 |a| |b|``,
+twice float32's own rounding of a product. A product of two bfloat16 terms is exact in float32, so what remains is
+the float32 accumulation. The tensor cores accumulate by truncation, so the products are laid smallest first
+(:data:`TERMS`): where the accumulator runs along K, it holds small sums while the small products come in, and the
+largest come last, as many as in the float32 product. Laid largest first, a GPT-2-sized product (1024 x 768 by
+768 x 3072) erred on an H100 by 7.6 times cuBLAS's float32 kernel; the smallest-first order has not run on a GPU
+yet (the cuBLAS GPU test asks for at most 4 times, and a tenth of TF32's error).
 Laid along the reduced axis, ``[a2 a1 a3 a1 a2 a1] . [b2; b3; b1; b2; b1; b1]`` is that sum: one bfloat16 product
-six times as deep, which Hopper's tensor cores run at about fifteen times float32's rate without them (989
-against 67 TFLOP/s on an H100 SXM), so a large float32 product takes about half the time.
+six times as deep. Hopper's tensor cores run bfloat16 about fifteen times as fast as float32 without them (989
+against 67 TFLOP/s on an H100 SXM), so a large float32 product is expected to take under half the time (not timed
+yet).
 
 A backend names such a pattern ``<backend>.<what>_bf16x6`` (:func:`computes_bf16x6`); its lowering passes the
 left operand through :func:`stacked_terms` (Relax operators TVM compiles with the partition: one cast-and-subtract

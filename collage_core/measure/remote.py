@@ -36,6 +36,9 @@ log = logging.getLogger("collage")
 TRACKER_TIMEOUT_S = 5.0
 # A server that fails this many times is left out of the run.
 FAILURES_LEFT_OUT = 2
+# How long a worker that lost its server, or a run about to time its placement, waits for the tracker to list a server
+# of the key before it takes none to be left (a server a supervisor restarts registers again within it).
+LISTED_WAIT_S = 30.0
 
 
 class RemoteError(CollageError):
@@ -68,19 +71,20 @@ class RemoteServers:
         (a contest's rivals, an accuracy probe's placement)."""
         return self.request(sorted({path for paths in self.carried.values() for path in paths}))
 
-    def listed(self, checks: int = 3, pause_s: float = 1.0) -> bool:
-        """Whether the tracker lists a server of the key (a few checks ``pause_s`` apart: one may be coming back);
-        True when the tracker cannot be asked (the session request then says what is wrong). TVM's server whose
-        session died (a kernel that faulted there) does not come back to the tracker."""
-        for check in range(checks):
+    def listed(self) -> bool:
+        """Whether the tracker lists a server of the key, waiting up to LISTED_WAIT_S for one (it may be coming
+        back); True when the tracker cannot be asked (the session request then says what is wrong). TVM's server
+        whose session died (a kernel that faulted there) does not come back to the tracker."""
+        deadline = time.monotonic() + LISTED_WAIT_S
+        while True:
             try:
                 if servers_of(tracker_summary(self.tracker)[2], self.key):
                     return True
             except (RemoteError, OSError, ValueError):
                 return True
-            if check < checks - 1:
-                time.sleep(pause_s)
-        return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(3.0, LISTED_WAIT_S))
 
     def free_servers(self) -> int:
         """How many servers of the key the tracker says are free now (at least 1: a busy one frees later)."""
@@ -273,8 +277,8 @@ def _gpu_line(host: str, port: int, key: str) -> Optional[str]:
 class RemotePool:
     """Work handed to every server of the key at once: one local worker per server, each holding a session on its
     server. A request whose server dies, hangs or drops the connection goes back to the queue and is measured on
-    another; one that took down two servers is taken as its own doing (a kernel that faults or hangs) and costs
-    invalid, saying so; a server that fails FAILURES_LEFT_OUT times is left out with one line. A worker that lost its
+    another; one that two servers were lost on is taken as its own doing (a kernel that faults) and costs invalid,
+    saying so; a server that fails FAILURES_LEFT_OUT times is left out with one line. A worker that lost its
     server looks for another only while the tracker lists a server of the key (:meth:`RemoteServers.listed`): with
     none left, what is still queued is left to a later run at once. Items may be
     added while the pool runs (:meth:`add`) until :meth:`close_input`."""
@@ -365,8 +369,9 @@ class RemotePool:
                         self._done(item, {"cost": Cost.invalid(str(failure)).to_json()})
                         continue
                     worker.close()
-                    before = self._first_fault.setdefault(id(item), server)
-                    if before != server:  # a second server lost on it: the item's own doing
+                    # a second server lost on it (not out of time, nor a worker here): the item's own doing
+                    before = self._first_fault.setdefault(id(item), server) if LOST in str(failure) else server
+                    if before != server:
                         reason = f"{failure}; it took down server {before} before: taken as its own doing"
                         self._done(item, {"cost": Cost.invalid(reason).to_json()})
                         log.warning("server %s (key %r): %s", server, self.remote.key, reason)

@@ -131,19 +131,23 @@ def padded_for_output(rhs: StridedOperand, loops, out_shape, epilogue) -> tuple[
     return StridedOperand(relax.const(padded, str(stored.dtype)), rhs.dims, rhs.strides), rows
 
 
-def _as_bf16x6(lhs: StridedOperand, rhs: StridedOperand) -> tuple[StridedOperand, StridedOperand]:
+def _as_bf16x6(lhs: StridedOperand, rhs: StridedOperand, split: bool) -> tuple[StridedOperand, StridedOperand]:
     """The bfloat16 product, six times as deep, equal to float32 ``lhs . rhs`` (:mod:`collage_core.kit.bf16_split`):
-    ``lhs`` as the lowering will lay its terms along K (read as it lies), ``rhs`` (a constant weight) split now."""
+    ``lhs`` (an activation) as the lowering will lay its terms along K (read as it lies), ``rhs`` (a constant weight)
+    split now when ``split`` (the lowering; a pattern's check needs only the words, not the copy)."""
     weight = tvm_compat.constant_array(rhs.source)
     if weight is None or weight.ndim != 2 or tuple(rhs.strides) != tuple(plain_strides(rhs.dims)):
         raise Refused("bf16x6 splits a constant weight read as it is stored")
+    if tvm_compat.is_constant(lhs.source):
+        raise Refused("bf16x6 lays an activation's terms along K, not a constant's")
     if tuple(lhs.strides) != tuple(plain_strides(lhs.dims)):
         raise Refused("bf16x6 lays the left operand's terms along K: it reads the operand as it lies, not through a transpose")
     deep = (*lhs.dims[:-1], lhs.dims[-1] * bf16_split.DEPTH)
-    stacked = bf16_split.stacked_constant(weight, axis=0)
+    stacked_shape = (weight.shape[0] * bf16_split.DEPTH, weight.shape[1])
+    source = relax.const(bf16_split.stacked_constant(weight, axis=0), "bfloat16") if split else rhs.source
     return (
         StridedOperand(lhs.source, deep, tuple(plain_strides(deep))),
-        StridedOperand(relax.const(stacked, "bfloat16"), stacked.shape, tuple(plain_strides(stacked.shape))),
+        StridedOperand(source, stacked_shape, tuple(plain_strides(stacked_shape))),
     )
 
 
@@ -164,7 +168,7 @@ def _problem_words(lhs: StridedOperand, rhs: StridedOperand, loops) -> tuple[int
 
 def recognize(group: Group, tf32: bool = False, aligned: bool = False, bf16x6: bool = False) -> KernelSpec:
     """The cuBLASLt problem computing ``group`` (with TF32 tensor cores when ``tf32``; as six bfloat16 products
-    when ``bf16x6``), or :class:`Refused` saying why there is none. With ``aligned`` (the lowering), constant operands are read from copies padded to
+    when ``bf16x6``, the weight split only with ``aligned``), or :class:`Refused` saying why there is none. With ``aligned`` (the lowering), constant operands are read from copies padded to
     ALIGNMENT_BYTES (:func:`aligned_constant`); a pattern's check need not pay for the copy."""
     matmul = group.single_anchor(("relax.matmul",), OPERAND_DTYPES)
     expect_plain_out_dtype(matmul)
@@ -177,7 +181,7 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False, bf16x6: b
     if bf16x6:
         if operand_type != OPERAND_TYPES[FLOAT32]:
             raise Refused("bf16x6 splits float32 operands")
-        lhs, rhs = _as_bf16x6(lhs, rhs)
+        lhs, rhs = _as_bf16x6(lhs, rhs, split=aligned)
         operand_type, before = OPERAND_TYPES["bfloat16"], {1: bf16_split.stacked_terms}  # operand 1 is the left one
     if aligned:
         lhs, rhs = aligned_constant(lhs), aligned_constant(rhs)
@@ -187,6 +191,8 @@ def recognize(group: Group, tf32: bool = False, aligned: bool = False, bf16x6: b
         operand_type = TF32_OPERANDS
     out_shape = shape_of(matmul)
     epilogue = read_epilogue(group, matmul, out_shape[-1], 1, FUSED, reshapes=True)
+    if bf16x6 and epilogue.out_dtype != FLOAT32:
+        raise Refused(f"bf16x6 writes a float32 result, not {epilogue.out_dtype}")
     if math.prod(epilogue.output_shape) != math.prod(out_shape):
         raise Refused("the group's output is not the product's elements")
     loops = batch_loops(lhs, rhs, out_shape, MAX_OUTER_BATCH)  # padding the weight's rows changes no stride

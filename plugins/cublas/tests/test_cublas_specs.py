@@ -246,7 +246,7 @@ def test_a_bf16x6_spec_computes_the_float32_product_to_float32s_accuracy(pattern
     assert candidate is not None
     func = graph.standalone_module(candidate.nodes)["main"]
     exact_spec = specs.recognize(Group.from_function(func))
-    split_spec = specs.recognize(Group.from_function(func), bf16x6=True)
+    split_spec = specs.recognize(Group.from_function(func), bf16x6=True, aligned=True)  # aligned: the weight split
     k = exact_spec.words[3]
     assert split_spec.words[3] == 6 * k and split_spec.words[-2:] == (specs.OPERAND_TYPES["bfloat16"], specs.OPERAND_TYPES[F])
     inputs, _ = inputs_and_answer(graph.standalone_module(candidate.nodes), RNG)
@@ -268,6 +268,10 @@ def test_bf16x6_reads_a_constant_weight_and_an_input_as_it_lies():
     graph = RelaxGraph.from_function(module(make, *shapes)["main"])
     with pytest.raises(Refused, match="constant weight"):
         specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), bf16x6=True)
+    folded = function_module(lambda bb: R.matmul(const(8, 30), const(30, 50)))
+    graph = RelaxGraph.from_function(folded["main"])
+    with pytest.raises(Refused, match="not a constant's"):
+        specs.recognize(Group.from_function(graph.standalone_module(range(len(graph.graph)))["main"]), bf16x6=True, aligned=True)
 
 
 def test_a_tf32_kernel_takes_only_float32_operands():
